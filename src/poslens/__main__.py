@@ -1,0 +1,3 @@
+from poslens.cli import main
+
+main()

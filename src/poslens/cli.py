@@ -1,0 +1,27 @@
+"""Entry point of the ``poslens`` command: options -> config dataclass -> library call."""
+
+from __future__ import annotations
+
+import sys
+
+from poslens.cli_app import app
+from poslens.errors import PoslensError
+
+# Each import attaches its commands to `app` (one module per capability).
+from poslens.commands import theory as _theory  # noqa: F401,E402
+# from poslens.commands import simulate as _simulate  # noqa: F401,E402
+# from poslens.commands import reproduce as _reproduce  # noqa: F401,E402
+# from poslens.commands import demo as _demo  # noqa: F401,E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; a :class:`PoslensError` becomes one line on stderr and exit code 2."""
+    try:
+        app(args=argv, standalone_mode=True)
+    except PoslensError as e:
+        print(f"poslens: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""CLI commands; each module attaches its commands to :data:`poslens.cli_app.app`."""

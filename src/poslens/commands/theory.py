@@ -1,0 +1,46 @@
+"""``poslens theory``: closed forms, printed as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from poslens.cli_app import app
+
+theory_app = typer.Typer(help="Closed-form predictions the simulations and scans are checked against.",
+                         no_args_is_help=True)
+app.add_typer(theory_app, name="theory")
+
+
+@theory_app.command("kim")
+def kim(
+    alpha: float = typer.Option(0.0, help="Pairwise inner product of the unit-norm inputs, in [0, 1)."),
+    seq_len: int = typer.Option(8, "--seq-len", help="Sequence length N."),
+    as_json: bool = typer.Option(False, "--json", help="Print {scores, g, h} as JSON (scores: N x N, null above the diagonal)."),
+) -> None:
+    """Kim et al. 2025 closed form: layer-1 g(i), h(i) and the layer-2 pre-softmax score matrix.
+
+    Exact for the L2-normalised parameter-free causal layer when every pair of inputs has inner
+    product alpha. Rows are queries, columns keys, 0-indexed.
+    """
+    from poslens.theory import kim_theory
+
+    t = kim_theory(alpha, seq_len)
+    if as_json:
+        typer.echo(json.dumps(t.to_json()))
+        return
+    console = Console()
+    table = Table(title=f"Layer-2 pre-softmax scores, alpha={alpha}, N={seq_len} (rows: query, cols: key)")
+    table.add_column("q\\k", justify="right")
+    for j in range(seq_len):
+        table.add_column(str(j), justify="right")
+    for i in range(seq_len):
+        vals = [f"{float(v):.3f}" if math.isfinite(float(v)) else "" for v in t.scores[i]]
+        table.add_row(str(i), *vals)
+    console.print(table)
+    console.print("g(i): " + " ".join(f"{float(v):.4f}" for v in t.g))
+    console.print("h(i): " + " ".join(f"{float(v):.4f}" for v in t.h))

@@ -1,0 +1,92 @@
+"""Figures in the papers' style: heat maps with query rows, key columns, masked triangle blank."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: poslens never opens windows
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def _cmap(name: str):
+    if name in ("rocket", "mako", "flare", "crest", "vlag", "icefire"):
+        from seaborn import cm  # registers seaborn's perceptual maps
+
+        return getattr(cm, name)
+    return matplotlib.colormaps[name]
+
+
+def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[float, float] | None = None,
+            center_zero: bool = False, colorbar: bool = True, annotate: bool = False):
+    """Draw one ``[S, S]`` map on ``ax``. NaN entries (the masked triangle) are left blank.
+
+    ``percentile=(1, 99)`` clips the colour range to those percentiles of the finite entries, as
+    the Kim et al. figures of trained models do; ``center_zero`` makes the range symmetric
+    (for diagonal-normalised maps).
+    """
+    a = torch.as_tensor(m).detach().to(torch.float64).cpu().numpy()
+    finite = a[np.isfinite(a)]
+    vmin = vmax = None
+    if finite.size:
+        if percentile is not None:
+            vmin, vmax = np.percentile(finite, percentile)
+        else:
+            vmin, vmax = float(finite.min()), float(finite.max())
+        if center_zero:
+            lim = max(abs(vmin), abs(vmax)) or 1.0
+            vmin, vmax = -lim, lim
+        if vmin == vmax:
+            vmin, vmax = vmin - 1e-12, vmax + 1e-12
+    cm = _cmap(cmap).copy()
+    cm.set_bad(alpha=0.0)
+    im = ax.imshow(np.ma.masked_invalid(a), cmap=cm, vmin=vmin, vmax=vmax, interpolation="nearest")
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    if title:
+        ax.set_title(title, fontsize=9)
+    if colorbar:
+        plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if annotate and a.shape[-1] <= 8:
+        for (i, j), v in np.ndenumerate(a):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.3f}", ha="center", va="center", color="w", fontsize=8)
+    return im
+
+
+def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rocket",
+               percentile: tuple[float, float] | None = None, center_zero: bool = False):
+    """One row of heat maps, one per layer; returns the figure."""
+    n = len(maps)
+    fig, axes = plt.subplots(1, n, figsize=(3.3 * n, 3.2), squeeze=False)
+    for ax, m, t in zip(axes[0], maps, titles):
+        heatmap(ax, m, title=t, cmap=cmap, percentile=percentile, center_zero=center_zero)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "", percentile=None) -> list[str]:
+    """Write ``{prefix}_raw.png`` and ``{prefix}_diagnorm.png`` (all layers side by side).
+
+    Returns the file names written.
+    """
+    from pathlib import Path
+
+    from poslens.metrics import diagonal_normalize
+    from poslens.rundir import save_figure
+
+    out_dir = Path(out_dir)
+    L = scores.shape[0]
+    titles = [f"layer {l + 1}" for l in range(L)]
+    raw = layer_grid([scores[l] for l in range(L)], titles=titles, suptitle=f"{label} pre-softmax scores".strip(),
+                     percentile=percentile)
+    save_figure(raw, out_dir / f"{prefix}_raw.png")
+    dn = diagonal_normalize(scores)
+    norm = layer_grid([dn[l] for l in range(L)], titles=titles,
+                      suptitle=f"{label} diagonal-normalised scores".strip(), percentile=percentile)
+    save_figure(norm, out_dir / f"{prefix}_diagnorm.png")
+    return [f"{prefix}_raw.png", f"{prefix}_diagnorm.png"]
