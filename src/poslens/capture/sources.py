@@ -1,0 +1,183 @@
+"""Sequence sources for scans: deterministic and index-addressable.
+
+Every source yields exactly ``num_seqs`` sequences of exactly ``seq_len`` token ids, and
+``source.batch(start, stop)`` returns sequences ``start .. stop-1`` identically on every call,
+so a resumed run (or a shard of a distributed one) sees the same tokens as an uninterrupted run.
+
+- ``random``: i.i.d. uniform token ids (the out-of-distribution prompts of arXiv 2601.08297);
+  sequence n is drawn from a generator seeded with ``(seed, n)``.
+- ``stdlib`` / text file / directory / JSONL with ``text``: documents tokenised in order, joined
+  with the tokenizer's EOS token (when it has one) and cut into consecutive ``seq_len`` chunks.
+- JSONL with ``input_ids``: pre-tokenised records, concatenated and cut the same way.
+- a ``datasets.save_to_disk`` directory (``input_ids`` or ``text`` column), when ``datasets`` is
+  installed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from poslens.errors import PoslensError
+
+
+class SequenceSource:
+    """``num_seqs`` sequences of ``seq_len`` ids; ``batch(start, stop)`` -> LongTensor ``[n, seq_len]``."""
+
+    kind = "base"
+
+    def __init__(self, seq_len: int, num_seqs: int):
+        self.seq_len = int(seq_len)
+        self.num_seqs = int(num_seqs)
+
+    def batch(self, start: int, stop: int) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "seq_len": self.seq_len, "num_seqs": self.num_seqs}
+
+
+class RandomTokens(SequenceSource):
+    kind = "random"
+
+    def __init__(self, seq_len: int, num_seqs: int, vocab_size: int, seed: int = 0):
+        super().__init__(seq_len, num_seqs)
+        self.vocab_size = int(vocab_size)
+        self.seed = int(seed)
+
+    def batch(self, start: int, stop: int) -> torch.Tensor:
+        rows = []
+        for n in range(start, stop):
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + n)
+            rows.append(torch.randint(0, self.vocab_size, (self.seq_len,), generator=g))
+        return torch.stack(rows)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "vocab_size": self.vocab_size, "seed": self.seed}
+
+
+class PackedTokens(SequenceSource):
+    """Consecutive ``seq_len`` chunks of one token stream (held in memory: ``num_seqs x seq_len`` ids)."""
+
+    kind = "packed"
+
+    def __init__(self, ids: torch.Tensor, origin: str, requested: int):
+        super().__init__(ids.shape[1], ids.shape[0])
+        self.ids = ids
+        self.origin = origin
+        self.requested = requested
+
+    def batch(self, start: int, stop: int) -> torch.Tensor:
+        return self.ids[start:stop].clone()
+
+    def describe(self) -> dict:
+        return {**super().describe(), "origin": self.origin, "requested_seqs": self.requested}
+
+
+def _pack(stream: Iterator[list[int]], seq_len: int, num_seqs: int, origin: str, vocab_size: int | None) -> PackedTokens:
+    need = seq_len * num_seqs
+    buf: list[int] = []
+    for ids in stream:
+        buf.extend(int(t) for t in ids)
+        if len(buf) >= need:
+            break
+    n = min(num_seqs, len(buf) // seq_len)
+    if n == 0:
+        raise PoslensError(f"--data {origin}: {len(buf)} tokens, fewer than one sequence of --seq-len {seq_len}; "
+                           "pass more data or a smaller --seq-len.")
+    ids = torch.tensor(buf[: n * seq_len], dtype=torch.long).reshape(n, seq_len)
+    if vocab_size is not None and ids.numel() and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
+        raise PoslensError(f"--data {origin}: token id {int(ids.max())} outside the model's vocabulary "
+                           f"(size {vocab_size}); the data was tokenised for another model.")
+    return PackedTokens(ids, origin, num_seqs)
+
+
+def _jsonl_records(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PoslensError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object.") from None
+            if not isinstance(obj, dict) or not (isinstance(obj.get("input_ids"), list) or isinstance(obj.get("text"), str)):
+                raise PoslensError(f"{path}:{n}: needs an 'input_ids' list or a 'text' string field.")
+            yield obj
+
+
+def _jsonl_kind(path: Path) -> str | None:
+    for obj in _jsonl_records(path):
+        return "input_ids" if isinstance(obj.get("input_ids"), list) else "text"
+    return None
+
+
+def _text_stream(texts: Iterator[str], tokenizer, origin: str) -> Iterator[list[int]]:
+    if tokenizer is None:
+        raise PoslensError(f"--data {origin} is text but the model directory has no tokenizer; "
+                           "pass --data random or pre-tokenised JSONL with 'input_ids'.")
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for t in texts:
+        if not t:
+            continue
+        ids = tokenizer(t, add_special_tokens=False)["input_ids"]
+        yield list(ids) + ([eos] if eos is not None else [])
+
+
+def make_source(data: str, *, seq_len: int, num_seqs: int, seed: int = 0, tokenizer=None,
+                vocab_size: int | None = None) -> SequenceSource:
+    """Build the source named by ``--data`` (see module docstring)."""
+    from poslens.data import iter_texts
+
+    if seq_len < 2:
+        raise PoslensError(f"--seq-len {seq_len}: need at least 2 tokens.")
+    if num_seqs < 1:
+        raise PoslensError(f"--num-seqs {num_seqs}: need at least 1 sequence.")
+    if data == "random":
+        if not vocab_size:
+            raise PoslensError("--data random needs the model's vocab_size in config.json.")
+        return RandomTokens(seq_len, num_seqs, vocab_size, seed)
+    if data == "stdlib":
+        return _pack(_text_stream(iter_texts("stdlib"), tokenizer, data), seq_len, num_seqs, data, vocab_size)
+    path = Path(data)
+    if not path.exists():
+        raise PoslensError(f"--data {data}: no such file or directory; pass stdlib, random, a text/JSONL file, "
+                           "or a datasets directory.")
+    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "state.json").exists()
+                          or (path / "dataset_dict.json").exists()):
+        return _from_datasets(path, seq_len, num_seqs, tokenizer, vocab_size)
+    if path.is_file() and path.suffix == ".jsonl":
+        kind = _jsonl_kind(path)
+        if kind is None:
+            raise PoslensError(f"--data {data}: the JSONL file is empty; pass a file with records.")
+        if kind == "input_ids":
+            stream = (list(r["input_ids"]) for r in _jsonl_records(path) if isinstance(r.get("input_ids"), list))
+            return _pack(stream, seq_len, num_seqs, data, vocab_size)
+        stream = _text_stream((r["text"] for r in _jsonl_records(path) if isinstance(r.get("text"), str)), tokenizer, data)
+        return _pack(stream, seq_len, num_seqs, data, vocab_size)
+    return _pack(_text_stream(iter_texts(path), tokenizer, data), seq_len, num_seqs, data, vocab_size)
+
+
+def _from_datasets(path: Path, seq_len, num_seqs, tokenizer, vocab_size) -> PackedTokens:
+    try:
+        import datasets  # noqa: F401
+        from datasets import load_from_disk
+    except ImportError:
+        raise PoslensError(f"--data {path} is a datasets directory but the 'datasets' package is not installed; "
+                           "pip install 'poslens[datasets]'.") from None
+    ds = load_from_disk(str(path))
+    if hasattr(ds, "keys") and not hasattr(ds, "column_names") or isinstance(getattr(ds, "column_names", None), dict):
+        split = "train" if "train" in ds else sorted(ds.keys())[0]
+        ds = ds[split]
+    cols = ds.column_names
+    if "input_ids" in cols:
+        stream = (list(r) for r in ds["input_ids"])
+    elif "text" in cols:
+        stream = _text_stream((t for t in ds["text"]), tokenizer, str(path))
+    else:
+        raise PoslensError(f"--data {path}: the dataset has neither an 'input_ids' nor a 'text' column (has {cols}).")
+    return _pack(stream, seq_len, num_seqs, str(path), vocab_size)

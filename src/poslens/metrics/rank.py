@@ -1,0 +1,56 @@
+"""Rank-one measures of pre-RoPE queries/keys and RoPE frequency-band contributions.
+
+Rank measures (poslens' formulas for the rank-one condition of arXiv 2601.08297) on a head's
+tokens x head_dim matrix X, computed from its second-moment matrix ``G = X^T X / n`` whose
+eigenvalues are the squared singular values of X (up to the common factor n):
+
+- ``top1_energy = sigma_1^2 / sum sigma^2`` (1 = rank one);
+- ``effective_rank = exp(-sum p log p)``, ``p = sigma^2 / sum sigma^2``;
+- ``n95``: the number of singular values holding 95 % of the energy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from poslens.rope import frequency_bands
+
+
+def spectrum(gram) -> torch.Tensor:
+    """Eigenvalues of symmetric PSD matrices ``[..., D, D]``, descending and clamped at 0."""
+    g = torch.as_tensor(gram).to(torch.float64)
+    g = 0.5 * (g + g.transpose(-1, -2))
+    return torch.linalg.eigvalsh(g).flip(-1).clamp_min(0.0)
+
+
+def rank_measures(gram, energy: float = 0.95) -> dict[str, torch.Tensor]:
+    """``top1_energy``, ``effective_rank`` and ``n95`` of ``[..., D, D]`` second-moment matrices."""
+    ev = spectrum(gram)
+    total = ev.sum(-1, keepdim=True).clamp_min(1e-300)
+    p = ev / total
+    ent = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)
+    n_e = (p.cumsum(-1) < energy - 1e-12).sum(-1) + 1
+    return {"top1_energy": p[..., 0], "effective_rank": ent.exp(), "n95": n_e.clamp_max(ev.shape[-1])}
+
+
+def band_contributions(dim_logit, rotary_dim: int | None, base: float | None, context_len: int) -> dict[str, torch.Tensor]:
+    """Sum per-dimension logit contributions ``[..., D]`` into RoPE bands.
+
+    Pair l (dims l and l + r/2, rotate_half layout) belongs to the band of its wavelength
+    (:func:`poslens.rope.frequency_bands`); dimensions beyond the rotary prefix are ``unrotated``.
+    Without RoPE everything is ``unrotated``.
+    """
+    x = torch.as_tensor(dim_logit).to(torch.float64)
+    D = x.shape[-1]
+    out: dict[str, torch.Tensor] = {}
+    if not rotary_dim or base is None:
+        return {"unrotated": x.sum(-1)}
+    labels = frequency_bands(rotary_dim, base, context_len)
+    half = rotary_dim // 2
+    for band in ("high", "medium", "low"):
+        idx = [l for l, b in enumerate(labels) if b == band]
+        dims = idx + [l + half for l in idx]
+        out[band] = x[..., dims].sum(-1) if dims else torch.zeros(x.shape[:-1], dtype=torch.float64)
+    if rotary_dim < D:
+        out["unrotated"] = x[..., rotary_dim:].sum(-1)
+    return out
