@@ -325,7 +325,7 @@ def test_metrics_slash_and_rank_known_cases():
     A = A / A.sum(-1, keepdim=True)
     prof = slash_profile(A)
     assert abs(float(prof[0]) - sum(1 / (i + 1) for i in range(6)) / 6) < 1e-12
-    sl = torch.zeros(2, 3, 6)
+    sl = torch.zeros(2, 3, 6, dtype=torch.float64)
     sl[1, 2, 1] = 0.9
     top = top_slash_heads(sl, k=1, layer_ids=[4, 7])
     assert top == [{"layer": 7, "head": 2, "offset": 1, "score": 0.9}]
