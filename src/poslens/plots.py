@@ -28,7 +28,14 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     (for diagonal-normalised maps).
     """
     a = torch.as_tensor(m).detach().to(torch.float64).cpu().numpy()
-    finite = a[np.isfinite(a)]
+    # Colour range from the off-diagonal entries: a token's score with itself (the diagonal) is a
+    # self-similarity that would otherwise swamp the positional structure; it saturates instead.
+    off = a.copy()
+    if off.ndim == 2 and off.shape[0] == off.shape[1] and off.shape[0] > 1:
+        np.fill_diagonal(off, np.nan)
+    finite = off[np.isfinite(off)]
+    if finite.size == 0:
+        finite = a[np.isfinite(a)]
     vmin = vmax = None
     if finite.size:
         if percentile is not None:

@@ -13,15 +13,17 @@ reader never sees a half-written file and an interrupted run leaves the previous
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from poslens.errors import PoslensError
 
@@ -39,6 +41,10 @@ def versions() -> dict[str, str]:
     return out
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -47,6 +53,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -124,6 +131,33 @@ def prepare_out_dir(out: str | os.PathLike, *, must_be_new: bool = False) -> Pat
 def create_out_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
+    """Write a run's files into a hidden sibling directory, then move them into ``out``.
+
+    If anything fails inside the ``with`` block, ``out`` is left exactly as it was (a previous
+    run's results stay intact) and the staging directory is removed: nothing is half-written.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield stage
+        out.mkdir(parents=True, exist_ok=True)
+        for f in sorted(stage.iterdir()):
+            target = out / f.name
+            if target.is_dir() and not f.is_dir():
+                raise PoslensError(f"{target} is a directory; cannot replace it with a file.")
+            if f.is_dir():
+                if target.exists():
+                    shutil.rmtree(target)
+                shutil.move(str(f), str(target))
+            else:
+                os.replace(f, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> None:

@@ -58,9 +58,10 @@ def diagonal_means(m) -> torch.Tensor:
     off = _offsets(S, m.device)
     vals = torch.where(mask, torch.nan_to_num(m, nan=0.0), torch.zeros((), dtype=m.dtype, device=m.device))
     finite = mask & torch.isfinite(m)
-    idx = off.reshape(-1).expand(*m.shape[:-2], S * S)
-    sums = torch.zeros(*m.shape[:-2], S, dtype=m.dtype, device=m.device).scatter_add_(-1, idx, (vals * finite).reshape(*m.shape[:-2], S * S))
-    counts = torch.zeros_like(sums).scatter_add_(-1, idx, finite.to(m.dtype).reshape(-1).expand(*m.shape[:-2], S * S))
+    lead = m.shape[:-2]
+    idx = off.reshape(-1).expand(*lead, S * S)
+    sums = torch.zeros(*lead, S, dtype=m.dtype, device=m.device).scatter_add_(-1, idx, (vals * finite).reshape(*lead, S * S))
+    counts = torch.zeros_like(sums).scatter_add_(-1, idx, finite.to(m.dtype).reshape(*lead, S * S))
     return sums / counts.clamp_min(1) + torch.where(counts > 0, 0.0, float("nan"))
 
 
