@@ -1,0 +1,143 @@
+"""``poslens train`` and ``poslens zoo``: train small NoPE / RoPE / learned-PE models."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from poslens.cli_app import app
+
+_PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
+
+
+@app.command("train")
+def train(
+    out: str = typer.Option(..., "--out", help="Model directory to write (loadable with AutoModelForCausalLM/AutoTokenizer)."),
+    pe: str = typer.Option("rope", "--pe", help="Positional encoding: none (NoPE, SmolLM3 config with no_rope_layers all 0), "
+                           "rope (RoPE in every layer), learned (GPT-2 absolute positions)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Positional task: copy, reverse, add, wherex, order, identify, "
+                                       "parity, offset. Leave out to train a language model on --data."),
+    data: Optional[str] = typer.Option(None, "--data", help="Corpus for language-model runs: 'stdlib' (default: the Python "
+                                       "standard library's sources), a text/JSONL file ('text' field) or a directory."),
+    preset: str = typer.Option("micro", "--preset", help=_PRESET_HELP),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Override the preset's number of layers."),
+    hidden: Optional[int] = typer.Option(None, "--hidden", help="Override the preset's width (MLP width scales with it)."),
+    heads: Optional[int] = typer.Option(None, "--heads", help="Override the number of query heads."),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="Override the number of key/value heads (not for learned)."),
+    intermediate: Optional[int] = typer.Option(None, "--intermediate", help="Override the MLP width."),
+    rope_theta: float = typer.Option(10000.0, "--rope-theta", help="RoPE base (only used with --pe rope)."),
+    init_std: float = typer.Option(0.02, "--init-std", help="Std of the normal weight initialisation (the random-init "
+                                   "sweep of arXiv 2501.00073 uses 0.0002 to 2)."),
+    vocab_size: int = typer.Option(4096, "--vocab-size", help="Byte-level BPE vocabulary for corpus runs."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Task training length L (lengths 1..L); the long test "
+                                          "set uses L+1..2L. Default: the task's own (16 for copy/reverse)."),
+    delta: int = typer.Option(1, "--delta", help="The offset task's Δ: output the token Δ positions back."),
+    seq_len: int = typer.Option(128, "--seq-len", help="Corpus runs: tokens per training sequence."),
+    corpus_files: Optional[int] = typer.Option(None, "--corpus-files", help="Corpus runs: use only the first N files."),
+    steps: int = typer.Option(1000, "--steps", help="Optimiser steps; 0 saves the randomly initialised model."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Sequences per step."),
+    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW)."),
+    min_lr_ratio: float = typer.Option(0.1, "--min-lr-ratio", help="The cosine schedule ends at this fraction of --lr."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warmup steps (default: 5 percent of --steps)."),
+    weight_decay: float = typer.Option(0.1, "--weight-decay", help="AdamW weight decay on weight matrices."),
+    grad_clip: float = typer.Option(1.0, "--grad-clip", help="Clip the global gradient norm to this value."),
+    eval_every: int = typer.Option(250, "--eval-every", help="Evaluate every N steps (0: only at the end)."),
+    eval_examples: int = typer.Option(500, "--eval-examples", help="Examples per evaluation split (tasks) / windows (corpus)."),
+    checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="Write a resumable checkpoint every N steps."),
+    seed: int = typer.Option(0, "--seed", help="Seed for initial weights and data; a run is deterministic for a seed."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (bf16 autocast on CUDA)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint "
+                                "(same options required); the loss trajectory is identical to an uninterrupted run."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the training files in an existing --out."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop with a checkpoint once this many steps are "
+                                             "done (for time-boxed jobs); --resume continues."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Train a small causal LM with NoPE, RoPE or learned positions, on a corpus or a positional task.
+
+    Writes a Hugging Face model directory (safetensors, tokenizer) with summary.json
+    (initial/final loss, exact-match accuracy in and beyond the training lengths, tokens/s),
+    train_log.jsonl and train_config.json. Ctrl-C leaves a checkpoint; --resume continues it.
+    """
+    from poslens.train import TrainConfig, train_model
+
+    cfg = TrainConfig(
+        out=out, pe=pe, task=task, data=data, preset=preset, layers=layers, hidden=hidden, heads=heads,
+        kv_heads=kv_heads, intermediate=intermediate, rope_theta=rope_theta, init_std=init_std,
+        vocab_size=vocab_size, max_len=max_len, delta=delta, seq_len=seq_len, corpus_files=corpus_files,
+        steps=steps, batch_size=batch_size, lr=lr, min_lr_ratio=min_lr_ratio, warmup=warmup,
+        weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every, eval_examples=eval_examples,
+        checkpoint_every=checkpoint_every, seed=seed, device=device, threads=threads, resume=resume,
+        overwrite=overwrite, stop_after=stop_after, progress=not no_progress,
+    )
+    summary = train_model(cfg)
+    _print_summary(summary, as_json)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _print_summary(summary: dict, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    if "stopped_at_step" in summary:
+        typer.echo(f"stopped after step {summary['stopped_at_step']} of {summary['steps']}; "
+                   f"continue with --resume (checkpoint in {summary['out']}).")
+        return
+    table = Table(title="training summary", show_header=False)
+    for key in ("pe", "task", "data", "preset", "steps", "params", "initial_loss", "final_loss", "eval_loss",
+                "eval_accuracy", "eval_accuracy_long", "tokens_per_second", "train_seconds"):
+        if key in summary:
+            table.add_row(key, _fmt(summary[key]))
+    Console().print(table)
+
+
+@app.command("zoo")
+def zoo(
+    out: str = typer.Option(..., "--out", help="Directory that receives one model directory per zoo entry."),
+    scale: str = typer.Option("cpu", "--scale", help="cpu: tiny presets within the CPU budget in docs/train.md; "
+                              "gpu: small/base presets for a GPU; micro: a seconds-long smoke version."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated entry names to train (see --list)."),
+    list_only: bool = typer.Option(False, "--list", help="Print the entries and their options, train nothing."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Skip finished entries and continue unfinished ones."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bars."),
+) -> None:
+    """Train the standard model set used by the report: NoPE and RoPE on the default corpus and on
+    two positional tasks (copy, reverse), plus untrained (random-init) NoPE/RoPE models.
+
+    Rerunning continues where it stopped; zoo.json lists every entry with its summary.
+    """
+    from poslens.zoo import run_zoo, zoo_entries
+
+    if list_only:
+        table = Table(title=f"zoo entries ({scale})")
+        table.add_column("name")
+        table.add_column("options")
+        for name, cfg in zoo_entries(scale, out).items():
+            opts = {k: v for k, v in cfg.trajectory_fields().items() if v is not None}
+            table.add_row(name, " ".join(f"{k}={v}" for k, v in opts.items() if k in
+                                         ("pe", "task", "data", "preset", "steps", "batch_size", "lr", "max_len", "seq_len")))
+        Console().print(table)
+        return
+    results = run_zoo(out, scale=scale, only=only.split(",") if only else None, device=device, threads=threads,
+                      resume=resume, progress=not no_progress)
+    table = Table(title=f"zoo ({scale}) in {out}")
+    for col in ("name", "final_loss", "eval_accuracy", "eval_accuracy_long", "train_seconds"):
+        table.add_column(col)
+    for name, s in results.items():
+        table.add_row(name, *(_fmt(s.get(c)) for c in ("final_loss", "eval_accuracy", "eval_accuracy_long", "train_seconds")))
+    Console().print(table)

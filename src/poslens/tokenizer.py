@@ -1,0 +1,69 @@
+"""Tokenizers saved with every model as a ``PreTrainedTokenizerFast``.
+
+- :func:`train_bpe_tokenizer`: a byte-level BPE (the GPT-2 scheme) trained with ``tokenizers``
+  on a corpus, for language-model runs;
+- :func:`char_tokenizer`: one token per character over :data:`TASK_ALPHABET`, for the positional
+  tasks (the character-level setting of arXiv 2501.00073).
+
+Both use the same three special tokens, so a task model and a corpus model have the same
+``pad``/``bos``/``eos`` conventions.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from poslens.errors import PoslensError
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+SPECIAL_TOKENS = (PAD, BOS, EOS)
+# Every character a positional task may emit: digits, letters, and the task separators.
+TASK_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+=|?>:,"
+
+
+def _wrap(tok, model_max_length: int):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=None,
+        model_max_length=model_max_length, clean_up_tokenization_spaces=False,
+    )
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 8192, *, model_max_length: int = 4096):
+    """Byte-level BPE trained on ``texts``; ids 0, 1, 2 are ``<pad>``, ``<bos>``, ``<eos>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    min_vocab = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < min_vocab:
+        raise PoslensError(f"--vocab-size {vocab_size} is too small for a byte-level BPE; use at least {min_vocab}.")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return _wrap(tok, model_max_length)
+
+
+def char_vocab(alphabet: str = TASK_ALPHABET) -> dict[str, int]:
+    """Character -> id, specials first, then ``alphabet`` in order."""
+    if len(set(alphabet)) != len(alphabet):
+        raise PoslensError("character alphabet has repeated characters.")
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for ch in alphabet:
+        vocab[ch] = len(vocab)
+    return vocab
+
+
+def char_tokenizer(alphabet: str = TASK_ALPHABET, *, model_max_length: int = 4096):
+    """One token per character of ``alphabet`` (ids in :func:`char_vocab` order); decoding joins
+    characters without spaces. Characters outside the alphabet are an encoding error."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab=char_vocab(alphabet), unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return _wrap(tok, model_max_length)

@@ -1,0 +1,598 @@
+"""The trainer: small NoPE / RoPE / learned-PE models on a corpus or a positional task.
+
+``train_model(TrainConfig(...))`` trains and writes a model directory that plain transformers
+can load (``AutoModelForCausalLM.from_pretrained(out)``, ``AutoTokenizer.from_pretrained(out)``,
+safetensors), plus:
+
+- ``train_config.json``: every option, the seed and library versions (``config.json`` is the
+  model's own Hugging Face config);
+- ``train_log.jsonl``: one record per optimiser step (loss, lr, grad norm, tokens) and one per
+  evaluation (``"kind": "eval"``);
+- ``summary.json``: ``initial_loss``, ``final_loss``, ``eval_loss``, ``eval_accuracy`` (tasks,
+  training lengths), ``eval_accuracy_long`` (lengths L+1..2L), ``tokens_per_second``, ...;
+- ``checkpoint-NNNNNNNN/`` + ``checkpoint.json`` while a run is unfinished.
+
+Optimisation: AdamW (weight decay on matrices only), linear warmup then cosine decay to
+``min_lr_ratio * lr``, gradient-norm clipping, bf16 autocast on CUDA (fp32 on CPU).
+
+Determinism and exact resume: the initial weights depend only on the seed, and the batch of
+step ``s`` depends only on (seed, s) (see :class:`poslens.tasks.TaskSource`,
+:class:`CorpusSource`), so a checkpoint needs no data cursor. A checkpoint holds the model,
+the optimiser and scheduler state and the torch RNG states, all in safetensors/JSON (no
+pickle); it is written to a temporary directory and renamed into place. Resuming reproduces
+the uninterrupted loss trajectory bit for bit on the same device and thread count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from poslens.errors import PoslensError, require
+from poslens.rundir import create_out_dir, prepare_out_dir, read_json, versions, write_json, write_tensors
+
+# Options that may differ between a run and its --resume (they do not change the trajectory).
+RUNTIME_FIELDS = ("out", "device", "threads", "resume", "overwrite", "stop_after", "progress")
+# Files a training run writes into its directory; --overwrite removes exactly these.
+_OWN_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+              "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+              "summary.json", "train_config.json", "train_log.jsonl", "checkpoint.json")
+
+
+@dataclass
+class TrainConfig:
+    """Every option of a training run (the CLI maps its flags one to one onto these fields)."""
+
+    out: str
+    pe: str = "rope"  # none | rope | learned
+    task: str | None = None  # a positional task; None trains a language model on `data`
+    data: str | None = None  # corpus for language-model runs: "stdlib" (default), a file or a directory
+    preset: str = "micro"
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    intermediate: int | None = None
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+    vocab_size: int = 4096  # BPE vocabulary for corpus runs (tasks use the fixed character vocabulary)
+    max_len: int | None = None  # task training length L (default: the task's); long test up to 2L
+    delta: int = 1  # the offset task's Δ
+    seq_len: int = 128  # corpus runs: tokens per training sequence
+    corpus_files: int | None = None  # corpus runs: use only the first N files (sorted)
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int | None = None  # default: 5 % of steps
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eval_every: int = 250  # 0: evaluate only at the end
+    eval_examples: int = 500
+    checkpoint_every: int = 500  # 0: only when stopping
+    seed: int = 0
+    device: str = "auto"
+    threads: int | None = None
+    resume: bool = False
+    overwrite: bool = False
+    stop_after: int | None = None  # stop (with a checkpoint) once this many steps are done
+    progress: bool = True
+    _meta: dict = field(default_factory=dict, repr=False)
+
+    def trajectory_fields(self) -> dict:
+        d = dataclasses.asdict(self)
+        for k in RUNTIME_FIELDS + ("_meta",):
+            d.pop(k, None)
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------
+
+
+class CorpusSource:
+    """A tokenised corpus as one stream (documents separated by ``<eos>``); the last 2 % (at
+    least a few windows) is held out. The batch of step ``s`` is a set of random windows drawn
+    from a generator seeded by (seed, s)."""
+
+    def __init__(self, stream, seq_len: int, seed: int):
+        import numpy as np
+
+        self.seq_len, self.seed = seq_len, seed
+        n = len(stream)
+        n_val = max(int(0.02 * n), 4 * (seq_len + 1))
+        if n - n_val < 4 * (seq_len + 1):
+            raise PoslensError(f"the corpus has only {n} tokens, too few for --seq-len {seq_len}; "
+                               "pass a larger corpus or a smaller --seq-len.")
+        self.train = np.asarray(stream[: n - n_val], dtype=np.int64)
+        self.val = np.asarray(stream[n - n_val:], dtype=np.int64)
+        self.pad_id = -1
+
+    def _windows(self, arr, starts):
+        import numpy as np
+        import torch
+
+        x = torch.from_numpy(np.stack([arr[s: s + self.seq_len + 1] for s in starts]))
+        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+    def train_batch(self, step: int, batch_size: int):
+        import numpy as np
+
+        rng = np.random.default_rng([self.seed, step])
+        starts = rng.integers(0, len(self.train) - self.seq_len - 1, size=batch_size)
+        return self._windows(self.train, starts)
+
+    def val_batches(self, max_windows: int, batch_size: int):
+        count = min(max_windows, (len(self.val) - 1) // (self.seq_len + 1))
+        starts = [i * (self.seq_len + 1) for i in range(count)]
+        for i in range(0, count, batch_size):
+            yield self._windows(self.val, starts[i: i + batch_size])
+
+
+def tokenize_corpus(tokenizer, texts: list[str]) -> list[int]:
+    """All documents as one id stream, each followed by ``<eos>``."""
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for enc in tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False):
+        stream.extend(enc.ids)
+        stream.append(eos)
+    return stream
+
+
+# --------------------------------------------------------------------------------------------
+# Validation and output directory
+# --------------------------------------------------------------------------------------------
+
+
+def validate_config(cfg: TrainConfig) -> None:
+    """Every check that does not need the data; raises :class:`PoslensError` naming the option."""
+    from poslens.models import PE_CHOICES, build_config
+    from poslens.tasks import TaskSource
+
+    require(cfg.pe in PE_CHOICES, f"--pe {cfg.pe!r} is unknown; choose one of {', '.join(PE_CHOICES)}.")
+    require(cfg.steps >= 0, f"--steps must be >= 0 (got {cfg.steps}); 0 saves the randomly initialised model.")
+    require(cfg.batch_size >= 1, f"--batch-size must be >= 1 (got {cfg.batch_size}).")
+    require(cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be a positive number (got {cfg.lr}).")
+    require(0 <= cfg.min_lr_ratio <= 1, f"--min-lr-ratio must be in [0, 1] (got {cfg.min_lr_ratio}).")
+    require(cfg.warmup is None or cfg.warmup >= 0, f"--warmup must be >= 0 (got {cfg.warmup}).")
+    require(cfg.weight_decay >= 0, f"--weight-decay must be >= 0 (got {cfg.weight_decay}).")
+    require(cfg.grad_clip > 0, f"--grad-clip must be > 0 (got {cfg.grad_clip}).")
+    require(0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1, "--beta1/--beta2 must be in [0, 1).")
+    require(cfg.eval_every >= 0, f"--eval-every must be >= 0 (got {cfg.eval_every}).")
+    require(cfg.eval_examples >= 1, f"--eval-examples must be >= 1 (got {cfg.eval_examples}).")
+    require(cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0 (got {cfg.checkpoint_every}).")
+    require(cfg.stop_after is None or cfg.stop_after >= 0, "--stop-after must be >= 0.")
+    require(cfg.threads is None or cfg.threads >= 1, f"--threads must be >= 1 (got {cfg.threads}).")
+    require(not (cfg.resume and cfg.overwrite), "--resume and --overwrite contradict each other; pass one.")
+    if cfg.task is not None:
+        require(cfg.data is None, "--data is for language-model runs; leave it out with --task.")
+        src = TaskSource(cfg.task, cfg.max_len, cfg.seed, cfg.delta)  # validates task, lengths, delta
+        max_pos = src.max_tokens
+    else:
+        require(cfg.max_len is None, "--max-len is for --task runs; use --seq-len for language-model runs.")
+        require(cfg.seq_len >= 2, f"--seq-len must be >= 2 (got {cfg.seq_len}).")
+        require(cfg.corpus_files is None or cfg.corpus_files >= 1, "--corpus-files must be >= 1.")
+        max_pos = cfg.seq_len
+    build_config(cfg.pe, cfg.preset, 300, rope_theta=cfg.rope_theta, init_std=cfg.init_std,
+                 **_shape_overrides(cfg, max_pos))
+
+
+def _shape_overrides(cfg: TrainConfig, needed_positions: int) -> dict:
+    from poslens.models import get_preset
+
+    return dict(layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
+                intermediate=cfg.intermediate,
+                max_positions=max(get_preset(cfg.preset).max_positions, needed_positions))
+
+
+def _dir_state(out: Path) -> str:
+    """``new`` (missing or empty), ``run`` (a poslens training directory) or ``other``."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return "new"
+    return "run" if (out / "train_config.json").is_file() else "other"
+
+
+def _check_out_dir(cfg: TrainConfig) -> tuple[Path, str]:
+    out = prepare_out_dir(cfg.out)
+    state = _dir_state(out)
+    if state == "new":
+        return out, "fresh"
+    if cfg.overwrite:
+        return out, "overwrite"
+    if not cfg.resume:
+        what = "a training run" if state == "run" else "files (another model?)"
+        raise PoslensError(f"--out {out} already holds {what}; pass --resume to continue it, --overwrite to replace "
+                           "it, or choose a new directory.")
+    if state == "other":
+        raise PoslensError(f"--resume: {out} is not a poslens training directory (no train_config.json); "
+                           "nothing was changed.")
+    saved = read_json(out / "train_config.json")
+    saved_fields = {k: v for k, v in saved.items() if k not in RUNTIME_FIELDS + ("_meta",)}
+    now = json.loads(json.dumps(cfg.trajectory_fields()))
+    diff = sorted(k for k in set(saved_fields) | set(now) if saved_fields.get(k) != now.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: saved {saved_fields.get(k)!r} vs now {now.get(k)!r}" for k in diff)
+        raise PoslensError(f"--resume: options differ from the run in {out} ({detail}); "
+                           "repeat the original options to continue it.")
+    if (out / "checkpoint.json").is_file():
+        return out, "resume"
+    if (out / "summary.json").is_file():
+        return out, "complete"
+    return out, "restart"  # the run stopped before its first checkpoint: start it again
+
+
+def _clear_own_files(out: Path) -> None:
+    for name in _OWN_FILES:
+        p = out / name
+        if p.is_file():
+            p.unlink()
+    for p in out.glob("checkpoint-*"):
+        if p.is_dir():
+            shutil.rmtree(p)
+
+
+def _move_into(tmp: Path, out: Path) -> None:
+    """Rename every file of ``tmp`` into ``out`` (each rename is atomic), then remove ``tmp``."""
+    for f in sorted(tmp.iterdir()):
+        os.replace(f, out / f.name)
+    tmp.rmdir()
+
+
+def _save_pretrained_atomic(obj, out: Path) -> None:
+    import tempfile
+
+    from transformers.utils import logging as hf_logging
+
+    tmp = Path(tempfile.mkdtemp(prefix=".save.", dir=out))
+    try:
+        hf_logging.disable_progress_bar()
+        obj.save_pretrained(tmp)
+        _move_into(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints (safetensors + JSON only)
+# --------------------------------------------------------------------------------------------
+
+
+def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, state: dict) -> None:
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_model
+
+    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=out))
+    try:
+        save_model(model, str(tmp / "model.safetensors"))
+        osd = optimizer.state_dict()
+        tensors, scalars = {}, {}
+        for idx, st in osd["state"].items():
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    tensors[f"{idx}.{k}"] = v
+                else:
+                    scalars[f"{idx}.{k}"] = v
+        write_tensors(tmp / "optimizer.safetensors", tensors)
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                rng[f"cuda{i}"] = s
+        write_tensors(tmp / "rng.safetensors", rng)
+        write_json(tmp / "state.json", {"step": step, "optimizer_param_groups": osd["param_groups"],
+                                        "optimizer_scalars": scalars, "scheduler": scheduler.state_dict(), **state})
+        final = out / f"checkpoint-{step:08d}"
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    write_json(out / "checkpoint.json", {"step": step, "dir": final.name})
+    for old in out.glob("checkpoint-*"):
+        if old.is_dir() and old.name != final.name:
+            shutil.rmtree(old)
+
+
+def _load_checkpoint(out: Path, model, optimizer, scheduler) -> dict:
+    import torch
+    from safetensors.torch import load_file, load_model
+
+    ptr = read_json(out / "checkpoint.json")
+    ck = out / ptr["dir"]
+    if not ck.is_dir():
+        raise PoslensError(f"--resume: {out}/checkpoint.json points to {ck.name}, which is missing; "
+                           "the run cannot be continued (pass --overwrite to start again).")
+    state = read_json(ck / "state.json")
+    load_model(model, str(ck / "model.safetensors"))
+    flat = load_file(str(ck / "optimizer.safetensors"))
+    opt_state: dict = {}
+    for key, v in flat.items():
+        idx, k = key.split(".", 1)
+        opt_state.setdefault(int(idx), {})[k] = v
+    for key, v in state["optimizer_scalars"].items():
+        idx, k = key.split(".", 1)
+        opt_state.setdefault(int(idx), {})[k] = v
+    groups = state["optimizer_param_groups"]
+    for g in groups:
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+    optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
+    scheduler.load_state_dict(state["scheduler"])
+    rng = load_file(str(ck / "rng.safetensors"))
+    torch.set_rng_state(rng["torch"])
+    cuda_states = [rng[k] for k in sorted(k for k in rng if k.startswith("cuda"))]
+    if cuda_states and torch.cuda.is_available() and len(cuda_states) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda_states)
+    return state
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+
+
+def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
+    """Multiplier of the peak lr for optimiser step ``step`` (0-based): linear warmup, cosine decay."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _read_log(path: Path, upto_step: int) -> list[dict]:
+    records = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interruption
+            if r.get("step", 0) <= upto_step:
+                records.append(r)
+    return records
+
+
+def _evaluate(model, source, cfg: TrainConfig, device: str, amp, *, final: bool) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from poslens.tasks import exact_match_counts
+
+    if cfg.task is not None:
+        n = cfg.eval_examples if final else min(cfg.eval_examples, 256)
+        res = {}
+        splits = (("in", ""), ("long", "_long")) if final else (("in", ""),)
+        for split, suffix in splits:
+            c, total, loss = exact_match_counts(model, source.eval_examples(split, n), source.pad_id,
+                                                device=device, autocast_dtype=amp)
+            res[f"eval_accuracy{suffix}"] = c / total
+            res[f"eval_loss{suffix}"] = loss
+        return res
+    was = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in source.val_batches(cfg.eval_examples if final else min(cfg.eval_examples, 64), cfg.batch_size):
+            x, y = x.to(device), y.to(device)
+            with (torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext()):
+                logits = model(input_ids=x).logits
+            total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"))
+            count += y.numel()
+    model.train(was)
+    return {"eval_loss": total / max(count, 1)}
+
+
+def train_model(cfg: TrainConfig) -> dict:
+    """Train (or resume) as ``cfg`` says and return the summary (also in ``out/summary.json``).
+
+    Every input is validated before the output directory is created or touched; an existing
+    directory is refused unless ``resume`` (continue it) or ``overwrite`` (replace the files a
+    run writes, and nothing else) is set.
+    """
+    import torch
+
+    from poslens.cli_app import parse_device
+
+    validate_config(cfg)
+    device = parse_device(cfg.device)
+    out, mode = _check_out_dir(cfg)
+    if mode == "complete":
+        return read_json(out / "summary.json")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+
+    # Data and tokenizer (loading the corpus validates it) before anything is written.
+    from poslens.models import build_model, count_parameters
+
+    t_setup = time.perf_counter()
+    if cfg.task is not None:
+        from poslens.tasks import TaskSource
+        from poslens.tokenizer import char_tokenizer
+
+        source = TaskSource(cfg.task, cfg.max_len, cfg.seed, cfg.delta)
+        tokenizer = char_tokenizer(model_max_length=source.max_tokens)
+        needed = source.max_tokens
+    else:
+        from poslens.data import load_texts
+
+        texts = load_texts(cfg.data or "stdlib", limit_files=cfg.corpus_files)
+        if mode == "resume" and (out / "tokenizer.json").is_file():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(out)
+        else:
+            from poslens.tokenizer import train_bpe_tokenizer
+
+            tokenizer = train_bpe_tokenizer(texts, cfg.vocab_size, model_max_length=cfg.seq_len)
+        source = CorpusSource(tokenize_corpus(tokenizer, texts), cfg.seq_len, cfg.seed)
+        del texts
+        needed = cfg.seq_len
+
+    model = build_model(cfg.pe, cfg.preset, len(tokenizer), seed=cfg.seed, rope_theta=cfg.rope_theta,
+                        init_std=cfg.init_std, bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                        **_shape_overrides(cfg, needed)).to(device)
+    model.train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8)
+    warmup = cfg.warmup if cfg.warmup is not None else max(1, round(0.05 * cfg.steps)) if cfg.steps else 0
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, cfg.steps, warmup, cfg.min_lr_ratio))
+    amp = torch.bfloat16 if device.startswith("cuda") else None
+
+    # From here on the directory is ours to write.
+    create_out_dir(out)
+    log_path = out / "train_log.jsonl"
+    if mode in ("overwrite", "restart"):
+        _clear_own_files(out)
+    start_step, tokens_seen, train_seconds = 0, 0, 0.0
+    if mode == "resume":
+        st = _load_checkpoint(out, model, optimizer, scheduler)
+        start_step, tokens_seen, train_seconds = st["step"], st["tokens_seen"], st["train_seconds"]
+        records = _read_log(log_path, start_step)
+        log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        records = []
+        meta = {"versions": versions(), "params": count_parameters(model), "warmup_resolved": warmup}
+        write_json(out / "train_config.json", {**dataclasses.asdict(cfg), "_meta": meta})
+        _save_pretrained_atomic(tokenizer, out)
+        log_path.write_text("")
+    losses = {r["step"]: r["loss"] for r in records if r.get("kind") == "train"}
+    setup_seconds = time.perf_counter() - t_setup
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    stop_at = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    pending: list[dict] = []
+
+    def flush_log():
+        if pending:
+            with open(log_path, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in pending))
+            pending.clear()
+
+    def checkpoint(step):
+        flush_log()
+        _save_checkpoint(out, step, model, optimizer, scheduler,
+                         {"tokens_seen": tokens_seen, "train_seconds": train_seconds})
+
+    step = start_step
+    progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), disable=not cfg.progress, transient=False,
+                        console=Console(stderr=True))
+    label = f"{cfg.pe}/{cfg.task or 'corpus'}/{cfg.preset}"
+    try:
+        with progress:
+            bar = progress.add_task(label, total=cfg.steps, completed=start_step, loss="-", tps="-")
+            import torch.nn.functional as F
+
+            if cfg.steps == 0:
+                # Random-init run: record the loss of the first batch, untrained.
+                x, y = source.train_batch(0, cfg.batch_size)
+                with torch.no_grad():
+                    logits = model(input_ids=x.to(device)).logits.float()
+                    loss0 = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(device).reshape(-1),
+                                                  ignore_index=-100))
+                losses[0] = loss0
+                pending.append({"kind": "train", "step": 0, "loss": loss0, "lr": 0.0, "tokens": 0})
+            while step < stop_at:
+                t0 = time.perf_counter()
+                x, y = source.train_batch(step, cfg.batch_size)
+                n_tok = int((x != source.pad_id).sum())
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with (torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext()):
+                    logits = model(input_ids=x).logits
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                lr = optimizer.param_groups[0]["lr"]
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                loss_v = float(loss.detach())  # synchronises, so the timing below is real
+                step += 1
+                train_seconds += time.perf_counter() - t0
+                tokens_seen += n_tok
+                losses[step] = loss_v
+                pending.append({"kind": "train", "step": step, "loss": loss_v, "lr": lr,
+                                "grad_norm": float(grad_norm), "tokens": tokens_seen})
+                if step % 10 == 0 or step == stop_at:
+                    progress.update(bar, completed=step, loss=f"{loss_v:.4f}",
+                                    tps=f"{tokens_seen / max(train_seconds, 1e-9):,.0f}")
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                    ev = _evaluate(model, source, cfg, device, amp, final=False)
+                    pending.append({"kind": "eval", "step": step, **ev})
+                    if "eval_accuracy" in ev:
+                        progress.update(bar, description=f"{label} acc {ev['eval_accuracy']:.3f}")
+                if step < stop_at and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    checkpoint(step)
+                elif len(pending) >= 200:
+                    flush_log()
+    except KeyboardInterrupt:
+        checkpoint(step)
+        raise PoslensError(f"interrupted after step {step}; a checkpoint is saved in {out}; "
+                           "rerun the same command with --resume to continue.") from None
+
+    if step < cfg.steps:  # --stop-after: leave a checkpoint for --resume
+        checkpoint(step)
+        return {"stopped_at_step": step, "steps": cfg.steps, "out": str(out)}
+
+    ev = _evaluate(model, source, cfg, device, amp, final=True)
+    pending.append({"kind": "eval", "step": step, **ev})
+    flush_log()
+    _save_pretrained_atomic(model.to(torch.float32), out)
+    ordered = [losses[k] for k in sorted(losses)]
+    tail = ordered[-min(20, len(ordered)):]
+    summary = {
+        "pe": cfg.pe, "task": cfg.task, "data": None if cfg.task else (cfg.data or "stdlib"), "preset": cfg.preset,
+        "steps": cfg.steps, "params": count_parameters(model),
+        "params_non_embedding": count_parameters(model, non_embedding=True),
+        "initial_loss": ordered[0] if ordered else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "eval_loss": ev.get("eval_loss"),
+        "eval_accuracy": ev.get("eval_accuracy"), "eval_accuracy_long": ev.get("eval_accuracy_long"),
+        "eval_loss_long": ev.get("eval_loss_long"),
+        "train_lengths": [source.lo, source.L] if cfg.task else None,
+        "long_lengths": [source.L + 1, 2 * source.L] if cfg.task else None,
+        "tokens_seen": tokens_seen, "train_seconds": train_seconds,
+        "tokens_per_second": tokens_seen / train_seconds if train_seconds > 0 else None,
+        "setup_seconds_last_session": setup_seconds, "device": device, "threads": torch.get_num_threads(),
+        "vocab_size": len(tokenizer),
+    }
+    write_json(out / "summary.json", summary)
+    for old in out.glob("checkpoint-*"):
+        if old.is_dir():
+            shutil.rmtree(old)
+    (out / "checkpoint.json").unlink(missing_ok=True)
+    return summary
+
+
+def load_trained(path: str | os.PathLike, device: str = "cpu"):
+    """``(model, tokenizer, summary)`` of a directory written by :func:`train_model` (plain transformers)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise PoslensError(f"{p} holds no trained model (no config.json); train one with `poslens train`.")
+    model = AutoModelForCausalLM.from_pretrained(p).to(device).eval()
+    tok = AutoTokenizer.from_pretrained(p)
+    summary = read_json(p / "summary.json") if (p / "summary.json").is_file() else {}
+    return model, tok, summary

@@ -1,0 +1,184 @@
+"""Trainer: each family trains, saves, reloads with plain transformers, resumes bit-exactly;
+bad input is refused before anything is written."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from poslens.errors import PoslensError
+from poslens.train import TrainConfig, load_trained, lr_factor, train_model
+
+FAST = dict(preset="micro", batch_size=8, eval_examples=32, eval_every=0, progress=False, threads=1)
+
+
+def _cfg(out, **kw):
+    args = dict(FAST, task="copy", max_len=4, steps=6, lr=3e-3)
+    args.update(kw)
+    return TrainConfig(out=str(out), **args)
+
+
+def _losses(out):
+    return [r["loss"] for r in map(json.loads, Path(out, "train_log.jsonl").read_text().splitlines())
+            if r["kind"] == "train"]
+
+
+def _tree_digest(path):
+    h = hashlib.sha256()
+    for p in sorted(Path(path).rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("pe", ["none", "rope", "learned"])
+def test_train_save_reload_and_exact_resume(pe, tmp_path):
+    full = train_model(_cfg(tmp_path / "full", pe=pe, checkpoint_every=2))
+    for key in ("initial_loss", "final_loss", "eval_accuracy", "eval_accuracy_long", "tokens_per_second"):
+        assert full[key] is not None, key
+    assert json.loads((tmp_path / "full" / "summary.json").read_text())["final_loss"] == full["final_loss"]
+
+    # plain transformers loads it; the reloaded model reproduces the saved evaluation
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "full")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "full")
+    assert tok("12|12", add_special_tokens=False).input_ids and model.config.vocab_size == len(tok)
+    from poslens.tasks import evaluate_task
+
+    again = evaluate_task(model, "copy", max_len=4, count=32, seed=0)
+    assert again["eval_accuracy"] == full["eval_accuracy"]
+    assert abs(again["eval_loss"] - full["eval_loss"]) < 1e-5
+
+    # interrupted after step 3 (checkpoints at 2 and 3), then resumed: identical trajectory and weights
+    part = train_model(_cfg(tmp_path / "part", pe=pe, checkpoint_every=2, stop_after=3))
+    assert part["stopped_at_step"] == 3
+    assert not (tmp_path / "part" / "summary.json").exists()
+    assert len(_losses(tmp_path / "part")) == 3
+    resumed = train_model(_cfg(tmp_path / "part", pe=pe, checkpoint_every=2, resume=True))
+    assert _losses(tmp_path / "part") == _losses(tmp_path / "full")  # exact float equality
+    assert len(_losses(tmp_path / "full")) == 6
+    assert resumed["final_loss"] == full["final_loss"]
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "part").state_dict()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, a[k]), k
+    assert not list((tmp_path / "part").glob("checkpoint-*"))  # cleaned up once complete
+
+
+def test_deterministic_for_a_seed(tmp_path):
+    train_model(_cfg(tmp_path / "a", pe="rope", steps=4))
+    train_model(_cfg(tmp_path / "b", pe="rope", steps=4))
+    train_model(_cfg(tmp_path / "c", pe="rope", steps=4, seed=1))
+    assert _losses(tmp_path / "a") == _losses(tmp_path / "b") != _losses(tmp_path / "c")
+
+
+def test_loss_decreases_on_copy(tmp_path):
+    s = train_model(_cfg(tmp_path / "m", pe="rope", steps=60, batch_size=32, lr=1e-2))
+    assert s["final_loss"] < 0.8 * s["initial_loss"]
+
+
+def test_steps_zero_saves_the_initial_model(tmp_path):
+    from poslens.models import build_model
+
+    s = train_model(_cfg(tmp_path / "r", pe="none", steps=0, init_std=0.002))
+    assert s["initial_loss"] == s["final_loss"] and s["steps"] == 0
+    model, tok, summary = load_trained(tmp_path / "r")
+    ref = build_model("none", "micro", len(tok), seed=0, init_std=0.002, pad_token_id=tok.pad_token_id,
+                      max_positions=model.config.max_position_embeddings)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    assert summary["initial_loss"] == s["initial_loss"]
+
+
+def test_corpus_language_model(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"text": f"def f{i}(x):\n    return x * {i} + {i % 7}\n"}) for i in range(400)]
+    corpus.write_text("\n".join(lines))
+    s = train_model(TrainConfig(out=str(tmp_path / "lm"), pe="none", data=str(corpus), vocab_size=300, seq_len=32,
+                                steps=5, **{**FAST, "eval_examples": 8}))
+    assert s["eval_accuracy"] is None and s["eval_loss"] is not None
+    tok = AutoTokenizer.from_pretrained(tmp_path / "lm")
+    text = "def f3(x):\n    return x"
+    assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "lm").config.no_rope_layers == [0, 0]
+
+
+def test_stdlib_default_corpus(tmp_path):
+    s = train_model(TrainConfig(out=str(tmp_path / "std"), pe="rope", corpus_files=3, vocab_size=300, seq_len=32,
+                                steps=2, **{**FAST, "eval_examples": 4}))
+    assert s["data"] == "stdlib" and s["initial_loss"] > 0
+
+
+def test_lr_schedule():
+    assert lr_factor(0, 100, 10, 0.1) == pytest.approx(0.1)
+    assert lr_factor(9, 100, 10, 0.1) == pytest.approx(1.0)
+    assert lr_factor(10, 100, 10, 0.1) == pytest.approx(1.0)
+    assert lr_factor(99, 100, 10, 0.1) == pytest.approx(0.1, abs=1e-3)
+
+
+# ---- bad input: clear error, exit code 2, nothing written or damaged ----
+
+@pytest.mark.parametrize("args,msg", [
+    (["--task", "sort"], "--task"),
+    (["--preset", "huge"], "--preset"),
+    (["--steps", "-1"], "--steps"),
+    (["--pe", "alibi"], "--pe"),
+    (["--data", "/nonexistent/corpus.txt"], "does not exist"),
+    (["--task", "copy", "--max-len", "0"], "--max-len"),
+])
+def test_cli_bad_input(cli, tmp_path, args, msg):
+    out = tmp_path / "out"
+    code, _, err = cli("train", "--out", out, "--steps", "2", "--no-progress", *args)
+    assert code == 2 and msg in err
+    assert not out.exists()
+
+
+def test_cli_empty_corpus(cli, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("   \n")
+    code, _, err = cli("train", "--out", tmp_path / "o", "--data", empty, "--no-progress")
+    assert code == 2 and "no text" in err and not (tmp_path / "o").exists()
+
+
+def test_existing_model_is_never_damaged(cli, tmp_path):
+    other = tmp_path / "other"
+    build = __import__("poslens.models", fromlist=["build_model"]).build_model
+    build("rope", "micro", 40).save_pretrained(other)
+    before = _tree_digest(other)
+    for extra in ([], ["--resume"], ["--task", "nope"], ["--resume", "--overwrite"]):
+        code, _, err = cli("train", "--out", other, "--task", "copy", "--steps", "2", "--no-progress", *extra)
+        assert code == 2, extra
+    assert _tree_digest(other) == before
+
+    run = tmp_path / "run"
+    assert cli("train", "--out", run, "--task", "copy", "--max-len", "4", "--steps", "2", "--batch-size", "4",
+               "--eval-examples", "8", "--no-progress")[0] == 0
+    before = _tree_digest(run)
+    code, _, err = cli("train", "--out", run, "--task", "copy", "--steps", "2", "--no-progress")
+    assert code == 2 and "--overwrite" in err
+    code, _, err = cli("train", "--out", run, "--task", "reverse", "--steps", "2", "--no-progress", "--resume")
+    assert code == 2 and "task" in err
+    assert _tree_digest(run) == before
+    # a finished run resumed with the same options is a no-op
+    code, out, _ = cli("train", "--out", run, "--task", "copy", "--max-len", "4", "--steps", "2", "--batch-size", "4",
+                       "--eval-examples", "8", "--no-progress", "--resume", "--json")
+    assert code == 0 and _tree_digest(run) == before
+    # --overwrite replaces the run and leaves unrelated files alone
+    (run / "notes.txt").write_text("keep me")
+    code, out, _ = cli("train", "--out", run, "--task", "reverse", "--max-len", "3", "--steps", "1", "--batch-size", "4",
+                       "--eval-examples", "8", "--no-progress", "--overwrite", "--json")
+    assert code == 0 and json.loads(out)["task"] == "reverse"
+    assert (run / "notes.txt").read_text() == "keep me"
+
+
+def test_zoo_micro(cli, tmp_path):
+    code, out, _ = cli("zoo", "--out", tmp_path / "zoo", "--scale", "micro", "--only", "nope-copy,rope-random",
+                       "--no-progress", "--threads", "1")
+    assert code == 0
+    index = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
+    assert set(index["entries"]) == {"nope-copy", "rope-random"}
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "zoo" / "nope-copy").config.no_rope_layers[0] == 0
+    code, _, err = cli("zoo", "--out", tmp_path / "zoo", "--scale", "micro", "--only", "bogus")
+    assert code == 2 and "unknown" in err
