@@ -9,7 +9,6 @@ from poslens.errors import PoslensError
 
 # Each import attaches its commands to `app` (one module per capability).
 from poslens.commands import theory as _theory  # noqa: F401,E402
-from poslens.commands import train as _train  # noqa: F401,E402
 from poslens.commands import scan as _scan  # noqa: F401,E402
 from poslens.commands import train as _train  # noqa: F401,E402
 from poslens.commands import simulate as _simulate  # noqa: F401,E402
