@@ -1,0 +1,70 @@
+"""``poslens scan``: accumulate positional maps of a Hugging Face causal LM into a run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from poslens.cli_app import app
+
+
+@app.command("scan")
+def scan(
+    model_dir: Path = typer.Argument(..., help="Local Hugging Face model directory (config.json + *.safetensors)."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --resume)."),
+    data: str = typer.Option("stdlib", "--data", help="stdlib | random | text file | directory | JSONL (text or "
+                             "input_ids) | datasets.save_to_disk directory."),
+    seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence (at most the model's maximum)."),
+    num_seqs: int = typer.Option(64, "--num-seqs", help="Number of sequences to average over."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per forward pass."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto | bf16 | fp16 | fp32 (auto: fp32 on CPU, the checkpoint's "
+                              "half precision on CUDA). Accumulators are float64 regardless."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    layers: str = typer.Option(None, "--layers", help="Layers to capture, e.g. 0,1,8-11 (default: all)."),
+    heads: str = typer.Option(None, "--heads", help="LAYER.HEAD pairs that also get per-head S x S maps, e.g. 3.5,10.2."),
+    no_rope_layers: str = typer.Option(None, "--no-rope-layers", help="Control: attend with un-rotated q/k in these layers."),
+    bidirectional: bool = typer.Option(False, "--bidirectional", help="Control: drop the causal mask in every layer."),
+    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG score maps."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code from MODEL_DIR."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+) -> None:
+    """Scan a causal LM for positional structure with memory bounded by the result.
+
+    Runs the model through poslens' registered attention function (outputs unchanged) and
+    accumulates, per layer and over all sequences: mean pre-softmax scores and attention
+    weights (S x S), per-head slash profiles (SlashScore by offset), self-cosine maps and
+    norms of hidden states and attention outputs, pre-RoPE q/k second moments and per-dimension
+    logit contributions. Writes config.json, maps.safetensors, summary.json and score-map
+    figures to OUT. Interrupt at any time and rerun with --resume.
+    """
+    from poslens.capture.scan import ScanConfig, parse_heads, parse_int_list, run_scan
+
+    cfg = ScanConfig(
+        model_dir=str(model_dir), out=str(out), data=data, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
+        seed=seed, dtype=dtype, device=device, layers=parse_int_list(layers, "--layers"), heads=parse_heads(heads),
+        no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
+        figures=not no_figures, resume=resume, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+    )
+    summary = run_scan(cfg, progress=not quiet)
+    if quiet:
+        return
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"{summary['model_type']}: {summary['num_seqs']} sequences x {summary['seq_len']} tokens")
+    for col in ("layer", "relativity", "locality", "APS", "top slash head (offset: score)"):
+        table.add_column(col, justify="right")
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    for row in summary["layers"]:
+        top = row["top_slash_heads"][0] if row["top_slash_heads"] else None
+        table.add_row(str(row["layer"]), fmt(row["relativity_index"]), fmt(row["locality"]), fmt(row["aps"]),
+                      f"h{top['head']} (d={top['offset']}: {top['score']:.3f})" if top else "-")
+    console.print(table)
+    console.print(f"wrote {out}/ ({', '.join(summary['files'])})")

@@ -1,0 +1,272 @@
+"""``poslens scan`` end to end: outputs, data sources, resume (bit-identical), safety and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from poslens.capture.scan import ScanConfig, run_scan
+from poslens.rundir import read_tensors
+from tests.test_capture import save_tiny
+
+NAMES = ["scores", "probs", "slash", "cosine", "norms", "attn_cosine", "attn_norms", "q_gram", "k_gram", "dim_logit"]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return save_tiny("llama", tmp_path_factory.mktemp("llama") / "m")
+
+
+def _scan(cli, model, out, *extra):
+    return cli("scan", model, "--out", out, "--quiet", *extra)
+
+
+def test_scan_writes_run_directory(cli, llama_dir, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 16, "--num-seqs", 5, "--batch-size", 2,
+                         "--heads", "1.2")
+    assert code == 0, err
+    for f in ("config.json", "maps.safetensors", "summary.json", "scores_raw.png", "scores_diagnorm.png"):
+        assert (out / f).exists(), f
+    maps = read_tensors(out / "maps.safetensors")
+    assert set(NAMES) <= set(maps) and "head_probs" in maps
+    assert maps["scores"].shape == (3, 16, 16) and maps["slash"].shape == (3, 4, 16)
+    assert maps["cosine"].shape == (4, 16, 16) and maps["norms"].shape == (4, 16)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_seqs"] == 5 and len(summary["layers"]) == 3
+    for row in summary["layers"]:
+        for key in ("relativity_index", "locality", "aps", "top_slash_heads"):
+            assert key in row
+    assert summary["slash_top_heads"][0]["score"] >= summary["slash_top_heads"][-1]["score"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["options"]["num_seqs"] == 5 and "torch" in cfg["versions"]
+
+
+def test_scan_maps_equal_eager_reference(llama_dir, tmp_path):
+    """The whole pipeline (from_pretrained, data, batches, float32 on disk) against eager attentions."""
+    from transformers import AutoModelForCausalLM
+
+    from poslens.capture.sources import make_source
+
+    cfg = ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=12, num_seqs=5,
+                     batch_size=2, figures=False, seed=3)
+    run_scan(cfg, progress=False)
+    maps = read_tensors(tmp_path / "r" / "maps.safetensors")
+    ids = make_source("random", seq_len=12, num_seqs=5, seed=3, vocab_size=96).batch(0, 5)
+    eager = AutoModelForCausalLM.from_pretrained(str(llama_dir), attn_implementation="eager").eval()
+    with torch.no_grad():
+        att = eager(input_ids=ids, output_attentions=True).attentions
+    for l, a in enumerate(att):
+        assert torch.allclose(maps["probs"][l].double(), a.double().mean((0, 1)), atol=1e-5)
+
+
+def test_layers_subset(cli, llama_dir, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--layers", "1-2",
+                         "--no-figures")
+    assert code == 0, err
+    assert read_tensors(out / "maps.safetensors")["scores"].shape[0] == 2
+    assert [r["layer"] for r in json.loads((out / "summary.json").read_text())["layers"]] == [1, 2]
+    assert not (out / "scores_raw.png").exists()
+
+
+def test_resume_is_bit_identical(llama_dir, tmp_path):
+    base = dict(model_dir=str(llama_dir), data="random", seq_len=10, num_seqs=7, batch_size=2, figures=False,
+                checkpoint_every=1)
+    run_scan(ScanConfig(out=str(tmp_path / "a"), **base), progress=False)
+    partial = run_scan(ScanConfig(out=str(tmp_path / "b"), **base), progress=False, stop_after_batches=2)
+    assert partial == {"stopped_at": 4} and not (tmp_path / "b" / "maps.safetensors").exists()
+    run_scan(ScanConfig(out=str(tmp_path / "b"), resume=True, **base), progress=False)
+    a = read_tensors(tmp_path / "a" / "maps.safetensors")
+    b = read_tensors(tmp_path / "b" / "maps.safetensors")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ca = read_tensors(tmp_path / "a" / "checkpoint.safetensors")
+    cb = read_tensors(tmp_path / "b" / "checkpoint.safetensors")
+    for k in ca:
+        assert torch.equal(ca[k], cb[k]), k  # the float64 sums themselves
+
+
+def test_killed_process_resumes_identically(llama_dir, tmp_path):
+    """SIGKILL a real `poslens scan` process after its first checkpoint, then --resume."""
+    args = ["--data", "random", "--seq-len", "24", "--num-seqs", "40", "--batch-size", "2", "--checkpoint-every", "1",
+            "--no-figures", "--quiet"]
+    out = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "poslens", "scan", str(llama_dir), "--out", str(out), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 120
+    while not (out / "checkpoint.safetensors").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cfg = dict(model_dir=str(llama_dir), data="random", seq_len=24, num_seqs=40, batch_size=2, checkpoint_every=1,
+               figures=False)
+    run_scan(ScanConfig(out=str(out), resume=True, **cfg), progress=False)
+    run_scan(ScanConfig(out=str(tmp_path / "clean"), **cfg), progress=False)
+    a = read_tensors(out / "maps.safetensors")
+    b = read_tensors(tmp_path / "clean" / "maps.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_with_other_options_is_refused(cli, llama_dir, tmp_path):
+    out = tmp_path / "run"
+    assert _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures")[0] == 0
+    code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 3, "--resume")
+    assert code == 2 and "different options" in err
+    code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2)
+    assert code == 2 and "not empty" in err
+
+
+def _byte_tokenizer(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    vocab["<eos>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(str(path))
+
+
+@pytest.fixture(scope="module")
+def tokenized_dir(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    path = tmp_path_factory.mktemp("tok") / "m"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(path))
+    _byte_tokenizer(path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["stdlib", "text", "jsonl_text", "jsonl_ids", "dir"])
+def test_data_sources(cli, tokenized_dir, tmp_path, kind):
+    text = "def f(x):\n    return x + 1\n" * 20
+    if kind == "stdlib":
+        data = "stdlib"
+    elif kind == "text":
+        data = tmp_path / "a.txt"
+        data.write_text(text)
+    elif kind == "dir":
+        data = tmp_path / "d"
+        data.mkdir()
+        (data / "a.txt").write_text(text)
+    elif kind == "jsonl_text":
+        data = tmp_path / "a.jsonl"
+        data.write_text("\n".join(json.dumps({"text": text}) for _ in range(2)))
+    else:
+        data = tmp_path / "ids.jsonl"
+        data.write_text("\n".join(json.dumps({"input_ids": list(range(3, 100))}) for _ in range(2)))
+    out = tmp_path / "run"
+    code, _, err = _scan(cli, tokenized_dir, out, "--data", data, "--seq-len", 16, "--num-seqs", 3, "--no-figures")
+    assert code == 0, err
+    assert json.loads((out / "summary.json").read_text())["num_seqs"] == 3
+
+
+def test_packed_text_is_deterministic(tokenized_dir):
+    from poslens.capture.scan import load_tokenizer
+    from poslens.capture.sources import make_source
+
+    tok = load_tokenizer(str(tokenized_dir))
+    a = make_source("stdlib", seq_len=16, num_seqs=4, tokenizer=tok, vocab_size=260)
+    b = make_source("stdlib", seq_len=16, num_seqs=4, tokenizer=tok, vocab_size=260)
+    assert torch.equal(a.batch(0, 4), b.batch(0, 4)) and torch.equal(a.batch(1, 3), b.batch(0, 4)[1:3])
+    r = make_source("random", seq_len=16, num_seqs=4, vocab_size=260, seed=5)
+    assert torch.equal(r.batch(2, 4), r.batch(0, 4)[2:4])
+
+
+def test_datasets_directory(cli, llama_dir, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": [list(range(3, 60))] * 2})
+    ds.save_to_disk(str(tmp_path / "ds"))
+    code, _, err = _scan(cli, llama_dir, tmp_path / "run", "--data", tmp_path / "ds", "--seq-len", 16, "--num-seqs", 2,
+                         "--no-figures")
+    assert code == 0, err
+
+
+# --- bad input: clear error, non-zero exit, nothing written -------------------------------------
+@pytest.mark.parametrize("case", ["missing", "no_config", "seq_len", "empty_data", "layers", "heads", "no_tokenizer",
+                                  "bad_ids", "dtype"])
+def test_bad_input(cli, llama_dir, tmp_path, case):
+    model, extra = llama_dir, ["--data", "random", "--seq-len", 8, "--num-seqs", 2]
+    expect = {"missing": "does not exist", "no_config": "no config.json", "seq_len": "exceeds the model's maximum",
+              "empty_data": "empty", "layers": "--layers", "heads": "--heads", "no_tokenizer": "no tokenizer",
+              "bad_ids": "outside the model's vocabulary", "dtype": "--dtype"}[case]
+    if case == "missing":
+        model = tmp_path / "nope"
+    elif case == "no_config":
+        model = tmp_path / "empty_model"
+        model.mkdir()
+    elif case == "seq_len":
+        extra = ["--data", "random", "--seq-len", 65]
+    elif case == "empty_data":
+        (tmp_path / "e.jsonl").write_text("")
+        extra = ["--data", tmp_path / "e.jsonl", "--seq-len", 8]
+    elif case == "layers":
+        extra += ["--layers", "0,3"]
+    elif case == "heads":
+        extra += ["--heads", "1.9"]
+    elif case == "no_tokenizer":
+        (tmp_path / "t.txt").write_text("hello world " * 50)
+        extra = ["--data", tmp_path / "t.txt", "--seq-len", 8]
+    elif case == "bad_ids":
+        (tmp_path / "i.jsonl").write_text(json.dumps({"input_ids": [5000] * 40}))
+        extra = ["--data", tmp_path / "i.jsonl", "--seq-len", 8]
+    elif case == "dtype":
+        extra += ["--dtype", "fp8"]
+    out = tmp_path / "out"
+    code, _, err = _scan(cli, model, out, *extra)
+    assert code == 2 and expect in err, err
+    assert not out.exists()
+
+
+def test_pickle_and_remote_code_are_refused(cli, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_capture import tiny_config
+
+    p = tmp_path / "pkl"
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt2"))
+    model.save_pretrained(str(p))
+    for f in p.glob("*.safetensors"):  # keep config.json, replace the weights by a pickle file
+        f.unlink()
+    torch.save(model.state_dict(), p / "pytorch_model.bin")
+    args = ["--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures"]
+    code, _, err = _scan(cli, p, tmp_path / "o1", *args)
+    assert code == 2 and "pickle" in err and "--allow-pickle" in err
+    code, _, err = _scan(cli, p, tmp_path / "o2", *args, "--allow-pickle")
+    assert code == 0, err
+
+    r = save_tiny("llama", tmp_path / "remote")
+    cfg = json.loads((r / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_x.X"}
+    (r / "config.json").write_text(json.dumps(cfg))
+    code, _, err = _scan(cli, r, tmp_path / "o3", *args)
+    assert code == 2 and "--trust-remote-code" in err
+
+
+def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    p = save_tiny("llama", tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(str(p))
+    with torch.no_grad():  # head 2 of layer 1 overflows
+        model.model.layers[1].self_attn.q_proj.weight[16:24] = 3e38
+        model.model.layers[1].self_attn.k_proj.weight[8:16] = 3e38
+    model.save_pretrained(str(p))
+    out = tmp_path / "run"
+    code, _, err = _scan(cli, p, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures")
+    assert code == 2 and "layer 1, head 2" in err, err
+    assert (out / "config.json").exists() and not (out / "maps.safetensors").exists()
