@@ -12,8 +12,8 @@ from poslens.commands import theory as _theory  # noqa: F401,E402
 from poslens.commands import scan as _scan  # noqa: F401,E402
 from poslens.commands import train as _train  # noqa: F401,E402
 from poslens.commands import simulate as _simulate  # noqa: F401,E402
-# from poslens.commands import reproduce as _reproduce  # noqa: F401,E402
-# from poslens.commands import demo as _demo  # noqa: F401,E402
+from poslens.commands import reproduce as _reproduce  # noqa: F401,E402
+from poslens.commands import demo as _demo  # noqa: F401,E402
 
 
 def main(argv: list[str] | None = None) -> None:

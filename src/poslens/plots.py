@@ -47,8 +47,7 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
             vmin, vmax = -lim, lim
         if vmin == vmax:
             vmin, vmax = vmin - 1e-12, vmax + 1e-12
-    cm = _cmap(cmap).copy()
-    cm.set_bad(alpha=0.0)
+    cm = _cmap(cmap).with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
     im = ax.imshow(np.ma.masked_invalid(a), cmap=cm, vmin=vmin, vmax=vmax, interpolation="nearest")
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")

@@ -1,0 +1,47 @@
+"""``poslens reproduce``: the papers' figures, one command each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from poslens.cli_app import app, parse_device
+
+
+@app.command()
+def reproduce(
+    name: str = typer.Argument(..., help="Experiment: kim-fig1, kim-fig2, kim-alpha, kim-layernorm, kim-fig4, or all."),
+    out: Path = typer.Option(Path("runs/reproduce"), "--out", help="Directory for the figures, runs and index."),
+    samples: int = typer.Option(100_000, help="Monte Carlo samples per simulation (paper: 100,000)."),
+    seed: int = typer.Option(0, help="Random seed."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    no_figures: bool = typer.Option(False, "--no-figures", help="Skip PNGs."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+) -> None:
+    """Reproduce a paper figure (or all of them) and say, per figure, what the paper showed and what we measured.
+
+    Writes DIR/NAME/ run directories (same contract as `poslens simulate`), DIR/index.json and
+    DIR/index.md.
+    """
+    from rich.console import Console
+
+    from poslens.errors import PoslensError
+    from poslens.progress import task_progress
+    from poslens.reproduce import ReproContext, names, run_reproduction
+    from poslens.rundir import prepare_out_dir
+
+    if name not in names():
+        raise PoslensError(f"unknown experiment {name!r}; choose one of: {', '.join(names())}.")
+    out = prepare_out_dir(out)
+    with task_progress(f"reproduce {name}", samples, enabled=not quiet) as update:
+        ctx = ReproContext(samples=samples, device=parse_device(device), seed=seed, figures=not no_figures,
+                           progress=lambda run, d, t: update(d, t, run))
+        records = run_reproduction(name, out, ctx)
+    if not quiet:
+        c = Console()
+        for r in records:
+            c.print(f"[bold]{r['name']}[/bold]: {'[green]reproduced' if r['reproduced'] else '[red]NOT reproduced'}[/]")
+            for line in str(r["measured"]).splitlines():
+                c.print(f"  {line}")
+        c.print(f"wrote {out}/index.md")

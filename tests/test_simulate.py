@@ -1,0 +1,180 @@
+import json
+import math
+
+import pytest
+import torch
+
+from poslens.errors import PoslensError
+from poslens.rundir import read_json, read_tensors
+from poslens.simulate import RNG_BLOCK, SimConfig, load_result, run_simulation, sample_inputs
+from poslens.theory import kim_mean_field, kim_theory
+
+
+def test_inputs_have_mean_inner_product_alpha():
+    for alpha in (0.0, 0.2, 0.6):
+        x = sample_inputs(SimConfig(alpha=alpha, dim=256, seq_len=10), 0).double()
+        assert torch.allclose(x.norm(dim=-1), torch.ones(1, dtype=torch.float64), atol=1e-6)
+        g = x @ x.transpose(-1, -2)
+        off = g[:, ~torch.eye(10, dtype=torch.bool)]
+        assert float(off.mean()) == pytest.approx(alpha, abs=0.01)
+
+
+def test_simulation_converges_to_theory_as_dim_grows():
+    # Layer 2 of the L2 model: the closed form is exact when <x_i, x_j> = alpha exactly; the
+    # fluctuation is O(1/sqrt(d)), so the gap must shrink as d grows.
+    alpha, N = 0.2, 8
+    theory = kim_theory(alpha, N).scores
+    lower = torch.ones(N, N, dtype=torch.bool).tril(-1)
+    gaps = []
+    for dim in (16, 128, 1024):
+        r = run_simulation(SimConfig(alpha=alpha, seq_len=N, dim=dim, layers=2, samples=4000))
+        gaps.append(float((r.scores[1] - theory)[lower].abs().max()))
+    assert gaps[0] > gaps[1] > gaps[2]
+    assert gaps[2] < 0.01
+
+
+def test_deep_layers_converge_to_mean_field():
+    N, L = 6, 4
+    r = run_simulation(SimConfig(alpha=0.0, seq_len=N, dim=2048, layers=L, samples=2000))
+    mf = kim_mean_field(0.0, N, L)
+    lower = torch.ones(N, N, dtype=torch.bool).tril(-1)
+    assert float((r.scores - mf)[:, lower].abs().max()) < 0.01
+
+
+def test_stderr_matches_spread_across_seeds():
+    cfg = dict(alpha=0.0, seq_len=6, dim=32, layers=2, samples=2 * RNG_BLOCK)
+    means = torch.stack([run_simulation(SimConfig(seed=s, **cfg)).scores[1] for s in range(8)])
+    se = run_simulation(SimConfig(seed=0, **cfg)).scores_stderr[1]
+    lower = torch.ones(6, 6, dtype=torch.bool).tril(-1)
+    ratio = float(means.std(0)[lower].mean() / se[lower].mean())
+    assert 0.6 < ratio < 1.5
+
+
+def test_chunking_does_not_change_results():
+    base = dict(alpha=0.3, seq_len=7, dim=16, layers=3, samples=3 * RNG_BLOCK + 17)
+    a = run_simulation(SimConfig(chunk_size=RNG_BLOCK, **base))
+    b = run_simulation(SimConfig(chunk_size=4 * RNG_BLOCK, **base))
+    assert a.samples == b.samples == base["samples"]
+    torch.testing.assert_close(a.scores, b.scores, equal_nan=True, rtol=0, atol=1e-6)
+
+
+def test_rope_causal_breaks_relativity_noncausal_keeps_it():
+    # Kim et al. 2025 Fig. 4: with RoPE the non-causal control stays relative in every layer,
+    # while causal attention makes layers >= 2 non-relative.
+    common = dict(alpha=0.5, rope=True, seq_len=24, dim=64, layers=3, samples=3000)
+    causal = run_simulation(SimConfig(causal=True, **common)).summary["layers"]
+    bidir = run_simulation(SimConfig(causal=False, **common)).summary["layers"]
+    for l in bidir:
+        assert l["relativity_index"] > 0.98
+    assert causal[0]["relativity_index"] > 0.98
+    for l in causal[1:]:
+        assert l["relativity_index"] < 0.97
+
+
+def test_layer1_is_flat_and_layer2_is_local():
+    s = run_simulation(SimConfig(alpha=0.0, seq_len=20, dim=64, layers=2, samples=3000)).summary["layers"]
+    assert s[0]["relativity_index"] is None and s[0]["locality"] is None
+    assert s[1]["locality"] > 0.5
+    assert s[1]["relativity_index"] < 0.9
+
+
+def test_layernorm_scales():
+    a = run_simulation(SimConfig(norm="layernorm", scale="d", seq_len=5, dim=32, layers=1, samples=RNG_BLOCK))
+    # LayerNorm rows have squared norm d, so with 1/d scaling the self-score is ~1
+    assert torch.allclose(torch.diagonal(a.scores[0]), torch.ones(5, dtype=torch.float64), atol=1e-3)
+    b = run_simulation(SimConfig(norm="layernorm", scale="sqrt-d", seq_len=5, dim=32, layers=1, samples=RNG_BLOCK))
+    assert torch.allclose(torch.diagonal(b.scores[0]), torch.full((5,), math.sqrt(32), dtype=torch.float64), atol=1e-2)
+
+
+def test_target_stderr_stops_early():
+    r = run_simulation(SimConfig(seq_len=6, dim=16, layers=1, samples=50 * RNG_BLOCK, target_stderr=0.02))
+    assert r.stopped_early and r.samples < 50 * RNG_BLOCK
+    assert r.summary["layers"][0]["max_stderr"] < 0.02
+
+
+@pytest.mark.parametrize("kw", [dict(alpha=1.0), dict(alpha=-0.1), dict(layers=0), dict(seq_len=0),
+                                dict(dim=-1), dict(samples=0), dict(scale="d"), dict(norm="rms"),
+                                dict(norm="layernorm", scale="2d"), dict(rope=True, dim=7)])
+def test_bad_config(kw):
+    with pytest.raises(PoslensError):
+        SimConfig(**kw).validate()
+
+
+def test_cli_writes_contract_and_loads_back(cli, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, _ = cli("simulate", "--samples", 500, "--seq-len", 8, "--dim", 16, "--layers", 2, "--out", out,
+                          "--device", "cpu", "--quiet")
+    assert code == 0
+    t = read_tensors(out / "maps.safetensors")
+    assert set(t) == {"scores", "scores_stderr", "probs"}
+    assert t["scores"].shape == (2, 8, 8)
+    assert torch.isnan(t["scores"][0, 0, 1]) and not torch.isnan(t["scores"][0, 1, 0])
+    torch.testing.assert_close(t["probs"].sum(-1), torch.ones(2, 8))
+    summ = read_json(out / "summary.json")
+    assert [set(l) >= {"relativity_index", "locality", "max_stderr"} for l in summ["layers"]] == [True, True]
+    cfg = read_json(out / "config.json")
+    assert cfg["samples"] == 500 and "torch" in cfg["versions"]
+    for f in ("scores_raw.png", "scores_diagnorm.png", "probs.png"):
+        assert (out / f).stat().st_size > 1000
+    res = load_result(out)
+    assert res.scores.shape == (2, 8, 8) and res.samples == 500
+    assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
+
+
+@pytest.mark.parametrize("args", [["--alpha", "1.5"], ["--scale", "d"], ["--seq-len", "0"], ["--samples", "-3"]])
+def test_cli_bad_input_writes_nothing(cli, tmp_path, args):
+    out = tmp_path / "run"
+    code, _, err = cli("simulate", *args, "--out", out, "--quiet")
+    assert code != 0 and err
+    assert not out.exists()
+
+
+def test_cli_out_is_a_file(cli, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("keep me")
+    code, _, err = cli("simulate", "--samples", 10, "--out", f, "--quiet")
+    assert code == 2 and "file" in err
+    assert f.read_text() == "keep me"
+
+
+def test_theory_cli_json(cli):
+    code, stdout, _ = cli("theory", "kim", "--alpha", "0", "--seq-len", "3", "--json")
+    assert code == 0
+    d = json.loads(stdout)
+    assert d["scores"][0][1] is None
+    assert abs(d["scores"][1][0] - 0.154) < 1e-3
+    assert abs(d["scores"][2][0] - 0.132) < 1e-3
+    assert abs(d["scores"][2][1] - 0.150) < 1e-3
+    assert len(d["g"]) == len(d["h"]) == 3
+
+
+def test_reproduce_fig1_and_index(cli, tmp_path):
+    out = tmp_path / "repro"
+    code, stdout, _ = cli("reproduce", "kim-fig1", "--out", out, "--quiet")
+    assert code == 0
+    idx = read_json(out / "index.json")
+    assert idx["experiments"][0]["reproduced"] is True
+    assert (out / "kim-fig1" / "kim_fig1.png").exists()
+    assert "kim-fig1" in (out / "index.md").read_text()
+
+
+def test_reproduce_fig4_small(tmp_path):
+    from poslens.reproduce import ReproContext, run_reproduction
+
+    rec = run_reproduction("kim-fig4", tmp_path / "r", ReproContext(samples=2000, figures=False))[0]
+    assert rec["reproduced"], rec["measured"]
+    assert len(rec["runs"]) == 4
+
+
+def test_reproduce_unknown_name(cli, tmp_path):
+    code, _, err = cli("reproduce", "kim-fig9", "--out", tmp_path / "r", "--quiet")
+    assert code == 2 and "kim-fig9" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_demo_quick(cli, tmp_path):
+    out = tmp_path / "demo"
+    code, stdout, _ = cli("demo", "--quick", "--out", out, "--device", "cpu")
+    assert code == 0
+    assert (out / "sim_rope_causal" / "summary.json").exists()
+    assert (out / "demo.json").exists()
