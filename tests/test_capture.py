@@ -165,8 +165,10 @@ def test_scores_match_direct_computation(arch_run):
     scores = cap.means()["scores"]
     for l in range(len(ref.attentions)):
         direct = _direct_scores(rec, l).mean(dim=(0, 1))
-        err = (scores[l] - direct).abs().max() / direct.abs().max()
+        low = torch.ones(S, S, dtype=torch.bool).tril()
+        err = (scores[l][low] - direct[low]).abs().max() / direct.abs().max()
         assert err <= 1e-5, (arch, l, float(err))
+        assert float(scores[l][~low].abs().max()) == 0.0  # causal: never computed above the diagonal
 
 
 def test_slash_equals_slash_score_of_eager(arch_run):

@@ -187,18 +187,13 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _fold(x: torch.Tensor) -> torch.Tensor:
-    """``[B, H, S, D]`` -> ``[S, B*H*D]``: batch and heads folded into the contraction dimension."""
-    B, H, S, D = x.shape
-    return x.permute(2, 0, 1, 3).reshape(S, B * H * D)
-
-
 class Capture:
     """Streaming accumulators for one scan; every sum is float64 and every count is sequences.
 
     Definitions (all means over sequences; ``scaling`` is the model's logit scale):
 
-    - ``scores[l, i, j]``: mean over heads of ``scaling * q_i . k_j`` (post-RoPE, GQA keys repeated);
+    - ``scores[l, i, j]``: mean over heads of ``scaling * q_i . k_j`` (post-RoPE, GQA keys repeated),
+      before any mask; 0 above the diagonal in causal runs (never computed);
     - ``probs[l, i, j]``: mean over heads of the post-softmax attention weight;
     - ``slash[l, h, d]``: ``(1/(S-d)) sum_{i>=d} A_h[i, i-d]`` (SlashScore(d), arXiv 2601.08297);
     - ``cosine[k, i, j]`` / ``norms[k, i]``: self-cosine and norm of residual-stream vectors,
@@ -301,43 +296,47 @@ class Capture:
         dim_sum = (q * kcum).sum(dim=2).sum(0)  # [H, D]
         acc["dim_logit"].sum[li] += (scaling * dim_sum / (S * (S + 1) / 2)).to(torch.float64)
 
-        # mean scores over batch and heads: one matmul with (b, h, d) folded into the contraction
-        acc["scores"].sum[li] += (scaling / H * (_fold(q) @ _fold(k_rep).T)).to(torch.float64)
-
-        # probs, slash and per-head maps: softmax per head in query-row chunks
+        # scores, probs, slash and per-head maps, in query-row chunks: only [B, H, c, S] logits live
+        # at a time. A causal row block [start, stop) needs keys < stop only, so the key range is cut
+        # there (half the work of a full S x S product); the batch/head sum of the scores is then a
+        # reduction of the logits already computed for the softmax rather than a second matmul.
         rows_per_chunk = max(1, spec.chunk_elems // max(1, B * H * S))
         j = torch.arange(S, device=q.device)
+        scores_sum = torch.zeros(S, S, dtype=torch.float64, device=q.device)
         probs_sum = torch.zeros(S, S, dtype=torch.float64, device=q.device)
         slash_sum = torch.zeros(H, S, dtype=torch.float64, device=q.device)
         heads_here = self.head_pos.get(layer, [])
         for start in range(0, S, rows_per_chunk):
             stop = min(S, start + rows_per_chunk)
+            nc = stop if causal else S  # keys a causal row block can see
             i = torch.arange(start, stop, device=q.device)
-            logits = torch.matmul(q[:, :, start:stop], k_rep.transpose(2, 3)) * scaling  # [B,H,c,S]
-            allowed = _structure_mask(stop - start, S, causal=causal, window=window, device=q.device, q_offset=start) \
-                if (causal or window) else None
+            logits = torch.matmul(q[:, :, start:stop], k_rep[:, :, :nc].transpose(2, 3)) * scaling  # [B,H,c,nc]
+            allowed = _structure_mask(stop - start, nc, causal=causal, window=window, device=q.device,
+                                      q_offset=start) if (causal or window) else None
+            bad = ~torch.isfinite(logits)
             if allowed is not None:
-                bad = ~torch.isfinite(logits) & allowed
-            else:
-                bad = ~torch.isfinite(logits)
+                bad &= allowed
             if bool(bad.any()):
                 h_bad = int(bad.any(dim=(0, 2, 3)).nonzero()[0])
                 raise PoslensError(f"non-finite attention scores in layer {layer}, head {h_bad} "
                                    f"(model overflow?); try --dtype fp32 or check the checkpoint.")
+            scores_sum[start:stop, :nc] += logits.sum(dim=(0, 1)).to(torch.float64)
             if allowed is not None:
                 logits = logits.masked_fill(~allowed, float("-inf"))
             p = torch.softmax(logits, dim=-1)
-            probs_sum[start:stop] += p.sum(dim=(0, 1)).to(torch.float64)
-            # sub-diagonal d of row i is column i - d: gather the causal part of each row by offset
-            # slot d of row i holds A[i, i - d] (valid for d <= i)
-            off = i[:, None] - j[None, :]  # [c, S]
+            probs_sum[start:stop, :nc] += p.sum(dim=(0, 1)).to(torch.float64)
+            # slot d of row i holds A[i, i - d] (valid for d <= i): the sub-diagonals by offset
+            off = i[:, None] - j[None, :nc]  # [c, nc]
             gathered = torch.gather(p, 3, off.clamp_min(0).expand(B, H, -1, -1)) * (off >= 0)
-            slash_sum += gathered.sum(dim=(0, 2)).to(torch.float64)
+            slash_sum[:, :nc] += gathered.sum(dim=(0, 2)).to(torch.float64)
             del gathered
             for n, h in heads_here:
                 lh = logits[:, h]
-                acc["head_scores"].sum[n, start:stop] += lh.masked_fill(~torch.isfinite(lh), 0.0).sum(0).to(torch.float64)
-                acc["head_probs"].sum[n, start:stop] += p[:, h].sum(0).to(torch.float64)
+                acc["head_scores"].sum[n, start:stop, :nc] += lh.masked_fill(~torch.isfinite(lh), 0.0).sum(0).to(torch.float64)
+                acc["head_probs"].sum[n, start:stop, :nc] += p[:, h].sum(0).to(torch.float64)
+        if causal:
+            scores_sum.tril_()  # above the diagonal: not computed, stored as 0
+        acc["scores"].sum[li] += scores_sum / H
         acc["probs"].sum[li] += probs_sum / H
         acc["slash"].sum[li] += slash_sum / (S - torch.arange(S, device=q.device, dtype=torch.float64))
 
