@@ -14,10 +14,16 @@ from poslens.commands import train as _train  # noqa: F401,E402
 from poslens.commands import simulate as _simulate  # noqa: F401,E402
 from poslens.commands import reproduce as _reproduce  # noqa: F401,E402
 from poslens.commands import demo as _demo  # noqa: F401,E402
+from poslens.commands import analyze_neighborhood as _analyze_neighborhood  # noqa: F401,E402
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; a :class:`PoslensError` becomes one line on stderr and exit code 2."""
+    import signal
+
+    # SIGTERM (a killed job, a scheduler's timeout) becomes a normal exit, so `finally` blocks
+    # run: staging directories are removed and checkpoints stay consistent.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         app(args=argv, standalone_mode=True)
     except PoslensError as e:

@@ -1,0 +1,431 @@
+"""Neighbourhood analysis of arXiv 2501.00073: self-cosine maps, APS and norm score per layer.
+
+For every sequence and every layer the vectors ``h_1 .. h_T`` give a self-cosine matrix
+``S[i, j] = cos(h_i, h_j)``; the adjacency probability score (APS,
+:func:`poslens.metrics.adjacency_probability_score`) counts how often row i is more similar to a
+nearer earlier key than to a farther one (1 = perfect adjacency, 0.5 = chance), and the norm
+score applies the same count to ``-||h_i||`` (1 = norms shrink monotonically with position).
+Both are reported as mean +- std over sequences, per layer, as in the paper.
+
+Which vectors. Following the paper's code, layer 0 is the token embeddings (the input of the
+first decoder layer) and layer l >= 1 is the concatenated head outputs of decoder layer l before
+the output projection (``attn``). The residual stream after each decoder layer (``resid``) is
+measured too, because it is what later layers read.
+
+Controls. The model runs through poslens' registered attention function
+(:mod:`poslens.capture.attention`), whose bidirectional switch drops the causal mask in every
+layer (the paper's non-causal control) without touching the weights.
+
+Per-sequence maps are needed (the APS of a mean map is not the mean APS), so this module keeps
+``batch x T x d`` vectors per layer for one batch at a time and reduces them immediately; memory is
+bounded by one batch, never by the number of sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from poslens.errors import PoslensError
+
+#: families of vectors measured per layer
+FAMILIES = ("attn", "resid")
+
+
+# --------------------------------------------------------------------------------------------
+# running a model and collecting per-layer vectors
+# --------------------------------------------------------------------------------------------
+def use_poslens_attention(model):
+    """Switch ``model`` (in place) to poslens' registered attention function; returns it.
+
+    Outputs are those of the ``sdpa`` implementation; the switch is what makes the
+    bidirectional control possible without editing the model.
+    """
+    from poslens.capture.attention import ATTN_NAME, register
+
+    register()
+    if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
+        model.set_attn_implementation(ATTN_NAME)
+    return model
+
+
+def _output_projection(layer):
+    """The linear map whose *input* is the concatenated head outputs of one decoder layer."""
+    for attn_name, proj_name in (("self_attn", "o_proj"), ("attn", "c_proj"), ("self_attn", "dense"),
+                                 ("attention", "dense")):
+        attn = getattr(layer, attn_name, None)
+        proj = getattr(attn, proj_name, None) if attn is not None else None
+        if proj is not None:
+            return proj
+    raise PoslensError(f"cannot find the attention output projection in {type(layer).__name__}; "
+                       "this architecture is not supported by the neighbourhood analysis.")
+
+
+def _bidirectional_context(model, adapter, seq_len: int):
+    """A capture with no layers to record and the causal mask switched off (the control)."""
+    from poslens.capture.attention import Capture, CaptureSpec
+
+    cfg = model.config
+    spec = CaptureSpec(num_layers=adapter.num_layers(cfg), num_heads=adapter.num_heads(cfg),
+                       num_kv_heads=adapter.num_kv_heads(cfg), head_dim=adapter.head_dim(cfg), seq_len=seq_len,
+                       layers=[], bidirectional=True)
+    return Capture(spec).active()
+
+
+@torch.no_grad()
+def collect_vectors(model, input_ids: torch.Tensor, *, bidirectional: bool = False, adapter=None
+                    ) -> dict[str, torch.Tensor]:
+    """Per-layer vectors of one batch: ``{"attn": L+1 tensors [B, T, .], "resid": [L+1, B, T, d]}``.
+
+    Index 0 of both is the token embeddings (the first layer's input). ``attn[l]`` (l >= 1) is the
+    concatenated head outputs of decoder layer l before the output projection; ``resid[l]`` the
+    residual stream after decoder layer l. ``attn`` is a list because its widths may differ
+    (embedding width vs heads x head_dim). The model must already use the
+    poslens attention (:func:`use_poslens_attention`) when ``bidirectional`` is set.
+    """
+    import contextlib
+
+    from poslens.capture.adapters import get_adapter
+    from poslens.capture.attention import ATTN_NAME
+
+    adapter = adapter or get_adapter(model.config)
+    layers = adapter.decoder_layers(model)
+    attn: list[torch.Tensor | None] = [None] * (len(layers) + 1)
+    resid: list[torch.Tensor | None] = [None] * (len(layers) + 1)
+    handles = []
+
+    def _pre(_m, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        resid[0] = x.detach().float()
+        attn[0] = resid[0]
+    handles.append(layers[0].register_forward_pre_hook(_pre, with_kwargs=True))
+    for l, layer in enumerate(layers):
+        def _proj(_m, args, l=l):
+            attn[l + 1] = args[0].detach().float()
+
+        def _out(_m, _args, out, l=l):
+            resid[l + 1] = (out[0] if isinstance(out, (tuple, list)) else out).detach().float()
+        handles.append(_output_projection(layer).register_forward_pre_hook(_proj))
+        handles.append(layer.register_forward_hook(_out))
+    if bidirectional and getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
+        raise PoslensError("the bidirectional control needs the poslens attention; call use_poslens_attention(model).")
+    ctx = _bidirectional_context(model, adapter, input_ids.shape[1]) if bidirectional else contextlib.nullcontext()
+    try:
+        with ctx:
+            model(input_ids=input_ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return {"attn": attn, "resid": torch.stack(resid)}
+
+
+def self_cosine(x: torch.Tensor) -> torch.Tensor:
+    """``cos(h_i, h_j)`` of ``x [..., T, d]`` -> ``[..., T, T]`` in float64 (zero vectors give 0)."""
+    x = x.to(torch.float64)
+    xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return xn @ xn.transpose(-1, -2)
+
+
+# --------------------------------------------------------------------------------------------
+# measuring
+# --------------------------------------------------------------------------------------------
+@torch.no_grad()
+def measure_neighborhood(model, ids: torch.Tensor, *, bidirectional: bool = False, batch_size: int = 8,
+                         adapter=None, update: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
+    """Per-sequence APS and norm score and mean maps for every layer over ``ids [N, T]``.
+
+    Returns float64 tensors, ``K = L + 1`` layers (0 = embeddings), for each family
+    ``f`` in ``attn``/``resid`` (keys prefixed ``resid_`` for the residual stream):
+    ``aps [K, N]``, ``norm_score [K, N]``, ``cosine [K, T, T]`` (mean over sequences),
+    ``norms [K, T]`` (mean norm by position).
+    """
+    device = next(model.parameters()).device
+    N, T = ids.shape
+    if T < 3:
+        raise PoslensError(f"--seq-len {T}: the APS counts position triples; use at least 3 tokens.")
+    acc: dict[str, list] = {}
+    cos_sum: dict[str, torch.Tensor] = {}
+    norm_sum: dict[str, torch.Tensor] = {}
+    from poslens.metrics import adjacency_probability_score, norm_score
+
+    for s in range(0, N, batch_size):
+        batch = ids[s: s + batch_size].to(device)
+        vecs = collect_vectors(model, batch, bidirectional=bidirectional, adapter=adapter)
+        for fam in FAMILIES:
+            pre = "" if fam == "attn" else "resid_"
+            per_layer_aps, per_layer_ns = [], []
+            for k, x in enumerate(vecs[fam]):
+                cos = self_cosine(x)  # [B, T, T]
+                nrm = x.to(torch.float64).norm(dim=-1)  # [B, T]
+                per_layer_aps.append(adjacency_probability_score(cos))
+                per_layer_ns.append(norm_score(nrm))
+                key = f"{pre}{k}"
+                cos_sum[key] = cos_sum.get(key, 0) + cos.sum(0)
+                norm_sum[key] = norm_sum.get(key, 0) + nrm.sum(0)
+            acc.setdefault(f"{pre}aps", []).append(torch.stack(per_layer_aps))
+            acc.setdefault(f"{pre}norm_score", []).append(torch.stack(per_layer_ns))
+        if update is not None:
+            update(min(N, s + batch_size))
+    out = {k: torch.cat(v, dim=1) for k, v in acc.items()}
+    K = out["aps"].shape[0]
+    for fam in FAMILIES:
+        pre = "" if fam == "attn" else "resid_"
+        out[f"{pre}cosine"] = torch.stack([cos_sum[f"{pre}{k}"] / N for k in range(K)])
+        out[f"{pre}norms"] = torch.stack([norm_sum[f"{pre}{k}"] / N for k in range(K)])
+    return out
+
+
+def layer_rows(measured: dict[str, torch.Tensor], prefix: str = "") -> list[dict]:
+    """Per-layer ``{"layer", "aps_mean", "aps_std", "norm_score_mean", "norm_score_std"}``."""
+    aps, ns = measured[f"{prefix}aps"], measured[f"{prefix}norm_score"]
+    n = aps.shape[1]
+
+    def std(x):
+        return float(x.std(unbiased=True)) if n > 1 else float("nan")
+    return [{"layer": k, "aps_mean": float(aps[k].mean()), "aps_std": std(aps[k]),
+             "norm_score_mean": float(ns[k].mean()), "norm_score_std": std(ns[k])} for k in range(aps.shape[0])]
+
+
+def theory_gap(cosine_map: torch.Tensor) -> float:
+    """Mean |mean cosine - sqrt(min/max)| over the strict lower triangle (uniform-attention theory)."""
+    from poslens.theory import running_mean_cosine
+
+    T = cosine_map.shape[-1]
+    th = running_mean_cosine(T)
+    low = torch.ones(T, T, dtype=torch.bool).tril(-1)
+    return float((cosine_map.to(torch.float64) - th)[low].abs().mean())
+
+
+# --------------------------------------------------------------------------------------------
+# the command
+# --------------------------------------------------------------------------------------------
+@dataclass
+class NeighborhoodConfig:
+    """Every option of ``poslens neighborhood`` (the CLI maps its flags one to one)."""
+
+    model_dir: str
+    out: str
+    data: str = "random"
+    seq_len: int = 64
+    num_seqs: int = 32
+    batch_size: int = 8
+    seed: int = 0
+    bidirectional: bool = False  # also run the bidirectional control, side by side
+    device: str = "cpu"
+    figures: bool = True
+    overwrite: bool = False
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+
+def _fmt_pm(m: float, s: float) -> str:
+    return f"{m:.3f} ± {s:.3f}" if math.isfinite(s) else f"{m:.3f}"
+
+
+def _plan(cfg: NeighborhoodConfig):
+    """Validate every input and build the sequence source; writes nothing."""
+    from transformers import AutoConfig
+
+    from poslens.capture.adapters import get_adapter
+    from poslens.capture.scan import check_model_dir, load_tokenizer
+    from poslens.capture.sources import make_source
+    from poslens.cli_app import parse_device
+    from poslens.rundir import prepare_out_dir
+
+    for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size)):
+        if v < 1:
+            raise PoslensError(f"{flag} {v}: must be a positive integer.")
+    if cfg.seq_len < 3:
+        raise PoslensError(f"--seq-len {cfg.seq_len}: the APS counts position triples; use at least 3 tokens.")
+    check_model_dir(cfg.model_dir, allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(cfg.model_dir, trust_remote_code=cfg.trust_remote_code)
+    except ValueError as e:
+        raise PoslensError(f"{cfg.model_dir}/config.json: {str(e).splitlines()[0]}") from None
+    adapter = get_adapter(config)
+    maxpos = adapter.max_positions(config)
+    if maxpos is not None and cfg.seq_len > maxpos:
+        raise PoslensError(f"--seq-len {cfg.seq_len} exceeds the model's maximum of {maxpos} positions; "
+                           f"pass --seq-len {maxpos} or less.")
+    device = parse_device(cfg.device)
+    prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
+    tok = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+    source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tok,
+                         vocab_size=getattr(config, "vocab_size", None))
+    return config, adapter, source, device
+
+
+def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
+    """Measure APS / norm score per layer (causal, and with ``bidirectional`` the control) into ``cfg.out``.
+
+    Writes ``config.json``, ``neighborhood.safetensors``, ``summary.json`` and figures through a
+    staging directory (nothing is half-written); returns the summary.
+    """
+    from poslens.capture.scan import load_model
+    from poslens.models import pe_of
+    from poslens.progress import task_progress
+    from poslens.rundir import save_figure, staged_dir, versions, write_json, write_tensors
+
+    t0 = time.time()
+    config, adapter, source, device = _plan(cfg)
+    model = load_model(cfg.model_dir, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
+                       trust_remote_code=cfg.trust_remote_code)
+    ids = source.batch(0, source.num_seqs)
+    modes = ["causal"] + (["bidirectional"] if cfg.bidirectional else [])
+    results = {}
+    N = ids.shape[0]
+    with task_progress("neighbourhood", total=N * len(modes), enabled=progress) as update:
+        for m, mode in enumerate(modes):
+            results[mode] = measure_neighborhood(
+                model, ids, bidirectional=mode == "bidirectional", batch_size=cfg.batch_size, adapter=adapter,
+                update=lambda d, m=m, mode=mode: update(m * N + d, info=mode))
+    summary = build_summary(results, cfg=cfg, pe=pe_of(config), model_type=adapter.model_type, num_seqs=N,
+                            source=source.describe())
+    with staged_dir(cfg.out) as stage:
+        write_json(stage / "config.json", {"command": "neighborhood", **dataclasses.asdict(cfg),
+                                           "source": source.describe(), "versions": versions()})
+        tensors = {f"{mode}.{k}": v.to(torch.float32) for mode, r in results.items() for k, v in r.items()}
+        write_tensors(stage / "neighborhood.safetensors", tensors,
+                      metadata={"layer_index": "0 = token embeddings, l = decoder layer l (attn: head outputs "
+                                               "before the output projection; resid_: residual stream after it)",
+                                "modes": modes})
+        figures = []
+        if cfg.figures:
+            for name, fig, caption in neighborhood_figures(results, title=Path(cfg.model_dir).name):
+                save_figure(fig, stage / name)
+                figures.append({"file": name, "caption": caption})
+        summary["figures"] = figures
+        summary["wall_s"] = time.time() - t0
+        write_json(stage / "summary.json", summary)
+    return summary
+
+
+def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_type: str = "?", num_seqs: int = 0,
+                  source: dict | None = None) -> dict:
+    """Tables, readings (computed from the numbers) and per-layer values of a neighbourhood run."""
+    causal = results["causal"]
+    bid = results.get("bidirectional")
+    rows_c = layer_rows(causal)
+    rows_rc = layer_rows(causal, "resid_")
+    rows_b = layer_rows(bid) if bid is not None else None
+    K = len(rows_c)
+    layers = []
+    for k in range(K):
+        d = {"layer": k, "vectors": "embeddings" if k == 0 else "head outputs (before output projection)",
+             **{key: rows_c[k][key] for key in ("aps_mean", "aps_std", "norm_score_mean", "norm_score_std")},
+             "resid_aps_mean": rows_rc[k]["aps_mean"], "resid_aps_std": rows_rc[k]["aps_std"],
+             "resid_norm_score_mean": rows_rc[k]["norm_score_mean"]}
+        if rows_b is not None:
+            d.update(bidirectional_aps_mean=rows_b[k]["aps_mean"], bidirectional_aps_std=rows_b[k]["aps_std"],
+                     bidirectional_norm_score_mean=rows_b[k]["norm_score_mean"])
+        layers.append(d)
+    cols = ["layer", "APS causal (mean ± std)", "norm score causal", "resid APS causal"]
+    if rows_b is not None:
+        cols += ["APS bidirectional", "norm score bidirectional"]
+    rows = []
+    for k in range(K):
+        r = [k if k else "0 (emb)", _fmt_pm(rows_c[k]["aps_mean"], rows_c[k]["aps_std"]),
+             _fmt_pm(rows_c[k]["norm_score_mean"], rows_c[k]["norm_score_std"]),
+             _fmt_pm(rows_rc[k]["aps_mean"], rows_rc[k]["aps_std"])]
+        if rows_b is not None:
+            r += [_fmt_pm(rows_b[k]["aps_mean"], rows_b[k]["aps_std"]),
+                  _fmt_pm(rows_b[k]["norm_score_mean"], rows_b[k]["norm_score_std"])]
+        rows.append(r)
+    gap1 = theory_gap(causal["cosine"][1]) if K > 1 else float("nan")
+    readings = neighborhood_readings(rows_c, rows_b, gap1)
+    T = causal["cosine"].shape[-1]
+    return {
+        "experiment": "neighborhood", "paper": "neighborhood",
+        "title": f"Adjacency of nearby embeddings ({pe} PE, {model_type}): APS per layer",
+        "model_dir": str(cfg.model_dir) if cfg else None, "pe": pe, "model_type": model_type,
+        "num_seqs": num_seqs, "seq_len": T, "source": source,
+        "modes": list(results), "layers": layers, "theory_gap_layer1": gap1,
+        "tables": [{"title": "APS and norm score per layer (mean ± std over sequences; layer 0 = embeddings)",
+                    "columns": cols, "rows": rows}],
+        "readings": readings,
+    }
+
+
+def neighborhood_readings(rows_c: list[dict], rows_b: list[dict] | None, gap1: float) -> list[str]:
+    """Plain-language sentences computed from the per-layer numbers."""
+    out = []
+    K = len(rows_c)
+    if K < 2:
+        return out
+    a1 = rows_c[1]["aps_mean"]
+    best = max(range(1, K), key=lambda k: rows_c[k]["aps_mean"])
+    verdict = ("a clear adjacency pattern" if a1 >= 0.8 else "a weak adjacency pattern" if a1 >= 0.6
+               else "no adjacency pattern")
+    out.append(f"The first attention layer's head outputs have APS {a1:.3f} under the causal mask: {verdict} "
+               f"(0.5 = chance, 1 = every row rises towards the diagonal); layer 0 (embeddings) has "
+               f"{rows_c[0]['aps_mean']:.3f}.")
+    out.append(f"The highest APS is at layer {best} ({rows_c[best]['aps_mean']:.3f}); the last layer has "
+               f"{rows_c[-1]['aps_mean']:.3f}.")
+    if rows_b is not None:
+        b1 = rows_b[1]["aps_mean"]
+        diff = a1 - b1
+        out.append(f"Without the causal mask layer 1's APS is {b1:.3f}, {abs(diff):.3f} "
+                   f"{'lower' if diff > 0 else 'higher'} than causal: "
+                   + ("the mask is what creates the adjacency pattern." if diff > 0.1 and abs(b1 - 0.5) < 0.1
+                      else "the mask is not the only source of the difference." if diff > 0.1
+                      else "the mask makes little difference here."))
+    ns1 = rows_c[1]["norm_score_mean"]
+    out.append(f"Layer 1's norm score is {ns1:.3f}: norms "
+               + ("shrink with position, as a running mean's do." if ns1 >= 0.7
+                  else "do not shrink consistently with position." if ns1 > 0.3 else "grow with position."))
+    if math.isfinite(gap1):
+        out.append(f"Layer 1's mean cosine map differs from the uniform-attention theory sqrt(min(i,j)/max(i,j)) by "
+                   f"{gap1:.3f} on average over the lower triangle"
+                   + (" (close: attention is nearly uniform)." if gap1 < 0.05 else " (attention is far from uniform)."))
+    return out
+
+
+def _pick_layers(K: int, max_panels: int = 7) -> list[int]:
+    if K <= max_panels:
+        return list(range(K))
+    return sorted(set(torch.linspace(0, K - 1, max_panels).round().long().tolist()))
+
+
+def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tuple[str, object, str]]:
+    """``(file, figure, caption)`` for the cosine maps (per mode) and APS / norm score by layer."""
+    import matplotlib.pyplot as plt
+
+    from poslens.capture.scan import causal_view
+    from poslens.plots import layer_grid
+
+    figs = []
+    for mode, r in results.items():
+        K = r["cosine"].shape[0]
+        sel = _pick_layers(K)
+        maps = [causal_view(r["cosine"][k]) for k in sel]
+        titles = ["layer 0 (emb)" if k == 0 else f"layer {k}" for k in sel]
+        fig = layer_grid(maps, titles=titles, suptitle=f"{title} mean self-cosine similarity ({mode})", cmap="rocket")
+        name = "cosine_maps.png" if mode == "causal" else f"cosine_maps_{mode}.png"
+        figs.append((name, fig, f"Mean over sequences of cos(h_i, h_j) per layer, {mode} attention "
+                                f"(layer 0 = embeddings, then head outputs; upper triangle blank)."))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for mode, r in results.items():
+        K = r["aps"].shape[0]
+        x = list(range(K))
+        ls = "-" if mode == "causal" else "--"
+        axes[0].errorbar(x, r["aps"].mean(1).tolist(), yerr=r["aps"].std(1).tolist() if r["aps"].shape[1] > 1 else None,
+                         ls=ls, marker="o", capsize=3, label=f"head outputs, {mode}")
+        axes[0].plot(x, r["resid_aps"].mean(1).tolist(), ls=ls, marker="x", alpha=0.6, label=f"residual, {mode}")
+        axes[1].plot(x, r["norm_score"].mean(1).tolist(), ls=ls, marker="o", label=f"head outputs, {mode}")
+    for ax, name in zip(axes, ("APS", "norm score")):
+        ax.axhline(0.5, color="gray", lw=0.8, ls=":")
+        ax.set_xlabel("layer (0 = embeddings)")
+        ax.set_ylabel(name)
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{title} adjacency probability and norm scores (mean ± std over sequences)", fontsize=10)
+    fig.tight_layout()
+    figs.append(("aps_by_layer.png", fig, "APS (left) and norm score (right) per layer; 0.5 = chance, "
+                                          "error bars = std over sequences."))
+    return figs
