@@ -30,8 +30,10 @@ gives no thresholds or shares.)*
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -301,3 +303,241 @@ def decompose_scan(maps: dict, *, rotary_dim: int, base: float, scaling: float, 
                 "profile": dec.profile,
             })
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# the `poslens slash` run directory
+# --------------------------------------------------------------------------------------------
+@dataclass
+class SlashConfig:
+    scan_dir: str
+    out: str
+    random_scan: str | None = None
+    kappa: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+    persist_kappa: float | None = None  # κ of the persistence test (default: the smallest κ >= 0.3 in the grid)
+    min_delta: int = 1
+    max_delta: int = 16
+    model_dir: str | None = None  # where the scanned model's config.json is (default: the scan's model_dir)
+    top: int = 20  # heads listed in the per-head table
+
+
+def model_rope_geometry(model_dir: str) -> dict:
+    """``rotary_dim``, ``base``, ``scaling`` (logit scale) and ``head_dim`` of a model directory's config."""
+    from transformers import AutoConfig
+
+    from poslens.capture.adapters import get_adapter
+
+    p = Path(model_dir)
+    if not (p / "config.json").is_file():
+        raise PoslensError(f"model directory {p} (recorded by the scan) has no config.json; pass --model-dir "
+                           "with the scanned model's directory.")
+    config = AutoConfig.from_pretrained(str(p))
+    ad = get_adapter(config)
+    D = ad.head_dim(config)
+    qpas = getattr(config, "query_pre_attn_scalar", None)
+    return {"rotary_dim": ad.rotary_dim(config), "base": ad.rope_base(config), "head_dim": D,
+            "scaling": float(qpas) ** -0.5 if qpas else D ** -0.5, "model_type": ad.model_type,
+            "num_kv_heads": ad.num_kv_heads(config)}
+
+
+def _fmt(v, nd=4):
+    return None if v is None else round(float(v), nd)
+
+
+def analyze_scans(maps: dict, geometry: dict, rope_flags: list[bool], layer_ids: list[int], cfg: SlashConfig,
+                  maps_random: dict | None = None) -> tuple[dict, dict]:
+    """All slash numbers of one scan (and its random-token twin): ``(summary parts, tensors)``."""
+    slash = _check_slash(maps["slash"])
+    L, H, S = slash.shape
+    hi = min(cfg.max_delta, S - 1)
+    if cfg.min_delta < 0 or cfg.min_delta > hi:
+        raise PoslensError(f"--min-delta {cfg.min_delta} / --max-delta {cfg.max_delta}: need 0 <= min <= max < "
+                           f"the scan's --seq-len {S}.")
+    kappas = sorted(float(k) for k in cfg.kappa)
+    tab = sdh_table(slash, kappas, hi, cfg.min_delta, layer_ids)
+    counts = tab["counts"]
+    by_delta = []
+    for b, d in enumerate(range(cfg.min_delta, hi + 1)):
+        listed = next(r[4] for r in tab["rows"] if r[0] == kappas[0] and r[1] == d)
+        by_delta.append([d] + [int(counts[a, b]) for a in range(len(kappas))] + [listed])
+    ranks = rank_table(maps["q_gram"], maps["k_gram"])
+    dec_rows = []
+    if geometry.get("rotary_dim") and any(rope_flags):
+        dec_rows = decompose_scan(maps, rotary_dim=geometry["rotary_dim"], base=geometry["base"],
+                                  scaling=geometry["scaling"], rope_layers=rope_flags, min_delta=cfg.min_delta,
+                                  max_delta=hi, layer_ids=layer_ids)
+    dec = {(r["layer"], r["head"]): r for r in dec_rows}
+    d_best, s_best = best_offsets(slash, cfg.min_delta, hi)
+    heads = []
+    predicted = torch.full_like(slash, float("nan"))
+    for li in range(L):
+        for h in range(H):
+            r = dec.get((layer_ids[li], h))
+            if r is not None:
+                predicted[li, h] = r["profile"]
+            heads.append({
+                "layer": layer_ids[li], "head": h, "best_delta": int(d_best[li, h]), "best_score": float(s_best[li, h]),
+                **{k: float(v[li, h]) for k, v in ranks.items()},
+                **({k: v for k, v in r.items() if k not in ("layer", "head", "profile")} if r else {}),
+            })
+    pk = cfg.persist_kappa if cfg.persist_kappa is not None else next((k for k in kappas if k >= 0.3), kappas[-1])
+    pers = None
+    if maps_random is not None:
+        pers = persistence(slash, maps_random["slash"], pk, hi, cfg.min_delta, layer_ids)
+    tensors = {"slash": slash, "slash_predicted": predicted, **{f"rank_{k}": v for k, v in ranks.items()}}
+    if maps_random is not None:
+        tensors["slash_random"] = _check_slash(maps_random["slash"])
+    return {"kappas": kappas, "by_delta": by_delta, "heads": heads, "persist_kappa": pk, "persistence": pers,
+            "max_delta": hi}, tensors
+
+
+def _readings(parts: dict, S: int) -> list[str]:
+    out = []
+    kappas, heads = parts["kappas"], parts["heads"]
+    best = max(heads, key=lambda r: r["best_score"])
+    out.append(f"the most slash-dominant head (Δ >= {parts['by_delta'][0][0]}) is {best['layer']}.{best['head']} "
+               f"with SlashScore({best['best_delta']}) = {best['best_score']:.3f} (uniform causal attention would "
+               f"give about {sum(1 / (i + 1) for i in range(best['best_delta'], S)) / (S - best['best_delta']):.3f}).")
+    reached = [(k, sum(1 for r in heads if r["best_score"] >= k)) for k in kappas]
+    reached = [(k, n) for k, n in reached if n]
+    if reached:
+        k, n = reached[-1]
+        out.append(f"{n} of {len(heads)} heads are ({k:g}, Δ)-slash-dominant for some Δ in the range "
+                   f"(the largest κ of the grid that any head reaches); at κ = {reached[0][0]:g}: {reached[0][1]}.")
+    else:
+        out.append(f"no head reaches κ = {kappas[0]:g} at any Δ in the range.")
+    pers = parts["persistence"]
+    if pers is not None:
+        if pers:
+            kept = sum(p["persists"] for p in pers)
+            out.append(f"{kept} of {len(pers)} in-distribution ({parts['persist_kappa']:g}, Δ)-SDHs persist on "
+                       f"random-token prompts (median ratio random/in-distribution "
+                       f"{sorted(p['ratio'] or 0 for p in pers)[len(pers) // 2]:.2f}).")
+            d1 = [p for p in pers if p["delta"] == 1 and p["persists"]]
+            if d1:
+                p = d1[0]
+                out.append(f"previous-token head {p['layer']}.{p['head']}: SlashScore(1) {p['score_in']:.3f} "
+                           f"in distribution, {p['score_random']:.3f} on random tokens.")
+        else:
+            out.append(f"no head reaches κ = {parts['persist_kappa']:g} in distribution, so persistence is untested.")
+    dec = [r for r in heads if "predicted_peak" in r]
+    top = sorted(heads, key=lambda r: -r["best_score"])[: max(1, len(heads) // 10)]
+    top_dec = [r for r in top if "predicted_peak" in r]
+    if top_dec:
+        m = sum(r["peak_match"] for r in top_dec)
+        q1 = sum(r["q_top1_energy"] for r in top) / len(top)
+        rest = [r for r in heads if r not in top]
+        q1r = sum(r["q_top1_energy"] for r in rest) / len(rest) if rest else float("nan")
+        out.append(f"for the top {len(top)} slash heads the rank-one RoPE decomposition predicts the observed peak "
+                   f"offset in {m} of {len(top_dec)}; their pre-RoPE queries put {q1:.2f} of the energy in the top "
+                   f"singular direction (other heads: {q1r:.2f}).")
+        use = {b: sum(r["band_usage"][b] for r in top_dec) / len(top_dec) for b in BANDS}
+        out.append("band usage (share of Σ A_l) of the top slash heads: " +
+                   ", ".join(f"{b} {v:.2f}" for b, v in use.items()) + ".")
+    elif not dec:
+        out.append("the scanned layers apply no RoPE, so there is no RoPE decomposition.")
+    return out
+
+
+def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=None):
+    import matplotlib.pyplot as plt
+
+    top = sorted(heads, key=lambda r: -r["best_score"])[:n]
+    cols = min(4, len(top))
+    rows = (len(top) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), squeeze=False)
+    d = list(range(0, max_delta + 1))
+    for ax, r in zip(axes.flat, top):
+        li = layer_ids.index(r["layer"])
+        ax.plot(d, slash[li, r["head"], : max_delta + 1].tolist(), "o-", ms=3, label="observed")
+        if random is not None:
+            ax.plot(d, random[li, r["head"], : max_delta + 1].tolist(), "s--", ms=3, label="random tokens")
+        pr = predicted[li, r["head"], : max_delta + 1]
+        if bool(torch.isfinite(pr).all()):
+            ax.plot(d, pr.tolist(), "-", color="k", lw=1, label="rank-one RoPE")
+        ax.set_title(f"head {r['layer']}.{r['head']}", fontsize=9)
+        ax.set_xlabel("Δ")
+        ax.set_ylabel("SlashScore")
+    for ax in list(axes.flat)[len(top):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def run_slash(cfg: SlashConfig) -> dict:
+    """Analyse a scan (and optionally its random-token twin) and write the run directory ``cfg.out``."""
+    from poslens.analysis.panels import load_scan
+    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_tensors
+
+    maps, scfg, ssum = load_scan(cfg.scan_dir)
+    for need in ("slash", "q_gram", "k_gram", "dim_logit"):
+        if need not in maps:
+            raise PoslensError(f"SCAN_DIR {cfg.scan_dir}: maps.safetensors lacks {need!r}; rescan with this poslens.")
+    maps_r = None
+    if cfg.random_scan:
+        maps_r, rcfg, _ = load_scan(cfg.random_scan)
+        if maps_r["slash"].shape[:2] != maps["slash"].shape[:2]:
+            raise PoslensError(f"--random-scan {cfg.random_scan}: its slash tensor {tuple(maps_r['slash'].shape)} does "
+                               f"not match {tuple(maps['slash'].shape)}; scan the same model and --layers.")
+        src = (rcfg.get("source") or {}).get("kind")
+        if src not in (None, "random"):
+            raise PoslensError(f"--random-scan {cfg.random_scan} was scanned on --data {src}, not random tokens; "
+                               "rescan with --data random.")
+    if not cfg.kappa or any(not 0 < k <= 1 for k in cfg.kappa):
+        raise PoslensError(f"--kappa {list(cfg.kappa)}: give thresholds in (0, 1], e.g. 0.1,0.3,0.5.")
+    model_dir = cfg.model_dir or (scfg.get("options") or {}).get("model_dir")
+    if not model_dir:
+        raise PoslensError(f"SCAN_DIR {cfg.scan_dir}: config.json does not name the model; pass --model-dir.")
+    geom = model_rope_geometry(model_dir)
+    prepare_out_dir(cfg.out)
+    L, H, S = maps["slash"].shape
+    layer_ids = ssum["_meta"].get("layers") or list(range(L))
+    rope_flags = [bool(r.get("rope", True)) for r in ssum.get("layers", [])] or [geom["rotary_dim"] is not None] * L
+    parts, tensors = analyze_scans(maps, geom, rope_flags, layer_ids, cfg, maps_r)
+    heads = parts["heads"]
+    top = sorted(heads, key=lambda r: -r["best_score"])[: cfg.top]
+    f = _fmt
+    head_cols = ["layer.head", "best Δ", "SlashScore", "q σ1²/Σσ²", "k σ1²/Σσ²", "q eff. rank", "k eff. rank",
+                 "q n95", "k n95", "predicted Δ", "profile corr", "coherence", "band use high/med/low"]
+    head_rows = []
+    for r in top:
+        bu = r.get("band_usage")
+        head_rows.append([f"{r['layer']}.{r['head']}", r["best_delta"], f(r["best_score"]), f(r["q_top1_energy"], 3),
+                          f(r["k_top1_energy"], 3), f(r["q_effective_rank"], 2), f(r["k_effective_rank"], 2),
+                          int(r["q_n95"]), int(r["k_n95"]), r.get("predicted_peak"), f(r.get("profile_corr"), 3),
+                          f(r.get("coherence"), 3),
+                          "/".join(f"{bu[b]:.2f}" for b in BANDS) if bu else None])
+    tables = [
+        {"title": f"number of (κ, Δ)-slash-dominant heads (of {L * H})",
+         "columns": ["Δ"] + [f"κ={k:g}" for k in parts["kappas"]] + [f"heads at κ={parts['kappas'][0]:g}"],
+         "rows": parts["by_delta"]},
+        {"title": f"top {len(top)} heads by SlashScore over Δ = {cfg.min_delta}..{parts['max_delta']}: rank-one "
+                  "measures of pre-RoPE q/k and the RoPE decomposition", "columns": head_cols, "rows": head_rows},
+    ]
+    if parts["persistence"] is not None:
+        tables.append({"title": f"persistence on random-token prompts of the ({parts['persist_kappa']:g}, Δ)-SDHs",
+                       "columns": ["layer.head", "Δ", "in-distribution", "random tokens", "ratio", "persists"],
+                       "rows": [[f"{p['layer']}.{p['head']}", p["delta"], f(p["score_in"]), f(p["score_random"]),
+                                 f(p["ratio"], 3), p["persists"]] for p in parts["persistence"]]})
+    readings = _readings(parts, S)
+    summary = {
+        "experiment": "slash", "paper": "slash",
+        "title": f"Slash-dominant heads of {ssum.get('model_type', geom['model_type'])} "
+                 f"({ssum.get('num_seqs', '?')} x {S} tokens" + (", with random-token control)" if maps_r else ")"),
+        "scan_dir": str(cfg.scan_dir), "random_scan": cfg.random_scan, "model_dir": str(model_dir),
+        "geometry": geom, "kappas": parts["kappas"], "persist_kappa": parts["persist_kappa"],
+        "delta_range": [cfg.min_delta, parts["max_delta"]],
+        "sdh_counts": parts["by_delta"], "persistence": parts["persistence"], "heads": heads,
+        "tables": tables, "readings": readings,
+        "figures": [{"file": "slash_profiles.png", "caption": "SlashScore(Δ) of the most slash-dominant heads: observed"
+                     + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}],
+    }
+    with staged_dir(cfg.out) as stage:
+        write_json(stage / "config.json", {"command": "slash", **dataclasses.asdict(cfg), "versions": versions()})
+        write_tensors(stage / "slash.safetensors", {k: v.to(torch.float32) for k, v in tensors.items()},
+                      metadata={"layers": layer_ids})
+        save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
+                                     random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
+        write_json(stage / "summary.json", summary)
+    return summary

@@ -1,0 +1,337 @@
+"""Kim et al. (arXiv 2509.21042) on trained models: the nine-panel Gram decomposition of one
+layer, and per-layer score maps with their non-relativity numbers.
+
+**Nine panels** for layer ℓ of a Llama-family model (batch-averaged ``[S, S]`` matrices):
+
+(a) ``Y Yᵀ``, Y = input_layernorm(X);          (b) ``Q Kᵀ · scaling`` (post-RoPE, mean over heads, causal);
+(c) ``(AV)(AV)ᵀ`` (heads concatenated, before W_O);  (d) ``(AV W_O)(AV W_O)ᵀ``;
+(e) ``O Oᵀ``, O = AV W_O + X;                   (f) ``LN(O) LN(O)ᵀ`` (post_attention_layernorm);
+(g) ``X' X'ᵀ``, X' = FFN(LN(O)) + O (the layer output); (h) the next layer's ``Y Yᵀ``;
+(i) the next layer's ``Q Kᵀ · scaling``.
+
+Capture: forward hooks on the layer's own modules (input_layernorm, o_proj input and output,
+post_attention_layernorm input and output, the decoder layer's output) and, for (b) and (i),
+poslens' registered attention function (:class:`poslens.capture.Capture` ``scores``). Nothing is
+monkeypatched. Sums are float64 over batches; memory is ``9 x S x S`` plus one batch.
+
+Each panel gets the relativity index and locality of :mod:`poslens.metrics.diagonal` over its
+lower triangle (the diagonal, a self-similarity, excluded); *non-relativity* = 1 - relativity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from poslens.errors import PoslensError
+from poslens.stats import MeanAccumulator
+
+PANELS = [
+    ("a", "Y Yᵀ, Y = LN(X)"),
+    ("b", "Q Kᵀ/√d (causal, mean over heads)"),
+    ("c", "(AV)(AV)ᵀ"),
+    ("d", "(AV W_O)(AV W_O)ᵀ"),
+    ("e", "O Oᵀ, O = AV W_O + X"),
+    ("f", "LN(O) LN(O)ᵀ"),
+    ("g", "X' X'ᵀ, X' = FFN(LN(O)) + O"),
+    ("h", "next layer Y Yᵀ"),
+    ("i", "next layer Q Kᵀ/√d"),
+]
+#: architectures whose decoder layer is input_layernorm -> self_attn(o_proj) -> + X -> post_attention_layernorm -> mlp -> + O
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma")
+
+
+@dataclass
+class PanelsConfig:
+    model_dir: str
+    out: str
+    layer: int = 0
+    data: str = "stdlib"
+    num_seqs: int = 200
+    seq_len: int = 50
+    batch_size: int = 10
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "fp32"
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    """Batch sum of ``x xᵀ`` over sequences: ``[B, S, d] -> [S, S]`` (float64)."""
+    x = x.to(torch.float64)
+    return torch.einsum("bsd,btd->st", x, x)
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def attach_panel_hooks(model, layer: int, accs: dict[str, MeanAccumulator]) -> list:
+    """Forward hooks that add panels a, c-h of ``layer`` into ``accs``; returns the handles."""
+    layers = model.model.layers
+    cur, nxt = layers[layer], layers[layer + 1]
+    try:
+        ln_in, o_proj, ln_post = cur.input_layernorm, cur.self_attn.o_proj, cur.post_attention_layernorm
+        ln_next = nxt.input_layernorm
+    except AttributeError as e:
+        raise PoslensError(f"layer {layer} lacks the Llama-family module {e.name!r}; panels need "
+                           "input_layernorm, self_attn.o_proj and post_attention_layernorm.") from None
+
+    def add(name, x):
+        accs[name].sum += _gram(x)
+
+    h = [
+        ln_in.register_forward_hook(lambda m, a, out: add("a", _first(out))),
+        o_proj.register_forward_pre_hook(lambda m, a: add("c", a[0])),
+        o_proj.register_forward_hook(lambda m, a, out: add("d", _first(out))),
+        ln_post.register_forward_pre_hook(lambda m, a: add("e", a[0])),
+        ln_post.register_forward_hook(lambda m, a, out: add("f", _first(out))),
+        cur.register_forward_hook(lambda m, a, out: add("g", _first(out))),
+        ln_next.register_forward_hook(lambda m, a, out: add("h", _first(out))),
+    ]
+    return h
+
+
+def panel_metrics(m: torch.Tensor) -> dict:
+    """Relativity index, non-relativity and locality of one panel's causal lower triangle."""
+    from poslens.capture.scan import causal_view
+    from poslens.metrics import locality, relativity_index
+
+    cv = causal_view(m.to(torch.float64), include_diagonal=True)
+    ri = relativity_index(cv)
+    lo = locality(cv)
+    S = m.shape[-1]
+    i = torch.arange(S)
+    off = m[(i[:, None] > i[None, :])]
+    return {"relativity_index": ri, "non_relativity": None if ri is None else 1.0 - ri, "locality": lo,
+            "mean_offdiag": float(off.mean()) if off.numel() else None}
+
+
+def compute_panels(model, adapter, config, source, layer: int, *, batch_size: int, device: str,
+                   progress: bool = True) -> torch.Tensor:
+    """The nine mean panels ``[9, S, S]`` (float64) of ``layer`` over every sequence of ``source``."""
+    from poslens.capture.attention import Capture, CaptureSpec
+    from poslens.capture.scan import attach, causal_view
+    from poslens.progress import task_progress
+
+    S = source.seq_len
+    accs = {k: MeanAccumulator((S, S)) for k in "acdefgh"}
+    spec = CaptureSpec(num_layers=adapter.num_layers(config), num_heads=adapter.num_heads(config),
+                       num_kv_heads=adapter.num_kv_heads(config), head_dim=adapter.head_dim(config), seq_len=S,
+                       layers=[layer, layer + 1], rope_layers=adapter.rope_layers(config))
+    capture = Capture(spec)
+    handles = attach(model, adapter, capture) + attach_panel_hooks(model, layer, accs)
+    N = source.num_seqs
+    try:
+        with task_progress("panels", N, enabled=progress) as update:
+            for s in range(0, N, batch_size):
+                e = min(N, s + batch_size)
+                ids = source.batch(s, e).to(device)
+                capture.begin_batch(e - s)
+                with torch.no_grad(), capture.active():
+                    model(input_ids=ids, use_cache=False)
+                capture.end_batch()
+                for acc in accs.values():
+                    acc.count += e - s
+                update(e)
+    finally:
+        for hd in handles:
+            hd.remove()
+    scores = capture.means()["scores"]
+    means = {k: a.mean for k, a in accs.items()}
+    means["b"] = causal_view(scores[0], include_diagonal=True)
+    means["i"] = causal_view(scores[1], include_diagonal=True)
+    return torch.stack([means[k] for k, _ in PANELS])
+
+
+def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
+    """3 x 3 heat maps (1-99 % colour range over the lower triangle), Gram panels masked above the diagonal."""
+    import matplotlib.pyplot as plt
+
+    from poslens.capture.scan import causal_view
+    from poslens.plots import heatmap
+
+    fig, axes = plt.subplots(3, 3, figsize=(11, 10.5))
+    for ax, (k, desc), m in zip(axes.flat, PANELS, panels):
+        heatmap(ax, causal_view(m, include_diagonal=True), title=f"({k}) {desc}", percentile=(1, 99))
+    fig.suptitle(title or f"layer {layer}: Gram decomposition (arXiv 2509.21042)", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def _readings(rows: list[dict], layer: int) -> list[str]:
+    out = []
+    loc = [(r["panel"], r["locality"]) for r in rows if r["locality"] is not None]
+    if loc:
+        hi = max(loc, key=lambda t: t[1])
+        lo = min(loc, key=lambda t: t[1])
+        n_pos = sum(1 for _, v in loc if v > 0)
+        out.append(f"{n_pos} of {len(loc)} panels of layer {layer} rise towards the diagonal (locality > 0); "
+                   f"strongest in ({hi[0]}) at {hi[1]:+.3f}, weakest in ({lo[0]}) at {lo[1]:+.3f}.")
+    byk = {r["panel"]: r for r in rows}
+    a, i = byk.get("a"), byk.get("i")
+    if a and i and a["non_relativity"] is not None and i["non_relativity"] is not None:
+        out.append(f"non-relativity (1 - relativity index) goes from {a['non_relativity']:.3f} in the layer's "
+                   f"normalised input (a) to {i['non_relativity']:.3f} in the next layer's scores (i).")
+    b = byk.get("b")
+    if b and b["locality"] is not None:
+        word = "favour nearby keys" if b["locality"] > 0.1 else ("favour distant keys" if b["locality"] < -0.1
+                                                               else "show little distance trend")
+        out.append(f"the layer's own attention scores (b) {word} (locality {b['locality']:+.3f}).")
+    return out
+
+
+def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
+    """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``."""
+    from transformers import AutoConfig
+
+    from poslens.capture.adapters import get_adapter
+    from poslens.capture.scan import check_model_dir, load_model, load_tokenizer, resolve_dtype
+    from poslens.capture.sources import make_source
+    from poslens.cli_app import parse_device
+    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_tensors
+
+    t0 = time.time()
+    check_model_dir(cfg.model_dir, allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
+    config = AutoConfig.from_pretrained(cfg.model_dir, trust_remote_code=cfg.trust_remote_code)
+    adapter = get_adapter(config)
+    if adapter.model_type not in LLAMA_FAMILY:
+        raise PoslensError(f"MODEL_DIR {cfg.model_dir}: model type {adapter.model_type!r} is not Llama-family; "
+                           f"panels support {', '.join(LLAMA_FAMILY)}.")
+    L = adapter.num_layers(config)
+    if not 0 <= cfg.layer <= L - 2:
+        raise PoslensError(f"--layer {cfg.layer}: panels (h) and (i) need the next layer; pass 0..{L - 2} "
+                           f"(the model has {L} layers).")
+    for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len)):
+        if v < 1:
+            raise PoslensError(f"{flag} {v}: must be a positive integer.")
+    maxpos = adapter.max_positions(config)
+    if maxpos is not None and cfg.seq_len > maxpos:
+        raise PoslensError(f"--seq-len {cfg.seq_len} exceeds the model's {maxpos} positions; pass a smaller one.")
+    device = parse_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device, config)
+    prepare_out_dir(cfg.out)
+    tokenizer = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+    source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
+                         vocab_size=getattr(config, "vocab_size", None))
+    model = load_model(cfg.model_dir, dtype=dtype, device=device, allow_pickle=cfg.allow_pickle,
+                       trust_remote_code=cfg.trust_remote_code)
+    panels = compute_panels(model, adapter, config, source, cfg.layer, batch_size=cfg.batch_size, device=device,
+                            progress=progress)
+    rows = [{"panel": k, "description": desc, **panel_metrics(m)} for (k, desc), m in zip(PANELS, panels)]
+    fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
+    summary = {
+        "experiment": "kim-panels",
+        "title": f"Gram decomposition of layer {cfg.layer} ({adapter.model_type}, {source.num_seqs} x {cfg.seq_len} tokens)",
+        "paper": "kim",
+        "model_dir": str(cfg.model_dir), "model_type": adapter.model_type, "layer": cfg.layer,
+        "num_seqs": source.num_seqs, "seq_len": cfg.seq_len, "data": source.describe(),
+        "rope": cfg.layer in adapter.rope_layers(config),
+        "panels": rows,
+        "tables": [{"title": "panels: relativity and locality (lower triangle, diagonal excluded)",
+                    "columns": ["panel", "matrix", "relativity index", "non-relativity", "locality", "mean off-diagonal"],
+                    "rows": [[r["panel"], r["description"], fmt(r["relativity_index"]), fmt(r["non_relativity"]),
+                              fmt(r["locality"]), fmt(r["mean_offdiag"])] for r in rows]}],
+        "readings": _readings(rows, cfg.layer),
+        "figures": [{"file": "panels.png", "caption": f"The nine batch-averaged matrices of layer {cfg.layer} "
+                     "(upper triangle masked; colour range 1st-99th percentile)."}],
+        "wall_s": time.time() - t0,
+    }
+    with staged_dir(cfg.out) as stage:
+        write_json(stage / "config.json", {"command": "panels", **dataclasses.asdict(cfg), "versions": versions()})
+        write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
+                      metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
+        save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
+        write_json(stage / "summary.json", summary)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# per-layer score maps of a scan (the paper's Figure 5 for any model)
+# --------------------------------------------------------------------------------------------
+def load_scan(scan_dir: str | Path) -> tuple[dict, dict, dict]:
+    """``(maps, scan_config, scan_summary)`` of a ``poslens scan`` run directory, with clear errors."""
+    from safetensors import safe_open
+
+    from poslens.rundir import read_json, read_tensors
+
+    p = Path(scan_dir)
+    if not (p / "maps.safetensors").is_file():
+        raise PoslensError(f"SCAN_DIR {p} has no maps.safetensors; pass the --out directory of a finished "
+                           "`poslens scan`.")
+    maps = {k: v.to(torch.float64) for k, v in read_tensors(p / "maps.safetensors").items()}
+    import json
+
+    with safe_open(str(p / "maps.safetensors"), "pt") as f:
+        meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+    cfg = read_json(p / "config.json") if (p / "config.json").is_file() else {}
+    summ = read_json(p / "summary.json") if (p / "summary.json").is_file() else {}
+    summ.setdefault("_meta", meta)
+    return maps, cfg, summ
+
+
+def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
+    """Per layer of ``scores [L, S, S]``: relativity index, non-relativity and locality."""
+    return [panel_metrics(scores[l]) for l in range(scores.shape[0])]
+
+
+def run_score_maps(scan_dir: str, out: str) -> dict:
+    """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
+    from poslens.capture.scan import causal_view
+    from poslens.metrics import diagonal_normalize
+    from poslens.plots import layer_grid
+    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json
+
+    maps, scfg, ssum = load_scan(scan_dir)
+    prepare_out_dir(out)
+    scores = maps["scores"]
+    layer_ids = ssum["_meta"].get("layers") or list(range(scores.shape[0]))
+    rows = layer_score_metrics(scores)
+    fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
+    table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["locality"])]
+             for l, r in zip(layer_ids, rows)]
+    nr = [(l, r["non_relativity"]) for l, r in zip(layer_ids, rows) if r["non_relativity"] is not None]
+    readings = []
+    if nr:
+        worst = max(nr, key=lambda t: t[1])
+        best = min(nr, key=lambda t: t[1])
+        readings.append(f"non-relativity ranges from {best[1]:.3f} (layer {best[0]}) to {worst[1]:.3f} "
+                        f"(layer {worst[0]}): the diagonals explain {100 * (1 - worst[1]):.0f}-{100 * (1 - best[1]):.0f} % "
+                        "of the score maps' variation.")
+    loc = [r["locality"] for r in rows if r["locality"] is not None]
+    if loc:
+        readings.append(f"{sum(v > 0 for v in loc)} of {len(loc)} layers' mean scores rise as keys approach the query "
+                        f"(mean locality {sum(loc) / len(loc):+.3f}).")
+    figures, files = [], []
+    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)]
+    with staged_dir(out) as stage:
+        for n, sel in enumerate(groups):
+            suffix = "" if len(groups) == 1 else f"_{n}"
+            titles = [f"layer {layer_ids[i]}" for i in sel]
+            cv = [causal_view(scores[i], include_diagonal=True) for i in sel]
+            save_figure(layer_grid(cv, titles=titles, suptitle="mean pre-softmax scores", percentile=(1, 99)),
+                        stage / f"scores_raw{suffix}.png")
+            save_figure(layer_grid([diagonal_normalize(c) for c in cv], titles=titles,
+                                   suptitle="diagonal-normalised scores", percentile=(1, 99)),
+                        stage / f"scores_diagnorm{suffix}.png")
+            figures += [{"file": f"scores_raw{suffix}.png", "caption": "Mean pre-softmax scores per layer "
+                         "(mean over heads and sequences; 1st-99th percentile colour range)."},
+                        {"file": f"scores_diagnorm{suffix}.png", "caption": "The same maps, diagonal-normalised: "
+                         "what remains is the non-relative (absolute-position) part."}]
+        summary = {"experiment": "kim-score-maps", "paper": "kim",
+                   "title": f"Per-layer score maps of {ssum.get('model_type', 'a model')} "
+                            f"({ssum.get('num_seqs', '?')} x {ssum.get('seq_len', scores.shape[-1])} tokens)",
+                   "scan_dir": str(scan_dir), "layers": [{"layer": l, **r} for l, r in zip(layer_ids, rows)],
+                   "tables": [{"title": "non-relativity per layer", "columns": ["layer", "relativity index",
+                                                                                 "non-relativity", "locality"],
+                               "rows": table}],
+                   "readings": readings, "figures": figures}
+        write_json(stage / "config.json", {"command": "kim-maps", "scan_dir": str(scan_dir), "out": str(out),
+                                           "scan_options": scfg.get("options"), "versions": versions()})
+        write_json(stage / "summary.json", summary)
+    return summary

@@ -1,0 +1,103 @@
+"""``poslens panels``, ``kim-maps``, ``slash`` and ``slash-dynamics``: Kim and slash analyses as run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from poslens.cli_app import app
+
+
+def _print(summary: dict, out: Path, quiet: bool) -> None:
+    if quiet:
+        return
+    from rich.table import Table
+
+    console = Console()
+    for t in summary.get("tables", [])[:3]:
+        table = Table(title=t["title"])
+        for c in t["columns"]:
+            table.add_column(str(c), justify="right")
+        for r in t["rows"][:25]:
+            table.add_row(*["-" if v is None else str(v) for v in r])
+        console.print(table)
+    for line in summary.get("readings", []):
+        console.print(f"- {line}")
+    console.print(f"wrote {out}/")
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    from poslens.errors import PoslensError
+
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PoslensError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.1,0.3,0.5.") from None
+
+
+@app.command("panels")
+def panels(
+    model_dir: Path = typer.Argument(..., help="Local Llama-family model directory (config.json + *.safetensors)."),
+    out: Path = typer.Option(..., "--out", help="Run directory to write."),
+    layer: int = typer.Option(0, "--layer", help="Layer whose nine Gram panels to compute (0-based; at most L-2)."),
+    data: str = typer.Option("stdlib", "--data", help="stdlib | random | text file | directory | JSONL (as for scan)."),
+    num_seqs: int = typer.Option(200, "--num-seqs", help="Sequences to average over."),
+    seq_len: int = typer.Option(50, "--seq-len", help="Tokens per sequence (the paper uses 50)."),
+    batch_size: int = typer.Option(10, "--batch-size", help="Sequences per forward pass."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
+    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda."),
+    dtype: str = typer.Option("fp32", "--dtype", help="auto | bf16 | fp16 | fp32 (sums are float64 regardless)."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+) -> None:
+    """Nine-panel Gram decomposition of one layer (arXiv 2509.21042): YYᵀ, QKᵀ/√d, (AV)(AV)ᵀ,
+    (AVW_O)(AVW_O)ᵀ, OOᵀ, LN(O)LN(O)ᵀ, the layer output's Gram, the next layer's YYᵀ and QKᵀ/√d,
+    batch-averaged, with relativity and locality per panel and a 3x3 figure."""
+    from poslens.analysis.panels import PanelsConfig, run_panels
+
+    s = run_panels(PanelsConfig(model_dir=str(model_dir), out=str(out), layer=layer, data=data, num_seqs=num_seqs,
+                                seq_len=seq_len, batch_size=batch_size, seed=seed, device=device, dtype=dtype,
+                                allow_pickle=allow_pickle, trust_remote_code=trust_remote_code), progress=not quiet)
+    _print(s, out, quiet)
+
+
+@app.command("kim-maps")
+def kim_maps(
+    scan_dir: Path = typer.Argument(..., help="Run directory of a finished `poslens scan`."),
+    out: Path = typer.Option(..., "--out", help="Run directory to write."),
+    quiet: bool = typer.Option(False, "--quiet", help="No table."),
+) -> None:
+    """Per-layer raw and diagonal-normalised score maps of a scan (Figure 5 of arXiv 2509.21042 for any
+    model), with the relativity index, non-relativity and locality of every layer."""
+    from poslens.analysis.panels import run_score_maps
+
+    _print(run_score_maps(str(scan_dir), str(out)), out, quiet)
+
+
+@app.command("slash")
+def slash(
+    scan_dir: Path = typer.Argument(..., help="Run directory of a finished `poslens scan` (in-distribution prompts)."),
+    out: Path = typer.Option(..., "--out", help="Run directory to write."),
+    random_scan: Path = typer.Option(None, "--random-scan", help="A scan of the same model with --data random: tests "
+                                     "whether each slash-dominant head persists on random tokens."),
+    kappa: str = typer.Option("0.1,0.2,0.3,0.5,0.7,0.9", "--kappa", help="κ grid of the SDH table."),
+    persist_kappa: float = typer.Option(None, "--persist-kappa", help="κ of the persistence test (default: the "
+                                        "smallest grid value >= 0.3)."),
+    min_delta: int = typer.Option(1, "--min-delta", help="Smallest offset Δ considered (0 includes attention to self)."),
+    max_delta: int = typer.Option(16, "--max-delta", help="Largest offset Δ considered."),
+    model_dir: Path = typer.Option(None, "--model-dir", help="The scanned model's directory, if it moved since the scan."),
+    top: int = typer.Option(20, "--top", help="Heads listed in the per-head table."),
+    quiet: bool = typer.Option(False, "--quiet", help="No table."),
+) -> None:
+    """Slash-dominant heads (arXiv 2601.08297): SlashScore profiles, the (κ, Δ)-SDH table, persistence on
+    random tokens, rank-one measures of pre-RoPE q/k, and the RoPE frequency decomposition predicting
+    each head's slash profile and peak offset."""
+    from poslens.analysis.slash import SlashConfig, run_slash
+
+    s = run_slash(SlashConfig(scan_dir=str(scan_dir), out=str(out), random_scan=str(random_scan) if random_scan else None,
+                              kappa=tuple(_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
+                              max_delta=max_delta, model_dir=str(model_dir) if model_dir else None, top=top))
+    _print(s, out, quiet)

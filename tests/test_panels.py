@@ -1,0 +1,109 @@
+"""Kim panels: every Gram matrix against a direct computation from the model's own modules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from poslens.analysis.panels import PANELS, PanelsConfig, panel_metrics, run_panels, run_score_maps
+from poslens.rope import apply_rope
+from poslens.rundir import read_tensors
+from tests.test_capture import save_tiny
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return save_tiny("llama", tmp_path_factory.mktemp("llama") / "m")
+
+
+def _reference(model_dir, ids, layer):
+    """The nine panels by hand: eager attention weights, the modules applied one by one."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="eager").eval()
+    cfg = model.config
+    H, Hk = cfg.num_attention_heads, cfg.num_key_value_heads
+    D = cfg.hidden_size // H
+    B, S = ids.shape
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True, output_attentions=True)
+        pos = torch.arange(S)[None].expand(B, S)
+
+        def scores(l, x):
+            lay = model.model.layers[l]
+            y = lay.input_layernorm(x)
+            q = lay.self_attn.q_proj(y).view(B, S, H, D).transpose(1, 2)
+            k = lay.self_attn.k_proj(y).view(B, S, Hk, D).transpose(1, 2).repeat_interleave(H // Hk, 1)
+            cos, sin = model.model.rotary_emb(x, pos)
+            q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
+            s = (q @ k.transpose(-1, -2) * D ** -0.5).mean((0, 1)).double()
+            return s.tril()
+
+        X = out.hidden_states[layer]
+        lay = model.model.layers[layer]
+        Y = lay.input_layernorm(X)
+        A = out.attentions[layer]
+        Vv = lay.self_attn.v_proj(Y).view(B, S, Hk, D).transpose(1, 2).repeat_interleave(H // Hk, 1)
+        AV = (A @ Vv).transpose(1, 2).reshape(B, S, H * D)
+        AVW = lay.self_attn.o_proj(AV)
+        O = AVW + X
+        LO = lay.post_attention_layernorm(O)
+        Xn = lay.mlp(LO) + O
+        assert torch.allclose(Xn, out.hidden_states[layer + 1], atol=1e-5)
+        Yn = model.model.layers[layer + 1].input_layernorm(Xn)
+        g = lambda x: torch.einsum("bsd,btd->st", x.double(), x.double()) / B  # noqa: E731
+        return torch.stack([g(Y), scores(layer, X), g(AV), g(AVW), g(O), g(LO), g(Xn), g(Yn), scores(layer + 1, Xn)])
+
+
+def test_panels_equal_direct_computation(llama_dir, tmp_path):
+    from poslens.capture.sources import make_source
+
+    out = tmp_path / "p"
+    summary = run_panels(PanelsConfig(model_dir=str(llama_dir), out=str(out), layer=1, data="random", num_seqs=5,
+                                      seq_len=12, batch_size=2, seed=4), progress=False)
+    got = read_tensors(out / "panels.safetensors")["panels"].double()
+    ids = make_source("random", seq_len=12, num_seqs=5, seed=4, vocab_size=96).batch(0, 5)
+    ref = _reference(llama_dir, ids, 1)
+    i = torch.arange(12)
+    lower = i[:, None] >= i[None, :]
+    for n, (k, _) in enumerate(PANELS):
+        a, b = got[n][lower], ref[n][lower]
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max())), k
+    # the panels differ from one another (a mix-up of hooks would make two equal)
+    assert not torch.allclose(got[2], got[3]) and not torch.allclose(got[0], got[7])
+    for f in ("config.json", "summary.json", "panels.png", "panels.safetensors"):
+        assert (out / f).is_file()
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["command"] == "panels" and "torch" in cfg["versions"]
+    assert summary["paper"] == "kim" and len(summary["tables"][0]["rows"]) == 9 and summary["readings"]
+
+
+def test_panel_metrics_known_maps():
+    S = 10
+    i = torch.arange(S, dtype=torch.float64)
+    toeplitz = -(i[:, None] - i[None, :]).abs()  # depends on i - j only, rises towards the diagonal
+    m = panel_metrics(toeplitz)
+    assert m["relativity_index"] == pytest.approx(1.0) and m["non_relativity"] == pytest.approx(0.0)
+    assert m["locality"] == pytest.approx(1.0)
+    absolute = i[None, :].expand(S, S) * 1.0  # depends on the key position only
+    assert panel_metrics(absolute)["non_relativity"] > 0.5
+
+
+def test_panels_bad_input(llama_dir, tmp_path, cli):
+    code, _, err = cli("panels", llama_dir, "--layer", 2, "--out", tmp_path / "x", "--data", "random")
+    assert code == 2 and "--layer 2" in err and not (tmp_path / "x").exists()
+    code, _, err = cli("panels", tmp_path / "nope", "--out", tmp_path / "y")
+    assert code == 2 and "does not exist" in err
+
+
+def test_score_maps_of_a_scan(llama_dir, tmp_path):
+    from poslens.capture.scan import ScanConfig, run_scan
+
+    run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "scan"), data="random", seq_len=10,
+                        num_seqs=3, figures=False), progress=False)
+    s = run_score_maps(str(tmp_path / "scan"), str(tmp_path / "maps"))
+    assert len(s["tables"][0]["rows"]) == 3 and s["paper"] == "kim"
+    for f in s["figures"]:
+        assert (tmp_path / "maps" / f["file"]).is_file()
