@@ -137,14 +137,18 @@ def self_cosine(x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 @torch.no_grad()
 def measure_neighborhood(model, ids: torch.Tensor, *, bidirectional: bool = False, batch_size: int = 8,
-                         adapter=None, update: Callable[[int], None] | None = None) -> dict[str, torch.Tensor]:
+                         adapter=None, update: Callable[[int], None] | None = None,
+                         families: tuple[str, ...] = FAMILIES) -> dict[str, torch.Tensor]:
     """Per-sequence APS and norm score and mean maps for every layer over ``ids [N, T]``.
 
     Returns float64 tensors, ``K = L + 1`` layers (0 = embeddings), for each family
     ``f`` in ``attn``/``resid`` (keys prefixed ``resid_`` for the residual stream):
     ``aps [K, N]``, ``norm_score [K, N]``, ``cosine [K, T, T]`` (mean over sequences),
-    ``norms [K, T]`` (mean norm by position).
+    ``norms [K, T]`` (mean norm by position). ``families`` limits the work to some of them.
     """
+    bad = [f for f in families if f not in FAMILIES]
+    if bad:
+        raise ValueError(f"unknown vector families {bad}; choose from {FAMILIES}")
     device = next(model.parameters()).device
     N, T = ids.shape
     if T < 3:
@@ -157,7 +161,7 @@ def measure_neighborhood(model, ids: torch.Tensor, *, bidirectional: bool = Fals
     for s in range(0, N, batch_size):
         batch = ids[s: s + batch_size].to(device)
         vecs = collect_vectors(model, batch, bidirectional=bidirectional, adapter=adapter)
-        for fam in FAMILIES:
+        for fam in families:
             pre = "" if fam == "attn" else "resid_"
             per_layer_aps, per_layer_ns = [], []
             for k, x in enumerate(vecs[fam]):
@@ -173,8 +177,8 @@ def measure_neighborhood(model, ids: torch.Tensor, *, bidirectional: bool = Fals
         if update is not None:
             update(min(N, s + batch_size))
     out = {k: torch.cat(v, dim=1) for k, v in acc.items()}
-    K = out["aps"].shape[0]
-    for fam in FAMILIES:
+    K = len(vecs["resid"])
+    for fam in families:
         pre = "" if fam == "attn" else "resid_"
         out[f"{pre}cosine"] = torch.stack([cos_sum[f"{pre}{k}"] / N for k in range(K)])
         out[f"{pre}norms"] = torch.stack([norm_sum[f"{pre}{k}"] / N for k in range(K)])

@@ -62,3 +62,36 @@ def neighborhood(
     summary = run_neighborhood(cfg, progress=not quiet)
     if not quiet:
         _print_tables(summary, out)
+
+
+@app.command("sweep")
+def sweep(
+    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    sigmas: str = typer.Option("0.0002,0.002,0.02,0.08,0.2,2", "--sigmas", help="Init standard deviations σ "
+                               "(comma-separated; the paper's grid by default)."),
+    shapes: str = typer.Option("6x384,2x384,6x128", "--shapes", help="LAYERSxWIDTH shapes (head dim 64), "
+                               "comma-separated: the paper's 6x384, a shallower and a narrower one by default."),
+    seq_len: int = typer.Option(64, "--seq-len", help="Characters per random sequence."),
+    num_seqs: int = typer.Option(16, "--num-seqs", help="Random sequences per model (APS mean ± std over them)."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Sequences per forward pass."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the weights and the sequences."),
+    no_bidirectional: bool = typer.Option(False, "--no-bidirectional", help="Skip the non-causal control."),
+    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG figures."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing run directory."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+) -> None:
+    """Random-init sweep (arXiv 2501.00073): APS of untrained NoPE models over init σ, depth and width.
+
+    Every weight matrix and the embedding are drawn from N(0, σ²); the same draw is rescaled for
+    every σ. APS is measured per layer on i.i.d. random printable-ASCII sequences, causal and
+    bidirectional. The default (3 shapes x 6 σ x 2 modes) takes about a minute on one CPU core.
+    """
+    from poslens.analysis.sweep import SweepConfig, parse_floats, run_sweep
+
+    cfg = SweepConfig(out=str(out), sigmas=parse_floats(sigmas, "--sigmas"),
+                      shapes=[s.strip() for s in shapes.split(",") if s.strip()], seq_len=seq_len,
+                      num_seqs=num_seqs, batch_size=batch_size, seed=seed, bidirectional=not no_bidirectional,
+                      figures=not no_figures, overwrite=overwrite)
+    summary = run_sweep(cfg, progress=not quiet)
+    if not quiet:
+        _print_tables(summary, out)
