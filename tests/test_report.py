@@ -1,0 +1,264 @@
+"""``poslens report``: structure of the HTML, robustness to odd run directories, the reproduction
+page, and a render in headless Chromium (no console errors, every image loads, no network).
+
+The Chromium test needs Debian's ``chromium`` package (``apt-get install -y chromium``); it is
+skipped, saying why, where ``/usr/bin/chromium`` is absent or cannot start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from poslens.errors import PoslensError
+from poslens.report import collect, render_report, write_index_html, write_report
+from poslens.rundir import write_json
+
+CHROMIUM = "/usr/bin/chromium"
+_IMG = re.compile(r'<img\b[^>]*\bsrc="([^"]*)"')
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Tiny real runs: two simulations (NoPE causal, RoPE causal), two scans (NoPE, RoPE micro
+    models), an analysis run dir per the contract, a model dir, and a reproduction folder."""
+    import torch
+
+    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.models import build_model
+    from poslens.reproduce import ReproContext, run_reproduction
+    from poslens.simulate import SimConfig, run_simulation, save_result
+
+    root = tmp_path_factory.mktemp("runs")
+    out: dict[str, Path] = {}
+    for name, kw in (("sim_nope", {}), ("sim_rope", {"rope": True, "alpha": 0.5})):
+        res = run_simulation(SimConfig(samples=500, seq_len=10, dim=16, layers=3, **kw))
+        save_result(res, root / name)
+        out[name] = root / name
+    for pe in ("none", "rope"):
+        mdir = root / f"model_{pe}"
+        build_model(pe, "micro").save_pretrained(str(mdir))
+        write_json(mdir / "summary.json", {"pe": pe, "data": "stdlib", "steps": 3, "initial_loss": 5.5,
+                                           "final_loss": 5.1, "eval_loss": 5.2})
+        (mdir / "train_log.jsonl").write_text("".join(
+            json.dumps({"kind": "train", "step": s, "loss": 5.5 - 0.1 * s}) + "\n" for s in range(4))
+            + json.dumps({"kind": "eval", "step": 3, "eval_loss": 5.2}) + "\n")
+        out[f"model_{pe}"] = mdir
+        sdir = root / f"scan_{pe}"
+        torch.manual_seed(0)
+        run_scan(ScanConfig(model_dir=str(mdir), out=str(sdir), data="random", seq_len=12, num_seqs=2,
+                            batch_size=2), progress=False)
+        out[f"scan_{pe}"] = sdir
+    ana = root / "panels_run"
+    ana.mkdir()
+    shutil.copy(out["sim_nope"] / "scores_raw.png", ana / "panels.png")
+    write_json(ana / "config.json", {"command": "panels", "model_dir": "somewhere", "whatever": [1, 2]})
+    write_json(ana / "summary.json", {
+        "experiment": "kim-panels", "title": "Layer-1 Gram panels <b>bold?</b>", "paper": "kim",
+        "tables": [{"title": "Panel statistics", "columns": ["panel", "relativity", "locality"],
+                    "rows": [["(a) YYᵀ", 0.91234, 0.1], ["(b) QKᵀ", None, -0.5]]},
+                   {"title": "broken table", "rows": "not a list"}],
+        "readings": ["Panel (b) favours nearby keys."],
+        "figures": [{"file": "panels.png", "caption": "The nine panels"}, {"file": "missing.png", "caption": "x"},
+                    {"file": "../../etc/passwd", "caption": "escape"}],
+        "unknown_key": {"ignored": True},
+    })
+    out["analysis"] = ana
+    repro = root / "repro"
+    run_reproduction("kim-fig1", repro, ReproContext(figures=True))
+    out["repro"] = repro
+    return out
+
+
+def _images(html: str) -> list[str]:
+    return _IMG.findall(html)
+
+
+def _sections(html: str) -> list[str]:
+    return re.findall(r'<section class="paper" id="([^"]+)"', html)
+
+
+def test_report_structure(runs):
+    html = render_report([runs["sim_nope"], runs["sim_rope"], runs["scan_none"], runs["scan_rope"],
+                          runs["analysis"], runs["model_none"]], title="NoPE vs RoPE")
+    assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
+    assert "<title>NoPE vs RoPE</title>" in html
+    # a section per paper, plus the models
+    assert _sections(html) == ["sec-kim", "sec-slash", "sec-neighborhood", "sec-models"]
+    for ref in ("arXiv 2509.21042", "arXiv 2601.08297", "arXiv 2501.00073"):
+        assert ref in html
+    # every image embedded: sims 3 each, scans 2 each, analysis 1 (missing/escaping ones dropped), loss curve 1
+    imgs = _images(html)
+    assert len(imgs) == 3 + 3 + 2 + 2 + 1 + 1
+    assert all(src.startswith("data:image/png;base64,") for src in imgs)
+    assert "figure missing.png is listed but missing" in html
+    assert "etc/passwd" in html and "root:" not in html  # named as missing, never read
+    # self-contained: no external resources, no scripts
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
+    assert "url(" not in html and "<script" not in html and "<link" not in html
+    assert "img-src data:" in html  # the CSP that forbids every fetch
+    # analysis contract rendered, escaped
+    assert "Layer-1 Gram panels &lt;b&gt;bold?&lt;/b&gt;" in html
+    assert "<caption>Panel statistics</caption>" in html and "0.912" in html
+    assert "Panel (b) favours nearby keys." in html
+    # comparison tables for the two simulations and the two scans
+    assert html.count('class="comparison"') == 4  # kim: sims + scans; slash: scans; neighbourhood: scans
+    assert "<caption>Relativity index by layer</caption>" in html
+    assert "<caption>APS of hidden states by layer</caption>" in html
+    # readings derived from the numbers
+    assert "Layer 1 is flat within Monte Carlo noise" in html
+    assert re.search(r"relativity index [0-9.]+ → [0-9.]+", html)
+    assert "Adjacency probability score of the hidden states" in html
+    assert "Training lowered the loss from 5.50 to 5.10 over 3 steps." in html
+
+
+def test_flat_and_relative_readings():
+    from poslens.report.readings import kim_readings, uniform_slash
+
+    layers = [{"layer": 1, "relativity_index": 0.999, "locality": 0.0},
+              {"layer": 2, "relativity_index": 0.41, "locality": 0.68}]
+    text = " ".join(kim_readings(layers, noise="Monte Carlo noise"))
+    assert "Layer 1 is purely relative" in text and "0.41" in text
+    text = " ".join(kim_readings([{"layer": 1, "relativity_index": None, "locality": None},
+                                  {"layer": 2, "relativity_index": 0.41, "locality": 0.68},
+                                  {"layer": 3, "relativity_index": 0.5, "locality": 0.7}], noise="Monte Carlo noise"))
+    assert text.startswith("Layer 1 is flat within Monte Carlo noise")
+    assert "from layer 2 on the scores depend on position: relativity index 0.41 → 0.50" in text.lower()
+    assert "favours nearby keys" in text
+    # uniform causal attention: SlashScore(d) = mean over i = d+1..N of 1/i
+    assert uniform_slash(3, 0) == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    assert uniform_slash(3, 2) == pytest.approx(1 / 3)
+
+
+def test_folder_expansion_and_reproduction_page(runs, tmp_path):
+    html = render_report([runs["repro"].parent])  # the whole folder: every run below it
+    secs = _sections(html)
+    assert secs[0] == "sec-reproduction" and "sec-kim" in secs and "sec-models" in secs
+    assert "What the paper showed" in html and "kim-fig1" in html and "reproduced" in html
+    assert "Closed-form layer-2 scores" in html  # the experiment's own figure
+    assert all(src.startswith("data:") for src in _images(html))
+    path = write_index_html(runs["repro"])
+    page = path.read_text()
+    assert path.name == "index.html" and "1 of 1" in page and "(2,1) = 0.15" in page
+    assert len(_images(page)) == 1
+
+
+def test_errors_name_the_bad_directory(runs, tmp_path):
+    with pytest.raises(PoslensError, match="does not exist"):
+        render_report([tmp_path / "nope"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PoslensError, match=r"empty is not a poslens run directory"):
+        render_report([tmp_path / "empty"])
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    with pytest.raises(PoslensError, match="is a file"):
+        render_report([f])
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"command": "scan"}')
+    with pytest.raises(PoslensError, match="no summary.json"):
+        render_report([bad])
+    (bad / "summary.json").write_text("{not json")
+    with pytest.raises(PoslensError, match=r"summary.json: not valid JSON"):
+        render_report([bad])
+    with pytest.raises(PoslensError, match="no run directories"):
+        collect([])
+
+
+def test_minimal_and_odd_run_dirs(tmp_path):
+    """Unknown commands, missing optional parts and unknown keys render without errors."""
+    d = tmp_path / "odd"
+    d.mkdir()
+    write_json(d / "config.json", {"command": "future-thing"})
+    write_json(d / "summary.json", {"layers": "not a list", "tables": [{"columns": ["a"], "rows": [[1], 2]}],
+                                    "figures": "nope"})
+    html = render_report([d])
+    assert _sections(html) == ["sec-other"] and "future-thing" in html
+
+
+def test_cli_writes_atomically_and_validates(cli, runs, tmp_path):
+    out = tmp_path / "r.html"
+    code, stdout, _ = cli("report", runs["sim_nope"], runs["scan_none"], "--out", out, "--title", "T")
+    assert code == 0 and out.is_file() and "<title>T</title>" in out.read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
+    before = out.read_bytes()
+    code, _, err = cli("report", tmp_path / "missing", "--out", out)
+    assert code == 2 and "missing does not exist" in err
+    assert out.read_bytes() == before  # a failed run leaves the previous report intact
+    code, _, err = cli("report", runs["sim_nope"], "--out", tmp_path / "r.txt")
+    assert code == 2 and ".html" in err
+
+
+# --------------------------------------------------------------------------------------------
+# headless Chromium
+# --------------------------------------------------------------------------------------------
+#: injected into a test-only copy, before the page's CSP meta (which forbids scripts after it):
+#: records script errors, failed resource loads and CSP violations, then the image count after load
+_PROBE = """<script>
+window.__errs = [];
+window.addEventListener('error', function (e) {
+  window.__errs.push('error: ' + (e.message || (e.target && (e.target.tagName + ' ' + String(e.target.src).slice(0, 40)))));
+}, true);
+document.addEventListener('securitypolicyviolation', function (e) {
+  window.__errs.push('csp: ' + e.violatedDirective + ' ' + e.blockedURI);
+});
+var __ce = console.error;
+console.error = function () { window.__errs.push('console: ' + [].join.call(arguments, ' ')); __ce.apply(console, arguments); };
+window.addEventListener('load', function () {
+  var imgs = [].slice.call(document.images);
+  var broken = imgs.filter(function (i) { return !i.complete || i.naturalWidth === 0; }).length;
+  var d = document.createElement('div');
+  d.id = 'poslens-status';
+  d.textContent = JSON.stringify({images: imgs.length, broken: broken, errors: window.__errs});
+  document.body.appendChild(d);
+});
+</script>"""
+
+
+def chromium_status(html: str, tmp: Path) -> tuple[dict, str]:
+    """Load ``html`` in headless Chromium; returns (probe status, Chromium's console log lines)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent (install Debian's chromium package: apt-get install -y chromium)")
+    page = tmp / "page.html"
+    page.write_text(html.replace("<head>", "<head>" + _PROBE, 1))
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
+           "--dump-dom", page.as_uri()]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"chromium could not run here: {e}")
+    m = re.search(r'<div id="poslens-status">([^<]*)</div>', proc.stdout)
+    if proc.returncode != 0 or m is None:
+        pytest.skip(f"chromium could not render a page here (exit {proc.returncode}): {proc.stderr[-400:]}")
+    import html as _html
+
+    console = "\n".join(l for l in proc.stderr.splitlines() if ":CONSOLE" in l)
+    return json.loads(_html.unescape(m.group(1))), console
+
+
+def test_chromium_probe_detects_problems(tmp_path):
+    """The probe itself must catch a broken image, a network fetch and a script error."""
+    html = ('<!DOCTYPE html><html><head><meta charset="utf-8"><title>x</title></head><body>'
+            '<img src="data:image/png;base64,AAAA"><img src="http://127.0.0.1:9/x.png">'
+            '<script>undefinedFunction()</script></body></html>')
+    status, _ = chromium_status(html, tmp_path)
+    assert status["images"] == 2 and status["broken"] == 2
+    assert any("undefinedFunction" in e for e in status["errors"])
+
+
+def test_report_renders_in_chromium(runs, tmp_path):
+    html = render_report([runs["repro"].parent], title="browser check")
+    n_img = len(_images(html))
+    status, console = chromium_status(html, tmp_path)
+    assert status["errors"] == [], status["errors"]
+    assert status["images"] == n_img and n_img >= 12
+    assert status["broken"] == 0
+    assert console == "", console  # the page has no scripts: any console message is a problem
