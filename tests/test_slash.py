@@ -154,3 +154,46 @@ def test_sdh_table_and_persistence_counts():
         persistence(s_in, torch.zeros(3, 3, 8), 0.3, 4)
     with pytest.raises(PoslensError):
         sdh_table(torch.zeros(3, 8), [0.1], 2)
+
+
+def test_slash_command_writes_run_directory(rank_one_scan, cli):
+    import json
+
+    root, maps = rank_one_scan
+    out = root / "slash-out"
+    code, _, err = cli("slash", root / "scan", "--random-scan", root / "scan", "--kappa", "0.1,0.3", "--max-delta", 6,
+                       "--out", out, "--quiet")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["paper"] == "slash" and s["readings"] and (out / "slash_profiles.png").is_file()
+    assert json.loads((out / "config.json").read_text())["command"] == "slash"
+    counts = s["tables"][0]["rows"]
+    sl = maps["slash"].double()
+    assert [r[1] for r in counts] == [int((sl[..., d] >= 0.1).sum()) for d in range(1, 7)]
+    # the same scan as its own random control: every SDH persists with ratio 1
+    assert all(p["persists"] and p["ratio"] == pytest.approx(1.0) for p in s["persistence"])
+    code, _, err = cli("slash", root / "scan", "--kappa", "2", "--out", root / "bad", "--quiet")
+    assert code == 2 and "--kappa" in err and not (root / "bad").exists()
+
+
+def test_slash_dynamics_small_run(tmp_path, cli):
+    import json
+
+    out = tmp_path / "dyn"
+    code, _, err = cli("slash-dynamics", "--out", out, "--steps", 6, "--snapshots", "0,3", "--hidden", 16,
+                       "--scan-seqs", 4, "--seq-len", 10, "--quiet")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    assert [r["step"] for r in s["steps"]] == [0, 3, 6] and s["paper"] == "slash" and (out / "dynamics.png").is_file()
+    assert len(s["tables"][0]["rows"]) == 3 and s["readings"]
+    for r in s["steps"]:
+        assert len(r["heads"]) == 2 and abs(sum(r["best"]["band_usage"].values()) - 1) < 1e-9
+    assert (out / "snapshots" / "step-000003" / "scan-random" / "maps.safetensors").is_file()
+    # weights differ between snapshots (each snapshot really is its own step)
+    from poslens.rundir import read_tensors
+    w0 = read_tensors(out / "snapshots" / "step-000000" / "model.safetensors")
+    w3 = read_tensors(out / "snapshots" / "step-000003" / "model.safetensors")
+    k = next(n for n in w0 if "q_proj" in n)
+    assert not torch.equal(w0[k], w3[k])
+    code, _, err = cli("slash-dynamics", "--out", tmp_path / "bad", "--steps", 5, "--snapshots", "9", "--quiet")
+    assert code == 2 and "--snapshots" in err and not (tmp_path / "bad").exists()
