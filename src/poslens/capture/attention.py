@@ -313,22 +313,26 @@ class Capture:
             logits = torch.matmul(q[:, :, start:stop], k_rep[:, :, :nc].transpose(2, 3)) * scaling  # [B,H,c,nc]
             allowed = _structure_mask(stop - start, nc, causal=causal, window=window, device=q.device,
                                       q_offset=start) if (causal or window) else None
-            bad = ~torch.isfinite(logits)
-            if allowed is not None:
-                bad &= allowed
-            if bool(bad.any()):
-                h_bad = int(bad.any(dim=(0, 2, 3)).nonzero()[0])
-                raise PoslensError(f"non-finite attention scores in layer {layer}, head {h_bad} "
-                                   f"(model overflow?); try --dtype fp32 or check the checkpoint.")
-            scores_sum[start:stop, :nc] += logits.sum(dim=(0, 1)).to(torch.float64)
+            block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
+            if not bool(torch.isfinite(block_sum).all()):  # one cheap test; locate the head only on failure
+                bad = ~torch.isfinite(logits)
+                if allowed is not None:
+                    bad &= allowed
+                if bool(bad.any()):
+                    h_bad = int(bad.any(dim=(0, 2, 3)).nonzero()[0])
+                    raise PoslensError(f"non-finite attention scores in layer {layer}, head {h_bad} "
+                                       f"(model overflow?); try --dtype fp32 or check the checkpoint.")
+                block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
+            scores_sum[start:stop, :nc] += block_sum.to(torch.float64)
             if allowed is not None:
                 logits = logits.masked_fill(~allowed, float("-inf"))
             p = torch.softmax(logits, dim=-1)
-            probs_sum[start:stop, :nc] += p.sum(dim=(0, 1)).to(torch.float64)
+            pb = p.sum(0)  # [H, c, nc]: batch summed before the offset gather
+            probs_sum[start:stop, :nc] += pb.sum(0).to(torch.float64)
             # slot d of row i holds A[i, i - d] (valid for d <= i): the sub-diagonals by offset
             off = i[:, None] - j[None, :nc]  # [c, nc]
-            gathered = torch.gather(p, 3, off.clamp_min(0).expand(B, H, -1, -1)) * (off >= 0)
-            slash_sum[:, :nc] += gathered.sum(dim=(0, 2)).to(torch.float64)
+            gathered = torch.gather(pb, 2, off.clamp_min(0).expand(H, -1, -1)) * (off >= 0)
+            slash_sum[:, :nc] += gathered.sum(dim=1).to(torch.float64)
             del gathered
             for n, h in heads_here:
                 lh = logits[:, h]

@@ -240,23 +240,28 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
 # capture wiring
 # --------------------------------------------------------------------------------------------
 def attach(model, adapter: Adapter, capture: Capture) -> list:
-    """Forward hooks that feed the capture: rotary cos/sin and residual-stream vectors. Returns handles."""
+    """Forward hooks that feed the capture (only while it is active): rotary cos/sin and
+    residual-stream vectors. Returns the hook handles (``h.remove()`` detaches)."""
+    from poslens.capture import attention as _attn
+
     handles = []
     rot = adapter.rotary_module(model)
     if rot is not None:
         def _rope_hook(_m, _args, out):
-            capture.rope_cos_sin = (out[0], out[1])
+            if _attn._ACTIVE is capture:
+                capture.rope_cos_sin = (out[0], out[1])
         handles.append(rot.register_forward_hook(_rope_hook))
     layers = adapter.decoder_layers(model)
     first = 0  # layer 0's input is the embedding output (cosine/norms index 0)
 
     def _pre_hook(_m, args, kwargs):
-        x = args[0] if args else kwargs["hidden_states"]
-        capture.observe_hidden(0, x)
+        if _attn._ACTIVE is capture:
+            capture.observe_hidden(0, args[0] if args else kwargs["hidden_states"])
     handles.append(layers[first].register_forward_pre_hook(_pre_hook, with_kwargs=True))
     for k, l in enumerate(capture.spec.layers):
         def _hook(_m, _args, out, index=k + 1):
-            capture.observe_hidden(index, out[0] if isinstance(out, (tuple, list)) else out)
+            if _attn._ACTIVE is capture:
+                capture.observe_hidden(index, out[0] if isinstance(out, (tuple, list)) else out)
         handles.append(layers[l].register_forward_hook(_hook))
     return handles
 
@@ -306,7 +311,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
     plan = plan_scan(cfg)
     out = create_out_dir(Path(cfg.out))
     fp = fingerprint(cfg)
-    capture = Capture(plan.spec)
+    capture = Capture(plan.spec, device=plan.device)
     start = load_checkpoint(out, capture, fp) if cfg.resume else 0
     write_json(out / "config.json", {"command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": fp,
                                      "source": plan.source.describe(), "model_type": plan.adapter.model_type,
