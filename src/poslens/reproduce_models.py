@@ -1,0 +1,162 @@
+"""Trained-model experiments of ``poslens reproduce``, registered into :data:`poslens.reproduce.EXPERIMENTS`.
+
+The papers' trained checkpoints are unreleased (the 1.5B NoPE model of arXiv 2509.21042) or too
+large to fetch here, so these experiments run on small models standing in for them:
+
+- the model zoo (``poslens zoo``), looked up in ``$POSLENS_ZOO`` (default ``runs/zoo``):
+  ``nope-stdlib``, ``rope-stdlib`` (trained language models), ``nope-random`` (untrained);
+- where a zoo entry is missing, a freshly initialised model of the zoo's shape (``tiny`` preset,
+  init N(0, 0.02), seed 0), saved under the experiment's folder. arXiv 2501.00073 makes its claim
+  for random initialisation too, so the adjacency experiment is meaningful on it; the others say
+  in their note which model they used.
+
+Each experiment writes ordinary run directories (``neighborhood``, ``panels``, ``scan``,
+``slash``) under ``DIR/NAME/`` and returns the reproduce record (measured, reproduced, runs, note).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from poslens.reproduce import EXPERIMENTS, Experiment, ReproContext
+
+ZUO = "Zuo, Guerzhoy & Guerzhoy 2025 (arXiv 2501.00073)"
+KIM = "Kim et al. 2025 (arXiv 2509.21042)"
+SLASH = "Cheng et al. 2026 (arXiv 2601.08297)"
+#: sizes of the trained-model measurements (seconds on CPU with the zoo's tiny models)
+SEQ_LEN = 64
+NUM_SEQS = 16
+
+
+def zoo_dir() -> Path:
+    return Path(os.environ.get("POSLENS_ZOO", "runs/zoo"))
+
+
+def _finished(model_dir: Path) -> bool:
+    return (model_dir / "config.json").is_file() and (model_dir / "summary.json").is_file() \
+        and any(model_dir.glob("*.safetensors"))
+
+
+def _model(name: str, pe: str, out: Path) -> tuple[Path, str]:
+    """A zoo entry if trained, else a fresh random-init model of the zoo's CPU shape; returns (dir, description)."""
+    z = zoo_dir() / name
+    if _finished(z):
+        return z, f"zoo model {name} ({z})"
+    from poslens.models import build_model
+
+    target = out / "models" / f"{'nope' if pe == 'none' else 'rope'}-random-init"
+    if not (target / "config.json").is_file():
+        build_model(pe, "tiny", vocab_size=256, seed=0).save_pretrained(str(target))
+    return target, f"a randomly initialised {('NoPE' if pe == 'none' else 'RoPE')} model (zoo entry {name} not found " \
+                   f"under {zoo_dir()}; set POSLENS_ZOO or run `poslens zoo`)"
+
+
+def _data_for(model_dir: Path) -> str:
+    from poslens.capture.scan import load_tokenizer
+
+    try:
+        return "stdlib" if load_tokenizer(str(model_dir)) is not None else "random"
+    except Exception:  # noqa: BLE001 - a broken tokenizer falls back to random tokens
+        return "random"
+
+
+def _zuo_adjacency(ctx: ReproContext, out: Path) -> dict:
+    from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
+
+    out.mkdir(parents=True, exist_ok=True)
+    runs, lines, ok = [], [], True
+    for name in ("nope-random", "nope-stdlib"):
+        mdir, desc = _model(name, "none", out)
+        if name == "nope-stdlib" and "random" in mdir.name:
+            continue  # the random-init stand-in is already measured
+        run = f"neighborhood_{name}"
+        s = run_neighborhood(NeighborhoodConfig(model_dir=str(mdir), out=str(out / run), data="random",
+                                                seq_len=SEQ_LEN, num_seqs=NUM_SEQS, batch_size=8, seed=ctx.seed,
+                                                bidirectional=True, device=ctx.device, figures=ctx.figures,
+                                                overwrite=True), progress=False)
+        layers = s["layers"]
+        a1 = layers[1]["aps_mean"]
+        b1 = layers[1].get("bidirectional_aps_mean")
+        good = a1 >= 0.8 and b1 is not None and abs(b1 - 0.5) < 0.1
+        ok &= good
+        lines.append(f"{desc}: layer-1 APS {a1:.3f} causal vs {b1:.3f} bidirectional (embeddings "
+                     f"{layers[0]['aps_mean']:.3f}); APS by layer " + " / ".join(f"{l['aps_mean']:.3f}" for l in layers))
+        runs.append({"run": run, "model": str(mdir), "aps_layer1": a1, "aps_layer1_bidirectional": b1})
+    return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs,
+            "note": f"{NUM_SEQS} random-token sequences of {SEQ_LEN} tokens; reproduced = layer-1 APS >= 0.8 "
+                    "causal and within 0.1 of 0.5 without the causal mask."}
+
+
+def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
+    from poslens.analysis.panels import PanelsConfig, run_panels
+
+    out.mkdir(parents=True, exist_ok=True)
+    mdir, desc = _model("nope-stdlib", "none", out)
+    s = run_panels(PanelsConfig(model_dir=str(mdir), out=str(out / "panels_layer0"), layer=0, data=_data_for(mdir),
+                                num_seqs=NUM_SEQS * 2, seq_len=50, batch_size=8, seed=ctx.seed, device=ctx.device),
+                   progress=False)
+    by = {r["panel"]: r for r in s["panels"]}
+    f = lambda v: "flat" if v is None else f"{v:+.3f}"  # noqa: E731
+    b_loc, i_loc = by["b"]["locality"], by["i"]["locality"]
+    ok = i_loc is not None and i_loc > 0.1 and (b_loc is None or abs(b_loc) < abs(i_loc))
+    trained = "random-init" not in mdir.name
+    lines = [f"{desc}, layer 0 (the paper's layer 1), 50-token sequences:",
+             "locality by panel: " + ", ".join(f"({k}) {f(by[k]['locality'])}" for k in by),
+             "relativity index by panel: " + ", ".join(f"({k}) {f(by[k]['relativity_index'])}" for k in by)]
+    note = ("reproduced = the next layer's scores (i) favour nearby keys (locality > 0.1) more than the first "
+            "layer's own scores (b); the paper's 1.5B NoPE checkpoint is unreleased.")
+    if not trained:
+        note += " No trained NoPE model was available, so the claim (about trained models) is not decided here."
+    return {"measured": "\n".join(lines), "reproduced": ok if trained else None,
+            "runs": [{"run": "panels_layer0", "model": str(mdir)}], "note": note}
+
+
+def _slash_sdh(ctx: ReproContext, out: Path) -> dict:
+    from poslens.analysis.slash import SlashConfig, run_slash
+    from poslens.capture.scan import ScanConfig, run_scan
+
+    out.mkdir(parents=True, exist_ok=True)
+    mdir, desc = _model("rope-stdlib", "rope", out)
+    data = _data_for(mdir)
+    common = dict(model_dir=str(mdir), seq_len=SEQ_LEN, num_seqs=NUM_SEQS, batch_size=8, seed=ctx.seed,
+                  device=ctx.device, figures=ctx.figures)
+    run_scan(ScanConfig(out=str(out / "scan_in"), data=data, **common), progress=False)
+    run_scan(ScanConfig(out=str(out / "scan_random"), data="random", **common), progress=False)
+    s = run_slash(SlashConfig(scan_dir=str(out / "scan_in"), out=str(out / "slash"),
+                              random_scan=str(out / "scan_random"), max_delta=16))
+    pers = [p for p in s.get("persistence") or [] if isinstance(p, dict)]
+    kappa = s.get("persist_kappa")
+    n_persist = sum(1 for p in pers if p.get("persists"))
+    lines = [f"{desc}; prompts: {data} (in distribution) and i.i.d. random tokens, {NUM_SEQS} x {SEQ_LEN}."]
+    lines += [str(r) for r in s.get("readings") or []][:4]
+    lines.append(f"({kappa}, Δ)-slash-dominant heads with Δ ≥ 1: {len(pers)}; persisting on random tokens: {n_persist}.")
+    trained = "random-init" not in mdir.name
+    ok = bool(pers) and n_persist == len(pers) and trained
+    note = ("reproduced = at least one slash-dominant head with Δ ≥ 1 in a trained RoPE model, and every such head "
+            "persists on random tokens.")
+    if not trained:
+        note += " No trained RoPE model was available, so the claim (about trained models) is not decided here."
+    return {"measured": "\n".join(lines), "reproduced": ok if trained else None,
+            "runs": [{"run": r} for r in ("scan_in", "scan_random", "slash")], "note": note}
+
+
+NEW = {
+    "zuo-adjacency": Experiment(
+        "zuo-adjacency", ZUO + ", adjacency pattern",
+        "In NoPE causal transformers, nearby hidden vectors are more cosine-similar than distant ones (APS near 1) "
+        "already after the first attention layer, at random initialisation and after training; without the causal "
+        "mask the pattern disappears (APS near 0.5).", _zuo_adjacency),
+    "kim-trained-panels": Experiment(
+        "kim-trained-panels", KIM + ", Figure 3 (trained NoPE model)",
+        "In a trained NoPE model, layer 1's own scores carry little position, but after attention the Gram "
+        "matrices and the next layer's scores favour nearby keys: the causal mask has written position into the "
+        "hidden states.", _kim_trained_panels),
+    "slash-sdh": Experiment(
+        "slash-sdh", SLASH + ", slash-dominant heads",
+        "RoPE LLMs have slash-dominant heads (attention concentrated on the Δ-th sub-diagonal) that persist on "
+        "prompts of i.i.d. random tokens.", _slash_sdh),
+}
+
+for _name, _exp in NEW.items():
+    EXPERIMENTS.setdefault(_name, _exp)
