@@ -262,3 +262,22 @@ def test_report_renders_in_chromium(runs, tmp_path):
     assert status["images"] == n_img and n_img >= 12
     assert status["broken"] == 0
     assert console == "", console  # the page has no scripts: any console message is a problem
+
+
+def test_trained_model_experiments_registered_and_run(tmp_path, monkeypatch):
+    """The zoo-model experiments register into the reproduce registry and write a reproduction page."""
+    import poslens.reproduce_models as rm
+    from poslens.models import build_model
+    from poslens.reproduce import EXPERIMENTS, ReproContext, run_reproduction
+
+    assert {"zuo-adjacency", "kim-trained-panels", "slash-sdh"} <= set(EXPERIMENTS)
+    zoo = tmp_path / "zoo"
+    build_model("none", "micro").save_pretrained(str(zoo / "nope-random"))
+    write_json(zoo / "nope-random" / "summary.json", {"pe": "none", "steps": 0})
+    monkeypatch.setenv("POSLENS_ZOO", str(zoo))
+    monkeypatch.setattr(rm, "SEQ_LEN", 16)
+    monkeypatch.setattr(rm, "NUM_SEQS", 4)
+    rec = run_reproduction("zuo-adjacency", tmp_path / "out", ReproContext(figures=False))[0]
+    assert "zoo model nope-random" in rec["measured"] and isinstance(rec["reproduced"], bool)
+    page = write_index_html(tmp_path / "out").read_text()
+    assert "zuo-adjacency" in page and "APS" in page
