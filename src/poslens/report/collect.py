@@ -37,6 +37,7 @@ class Run:
     summary: dict = field(default_factory=dict)
     index: dict = field(default_factory=dict)  # reproduction folders: index.json
     name: str = ""  # display name, unique within one report
+    display_path: str | None = None  # path shown on the page (default: path)
 
     @property
     def paper(self) -> str | None:

@@ -109,12 +109,19 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+_NUMERIC = re.compile(r"^[-+−–]?[\d.,]+(e[-+]?\d+)?( ± [\d.]+)?$|^(–|flat|yes|no)$")
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "x"
 
 
 def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: str = "") -> dict:
-    return {"title": title, "columns": [str(c) for c in columns], "rows": [[fmt(c) for c in r] for r in rows],
+    def cell(c):
+        text = fmt(c)
+        return {"v": text, "num": bool(_NUMERIC.match(text))}
+
+    return {"title": title, "columns": [str(c) for c in columns], "rows": [[cell(c) for c in r] for r in rows],
             "note": note}
 
 
@@ -542,6 +549,7 @@ def reproduction_block(run: Run) -> dict:
                 sub.name = str(rp.resolve().relative_to(run.path.resolve()))
                 for _sec, c in cards_for(sub):
                     c["id"] = f"repro-{_slug(sub.name)}-{_sec}"
+                    c["path"] = sub.name  # relative: the folder may be a staging copy or move later
                     nested.append(c)
         measured = e.get("measured")
         lines = measured if isinstance(measured, list) else str(measured if measured is not None else "").splitlines()
@@ -556,7 +564,8 @@ def reproduction_block(run: Run) -> dict:
         setting.append(f"Monte Carlo samples per simulation: {fmt(idx.get('samples'))}")
     if idx.get("seed") is not None:
         setting.append(f"seed {idx.get('seed')}")
-    return {"id": f"repro-{_slug(run.name)}", "name": run.name, "path": str(run.path), "experiments": exps,
+    shown = run.display_path if run.display_path is not None else str(run.path)
+    return {"id": f"repro-{_slug(run.name)}", "name": run.name, "path": shown, "experiments": exps,
             "n_ok": n_ok, "n": len(exps), "setting": ", ".join(setting),
             "table": table("Verdicts", ["experiment", "paper", "verdict"], summary_rows)}
 
@@ -642,6 +651,7 @@ def write_index_html(out_dir: str | Path, title: str = "poslens reproduction") -
         raise PoslensError(f"{out_dir} holds no reproduction index.json; run `poslens reproduce` first.")
     run = load_run(out_dir)
     run.name = title
+    run.display_path = ""  # the page lives in the folder it describes (which may still be a staging copy)
     html = render_runs([run], title)
     path = out_dir / "index.html"
     _atomic_write_bytes(path, html.encode("utf-8"))
