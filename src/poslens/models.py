@@ -43,7 +43,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "micro": Preset(2, 32, 2, 1, 64, 256, "tests: a few seconds on CPU"),
-    "tiny": Preset(3, 192, 6, 2, 512, 512, "CPU: positional tasks in minutes"),
+    "tiny": Preset(3, 128, 4, 2, 384, 512, "CPU: positional tasks in minutes"),
     "small": Preset(6, 384, 6, 2, 1024, 1024, "CPU/GPU: the 6-layer, 6-head, d=384 shape of arXiv 2501.00073"),
     "base": Preset(12, 768, 12, 4, 2048, 2048, "GPU: about 100M parameters plus embeddings"),
     "1b": Preset(16, 2048, 32, 8, 8192, 4096, "GPU: Llama-3-style 1B shape"),

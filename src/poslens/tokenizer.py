@@ -30,10 +30,31 @@ def _wrap(tok, model_max_length: int):
     )
 
 
-def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 8192, *, model_max_length: int = 4096):
-    """Byte-level BPE trained on ``texts``; ids 0, 1, 2 are ``<pad>``, ``<bos>``, ``<eos>``."""
+def bpe_training_sample(texts: list[str], max_chars: int | None) -> list[str]:
+    """Documents spread evenly over ``texts`` (every k-th) up to about ``max_chars`` characters.
+
+    BPE merges are learned from this sample only (training on the whole 12 MB standard library
+    costs minutes on a busy CPU and changes the merges little); the whole corpus is encoded."""
+    total = sum(len(t) for t in texts)
+    if max_chars is None or total <= max_chars:
+        return list(texts)
+    stride = max(1, round(total / max_chars))
+    out, size = [], 0
+    for t in texts[::stride]:
+        out.append(t)
+        size += len(t)
+        if size >= max_chars:
+            break
+    return out
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 8192, *, model_max_length: int = 4096,
+                        max_chars: int | None = 2_000_000):
+    """Byte-level BPE trained on ``texts`` (a sample of about ``max_chars`` characters, see
+    :func:`bpe_training_sample`); ids 0, 1, 2 are ``<pad>``, ``<bos>``, ``<eos>``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    texts = bpe_training_sample(list(texts), max_chars)
     min_vocab = 256 + len(SPECIAL_TOKENS)
     if vocab_size < min_vocab:
         raise PoslensError(f"--vocab-size {vocab_size} is too small for a byte-level BPE; use at least {min_vocab}.")

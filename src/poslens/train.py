@@ -461,10 +461,11 @@ def train_model(cfg: TrainConfig) -> dict:
     log_path = out / "train_log.jsonl"
     if mode in ("overwrite", "restart"):
         _clear_own_files(out)
-    start_step, tokens_seen, train_seconds = 0, 0, 0.0
+    start_step, tokens_seen, train_seconds, train_cpu_seconds = 0, 0, 0.0, 0.0
     if mode == "resume":
         st = _load_checkpoint(out, model, optimizer, scheduler)
         start_step, tokens_seen, train_seconds = st["step"], st["tokens_seen"], st["train_seconds"]
+        train_cpu_seconds = st.get("train_cpu_seconds", 0.0)
         records = _read_log(log_path, start_step)
         log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
     else:
@@ -491,7 +492,8 @@ def train_model(cfg: TrainConfig) -> dict:
     def checkpoint(step):
         flush_log()
         _save_checkpoint(out, step, model, optimizer, scheduler,
-                         {"tokens_seen": tokens_seen, "train_seconds": train_seconds})
+                         {"tokens_seen": tokens_seen, "train_seconds": train_seconds,
+                          "train_cpu_seconds": train_cpu_seconds})
 
     step = start_step
     progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -514,7 +516,7 @@ def train_model(cfg: TrainConfig) -> dict:
                 losses[0] = loss0
                 pending.append({"kind": "train", "step": 0, "loss": loss0, "lr": 0.0, "tokens": 0})
             while step < stop_at:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 x, y = source.train_batch(step, cfg.batch_size)
                 n_tok = int((x != source.pad_id).sum())
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -530,6 +532,7 @@ def train_model(cfg: TrainConfig) -> dict:
                 loss_v = float(loss.detach())  # synchronises, so the timing below is real
                 step += 1
                 train_seconds += time.perf_counter() - t0
+                train_cpu_seconds += time.process_time() - c0
                 tokens_seen += n_tok
                 losses[step] = loss_v
                 pending.append({"kind": "train", "step": step, "loss": loss_v, "lr": lr,
@@ -573,6 +576,9 @@ def train_model(cfg: TrainConfig) -> dict:
         "train_lengths": [source.lo, source.L] if cfg.task else None,
         "long_lengths": [source.L + 1, 2 * source.L] if cfg.task else None,
         "tokens_seen": tokens_seen, "train_seconds": train_seconds,
+        # CPU time of the process over the training steps, all threads: on a shared machine it
+        # shows how much compute a run needed independently of how long it waited for a core.
+        "train_cpu_seconds": train_cpu_seconds,
         "tokens_per_second": tokens_seen / train_seconds if train_seconds > 0 else None,
         "setup_seconds_last_session": setup_seconds, "device": device, "threads": torch.get_num_threads(),
         "vocab_size": len(tokenizer),

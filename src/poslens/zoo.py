@@ -29,7 +29,7 @@ SCALES = ("micro", "cpu", "gpu")
 _RECIPES = {
     "micro": dict(task_preset="micro", task_steps=20, task_batch=16, task_lr=3e-3,
                   lm_preset="micro", lm_steps=20, lm_batch=8, lm_lr=3e-3, seq_len=64, vocab=512, corpus_files=20),
-    "cpu": dict(task_preset="tiny", task_steps=2000, task_batch=64, task_lr=3e-3,
+    "cpu": dict(task_preset="tiny", task_steps=1500, task_batch=64, task_lr=3e-3,
                 lm_preset="tiny", lm_steps=1500, lm_batch=16, lm_lr=2e-3, seq_len=128, vocab=4096, corpus_files=None),
     "gpu": dict(task_preset="small", task_steps=10000, task_batch=128, task_lr=1e-3,
                 lm_preset="base", lm_steps=20000, lm_batch=64, lm_lr=6e-4, seq_len=512, vocab=8192, corpus_files=None),
