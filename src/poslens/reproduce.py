@@ -174,3 +174,10 @@ def _write_index(out: Path, records: list[dict], ctx: ReproContext) -> None:
         if r.get("note"):
             lines += [f"Note: {r['note']}", ""]
     _atomic_write_bytes(out / "index.md", "\n".join(lines).encode())
+    from poslens.report import write_index_html
+
+    write_index_html(out)
+
+
+# Trained-model experiments register themselves into EXPERIMENTS.
+import poslens.reproduce_models  # noqa: E402,F401

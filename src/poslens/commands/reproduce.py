@@ -11,7 +11,7 @@ from poslens.cli_app import app, parse_device
 
 @app.command()
 def reproduce(
-    name: str = typer.Argument(..., help="Experiment: kim-fig1, kim-fig2, kim-alpha, kim-layernorm, kim-fig4, or all."),
+    name: str = typer.Argument(..., help="Experiment name (see the list below), or all."),
     out: Path = typer.Option(Path("runs/reproduce"), "--out", help="Directory for the figures, runs and index."),
     samples: int = typer.Option(100_000, help="Monte Carlo samples per simulation (paper: 100,000)."),
     seed: int = typer.Option(0, help="Random seed."),
@@ -21,8 +21,10 @@ def reproduce(
 ) -> None:
     """Reproduce a paper figure (or all of them) and say, per figure, what the paper showed and what we measured.
 
-    Writes DIR/NAME/ run directories (same contract as `poslens simulate`), DIR/index.json and
-    DIR/index.md.
+    Experiments: kim-fig1, kim-fig2, kim-alpha, kim-layernorm, kim-fig4 (simulator); zuo-adjacency,
+    kim-trained-panels, slash-sdh (small models; trained ones from the zoo in $POSLENS_ZOO or
+    runs/zoo, random-init stand-ins otherwise); all.
+    Writes DIR/NAME/ run directories, DIR/index.json, DIR/index.md and DIR/index.html.
     """
     from rich.console import Console
 
