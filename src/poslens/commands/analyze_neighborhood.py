@@ -95,3 +95,48 @@ def sweep(
     summary = run_sweep(cfg, progress=not quiet)
     if not quiet:
         _print_tables(summary, out)
+
+
+@app.command("probes")
+def probes(
+    model_dirs: list[Path] = typer.Argument(..., help="One or more local model directories (with tokenizer), e.g. a "
+                                            "NoPE and a RoPE model."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    train_chars: str = typer.Option("01234", "--train-chars", help="Characters of the sequences the probes are fit on."),
+    test_chars: str = typer.Option("56789", "--test-chars", help="Disjoint characters of the test sequences."),
+    seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence T (a BOS token first when the "
+                                "tokenizer has one)."),
+    num_train: int = typer.Option(64, "--num-train", help="Training sequences."),
+    num_test: int = typer.Option(32, "--num-test", help="Test sequences."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Sequences per forward pass."),
+    mlp_steps: int = typer.Option(300, "--mlp-steps", help="Full-batch Adam steps of each MLP probe."),
+    no_random_init: bool = typer.Option(False, "--no-random-init", help="Skip the random-init copy of each model."),
+    vectors: str = typer.Option("attn", "--vectors", help="attn: head outputs before the output projection (the "
+                                "paper's); resid: residual stream after each layer."),
+    labels: str = typer.Option(None, "--labels", help="Comma-separated display names, one per MODEL_DIR."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the sequences, the random-init copies and the MLP probes."),
+    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda."),
+    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG figure."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing run directory."),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+) -> None:
+    """Position probes (arXiv 2501.00073): does cos(h_i, h_T) or ‖h_i‖ predict position better?
+
+    Per layer, linear and MLP (d -> 64 -> 1) probes predict the absolute position from h_i, and
+    T - i from the scalars cos(h_i, h_T) and ‖h_i‖. Probes are fit on random sequences over
+    --train-chars and scored (Pearson r, MSE) on sequences over --test-chars; each model is
+    compared with a random-init copy of its architecture.
+    """
+    from poslens.analysis.probes import ProbesConfig, run_probes
+
+    cfg = ProbesConfig(model_dirs=[str(d) for d in model_dirs], out=str(out), train_chars=train_chars,
+                       test_chars=test_chars, seq_len=seq_len, num_train=num_train, num_test=num_test,
+                       batch_size=batch_size, mlp_steps=mlp_steps, random_init=not no_random_init, vectors=vectors,
+                       seed=seed, device=device, figures=not no_figures, overwrite=overwrite,
+                       allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                       labels=[s.strip() for s in labels.split(",")] if labels else [])
+    summary = run_probes(cfg, progress=not quiet)
+    if not quiet:
+        _print_tables(summary, out)

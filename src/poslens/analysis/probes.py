@@ -1,0 +1,418 @@
+"""Position probes of arXiv 2501.00073: which per-token quantity predicts position?
+
+Per layer (0 = token embeddings, l = concatenated head outputs of decoder layer l, as in
+:mod:`poslens.analysis.neighborhood`) three features are probed:
+
+- ``vector``: the vector ``h_i`` itself; target the absolute position ``i`` (0-indexed);
+- ``cosine``: the scalar ``cos(h_i, h_T)`` with the last position T; target ``T - i``
+  (the adjacency pattern makes it a position signal);
+- ``norm``: the scalar ``||h_i||``; target ``T - i`` (the running-mean variance shrink of
+  arXiv 2305.13571 makes it one).
+
+Both scalar features use positions i < T only: ``cos(h_T, h_T) = 1`` would otherwise mark
+``T - i = 0`` for any vectors at all (a probe on i.i.d. vectors then reaches r ≈ 0.3).
+
+Each feature gets a linear probe (closed-form least squares) and an MLP probe (in -> 64 -> 1,
+ReLU, Adam on the MSE, full batch), both on standardised inputs. Probes are fit on random
+sequences over one character set and tested on sequences over a *disjoint* character set, so a
+probe cannot succeed by memorising tokens. Metrics on the test set: Pearson r between
+prediction and target, and MSE in squared positions (``chance_mse`` = predicting the training
+mean). Each model can be compared with a random-init copy of its own architecture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from poslens.errors import PoslensError
+
+FEATURES = ("vector", "cosine", "norm")
+PROBES = ("linear", "mlp")
+
+
+# --------------------------------------------------------------------------------------------
+# probes: arrays in, numbers out
+# --------------------------------------------------------------------------------------------
+def pearson_r(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """Pearson correlation; NaN when either side is constant."""
+    p = pred.to(torch.float64).flatten()
+    t = target.to(torch.float64).flatten()
+    p, t = p - p.mean(), t - t.mean()
+    den = float(p.norm() * t.norm())
+    return float(p @ t) / den if den > 0 else float("nan")
+
+
+def _standardise(Xtr: torch.Tensor, Xte: torch.Tensor):
+    mu = Xtr.mean(0, keepdim=True)
+    sd = Xtr.std(0, keepdim=True).clamp_min(1e-12)
+    return (Xtr - mu) / sd, (Xte - mu) / sd
+
+
+def fit_linear(X: torch.Tensor, y: torch.Tensor, ridge: float = 1e-6) -> torch.Tensor:
+    """Least-squares weights ``[f + 1]`` (last = bias) of ``y ~ X w + b``; a tiny ridge keeps it stable."""
+    X = X.to(torch.float64)
+    A = torch.cat([X, torch.ones(X.shape[0], 1, dtype=torch.float64)], 1)
+    G = A.T @ A
+    reg = ridge * (float(G.diagonal()[:-1].mean()) if X.shape[1] else 1.0)
+    eye = torch.eye(G.shape[0], dtype=torch.float64)
+    eye[-1, -1] = 0  # the bias is not shrunk
+    return torch.linalg.solve(G + reg * eye, A.T @ y.to(torch.float64))
+
+
+def predict_linear(w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    return X.to(torch.float64) @ w[:-1] + w[-1]
+
+
+def fit_mlp(X: torch.Tensor, y: torch.Tensor, *, hidden: int = 64, steps: int = 300, lr: float = 1e-2,
+            seed: int = 0) -> torch.nn.Module:
+    """An ``in -> hidden -> 1`` ReLU MLP trained full-batch with Adam on the MSE (targets standardised)."""
+    g = torch.Generator().manual_seed(seed)
+    X = X.to(torch.float32)
+    ym, ys = float(y.mean()), float(y.std()) or 1.0
+    yt = ((y.to(torch.float32) - ym) / ys)[:, None]
+    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
+    with torch.no_grad():
+        for p in net.parameters():  # seeded init independent of the global RNG
+            bound = 1 / math.sqrt(p.shape[-1] if p.dim() > 1 else hidden)
+            p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * bound)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    with torch.enable_grad():
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(net(X), yt)
+            loss.backward()
+            opt.step()
+    net.eval()
+    net.target_mean, net.target_std = ym, ys
+    return net
+
+
+def predict_mlp(net, X: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return (net(X.to(torch.float32))[:, 0].to(torch.float64) * net.target_std + net.target_mean)
+
+
+def evaluate_probe(kind: str, Xtr, ytr, Xte, yte, *, mlp_steps: int = 300, seed: int = 0) -> dict:
+    """Fit probe ``kind`` (linear | mlp) on the training set; test-set ``{"r", "mse", "chance_mse"}``."""
+    Xtr, Xte = _standardise(Xtr.to(torch.float64), Xte.to(torch.float64))
+    ytr, yte = ytr.to(torch.float64), yte.to(torch.float64)
+    if kind == "linear":
+        pred = predict_linear(fit_linear(Xtr, ytr), Xte)
+    elif kind == "mlp":
+        pred = predict_mlp(fit_mlp(Xtr, ytr, steps=mlp_steps, seed=seed), Xte)
+    else:
+        raise ValueError(f"unknown probe {kind!r}; choose from {PROBES}")
+    return {"r": pearson_r(pred, yte), "mse": float(((pred - yte) ** 2).mean()),
+            "chance_mse": float(((ytr.mean() - yte) ** 2).mean())}
+
+
+def probe_features(h: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``h [B, T, d]`` -> feature name -> ``(X [B*T, f], y [B*T])`` (see module docstring)."""
+    B, T, d = h.shape
+    h = h.to(torch.float64)
+    pos = torch.arange(T, dtype=torch.float64).repeat(B)
+    to_end = (T - 1) - pos
+    hn = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    # The scalar features leave out i = T itself: cos(h_T, h_T) = 1 flags T - i = 0 whatever the
+    # vectors are, which would credit the cosine with position information it does not carry.
+    cos_last = (hn[:, :-1] * hn[:, -1:, :]).sum(-1)  # [B, T-1]
+    before_end = to_end.view(B, T)[:, :-1].reshape(-1)
+    return {"vector": (h.reshape(B * T, d), pos),
+            "cosine": (cos_last.reshape(-1, 1), before_end),
+            "norm": (h[:, :-1].norm(dim=-1).reshape(-1, 1), before_end)}
+
+
+def probe_layers(train_vecs: list[torch.Tensor], test_vecs: list[torch.Tensor], *, mlp_steps: int = 300,
+                 seed: int = 0, update=None) -> list[dict]:
+    """Every feature x probe for every layer: ``[{"layer", "feature", "probe", "r", "mse", "chance_mse"}]``."""
+    rows = []
+    for k, (tr, te) in enumerate(zip(train_vecs, test_vecs)):
+        ftr, fte = probe_features(tr), probe_features(te)
+        for feat in FEATURES:
+            for kind in PROBES:
+                res = evaluate_probe(kind, *ftr[feat], *fte[feat], mlp_steps=mlp_steps, seed=seed)
+                rows.append({"layer": k, "feature": feat, "probe": kind, **res})
+        if update is not None:
+            update()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# data: random sequences over two disjoint character sets
+# --------------------------------------------------------------------------------------------
+def char_ids(tokenizer, chars: str, flag: str) -> list[int]:
+    """One token id per character of ``chars``; a clear error if a character is not a single token."""
+    ids = []
+    for c in dict.fromkeys(chars):
+        try:
+            enc = tokenizer(c, add_special_tokens=False)["input_ids"]
+        except Exception:  # e.g. a character-level vocabulary without this character
+            enc = []
+        if len(enc) != 1:
+            raise PoslensError(f"{flag} {chars!r}: character {c!r} is not one token of this tokenizer ({len(enc)} "
+                               "tokens); pass characters that are single tokens.")
+        ids.append(int(enc[0]))
+    if len(ids) < 2:
+        raise PoslensError(f"{flag} {chars!r}: need at least 2 distinct characters.")
+    return ids
+
+
+def random_sequences(ids: list[int], num: int, seq_len: int, seed: int, bos: int | None) -> torch.Tensor:
+    """``[num, seq_len]`` i.i.d. uniform draws from ``ids`` (after a BOS token when given)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(ids)
+    n = seq_len - (1 if bos is not None else 0)
+    x = pool[torch.randint(0, len(ids), (num, n), generator=g)]
+    if bos is not None:
+        x = torch.cat([torch.full((num, 1), bos, dtype=x.dtype), x], 1)
+    return x
+
+
+# --------------------------------------------------------------------------------------------
+# the command
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ProbesConfig:
+    """Every option of ``poslens probes``."""
+
+    model_dirs: list[str]
+    out: str
+    train_chars: str = "01234"
+    test_chars: str = "56789"
+    seq_len: int = 64
+    num_train: int = 64
+    num_test: int = 32
+    batch_size: int = 16
+    mlp_steps: int = 300
+    random_init: bool = True  # also probe a random-init copy of every model's architecture
+    vectors: str = "attn"  # attn (head outputs, the paper's) | resid (residual stream)
+    seed: int = 0
+    device: str = "cpu"
+    figures: bool = True
+    overwrite: bool = False
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    labels: list[str] = field(default_factory=list)  # display names (default: directory names)
+
+
+def _validate(cfg: ProbesConfig):
+    from transformers import AutoConfig
+
+    from poslens.capture.adapters import get_adapter
+    from poslens.capture.scan import check_model_dir, load_tokenizer
+    from poslens.rundir import prepare_out_dir
+
+    if not cfg.model_dirs:
+        raise PoslensError("give at least one MODEL_DIR.")
+    if cfg.labels and len(cfg.labels) != len(cfg.model_dirs):
+        raise PoslensError(f"--labels: {len(cfg.labels)} labels for {len(cfg.model_dirs)} model directories.")
+    if cfg.vectors not in ("attn", "resid"):
+        raise PoslensError(f"--vectors {cfg.vectors!r}: choose attn (head outputs) or resid (residual stream).")
+    if set(cfg.train_chars) & set(cfg.test_chars):
+        raise PoslensError(f"--train-chars {cfg.train_chars!r} and --test-chars {cfg.test_chars!r} share "
+                           f"{''.join(sorted(set(cfg.train_chars) & set(cfg.test_chars)))!r}; they must be disjoint.")
+    for flag, v in (("--num-train", cfg.num_train), ("--num-test", cfg.num_test), ("--batch-size", cfg.batch_size),
+                    ("--mlp-steps", cfg.mlp_steps)):
+        if v < 1:
+            raise PoslensError(f"{flag} {v}: must be a positive integer.")
+    if cfg.seq_len < 3:
+        raise PoslensError(f"--seq-len {cfg.seq_len}: need at least 3 positions.")
+    plans = []
+    for d in cfg.model_dirs:
+        check_model_dir(d, allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
+        config = AutoConfig.from_pretrained(d, trust_remote_code=cfg.trust_remote_code)
+        adapter = get_adapter(config)
+        maxpos = adapter.max_positions(config)
+        if maxpos is not None and cfg.seq_len > maxpos:
+            raise PoslensError(f"--seq-len {cfg.seq_len} exceeds {d}'s maximum of {maxpos} positions.")
+        tok = load_tokenizer(d, cfg.trust_remote_code)
+        if tok is None:
+            raise PoslensError(f"{d} has no tokenizer, so --train-chars/--test-chars cannot be encoded; "
+                               "save the tokenizer with the model.")
+        tr, te = char_ids(tok, cfg.train_chars, "--train-chars"), char_ids(tok, cfg.test_chars, "--test-chars")
+        plans.append((d, config, adapter, tr, te, getattr(tok, "bos_token_id", None)))
+    prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
+    return plans
+
+
+def _vectors(model, ids, cfg: ProbesConfig, adapter) -> list[torch.Tensor]:
+    from poslens.analysis.neighborhood import collect_vectors
+
+    parts = []
+    for s in range(0, ids.shape[0], cfg.batch_size):
+        v = collect_vectors(model, ids[s: s + cfg.batch_size], adapter=adapter)
+        parts.append(list(v[cfg.vectors]))
+    return [torch.cat([p[k] for p in parts]).cpu() for k in range(len(parts[0]))]
+
+
+def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
+    """Probe every model (and its random-init copy) layer by layer; writes the run directory."""
+    from transformers import AutoModelForCausalLM
+
+    from poslens.analysis.neighborhood import use_poslens_attention
+    from poslens.capture.scan import load_model
+    from poslens.cli_app import parse_device
+    from poslens.models import pe_of
+    from poslens.progress import task_progress
+    from poslens.rundir import save_figure, staged_dir, versions, write_json
+
+    t0 = time.time()
+    plans = _validate(cfg)
+    device = parse_device(cfg.device)
+    states = ["trained"] + (["random init"] if cfg.random_init else [])
+    total = sum((getattr(c, "num_hidden_layers", None) or c.n_layer) + 1 for _, c, *_ in plans) * len(states)
+    records, done = [], 0
+    with task_progress("probes", total=total, enabled=progress) as update:
+        for n, (d, config, adapter, tr_ids, te_ids, bos) in enumerate(plans):
+            label = cfg.labels[n] if cfg.labels else Path(d).name
+            xtr = random_sequences(tr_ids, cfg.num_train, cfg.seq_len, cfg.seed, bos)
+            xte = random_sequences(te_ids, cfg.num_test, cfg.seq_len, cfg.seed + 1, bos)
+            for state in states:
+                if state == "trained":
+                    model = load_model(d, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
+                                       trust_remote_code=cfg.trust_remote_code)
+                else:
+                    torch.manual_seed(cfg.seed)
+                    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device).eval()
+                    use_poslens_attention(model)
+                with torch.no_grad():
+                    vtr, vte = _vectors(model, xtr.to(device), cfg, adapter), _vectors(model, xte.to(device), cfg, adapter)
+                del model
+
+                def tick(state=state, label=label):
+                    nonlocal done
+                    done += 1
+                    update(done, info=f"{label} ({state})")
+                for row in probe_layers(vtr, vte, mlp_steps=cfg.mlp_steps, seed=cfg.seed, update=tick):
+                    records.append({"model": label, "model_dir": d, "pe": pe_of(config), "state": state, **row})
+    summary = build_summary(cfg, records)
+    with staged_dir(cfg.out) as stage:
+        write_json(stage / "config.json", {"command": "probes", **dataclasses.asdict(cfg), "versions": versions()})
+        write_json(stage / "probes.json", records)
+        figures = []
+        if cfg.figures:
+            name, fig, caption = probe_figure(records)
+            save_figure(fig, stage / name)
+            figures.append({"file": name, "caption": caption})
+        summary["figures"] = figures
+        summary["wall_s"] = time.time() - t0
+        write_json(stage / "summary.json", summary)
+    return summary
+
+
+def _f(v: float, nd: int = 3) -> str:
+    return "nan" if v is None or not math.isfinite(v) else f"{v:.{nd}f}"
+
+
+def _groups(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    g: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        g.setdefault((r["model"], r["state"]), []).append(r)
+    return g
+
+
+def compare_cosine_norm(rows: list[dict], probe: str = "mlp") -> dict:
+    """Over attention layers (>= 1): best test r and lowest MSE of the cosine and norm features."""
+    def pick(feat):
+        rs = [r for r in rows if r["feature"] == feat and r["probe"] == probe and r["layer"] >= 1]
+        rs_ok = [r for r in rs if r["r"] is not None and math.isfinite(r["r"])]
+        best = max(rs_ok, key=lambda r: r["r"]) if rs_ok else None
+        return best, {r["layer"]: r for r in rs}
+    bc, by_c = pick("cosine")
+    bn, by_n = pick("norm")
+    layers = sorted(set(by_c) & set(by_n))
+    wins = sum(1 for k in layers if by_c[k]["mse"] < by_n[k]["mse"])
+    return {"cosine_best": bc, "norm_best": bn, "layers": len(layers), "cosine_lower_mse_layers": wins}
+
+
+def build_summary(cfg: ProbesConfig, records: list[dict]) -> dict:
+    groups = _groups(records)
+    cols = ["model", "PE", "state", "layer"] + [f"{f} {p} r / MSE" for f in FEATURES for p in PROBES]
+    rows = []
+    for (model, state), rs in groups.items():
+        layers = sorted({r["layer"] for r in rs})
+        for k in layers:
+            cells = []
+            for f in FEATURES:
+                for p in PROBES:
+                    r = next(x for x in rs if x["layer"] == k and x["feature"] == f and x["probe"] == p)
+                    cells.append(f"{_f(r['r'])} / {_f(r['mse'], 1)}")
+            rows.append([model, rs[0]["pe"], state, k if k else "0 (emb)"] + cells)
+    vcols = ["model", "PE", "state", "best cosine r (layer)", "best norm r (layer)",
+             "layers where cosine MSE < norm MSE", "cosine beats norm?"]
+    vrows, readings, verdicts = [], [], []
+    for (model, state), rs in groups.items():
+        c = compare_cosine_norm(rs)
+        if c["cosine_best"] is None or c["norm_best"] is None:
+            continue
+        cr, nr = c["cosine_best"]["r"], c["norm_best"]["r"]
+        beats = cr > nr and c["cosine_lower_mse_layers"] * 2 > c["layers"]
+        mixed = (cr > nr) != (c["cosine_lower_mse_layers"] * 2 > c["layers"])
+        verdict = "yes" if beats else "mixed" if mixed else "no"
+        vrows.append([model, rs[0]["pe"], state, f"{_f(cr)} ({c['cosine_best']['layer']})",
+                      f"{_f(nr)} ({c['norm_best']['layer']})", f"{c['cosine_lower_mse_layers']} of {c['layers']}",
+                      verdict])
+        verdicts.append({"model": model, "pe": rs[0]["pe"], "state": state, "cosine_best_r": cr,
+                         "cosine_best_layer": c["cosine_best"]["layer"], "norm_best_r": nr,
+                         "norm_best_layer": c["norm_best"]["layer"], "cosine_lower_mse_layers": c["cosine_lower_mse_layers"],
+                         "layers": c["layers"], "cosine_beats_norm": verdict})
+        readings.append(f"{model} ({rs[0]['pe']} PE, {state}): cos(h_i, h_T) predicts T − i with r up to {_f(cr)} "
+                        f"(layer {c['cosine_best']['layer']}), the norm with r up to {_f(nr)} "
+                        f"(layer {c['norm_best']['layer']}); the cosine has the lower test MSE in "
+                        f"{c['cosine_lower_mse_layers']} of {c['layers']} attention layers (MLP probes, held-out characters)"
+                        + {"yes": ": cosine beats the norm.", "no": ": cosine does not beat the norm.",
+                           "mixed": ": the two criteria disagree."}[verdict])
+        vec = [x for x in rs if x["feature"] == "vector" and x["probe"] == "linear" and x["layer"] >= 1
+               and x["r"] is not None and math.isfinite(x["r"])]
+        if vec:
+            bv = max(vec, key=lambda x: x["r"])
+            readings.append(f"{model} ({state}): a linear probe on the vector h_i recovers the absolute position with "
+                            f"r = {_f(bv['r'])} at layer {bv['layer']} on unseen characters.")
+    T = cfg.seq_len
+    return {
+        "experiment": "probes", "paper": "neighborhood",
+        "title": "Position probes: vector, cos(h_i, h_T) and ‖h_i‖ as predictors of position",
+        "seq_len": T, "train_chars": cfg.train_chars, "test_chars": cfg.test_chars,
+        "chance_mse_uniform": (T * T - 1) / 12, "verdicts": verdicts, "records": records,
+        "tables": [
+            {"title": "Does cos(h_i, h_T) beat ‖h_i‖ as a predictor of T − i? (MLP probes, attention layers, test set "
+                      "over held-out characters)", "columns": vcols, "rows": vrows},
+            {"title": f"Test Pearson r / MSE (squared positions; chance ≈ {(T * T - 1) / 12:.0f}) per layer; probes fit "
+                      f"on characters {cfg.train_chars!r}, tested on {cfg.test_chars!r}", "columns": cols, "rows": rows},
+        ],
+        "readings": readings,
+    }
+
+
+def probe_figure(records: list[dict]):
+    import matplotlib.pyplot as plt
+
+    groups = _groups(records)
+    n = len(groups)
+    cols = min(n, 4)
+    nrows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.3 * cols, 2.9 * nrows), squeeze=False)
+    for ax, ((model, state), rs) in zip(axes.flat, groups.items()):
+        for c, feat in enumerate(FEATURES):
+            for probe, ls in (("mlp", "-"), ("linear", "--")):
+                sel = sorted((r for r in rs if r["feature"] == feat and r["probe"] == probe), key=lambda r: r["layer"])
+                ax.plot([r["layer"] for r in sel], [r["r"] if r["r"] is not None else float("nan") for r in sel],
+                        ls=ls, marker="o", color=f"C{c}", label=f"{feat} {probe}")
+        ax.set_title(f"{model} ({state})", fontsize=8)
+        ax.set_ylim(-1.05, 1.05)
+        ax.axhline(0, color="gray", lw=0.6, ls=":")
+        ax.set_xlabel("layer (0 = embeddings)")
+        ax.set_ylabel("test Pearson r")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.suptitle("Position probes on held-out characters (solid MLP, dashed linear)", fontsize=10)
+    fig.tight_layout()
+    return "probes_r.png", fig, ("Test Pearson r per layer of probes predicting position from the vector h_i "
+                                 "(target i), cos(h_i, h_T) and ‖h_i‖ (target T − i).")

@@ -1,0 +1,119 @@
+"""Position probes (arXiv 2501.00073): planted signals are recovered, shuffled targets are not."""
+
+import json
+
+import pytest
+import torch
+
+from poslens.analysis.probes import (
+    compare_cosine_norm,
+    evaluate_probe,
+    fit_linear,
+    pearson_r,
+    predict_linear,
+    probe_features,
+)
+
+
+def test_pearson_r_known_values():
+    x = torch.arange(10.0)
+    assert pearson_r(x, 3 * x + 1) == pytest.approx(1.0)
+    assert pearson_r(x, -x) == pytest.approx(-1.0)
+    assert pearson_r(torch.ones(5), x[:5]) != pearson_r(torch.ones(5), x[:5])  # NaN for a constant
+
+
+def test_linear_probe_recovers_planted_position_exactly():
+    g = torch.Generator().manual_seed(0)
+    B, T, d = 20, 16, 24
+    direction = torch.randn(d, generator=g, dtype=torch.float64)
+    noise = torch.randn(B, T, d, generator=g, dtype=torch.float64)
+    noise -= (noise @ direction)[..., None] * direction / direction.dot(direction)  # orthogonal to the signal
+    h = noise + torch.arange(T, dtype=torch.float64)[None, :, None] * direction
+    X, y = probe_features(h)["vector"]
+    w = fit_linear(X, y)
+    assert torch.allclose(predict_linear(w, X), y, atol=1e-5)
+    res = evaluate_probe("linear", X[: 10 * T], y[: 10 * T], X[10 * T:], y[10 * T:])
+    assert res["r"] > 0.9999 and res["mse"] < 1e-6 and res["chance_mse"] > 10
+
+
+def test_shuffled_targets_give_r_near_zero():
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(2000, 8, generator=g)
+    y = torch.arange(2000.0) % 32
+    y = y[torch.randperm(2000, generator=g)]
+    for kind in ("linear", "mlp"):
+        res = evaluate_probe(kind, X[:1500], y[:1500], X[1500:], y[1500:], mlp_steps=60)
+        assert abs(res["r"]) < 0.1, kind
+        assert res["mse"] > 0.9 * res["chance_mse"]
+
+
+def test_running_mean_cosine_and_norm_predict_distance_to_end():
+    """Running means of i.i.d. vectors: cos(h_i, h_T) = sqrt(i/T) and ||h_i|| ∝ 1/sqrt(i) both encode T - i."""
+    g = torch.Generator().manual_seed(2)
+    v = torch.randn(48, 24, 512, generator=g, dtype=torch.float64)
+    h = v.cumsum(1) / torch.arange(1, 25, dtype=torch.float64)[None, :, None]
+    f = probe_features(h)
+    X, y = f["cosine"]
+    assert torch.allclose(X.view(48, 23).mean(0), (torch.arange(1, 24, dtype=torch.float64) / 24).sqrt(), atol=0.02)
+    assert torch.equal(y[:23], 23 - torch.arange(23, dtype=torch.float64))
+    i = torch.arange(1, 24, dtype=torch.float64)
+    # a linear probe can reach exactly |corr(f(i), i)| when the feature is f(i) = sqrt(i/T) or 1/sqrt(i)
+    for feat, kind, expect in (("cosine", "linear", pearson_r(i.sqrt(), i)), ("norm", "linear", -pearson_r(i ** -0.5, i)),
+                               ("norm", "mlp", 0.95)):
+        X, y = f[feat]
+        res = evaluate_probe(kind, X[: 32 * 23], y[: 32 * 23], X[32 * 23:], y[32 * 23:], mlp_steps=150)
+        if kind == "linear":
+            assert abs(res["r"] - expect) < 0.04, (feat, res["r"], expect)
+        else:
+            assert res["r"] > expect, (feat, kind)
+    # i.i.d. vectors without the running mean: neither scalar carries position
+    for feat in ("cosine", "norm"):
+        X, y = probe_features(v)[feat]
+        res = evaluate_probe("linear", X[: 32 * 23], y[: 32 * 23], X[32 * 23:], y[32 * 23:])
+        assert abs(res["r"]) < 0.15, feat
+
+
+def test_compare_cosine_norm_counts_layers():
+    rows = [{"layer": k, "feature": f, "probe": "mlp", "r": r, "mse": m}
+            for k, (cr, cm, nr, nm) in enumerate([(0, 0, 0, 0), (0.9, 10, 0.5, 50), (0.8, 60, 0.7, 40)])
+            for f, r, m in (("cosine", cr, cm), ("norm", nr, nm))]
+    c = compare_cosine_norm(rows)
+    assert c["cosine_best"]["layer"] == 1 and c["norm_best"]["layer"] == 2
+    assert c["cosine_lower_mse_layers"] == 1 and c["layers"] == 2
+
+
+@pytest.fixture(scope="module")
+def char_model_dir(tmp_path_factory):
+    from poslens.models import build_model
+    from poslens.tokenizer import char_tokenizer
+
+    tok = char_tokenizer()
+    m = build_model("none", "micro", len(tok), init_std=0.0002, hidden=64, heads=2, kv_heads=2, layers=1, seed=0)
+    path = tmp_path_factory.mktemp("charmodel")
+    m.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_cli_probes_run_dir(cli, tmp_path, char_model_dir):
+    out = tmp_path / "pr"
+    code, _, err = cli("probes", char_model_dir, "--out", out, "--seq-len", 16, "--num-train", 16, "--num-test", 8,
+                       "--mlp-steps", 40, "--train-chars", "ABCDEFGHIJKLM", "--test-chars", "NOPQRSTUVWXYZ",
+                       "--quiet")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    assert json.loads((out / "config.json").read_text())["command"] == "probes"
+    assert s["paper"] == "neighborhood" and len(s["tables"]) == 2 and s["readings"]
+    assert all((out / f["file"]).exists() for f in s["figures"])
+    rec = {(r["state"], r["layer"], r["feature"], r["probe"]): r for r in s["records"]}
+    # near-zero-init NoPE layer 1 is a running mean: cosine to the last token predicts T - i on unseen characters
+    assert rec[("trained", 1, "cosine", "mlp")]["r"] > 0.9
+    assert {v["state"] for v in s["verdicts"]} == {"trained", "random init"}
+
+
+def test_cli_probes_rejects_bad_input(cli, tmp_path, char_model_dir):
+    code, _, err = cli("probes", char_model_dir, "--out", tmp_path / "a", "--train-chars", "0123", "--test-chars",
+                       "3456", "--quiet")
+    assert code == 2 and "disjoint" in err and not (tmp_path / "a").exists()
+    code, _, err = cli("probes", char_model_dir, "--out", tmp_path / "b", "--train-chars", "01~", "--quiet")
+    assert code == 2 and "--train-chars" in err and not (tmp_path / "b").exists()
