@@ -4,7 +4,13 @@ Steps (each writes a run directory under the demo's output folder):
 
 1. the Kim et al. closed form at the paper's Figure 1 setting;
 2. the parameter-free simulator: L2 / NoPE (alpha = 0), and RoPE causal vs non-causal (alpha = 0.5);
-3. later steps (train, scan, report) are added as those capabilities land.
+3. two micro language models, NoPE and RoPE, trained on the default corpus (the Python standard
+   library's sources);
+4. scans of both on the corpus, and of the RoPE model on random tokens (slash persistence);
+5. the Kim maps, slash and neighbourhood analyses of those scans and models;
+6. one self-contained HTML report over everything (``report.html``).
+
+Budget: a few minutes on a 2-core CPU (the issue's ceiling is 10).
 """
 
 from __future__ import annotations
@@ -52,18 +58,121 @@ def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
     return {name: str(cfg.out / name) for name in runs}
 
 
+def _train_cfgs(cfg: DemoConfig) -> dict:
+    from poslens.train import TrainConfig
+
+    steps = 30 if cfg.quick else 400
+    common = dict(task=None, data="stdlib", preset="micro", vocab_size=512 if cfg.quick else 1024,
+                  seq_len=64 if cfg.quick else 128, corpus_files=20 if cfg.quick else 150, steps=steps,
+                  batch_size=8 if cfg.quick else 16, lr=3e-3, eval_every=0, checkpoint_every=0,
+                  device=cfg.device, overwrite=True, progress=False, seed=0)
+    return {f"model_{pe_name}": TrainConfig(out=str(cfg.out / f"model_{pe_name}"), pe=pe, **common)
+            for pe_name, pe in (("nope", "none"), ("rope", "rope"))}
+
+
+def _step_train(cfg: DemoConfig, console: Console, progress) -> dict:
+    from poslens.train import train_model
+
+    outs = {}
+    for i, (name, tc) in enumerate(_train_cfgs(cfg).items()):
+        progress(name, i, 2)
+        s = train_model(tc)
+        console.print(f"{name}: {s['params']:,} parameters, loss {s['initial_loss']:.2f} -> "
+                      f"{s['final_loss']:.2f} in {tc.steps} steps ({s['tokens_per_second']:,.0f} tokens/s)")
+        outs[name] = tc.out
+    return outs
+
+
+def _step_scan(cfg: DemoConfig, console: Console, progress) -> dict:
+    from poslens.capture.scan import ScanConfig, run_scan
+
+    n, S = (4, 32) if cfg.quick else (32, 128)
+    scans = {
+        "scan_nope": ScanConfig(model_dir=str(cfg.out / "model_nope"), out=str(cfg.out / "scan_nope")),
+        "scan_rope": ScanConfig(model_dir=str(cfg.out / "model_rope"), out=str(cfg.out / "scan_rope")),
+        "scan_rope_random": ScanConfig(model_dir=str(cfg.out / "model_rope"), out=str(cfg.out / "scan_rope_random"),
+                                       data="random"),
+    }
+    for i, (name, sc) in enumerate(scans.items()):
+        sc.seq_len, sc.num_seqs, sc.batch_size, sc.device, sc.dtype = S, n, 4, cfg.device, "fp32"
+        progress(name, i, len(scans))
+        _clear(Path(sc.out))
+        summ = run_scan(sc, progress=False)
+        ri = " / ".join("flat" if l.get("relativity_index") is None else f"{l['relativity_index']:.2f}"
+                        for l in summ["layers"])
+        console.print(f"{name}: relativity index by layer {ri}")
+    return {name: sc.out for name, sc in scans.items()}
+
+
+def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
+    from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
+    from poslens.analysis.slash import SlashConfig, run_slash
+
+    outs = {}
+    progress("slash", 0, 3)
+    run_slash(SlashConfig(scan_dir=str(cfg.out / "scan_rope"), out=str(cfg.out / "slash_rope"),
+                          random_scan=str(cfg.out / "scan_rope_random"), max_delta=8))
+    outs["slash_rope"] = str(cfg.out / "slash_rope")
+    for i, pe in enumerate(("nope", "rope"), 1):
+        progress(f"neighborhood {pe}", i, 3)
+        name = f"neighborhood_{pe}"
+        run_neighborhood(NeighborhoodConfig(model_dir=str(cfg.out / f"model_{pe}"), out=str(cfg.out / name),
+                                            data="random", seq_len=32 if cfg.quick else 64,
+                                            num_seqs=4 if cfg.quick else 16, bidirectional=True,
+                                            device=cfg.device, overwrite=True), progress=False)
+        outs[name] = str(cfg.out / name)
+    console.print("analyses written: " + ", ".join(outs))
+    return outs
+
+
+def _step_report(cfg: DemoConfig, console: Console, progress) -> dict:
+    from poslens.report import write_report
+
+    runs = [p for p in sorted(cfg.out.iterdir()) if (p / "summary.json").exists()]
+    path = write_report(runs, cfg.out / "report.html", title="poslens demo")
+    console.print(f"report: {path}")
+    return {"report": str(path)}
+
+
+def _clear(path: Path) -> None:
+    """Remove a previous demo's copy of one step's output (only ever inside the demo folder)."""
+    import shutil
+
+    if path.exists():
+        shutil.rmtree(path)
+
+
 STEPS: list[tuple[str, Callable]] = [
     ("closed-form theory", _step_theory),
     ("parameter-free simulator", _step_simulate),
+    ("train micro NoPE and RoPE language models", _step_train),
+    ("scan the models", _step_scan),
+    ("slash and neighbourhood analyses", _step_analyses),
+    ("HTML report", _step_report),
 ]
+
+
+def _check_demo_dir(out: Path) -> None:
+    """The demo rewrites its own sub-folders; refuse a non-empty folder that is not a demo's."""
+    from poslens.errors import PoslensError
+
+    if out.is_dir() and any(out.iterdir()) and not (out / "demo.json").exists():
+        raise PoslensError(f"--out {out} is not empty and holds no earlier demo (no demo.json); "
+                           "choose a new directory.")
 
 
 def run_demo(cfg: DemoConfig, console: Console | None = None, show_progress: bool = True) -> dict:
     from poslens.progress import make_progress
     from poslens.rundir import write_json
 
+    import time
+
     console = console or Console()
+    _check_demo_dir(cfg.out)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    write_json(cfg.out / "demo.json", {"outputs": {}, "finished": False})
     outputs: dict = {}
+    t0 = time.perf_counter()
     for i, (title, step) in enumerate(STEPS, 1):
         console.rule(f"[bold]{i}/{len(STEPS)} {title}")
         with make_progress(transient=True) as prog:
@@ -74,6 +183,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None, show_progress: boo
                     prog.update(tid, description=name, completed=done, total=total)
 
             outputs.update(step(cfg, console, progress))
-    write_json(cfg.out / "demo.json", {"outputs": outputs})
-    console.print(f"[bold green]demo finished[/]: results in {cfg.out}/")
+    seconds = time.perf_counter() - t0
+    write_json(cfg.out / "demo.json", {"outputs": outputs, "finished": True, "seconds": seconds})
+    console.print(f"[bold green]demo finished[/] in {seconds / 60:.1f} min: open {cfg.out / 'report.html'}")
     return outputs

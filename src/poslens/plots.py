@@ -75,10 +75,12 @@ def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rock
     return fig
 
 
-def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "", percentile=None) -> list[str]:
+def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "", percentile=None,
+                      titles: list[str] | None = None) -> list[str]:
     """Write ``{prefix}_raw.png`` and ``{prefix}_diagnorm.png`` (all layers side by side).
 
-    Returns the file names written.
+    ``titles`` names the panels (default ``layer 1..L``; pass them when ``scores`` holds a subset
+    of layers). Returns the file names written.
     """
     from pathlib import Path
 
@@ -87,7 +89,7 @@ def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "
 
     out_dir = Path(out_dir)
     L = scores.shape[0]
-    titles = [f"layer {l + 1}" for l in range(L)]
+    titles = titles or [f"layer {l + 1}" for l in range(L)]
     raw = layer_grid([scores[l] for l in range(L)], titles=titles, suptitle=f"{label} pre-softmax scores".strip(),
                      percentile=percentile)
     save_figure(raw, out_dir / f"{prefix}_raw.png")
