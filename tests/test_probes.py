@@ -117,3 +117,16 @@ def test_cli_probes_rejects_bad_input(cli, tmp_path, char_model_dir):
     assert code == 2 and "disjoint" in err and not (tmp_path / "a").exists()
     code, _, err = cli("probes", char_model_dir, "--out", tmp_path / "b", "--train-chars", "01~", "--quiet")
     assert code == 2 and "--train-chars" in err and not (tmp_path / "b").exists()
+
+
+def test_skip_first_removes_a_bos_marker():
+    """A fixed first token (BOS) marks position 0 in any model; skip_first leaves it out of the samples."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(40, 12, 16, generator=g, dtype=torch.float64)
+    h[:, 0] = 5.0  # the same vector at position 0 in every sequence
+    with_bos = probe_features(h)["vector"]
+    without = probe_features(h, skip_first=1)["vector"]
+    assert without[0].shape[0] == 40 * 11 and float(without[1].min()) == 1.0
+    r_with = evaluate_probe("linear", with_bos[0][:360], with_bos[1][:360], with_bos[0][360:], with_bos[1][360:])["r"]
+    r_without = evaluate_probe("linear", without[0][:330], without[1][:330], without[0][330:], without[1][330:])["r"]
+    assert r_with > 0.3 and abs(r_without) < 0.2

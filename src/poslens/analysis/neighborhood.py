@@ -278,6 +278,10 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
 
     t0 = time.time()
     config, adapter, source, device = _plan(cfg)
+    if not progress:  # --quiet: no weight-loading bars either
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     model = load_model(cfg.model_dir, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
                        trust_remote_code=cfg.trust_remote_code)
     ids = source.batch(0, source.num_seqs)

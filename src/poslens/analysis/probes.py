@@ -10,7 +10,9 @@ Per layer (0 = token embeddings, l = concatenated head outputs of decoder layer 
   arXiv 2305.13571 makes it one).
 
 Both scalar features use positions i < T only: ``cos(h_T, h_T) = 1`` would otherwise mark
-``T - i = 0`` for any vectors at all (a probe on i.i.d. vectors then reaches r ≈ 0.3).
+``T - i = 0`` for any vectors at all (a probe on i.i.d. vectors then reaches r ≈ 0.3). When the
+tokenizer has a BOS token it starts every sequence (as in training) but its position is left
+out of every feature, since its fixed identity marks position 0 in any model.
 
 Each feature gets a linear probe (closed-form least squares) and an MLP probe (in -> 64 -> 1,
 ReLU, Adam on the MSE, full batch), both on standardised inputs. Probes are fit on random
@@ -112,28 +114,32 @@ def evaluate_probe(kind: str, Xtr, ytr, Xte, yte, *, mlp_steps: int = 300, seed:
             "chance_mse": float(((ytr.mean() - yte) ** 2).mean())}
 
 
-def probe_features(h: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``h [B, T, d]`` -> feature name -> ``(X [B*T, f], y [B*T])`` (see module docstring)."""
+def probe_features(h: torch.Tensor, skip_first: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``h [B, T, d]`` -> feature name -> ``(X [n, f], y [n])`` (see module docstring).
+
+    Targets are 0-indexed positions in the full sequence; ``skip_first`` positions (e.g. a BOS
+    token, whose fixed identity would mark position 0 for any model) are left out of the samples.
+    """
     B, T, d = h.shape
     h = h.to(torch.float64)
-    pos = torch.arange(T, dtype=torch.float64).repeat(B)
+    pos = torch.arange(T, dtype=torch.float64).expand(B, T)
     to_end = (T - 1) - pos
     hn = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-300)
     # The scalar features leave out i = T itself: cos(h_T, h_T) = 1 flags T - i = 0 whatever the
     # vectors are, which would credit the cosine with position information it does not carry.
-    cos_last = (hn[:, :-1] * hn[:, -1:, :]).sum(-1)  # [B, T-1]
-    before_end = to_end.view(B, T)[:, :-1].reshape(-1)
-    return {"vector": (h.reshape(B * T, d), pos),
-            "cosine": (cos_last.reshape(-1, 1), before_end),
-            "norm": (h[:, :-1].norm(dim=-1).reshape(-1, 1), before_end)}
+    cos_last = (hn * hn[:, -1:, :]).sum(-1)  # [B, T]
+    s = slice(skip_first, T - 1)
+    return {"vector": (h[:, skip_first:].reshape(-1, d), pos[:, skip_first:].reshape(-1)),
+            "cosine": (cos_last[:, s].reshape(-1, 1), to_end[:, s].reshape(-1)),
+            "norm": (h[:, s].norm(dim=-1).reshape(-1, 1), to_end[:, s].reshape(-1))}
 
 
 def probe_layers(train_vecs: list[torch.Tensor], test_vecs: list[torch.Tensor], *, mlp_steps: int = 300,
-                 seed: int = 0, update=None) -> list[dict]:
+                 seed: int = 0, skip_first: int = 0, update=None) -> list[dict]:
     """Every feature x probe for every layer: ``[{"layer", "feature", "probe", "r", "mse", "chance_mse"}]``."""
     rows = []
     for k, (tr, te) in enumerate(zip(train_vecs, test_vecs)):
-        ftr, fte = probe_features(tr), probe_features(te)
+        ftr, fte = probe_features(tr, skip_first), probe_features(te, skip_first)
         for feat in FEATURES:
             for kind in PROBES:
                 res = evaluate_probe(kind, *ftr[feat], *fte[feat], mlp_steps=mlp_steps, seed=seed)
@@ -264,6 +270,10 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
 
     t0 = time.time()
     plans = _validate(cfg)
+    if not progress:  # --quiet: no weight-loading bars either
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     device = parse_device(cfg.device)
     states = ["trained"] + (["random init"] if cfg.random_init else [])
     total = sum((getattr(c, "num_hidden_layers", None) or c.n_layer) + 1 for _, c, *_ in plans) * len(states)
@@ -289,7 +299,8 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
                     nonlocal done
                     done += 1
                     update(done, info=f"{label} ({state})")
-                for row in probe_layers(vtr, vte, mlp_steps=cfg.mlp_steps, seed=cfg.seed, update=tick):
+                for row in probe_layers(vtr, vte, mlp_steps=cfg.mlp_steps, seed=cfg.seed,
+                                        skip_first=int(bos is not None), update=tick):
                     records.append({"model": label, "model_dir": d, "pe": pe_of(config), "state": state, **row})
     summary = build_summary(cfg, records)
     with staged_dir(cfg.out) as stage:

@@ -10,11 +10,12 @@ from rich.console import Console
 from poslens.cli_app import app
 
 
-def _print_tables(summary: dict, out: Path) -> None:
+def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:
     from rich.table import Table
 
     console = Console()
-    for t in summary.get("tables", []):
+    tables = summary.get("tables", [])
+    for t in tables[:max_tables]:
         table = Table(title=t["title"])
         for c in t["columns"]:
             table.add_column(str(c), justify="right")
@@ -23,6 +24,8 @@ def _print_tables(summary: dict, out: Path) -> None:
         console.print(table)
     for line in summary.get("readings", []):
         console.print(f"- {line}")
+    if max_tables is not None and len(tables) > max_tables:
+        console.print(f"({len(tables) - max_tables} more table(s) in {out}/summary.json)")
     console.print(f"wrote {out}/")
 
 
@@ -139,4 +142,4 @@ def probes(
                        labels=[s.strip() for s in labels.split(",")] if labels else [])
     summary = run_probes(cfg, progress=not quiet)
     if not quiet:
-        _print_tables(summary, out)
+        _print_tables(summary, out, max_tables=1)
