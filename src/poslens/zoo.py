@@ -32,7 +32,7 @@ _RECIPES = {
     "cpu": dict(task_preset="tiny", task_steps=1500, task_batch=64, task_lr=3e-3,
                 lm_preset="tiny", lm_steps=1500, lm_batch=16, lm_lr=2e-3, seq_len=128, vocab=4096, corpus_files=None),
     "gpu": dict(task_preset="small", task_steps=10000, task_batch=128, task_lr=1e-3,
-                lm_preset="base", lm_steps=20000, lm_batch=64, lm_lr=6e-4, seq_len=512, vocab=8192, corpus_files=None),
+                lm_preset="base", lm_steps=3000, lm_batch=64, lm_lr=6e-4, seq_len=512, vocab=8192, corpus_files=None),
 }
 TASKS = ("copy", "reverse")
 PES = ("none", "rope")
@@ -58,8 +58,8 @@ def zoo_entries(scale: str, out: str | Path) -> dict[str, TrainConfig]:
             name = f"{_PE_NAME[pe]}-{task}"
             entries[name] = TrainConfig(out=str(out / name), pe=pe, task=task, preset=r["task_preset"],
                                         steps=r["task_steps"], batch_size=r["task_batch"], lr=r["task_lr"],
-                                        eval_every=max(1, r["task_steps"] // 8), eval_examples=500,
-                                        checkpoint_every=max(1, r["task_steps"] // 4))
+                                        eval_every=max(1, r["task_steps"] // 6), eval_examples=500,
+                                        checkpoint_every=max(1, r["task_steps"] // 3))
     for pe in PES:
         name = f"{_PE_NAME[pe]}-random"
         entries[name] = TrainConfig(out=str(out / name), pe=pe, data="stdlib", preset=r["lm_preset"], steps=0,

@@ -128,9 +128,10 @@ def zoo(
         table.add_column("name")
         table.add_column("options")
         for name, cfg in zoo_entries(scale, out).items():
-            opts = {k: v for k, v in cfg.trajectory_fields().items() if v is not None}
-            table.add_row(name, " ".join(f"{k}={v}" for k, v in opts.items() if k in
-                                         ("pe", "task", "data", "preset", "steps", "batch_size", "lr", "max_len", "seq_len")))
+            keys = ("pe", "task", "preset", "steps", "batch_size", "lr") if cfg.task else \
+                ("pe", "data", "preset", "steps", "batch_size", "lr", "seq_len", "vocab_size")
+            opts = cfg.trajectory_fields()
+            table.add_row(name, " ".join(f"{k}={opts[k]}" for k in keys))
         Console().print(table)
         return
     results = run_zoo(out, scale=scale, only=only.split(",") if only else None, device=device, threads=threads,
