@@ -50,6 +50,8 @@ def test_train_save_reload_and_exact_resume(pe, tmp_path):
 
     again = evaluate_task(model, "copy", max_len=4, count=32, seed=0)
     assert again["eval_accuracy"] == full["eval_accuracy"]
+    assert again["accuracy_by_length"] == {int(k): v for k, v in full["accuracy_by_length"].items()}
+    assert sorted(again["accuracy_by_length"]) == list(range(1, 9))
     assert abs(again["eval_loss"] - full["eval_loss"]) < 1e-5
 
     # interrupted after step 3 (checkpoints at 2 and 3), then resumed: identical trajectory and weights

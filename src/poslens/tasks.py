@@ -215,20 +215,40 @@ class TaskSource:
 
     def eval_examples(self, split: str, count: int):
         """Fixed evaluation examples: ``"in"`` (lengths min..L) or ``"long"`` (L+1..2L)."""
+        return self.eval_examples_with_lengths(split, count)[0]
+
+    def eval_examples_with_lengths(self, split: str, count: int):
+        """``(examples, lengths)``: the same examples as :meth:`eval_examples` and each one's n."""
+        if split not in ("in", "long"):
+            raise PoslensError(f"evaluation split {split!r} is not 'in' or 'long'.")
         rng = random.Random(f"eval-{split}/{self.seed}")
         lo, hi = (self.lo, self.L) if split == "in" else (self.L + 1, 2 * self.L)
-        return self.examples(rng, count, lo, hi)
+        lengths, examples = [], []
+        for _ in range(count):
+            n = rng.randint(lo, hi)
+            lengths.append(n)
+            examples.append(encode_example(self.task, rng, n, self.vocab, self.delta))
+        return examples, lengths
 
 
 def exact_match_counts(model, examples, pad_id: int, *, batch_size: int = 256, device: str = "cpu",
                        autocast_dtype=None) -> tuple[int, int, float]:
     """(correct examples, total, mean token-level loss) under teacher forcing; see module doc."""
+    flags, loss = exact_match_flags(model, examples, pad_id, batch_size=batch_size, device=device,
+                                    autocast_dtype=autocast_dtype)
+    return sum(flags), len(flags), loss
+
+
+def exact_match_flags(model, examples, pad_id: int, *, batch_size: int = 256, device: str = "cpu",
+                      autocast_dtype=None) -> tuple[list[bool], float]:
+    """Per-example exact match (teacher forced, see module doc) and the mean token-level loss."""
     import contextlib
 
     import torch
     import torch.nn.functional as F
 
-    correct, total, loss_sum, loss_n = 0, 0, 0.0, 0
+    flags: list[bool] = []
+    loss_sum, loss_n = 0.0, 0
     was_training = model.training
     model.eval()
     try:
@@ -243,22 +263,28 @@ def exact_match_counts(model, examples, pad_id: int, *, batch_size: int = 256, d
                 mask = tg != IGNORE
                 pred = logits.argmax(-1)
                 ok = ((pred == tg) | ~mask).all(dim=1)
-                correct += int(ok.sum())
-                total += ids.shape[0]
+                flags.extend(bool(v) for v in ok.tolist())
                 loss_sum += float(F.cross_entropy(logits[mask], tg[mask], reduction="sum"))
                 loss_n += int(mask.sum())
     finally:
         model.train(was_training)
-    return correct, total, loss_sum / max(loss_n, 1)
+    return flags, loss_sum / max(loss_n, 1)
 
 
 def evaluate_task(model, task: str, *, max_len: int | None = None, count: int = 500, seed: int = 0,
                   delta: int = 1, device: str = "cpu") -> dict:
-    """Exact-match accuracy of a trained model on fresh in-distribution and long examples."""
+    """Exact-match accuracy of a model on the task's evaluation sets (the same examples the trainer
+    scores for the same ``seed``/``count``): ``eval_accuracy`` (lengths min..L),
+    ``eval_accuracy_long`` (L+1..2L), their losses, and ``accuracy_by_length`` {n: accuracy}."""
     src = TaskSource(task, max_len, seed, delta)
-    out = {}
+    out: dict = {}
+    by_len: dict[int, list[bool]] = {}
     for split, key in (("in", "eval_accuracy"), ("long", "eval_accuracy_long")):
-        c, n, loss = exact_match_counts(model, src.eval_examples(split, count), src.pad_id, device=device)
-        out[key] = c / n
+        examples, lengths = src.eval_examples_with_lengths(split, count)
+        flags, loss = exact_match_flags(model, examples, src.pad_id, device=device)
+        out[key] = sum(flags) / len(flags)
         out[key.replace("accuracy", "loss")] = loss
+        for n, f in zip(lengths, flags):
+            by_len.setdefault(n, []).append(f)
+    out["accuracy_by_length"] = {n: sum(v) / len(v) for n, v in sorted(by_len.items())}
     return out

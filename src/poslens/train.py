@@ -369,17 +369,22 @@ def _evaluate(model, source, cfg: TrainConfig, device: str, amp, *, final: bool)
     import torch
     import torch.nn.functional as F
 
-    from poslens.tasks import exact_match_counts
+    from poslens.tasks import exact_match_flags
 
     if cfg.task is not None:
         n = cfg.eval_examples if final else min(cfg.eval_examples, 256)
-        res = {}
+        res: dict = {}
+        by_len: dict[int, list[bool]] = {}
         splits = (("in", ""), ("long", "_long")) if final else (("in", ""),)
         for split, suffix in splits:
-            c, total, loss = exact_match_counts(model, source.eval_examples(split, n), source.pad_id,
-                                                device=device, autocast_dtype=amp)
-            res[f"eval_accuracy{suffix}"] = c / total
+            examples, lengths = source.eval_examples_with_lengths(split, n)
+            flags, loss = exact_match_flags(model, examples, source.pad_id, device=device, autocast_dtype=amp)
+            res[f"eval_accuracy{suffix}"] = sum(flags) / len(flags)
             res[f"eval_loss{suffix}"] = loss
+            for length, f in zip(lengths, flags):
+                by_len.setdefault(length, []).append(f)
+        if final:
+            res["accuracy_by_length"] = {k: sum(v) / len(v) for k, v in sorted(by_len.items())}
         return res
     was = model.training
     model.eval()
@@ -572,7 +577,7 @@ def train_model(cfg: TrainConfig) -> dict:
         "final_loss": sum(tail) / len(tail) if tail else None,
         "eval_loss": ev.get("eval_loss"),
         "eval_accuracy": ev.get("eval_accuracy"), "eval_accuracy_long": ev.get("eval_accuracy_long"),
-        "eval_loss_long": ev.get("eval_loss_long"),
+        "eval_loss_long": ev.get("eval_loss_long"), "accuracy_by_length": ev.get("accuracy_by_length"),
         "train_lengths": [source.lo, source.L] if cfg.task else None,
         "long_lengths": [source.L + 1, 2 * source.L] if cfg.task else None,
         "tokens_seen": tokens_seen, "train_seconds": train_seconds,
