@@ -130,3 +130,22 @@ def test_skip_first_removes_a_bos_marker():
     r_with = evaluate_probe("linear", with_bos[0][:360], with_bos[1][:360], with_bos[0][360:], with_bos[1][360:])["r"]
     r_without = evaluate_probe("linear", without[0][:330], without[1][:330], without[0][330:], without[1][330:])["r"]
     assert r_with > 0.3 and abs(r_without) < 0.2
+
+
+def test_select_ridge_prefers_shrinkage_under_shift_and_none_without():
+    from poslens.analysis.probes import select_ridge
+
+    g = torch.Generator().manual_seed(5)
+    n, d = 400, 40
+    y = torch.arange(n, dtype=torch.float64) % 20
+    signal = torch.randn(d, generator=g, dtype=torch.float64)
+    Xa = y[:, None] * signal / 20 + 1e-4 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    # a (nearly) exact planted signal and no shift: shrinkage only hurts, the weakest ridge wins
+    assert select_ridge(Xa[:200], y[:200], Xa[200:], y[200:]) <= 1e-4
+    # in A a tiny direction predicts y exactly while the real signal is noisy; in B that direction
+    # is large and unrelated to y: an unregularised fit leans on it and fails, a ridge does not
+    nuisance = torch.randn(d, generator=g, dtype=torch.float64)
+    noisy = y[:, None] * signal / 20 + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)
+    Xa2 = noisy[:200] + 1e-3 * y[:200, None] * nuisance
+    Xb2 = noisy[200:] + 5 * torch.randn(200, 1, generator=g, dtype=torch.float64) * nuisance
+    assert select_ridge(Xa2, y[:200], Xb2, y[200:]) >= 1e-2

@@ -14,8 +14,11 @@ Both scalar features use positions i < T only: ``cos(h_T, h_T) = 1`` would other
 tokenizer has a BOS token it starts every sequence (as in training) but its position is left
 out of every feature, since its fixed identity marks position 0 in any model.
 
-Each feature gets a linear probe (closed-form least squares) and an MLP probe (in -> 64 -> 1,
-ReLU, Adam on the MSE, full batch), both on standardised inputs. Probes are fit on random
+Each feature gets a linear probe (closed-form ridge regression) and an MLP probe (in -> 64 -> 1,
+ReLU, Adam on the MSE, full batch), both on centred inputs divided by one overall scale. The
+linear probe's ridge is chosen per layer and feature by fitting on sequences over one half of the
+training characters and scoring on the other half (never on the test characters): without it, a
+probe on the high-dimensional vector extrapolates wildly to unseen characters. Probes are fit on random
 sequences over one character set and tested on sequences over a *disjoint* character set, so a
 probe cannot succeed by memorising tokens. Metrics on the test set: Pearson r between
 prediction and target, and MSE in squared positions (``chance_mse`` = predicting the training
@@ -51,8 +54,14 @@ def pearson_r(pred: torch.Tensor, target: torch.Tensor) -> float:
 
 
 def _standardise(Xtr: torch.Tensor, Xte: torch.Tensor):
+    """Centre per feature and divide by one scale (the training features' overall std).
+
+    One scale rather than one per dimension: a dimension that is nearly constant on the training
+    characters but moves on the test characters would otherwise be blown up by a tiny std and
+    make the probe extrapolate wildly. For a scalar feature the two are the same.
+    """
     mu = Xtr.mean(0, keepdim=True)
-    sd = Xtr.std(0, keepdim=True).clamp_min(1e-12)
+    sd = (Xtr - mu).pow(2).mean().sqrt().clamp_min(1e-30)
     return (Xtr - mu) / sd, (Xte - mu) / sd
 
 
@@ -100,12 +109,29 @@ def predict_mlp(net, X: torch.Tensor) -> torch.Tensor:
         return (net(X.to(torch.float32))[:, 0].to(torch.float64) * net.target_std + net.target_mean)
 
 
-def evaluate_probe(kind: str, Xtr, ytr, Xte, yte, *, mlp_steps: int = 300, seed: int = 0) -> dict:
+#: ridge strengths (relative to the mean diagonal of X^T X) tried by :func:`select_ridge`
+RIDGES = (1e-6, 1e-4, 1e-2, 1e-1, 1.0, 10.0)
+
+
+def select_ridge(Xa, ya, Xb, yb, ridges=RIDGES) -> float:
+    """The ridge whose linear probe, fit on ``(Xa, ya)``, has the lowest MSE on ``(Xb, yb)``.
+
+    Called with two disjoint halves of the *training* characters, so the choice is made under the
+    same kind of character shift as the test, without looking at the test characters.
+    """
+    A, B = _standardise(Xa.to(torch.float64), Xb.to(torch.float64))
+    ya, yb = ya.to(torch.float64), yb.to(torch.float64)
+    mses = [float(((predict_linear(fit_linear(A, ya, ridge=lam), B) - yb) ** 2).mean()) for lam in ridges]
+    return float(ridges[min(range(len(ridges)), key=mses.__getitem__)])
+
+
+def evaluate_probe(kind: str, Xtr, ytr, Xte, yte, *, mlp_steps: int = 300, seed: int = 0,
+                   ridge: float = 1e-6) -> dict:
     """Fit probe ``kind`` (linear | mlp) on the training set; test-set ``{"r", "mse", "chance_mse"}``."""
     Xtr, Xte = _standardise(Xtr.to(torch.float64), Xte.to(torch.float64))
     ytr, yte = ytr.to(torch.float64), yte.to(torch.float64)
     if kind == "linear":
-        pred = predict_linear(fit_linear(Xtr, ytr), Xte)
+        pred = predict_linear(fit_linear(Xtr, ytr, ridge=ridge), Xte)
     elif kind == "mlp":
         pred = predict_mlp(fit_mlp(Xtr, ytr, steps=mlp_steps, seed=seed), Xte)
     else:
@@ -135,15 +161,23 @@ def probe_features(h: torch.Tensor, skip_first: int = 0) -> dict[str, tuple[torc
 
 
 def probe_layers(train_vecs: list[torch.Tensor], test_vecs: list[torch.Tensor], *, mlp_steps: int = 300,
-                 seed: int = 0, skip_first: int = 0, update=None) -> list[dict]:
-    """Every feature x probe for every layer: ``[{"layer", "feature", "probe", "r", "mse", "chance_mse"}]``."""
+                 seed: int = 0, skip_first: int = 0, val_vecs: tuple[list, list] | None = None,
+                 update=None) -> list[dict]:
+    """Every feature x probe for every layer: ``[{"layer", "feature", "probe", "r", "mse", "chance_mse"}]``.
+
+    ``val_vecs = (vectors over training characters A1, vectors over A2)`` selects the linear
+    probe's ridge per layer and feature (:func:`select_ridge`); without it the ridge is 1e-6.
+    """
     rows = []
     for k, (tr, te) in enumerate(zip(train_vecs, test_vecs)):
         ftr, fte = probe_features(tr, skip_first), probe_features(te, skip_first)
+        fva = (probe_features(val_vecs[0][k], skip_first), probe_features(val_vecs[1][k], skip_first)) if val_vecs else None
         for feat in FEATURES:
+            ridge = select_ridge(*fva[0][feat], *fva[1][feat]) if fva else 1e-6
             for kind in PROBES:
-                res = evaluate_probe(kind, *ftr[feat], *fte[feat], mlp_steps=mlp_steps, seed=seed)
-                rows.append({"layer": k, "feature": feat, "probe": kind, **res})
+                res = evaluate_probe(kind, *ftr[feat], *fte[feat], mlp_steps=mlp_steps, seed=seed, ridge=ridge)
+                rows.append({"layer": k, "feature": feat, "probe": kind, **res,
+                             **({"ridge": ridge} if kind == "linear" else {})})
         if update is not None:
             update()
     return rows
@@ -283,6 +317,10 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
             label = cfg.labels[n] if cfg.labels else Path(d).name
             xtr = random_sequences(tr_ids, cfg.num_train, cfg.seq_len, cfg.seed, bos)
             xte = random_sequences(te_ids, cfg.num_test, cfg.seq_len, cfg.seed + 1, bos)
+            half = len(tr_ids) // 2  # ridge selection: fit on one half of the training characters, score on the other
+            nv = max(2, cfg.num_train // 2)
+            xva = (random_sequences(tr_ids[:half], nv, cfg.seq_len, cfg.seed + 2, bos),
+                   random_sequences(tr_ids[half:], nv, cfg.seq_len, cfg.seed + 3, bos))
             for state in states:
                 if state == "trained":
                     model = load_model(d, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
@@ -293,6 +331,7 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
                     use_poslens_attention(model)
                 with torch.no_grad():
                     vtr, vte = _vectors(model, xtr.to(device), cfg, adapter), _vectors(model, xte.to(device), cfg, adapter)
+                    vva = tuple(_vectors(model, x.to(device), cfg, adapter) for x in xva)
                 del model
 
                 def tick(state=state, label=label):
@@ -300,7 +339,7 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
                     done += 1
                     update(done, info=f"{label} ({state})")
                 for row in probe_layers(vtr, vte, mlp_steps=cfg.mlp_steps, seed=cfg.seed,
-                                        skip_first=int(bos is not None), update=tick):
+                                        skip_first=int(bos is not None), val_vecs=vva, update=tick):
                     records.append({"model": label, "model_dir": d, "pe": pe_of(config), "state": state, **row})
     summary = build_summary(cfg, records)
     with staged_dir(cfg.out) as stage:
