@@ -27,6 +27,7 @@ from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
 
 CHECKPOINT = "checkpoint.safetensors"
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 #: config fields that change the accumulated tensors (a resume must match them exactly)
@@ -58,6 +59,7 @@ class ScanConfig:
     trust_remote_code: bool = False
     chunk_elems: int = 2**23
     aps_max_positions: int = 256
+    device_map: str | None = None  # accelerate device map ("auto"...): layers over several devices
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,16 +160,21 @@ def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
 
 
 def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle: bool = False,
-               trust_remote_code: bool = False):
-    """``AutoModelForCausalLM.from_pretrained`` with the poslens attention, eval mode, on ``device``."""
+               trust_remote_code: bool = False, device_map: str | None = None):
+    """``AutoModelForCausalLM.from_pretrained`` with the poslens attention, eval mode, on ``device``.
+
+    With ``device_map`` (``auto``, ``balanced``, ``sequential``...) accelerate places the layers over
+    the visible devices instead (and offloads to the CPU what does not fit); ``device`` is then unused.
+    """
     from transformers import AutoModelForCausalLM
 
     register()
+    extra = {"device_map": device_map} if device_map else {}
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=dtype, attn_implementation=ATTN_NAME, use_safetensors=None if allow_pickle else True,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, **extra,
     )
-    return model.to(device).eval()
+    return model.eval() if device_map else model.to(device).eval()
 
 
 @dataclass
@@ -222,6 +229,13 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
         if not 0 <= h < H:
             raise PoslensError(f"--heads {l}.{h}: the model has heads 0..{H - 1} per layer.")
     device = parse_device(cfg.device)
+    if cfg.device_map is not None:
+        if cfg.device_map not in DEVICE_MAPS:
+            raise PoslensError(f"--device-map {cfg.device_map!r} is not one of {', '.join(DEVICE_MAPS)}.")
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise PoslensError("--device-map needs the accelerate package: pip install accelerate.") from None
     dtype = resolve_dtype(cfg.dtype, device, config)
     prepare_out_dir(cfg.out, must_be_new=not cfg.resume)
     tokenizer = None
@@ -272,28 +286,66 @@ def fingerprint(cfg: ScanConfig) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def save_checkpoint(out: Path, capture: Capture, next_seq: int, fp: str) -> None:
+def save_checkpoint(out: Path, capture: Capture, next_seq: int, fp: str, *, name: str = CHECKPOINT,
+                    extra: dict | None = None) -> None:
     from poslens.rundir import write_tensors
 
-    write_tensors(out / CHECKPOINT, capture.accs.state_dict(), metadata={"next_seq": next_seq, "fingerprint": fp})
+    write_tensors(out / name, capture.accs.state_dict(),
+                  metadata={"next_seq": next_seq, "fingerprint": fp, **(extra or {})})
 
 
-def load_checkpoint(out: Path, capture: Capture, fp: str) -> int:
-    """Load accumulators from ``out/checkpoint.safetensors``; returns the next sequence index (0 if none)."""
-    path = out / CHECKPOINT
-    if not path.exists():
-        return 0
+def _checkpoint_meta(path: Path) -> dict:
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
-    if json.loads(meta.get("fingerprint", "null")) != fp:
+    return {k: json.loads(v) for k, v in meta.items()}
+
+
+def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPOINT) -> int:
+    """Load accumulators from ``out/name``; returns the next sequence index (0 if none).
+
+    For a rank checkpoint of a distributed run the returned value is the number of that rank's
+    own batches already accumulated (``batches_done``)."""
+    path = out / name
+    if not path.exists():
+        return 0
+    meta = _checkpoint_meta(path)
+    if meta.get("fingerprint") != fp:
         raise PoslensError(f"--resume: {path} was written by a scan with different options; rerun with the "
                            "original options or choose a new --out.")
     from poslens.rundir import read_tensors
 
     capture.accs.load_state_dict(read_tensors(path))
-    return int(json.loads(meta["next_seq"]))
+    return int(meta["batches_done"]) if "batches_done" in meta else int(meta["next_seq"])
+
+
+def _rank_checkpoints(out: Path) -> dict[int, Path]:
+    found = {}
+    for f in out.glob("checkpoint.rank*.safetensors"):
+        r = f.name[len("checkpoint.rank"):-len(".safetensors")]
+        if r.isdigit():
+            found[int(r)] = f
+    return found
+
+
+def _check_resume_layout(out: Path, world_size: int) -> None:
+    """Refuse to resume a run under a different number of processes than wrote its checkpoints."""
+    ranks = _rank_checkpoints(out)
+    if world_size == 1:
+        if ranks:
+            w = _checkpoint_meta(next(iter(ranks.values()))).get("world_size", "several")
+            raise PoslensError(f"--resume: {out} holds the per-rank checkpoints of a {w}-process distributed scan; "
+                               f"resume it with torchrun --nproc-per-node/--nnodes giving {w} processes in all.")
+        return
+    if not ranks and (out / CHECKPOINT).exists():
+        raise PoslensError(f"--resume: {out}/{CHECKPOINT} was written by a single-process scan; resume it without "
+                           "torchrun (or start a new --out for a distributed scan).")
+    for r, f in sorted(ranks.items()):
+        w = _checkpoint_meta(f).get("world_size")
+        if w != world_size or r >= world_size:
+            raise PoslensError(f"--resume: {out} holds checkpoints of a {w}-process distributed scan but this job has "
+                               f"{world_size} processes; relaunch with {w} processes in all (the shards differ).")
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,51 +354,136 @@ def load_checkpoint(out: Path, capture: Capture, fp: str) -> int:
 def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int | None = None) -> dict:
     """Run (or resume) a scan and write its run directory; returns the summary dict.
 
-    ``stop_after_batches`` ends the loop early after that many batches of this call, leaving a
-    checkpoint as a killed run would (used by tests of resume).
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank scans its shard of the batches
+    (:mod:`poslens.capture.distributed`), the accumulators are all-reduced and rank 0 alone
+    writes the run directory; other ranks return ``{"rank": r, "world_size": w}``.
+
+    ``stop_after_batches`` ends the loop early after that many batch steps of this call, leaving
+    a checkpoint as a killed run would (used by tests of resume).
     """
+    from poslens.capture import distributed as D
+
+    ctx = D.detect()
+    try:
+        return _run_scan(cfg, progress, stop_after_batches, ctx)
+    except PoslensError as e:
+        if ctx.enabled and not str(e).startswith("rank "):
+            raise PoslensError(f"{ctx.label}: {e}") from None
+        raise
+    finally:
+        ctx.shutdown()
+
+
+def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx) -> dict:
+    from poslens.capture import distributed as D
     from poslens.rundir import create_out_dir, versions, write_json
 
     t_start = time.time()
-    plan = plan_scan(cfg)
-    out = create_out_dir(Path(cfg.out))
+    # every rank validates before any rank creates --out (else a fast rank 0 makes it "not empty")
+    err = None
+    try:
+        plan = plan_scan(cfg)
+        if ctx.enabled and cfg.device_map and ctx.local_world_size > 1:
+            raise PoslensError(f"--device-map spreads one model over this node's devices; launch one process per "
+                               f"node (--nproc-per-node 1), not {ctx.local_world_size}.")
+        device = D.resolve_device(ctx, plan.device)
+    except PoslensError as e:
+        err = e  # still join the group (same backend as the others) so every rank can be told
+        device = f"cuda:{ctx.local_rank}" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
+    D.init(ctx, device)
+    if not ctx.all_ok(err is None, device):
+        raise err or PoslensError("another rank rejected the inputs (its error is printed above).")
+    plan.device = device
+    out = Path(cfg.out)
     fp = fingerprint(cfg)
-    capture = Capture(plan.spec, device=plan.device)
-    start = load_checkpoint(out, capture, fp) if cfg.resume else 0
-    write_json(out / "config.json", {"command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": fp,
-                                     "source": plan.source.describe(), "model_type": plan.adapter.model_type,
-                                     "dtype": str(plan.dtype), "device": plan.device, "versions": versions()})
+    if cfg.resume:
+        _check_resume_layout(out, ctx.world_size) if out.exists() else None
+    if ctx.is_main:
+        create_out_dir(out)
     model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
-                       trust_remote_code=cfg.trust_remote_code)
-    handles = attach(model, plan.adapter, capture)
+                       trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
+    if cfg.device_map:
+        plan.device = D.main_device(model)
+        capture = D.DeviceMapCapture(plan.spec, device=plan.device)
+    else:
+        capture = Capture(plan.spec, device=plan.device)
+    ck_name = D.checkpoint_name(ctx.rank) if ctx.enabled else CHECKPOINT
+    if ctx.is_main:
+        write_json(out / "config.json", {"command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": fp,
+                                         "source": plan.source.describe(), "model_type": plan.adapter.model_type,
+                                         "dtype": str(plan.dtype), "device": plan.device,
+                                         "world_size": ctx.world_size,
+                                         "device_map": (getattr(model, "hf_device_map", None) or {"": plan.device})
+                                         if cfg.device_map else None,
+                                         "versions": versions()})
+    ctx.barrier(device)
+    if not out.is_dir():
+        raise PoslensError(f"--out {out} is not visible from this rank's host; a multi-node scan needs --out on a "
+                           "filesystem shared by every node.")
     N, Bsz = plan.source.num_seqs, cfg.batch_size
     batches = [(s, min(N, s + Bsz)) for s in range(0, N, Bsz)]
-    todo = [b for b in batches if b[0] >= start]
+    mine = [batches[b] for b in D.shard(len(batches), ctx.rank, ctx.world_size)]
+    if ctx.enabled:
+        done = load_checkpoint(out, capture, fp, name=ck_name) if cfg.resume else 0
+        ck_extra = {"rank": ctx.rank, "world_size": ctx.world_size}
+    else:
+        start = load_checkpoint(out, capture, fp) if cfg.resume else 0
+        done = sum(1 for b in batches if b[0] < start)
+        ck_extra = {}
+    steps = len(D.shard(len(batches), 0, ctx.world_size))  # rank 0 has the most batches
+    first_step = ctx.all_min([done], device)[0]
+    already = int(ctx.all_sum([done], device)[0])
+
+    def checkpoint(n_done: int) -> None:
+        if ctx.enabled:
+            save_checkpoint(out, capture, mine[n_done - 1][1] if n_done else 0, fp, name=ck_name,
+                            extra={**ck_extra, "batches_done": n_done})
+        else:
+            save_checkpoint(out, capture, mine[n_done - 1][1] if n_done else 0, fp)
+
+    handles = attach(model, plan.adapter, capture)
     tokens = 0
     t_loop = time.time()
     try:
-        with _progress(progress, len(batches), len(batches) - len(todo)) as advance:
-            for n_done, (s, e) in enumerate(todo, 1):
-                ids = plan.source.batch(s, e).to(plan.device)
-                capture.begin_batch(e - s)
-                with torch.no_grad(), capture.active():
-                    model(input_ids=ids, use_cache=False)
-                capture.end_batch()
-                tokens += ids.numel()
-                last = e == N
-                if last or n_done % cfg.checkpoint_every == 0:
-                    save_checkpoint(out, capture, e, fp)
-                advance()
-                if stop_after_batches is not None and n_done >= stop_after_batches and not last:
-                    save_checkpoint(out, capture, e, fp)
-                    return {"stopped_at": e}
+        with _progress(progress and ctx.is_main, len(batches), already) as advance:
+            for n_step, t in enumerate(range(first_step, steps), 1):
+                did = 0
+                if done <= t < len(mine):
+                    s, e = mine[t]
+                    ids = plan.source.batch(s, e).to(plan.device)
+                    capture.begin_batch(e - s)
+                    with torch.no_grad(), capture.active():
+                        model(input_ids=ids, use_cache=False)
+                    capture.end_batch()
+                    tokens += ids.numel()
+                    done, did = t + 1, 1
+                    if done == len(mine) or done % cfg.checkpoint_every == 0:
+                        checkpoint(done)
+                    D.die_hook(ctx, done)
+                # lockstep: the global count for the progress bar, and a dead peer is noticed at once
+                ctx.reach(t + 1)
+                advance(int(ctx.all_sum([did], device)[0]) if ctx.enabled else did)
+                if stop_after_batches is not None and n_step >= stop_after_batches and t + 1 < steps:
+                    checkpoint(done)
+                    return {"stopped_at": mine[done - 1][1]} if not ctx.enabled else {
+                        "stopped_at_step": t + 1, "rank": ctx.rank, "world_size": ctx.world_size}
+            if ctx.enabled and done == len(mine) and len(mine) == 0:
+                checkpoint(0)  # a rank without batches still marks its (empty) shard as done
     finally:
         for h in handles:
             h.remove()
     elapsed = time.time() - t_loop
+    if ctx.enabled:
+        ctx.guard(lambda: capture.accs.all_reduce())
+        tokens = int(ctx.all_sum([tokens], device)[0])
+        elapsed = ctx.all_max([elapsed], device)[0]
+        if not ctx.is_main:
+            return {"rank": ctx.rank, "world_size": ctx.world_size}
+        # the merged float64 sums, as a single-process run leaves them
+        save_checkpoint(out, capture, N, fp, extra={"world_size": ctx.world_size, "merged": True})
     summary = finalize(out, capture, plan, figures=cfg.figures)
     summary["throughput"] = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed else None,
-                             "wall_s": time.time() - t_start}
+                             "wall_s": time.time() - t_start, "processes": ctx.world_size}
     write_json(out / "summary.json", summary)
     return summary
 
@@ -357,13 +494,13 @@ class _progress:
 
     def __enter__(self):
         if not self.enabled:
-            return lambda: None
+            return lambda n=1: None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.p = Progress(TextColumn("scan"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         self.p.__enter__()
         self.task = self.p.add_task("scan", total=self.total, completed=self.done)
-        return lambda: self.p.advance(self.task)
+        return lambda n=1: self.p.advance(self.task, n)
 
     def __exit__(self, *exc):
         if self.enabled:

@@ -22,7 +22,10 @@ def scan(
     seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
     dtype: str = typer.Option("auto", "--dtype", help="auto | bf16 | fp16 | fp32 (auto: fp32 on CPU, the checkpoint's "
                               "half precision on CUDA). Accumulators are float64 regardless."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda (under torchrun: cuda:LOCAL_RANK)."),
+    device_map: str = typer.Option(None, "--device-map", help="auto | balanced | sequential: spread a model too large "
+                                   "for one device over all visible devices (accelerate); accumulators stay on the "
+                                   "first GPU (or the CPU)."),
     layers: str = typer.Option(None, "--layers", help="Layers to capture, e.g. 0,1,8-11 (default: all)."),
     heads: str = typer.Option(None, "--heads", help="LAYER.HEAD pairs that also get per-head S x S maps, e.g. 3.5,10.2."),
     no_rope_layers: str = typer.Option(None, "--no-rope-layers", help="Control: attend with un-rotated q/k in these layers."),
@@ -42,6 +45,9 @@ def scan(
     norms of hidden states and attention outputs, pre-RoPE q/k second moments and per-dimension
     logit contributions. Writes config.json, maps.safetensors, summary.json and score-map
     figures to OUT. Interrupt at any time and rerun with --resume.
+
+    Data-parallel: `torchrun --nproc-per-node N -m poslens scan ...` shards the sequences over the
+    ranks and all-reduces the sums; rank 0 writes OUT (docs/distributed.md).
     """
     from poslens.capture.scan import ScanConfig, parse_heads, parse_int_list, run_scan
 
@@ -50,10 +56,10 @@ def scan(
         seed=seed, dtype=dtype, device=device, layers=parse_int_list(layers, "--layers"), heads=parse_heads(heads),
         no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
         figures=not no_figures, resume=resume, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=trust_remote_code, device_map=device_map,
     )
     summary = run_scan(cfg, progress=not quiet)
-    if quiet:
+    if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
         return
     from rich.table import Table
 
