@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sysconfig
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from poslens.errors import PoslensError
 
@@ -42,7 +42,13 @@ def _read_text(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def _jsonl_texts(path: Path) -> Iterator[str]:
+def iter_jsonl(path: Path, accept: Callable[[dict], bool] = lambda obj: True,
+               need: str = "a JSON object") -> Iterator[dict]:
+    """Yield the JSON objects of a JSONL file; blank lines are skipped.
+
+    A line that is not JSON, or an object ``accept`` rejects, raises a :class:`PoslensError`
+    naming the file and line and saying that each line needs ``need``.
+    """
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -52,9 +58,14 @@ def _jsonl_texts(path: Path) -> Iterator[str]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise PoslensError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object.") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise PoslensError(f"{path}:{n}: no string 'text' field; each JSONL line needs {{\"text\": ...}}.")
-            yield obj["text"]
+            if not isinstance(obj, dict) or not accept(obj):
+                raise PoslensError(f"{path}:{n}: each JSONL line needs {need}.")
+            yield obj
+
+
+def _jsonl_texts(path: Path) -> Iterator[str]:
+    for obj in iter_jsonl(path, lambda o: isinstance(o.get("text"), str), 'a string "text" field'):
+        yield obj["text"]
 
 
 def iter_texts(spec: str | Path, limit_files: int | None = None) -> Iterator[str]:

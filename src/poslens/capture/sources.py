@@ -96,18 +96,10 @@ def _pack(stream: Iterator[list[int]], seq_len: int, num_seqs: int, origin: str,
 
 
 def _jsonl_records(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PoslensError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object.") from None
-            if not isinstance(obj, dict) or not (isinstance(obj.get("input_ids"), list) or isinstance(obj.get("text"), str)):
-                raise PoslensError(f"{path}:{n}: needs an 'input_ids' list or a 'text' string field.")
-            yield obj
+    from poslens.data import iter_jsonl
+
+    yield from iter_jsonl(path, lambda o: isinstance(o.get("input_ids"), list) or isinstance(o.get("text"), str),
+                          "an 'input_ids' list or a 'text' string field")
 
 
 def _jsonl_kind(path: Path) -> str | None:
