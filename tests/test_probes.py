@@ -58,8 +58,9 @@ def test_running_mean_cosine_and_norm_predict_distance_to_end():
     assert torch.equal(y[:23], 23 - torch.arange(23, dtype=torch.float64))
     i = torch.arange(1, 24, dtype=torch.float64)
     # a linear probe can reach exactly |corr(f(i), i)| when the feature is f(i) = sqrt(i/T) or 1/sqrt(i)
-    for feat, kind, expect in (("cosine", "linear", pearson_r(i.sqrt(), i)), ("norm", "linear", -pearson_r(i ** -0.5, i)),
-                               ("norm", "mlp", 0.95)):
+    cases = (("cosine", "linear", pearson_r(i.sqrt(), i)), ("norm", "linear", -pearson_r(i ** -0.5, i)),
+             ("norm", "mlp", 0.95))
+    for feat, kind, expect in cases:
         X, y = f[feat]
         res = evaluate_probe(kind, X[: 32 * 23], y[: 32 * 23], X[32 * 23:], y[32 * 23:], mlp_steps=150)
         if kind == "linear":

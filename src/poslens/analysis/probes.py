@@ -171,7 +171,9 @@ def probe_layers(train_vecs: list[torch.Tensor], test_vecs: list[torch.Tensor], 
     rows = []
     for k, (tr, te) in enumerate(zip(train_vecs, test_vecs)):
         ftr, fte = probe_features(tr, skip_first), probe_features(te, skip_first)
-        fva = (probe_features(val_vecs[0][k], skip_first), probe_features(val_vecs[1][k], skip_first)) if val_vecs else None
+        fva = None
+        if val_vecs:
+            fva = (probe_features(val_vecs[0][k], skip_first), probe_features(val_vecs[1][k], skip_first))
         for feat in FEATURES:
             ridge = select_ridge(*fva[0][feat], *fva[1][feat]) if fva else 1e-6
             for kind in PROBES:
@@ -330,7 +332,8 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
                     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device).eval()
                     use_poslens_attention(model)
                 with torch.no_grad():
-                    vtr, vte = _vectors(model, xtr.to(device), cfg, adapter), _vectors(model, xte.to(device), cfg, adapter)
+                    vtr = _vectors(model, xtr.to(device), cfg, adapter)
+                    vte = _vectors(model, xte.to(device), cfg, adapter)
                     vva = tuple(_vectors(model, x.to(device), cfg, adapter) for x in xva)
                 del model
 
@@ -410,12 +413,14 @@ def build_summary(cfg: ProbesConfig, records: list[dict]) -> dict:
                       verdict])
         verdicts.append({"model": model, "pe": rs[0]["pe"], "state": state, "cosine_best_r": cr,
                          "cosine_best_layer": c["cosine_best"]["layer"], "norm_best_r": nr,
-                         "norm_best_layer": c["norm_best"]["layer"], "cosine_lower_mse_layers": c["cosine_lower_mse_layers"],
+                         "norm_best_layer": c["norm_best"]["layer"],
+                         "cosine_lower_mse_layers": c["cosine_lower_mse_layers"],
                          "layers": c["layers"], "cosine_beats_norm": verdict})
         readings.append(f"{model} ({rs[0]['pe']} PE, {state}): cos(h_i, h_T) predicts T − i with r up to {_f(cr)} "
                         f"(layer {c['cosine_best']['layer']}), the norm with r up to {_f(nr)} "
                         f"(layer {c['norm_best']['layer']}); the cosine has the lower test MSE in "
-                        f"{c['cosine_lower_mse_layers']} of {c['layers']} attention layers (MLP probes, held-out characters)"
+                        f"{c['cosine_lower_mse_layers']} of {c['layers']} attention layers "
+                        "(MLP probes, held-out characters)"
                         + {"yes": ": cosine beats the norm.", "no": ": cosine does not beat the norm.",
                            "mixed": ": the two criteria disagree."}[verdict])
         vec = [x for x in rs if x["feature"] == "vector" and x["probe"] == "linear" and x["layer"] >= 1
@@ -431,10 +436,12 @@ def build_summary(cfg: ProbesConfig, records: list[dict]) -> dict:
         "seq_len": T, "train_chars": cfg.train_chars, "test_chars": cfg.test_chars,
         "chance_mse_uniform": (T * T - 1) / 12, "verdicts": verdicts, "records": records,
         "tables": [
-            {"title": "Does cos(h_i, h_T) beat ‖h_i‖ as a predictor of T − i? (MLP probes, attention layers, test set "
+            {"title": "Does cos(h_i, h_T) beat ‖h_i‖ as a predictor of T − i? (MLP probes, attention layers, "
+                      "test set "
                       "over held-out characters)", "columns": vcols, "rows": vrows},
-            {"title": f"Test Pearson r / MSE (squared positions; chance ≈ {(T * T - 1) / 12:.0f}) per layer; probes fit "
-                      f"on characters {cfg.train_chars!r}, tested on {cfg.test_chars!r}", "columns": cols, "rows": rows},
+            {"title": f"Test Pearson r / MSE (squared positions; chance ≈ {(T * T - 1) / 12:.0f}) per layer; "
+                      f"probes fit on characters {cfg.train_chars!r}, tested on {cfg.test_chars!r}",
+             "columns": cols, "rows": rows},
         ],
         "readings": readings,
     }

@@ -162,7 +162,8 @@ def build_summary(cfg: SweepConfig, res: dict[str, dict]) -> dict:
             c = by_mode["causal"]["aps"][si]  # [K, N]
             ns = by_mode["causal"]["norm_score"][si]
             rec = {"shape": shape, "layers": layers, "hidden": hidden, "heads": heads, "sigma": sigma,
-                   "aps_causal_mean": c.mean(1).tolist(), "aps_causal_std": c.std(1).tolist() if c.shape[1] > 1 else None,
+                   "aps_causal_mean": c.mean(1).tolist(),
+                   "aps_causal_std": c.std(1).tolist() if c.shape[1] > 1 else None,
                    "norm_score_causal_mean": ns.mean(1).tolist()}
             row = [shape, f"{sigma:g}", f"{float(c[1].mean()):.3f} ± {_std(c[1]):.3f}",
                    f"{float(c[1:].mean()):.3f}", f"{float(c[-1].mean()):.3f}", f"{float(ns[1].mean()):.3f}"]
@@ -205,7 +206,8 @@ def sweep_readings(cfg: SweepConfig, res: dict[str, dict]) -> list[str]:
             out.append(f"{shape}: in the last layer APS is {', '.join(f'{v:.2f}' for v in deep.tolist())} "
                        f"for σ = {', '.join(f'{s:g}' for s in sig)}.")
     if cfg.bidirectional:
-        dev = max(float((by_mode["bidirectional"]["aps"][:, 1:].mean(-1) - 0.5).abs().max()) for by_mode in res.values())
+        dev = max(float((by_mode["bidirectional"]["aps"][:, 1:].mean(-1) - 0.5).abs().max())
+                  for by_mode in res.values())
         out.append(f"Without the causal mask no attention layer of any model departs from chance (0.5) by more than "
                    f"{dev:.3f} in mean APS" + (": the pattern comes from the mask." if dev < 0.1 else
                                                 "; something other than the mask orders the vectors."))

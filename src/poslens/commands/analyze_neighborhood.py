@@ -105,7 +105,8 @@ def probes(
     model_dirs: list[Path] = typer.Argument(..., help="One or more local model directories (with tokenizer), e.g. a "
                                             "NoPE and a RoPE model."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
-    train_chars: str = typer.Option("01234", "--train-chars", help="Characters of the sequences the probes are fit on."),
+    train_chars: str = typer.Option("01234", "--train-chars",
+                                    help="Characters of the sequences the probes are fit on."),
     test_chars: str = typer.Option("56789", "--test-chars", help="Disjoint characters of the test sequences."),
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence T (a BOS token first when the "
                                 "tokenizer has one)."),
