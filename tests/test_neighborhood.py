@@ -115,3 +115,22 @@ def test_cli_writes_run_dir(cli, tmp_path, near_zero_nope):
 def test_theory_gap_is_zero_for_theory():
     assert theory_gap(running_mean_cosine(10)) == 0.0
     assert math.isfinite(theory_gap(torch.eye(10)))
+
+
+def test_cli_chars_source(cli, tmp_path):
+    from poslens.models import build_model
+    from poslens.tokenizer import char_tokenizer
+
+    tok = char_tokenizer()
+    m = build_model("none", "micro", len(tok), init_std=0.0002, hidden=64, heads=2, kv_heads=2, layers=1, seed=0)
+    mdir = tmp_path / "cm"
+    m.save_pretrained(mdir)
+    tok.save_pretrained(mdir)
+    out = tmp_path / "run"
+    code, _, err = cli("neighborhood", mdir, "--out", out, "--chars", "0123456789", "--seq-len", 10, "--num-seqs", 3,
+                       "--no-figures", "--quiet")
+    assert code == 0, err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["source"]["kind"] == "chars" and s["source"]["bos"] == tok.bos_token_id and s["layers"][1]["aps_mean"] > 0.9
+    code, _, err = cli("neighborhood", mdir, "--out", tmp_path / "x", "--chars", "01", "--data", "stdlib", "--quiet")
+    assert code == 2 and "--chars" in err

@@ -221,6 +221,7 @@ class NeighborhoodConfig:
     batch_size: int = 8
     seed: int = 0
     bidirectional: bool = False  # also run the bidirectional control, side by side
+    chars: str | None = None  # random sequences over these characters (after BOS) instead of --data
     device: str = "cpu"
     figures: bool = True
     overwrite: bool = False
@@ -259,10 +260,37 @@ def _plan(cfg: NeighborhoodConfig):
                            f"pass --seq-len {maxpos} or less.")
     device = parse_device(cfg.device)
     prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
-    tok = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
-    source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tok,
-                         vocab_size=getattr(config, "vocab_size", None))
+    if cfg.chars is not None:
+        if cfg.data != "random":
+            raise PoslensError("--chars and --data both choose the sequences; pass only one of them.")
+        tok = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+        if tok is None:
+            raise PoslensError(f"--chars needs the model's tokenizer, and {cfg.model_dir} has none; use --data.")
+        source = CharSource(tok, cfg.chars, cfg.seq_len, cfg.num_seqs, cfg.seed)
+    else:
+        tok = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+        source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tok,
+                             vocab_size=getattr(config, "vocab_size", None))
     return config, adapter, source, device
+
+
+class CharSource:
+    """I.i.d. uniform sequences over ``chars`` (one token each), after BOS when the tokenizer has one."""
+
+    def __init__(self, tokenizer, chars: str, seq_len: int, num_seqs: int, seed: int):
+        from poslens.analysis.probes import char_ids, random_sequences
+
+        self.chars, self.seed = chars, seed
+        self.bos = getattr(tokenizer, "bos_token_id", None)
+        self.num_seqs = num_seqs
+        self.ids = random_sequences(char_ids(tokenizer, chars, "--chars"), num_seqs, seq_len, seed, self.bos)
+
+    def batch(self, start: int, stop: int) -> torch.Tensor:
+        return self.ids[start:stop].clone()
+
+    def describe(self) -> dict:
+        return {"kind": "chars", "chars": self.chars, "bos": self.bos, "seq_len": self.ids.shape[1],
+                "num_seqs": self.num_seqs, "seed": self.seed}
 
 
 def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:

@@ -38,7 +38,9 @@ def neighborhood(
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence T (APS costs O(T^3) per sequence)."),
     num_seqs: int = typer.Option(32, "--num-seqs", help="Sequences; APS is reported as mean ± std over them."),
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
-    seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --data random and --chars."),
+    chars: str = typer.Option(None, "--chars", help="Instead of --data: i.i.d. random sequences over these "
+                              "characters (each one token; after BOS when the tokenizer has one), e.g. 0123456789."),
     bidirectional: bool = typer.Option(False, "--bidirectional", help="Also run the control without the causal "
                                        "mask and report it beside the causal numbers."),
     device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda."),
@@ -59,7 +61,7 @@ def neighborhood(
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
 
     cfg = NeighborhoodConfig(model_dir=str(model_dir), out=str(out), data=data, seq_len=seq_len, num_seqs=num_seqs,
-                             batch_size=batch_size, seed=seed, bidirectional=bidirectional, device=device,
+                             batch_size=batch_size, seed=seed, bidirectional=bidirectional, chars=chars, device=device,
                              figures=not no_figures, overwrite=overwrite, allow_pickle=allow_pickle,
                              trust_remote_code=trust_remote_code)
     summary = run_neighborhood(cfg, progress=not quiet)
