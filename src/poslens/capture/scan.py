@@ -236,6 +236,9 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
             import accelerate  # noqa: F401
         except ImportError:
             raise PoslensError("--device-map needs the accelerate package: pip install accelerate.") from None
+        if cfg.device == "cpu" and torch.cuda.is_available():
+            raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
+                               "--device-map to scan on the CPU).")
     dtype = resolve_dtype(cfg.dtype, device, config)
     prepare_out_dir(cfg.out, must_be_new=not cfg.resume)
     tokenizer = None
@@ -387,6 +390,14 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             raise PoslensError(f"--device-map spreads one model over this node's devices; launch one process per "
                                f"node (--nproc-per-node 1), not {ctx.local_world_size}.")
         device = D.resolve_device(ctx, plan.device)
+        ck_name = D.checkpoint_name(ctx.rank) if ctx.enabled else CHECKPOINT
+        out = Path(cfg.out)
+        fp = fingerprint(cfg)
+        if cfg.resume and out.is_dir():  # refuse a mismatched resume before anything is loaded or written
+            _check_resume_layout(out, ctx.world_size)
+            if (out / ck_name).exists() and _checkpoint_meta(out / ck_name).get("fingerprint") != fp:
+                raise PoslensError(f"--resume: {out / ck_name} was written by a scan with different options; rerun "
+                                   "with the original options or choose a new --out.")
     except PoslensError as e:
         err = e  # still join the group (same backend as the others) so every rank can be told
         device = f"cuda:{ctx.local_rank}" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
@@ -394,12 +405,12 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     if not ctx.all_ok(err is None, device):
         raise err or PoslensError("another rank rejected the inputs (its error is printed above).")
     plan.device = device
-    out = Path(cfg.out)
-    fp = fingerprint(cfg)
-    if cfg.resume:
-        _check_resume_layout(out, ctx.world_size) if out.exists() else None
     if ctx.is_main:
         create_out_dir(out)
+    elif ctx.enabled:  # one set of loading bars per job
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
                        trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
     if cfg.device_map:
@@ -407,7 +418,6 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         capture = D.DeviceMapCapture(plan.spec, device=plan.device)
     else:
         capture = Capture(plan.spec, device=plan.device)
-    ck_name = D.checkpoint_name(ctx.rank) if ctx.enabled else CHECKPOINT
     if ctx.is_main:
         write_json(out / "config.json", {"command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": fp,
                                          "source": plan.source.describe(), "model_type": plan.adapter.model_type,
