@@ -38,6 +38,9 @@ PRESETS = {
     # 1,024 tokens: a small Llama-architecture model (random weights)
     "small": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
                   num_key_value_heads=8, vocab_size=8192),
+    # more heads per layer (32 x head_dim 32): attention's share of the forward and eager's B x H x S^2 grow
+    "heads32": dict(hidden_size=1024, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=32,
+                    num_key_value_heads=8, vocab_size=8192),
     # 4,096 tokens: few layers, many heads, so eager's B x H x S^2 tensors exceed the machine's memory
     "wide": dict(hidden_size=2048, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=64,
                  num_key_value_heads=16, vocab_size=8192),
@@ -93,6 +96,7 @@ def worker(args) -> dict:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         rss_loaded = _rss_mb()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         for b in range(1, args.batches + 1):
             step(src.batch(b * args.batch_size, (b + 1) * args.batch_size).to(dev))
@@ -100,8 +104,13 @@ def worker(args) -> dict:
         if cuda:
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         tokens = args.batches * args.batch_size * args.seq_len
-        out.update(ok=True, seconds=dt, tokens_per_s=tokens / dt, peak_rss_mb=_peak_rss_mb(), rss_loaded_mb=rss_loaded)
+        # tokens per CPU-second: robust to other jobs on a shared machine (exact with --threads 1;
+        # with more threads it also counts the OpenMP workers' spin-waiting)
+        out.update(ok=True, seconds=dt, tokens_per_s=tokens / dt, cpu_seconds=cpu, tokens_per_cpu_s=tokens / cpu,
+                   peak_rss_mb=_peak_rss_mb(), rss_loaded_mb=rss_loaded)
         if cuda:
             out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     except (MemoryError, RuntimeError) as e:
@@ -155,23 +164,40 @@ def _run_poslens(model_dir, dtype, dev):
 
 
 def _run_eager(model_dir, dtype, dev):
-    """The papers' approach: eager attention, output_attentions, stored pre-softmax scores."""
+    """The papers' approach: eager attention, output_attentions, the pre-softmax scores kept.
+
+    The recording function is transformers' ``eager_attention_forward`` with one line added, as the
+    papers patched it: the scaled ``q k^T`` it computes anyway is kept (no second matmul). The
+    statistics are then reduced per batch with the same arithmetic poslens uses (float32 sums over
+    batch and heads, float64 accumulation; float32 Gram products), so the comparison measures the
+    approach (``B x H x S^2`` tensors per layer kept by the forward), not a slower reduction.
+    """
     import torch
+    from torch import nn
     from transformers import AttentionInterface, AutoModelForCausalLM
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
-    from transformers.models.llama.modeling_llama import eager_attention_forward, repeat_kv
+    from transformers.models.llama.modeling_llama import repeat_kv
 
     kept_scores: list = []
 
     def recording_eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kw):
-        k = repeat_kv(key, module.num_key_value_groups)
-        kept_scores.append(torch.matmul(query, k.transpose(2, 3)) * scaling)  # what the patched function kept
-        return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kw)
+        key_states = repeat_kv(key, module.num_key_value_groups)
+        value_states = repeat_kv(value, module.num_key_value_groups)
+        attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+        kept_scores.append(attn_weights)  # the patch: keep the pre-softmax scores
+        if attention_mask is not None:
+            attn_weights = attn_weights + attention_mask
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        attn_output = torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+        return attn_output, attn_weights
 
     AttentionInterface.register("paper_eager", recording_eager)
     AttentionMaskInterface.register("paper_eager", eager_mask)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="paper_eager").to(dev).eval()
     sums = {}
+
+    def add(key, v):
+        sums[key] = sums.get(key, 0) + v.to(torch.float64)
 
     def step(ids):
         kept_scores.clear()
@@ -179,16 +205,19 @@ def _run_eager(model_dir, dtype, dev):
             out = model(input_ids=ids, use_cache=False, output_attentions=True, output_hidden_states=True,
                         logits_to_keep=1)
             S = ids.shape[1]
+            causal = torch.ones(S, S, dtype=torch.bool, device=ids.device).tril()
             for l, a in enumerate(out.attentions):
-                a64 = a.double()
-                s = kept_scores[l].double().mean((0, 1))
-                p = a64.mean((0, 1))
-                sl = torch.stack([torch.diagonal(a64, -d, 2, 3).sum(-1) / (S - d) for d in range(S)], -1).sum(0)
-                for name, v in (("scores", s), ("probs", p), ("slash", sl)):
-                    sums[(name, l)] = sums.get((name, l), 0) + v
+                a = a.float()
+                H = a.shape[1]
+                add(("scores", l), (kept_scores[l].float().sum((0, 1)) * causal) / H)
+                pb = a.sum(0)  # [H, S, S]
+                add(("probs", l), pb.sum(0) / H)
+                add(("slash", l), torch.stack([torch.diagonal(pb, -d, 1, 2).sum(-1) / (S - d) for d in range(S)], -1))
             for l, h in enumerate(out.hidden_states):
-                hn = h.double() / h.double().norm(dim=-1, keepdim=True)
-                sums[("cosine", l)] = sums.get(("cosine", l), 0) + (hn @ hn.transpose(1, 2)).sum(0)
+                h = h.float()
+                hn = h / h.norm(dim=-1, keepdim=True)
+                add(("cosine", l), torch.bmm(hn, hn.transpose(1, 2)).sum(0))
+                add(("norms", l), h.norm(dim=-1).sum(0))
         kept_scores.clear()
 
     return step, lambda: None
@@ -226,6 +255,11 @@ def main():
                     help="address-space cap for the long-sequence runs (keeps the failing eager run from "
                          "taking the whole machine)")
     ap.add_argument("--skip-long", action="store_true")
+    ap.add_argument("--short-preset", default="small", choices=sorted(PRESETS),
+                    help="model for the three-way comparison (default: small)")
+    ap.add_argument("--sweep-batches", default="",
+                    help="comma-separated batch sizes: also run poslens and eager at each (1 timed batch) and "
+                         "report peak RSS above the loaded model, to show how memory grows with batch x heads")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     if args.worker:
@@ -235,10 +269,12 @@ def main():
 
     results = {"device": args.device, "threads": args.threads, "cpu_count": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
-        small = build_model("small", os.path.join(tmp, "small"), 8192)
+        sp = args.short_preset
+        small = build_model(sp, os.path.join(tmp, sp), 8192)
+        results["short_preset"] = dict(name=sp, **PRESETS[sp])
         rows = {}
         for method in ("sdpa", "poslens", "eager"):
-            rows[method] = run_worker(method, small, "small", args.seq_len, args.batch_size, args.batches, args.device,
+            rows[method] = run_worker(method, small, sp, args.seq_len, args.batch_size, args.batches, args.device,
                                       args.threads)
             print(json.dumps(rows[method]), flush=True)
         results["short"] = rows
@@ -249,10 +285,32 @@ def main():
                 "peak_rss_x": e["peak_rss_mb"] / p["peak_rss_mb"],
                 "peak_rss_above_loaded_x": (e["peak_rss_mb"] - e["rss_loaded_mb"]) / max(1.0, p["peak_rss_mb"] - p["rss_loaded_mb"]),
                 "capture_overhead_vs_sdpa": (s["tokens_per_s"] / p["tokens_per_s"] - 1.0) if s.get("ok") else None,
+                "cpu_throughput_x": p["tokens_per_cpu_s"] / e["tokens_per_cpu_s"],
+                "cpu_capture_overhead_vs_sdpa": (s["tokens_per_cpu_s"] / p["tokens_per_cpu_s"] - 1.0) if s.get("ok") else None,
+                # the ceiling: even free capture cannot beat the plain forward it observes
+                "ceiling_throughput_x": (s["tokens_per_s"] / e["tokens_per_s"]) if s.get("ok") else None,
+                "ceiling_cpu_throughput_x": (s["tokens_per_cpu_s"] / e["tokens_per_cpu_s"]) if s.get("ok") else None,
             }
             if args.device.startswith("cuda"):
                 results["short_ratios"]["peak_cuda_x"] = e["peak_cuda_mb"] / p["peak_cuda_mb"]
         print(json.dumps(results.get("short_ratios")), flush=True)
+
+        if args.sweep_batches:
+            sweep = []
+            for bs in [int(b) for b in args.sweep_batches.split(",")]:
+                row = {"batch_size": bs}
+                for method in ("poslens", "eager"):
+                    r = run_worker(method, small, sp, args.seq_len, bs, 1, args.device, args.threads)
+                    row[method] = r
+                    print(json.dumps(r), flush=True)
+                if row["poslens"].get("ok") and row["eager"].get("ok"):
+                    pe, ee = row["poslens"], row["eager"]
+                    row["above_loaded_mb"] = {m: row[m]["peak_rss_mb"] - row[m]["rss_loaded_mb"] for m in ("poslens", "eager")}
+                    row["peak_rss_x"] = ee["peak_rss_mb"] / pe["peak_rss_mb"]
+                    row["throughput_x"] = pe["tokens_per_s"] / ee["tokens_per_s"]
+                    row["cpu_throughput_x"] = pe["tokens_per_cpu_s"] / ee["tokens_per_cpu_s"]
+                sweep.append(row)
+            results["sweep"] = sweep
 
         if not args.skip_long:
             wide = build_model("wide", os.path.join(tmp, "wide"), 8192)

@@ -37,6 +37,62 @@ _ACTIVE: "Capture | None" = None
 
 
 # --------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------
+#: Logits per chunk on CPU (float32: 4 MiB), so one chunk stays cache-resident across its several passes
+#: (smaller blocks measured no faster on the 2-core benchmark machine, and cost more per-op overhead).
+CPU_CHUNK_ELEMS = 2**20
+
+#: Rows per block of the symmetric Gram product (lower block triangle only).
+GRAM_BLOCK_ROWS = 256
+
+
+def _unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [B, H, S, D]`` back by the RoPE angle: the inverse of ``x*cos + rotate_half(x)*sin``.
+
+    Written half by half into one output (no ``rotate_half`` copy, no concatenation); dimensions
+    beyond the rotary width (partial rotary) pass through. ``cos``/``sin`` are ``[B, 1, S, r]``.
+    """
+    r = cos.shape[-1]
+    h = r // 2
+    xf = x.to(torch.float32)
+    out = torch.empty_like(xf)
+    x1, x2 = xf[..., :h], xf[..., h:r]
+    # rotate_half(x) = [-x2, x1]; with -sin: out1 = x1 cos1 + x2 sin1, out2 = x2 cos2 - x1 sin2
+    o1, o2 = out[..., :h], out[..., h:r]
+    torch.mul(x1, cos[..., :h], out=o1)
+    o1.addcmul_(x2, sin[..., :h])
+    torch.mul(x2, cos[..., h:], out=o2)
+    o2.addcmul_(x1, sin[..., h:], value=-1.0)
+    if r < x.shape[-1]:
+        out[..., r:] = xf[..., r:]
+    return out.to(x.dtype)
+
+
+def _head_gram(x: torch.Tensor) -> torch.Tensor:
+    """``sum_{b,s} x[b,h,s] x[b,h,s]^T`` per head, float64 ``[H, D, D]`` (float32 products)."""
+    B, H, S, D = x.shape
+    xh = x.transpose(0, 1).reshape(H, B * S, D)
+    return torch.bmm(xh.transpose(1, 2), xh).to(torch.float64)
+
+
+def _symmetric_gram(a: torch.Tensor) -> torch.Tensor:
+    """``a @ a.T`` (float32 ``[S, S]``) from the lower block triangle only, mirrored (exactly symmetric)."""
+    S = a.shape[0]
+    R = GRAM_BLOCK_ROWS
+    if S <= R:
+        return a @ a.T
+    out = torch.empty(S, S, dtype=a.dtype, device=a.device)
+    for r0 in range(0, S, R):
+        r1 = min(S, r0 + R)
+        out[r0:r1, :r1] = a[r0:r1] @ a[:r1].T
+    for r0 in range(0, S - R, R):  # upper blocks right of each diagonal block: mirror the lower ones
+        r1 = min(S, r0 + R)
+        out[r0:r1, r1:] = out[r1:, r0:r1].T
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # registration
 # --------------------------------------------------------------------------------------------
 def _padding_only_mask(batch_size=None, q_length=None, kv_length=None, q_offset=0, kv_offset=0,
@@ -246,13 +302,11 @@ class Capture:
         cos, sin = self.rope_cos_sin
         cos = cos[:, None].to(torch.float32)
         sin = sin[:, None].to(torch.float32)
-        s2 = cos[..., :1] ** 2 + sin[..., :1] ** 2  # attention_scaling^2 for scaled RoPE variants
-        q = unapply_rope(query.to(torch.float32), cos, sin)
-        k = unapply_rope(key.to(torch.float32), cos, sin)
-        r = cos.shape[-1]
-        q = torch.cat([q[..., :r] / s2, q[..., r:]], -1) if r < q.shape[-1] else q / s2
-        k = torch.cat([k[..., :r] / s2, k[..., r:]], -1) if r < k.shape[-1] else k / s2
-        return q.to(query.dtype), k.to(key.dtype)
+        # Inverse rotation divided by attention_scaling^2 (cos^2 + sin^2, for scaled RoPE variants);
+        # the division is folded into the small cos/sin tables rather than into a pass over q and k.
+        s2 = cos[..., :1] ** 2 + sin[..., :1] ** 2
+        cos, sin = cos / s2, sin / s2
+        return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
 
     # -- hidden states ----------------------------------------------------------------------
     @torch.no_grad()
@@ -261,15 +315,36 @@ class Capture:
         self._add_cosine("cosine", "norms", index, hidden)
 
     def _add_cosine(self, cos_name, norm_name, index, x):
+        """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened).
+
+        The unit vectors are written once, sequence-major (``[S, B * d]``), so the batch sum is one
+        float32 matrix product with inner dimension ``B * d``; only its lower block triangle is
+        computed (the matrix is symmetric) and mirrored, then added to the float64 sum.
+        """
+        B, S = x.shape[:2]
         x = x.to(torch.float32)
-        n = x.norm(dim=-1)  # [B, S]
-        xn = x / n.clamp_min(1e-30)[..., None]
-        B, S, d = xn.shape
-        folded = xn.permute(1, 0, 2).reshape(S, B * d)
-        self.accs[cos_name].sum[index] += (folded @ folded.T).to(torch.float64)
-        self.accs[norm_name].sum[index] += n.to(torch.float64).sum(0)
+        n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
+        folded = torch.empty((S, B) + tuple(x.shape[2:]), dtype=torch.float32, device=x.device)
+        inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
+        torch.mul(x.transpose(0, 1), inv, out=folded)
+        folded = folded.reshape(S, -1)
+        self.accs[cos_name].sum[index] += _symmetric_gram(folded)
+        self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
     # -- attention --------------------------------------------------------------------------
+    def _rows_per_chunk(self, B: int, H: int, S: int, device) -> int:
+        """Query rows per chunk: ``spec.chunk_elems`` logits at most; on CPU also a cache-sized block.
+
+        Every chunk is read several times (sum, mask, softmax, batch sum, gather); a block of a few
+        megabytes stays cache-resident across those passes (measured: softmax 0.7-2 ns per logit
+        instead of ~8 at 32 MiB chunks), and short row blocks also cut the causal key range closer
+        to the diagonal (about half of S x S instead of three quarters with two chunks).
+        """
+        elems = self.spec.chunk_elems
+        if torch.device(device).type == "cpu":
+            elems = min(elems, CPU_CHUNK_ELEMS)
+        return min(S, max(1, elems // max(1, B * H * S)))
+
     @torch.no_grad()
     def observe_attention(self, layer, query, key, out, scaling, *, causal=True, window=None) -> None:
         spec = self.spec
@@ -278,43 +353,55 @@ class Capture:
         B, H, S, D = query.shape
         Hk = key.shape[1]
         g = H // Hk
+        dev = query.device
         q = query.to(torch.float32)
         k = key.to(torch.float32)
-        k_rep = k.repeat_interleave(g, dim=1) if g > 1 else k
 
-        # pre-RoPE second moments (rank analysis)
+        # pre-RoPE second moments (rank analysis), one [B*S, D] x [B*S, D] product per head
         if layer in spec.rope_layers:
-            q_pre, k_pre = self.unrotate(query, key)
-            q_pre, k_pre = q_pre.to(torch.float32), k_pre.to(torch.float32)
+            q_pre, k_pre = self.unrotate(q, k)
         else:
             q_pre, k_pre = q, k
-        acc["q_gram"].sum[li] += (torch.einsum("bhsd,bhse->hde", q_pre, q_pre) / S).to(torch.float64)
-        acc["k_gram"].sum[li] += (torch.einsum("bhsd,bhse->hde", k_pre, k_pre) / S).to(torch.float64)
+        acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
+        acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
+        del q_pre, k_pre
+
+        # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
+        # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
+        qg = q.view(B, Hk, g, S, D)
 
         # per-dimension logit contribution over causal pairs j <= i: sum_i q_i * cumsum(k)_i
-        kcum = k_rep.cumsum(dim=2)
-        dim_sum = (q * kcum).sum(dim=2).sum(0)  # [H, D]
-        acc["dim_logit"].sum[li] += (scaling * dim_sum / (S * (S + 1) / 2)).to(torch.float64)
+        kcum = k.cumsum(dim=2)  # [B, Hk, S, D]
+        dim_sum = (qg * kcum[:, :, None]).sum(dim=(0, 3)).reshape(H, D)
+        acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / (S * (S + 1) / 2))
+        del kcum
 
         # scores, probs, slash and per-head maps, in query-row chunks: only [B, H, c, S] logits live
         # at a time. A causal row block [start, stop) needs keys < stop only, so the key range is cut
-        # there (half the work of a full S x S product); the batch/head sum of the scores is then a
-        # reduction of the logits already computed for the softmax rather than a second matmul.
-        rows_per_chunk = max(1, spec.chunk_elems // max(1, B * H * S))
-        j = torch.arange(S, device=q.device)
-        scores_sum = torch.zeros(S, S, dtype=torch.float64, device=q.device)
-        probs_sum = torch.zeros(S, S, dtype=torch.float64, device=q.device)
-        slash_sum = torch.zeros(H, S, dtype=torch.float64, device=q.device)
+        # there; the batch/head sum of the scores is a reduction of the logits already computed for
+        # the softmax, and the causal mask is applied in place to the diagonal block only (the keys
+        # before the block are all visible).
+        rows = self._rows_per_chunk(B, H, S, dev)
+        qs = (qg * scaling) if scaling != 1.0 else qg  # the scale folded into the (small) queries
+        kT = k.transpose(2, 3)  # [B, Hk, D, S]
+        scores_acc = acc["scores"].sum[li]
+        probs_acc = acc["probs"].sum[li]
+        slash_sum = torch.zeros(H, S, dtype=torch.float64, device=dev)
         heads_here = self.head_pos.get(layer, [])
-        for start in range(0, S, rows_per_chunk):
-            stop = min(S, start + rows_per_chunk)
+        above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i inside a diagonal block
+        ar = torch.arange(S, device=dev)
+        for start in range(0, S, rows):
+            stop = min(S, start + rows)
+            c = stop - start
             nc = stop if causal else S  # keys a causal row block can see
-            i = torch.arange(start, stop, device=q.device)
-            logits = torch.matmul(q[:, :, start:stop], k_rep[:, :, :nc].transpose(2, 3)) * scaling  # [B,H,c,nc]
-            allowed = _structure_mask(stop - start, nc, causal=causal, window=window, device=q.device,
-                                      q_offset=start) if (causal or window) else None
+            if g == 1:
+                logits = torch.matmul(qs[:, :, 0, start:stop], kT[:, :, :, :nc])  # [B, H, c, nc]
+            else:
+                qc = qs[:, :, :, start:stop].reshape(B, Hk, g * c, D)
+                logits = torch.matmul(qc, kT[:, :, :, :nc]).view(B, H, c, nc)
             block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
             if not bool(torch.isfinite(block_sum).all()):  # one cheap test; locate the head only on failure
+                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
                 bad = ~torch.isfinite(logits)
                 if allowed is not None:
                     bad &= allowed
@@ -323,29 +410,36 @@ class Capture:
                     raise PoslensError(f"non-finite attention scores in layer {layer}, head {h_bad} "
                                        f"(model overflow?); try --dtype fp32 or check the checkpoint.")
                 block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
-            scores_sum[start:stop, :nc] += block_sum.to(torch.float64)
-            if allowed is not None:
-                logits = logits.masked_fill(~allowed, float("-inf"))
-            p = torch.softmax(logits, dim=-1)
-            pb = p.sum(0)  # [H, c, nc]: batch summed before the offset gather
-            probs_sum[start:stop, :nc] += pb.sum(0).to(torch.float64)
-            # slot d of row i holds A[i, i - d] (valid for d <= i): the sub-diagonals by offset
-            off = i[:, None] - j[None, :nc]  # [c, nc]
-            gathered = torch.gather(pb, 2, off.clamp_min(0).expand(H, -1, -1)) * (off >= 0)
-            slash_sum[:, :nc] += gathered.sum(dim=1).to(torch.float64)
-            del gathered
+            if causal:  # above the diagonal: not part of the causal scores, stored as 0
+                block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
+            scores_acc[start:stop, :nc] += block_sum.to(torch.float64).div_(H)
+            if window is not None:
+                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
+                logits.masked_fill_(~allowed, float("-inf"))
+            elif causal:
+                logits[..., start:stop].masked_fill_(above[:c, :c], float("-inf"))
             for n, h in heads_here:
                 lh = logits[:, h]
                 acc["head_scores"].sum[n, start:stop, :nc] += lh.masked_fill(~torch.isfinite(lh), 0.0).sum(0).to(torch.float64)
+            p = torch.softmax(logits, dim=-1)
+            del logits
+            for n, h in heads_here:
                 acc["head_probs"].sum[n, start:stop, :nc] += p[:, h].sum(0).to(torch.float64)
-        if causal:
-            scores_sum.tril_()  # above the diagonal: not computed, stored as 0
-        acc["scores"].sum[li] += scores_sum / H
-        acc["probs"].sum[li] += probs_sum / H
-        acc["slash"].sum[li] += slash_sum / (S - torch.arange(S, device=q.device, dtype=torch.float64))
+            pb = p.sum(0) if B > 1 else p[0]  # [H, c, nc]: batch summed before the offset gather
+            del p
+            probs_acc[start:stop, :nc] += pb.sum(0).to(torch.float64).div_(H)
+            # slot d of row i holds A[i, i - d] (valid for d <= i): the sub-diagonals by offset
+            off = ar[start:stop, None] - ar[None, :nc]  # [c, nc]
+            gathered = torch.gather(pb, 2, off.clamp_min(0).expand(H, -1, -1))
+            if start < nc - 1:  # some slots d > i (no such sub-diagonal entry yet): zero them
+                gathered.masked_fill_(off < 0, 0.0)
+            slash_sum[:, :nc] += gathered.sum(dim=1).to(torch.float64)
+            del gathered, pb
+        acc["slash"].sum[li] += slash_sum / (S - torch.arange(S, device=dev, dtype=torch.float64))
 
-        # attention output before the output projection: [B, H, S, D] -> [B, S, H*D]
-        self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2).reshape(B, S, H * D))
+        # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
+        # sequence-major copy is made once, inside _add_cosine)
+        self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
 
     # -- results ----------------------------------------------------------------------------
     def means(self) -> dict[str, torch.Tensor]:
