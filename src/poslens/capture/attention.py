@@ -39,9 +39,10 @@ _ACTIVE: "Capture | None" = None
 # --------------------------------------------------------------------------------------------
 # kernels
 # --------------------------------------------------------------------------------------------
-#: Logits per chunk on CPU (float32: 4 MiB), so one chunk stays cache-resident across its several passes
-#: (smaller blocks measured no faster on the 2-core benchmark machine, and cost more per-op overhead).
-CPU_CHUNK_ELEMS = 2**20
+#: Logits per chunk on CPU (float32: 16 MiB): small enough to stay cache-resident across a chunk's
+#: several passes, large enough that a layer is a few chunks (every op is a parallel region; on a
+#: shared machine each one risks a stall while a worker thread is descheduled).
+CPU_CHUNK_ELEMS = 2**22
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 256
@@ -67,6 +68,17 @@ def _unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     if r < x.shape[-1]:
         out[..., r:] = xf[..., r:]
     return out.to(x.dtype)
+
+
+def _sum_first(x: torch.Tensor) -> torch.Tensor:
+    """``x.sum(0)`` as in-place adds of the slices: the same float32 sum, but on the shared 2-thread
+    benchmark machine a reduction over the outermost dim intermittently stalled for tens of ms."""
+    if x.shape[0] == 1:
+        return x[0]
+    out = x[0] + x[1]
+    for b in range(2, x.shape[0]):
+        out += x[b]
+    return out
 
 
 def _head_gram(x: torch.Tensor) -> torch.Tensor:
@@ -372,7 +384,7 @@ class Capture:
 
         # per-dimension logit contribution over causal pairs j <= i: sum_i q_i * cumsum(k)_i
         kcum = k.cumsum(dim=2)  # [B, Hk, S, D]
-        dim_sum = (qg * kcum[:, :, None]).sum(dim=(0, 3)).reshape(H, D)
+        dim_sum = _sum_first((qg * kcum[:, :, None]).sum(dim=3)).reshape(H, D)
         acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / (S * (S + 1) / 2))
         del kcum
 
@@ -384,12 +396,17 @@ class Capture:
         rows = self._rows_per_chunk(B, H, S, dev)
         qs = (qg * scaling) if scaling != 1.0 else qg  # the scale folded into the (small) queries
         kT = k.transpose(2, 3)  # [B, Hk, D, S]
-        scores_acc = acc["scores"].sum[li]
-        probs_acc = acc["probs"].sum[li]
-        slash_sum = torch.zeros(H, S, dtype=torch.float64, device=dev)
+        # Per-call float32 batch/head sums, each entry written once (row blocks are disjoint), added to
+        # the float64 accumulators once per call: few large ops rather than several per chunk.
+        scores32 = torch.zeros(S, S, dtype=torch.float32, device=dev)
+        probs32 = torch.zeros(S, S, dtype=torch.float32, device=dev)
+        slash32 = torch.zeros(H, S, dtype=torch.float32, device=dev)
         heads_here = self.head_pos.get(layer, [])
         above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i inside a diagonal block
-        ar = torch.arange(S, device=dev)
+        # offsets i - j for any row block: off(start)[r, j] = base[r, j + S - 1 - start], base[r, u] = r - u + S - 1
+        u = torch.arange(S - 1 + (rows if causal else S), device=dev)
+        base = torch.arange(rows, device=dev)[:, None] - u[None, :] + (S - 1)
+        base_idx, base_neg = base.clamp_min(0), base < 0
         for start in range(0, S, rows):
             stop = min(S, start + rows)
             c = stop - start
@@ -412,7 +429,7 @@ class Capture:
                 block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
             if causal:  # above the diagonal: not part of the causal scores, stored as 0
                 block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
-            scores_acc[start:stop, :nc] += block_sum.to(torch.float64).div_(H)
+            scores32[start:stop, :nc] = block_sum
             if window is not None:
                 allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
                 logits.masked_fill_(~allowed, float("-inf"))
@@ -420,21 +437,24 @@ class Capture:
                 logits[..., start:stop].masked_fill_(above[:c, :c], float("-inf"))
             for n, h in heads_here:
                 lh = logits[:, h]
-                acc["head_scores"].sum[n, start:stop, :nc] += lh.masked_fill(~torch.isfinite(lh), 0.0).sum(0).to(torch.float64)
+                acc["head_scores"].sum[n, start:stop, :nc] += _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)).to(torch.float64)
             p = torch.softmax(logits, dim=-1)
             del logits
             for n, h in heads_here:
-                acc["head_probs"].sum[n, start:stop, :nc] += p[:, h].sum(0).to(torch.float64)
-            pb = p.sum(0) if B > 1 else p[0]  # [H, c, nc]: batch summed before the offset gather
+                acc["head_probs"].sum[n, start:stop, :nc] += _sum_first(p[:, h]).to(torch.float64)
+            pb = _sum_first(p)  # [H, c, nc]: batch summed before the offset gather
             del p
-            probs_acc[start:stop, :nc] += pb.sum(0).to(torch.float64).div_(H)
+            probs32[start:stop, :nc] = pb.sum(0)
             # slot d of row i holds A[i, i - d] (valid for d <= i): the sub-diagonals by offset
-            off = ar[start:stop, None] - ar[None, :nc]  # [c, nc]
-            gathered = torch.gather(pb, 2, off.clamp_min(0).expand(H, -1, -1))
+            a = S - 1 - start
+            gathered = torch.gather(pb, 2, base_idx[:c, a:a + nc].expand(H, -1, -1))
             if start < nc - 1:  # some slots d > i (no such sub-diagonal entry yet): zero them
-                gathered.masked_fill_(off < 0, 0.0)
-            slash_sum[:, :nc] += gathered.sum(dim=1).to(torch.float64)
+                gathered.masked_fill_(base_neg[:c, a:a + nc], 0.0)
+            slash32[:, :nc] += gathered.sum(dim=1)
             del gathered, pb
+        acc["scores"].sum[li] += scores32.to(torch.float64).div_(H)
+        acc["probs"].sum[li] += probs32.to(torch.float64).div_(H)
+        slash_sum = slash32.to(torch.float64)
         acc["slash"].sum[li] += slash_sum / (S - torch.arange(S, device=dev, dtype=torch.float64))
 
         # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
