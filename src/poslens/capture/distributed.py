@@ -231,6 +231,31 @@ def shard(num_batches: int, rank: int, world_size: int) -> list[int]:
     return list(range(rank, num_batches, world_size))
 
 
+def announce_sigterm(ctx: DistContext):
+    """In a multi-process job, say on stderr which rank torchrun stopped (it sends SIGTERM to the
+    survivors when a rank fails) before the previous handler runs; returns a function restoring it."""
+    import threading
+
+    if not ctx.enabled or threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        late = ctx.missing_ranks() if ctx.step is not None else None
+        who = f"rank {', '.join(map(str, late))} had not reached batch step {ctx.step}; " if late else ""
+        print(f"poslens: error: {ctx.label}: stopped by SIGTERM (torchrun stops the other ranks when one fails; "
+              f"{who}its summary names the failed rank). The checkpoints in --out are intact: rerun with --resume "
+              "and the same number of processes.", file=sys.stderr, flush=True)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
 def checkpoint_name(rank: int) -> str:
     return f"checkpoint.rank{rank}.safetensors"
 
@@ -272,7 +297,10 @@ class DeviceMapCapture(Capture):
         self.device = torch.device(device)
 
     def _here(self, x):
-        return x if x is None or x.device == self.device else x.to(self.device, non_blocking=True)
+        if x is None or x.device == self.device:
+            return x
+        # device-to-device copies are ordered by CUDA streams; a copy into host memory must block
+        return x.to(self.device, non_blocking=self.device.type == "cuda")
 
     def unrotate(self, query, key):
         if self.rope_cos_sin is not None and self.rope_cos_sin[0].device != query.device:

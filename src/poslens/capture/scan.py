@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -367,13 +368,20 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
     from poslens.capture import distributed as D
 
     ctx = D.detect()
+    restore = D.announce_sigterm(ctx)
     try:
         return _run_scan(cfg, progress, stop_after_batches, ctx)
     except PoslensError as e:
         if ctx.enabled and not str(e).startswith("rank "):
             raise PoslensError(f"{ctx.label}: {e}") from None
         raise
+    except Exception as e:  # e.g. CUDA out of memory: say which rank before the traceback
+        if ctx.enabled:
+            print(f"poslens: error: {ctx.label}: {type(e).__name__}: {str(e).strip()[:300]}", file=sys.stderr,
+                  flush=True)
+        raise
     finally:
+        restore()
         ctx.shutdown()
 
 
