@@ -7,6 +7,10 @@ batches (atomically) -> write ``maps.safetensors``, ``summary.json`` and figures
 A run killed at any moment and restarted with ``resume=True`` continues from the last
 checkpoint with the same batch partition, so its tensors are bit-identical to an uninterrupted
 run.
+
+Under ``torchrun`` the same loop runs on every rank over its share of the batches (``b % world ==
+rank``, :mod:`poslens.capture.distributed`), with one checkpoint per rank; the accumulators are
+all-reduced at the end and rank 0 writes the run directory.
 """
 
 from __future__ import annotations
