@@ -366,8 +366,10 @@ class Capture:
         Hk = key.shape[1]
         g = H // Hk
         dev = query.device
-        q = query.to(torch.float32)
-        k = key.to(torch.float32)
+        # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
+        # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
+        q = query.to(torch.float32).contiguous()
+        k = key.to(torch.float32).contiguous()
 
         # pre-RoPE second moments (rank analysis), one [B*S, D] x [B*S, D] product per head
         if layer in spec.rope_layers:
