@@ -91,6 +91,9 @@ def run_zoo(out: str | Path, *, scale: str = "cpu", only: list[str] | None = Non
         cfg.device, cfg.threads, cfg.progress = device, threads, progress
         cfg.resume = resume and (Path(cfg.out).is_dir() and any(Path(cfg.out).iterdir()))
         results[name] = train_model(cfg)
+        # Re-read before writing so entries finished meanwhile by another `zoo --only` survive.
+        if index_path.is_file():
+            index = read_json(index_path)
         index["entries"][name] = {"config": cfg.trajectory_fields(), "summary": results[name]}
         write_json(index_path, index)
     return results
