@@ -281,3 +281,9 @@ def test_trained_model_experiments_registered_and_run(tmp_path, monkeypatch):
     assert "zoo model nope-random" in rec["measured"] and isinstance(rec["reproduced"], bool)
     page = write_index_html(tmp_path / "out").read_text()
     assert "zuo-adjacency" in page and "APS" in page
+
+
+def test_zuo_sweep_experiment_is_registered():
+    from poslens.reproduce import EXPERIMENTS
+
+    assert "zuo-sweep" in EXPERIMENTS and "zuo-adjacency" in EXPERIMENTS
