@@ -6,7 +6,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# One thread: tests use tiny tensors, and on a shared 2-core machine two OpenMP threads can
+# stall each other (measured ~9x slower per training step under load).
+torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -95,3 +95,12 @@ def test_presets_grow_and_1b_is_about_a_billion():
     with torch.device("meta"):
         m = AutoModelForCausalLM.from_config(build_config("rope", "1b", 32000))
     assert 0.9e9 < count_parameters(m) < 1.4e9
+
+
+def test_integer_init_std_is_accepted():
+    # the random-init sweep's largest sigma is written "2" on the command line
+    from poslens.models import build_model
+
+    for pe in ("none", "rope", "learned"):
+        m = build_model(pe, "micro", 64, init_std=2)
+        assert m.config.initializer_range == 2.0

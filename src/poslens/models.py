@@ -109,7 +109,7 @@ def build_config(pe: str, preset: str = "micro", vocab_size: int = 256, *, rope_
         return GPT2Config(
             vocab_size=vocab_size, n_positions=shape.max_positions, n_embd=shape.hidden, n_layer=shape.layers,
             n_head=shape.heads, n_inner=shape.intermediate, activation_function="gelu_new",
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=init_std,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=float(init_std),
             bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
             tie_word_embeddings=True, use_cache=True,
         )
@@ -119,7 +119,7 @@ def build_config(pe: str, preset: str = "micro", vocab_size: int = 256, *, rope_
     return SmolLM3Config(
         vocab_size=vocab_size, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        max_position_embeddings=shape.max_positions, initializer_range=init_std,
+        max_position_embeddings=shape.max_positions, initializer_range=float(init_std),
         rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)},
         no_rope_layers=[flag] * shape.layers, use_sliding_window=False,
         bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
