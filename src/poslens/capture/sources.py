@@ -116,7 +116,7 @@ def _text_stream(texts: Iterator[str], tokenizer, origin: str) -> Iterator[list[
     for t in texts:
         if not t:
             continue
-        ids = tokenizer(t, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(t, add_special_tokens=False, verbose=False)["input_ids"]  # long texts are cut into chunks
         yield list(ids) + ([eos] if eos is not None else [])
 
 
