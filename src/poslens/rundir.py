@@ -160,6 +160,16 @@ def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def save_figures(out_dir: str | os.PathLike, figures) -> list[dict]:
+    """Save ``(file_name, figure, caption)`` triples into ``out_dir``; returns the run-dir contract's
+    ``[{"file", "caption"}]`` list for ``summary.json``."""
+    saved = []
+    for name, fig, caption in figures:
+        save_figure(fig, Path(out_dir) / name)
+        saved.append({"file": name, "caption": caption})
+    return saved
+
+
 def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> None:
     """Atomically save a matplotlib figure as PNG and close it."""
     import io

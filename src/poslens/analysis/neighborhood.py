@@ -235,10 +235,7 @@ def _fmt_pm(m: float, s: float) -> str:
 
 def _plan(cfg: NeighborhoodConfig):
     """Validate every input and build the sequence source; writes nothing."""
-    from transformers import AutoConfig
-
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.scan import check_model_dir, load_tokenizer
+    from poslens.capture.scan import load_tokenizer, open_model_config
     from poslens.capture.sources import make_source
     from poslens.cli_app import parse_device
     from poslens.rundir import prepare_out_dir
@@ -248,16 +245,8 @@ def _plan(cfg: NeighborhoodConfig):
             raise PoslensError(f"{flag} {v}: must be a positive integer.")
     if cfg.seq_len < 3:
         raise PoslensError(f"--seq-len {cfg.seq_len}: the APS counts position triples; use at least 3 tokens.")
-    check_model_dir(cfg.model_dir, allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
-    try:
-        config = AutoConfig.from_pretrained(cfg.model_dir, trust_remote_code=cfg.trust_remote_code)
-    except ValueError as e:
-        raise PoslensError(f"{cfg.model_dir}/config.json: {str(e).splitlines()[0]}") from None
-    adapter = get_adapter(config)
-    maxpos = adapter.max_positions(config)
-    if maxpos is not None and cfg.seq_len > maxpos:
-        raise PoslensError(f"--seq-len {cfg.seq_len} exceeds the model's maximum of {maxpos} positions; "
-                           f"pass --seq-len {maxpos} or less.")
+    config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                        trust_remote_code=cfg.trust_remote_code)
     device = parse_device(cfg.device)
     prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
     if cfg.chars is not None:
@@ -302,7 +291,7 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
     from poslens.capture.scan import load_model
     from poslens.models import pe_of
     from poslens.progress import task_progress
-    from poslens.rundir import save_figure, staged_dir, versions, write_json, write_tensors
+    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_tensors
 
     t0 = time.time()
     config, adapter, source, device = _plan(cfg)
@@ -331,12 +320,8 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
                       metadata={"layer_index": "0 = token embeddings, l = decoder layer l (attn: head outputs "
                                                "before the output projection; resid_: residual stream after it)",
                                 "modes": modes})
-        figures = []
-        if cfg.figures:
-            for name, fig, caption in neighborhood_figures(results, title=Path(cfg.model_dir).name):
-                save_figure(fig, stage / name)
-                figures.append({"file": name, "caption": caption})
-        summary["figures"] = figures
+        summary["figures"] = save_figures(stage, neighborhood_figures(results, title=Path(cfg.model_dir).name)
+                                          if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
         write_json(stage / "summary.json", summary)
     return summary

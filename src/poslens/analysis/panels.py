@@ -188,18 +188,14 @@ def _readings(rows: list[dict], layer: int) -> list[str]:
 
 def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``."""
-    from transformers import AutoConfig
-
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.scan import check_model_dir, load_model, load_tokenizer, resolve_dtype
+    from poslens.capture.scan import load_model, load_tokenizer, open_model_config, resolve_dtype
     from poslens.capture.sources import make_source
     from poslens.cli_app import parse_device
     from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_tensors
 
     t0 = time.time()
-    check_model_dir(cfg.model_dir, allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
-    config = AutoConfig.from_pretrained(cfg.model_dir, trust_remote_code=cfg.trust_remote_code)
-    adapter = get_adapter(config)
+    config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                        trust_remote_code=cfg.trust_remote_code)
     if adapter.model_type not in LLAMA_FAMILY:
         raise PoslensError(f"MODEL_DIR {cfg.model_dir}: model type {adapter.model_type!r} is not Llama-family; "
                            f"panels support {', '.join(LLAMA_FAMILY)}.")
@@ -210,9 +206,6 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len)):
         if v < 1:
             raise PoslensError(f"{flag} {v}: must be a positive integer.")
-    maxpos = adapter.max_positions(config)
-    if maxpos is not None and cfg.seq_len > maxpos:
-        raise PoslensError(f"--seq-len {cfg.seq_len} exceeds the model's {maxpos} positions; pass a smaller one.")
     device = parse_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device, config)
     prepare_out_dir(cfg.out)

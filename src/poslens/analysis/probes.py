@@ -244,10 +244,7 @@ class ProbesConfig:
 
 
 def _validate(cfg: ProbesConfig):
-    from transformers import AutoConfig
-
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.scan import check_model_dir, load_tokenizer
+    from poslens.capture.scan import load_tokenizer, open_model_config
     from poslens.rundir import prepare_out_dir
 
     if not cfg.model_dirs:
@@ -267,12 +264,8 @@ def _validate(cfg: ProbesConfig):
         raise PoslensError(f"--seq-len {cfg.seq_len}: need at least 3 positions.")
     plans = []
     for d in cfg.model_dirs:
-        check_model_dir(d, allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
-        config = AutoConfig.from_pretrained(d, trust_remote_code=cfg.trust_remote_code)
-        adapter = get_adapter(config)
-        maxpos = adapter.max_positions(config)
-        if maxpos is not None and cfg.seq_len > maxpos:
-            raise PoslensError(f"--seq-len {cfg.seq_len} exceeds {d}'s maximum of {maxpos} positions.")
+        config, adapter = open_model_config(d, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                            trust_remote_code=cfg.trust_remote_code)
         tok = load_tokenizer(d, cfg.trust_remote_code)
         if tok is None:
             raise PoslensError(f"{d} has no tokenizer, so --train-chars/--test-chars cannot be encoded; "
@@ -302,7 +295,7 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
     from poslens.cli_app import parse_device
     from poslens.models import pe_of
     from poslens.progress import task_progress
-    from poslens.rundir import save_figure, staged_dir, versions, write_json
+    from poslens.rundir import save_figures, staged_dir, versions, write_json
 
     t0 = time.time()
     plans = _validate(cfg)
@@ -348,12 +341,7 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "probes", **dataclasses.asdict(cfg), "versions": versions()})
         write_json(stage / "probes.json", records)
-        figures = []
-        if cfg.figures:
-            name, fig, caption = probe_figure(records)
-            save_figure(fig, stage / name)
-            figures.append({"file": name, "caption": caption})
-        summary["figures"] = figures
+        summary["figures"] = save_figures(stage, [probe_figure(records)] if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
         write_json(stage / "summary.json", summary)
     return summary

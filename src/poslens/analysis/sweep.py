@@ -262,7 +262,7 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
 
 def run_sweep(cfg: SweepConfig, progress: bool = True) -> dict:
     """Run the sweep and write ``config.json``, ``sweep.safetensors``, ``summary.json`` and figures."""
-    from poslens.rundir import save_figure, staged_dir, versions, write_json, write_tensors
+    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_tensors
 
     t0 = time.time()
     validate(cfg)
@@ -274,12 +274,7 @@ def run_sweep(cfg: SweepConfig, progress: bool = True) -> dict:
                    for mode, d in by_mode.items() for k, v in d.items()}
         write_tensors(stage / "sweep.safetensors", tensors,
                       metadata={"layout": "[sigma, layer (0 = embeddings), sequence]", "sigmas": list(cfg.sigmas)})
-        figures = []
-        if cfg.figures:
-            for name, fig, caption in sweep_figures(cfg, res):
-                save_figure(fig, stage / name)
-                figures.append({"file": name, "caption": caption})
-        summary["figures"] = figures
+        summary["figures"] = save_figures(stage, sweep_figures(cfg, res) if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
         write_json(stage / "summary.json", summary)
     return summary

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -135,6 +134,25 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
     return raw
 
 
+def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickle: bool = False,
+                      trust_remote_code: bool = False):
+    """Check a model directory (safety, config present), read its config and adapter, and check
+    that ``seq_len`` fits the model's positions. Returns ``(config, adapter)``; loads no weights."""
+    from transformers import AutoConfig
+
+    check_model_dir(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise PoslensError(f"{model_dir}/config.json: {str(e).splitlines()[0]}") from None
+    adapter = get_adapter(config)
+    maxpos = adapter.max_positions(config)
+    if seq_len is not None and maxpos is not None and seq_len > maxpos:
+        raise PoslensError(f"--seq-len {seq_len} exceeds the model's maximum of {maxpos} positions ({model_dir}); "
+                           f"pass --seq-len {maxpos} or less.")
+    return config, adapter
+
+
 def resolve_dtype(dtype: str, device: str, config) -> torch.dtype:
     names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
              "fp32": torch.float32, "float32": torch.float32}
@@ -197,23 +215,13 @@ class ScanPlan:
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing."""
-    from transformers import AutoConfig
-
     from poslens.cli_app import parse_device
     from poslens.rundir import prepare_out_dir
 
-    check_model_dir(cfg.model_dir, allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
-    try:
-        config = AutoConfig.from_pretrained(cfg.model_dir, trust_remote_code=cfg.trust_remote_code)
-    except ValueError as e:
-        raise PoslensError(f"{cfg.model_dir}/config.json: {str(e).splitlines()[0]}") from None
-    adapter = get_adapter(config)
+    config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                        trust_remote_code=cfg.trust_remote_code)
     L = adapter.num_layers(config)
     H = adapter.num_heads(config)
-    maxpos = adapter.max_positions(config)
-    if maxpos is not None and cfg.seq_len > maxpos:
-        raise PoslensError(f"--seq-len {cfg.seq_len} exceeds the model's maximum of {maxpos} positions; "
-                           f"pass --seq-len {maxpos} or less.")
     for flag, val in (("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
                       ("--checkpoint-every", cfg.checkpoint_every)):
         if val < 1:
