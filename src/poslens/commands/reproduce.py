@@ -21,7 +21,7 @@ def reproduce(
 ) -> None:
     """Reproduce a paper figure (or all of them) and say, per figure, what the paper showed and what we measured.
 
-    Experiments: kim-fig1, kim-fig2, kim-alpha, kim-layernorm, kim-fig4 (simulator); zuo-adjacency, zuo-sweep,
+    Experiments: kim-fig1, kim-fig2, kim-alpha, kim-layernorm, kim-fig4 (simulator); zuo-adjacency, zuo-sweep, zuo-probes,
     kim-trained-panels, slash-sdh (small models; trained ones from the zoo in $POSLENS_ZOO or
     runs/zoo, random-init stand-ins otherwise); all.
     Writes DIR/NAME/ run directories, DIR/index.json, DIR/index.md and DIR/index.html.
