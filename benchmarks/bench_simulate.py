@@ -1,7 +1,7 @@
 """Benchmark: streaming simulator vs the papers' approach (every layer's full tensors kept).
 
 Both compute the same statistics (per-layer mean pre-softmax scores and attention weights) at
-the paper's setting (Kim et al. 2025: 100,000 samples, length 50, d = 64, 4 layers, alpha = 0)
+the paper's setting (arXiv 2509.21042: 100,000 samples, length 50, d = 64, 4 layers, alpha = 0)
 on the same samples. Each runs in its own subprocess so its peak resident memory (ru_maxrss) is
 its own; the ratio is printed. Run:
 

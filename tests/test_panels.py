@@ -1,4 +1,4 @@
-"""Kim panels: every Gram matrix against a direct computation from the model's own modules."""
+"""Nine-panel Gram decomposition (arXiv 2509.21042): every Gram matrix against a direct computation from the model's own modules."""
 
 from __future__ import annotations
 

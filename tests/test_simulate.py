@@ -59,7 +59,7 @@ def test_chunking_does_not_change_results():
 
 
 def test_rope_causal_breaks_relativity_noncausal_keeps_it():
-    # Kim et al. 2025 Fig. 4: with RoPE the non-causal control stays relative in every layer,
+    # arXiv 2509.21042, Fig. 4: with RoPE the non-causal control stays relative in every layer,
     # while causal attention makes layers >= 2 non-relative.
     common = dict(alpha=0.5, rope=True, seq_len=24, dim=64, layers=3, samples=3000)
     causal = run_simulation(SimConfig(causal=True, **common)).summary["layers"]

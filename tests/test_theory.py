@@ -7,7 +7,7 @@ from poslens import theory
 
 
 def test_figure1_values():
-    # Kim et al. 2025, Figure 1: alpha = 0, length 3.
+    # arXiv 2509.21042, Figure 1: alpha = 0, length 3.
     s = theory.kim_theory(0.0, 3).scores
     # The paper prints three decimals, truncated (0.1508 appears as 0.150).
     for (i, j), want in {(1, 0): 0.154, (2, 0): 0.132, (2, 1): 0.150}.items():

@@ -2,12 +2,12 @@
 
 Steps (each writes a run directory under the demo's output folder):
 
-1. the Kim et al. closed form at the paper's Figure 1 setting;
+1. the closed form of arXiv 2509.21042 at the paper's Figure 1 setting;
 2. the parameter-free simulator: L2 / NoPE (alpha = 0), and RoPE causal vs non-causal (alpha = 0.5);
 3. two micro language models, NoPE and RoPE, trained on the default corpus (the Python standard
    library's sources);
 4. scans of both on the corpus, and of the RoPE model on random tokens (slash persistence);
-5. the Kim maps, slash and neighbourhood analyses of those scans and models;
+5. the score-map, slash and neighbourhood analyses of those scans and models;
 6. one self-contained HTML report over everything (``report.html``).
 
 Budget: a few minutes on a 2-core CPU (the issue's ceiling is 10).
@@ -36,7 +36,7 @@ def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
     from poslens.reproduce import ReproContext, run_reproduction
 
     rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=True))[0]
-    console.print(f"closed form (Kim et al. Fig. 1): {rec['measured']}")
+    console.print(f"closed form (arXiv 2509.21042, Fig. 1): {rec['measured']}")
     return {"theory": str(cfg.out / "theory")}
 
 

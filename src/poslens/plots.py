@@ -24,7 +24,7 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     """Draw one ``[S, S]`` map on ``ax``. NaN entries (the masked triangle) are left blank.
 
     ``percentile=(1, 99)`` clips the colour range to those percentiles of the finite entries, as
-    the Kim et al. figures of trained models do; ``center_zero`` makes the range symmetric
+    the trained-model figures of arXiv 2509.21042 do; ``center_zero`` makes the range symmetric
     (for diagonal-normalised maps).
     """
     a = torch.as_tensor(m).detach().to(torch.float64).cpu().numpy()

@@ -117,7 +117,7 @@ def _kim_fig4(ctx: ReproContext, out: Path) -> dict:
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs}
 
 
-KIM = "Kim et al. 2025 (arXiv 2509.21042)"
+KIM = "Behind RoPE (arXiv 2509.21042)"
 EXPERIMENTS: dict[str, Experiment] = {
     "kim-fig1": Experiment("kim-fig1", KIM + ", Figure 1",
                            "Closed form, alpha = 0, length 3: layer-2 scores (2,1) = 0.154, (3,1) = 0.132, (3,2) = 0.150.",

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from poslens.reproduce import EXPERIMENTS, Experiment, ReproContext
 
-ZUO = "Zuo, Guerzhoy & Guerzhoy 2025 (arXiv 2501.00073)"
-KIM = "Kim et al. 2025 (arXiv 2509.21042)"
-SLASH = "Cheng et al. 2026 (arXiv 2601.08297)"
+ZUO = "Position without positional encodings (arXiv 2501.00073)"
+KIM = "Behind RoPE (arXiv 2509.21042)"
+SLASH = "Slash pattern (arXiv 2601.08297)"
 #: sizes of the trained-model measurements (seconds on CPU with the zoo's tiny models)
 SEQ_LEN = 64
 NUM_SEQS = 16

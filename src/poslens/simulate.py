@@ -1,4 +1,4 @@
-"""The parameter-free causal transformer of Kim et al. 2025 (arXiv 2509.21042), as a streaming
+"""The parameter-free causal transformer of arXiv 2509.21042, as a streaming
 Monte Carlo experiment.
 
 One layer: ``X <- Softmax(Mask(Q K^T * s)) Y + X`` with ``Y = Norm(X)``, ``Q = K = RoPE(Y)`` (or

@@ -1,6 +1,6 @@
 """Closed forms the simulations and scans are checked against.
 
-Kim et al. 2025 (arXiv 2509.21042), parameter-free layer ``f(X) = Softmax(Causal(Y Y^T)) Y + X``
+arXiv 2509.21042, parameter-free layer ``f(X) = Softmax(Causal(Y Y^T)) Y + X``
 with ``Y = L2Norm(X)`` and unit-norm inputs whose pairwise inner products all equal alpha:
 
 - layer-1 output ``x1_i = ((2e + (i-1)e^a) x_i + sum_{k<i} e^a x_k) / (e + (i-1)e^a)`` (1-indexed);
@@ -13,7 +13,7 @@ Everything is computed through the coefficient matrix C (x1 = C x) and the input
 The same bookkeeping continues exactly to any depth when the input Gram is exactly G (the
 d -> infinity limit of the simulator), which :func:`kim_mean_field` uses.
 
-Zuo et al. 2025 (arXiv 2501.00073): with uniform causal attention the output is a running
+arXiv 2501.00073: with uniform causal attention the output is a running
 mean, and ``cos(y_i, y_j) ~ sqrt(min(i, j) / max(i, j))`` for i.i.d. inputs.
 """
 

@@ -1,4 +1,4 @@
-"""Kim et al. (arXiv 2509.21042) on trained models: the nine-panel Gram decomposition of one
+"""arXiv 2509.21042 on trained models: the nine-panel Gram decomposition of one
 layer, and per-layer score maps with their non-relativity numbers.
 
 **Nine panels** for layer ℓ of a Llama-family model (batch-averaged ``[S, S]`` matrices):

@@ -1,4 +1,4 @@
-"""``poslens panels``, ``kim-maps``, ``slash`` and ``slash-dynamics``: Kim and slash analyses as run directories."""
+"""``poslens panels``, ``kim-maps``, ``slash`` and ``slash-dynamics``: score-map and slash analyses as run directories."""
 
 from __future__ import annotations
 

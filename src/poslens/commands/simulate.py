@@ -1,4 +1,4 @@
-"""``poslens simulate``: the parameter-free transformer lab (Kim et al. 2025)."""
+"""``poslens simulate``: the parameter-free transformer lab (arXiv 2509.21042)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ def kim(
     seq_len: int = typer.Option(8, "--seq-len", help="Sequence length N."),
     as_json: bool = typer.Option(False, "--json", help="Print {scores, g, h} as JSON (scores: N x N, null above the diagonal)."),
 ) -> None:
-    """Kim et al. 2025 closed form: layer-1 g(i), h(i) and the layer-2 pre-softmax score matrix.
+    """Closed form of arXiv 2509.21042: layer-1 g(i), h(i) and the layer-2 pre-softmax score matrix.
 
     Exact for the L2-normalised parameter-free causal layer when every pair of inputs has inner
     product alpha. Rows are queries, columns keys, 0-indexed.

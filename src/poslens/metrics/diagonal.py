@@ -3,7 +3,7 @@
 Maps are ``[..., S, S]`` with rows = queries and columns = keys; entries above the diagonal are
 masked (NaN) because a causal query never sees later keys.
 
-Definitions (Kim et al. 2025, arXiv 2509.21042, for the normalisation; the two numbers are
+Definitions (arXiv 2509.21042 for the normalisation; the two numbers are
 poslens' own, since the paper reads them off heat maps):
 
 - **diagonal normalisation**: subtract from every diagonal (offset k = i - j >= 0) of the lower

@@ -1,4 +1,4 @@
-"""Neighbourhood metrics of self-similarity maps (Zuo, Guerzhoy & Guerzhoy 2025, arXiv 2501.00073).
+"""Neighbourhood metrics of self-similarity maps (arXiv 2501.00073).
 
 The adjacency probability score (APS) counts, over all position triples j < k < i, how often
 query row i is more similar to the nearer key k than to the farther key j:
@@ -45,7 +45,7 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
 
 
 def adjacency_probability_score(sim) -> torch.Tensor:
-    """APS of a self-similarity matrix ``[..., T, T]`` (Zuo et al. 2025); 1 = perfect adjacency."""
+    """APS of a self-similarity matrix ``[..., T, T]`` (arXiv 2501.00073); 1 = perfect adjacency."""
     return rising_pair_fraction(sim, include_diagonal=False, ties=0.0)
 
 

@@ -1,4 +1,4 @@
-"""Slash-pattern metrics (Cheng et al. 2026, arXiv 2601.08297).
+"""Slash-pattern metrics (arXiv 2601.08297).
 
 ``SlashScore(d) = E_P[(1/(N-d)) sum_{i=d+1..N} S_{i,i-d}(P)]``: the mean post-softmax weight a
 head puts on its d-th sub-diagonal. A head is (kappa, d)-slash-dominant if SlashScore(d) >= kappa.

@@ -257,7 +257,7 @@ def scan_cards(run: Run) -> list[tuple[str, dict]]:
     notes: list[str] = []
     figs = run_figures(run, notes)
     cards = []
-    # Kim: score maps
+    # arXiv 2509.21042: score maps
     rows = [[l.get("layer"), l.get("rope"), "flat" if l.get("relativity_index") is None else num(l.get("relativity_index")),
              num(l.get("locality"))] for l in layers]
     cards.append(("kim", _card(run, subtitle=label, badge="scan", anchor=f"kim-{_slug(run.name)}",
