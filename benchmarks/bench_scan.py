@@ -41,6 +41,11 @@ PRESETS = {
     # more heads per layer (32 x head_dim 32): attention's share of the forward and eager's B x H x S^2 grow
     "heads32": dict(hidden_size=1024, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=32,
                     num_key_value_heads=8, vocab_size=8192),
+    # per-layer shapes of real models (few layers: throughput ratios are per layer; eager's memory grows with L)
+    "gpt2-shape": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=4, num_attention_heads=12,
+                       num_key_value_heads=12, vocab_size=8192),
+    "llama1b-shape": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=2, num_attention_heads=32,
+                          num_key_value_heads=8, vocab_size=8192),
     # 4,096 tokens: few layers, many heads, so eager's B x H x S^2 tensors exceed the machine's memory
     "wide": dict(hidden_size=2048, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=64,
                  num_key_value_heads=16, vocab_size=8192),

@@ -46,6 +46,8 @@ def _capture(B, H, Hk, S, D, chunk_elems, heads=(), rope=False):
     (1, 6, 2, 301, True, None, 10**9),              # one chunk, GQA 3:1
     (3, 4, 1, 97, True, 20, 3 * 4 * 97 * 5),        # sliding window, MQA
     (2, 4, 2, 130, False, None, 2 * 4 * 130 * 9),   # bidirectional control
+    (2, 4, 2, 192, True, None, 2 * 4 * 192 * 50),   # S a multiple of 64: blocked dim_logit, ragged last chunk
+    (1, 2, 1, 128, False, None, 2 * 128 * 24),      # bidirectional, blocked dim_logit
 ])
 def test_chunked_attention_statistics_match_float64(B, H, Hk, S, causal, window, chunk):
     g = torch.Generator().manual_seed(0)

@@ -81,6 +81,39 @@ def _sum_first(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """``sum_{j <= i} q[..., i, d] k[..., j, d]`` per dimension: ``[B, Hk, g, D]`` from grouped queries
+    ``qg [B, Hk, g, S, D]`` and keys ``k [B, Hk, S, D]``.
+
+    Equal to ``sum_i q_i * cumsum(k)_i``, computed blockwise (CPU cumsum is a slow sequential scan):
+    pairs inside a block of ``block`` positions come from a small lower-triangular matmul, pairs
+    across blocks from block totals and an exclusive cumsum over the few blocks.
+    """
+    B, Hk, g, S, D = qg.shape
+    if S % block:
+        return (qg * k.cumsum(dim=2)[:, :, None]).sum(dim=3)
+    nb = S // block
+    qb = qg.reshape(B, Hk, g, nb, block, D)
+    kb = k.reshape(B, Hk, nb, block, D)
+    tri = torch.ones(block, block, dtype=k.dtype, device=k.device).tril_()
+    within = (qb * torch.matmul(tri, kb)[:, :, None]).sum(dim=(3, 4))  # pairs j <= i in one block
+    ktot = kb.sum(dim=3)  # [B, Hk, nb, D]
+    carry = ktot.cumsum(dim=2) - ktot  # keys of all earlier blocks
+    return within + (qb.sum(dim=4) * carry[:, :, None]).sum(dim=3)
+
+
+def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor:
+    """View ``[H, c, stop]`` of the slash buffer with ``V[h, r, t] = A_h[start + r, start + r - d]``.
+
+    ``zbuf [H, pad, W]`` holds a chunk's weights ``A_h[start + r, j]`` at column ``pad + j`` and zeros
+    in its first ``pad >= c`` columns; ``d = stop - 1 - t`` with ``start = stop - c``. Row stride
+    ``W + 1`` shifts each row one column further, so the columns line up by offset; entries with
+    ``d > start + r`` (no such sub-diagonal element) land in the zero columns.
+    """
+    H, _, W = zbuf.shape
+    return zbuf.as_strided((H, c, stop), (zbuf.stride(0), W + 1, 1), zbuf.storage_offset() + pad - c + 1)
+
+
 def _head_gram(x: torch.Tensor) -> torch.Tensor:
     """``sum_{b,s} x[b,h,s] x[b,h,s]^T`` per head, float64 ``[H, D, D]`` (float32 products)."""
     B, H, S, D = x.shape
@@ -384,11 +417,9 @@ class Capture:
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
         qg = q.view(B, Hk, g, S, D)
 
-        # per-dimension logit contribution over causal pairs j <= i: sum_i q_i * cumsum(k)_i
-        kcum = k.cumsum(dim=2)  # [B, Hk, S, D]
-        dim_sum = _sum_first((qg * kcum[:, :, None]).sum(dim=3)).reshape(H, D)
+        # per-dimension logit contribution over causal pairs j <= i
+        dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
         acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / (S * (S + 1) / 2))
-        del kcum
 
         # scores, probs, slash and per-head maps, in query-row chunks: only [B, H, c, S] logits live
         # at a time. A causal row block [start, stop) needs keys < stop only, so the key range is cut
@@ -405,10 +436,13 @@ class Capture:
         slash32 = torch.zeros(H, S, dtype=torch.float32, device=dev)
         heads_here = self.head_pos.get(layer, [])
         above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i inside a diagonal block
-        # offsets i - j for any row block: off(start)[r, j] = base[r, j + S - 1 - start], base[r, u] = r - u + S - 1
-        u = torch.arange(S - 1 + (rows if causal else S), device=dev)
-        base = torch.arange(rows, device=dev)[:, None] - u[None, :] + (S - 1)
-        base_idx, base_neg = base.clamp_min(0), base < 0
+        # Slash by offset without an index gather: each chunk's batch-summed weights are written into
+        # a buffer whose rows start after `rows` zero columns; a view with row stride W + 1 then
+        # lines up, in row r and column t, the entry A[i, i - d] with d = stop - 1 - t (i = start + r),
+        # and reads a zero where i - d < 0 (see _slash_view). Its row sum is the chunk's slash sum.
+        W = rows + S
+        zbuf = torch.empty(H, rows, W, dtype=torch.float32, device=dev)
+        zbuf[:, :, :rows] = 0.0
         for start in range(0, S, rows):
             stop = min(S, start + rows)
             c = stop - start
@@ -444,16 +478,14 @@ class Capture:
             del logits
             for n, h in heads_here:
                 acc["head_probs"].sum[n, start:stop, :nc] += _sum_first(p[:, h]).to(torch.float64)
-            pb = _sum_first(p)  # [H, c, nc]: batch summed before the offset gather
+            pb = zbuf[:, :c, rows:rows + nc]  # [H, c, nc]: the batch sum, written into the slash buffer
+            pb.copy_(p[0])
+            for b in range(1, B):
+                pb.add_(p[b])
             del p
             probs32[start:stop, :nc] = pb.sum(0)
-            # slot d of row i holds A[i, i - d] (valid for d <= i): the sub-diagonals by offset
-            a = S - 1 - start
-            gathered = torch.gather(pb, 2, base_idx[:c, a:a + nc].expand(H, -1, -1))
-            if start < nc - 1:  # some slots d > i (no such sub-diagonal entry yet): zero them
-                gathered.masked_fill_(base_neg[:c, a:a + nc], 0.0)
-            slash32[:, :nc] += gathered.sum(dim=1)
-            del gathered, pb
+            slash32[:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
+            del pb
         acc["scores"].sum[li] += scores32.to(torch.float64).div_(H)
         acc["probs"].sum[li] += probs32.to(torch.float64).div_(H)
         slash_sum = slash32.to(torch.float64)
