@@ -231,6 +231,51 @@ def _run_eager(model_dir, dtype, dev):
 # ------------------------------------------------------------------------------------------------
 # driver
 # ------------------------------------------------------------------------------------------------
+def _ratios(rows: dict, device: str) -> dict | None:
+    e, p, s = rows["eager"], rows["poslens"], rows["sdpa"]
+    if not (e.get("ok") and p.get("ok")):
+        return None
+    r = {
+        "throughput_x": p["tokens_per_s"] / e["tokens_per_s"],
+        "peak_rss_x": e["peak_rss_mb"] / p["peak_rss_mb"],
+        "peak_rss_above_loaded_x": (e["peak_rss_mb"] - e["rss_loaded_mb"]) / max(1.0, p["peak_rss_mb"] - p["rss_loaded_mb"]),
+        "capture_overhead_vs_sdpa": (s["tokens_per_s"] / p["tokens_per_s"] - 1.0) if s.get("ok") else None,
+        "cpu_throughput_x": p["tokens_per_cpu_s"] / e["tokens_per_cpu_s"],
+        "cpu_capture_overhead_vs_sdpa": (s["tokens_per_cpu_s"] / p["tokens_per_cpu_s"] - 1.0) if s.get("ok") else None,
+        # the ceiling: even free capture cannot beat the plain forward it observes
+        "ceiling_throughput_x": (s["tokens_per_s"] / e["tokens_per_s"]) if s.get("ok") else None,
+        "ceiling_cpu_throughput_x": (s["tokens_per_cpu_s"] / e["tokens_per_cpu_s"]) if s.get("ok") else None,
+    }
+    if device.startswith("cuda"):
+        r["peak_cuda_x"] = e["peak_cuda_mb"] / p["peak_cuda_mb"]
+    return r
+
+
+def _table(results: dict) -> str:
+    """One line per model: the ratios that the targets are about."""
+    head = f"{'model':<15}{'heads':>6}{'poslens/eager':>15}{'ceiling':>9}{'capture':>9}{'peak mem':>10}{'above model':>13}"
+    lines = [head]
+    for name, entry in results.get("short", {}).items():
+        r = entry.get("ratios")
+        if not r:
+            lines.append(f"{name:<15}  (a run failed: see the JSON lines)")
+            continue
+        ov = r["capture_overhead_vs_sdpa"]
+        lines.append(f"{name:<15}{entry['preset']['num_attention_heads']:>6}{r['throughput_x']:>14.2f}x"
+                     f"{(r['ceiling_throughput_x'] or float('nan')):>8.2f}x{(ov or 0) * 100:>8.0f}%"
+                     f"{r['peak_rss_x']:>9.2f}x{r['peak_rss_above_loaded_x']:>12.1f}x")
+    lines.append("poslens/eager: tokens/s ratio; ceiling: plain sdpa forward / eager (no capture can exceed it); "
+                 "capture: time capture adds to the plain forward; peak mem: eager / poslens peak RSS, total and "
+                 "above the loaded model")
+    long = results.get("long")
+    if long:
+        for m in ("poslens", "eager"):
+            r = long[m]
+            state = (f"completed, peak RSS {r['peak_rss_mb'] / 1024:.1f} GiB" if r.get("ok")
+                     else f"failed ({r.get('error', '?')[:80]})")
+            lines.append(f"{results.get('long_seq_len', '')} tokens, wide model, {m}: {state}")
+    return "\n".join(lines)
+# ------------------------------------------------------------------------------------------------
 def run_worker(method, model, preset, seq_len, batch_size, batches, device, threads, cap_gb=None) -> dict:
     cmd = [sys.executable, __file__, "--worker", method, "--model", model, "--preset", preset, "--seq-len",
            str(seq_len), "--batch-size", str(batch_size), "--batches", str(batches), "--device", device,
@@ -250,7 +295,7 @@ def main():
     ap.add_argument("--model")
     ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
     ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--batch-size", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
@@ -260,8 +305,9 @@ def main():
                     help="address-space cap for the long-sequence runs (keeps the failing eager run from "
                          "taking the whole machine)")
     ap.add_argument("--skip-long", action="store_true")
-    ap.add_argument("--short-preset", default="small", choices=sorted(PRESETS),
-                    help="model for the three-way comparison (default: small)")
+    ap.add_argument("--short-presets", default="heads32,gpt2-shape,llama1b-shape,small",
+                    help="comma-separated models for the three-way comparison at --seq-len (from: "
+                         + ", ".join(sorted(PRESETS)) + "); the first is also used for --sweep-batches")
     ap.add_argument("--sweep-batches", default="",
                     help="comma-separated batch sizes: also run poslens and eager at each (1 timed batch) and "
                          "report peak RSS above the loaded model, to show how memory grows with batch x heads")
@@ -273,39 +319,31 @@ def main():
         return
 
     results = {"device": args.device, "threads": args.threads, "cpu_count": os.cpu_count()}
+    presets = [p.strip() for p in args.short_presets.split(",") if p.strip()]
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        ap.error(f"--short-presets: unknown {unknown}; choose from {sorted(PRESETS)}")
     with tempfile.TemporaryDirectory() as tmp:
-        sp = args.short_preset
-        small = build_model(sp, os.path.join(tmp, sp), 8192)
-        results["short_preset"] = dict(name=sp, **PRESETS[sp])
-        rows = {}
-        for method in ("sdpa", "poslens", "eager"):
-            rows[method] = run_worker(method, small, sp, args.seq_len, args.batch_size, args.batches, args.device,
-                                      args.threads)
-            print(json.dumps(rows[method]), flush=True)
-        results["short"] = rows
-        e, p, s = rows["eager"], rows["poslens"], rows["sdpa"]
-        if e.get("ok") and p.get("ok"):
-            results["short_ratios"] = {
-                "throughput_x": p["tokens_per_s"] / e["tokens_per_s"],
-                "peak_rss_x": e["peak_rss_mb"] / p["peak_rss_mb"],
-                "peak_rss_above_loaded_x": (e["peak_rss_mb"] - e["rss_loaded_mb"]) / max(1.0, p["peak_rss_mb"] - p["rss_loaded_mb"]),
-                "capture_overhead_vs_sdpa": (s["tokens_per_s"] / p["tokens_per_s"] - 1.0) if s.get("ok") else None,
-                "cpu_throughput_x": p["tokens_per_cpu_s"] / e["tokens_per_cpu_s"],
-                "cpu_capture_overhead_vs_sdpa": (s["tokens_per_cpu_s"] / p["tokens_per_cpu_s"] - 1.0) if s.get("ok") else None,
-                # the ceiling: even free capture cannot beat the plain forward it observes
-                "ceiling_throughput_x": (s["tokens_per_s"] / e["tokens_per_s"]) if s.get("ok") else None,
-                "ceiling_cpu_throughput_x": (s["tokens_per_cpu_s"] / e["tokens_per_cpu_s"]) if s.get("ok") else None,
-            }
-            if args.device.startswith("cuda"):
-                results["short_ratios"]["peak_cuda_x"] = e["peak_cuda_mb"] / p["peak_cuda_mb"]
-        print(json.dumps(results.get("short_ratios")), flush=True)
+        results["short"] = {}
+        for sp in presets:
+            path = build_model(sp, os.path.join(tmp, sp), 8192)
+            rows = {}
+            for method in ("sdpa", "poslens", "eager"):
+                rows[method] = run_worker(method, path, sp, args.seq_len, args.batch_size, args.batches, args.device,
+                                          args.threads)
+                print(json.dumps({"preset": sp, **rows[method]}), flush=True)
+            entry = {"preset": dict(PRESETS[sp]), "runs": rows, "ratios": _ratios(rows, args.device)}
+            results["short"][sp] = entry
+            print(json.dumps({"preset": sp, "ratios": entry["ratios"]}), flush=True)
+        sp = presets[0]
+        first = os.path.join(tmp, sp)
 
         if args.sweep_batches:
             sweep = []
             for bs in [int(b) for b in args.sweep_batches.split(",")]:
                 row = {"batch_size": bs}
                 for method in ("poslens", "eager"):
-                    r = run_worker(method, small, sp, args.seq_len, bs, 1, args.device, args.threads)
+                    r = run_worker(method, first, sp, args.seq_len, bs, 1, args.device, args.threads)
                     row[method] = r
                     print(json.dumps(r), flush=True)
                 if row["poslens"].get("ok") and row["eager"].get("ok"):
@@ -322,6 +360,7 @@ def main():
             cfgw = PRESETS["wide"]
             need = cfgw["num_hidden_layers"] * cfgw["num_attention_heads"] * args.long_seq_len**2 * 4 * 2 / 2**30
             results["long_eager_attention_tensors_gib"] = need
+            results["long_seq_len"] = args.long_seq_len
             long = {}
             for method in ("poslens", "eager"):
                 long[method] = run_worker(method, wide, "wide", args.long_seq_len, 1, 1, args.device, args.threads,
@@ -329,6 +368,7 @@ def main():
                 print(json.dumps(long[method]), flush=True)
             results["long"] = long
     print(json.dumps(results, indent=1))
+    print(_table(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

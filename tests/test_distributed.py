@@ -22,9 +22,10 @@ from poslens.rundir import read_tensors
 from tests.test_capture import save_tiny
 
 # 5 batches of 2 sequences: rank 0 gets batches 0, 2, 4 and rank 1 gets 1, 3 (uneven on purpose)
-OPTS = dict(data="random", seq_len=16, num_seqs=10, batch_size=2, seed=5, checkpoint_every=1)
+# a q/k reservoir of 50 of the 160 token slots: the ranks' samples must merge into the single-process one
+OPTS = dict(data="random", seq_len=16, num_seqs=10, batch_size=2, seed=5, checkpoint_every=1, reservoir=50)
 ARGS = ["--data", "random", "--seq-len", "16", "--num-seqs", "10", "--batch-size", "2", "--seed", "5",
-        "--checkpoint-every", "1", "--no-figures", "--quiet"]
+        "--checkpoint-every", "1", "--reservoir", "50", "--no-figures", "--quiet"]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,8 @@ def test_two_processes_equal_single_process(llama_dir, reference, tmp_path):
             assert torch.equal(a[k], b[k]), k
         else:
             assert torch.allclose(a[k], b[k], rtol=1e-12, atol=1e-12 * a[k].abs().max().item()), k
+    # the merged reservoir keeps exactly the single-process slots (50 of 160)
+    assert torch.equal(a["reservoir.tokens"], b["reservoir.tokens"]) and int((b["reservoir.tokens"][:, 0] >= 0).sum()) == 50
     # each rank checkpointed only its own shard
     counts = [int(read_tensors(out / D.checkpoint_name(r))["scores.count"]) for r in (0, 1)]
     assert counts == [6, 4]

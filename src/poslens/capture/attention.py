@@ -265,6 +265,8 @@ class CaptureSpec:
     no_rope_layers: set[int] = field(default_factory=set)
     bidirectional: bool = False
     chunk_elems: int = 2**23  # logits per query-row chunk (B * H * c * S), bounds the working set
+    reservoir: int = 0  # token slots with pre-RoPE q/k vectors kept (0 = none); see capture.reservoir
+    seed: int = 0  # seeds the reservoir's slot keys
 
 
 def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
@@ -317,6 +319,13 @@ class Capture:
         self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device) for k, s in accumulator_shapes(spec).items()})
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         self._batch_size = 0
+        self._next_seq = 0
+        self.reservoir = None
+        if spec.reservoir:
+            from poslens.capture.reservoir import QKReservoir
+
+            self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
+                                         spec.head_dim, spec.seq_len, seed=spec.seed, device=device)
 
     # -- context ----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -329,14 +338,43 @@ class Capture:
         finally:
             _ACTIVE = prev
 
-    def begin_batch(self, batch_size: int) -> None:
+    def begin_batch(self, batch_size: int, seq_start: int | None = None) -> None:
+        """Start a batch of ``batch_size`` sequences; ``seq_start`` is the global index of its first
+        sequence (default: right after the previous batch), which fixes the reservoir's slot keys."""
         self._batch_size = int(batch_size)
+        seq_start = self._next_seq if seq_start is None else int(seq_start)
+        self._next_seq = seq_start + self._batch_size
+        if self.reservoir is not None:
+            self.reservoir.begin_batch(seq_start, self._batch_size)
 
     def end_batch(self) -> None:
         """Count the batch's sequences once in every accumulator (sums were added per layer)."""
         for acc in self.accs.values():
             acc.count += self._batch_size
         self._batch_size = 0
+        if self.reservoir is not None:
+            self.reservoir.end_batch()
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every accumulated tensor (sums, counts, reservoir): what a checkpoint holds."""
+        out = self.accs.state_dict()
+        if self.reservoir is not None:
+            out.update(self.reservoir.state_dict())
+        return out
+
+    def load_state_dict(self, state) -> None:
+        self.accs.load_state_dict(state)
+        if self.reservoir is not None:
+            if "reservoir.keys" not in state:
+                raise PoslensError("the checkpoint has no q/k reservoir; resume with the original --reservoir.")
+            self.reservoir.load_state_dict(state)
+
+    def all_reduce(self, group=None) -> None:
+        """Sum the accumulators and merge the reservoirs of all processes (torch.distributed)."""
+        self.accs.all_reduce(group)
+        if self.reservoir is not None:
+            self.reservoir.all_gather_merge(group)
 
     # -- RoPE -------------------------------------------------------------------------------
     def unrotate(self, query: torch.Tensor, key: torch.Tensor):
@@ -411,6 +449,8 @@ class Capture:
             q_pre, k_pre = q, k
         acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
         acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
+        if self.reservoir is not None:
+            self.reservoir.observe(li, q_pre, k_pre)
         del q_pre, k_pre
 
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query

@@ -36,7 +36,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 #: config fields that change the accumulated tensors (a resume must match them exactly)
 _FINGERPRINT_FIELDS = ("model_dir", "data", "seq_len", "num_seqs", "batch_size", "seed", "dtype", "layers",
-                       "heads", "no_rope_layers", "bidirectional", "chunk_elems")
+                       "heads", "no_rope_layers", "bidirectional", "chunk_elems", "reservoir")
 
 
 @dataclass
@@ -64,6 +64,7 @@ class ScanConfig:
     chunk_elems: int = 2**23
     aps_max_positions: int = 256
     device_map: str | None = None  # accelerate device map ("auto"...): layers over several devices
+    reservoir: int = 256  # token slots whose pre-RoPE q/k vectors are kept (0 = none)
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,6 +227,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                       ("--checkpoint-every", cfg.checkpoint_every)):
         if val < 1:
             raise PoslensError(f"{flag} {val}: must be a positive integer.")
+    if cfg.reservoir < 0:
+        raise PoslensError(f"--reservoir {cfg.reservoir}: must be 0 (none) or a positive number of token slots.")
     layers = list(range(L)) if cfg.layers is None else sorted(set(cfg.layers))
     bad = [l for l in layers if not 0 <= l < L]
     if bad or not layers:
@@ -262,7 +265,7 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
     spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
-                       chunk_elems=cfg.chunk_elems)
+                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 
@@ -306,7 +309,7 @@ def save_checkpoint(out: Path, capture: Capture, next_seq: int, fp: str, *, name
                     extra: dict | None = None) -> None:
     from poslens.rundir import write_tensors
 
-    write_tensors(out / name, capture.accs.state_dict(),
+    write_tensors(out / name, capture.state_dict(),
                   metadata={"next_seq": next_seq, "fingerprint": fp, **(extra or {})})
 
 
@@ -332,7 +335,7 @@ def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPO
                            "original options or choose a new --out.")
     from poslens.rundir import read_tensors
 
-    capture.accs.load_state_dict(read_tensors(path))
+    capture.load_state_dict(read_tensors(path))
     return int(meta["batches_done"]) if "batches_done" in meta else int(meta["next_seq"])
 
 
@@ -481,7 +484,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                 if done <= t < len(mine):
                     s, e = mine[t]
                     ids = plan.source.batch(s, e).to(plan.device)
-                    capture.begin_batch(e - s)
+                    capture.begin_batch(e - s, seq_start=s)
                     with torch.no_grad(), capture.active():
                         model(input_ids=ids, use_cache=False)
                     capture.end_batch()
@@ -504,7 +507,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             h.remove()
     elapsed = time.time() - t_loop
     if ctx.enabled:
-        ctx.guard(lambda: capture.accs.all_reduce())
+        ctx.guard(lambda: capture.all_reduce())
         tokens = int(ctx.all_sum([tokens], device)[0])
         elapsed = ctx.all_max([elapsed], device)[0]
         if not ctx.is_main:
@@ -571,7 +574,10 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     cfg, spec, adapter, config = plan.cfg, plan.spec, plan.adapter, plan.config
     means = capture.means()
     n_seqs = capture.accs["scores"].count
-    write_tensors(out / "maps.safetensors", {k: v.to(torch.float32) for k, v in means.items()},
+    tensors = {k: v.to(torch.float32) for k, v in means.items()}
+    if capture.reservoir is not None:
+        tensors.update(capture.reservoir.result())
+    write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]"})
     k = cfg.aps_max_positions
@@ -603,6 +609,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         "num_seqs": n_seqs,
         "seq_len": spec.seq_len,
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
+        "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
         "embedding_aps": float(adjacency_probability_score(_subsample(means["cosine"][0], k))),
         "aps_positions": min(k, spec.seq_len),
         "layers": layers,

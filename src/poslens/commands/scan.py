@@ -30,6 +30,8 @@ def scan(
     heads: str = typer.Option(None, "--heads", help="LAYER.HEAD pairs that also get per-head S x S maps, e.g. 3.5,10.2."),
     no_rope_layers: str = typer.Option(None, "--no-rope-layers", help="Control: attend with un-rotated q/k in these layers."),
     bidirectional: bool = typer.Option(False, "--bidirectional", help="Control: drop the causal mask in every layer."),
+    reservoir: int = typer.Option(256, "--reservoir", help="Token slots (a uniform sample of all sequence "
+                                  "positions) whose pre-RoPE q/k vectors are kept in every layer; 0 = none."),
     no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG score maps."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
@@ -42,8 +44,8 @@ def scan(
     Runs the model through poslens' registered attention function (outputs unchanged) and
     accumulates, per layer and over all sequences: mean pre-softmax scores and attention
     weights (S x S), per-head slash profiles (SlashScore by offset), self-cosine maps and
-    norms of hidden states and attention outputs, pre-RoPE q/k second moments and per-dimension
-    logit contributions. Writes config.json, maps.safetensors, summary.json and score-map
+    norms of hidden states and attention outputs, pre-RoPE q/k second moments, a bounded sample
+    of pre-RoPE q/k vectors, and per-dimension logit contributions. Writes config.json, maps.safetensors, summary.json and score-map
     figures to OUT. Interrupt at any time and rerun with --resume.
 
     Data-parallel: `torchrun --nproc-per-node N -m poslens scan ...` shards the sequences over the
@@ -56,7 +58,7 @@ def scan(
         seed=seed, dtype=dtype, device=device, layers=parse_int_list(layers, "--layers"), heads=parse_heads(heads),
         no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
         figures=not no_figures, resume=resume, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, device_map=device_map,
+        trust_remote_code=trust_remote_code, device_map=device_map, reservoir=reservoir,
     )
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing

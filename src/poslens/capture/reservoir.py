@@ -1,0 +1,151 @@
+"""A bounded, mergeable sample of pre-RoPE query and key vectors for the rank analysis.
+
+Every token slot ``(sequence index, position)`` gets a random key that depends only on the scan's
+seed and the slot itself; the reservoir keeps the ``R`` slots with the smallest keys (bottom-R
+sampling: a uniform sample without replacement of all slots seen). Because the sample is a
+function of the set of slots and not of the order they arrive in, a scan split into batches, cut
+and resumed, or sharded over processes keeps exactly the same slots as one uninterrupted pass,
+and merging two reservoirs is "keep the R smallest keys of both".
+
+For each kept slot the reservoir stores, in every captured layer, the pre-RoPE query of every head
+and the pre-RoPE key of every KV head (after q/k norm where the model has one): the tokens x
+head_dim matrices whose singular values the slash paper's rank-one measures are about (arXiv
+2601.08297). The exact second moments (``q_gram``/``k_gram``) give those singular values over
+every token; the reservoir keeps the vectors themselves, for analyses that need directions and
+phases rather than spectra.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from poslens.errors import PoslensError
+
+#: Mixes the scan seed and a sequence index into one generator seed.
+_SEED_MULT = 0x9E3779B97F4A7C15 & ((1 << 63) - 1)
+
+
+def slot_keys(seed: int, seq_start: int, batch_size: int, seq_len: int) -> torch.Tensor:
+    """Random keys ``[B * S]`` (float64 in [0, 1)) of the slots of sequences ``seq_start ..``, row-major.
+
+    One generator per sequence, seeded from ``(seed, sequence index)``: the key of a slot does not
+    depend on which batch or process the sequence falls in.
+    """
+    keys = torch.empty(batch_size, seq_len, dtype=torch.float64)
+    for b in range(batch_size):
+        g = torch.Generator().manual_seed((seed * _SEED_MULT + seq_start + b) % (1 << 63))
+        keys[b] = torch.rand(seq_len, generator=g, dtype=torch.float64)
+    return keys.reshape(-1)
+
+
+class QKReservoir:
+    """Bottom-R sample of token slots with their pre-RoPE q/k vectors in every captured layer.
+
+    State (all saved and merged): ``keys [R]`` (float64, ``inf`` = empty slot), ``tokens [R, 2]``
+    (sequence index, position; ``-1`` = empty), ``q [L, H, R, D]`` and ``k [L, Hk, R, D]`` (float32).
+    Slots are kept sorted by key, so equal sets of slots give equal tensors.
+    """
+
+    def __init__(self, size: int, num_layers: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 seq_len: int, seed: int = 0, device="cpu"):
+        if size < 1:
+            raise PoslensError(f"reservoir size must be at least 1, got {size}.")
+        self.size, self.seq_len, self.seed = int(size), int(seq_len), int(seed)
+        self.device = torch.device(device)
+        self.keys = torch.full((size,), float("inf"), dtype=torch.float64, device=device)
+        self.tokens = torch.full((size, 2), -1, dtype=torch.int64, device=device)
+        self.q = torch.zeros(num_layers, num_heads, size, head_dim, dtype=torch.float32, device=device)
+        self.k = torch.zeros(num_layers, num_kv_heads, size, head_dim, dtype=torch.float32, device=device)
+        self._plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._pending: set[int] = set()
+
+    # -- one batch ---------------------------------------------------------------------------
+    def begin_batch(self, seq_start: int, batch_size: int) -> None:
+        """Decide which of this batch's slots enter (the same decision for every layer)."""
+        S, R = self.seq_len, self.size
+        new_keys = slot_keys(self.seed, seq_start, batch_size, S).to(self.device)
+        both = torch.cat([self.keys, new_keys])
+        order = torch.sort(both, stable=True).indices[:R]
+        from_old = order < R
+        old_idx = order[from_old]
+        new_idx = order[~from_old] - R  # row-major slot index b * S + s within the batch
+        seq = torch.arange(seq_start, seq_start + batch_size, device=self.device)
+        new_tokens = torch.stack([seq.repeat_interleave(S), torch.arange(S, device=self.device).repeat(batch_size)], 1)
+        self.keys = both[order]
+        self.tokens = torch.cat([self.tokens, new_tokens])[order]
+        self._plan = (from_old, old_idx, new_idx // S, new_idx % S)
+        self._pending = set(range(self.q.shape[0]))
+
+    def observe(self, li: int, q_pre: torch.Tensor, k_pre: torch.Tensor) -> None:
+        """Apply the batch's decision to layer ``li``: ``q_pre [B, H, S, D]``, ``k_pre [B, Hk, S, D]``."""
+        if self._plan is None or li not in self._pending:
+            raise PoslensError("reservoir: observe() without begin_batch() for this batch; call "
+                               "Capture.begin_batch(batch_size, seq_start) before each forward.")
+        from_old, old_idx, b_idx, s_idx = self._plan
+        for store, x in ((self.q, q_pre), (self.k, k_pre)):
+            row = torch.empty_like(store[li])
+            row[:, from_old] = store[li][:, old_idx]
+            row[:, ~from_old] = x[b_idx, :, s_idx].to(device=store.device, dtype=store.dtype).transpose(0, 1)
+            store[li] = row
+        self._pending.discard(li)
+
+    def end_batch(self) -> None:
+        if self._pending:
+            raise PoslensError(f"reservoir: layers {sorted(self._pending)} were not observed in this batch.")
+        self._plan = None
+
+    # -- results, state, merging ----------------------------------------------------------------
+    @property
+    def filled(self) -> int:
+        return int((self.tokens[:, 0] >= 0).sum())
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The filled slots: ``q_reservoir``, ``k_reservoir`` and ``reservoir_tokens`` (sequence, position)."""
+        n = self.filled
+        return {"q_reservoir": self.q[:, :, :n].clone(), "k_reservoir": self.k[:, :, :n].clone(),
+                "reservoir_tokens": self.tokens[:n].clone()}
+
+    def state_dict(self, prefix: str = "reservoir.") -> dict[str, torch.Tensor]:
+        return {f"{prefix}keys": self.keys, f"{prefix}tokens": self.tokens, f"{prefix}q": self.q, f"{prefix}k": self.k}
+
+    def load_state_dict(self, state, prefix: str = "reservoir.") -> None:
+        for name in ("keys", "tokens", "q", "k"):
+            cur = getattr(self, name)
+            got = state[f"{prefix}{name}"]
+            if tuple(got.shape) != tuple(cur.shape):
+                raise PoslensError(f"reservoir checkpoint {name} has shape {tuple(got.shape)}, expected "
+                                   f"{tuple(cur.shape)}; resume with the original --reservoir.")
+            setattr(self, name, got.to(device=cur.device, dtype=cur.dtype).clone())
+
+    def merge(self, *others: "QKReservoir") -> "QKReservoir":
+        """Keep the R smallest keys of this reservoir and ``others`` (ties: this one first, then in order)."""
+        parts = [self, *others]
+        keys = torch.cat([p.keys.to(self.device) for p in parts])
+        order = torch.sort(keys, stable=True).indices[: self.size]
+        self.keys = keys[order]
+        self.tokens = torch.cat([p.tokens.to(self.device) for p in parts])[order]
+        self.q = torch.cat([p.q.to(self.device) for p in parts], dim=2)[:, :, order].contiguous()
+        self.k = torch.cat([p.k.to(self.device) for p in parts], dim=2)[:, :, order].contiguous()
+        return self
+
+    def all_gather_merge(self, group=None) -> None:
+        """Merge the reservoirs of every process (all end up with the merged one)."""
+        import torch.distributed as dist
+
+        world = dist.get_world_size(group)
+        gathered = {}
+        for name in ("keys", "tokens", "q", "k"):
+            t = getattr(self, name).contiguous()
+            bufs = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(bufs, t, group=group)
+            gathered[name] = bufs
+        others = []
+        for r in range(world):
+            o = object.__new__(QKReservoir)
+            o.size, o.device = self.size, self.device
+            for name in ("keys", "tokens", "q", "k"):
+                setattr(o, name, gathered[name][r])
+            others.append(o)
+        first, rest = others[0], others[1:]
+        self.keys, self.tokens, self.q, self.k = first.keys, first.tokens, first.q, first.k
+        self.merge(*rest)
