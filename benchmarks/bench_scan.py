@@ -153,11 +153,12 @@ def _run_poslens(model_dir, dtype, dev):
             L = ad.num_layers(config)
             spec = CaptureSpec(num_layers=L, num_heads=ad.num_heads(config), num_kv_heads=ad.num_kv_heads(config),
                                head_dim=ad.head_dim(config), seq_len=ids.shape[1], layers=list(range(L)),
-                               rope_layers=ad.rope_layers(config))
+                               rope_layers=ad.rope_layers(config), reservoir=256)  # as `poslens scan`
             state["cap"] = Capture(spec, device=dev)
             attach(model, ad, state["cap"])
         cap = state["cap"]
-        cap.begin_batch(ids.shape[0])
+        cap.begin_batch(ids.shape[0], seq_start=state.setdefault("seen", 0))
+        state["seen"] += ids.shape[0]
         with torch.no_grad(), cap.active():
             model(input_ids=ids, use_cache=False, logits_to_keep=1)
         cap.end_batch()
