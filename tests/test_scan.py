@@ -270,3 +270,17 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
     code, _, err = _scan(cli, p, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures")
     assert code == 2 and "layer 1, head 2" in err, err
     assert (out / "config.json").exists() and not (out / "maps.safetensors").exists()
+
+
+def test_pool_for_figure_block_means_skip_the_causal_triangle():
+    from poslens.capture.scan import causal_view, pool_for_figure
+
+    S = 10
+    m = torch.arange(S * S, dtype=torch.float64).reshape(S, S)
+    assert pool_for_figure(m, max_positions=16) is m  # short maps are drawn as they are
+    p = pool_for_figure(causal_view(m), max_positions=4)  # f = 3: blocks of 3 (the last padded)
+    assert p.shape == (4, 4)
+    assert p[0, 0] == (0 + 10 + 11 + 20 + 21 + 22) / 6  # the block's lower triangle only
+    assert p[1, 0] == m[3:6, 0:3].mean()
+    assert p[3, 3] == m[9, 9] and p[3, 0] == m[9, 0:3].mean()  # the ragged last block
+    assert bool(torch.isnan(p[0, 1])) and bool(torch.isnan(p[0, 3]))  # wholly above the diagonal

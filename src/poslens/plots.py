@@ -20,8 +20,11 @@ def _cmap(name: str):
 
 
 def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[float, float] | None = None,
-            center_zero: bool = False, colorbar: bool = True, annotate: bool = False):
+            center_zero: bool = False, colorbar: bool = True, annotate: bool = False, positions: int | None = None):
     """Draw one ``[S, S]`` map on ``ax``. NaN entries (the masked triangle) are left blank.
+
+    ``positions``: the sequence length the map stands for when it was block-averaged to fewer
+    pixels (the axes then read in positions, not pixels).
 
     ``percentile=(1, 99)`` clips the colour range to those percentiles of the finite entries, as
     the trained-model figures of arXiv 2509.21042 do; ``center_zero`` makes the range symmetric
@@ -48,7 +51,8 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
         if vmin == vmax:
             vmin, vmax = vmin - 1e-12, vmax + 1e-12
     cm = _cmap(cmap).with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
-    im = ax.imshow(np.ma.masked_invalid(a), cmap=cm, vmin=vmin, vmax=vmax, interpolation="nearest")
+    extent = None if positions is None or positions == a.shape[-1] else (0, positions, positions, 0)
+    im = ax.imshow(np.ma.masked_invalid(a), cmap=cm, vmin=vmin, vmax=vmax, interpolation="nearest", extent=extent)
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
     if title:
@@ -63,12 +67,12 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
 
 
 def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rocket",
-               percentile: tuple[float, float] | None = None, center_zero: bool = False):
-    """One row of heat maps, one per layer; returns the figure."""
+               percentile: tuple[float, float] | None = None, center_zero: bool = False, positions: int | None = None):
+    """One row of heat maps, one per layer; returns the figure (``positions``: see :func:`heatmap`)."""
     n = len(maps)
     fig, axes = plt.subplots(1, n, figsize=(3.3 * n, 3.2), squeeze=False)
     for ax, m, t in zip(axes[0], maps, titles):
-        heatmap(ax, m, title=t, cmap=cmap, percentile=percentile, center_zero=center_zero)
+        heatmap(ax, m, title=t, cmap=cmap, percentile=percentile, center_zero=center_zero, positions=positions)
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
     fig.tight_layout()

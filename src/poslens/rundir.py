@@ -92,13 +92,33 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def write_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], metadata: dict | None = None) -> None:
-    """Atomically write a dict of tensors to a ``.safetensors`` file."""
-    import torch
-    from safetensors.torch import save
+    """Atomically write a dict of tensors to a ``.safetensors`` file.
 
+    Written by ``safetensors.torch.save_file`` into a temporary file next to ``path`` (then fsync
+    and rename), which streams the tensors' own buffers: no serialised copy of the whole file is
+    held in memory (scan accumulators at 4,096 tokens are gigabytes).
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    path = Path(path)
     clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items() if isinstance(v, torch.Tensor)}
     meta = {k: json.dumps(_jsonable(v)) for k, v in (metadata or {}).items()}
-    _atomic_write_bytes(Path(path), save(clean, metadata=meta or None))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(clean, tmp, metadata=meta or None)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def read_tensors(path: str | os.PathLike) -> dict:

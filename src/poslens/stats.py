@@ -76,14 +76,21 @@ class MeanAccumulator:
             out[f"{prefix}sumsq"] = self.sumsq
         return out
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor], prefix: str = "") -> None:
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], prefix: str = "", *, copy: bool = True) -> None:
+        """Load sums and count; ``copy=False`` adopts the given tensors (when they are already float64
+        on this device) instead of copying them, for a state freshly read from a file."""
         s = state[f"{prefix}sum"]
         if tuple(s.shape) != self.shape:
             raise ValueError(f"saved shape {tuple(s.shape)} differs from {self.shape}")
-        self.sum = s.to(self.sum.device, torch.float64).clone()
+
+        def own(t):
+            t2 = t.to(self.sum.device, torch.float64)
+            return t2.clone() if copy and t2 is t else t2
+
+        self.sum = own(s)
         self.count = int(state[f"{prefix}count"].item())
         if self.with_var:
-            self.sumsq = state[f"{prefix}sumsq"].to(self.sum.device, torch.float64).clone()
+            self.sumsq = own(state[f"{prefix}sumsq"])
 
     def all_reduce(self, group=None) -> None:
         """Sum this accumulator over all ranks of a torch.distributed process group, in place."""
@@ -106,9 +113,9 @@ class AccumulatorSet(dict):
             out.update(acc.state_dict(prefix=f"{name}."))
         return out
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], *, copy: bool = True) -> None:
         for name, acc in self.items():
-            acc.load_state_dict(state, prefix=f"{name}.")
+            acc.load_state_dict(state, prefix=f"{name}.", copy=copy)
 
     def merge(self, other: "AccumulatorSet") -> "AccumulatorSet":
         for name, acc in self.items():

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import gc
+import inspect
 import json
 import sys
 import time
@@ -335,7 +337,7 @@ def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPO
                            "original options or choose a new --out.")
     from poslens.rundir import read_tensors
 
-    capture.load_state_dict(read_tensors(path))
+    capture.load_state_dict(read_tensors(path), copy=False)  # fresh from the file: adopt, do not copy
     return int(meta["batches_done"]) if "batches_done" in meta else int(meta["next_seq"])
 
 
@@ -475,6 +477,9 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             save_checkpoint(out, capture, mine[n_done - 1][1] if n_done else 0, fp)
 
     handles = attach(model, plan.adapter, capture)
+    fwd_kwargs = {"use_cache": False}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        fwd_kwargs["logits_to_keep"] = 1  # the LM head's [B, S, vocab] logits are not needed (GBs at 4k tokens)
     tokens = 0
     t_loop = time.time()
     try:
@@ -486,7 +491,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                     ids = plan.source.batch(s, e).to(plan.device)
                     capture.begin_batch(e - s, seq_start=s)
                     with torch.no_grad(), capture.active():
-                        model(input_ids=ids, use_cache=False)
+                        model(input_ids=ids, **fwd_kwargs)
                     capture.end_batch()
                     tokens += ids.numel()
                     done, did = t + 1, 1
@@ -506,6 +511,10 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         for h in handles:
             h.remove()
     elapsed = time.time() - t_loop
+    del model  # free the weights before the results are merged and written (sums and maps are as large)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     if ctx.enabled:
         ctx.guard(lambda: capture.all_reduce())
         tokens = int(ctx.all_sum([tokens], device)[0])
@@ -572,31 +581,29 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     from poslens.rundir import write_tensors
 
     cfg, spec, adapter, config = plan.cfg, plan.spec, plan.adapter, plan.config
-    means = capture.means()
     n_seqs = capture.accs["scores"].count
-    tensors = {k: v.to(torch.float32) for k, v in means.items()}
-    if capture.reservoir is not None:
-        tensors.update(capture.reservoir.result())
-    write_tensors(out / "maps.safetensors", tensors,
-                  metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
-                            "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]"})
+
+    def mean(name: str, idx=slice(None)) -> torch.Tensor:
+        """float64 mean of one accumulator at ``idx``: the summary reads layer by layer, before the sums are freed."""
+        acc = capture.accs[name]
+        return acc.sum[idx] / acc.count if acc.count else torch.full_like(acc.sum[idx], float("nan"))
     k = cfg.aps_max_positions
     rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
     layers = []
     for li, l in enumerate(spec.layers):
-        sc = causal_view(means["scores"][li], include_diagonal=True)
-        rm_q = rank_measures(means["q_gram"][li])
-        rm_k = rank_measures(means["k_gram"][li])
-        bands = band_contributions(means["dim_logit"][li], rot_dim if l in spec.rope_layers else None, base, spec.seq_len)
+        sc = causal_view(mean("scores", li), include_diagonal=True)
+        rm_q = rank_measures(mean("q_gram", li))
+        rm_k = rank_measures(mean("k_gram", li))
+        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len)
         layers.append({
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
             "relativity_index": _opt(relativity_index(sc)),
             "locality": _opt(locality(_subsample(sc, k))),
-            "aps": float(adjacency_probability_score(_subsample(means["cosine"][li + 1], k))),
-            "attn_aps": float(adjacency_probability_score(_subsample(means["attn_cosine"][li], k))),
-            "norm_score": float(norm_score(_subsample(means["norms"][li + 1], k))),
-            "top_slash_heads": top_slash_heads(means["slash"][li: li + 1], k=3, layer_ids=[l]),
+            "aps": float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k))),
+            "attn_aps": float(adjacency_probability_score(_subsample(mean("attn_cosine", li), k))),
+            "norm_score": float(norm_score(_subsample(mean("norms", li + 1), k))),
+            "top_slash_heads": top_slash_heads(mean("slash", slice(li, li + 1)), k=3, layer_ids=[l]),
             "q_top1_energy": rm_q["top1_energy"].tolist(),
             "k_top1_energy": rm_k["top1_energy"].tolist(),
             "q_effective_rank": rm_q["effective_rank"].tolist(),
@@ -610,20 +617,53 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         "seq_len": spec.seq_len,
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
         "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
-        "embedding_aps": float(adjacency_probability_score(_subsample(means["cosine"][0], k))),
+        "embedding_aps": float(adjacency_probability_score(_subsample(mean("cosine", 0), k))),
         "aps_positions": min(k, spec.seq_len),
         "layers": layers,
-        "slash_top_heads": top_slash_heads(means["slash"], k=10, layer_ids=spec.layers),
-        "slash_top_heads_offset_ge1": top_slash_heads(means["slash"], k=10, min_offset=1, layer_ids=spec.layers),
+        "slash_top_heads": top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers),
+        "slash_top_heads_offset_ge1": top_slash_heads(mean("slash"), k=10, min_offset=1, layer_ids=spec.layers),
         "files": ["config.json", "maps.safetensors", "summary.json"],
     }
+    # float32 means for the file, converted in place one accumulator at a time (the capture is spent)
+    tensors = capture.release_means(torch.float32)
+    if capture.reservoir is not None:
+        tensors.update(capture.reservoir.result())
+    write_tensors(out / "maps.safetensors", tensors,
+                  metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
+                            "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]"})
     if figures:
-        summary["files"] += write_figures(out, means, spec)
+        summary["files"] += write_figures(out, tensors, spec)
     return summary
 
 
+
+#: Figures show at most this many positions per axis; longer maps are block-averaged down to it
+#: (a 4,096-position map has 16 M pixels, far beyond a panel's resolution, and takes minutes to draw).
+FIGURE_MAX_POSITIONS = 1024
+
+
+def pool_for_figure(m: torch.Tensor, max_positions: int = FIGURE_MAX_POSITIONS) -> torch.Tensor:
+    """Block means of a ``[S, S]`` map over ``f x f`` blocks, ``f = ceil(S / max_positions)``; NaN
+    entries (the causal upper triangle) are left out of each mean, all-NaN blocks stay NaN."""
+    S = m.shape[-1]
+    f = -(-S // max_positions)
+    if f <= 1:
+        return m
+    pad = (-S) % f
+    x = torch.nn.functional.pad(m.to(torch.float64), (0, pad, 0, pad), value=float("nan"))
+    n = x.shape[-1] // f
+    x = x.reshape(n, f, n, f)
+    finite = torch.isfinite(x)
+    total = torch.where(finite, x, torch.zeros((), dtype=x.dtype)).sum(dim=(1, 3))
+    count = finite.sum(dim=(1, 3))
+    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
+
+
 def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int = 8) -> list[str]:
-    """Raw and diagonal-normalised score maps per layer (1-99 % colour range), in groups of 8 layers."""
+    """Raw and diagonal-normalised score maps per layer (1-99 % colour range), in groups of 8 layers.
+
+    Maps longer than :data:`FIGURE_MAX_POSITIONS` are diagonal-normalised at full resolution, then
+    shown block-averaged (:func:`pool_for_figure`); ``maps.safetensors`` keeps every position."""
     from poslens.metrics import diagonal_normalize
     from poslens.plots import layer_grid
     from poslens.rundir import save_figure
@@ -636,12 +676,13 @@ def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int
         ids = [spec.layers[i] for i in sel]
         titles = [f"layer {l}" for l in ids]
         prefix = "scores" if single else f"scores_layers{ids[0]}-{ids[-1]}"
-        raw = layer_grid([scores[i] for i in sel], titles=titles, suptitle="mean pre-softmax scores",
-                         percentile=(1, 99))
+        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles, suptitle="mean pre-softmax scores",
+                         percentile=(1, 99), positions=spec.seq_len)
         save_figure(raw, out / f"{prefix}_raw.png")
         # per layer: diagonal_normalize on a stacked [n, S, S] NaN-masked map fails (see report)
-        dn = [diagonal_normalize(scores[i]) for i in sel]
-        fig = layer_grid(dn, titles=titles, suptitle="diagonal-normalised scores", percentile=(1, 99))
+        dn = [pool_for_figure(diagonal_normalize(scores[i])) for i in sel]
+        fig = layer_grid(dn, titles=titles, suptitle="diagonal-normalised scores", percentile=(1, 99),
+                         positions=spec.seq_len)
         save_figure(fig, out / f"{prefix}_diagnorm.png")
         files += [f"{prefix}_raw.png", f"{prefix}_diagnorm.png"]
     return files
