@@ -16,8 +16,8 @@ all-reduced at the end and rank 0 writes the run directory.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import gc
+import hashlib
 import inspect
 import json
 import sys
@@ -587,6 +587,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         """float64 mean of one accumulator at ``idx``: the summary reads layer by layer, before the sums are freed."""
         acc = capture.accs[name]
         return acc.sum[idx] / acc.count if acc.count else torch.full_like(acc.sum[idx], float("nan"))
+
     k = cfg.aps_max_positions
     rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
     layers = []
@@ -634,7 +635,6 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     if figures:
         summary["files"] += write_figures(out, tensors, spec)
     return summary
-
 
 
 #: Figures show at most this many positions per axis; longer maps are block-averaged down to it
