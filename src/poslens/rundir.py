@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from poslens.errors import PoslensError
 
@@ -45,15 +45,17 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """Write ``path`` all-or-nothing: ``write(tmp)`` fills a temporary file next to it, which is then
+    fsynced, made world-readable (mkstemp creates 0600; results are meant to be shared) and renamed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        write(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; results are meant to be shared
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -61,6 +63,10 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    _atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def _jsonable(obj: Any) -> Any:
@@ -101,24 +107,9 @@ def write_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], metadata:
     import torch
     from safetensors.torch import save_file
 
-    path = Path(path)
     clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items() if isinstance(v, torch.Tensor)}
     meta = {k: json.dumps(_jsonable(v)) for k, v in (metadata or {}).items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(clean, tmp, metadata=meta or None)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    _atomic_write(Path(path), lambda tmp: save_file(clean, tmp, metadata=meta or None))
 
 
 def read_tensors(path: str | os.PathLike) -> dict:

@@ -49,9 +49,12 @@ class MeanAccumulator:
     # -- reading ----------------------------------------------------------------------------
     @property
     def mean(self) -> torch.Tensor:
-        if self.count == 0:
-            return torch.full(self.shape, float("nan"), dtype=torch.float64, device=self.sum.device)
-        return self.sum / self.count
+        return self.mean_at(slice(None))
+
+    def mean_at(self, index) -> torch.Tensor:
+        """``mean[index]`` without computing the whole mean (NaN before anything was added)."""
+        part = self.sum[index]
+        return part / self.count if self.count else torch.full_like(part, float("nan"))
 
     @property
     def var(self) -> torch.Tensor:

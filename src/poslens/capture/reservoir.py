@@ -21,6 +21,9 @@ import torch
 
 from poslens.errors import PoslensError
 
+#: The reservoir's state tensors (saved, loaded and merged together).
+_STATE = ("keys", "tokens", "q", "k")
+
 #: Mixes the scan seed and a sequence index into one generator seed.
 _SEED_MULT = 0x9E3779B97F4A7C15 & ((1 << 63) - 1)
 
@@ -106,10 +109,10 @@ class QKReservoir:
                 "reservoir_tokens": self.tokens[:n].clone()}
 
     def state_dict(self, prefix: str = "reservoir.") -> dict[str, torch.Tensor]:
-        return {f"{prefix}keys": self.keys, f"{prefix}tokens": self.tokens, f"{prefix}q": self.q, f"{prefix}k": self.k}
+        return {f"{prefix}{name}": getattr(self, name) for name in _STATE}
 
     def load_state_dict(self, state, prefix: str = "reservoir.") -> None:
-        for name in ("keys", "tokens", "q", "k"):
+        for name in _STATE:
             cur = getattr(self, name)
             got = state[f"{prefix}{name}"]
             if tuple(got.shape) != tuple(cur.shape):
@@ -120,32 +123,27 @@ class QKReservoir:
     def merge(self, *others: "QKReservoir") -> "QKReservoir":
         """Keep the R smallest keys of this reservoir and ``others`` (ties: this one first, then in order)."""
         parts = [self, *others]
-        keys = torch.cat([p.keys.to(self.device) for p in parts])
-        order = torch.sort(keys, stable=True).indices[: self.size]
-        self.keys = keys[order]
-        self.tokens = torch.cat([p.tokens.to(self.device) for p in parts])[order]
-        self.q = torch.cat([p.q.to(self.device) for p in parts], dim=2)[:, :, order].contiguous()
-        self.k = torch.cat([p.k.to(self.device) for p in parts], dim=2)[:, :, order].contiguous()
+        self._keep_smallest(**{name: [getattr(p, name) for p in parts] for name in _STATE})
         return self
 
     def all_gather_merge(self, group=None) -> None:
-        """Merge the reservoirs of every process (all end up with the merged one)."""
+        """Merge the reservoirs of every process (all end up with the merged one, ties in rank order)."""
         import torch.distributed as dist
 
         world = dist.get_world_size(group)
         gathered = {}
-        for name in ("keys", "tokens", "q", "k"):
+        for name in _STATE:
             t = getattr(self, name).contiguous()
-            bufs = [torch.empty_like(t) for _ in range(world)]
-            dist.all_gather(bufs, t, group=group)
-            gathered[name] = bufs
-        others = []
-        for r in range(world):
-            o = object.__new__(QKReservoir)
-            o.size, o.device = self.size, self.device
-            for name in ("keys", "tokens", "q", "k"):
-                setattr(o, name, gathered[name][r])
-            others.append(o)
-        first, rest = others[0], others[1:]
-        self.keys, self.tokens, self.q, self.k = first.keys, first.tokens, first.q, first.k
-        self.merge(*rest)
+            gathered[name] = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(gathered[name], t, group=group)
+        self._keep_smallest(**gathered)
+
+    def _keep_smallest(self, keys, tokens, q, k) -> None:
+        """Set the state to the ``size`` slots with the smallest keys among the given parts (lists)."""
+        dev = self.device
+        all_keys = torch.cat([x.to(dev) for x in keys])
+        order = torch.sort(all_keys, stable=True).indices[: self.size]
+        self.keys = all_keys[order]
+        self.tokens = torch.cat([x.to(dev) for x in tokens])[order]
+        self.q = torch.cat([x.to(dev) for x in q], dim=2)[:, :, order].contiguous()
+        self.k = torch.cat([x.to(dev) for x in k], dim=2)[:, :, order].contiguous()

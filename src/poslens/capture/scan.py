@@ -585,8 +585,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
 
     def mean(name: str, idx=slice(None)) -> torch.Tensor:
         """float64 mean of one accumulator at ``idx``: the summary reads layer by layer, before the sums are freed."""
-        acc = capture.accs[name]
-        return acc.sum[idx] / acc.count if acc.count else torch.full_like(acc.sum[idx], float("nan"))
+        return capture.accs[name].mean_at(idx)
 
     k = cfg.aps_max_positions
     rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
