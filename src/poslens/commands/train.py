@@ -23,7 +23,8 @@ def train(
                                        "parity, offset. Leave out to train a language model on --data."),
     data: Optional[str] = typer.Option(None, "--data", help="Corpus for language-model runs: 'stdlib' (default: the Python "
                                        "standard library's sources), a text/JSONL file ('text' field) or a directory."),
-    preset: str = typer.Option("micro", "--preset", help=_PRESET_HELP),
+    preset: Optional[str] = typer.Option(None, "--preset", help=_PRESET_HELP + " Default: tiny (the documented "
+                                          "recipe)."),
     layers: Optional[int] = typer.Option(None, "--layers", help="Override the preset's number of layers."),
     hidden: Optional[int] = typer.Option(None, "--hidden", help="Override the preset's width (MLP width scales with it)."),
     heads: Optional[int] = typer.Option(None, "--heads", help="Override the number of query heads."),
@@ -38,9 +39,12 @@ def train(
     delta: int = typer.Option(1, "--delta", help="The offset task's Δ: output the token Δ positions back."),
     seq_len: int = typer.Option(128, "--seq-len", help="Corpus runs: tokens per training sequence."),
     corpus_files: Optional[int] = typer.Option(None, "--corpus-files", help="Corpus runs: use only the first N files."),
-    steps: int = typer.Option(1000, "--steps", help="Optimiser steps; 0 saves the randomly initialised model."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Sequences per step."),
-    lr: float = typer.Option(1e-3, "--lr", help="Peak learning rate (AdamW)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimiser steps; 0 saves the randomly initialised model. "
+                                        "Default: 1500."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per step. Default: 64 for --task runs, "
+                                             "16 for language-model runs."),
+    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate (AdamW). Default: 3e-3 for --task runs, "
+                                       "2e-3 for language-model runs."),
     min_lr_ratio: float = typer.Option(0.1, "--min-lr-ratio", help="The cosine schedule ends at this fraction of --lr."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warmup steps (default: 5 percent of --steps)."),
     weight_decay: float = typer.Option(0.1, "--weight-decay", help="AdamW weight decay on weight matrices."),
@@ -61,12 +65,20 @@ def train(
 ) -> None:
     """Train a small causal LM with NoPE, RoPE or learned positions, on a corpus or a positional task.
 
+    Defaults are the recipe measured in docs/train.md: --preset tiny --steps 1500, with
+    --batch-size 64 --lr 3e-3 for tasks (copy reaches 98 % exact match with NoPE, 100 % with
+    RoPE) and --batch-size 16 --lr 2e-3 for language models. --preset micro trains in seconds.
+
     Writes a Hugging Face model directory (safetensors, tokenizer) with summary.json
     (initial/final loss, exact-match accuracy in and beyond the training lengths, tokens/s),
     train_log.jsonl and train_config.json. Ctrl-C leaves a checkpoint; --resume continues it.
     """
-    from poslens.train import TrainConfig, train_model
+    from poslens.train import TrainConfig, recipe, train_model
 
+    # Unset size options take the measured recipe of docs/train.md (copy: 98 % NoPE, 100 % RoPE).
+    given = {"preset": preset, "steps": steps, "batch_size": batch_size, "lr": lr}
+    r = {k: v if v is not None else recipe(task)[k] for k, v in given.items()}
+    preset, steps, batch_size, lr = r["preset"], r["steps"], r["batch_size"], r["lr"]
     cfg = TrainConfig(
         out=out, pe=pe, task=task, data=data, preset=preset, layers=layers, hidden=hidden, heads=heads,
         kv_heads=kv_heads, intermediate=intermediate, rope_theta=rope_theta, init_std=init_std,
