@@ -256,7 +256,7 @@ def save_result(res: SimResult, out: Path, figures: bool = True) -> None:
 
 
 def _write_result(res: SimResult, out: Path, figures: bool) -> None:
-    from poslens.rundir import versions, write_json, write_tensors
+    from poslens.rundir import versions, write_json, write_summary, write_tensors
 
     write_json(out / "config.json", {"command": "simulate", **asdict(res.config), "versions": versions()})
     write_tensors(out / "maps.safetensors", {
@@ -273,7 +273,10 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
         save_figure(layer_grid([probs[l] for l in range(L)], titles=[f"layer {l + 1}" for l in range(L)],
                                suptitle=f"{res.config.label()} attention weights"), out / "probs.png")
         res.summary["figures"] = files + ["probs.png"]
-    write_json(out / "summary.json", res.summary)
+    res.summary = write_summary(out, res.summary, command="simulate", paper="kim",
+                                layers_describe="pre-softmax scores of each simulated attention layer",
+                                convention="simulated attention layers counted from 1, as in arXiv 2509.21042 "
+                                           "(layer 1 = the first attention layer)")
 
 
 def load_result(run_dir: str | Path) -> SimResult:

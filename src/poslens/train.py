@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from poslens.errors import PoslensError, require
-from poslens.rundir import create_out_dir, prepare_out_dir, read_json, versions, write_json, write_tensors
+from poslens.rundir import (create_out_dir, prepare_out_dir, read_json, versions, write_json, write_summary,
+                            write_tensors)
 
 # Options that may differ between a run and its --resume (they do not change the trajectory).
 RUNTIME_FIELDS = ("out", "device", "threads", "resume", "overwrite", "stop_after", "progress")
@@ -602,7 +603,7 @@ def train_model(cfg: TrainConfig) -> dict:
         "setup_seconds_last_session": setup_seconds, "device": device, "threads": torch.get_num_threads(),
         "vocab_size": len(tokenizer),
     }
-    write_json(out / "summary.json", summary)
+    summary = write_summary(out, summary, command="train")
     for old in out.glob("checkpoint-*"):
         if old.is_dir():
             shutil.rmtree(old)

@@ -404,7 +404,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
 
 def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx) -> dict:
     from poslens.capture import distributed as D
-    from poslens.rundir import create_out_dir, versions, write_json
+    from poslens.rundir import create_out_dir, versions, write_json, write_summary
 
     t_start = time.time()
     # every rank validates before any rank creates --out (else a fast rank 0 makes it "not empty")
@@ -526,7 +526,10 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     summary = finalize(out, capture, plan, figures=cfg.figures)
     summary["throughput"] = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed else None,
                              "wall_s": time.time() - t_start, "processes": ctx.world_size}
-    write_json(out / "summary.json", summary)
+    summary = write_summary(out, summary, command="scan", paper=["kim", "slash", "neighborhood"],
+                            layers_describe="each decoder layer's attention (scores, heads, pre-RoPE q/k); aps and "
+                                            "norm_score: the residual stream after that layer (embedding_aps: the "
+                                            "embeddings)")
     return summary
 
 
@@ -658,8 +661,14 @@ def pool_for_figure(m: torch.Tensor, max_positions: int = FIGURE_MAX_POSITIONS) 
     return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
 
 
-def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int = 8) -> list[str]:
-    """Raw and diagonal-normalised score maps per layer (1-99 % colour range), in groups of 8 layers.
+#: the zoom figure's window: sinks (key 0) and slashes (small offsets) live in the first positions
+ZOOM_POSITIONS = 64
+
+
+def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int = 32) -> list[str]:
+    """Raw and diagonal-normalised score maps per layer (1-99 % colour range) and a zoom on the
+    first :data:`ZOOM_POSITIONS` positions, every layer in one grid (groups of ``max_per_figure``
+    layers beyond that; 6 panels per row for more than 12 layers).
 
     Maps longer than :data:`FIGURE_MAX_POSITIONS` are diagonal-normalised at full resolution, then
     shown block-averaged (:func:`pool_for_figure`); ``maps.safetensors`` keeps every position."""
@@ -670,18 +679,26 @@ def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int
     files = []
     scores = causal_view(means["scores"])
     single = len(spec.layers) <= max_per_figure
+    columns = 6 if len(spec.layers) > 12 else 4
     for g in range(0, len(spec.layers), max_per_figure):
         sel = list(range(g, min(len(spec.layers), g + max_per_figure)))
         ids = [spec.layers[i] for i in sel]
         titles = [f"layer {l}" for l in ids]
         prefix = "scores" if single else f"scores_layers{ids[0]}-{ids[-1]}"
-        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles, suptitle="mean pre-softmax scores",
-                         percentile=(1, 99), positions=spec.seq_len)
+        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles,
+                         suptitle="mean pre-softmax scores (decoder layers from 0)", percentile=(1, 99),
+                         positions=spec.seq_len, columns=columns)
         save_figure(raw, out / f"{prefix}_raw.png")
         # per layer: diagonal_normalize on a stacked [n, S, S] NaN-masked map fails (see report)
         dn = [pool_for_figure(diagonal_normalize(scores[i])) for i in sel]
-        fig = layer_grid(dn, titles=titles, suptitle="diagonal-normalised scores", percentile=(1, 99),
-                         positions=spec.seq_len)
+        fig = layer_grid(dn, titles=titles, suptitle="diagonal-normalised scores (decoder layers from 0)",
+                         percentile=(1, 99), positions=spec.seq_len, columns=columns)
         save_figure(fig, out / f"{prefix}_diagnorm.png")
         files += [f"{prefix}_raw.png", f"{prefix}_diagnorm.png"]
+        if spec.seq_len > ZOOM_POSITIONS:
+            z = ZOOM_POSITIONS
+            fig = layer_grid([scores[i, :z, :z] for i in sel], titles=titles, percentile=(1, 99), columns=columns,
+                             suptitle=f"pre-softmax scores, first {z} positions (key 0: the sink column)")
+            save_figure(fig, out / f"{prefix}_zoom.png")
+            files.append(f"{prefix}_zoom.png")
     return files

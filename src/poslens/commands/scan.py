@@ -63,16 +63,27 @@ def scan(
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
         return
-    from rich.table import Table
-
     console = Console()
-    table = Table(title=f"{summary['model_type']}: {summary['num_seqs']} sequences x {summary['seq_len']} tokens")
-    for col in ("layer", "relativity", "locality", "APS", "top slash head (offset: score)"):
-        table.add_column(col, justify="right")
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    for row in summary["layers"]:
-        top = row["top_slash_heads"][0] if row["top_slash_heads"] else None
-        table.add_row(str(row["layer"]), fmt(row["relativity_index"]), fmt(row["locality"]), fmt(row["aps"]),
-                      f"h{top['head']} (d={top['offset']}: {top['score']:.3f})" if top else "-")
-    console.print(table)
+    console.print(scan_table(summary))
     console.print(f"wrote {out}/ ({', '.join(summary['files'])})")
+
+
+def scan_table(summary: dict):
+    """The per-layer terminal table of a scan (fits 80 columns): sink-excluded relativity where the
+    summary has it, the per-sequence APS where it has it (else the mean-map APS, so labelled), and
+    each layer's strongest head at offsets Δ = 1..16 (larger offsets are the sink column, not slashes)."""
+    from poslens.fmt import fmt, rich_table
+    from poslens.report.readings import SLASH_MAX_DELTA, layer_aps, layer_slash_head
+
+    per_seq = any(l.get("aps_mean") is not None for l in summary["layers"])
+    rows = []
+    for l in summary["layers"]:
+        top = layer_slash_head(l)
+        aps, aps_std = layer_aps(l)
+        rows.append([l["layer"], l.get("relativity_index"), l.get("locality"),
+                     f"{fmt(aps)} ± {fmt(aps_std)}" if per_seq and aps_std is not None else aps,
+                     f"h{top['head']} Δ={top['offset']}: {fmt(top['score'])}" if top else None])
+    return rich_table(f"{summary['model_type']}: {fmt(summary['num_seqs'])} sequences × {fmt(summary['seq_len'])} "
+                      "tokens (decoder layers from 0)",
+                      ["layer", "relativity", "locality", "APS" if per_seq else "mean-map APS",
+                       f"top slash head (Δ ≤ {SLASH_MAX_DELTA})"], rows)

@@ -92,14 +92,6 @@ def train(
     _print_summary(summary, as_json)
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
 def _print_summary(summary: dict, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(summary))
@@ -108,12 +100,12 @@ def _print_summary(summary: dict, as_json: bool) -> None:
         typer.echo(f"stopped after step {summary['stopped_at_step']} of {summary['steps']}; "
                    f"continue with --resume (checkpoint in {summary['out']}).")
         return
-    table = Table(title="training summary", show_header=False)
-    for key in ("pe", "task", "data", "preset", "steps", "params", "initial_loss", "final_loss", "eval_loss",
-                "eval_accuracy", "eval_accuracy_long", "tokens_per_second", "train_seconds"):
-        if key in summary:
-            table.add_row(key, _fmt(summary[key]))
-    Console().print(table)
+    from poslens.fmt import rich_table
+
+    keys = ("pe", "task", "data", "preset", "steps", "params", "initial_loss", "final_loss", "eval_loss",
+            "eval_accuracy", "eval_accuracy_long", "tokens_per_second", "train_seconds")
+    Console().print(rich_table("training summary", ["", ""], [[k, summary[k]] for k in keys if k in summary],
+                               show_header=False))
 
 
 @app.command("zoo")
@@ -148,9 +140,8 @@ def zoo(
         return
     results = run_zoo(out, scale=scale, only=only.split(",") if only else None, device=device, threads=threads,
                       resume=resume, progress=not no_progress)
-    table = Table(title=f"zoo ({scale}) in {out}")
-    for col in ("name", "final_loss", "eval_accuracy", "eval_accuracy_long", "train_seconds"):
-        table.add_column(col)
-    for name, s in results.items():
-        table.add_row(name, *(_fmt(s.get(c)) for c in ("final_loss", "eval_accuracy", "eval_accuracy_long", "train_seconds")))
-    Console().print(table)
+    from poslens.fmt import rich_table
+
+    cols = ("final_loss", "eval_accuracy", "eval_accuracy_long", "train_seconds")
+    Console().print(rich_table(f"zoo ({scale}) in {out}", ("name",) + cols,
+                               [[name, *(s.get(c) for c in cols)] for name, s in results.items()]))
