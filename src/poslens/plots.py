@@ -55,8 +55,8 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     im = ax.imshow(np.ma.masked_invalid(a), cmap=cm, vmin=vmin, vmax=vmax, interpolation="nearest", extent=extent)
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
-    integer_axis(ax.xaxis)
-    integer_axis(ax.yaxis)
+    integer_axis(ax.xaxis, nbins=4)
+    integer_axis(ax.yaxis, nbins=4)
     if title:
         ax.set_title(title, fontsize=9)
     if colorbar:
@@ -81,8 +81,13 @@ def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rock
     ncol = max(1, min(columns, n))
     nrow = -(-n // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol, 3.2 * nrow), squeeze=False)
-    for ax, m, t in zip(axes.flat, maps, titles):
+    for k, (ax, m, t) in enumerate(zip(axes.flat, maps, titles)):
         heatmap(ax, m, title=t, cmap=cmap, percentile=percentile, center_zero=center_zero, positions=positions)
+        if nrow > 1:  # axis titles once per row / column: more room for the maps themselves
+            if k % ncol:
+                ax.set_ylabel("")
+            if k + ncol < n:
+                ax.set_xlabel("")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     if suptitle:
@@ -91,11 +96,11 @@ def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rock
     return fig
 
 
-def integer_axis(axis) -> None:
-    """Integer ticks only (layer and head indices)."""
+def integer_axis(axis, nbins: int | str = "auto") -> None:
+    """Integer ticks only (layer, head and position indices)."""
     from matplotlib.ticker import MaxNLocator
 
-    axis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_major_locator(MaxNLocator(nbins=nbins, integer=True))
 
 
 def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, layer_label: str = "layer"):

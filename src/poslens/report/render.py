@@ -420,7 +420,7 @@ def _meta(run: Run) -> list[tuple[str, str]]:
     opts = c.get("options") if isinstance(c.get("options"), dict) else c
     meta = [(k.replace("_", " "), fmt(opts.get(k))) for k in ("model_dir", "alpha", "layers", "seq_len", "dim", "norm",
                                                              "scale", "rope", "causal", "num_seqs", "data", "seed")
-            if k in opts and not isinstance(opts.get(k), (dict, list)) or k == "layers" and isinstance(opts.get(k), int)]
+            if k in opts and opts.get(k) is not None and not isinstance(opts.get(k), (dict, list))]
     for k in ("samples", "seconds", "wall_s"):
         if num(s.get(k)) is not None:
             meta.append((k.replace("_", " "), fmt(num(s[k]))))
