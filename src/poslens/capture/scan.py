@@ -267,7 +267,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
     spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
-                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed)
+                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed,
+                       rope_layout=adapter.rope_layout)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 
@@ -275,29 +276,29 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
 # capture wiring
 # --------------------------------------------------------------------------------------------
 def attach(model, adapter: Adapter, capture: Capture) -> list:
-    """Forward hooks that feed the capture (only while it is active): rotary cos/sin and
-    residual-stream vectors. Returns the hook handles (``h.remove()`` detaches)."""
+    """Hooks that feed the capture (only while it is active): the rotary cos/sin each layer's attention
+    receives, and the residual stream at the adapter's capture points (``resid_pre`` of layer 0 = the
+    embeddings, ``resid_post`` of every captured layer). Returns the handles (``h.remove()`` detaches)."""
     from poslens.capture import attention as _attn
+    from poslens.capture.adapters import hook_point, hook_position_embeddings
 
     handles = []
-    rot = adapter.rotary_module(model)
-    if rot is not None:
-        def _rope_hook(_m, _args, out):
-            if _attn._ACTIVE is capture:
-                capture.rope_cos_sin = (out[0], out[1])
-        handles.append(rot.register_forward_hook(_rope_hook))
     layers = adapter.decoder_layers(model)
-    first = 0  # layer 0's input is the embedding output (cosine/norms index 0)
-
-    def _pre_hook(_m, args, kwargs):
-        if _attn._ACTIVE is capture:
-            capture.observe_hidden(0, args[0] if args else kwargs["hidden_states"])
-    handles.append(layers[first].register_forward_pre_hook(_pre_hook, with_kwargs=True))
-    for k, l in enumerate(capture.spec.layers):
-        def _hook(_m, _args, out, index=k + 1):
+    if capture.spec.rope_layers:
+        def _rope(layer, cos_sin):
             if _attn._ACTIVE is capture:
-                capture.observe_hidden(index, out[0] if isinstance(out, (tuple, list)) else out)
-        handles.append(layers[l].register_forward_hook(_hook))
+                capture.rope_by_layer[layer] = (cos_sin[0], cos_sin[1])
+        handles += [hook_position_embeddings(model, adapter, l, _rope) for l in range(len(layers))]
+
+    def _emb(x):
+        if _attn._ACTIVE is capture:
+            capture.observe_hidden(0, x)
+    handles.append(hook_point(model, adapter, "resid_pre", 0, _emb))
+    for k, l in enumerate(capture.spec.layers):
+        def _post(x, index=k + 1):
+            if _attn._ACTIVE is capture:
+                capture.observe_hidden(index, x)
+        handles.append(hook_point(model, adapter, "resid_post", l, _post))
     return handles
 
 
