@@ -225,7 +225,7 @@ def test_generic_adapter_and_custom_attention_error(tmp_path, ids):
     model.config.model_type = "my_llama"
     with pytest.warns(UserWarning, match="generic"):
         ad = get_adapter(model.config)
-    assert ad.generic and check_dispatch(model, ad) == {0: None, 1: None}
+    assert ad.generic and check_dispatch(model, ad) == {"windows": [None, None], "scaling": [0.25, 0.25]}
     cap_layers = ad.decoder_layers(model)
     assert len(cap_layers) == 2 and ad.rotary_module(model) is not None
 

@@ -26,6 +26,10 @@ WINDOW = archs.WINDOW  # the tiny models' sliding window, shorter than S
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "smollm3", "gpt2"]
 
 
+def tiny_config(arch: str):
+    return archs.tiny_config(arch, layers=3, hidden=32, positions=64)
+
+
 def save_tiny(arch: str, path, seed: int = 0):
     """3 layers, hidden 32 (every family: tests/test_architectures.py, configs in tests/archs.py)."""
     return archs.save_tiny(arch, path, seed, layers=3, hidden=32, positions=64)

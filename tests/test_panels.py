@@ -10,7 +10,7 @@ import torch
 from poslens.analysis.panels import PANELS, PanelsConfig, panel_metrics, run_panels, run_score_maps
 from poslens.rope import apply_rope
 from poslens.rundir import read_tensors
-from tests.test_capture import save_tiny
+from tests.test_capture import V, save_tiny
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_panels_equal_direct_computation(llama_dir, tmp_path):
     summary = run_panels(PanelsConfig(model_dir=str(llama_dir), out=str(out), layer=1, data="random", num_seqs=5,
                                       seq_len=12, batch_size=2, seed=4), progress=False)
     got = read_tensors(out / "panels.safetensors")["panels"].double()
-    ids = make_source("random", seq_len=12, num_seqs=5, seed=4, vocab_size=96).batch(0, 5)
+    ids = make_source("random", seq_len=12, num_seqs=5, seed=4, vocab_size=V).batch(0, 5)
     ref = _reference(llama_dir, ids, 1)
     i = torch.arange(12)
     lower = i[:, None] >= i[None, :]

@@ -320,9 +320,10 @@ def get_adapter(config, *, allow_generic: bool = True) -> Adapter:
     return Adapter(mt, generic=True, notes="generic", **GENERIC)
 
 
-def check_dispatch(model, adapter: Adapter, *, seq_len: int = 4) -> dict[int, int | None]:
+def check_dispatch(model, adapter: Adapter, *, seq_len: int = 4) -> dict:
     """Dry run: one forward of one short sequence through the poslens attention; every decoder layer
-    must reach it. Returns the sliding window each layer asked for (None = full causal).
+    must reach it. Returns ``{"windows": [...], "scaling": [...]}`` per decoder layer: the sliding
+    window it asked for (None = full causal) and its logit scale.
 
     Raises :class:`PoslensError` naming the model type when the architecture bypasses
     ``AttentionInterface`` (custom attention code) or its layers cannot be found.
@@ -349,7 +350,8 @@ def check_dispatch(model, adapter: Adapter, *, seq_len: int = 4) -> dict[int, in
             model(input_ids=ids, use_cache=False)
         missing = [l for l in range(len(layers)) if l not in probe.seen_layers]
         if not missing:
-            return dict(probe.windows)
+            return {"windows": [probe.windows.get(l) for l in range(len(layers))],
+                    "scaling": [probe.scalings.get(l) for l in range(len(layers))]}
         reason = f"layers {missing[:5]}{'...' if len(missing) > 5 else ''} never called the attention interface"
     raise PoslensError(f"model type {adapter.model_type!r} uses custom attention code that bypasses transformers' "
                        f"AttentionInterface ({reason}); poslens cannot capture it. Supported: {supported()}.")

@@ -250,6 +250,7 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
     if cap is not None:  # what the dry run checks (every layer dispatches here) and each layer's window
         cap.seen_layers.add(layer)
         cap.windows[layer] = int(sliding_window) if sliding_window else None
+        cap.scalings[layer] = float(scaling)
         cap.use_layer_rope(layer)
 
     # Inference-time control: attend with the un-rotated queries and keys in chosen layers.
@@ -381,6 +382,7 @@ class Capture:
         self.rope_by_layer: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.seen_layers: set = set()  # layers whose attention reached the registered function
         self.windows: dict = {}  # sliding window each layer asked for (None = full)
+        self.scalings: dict = {}  # logit scale each layer used
         self._batch_size = 0
         self._next_seq = 0
         self.reservoir = None

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from poslens.capture.adapters import Adapter, get_adapter
+from poslens.capture.adapters import Adapter, check_dispatch, get_adapter, layer_rope, rope_tables
 from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
@@ -214,6 +214,9 @@ class ScanPlan:
     source: SequenceSource
     device: str
     dtype: torch.dtype
+    #: set once the model is loaded: the dry run's per-layer windows / logit scales, the RoPE tables
+    attention: dict | None = None
+    rope: dict | None = None
 
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
@@ -439,6 +442,13 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         hf_logging.disable_progress_bar()
     model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
                        trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
+    try:  # every layer must dispatch through the registered attention (custom attention code: refused)
+        plan.attention = check_dispatch(model, plan.adapter)
+    except PoslensError:
+        if ctx.is_main and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # nothing written
+        raise
+    plan.rope = rope_tables(model, plan.adapter, plan.config)
     if cfg.device_map:
         plan.device = D.main_device(model)
         capture = D.DeviceMapCapture(plan.spec, device=plan.device)
@@ -562,6 +572,15 @@ def causal_view(m: torch.Tensor, include_diagonal: bool = True) -> torch.Tensor:
     return torch.where(keep.to(m.device), m, torch.full_like(m, float("nan")))
 
 
+def window_view(m: torch.Tensor, window: int | None) -> torch.Tensor:
+    """NaN where the key is ``window`` or more positions before the query (outside a sliding window)."""
+    if not window or window >= m.shape[-1]:
+        return m
+    i = torch.arange(m.shape[-1], device=m.device)
+    far = (i[:, None] - i[None, :]) >= window
+    return m.masked_fill(far, float("nan"))
+
+
 def _subsample(m: torch.Tensor, k: int) -> torch.Tensor:
     S = m.shape[-1]
     if S <= k:
@@ -590,15 +609,20 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
 
     k = cfg.aps_max_positions
     rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
+    windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
     layers = []
     for li, l in enumerate(spec.layers):
-        sc = causal_view(mean("scores", li), include_diagonal=True)
+        # entries outside a sliding window are unseen (stored as 0, like above the diagonal): NaN here
+        sc = window_view(causal_view(mean("scores", li), include_diagonal=True), windows[l])
         rm_q = rank_measures(mean("q_gram", li))
         rm_k = rank_measures(mean("k_gram", li))
-        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len)
+        table = layer_rope(plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
+        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base,
+                                   spec.seq_len, inv_freq=table["inv_freq"] if table else None)
         layers.append({
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
+            "sliding_window": windows[l],
             "relativity_index": _opt(relativity_index(sc)),
             "locality": _opt(locality(_subsample(sc, k))),
             "aps": float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k))),
@@ -624,6 +648,8 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         "slash_top_heads": top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers),
         "slash_top_heads_offset_ge1": top_slash_heads(mean("slash"), k=10, min_offset=1, layer_ids=spec.layers),
         "files": ["config.json", "maps.safetensors", "summary.json"],
+        "rope": plan.rope,
+        "attention": plan.attention,
     }
     # float32 means for the file, converted in place one accumulator at a time (the capture is spent)
     tensors = capture.release_means(torch.float32)
@@ -631,7 +657,8 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         tensors.update(capture.reservoir.result())
     write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
-                            "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]"})
+                            "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
+                            "rope": plan.rope, "attention": plan.attention})
     if figures:
         summary["files"] += write_figures(out, tensors, spec)
     return summary
