@@ -245,3 +245,46 @@ def test_generic_adapter_and_custom_attention_error(tmp_path, ids):
     with pytest.raises(PoslensError, match="not the registered function"):
         check_dispatch(eager, get_adapter(eager.config))
     assert ATTN_NAME == "poslens"
+
+
+def test_llama3_scaled_rope_bands_use_the_models_frequencies(tmp_path):
+    """A llama3-scaled RoPE: the scan records the scaled inv_freq of the model's rotary module, and the
+    RoPE bands come from it (they differ from the unscaled base^(-2l/r) recomputation)."""
+    import json
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.metrics.rank import band_contributions
+    from poslens.rope import frequency_bands, inv_freq
+    from poslens.rundir import read_tensors
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64})
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(str(tmp_path / "m"))
+    run_scan(ScanConfig(model_dir=str(tmp_path / "m"), out=str(tmp_path / "r"), data="random", seq_len=24, num_seqs=2,
+                        batch_size=2, figures=False, reservoir=0), progress=False)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    table = summary["rope"]["kinds"]["default"]
+    scaled = torch.tensor(table["inv_freq"], dtype=torch.float64)
+    assert table["rope_type"] == "llama3" and table["rotary_dim"] == 16
+    assert torch.allclose(scaled, model.model.rotary_emb.inv_freq.double(), rtol=1e-6)
+    plain = inv_freq(16, 10000.0)
+    assert scaled[0] == pytest.approx(float(plain[0]), rel=1e-6)  # the highest frequency is kept
+    assert float(scaled[-1]) == pytest.approx(float(plain[-1]) / 8, rel=1e-6)  # low frequencies divided by 8
+    labels, labels_plain = frequency_bands(16, None, 24, theta=scaled), frequency_bands(16, 10000.0, 24)
+    assert labels != labels_plain  # pair 1: wavelength 19.9 unscaled (medium), ~26 scaled (low at 24 tokens)
+    dl = read_tensors(tmp_path / "r" / "maps.safetensors")["dim_logit"]
+    for l, row in enumerate(summary["layers"]):
+        want = band_contributions(dl[l], 16, 10000.0, 24, inv_freq=table["inv_freq"])
+        wrong = band_contributions(dl[l], 16, 10000.0, 24)
+        for b in ("high", "medium", "low"):
+            assert row["band_logit"][b] == pytest.approx(want[b].tolist(), abs=1e-6)
+        assert any(abs(x - y) > 1e-6 for b in ("medium", "low")
+                   for x, y in zip(row["band_logit"][b], wrong[b].tolist()))
+    assert summary["attention"]["windows"] == [None, None]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
-import inspect
 import json
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 
 from poslens.capture.adapters import Adapter, check_dispatch, get_adapter, layer_rope, rope_tables
 from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
+from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
 
@@ -488,9 +488,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             save_checkpoint(out, capture, mine[n_done - 1][1] if n_done else 0, fp)
 
     handles = attach(model, plan.adapter, capture)
-    fwd_kwargs = {"use_cache": False}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        fwd_kwargs["logits_to_keep"] = 1  # the LM head's [B, S, vocab] logits are not needed (GBs at 4k tokens)
+    fwd_kwargs = forward_kwargs(model)  # no cache; logits_to_keep=1: the LM head's [B, S, vocab] logits are unused
     tokens = 0
     t_loop = time.time()
     try:
@@ -500,10 +498,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                 if done <= t < len(mine):
                     s, e = mine[t]
                     ids = plan.source.batch(s, e).to(plan.device)
-                    capture.begin_batch(e - s, seq_start=s)
-                    with torch.no_grad(), capture.active():
-                        model(input_ids=ids, **fwd_kwargs)
-                    capture.end_batch()
+                    forward(model, ids, capture=capture, kwargs=fwd_kwargs, seq_start=s)
                     tokens += ids.numel()
                     done, did = t + 1, 1
                     if done == len(mine) or done % cfg.checkpoint_every == 0:
