@@ -288,3 +288,49 @@ def test_llama3_scaled_rope_bands_use_the_models_frequencies(tmp_path):
         assert any(abs(x - y) > 1e-6 for b in ("medium", "low")
                    for x, y in zip(row["band_logit"][b], wrong[b].tolist()))
     assert summary["attention"]["windows"] == [None, None]
+
+
+def test_gemma3_scan_records_two_tables_and_windows(tmp_path):
+    """End to end on Gemma 3: per-layer-type RoPE tables and windows in summary.json, whole-map metrics
+    without the unseen entries, bands of each layer from its own table."""
+    import json
+
+    from poslens.capture.scan import ScanConfig, causal_view, run_scan, window_view
+    from poslens.metrics import relativity_index
+    from poslens.metrics.rank import band_contributions
+    from poslens.rundir import read_tensors
+
+    path = save_tiny("gemma3_text", tmp_path / "m")
+    run_scan(ScanConfig(model_dir=str(path), out=str(tmp_path / "r"), data="random", seq_len=S, num_seqs=2,
+                        batch_size=2, figures=False, reservoir=0), progress=False)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    maps = read_tensors(tmp_path / "r" / "maps.safetensors")
+    assert summary["attention"]["windows"] == [WINDOW, None]
+    assert summary["rope"]["layer_kind"] == ["sliding_attention", "full_attention"]
+    assert [r["sliding_window"] for r in summary["layers"]] == [WINDOW, None]
+    sc = window_view(causal_view(maps["scores"][0].double()), WINDOW)
+    assert summary["layers"][0]["relativity_index"] == pytest.approx(relativity_index(sc))
+    assert summary["layers"][0]["relativity_index"] != pytest.approx(relativity_index(causal_view(maps["scores"][0].double())))
+    for l, kind in enumerate(["sliding_attention", "full_attention"]):
+        want = band_contributions(maps["dim_logit"][l], None, None, S, inv_freq=summary["rope"]["kinds"][kind]["inv_freq"])
+        for b, v in want.items():
+            assert summary["layers"][l]["band_logit"][b] == pytest.approx(v.tolist(), abs=1e-6)
+
+
+def test_rope_decomposition_uses_the_recorded_frequencies():
+    from poslens.analysis.slash import rope_decomposition
+    from poslens.rope import inv_freq
+
+    g = torch.Generator().manual_seed(0)
+    D = 16
+    x = torch.randn(D, 3, generator=g, dtype=torch.float64)
+    gram = x @ x.T
+    dl = torch.randn(D, generator=g, dtype=torch.float64)
+    kw = dict(rotary_dim=D, base=10000.0, scaling=0.25, seq_len=S)
+    same = rope_decomposition(gram, gram, dl, **kw)
+    own = rope_decomposition(gram, gram, dl, **kw, theta=inv_freq(D, 10000.0).tolist())
+    assert torch.allclose(same.logit, own.logit)  # recorded = recomputed when nothing is scaled
+    scaled = inv_freq(D, 10000.0) / 8
+    dec = rope_decomposition(gram, gram, dl, **kw, theta=scaled.tolist(), attention_scaling=1.2)
+    assert torch.allclose(dec.theta, scaled) and not torch.allclose(dec.logit, same.logit)
+    assert float(dec.A.sum()) == pytest.approx(1.44 * float(same.A.sum()))  # amplitudes carry scaling^2

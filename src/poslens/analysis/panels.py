@@ -272,10 +272,15 @@ def run_score_maps(scan_dir: str, out: str) -> dict:
     from poslens.plots import layer_grid
     from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json
 
+    from poslens.capture.scan import window_view
+
     maps, scfg, ssum = load_scan(scan_dir)
     prepare_out_dir(out)
     scores = maps["scores"]
     layer_ids = ssum["_meta"].get("layers") or list(range(scores.shape[0]))
+    windows = (ssum.get("attention") or {}).get("windows")
+    if windows:  # keys outside a layer's sliding window are unseen (stored as 0): out of every metric
+        scores = torch.stack([window_view(scores[i], windows[l]) for i, l in enumerate(layer_ids)])
     rows = layer_score_metrics(scores)
     fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
     table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["locality"])]
