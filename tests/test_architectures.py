@@ -223,7 +223,7 @@ def test_generic_adapter_and_custom_attention_error(tmp_path, ids):
     path = save_tiny("llama", tmp_path / "m")
     model = load_model(str(path), dtype=torch.float32, device="cpu")
     model.config.model_type = "my_llama"
-    with pytest.warns(UserWarning, match="generic"):
+    with pytest.warns(UserWarning, match="generic"):  # PoslensWarning, shown as one line
         ad = get_adapter(model.config)
     assert ad.generic and check_dispatch(model, ad) == {"windows": [None, None], "scaling": [0.25, 0.25]}
     cap_layers = ad.decoder_layers(model)

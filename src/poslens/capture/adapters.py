@@ -36,6 +36,21 @@ import torch
 
 from poslens.errors import PoslensError
 
+class PoslensWarning(UserWarning):
+    """A warning poslens shows as one line (``poslens: warning: ...``)."""
+
+
+_format_warning = warnings.formatwarning
+
+
+def _one_line(message, category, filename, lineno, line=None):
+    if issubclass(category, PoslensWarning):
+        return f"poslens: warning: {message}\n"
+    return _format_warning(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _one_line
+
 POINTS = ("resid_pre", "attn_in", "attn_z", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post")
 
 
@@ -315,8 +330,9 @@ def get_adapter(config, *, allow_generic: bool = True) -> Adapter:
     if not allow_generic or getattr(config, "is_encoder_decoder", False) or not (
             getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)):
         raise PoslensError(f"model type {mt!r} is not supported by scan; supported: {supported()}.")
-    warnings.warn(f"poslens: model type {mt!r} has no adapter; using the generic one (layers, rotary module and "
-                  f"capture points found by name; supported: {supported()}).", stacklevel=2)
+    warnings.warn(f"model type {mt!r} has no adapter; using the generic one (layers, rotary module and capture "
+                  f"points found by name, attention dispatch checked by a dry run; supported: {supported()}).",
+                  PoslensWarning, stacklevel=2)
     return Adapter(mt, generic=True, notes="generic", **GENERIC)
 
 

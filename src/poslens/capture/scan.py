@@ -449,6 +449,8 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             out.rmdir()  # nothing written
         raise
     plan.rope = rope_tables(model, plan.adapter, plan.config)
+    if plan.adapter.generic and plan.rope is None:  # an unlisted architecture without a rotary module: no RoPE
+        plan.spec.rope_layers = set()
     if cfg.device_map:
         plan.device = D.main_device(model)
         capture = D.DeviceMapCapture(plan.spec, device=plan.device)
