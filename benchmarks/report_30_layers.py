@@ -22,7 +22,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--num-seqs", type=int, default=8)
-    ap.add_argument("--screenshot", type=Path, default=None, help="PNG to write (the page's top, scaled to 900 px wide)")
+    ap.add_argument("--screenshot", type=Path, default=None,
+                    help="PNG to write (the page's top, scaled to 900 px wide)")
     ap.add_argument("--screens", type=float, default=3.0, help="how many 1,000-px screens the screenshot shows")
     args = ap.parse_args()
 
@@ -57,8 +58,8 @@ def main() -> None:
 
     im = Image.open(full).convert("RGB")
     px = im.load()
-    bottom = max((y for y in range(0, im.height, 10) if any(px[x, y] != (255, 255, 255) for x in range(0, im.width, 7))),
-                 default=0)
+    bottom = max((y for y in range(0, im.height, 10)
+                  if any(px[x, y] != (255, 255, 255) for x in range(0, im.width, 7))), default=0)
     print(f"page height about {bottom} px = {bottom / 1000:.1f} screens of 1,000 px")
     if args.screenshot:
         top = im.crop((0, 0, im.width, min(bottom, int(args.screens * 1000))))

@@ -124,7 +124,8 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
     from poslens.analysis.slash import model_rope_geometry
     from poslens.capture.scan import ScanConfig, run_scan
     from poslens.progress import task_progress
-    from poslens.rundir import prepare_out_dir, read_tensors, save_figure, staged_dir, versions, write_json, write_summary
+    from poslens.rundir import (prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
+                                write_json, write_summary)
     from poslens.tasks import evaluate_task
     from poslens.tokenizer import char_vocab
     from poslens.train import load_trained, train_model

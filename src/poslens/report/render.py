@@ -17,7 +17,6 @@ import base64
 import datetime as _dt
 import io
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any, Iterable
