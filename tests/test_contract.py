@@ -124,12 +124,19 @@ def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
 
 
 def test_empty_and_all_zero_tables_are_dropped():
-    from poslens.report.render import table
+    from poslens.report.render import sparse_sentence, table
 
     assert table("persistence", ["head", "Δ"], []) is None
-    assert table("κ × Δ counts", ["κ", "1", "2", "3"], [[0.5, 0, 0, 0], [0.9, 0, 0, 0]]) is None
-    t = table("counts", ["κ", "1", "2"], [[0.5, 0, 3], [0.9, 0, 0]])
+    assert sparse_sentence("persistence", ["head", "Δ"], []) == "persistence: no rows"
+    zeros = [[k, 0, 0, 0, 0, 0] for k in (0.1, 0.3, 0.5, 0.9)]
+    assert table("counts", ["κ", "Δ=1", "Δ=2", "Δ=3", "Δ=4", "Δ=5"], zeros) is None
+    zeros[1][2] = 2
+    assert table("counts", ["κ", "Δ=1", "Δ=2", "Δ=3", "Δ=4", "Δ=5"], zeros) is None
+    assert sparse_sentence("counts", ["κ", "Δ=1", "Δ=2", "Δ=3", "Δ=4", "Δ=5"], zeros) == \
+        "counts: all 20 entries 0 except κ 0.3, Δ=2: 2"
+    t = table("counts", ["κ", "1", "2"], [[0.5, 0, 3], [0.9, 0, 0]])  # small tables stay tables
     assert t is not None and t["rows"][0][2]["v"] == "3"
+    assert table("text", ["a", "b"], [["x", "y"]]) is not None
 
 
 def test_layer_plots_have_integer_ticks():

@@ -129,19 +129,51 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "x"
 
 
+#: a numeric table with at least this many entries, this fraction of them 0, is said in a sentence
+SPARSE_MIN_ENTRIES, SPARSE_ZERO_FRACTION = 8, 0.9
+
+
+def _numeric_body(rows: list[list]) -> list[tuple[int, int, float]] | None:
+    """``(row, column, value)`` of a table whose cells after the first column are all numbers."""
+    out = []
+    for i, r in enumerate(rows):
+        for j, c in enumerate(r[1:], 1):
+            if c is None:
+                continue
+            if isinstance(c, bool) or not isinstance(c, (int, float)):
+                return None
+            out.append((i, j, float(c)))
+    return out
+
+
+def sparse_sentence(title: str, columns: list, rows: list) -> str | None:
+    """One sentence for a numeric table that is (almost) all zeros, or None for any other table:
+    "t: every entry 0" / "t: all 40 entries 0 except κ 0.3, Δ 1: 2"."""
+    rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
+    if not rows:
+        return f"{title or 'a table'}: no rows"
+    body = _numeric_body(rows)
+    if not body or len(body) < SPARSE_MIN_ENTRIES:
+        return None
+    nonzero = [(i, j, v) for i, j, v in body if v != 0]
+    if len(nonzero) > (1 - SPARSE_ZERO_FRACTION) * len(body):
+        return None
+    if not nonzero:
+        return f"{title or 'a table'}: all {len(body)} entries 0"
+    name = lambda i, j: f"{columns[0]} {fmt(rows[i][0])}, {columns[j] if j < len(columns) else j}"  # noqa: E731
+    return (f"{title or 'a table'}: all {len(body)} entries 0 except "
+            + "; ".join(f"{name(i, j)}: {fmt(v)}" for i, j, v in nonzero))
+
+
 def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: str = "") -> dict | None:
-    """A table for the page, or None when it would say nothing: no rows, or every number in it 0
-    (a κ × Δ count table of zeros; a reading says what it would have shown)."""
+    """A table for the page, or None when it would say nothing: no rows, or a numeric table that
+    is (almost) all zeros (a κ × Δ count table; :func:`sparse_sentence` says it in words)."""
     def cell(c):
         text = fmt(c)
         return {"v": text, "num": bool(_NUMERIC.match(text))}
 
     rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
-    if not rows:
-        return None
-    nums = [num(c) for r in rows for c in r[1:] if isinstance(c, (int, float)) and not isinstance(c, bool)]
-    if nums and all(v == 0 for v in nums if v is not None) and len(nums) >= 4 and \
-            all(isinstance(c, (int, float)) or c is None for r in rows for c in r[1:]):
+    if sparse_sentence(title, list(columns), rows) is not None:
         return None
     return {"title": title, "columns": [str(c) for c in columns], "rows": [[cell(c) for c in r] for r in rows],
             "note": note}
@@ -262,6 +294,7 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
     from poslens.plots import layer_lines
 
     panels = []
+    has_emb = any(l.get("layer") == "embeddings" for r in runs for l in r.layers)
     for k in keys[:9]:
         series = []
         for r in runs:
@@ -269,6 +302,11 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
             if not any(num(l.get(k)) is not None for l in layers):
                 continue
             xs, ys, es, _ = _layer_xy(layers, k)
+            emb = num(r.summary.get(f"embedding_{k}"))
+            if emb is not None and -1 not in xs:  # a scan's embeddings value, drawn at x = −1
+                xs, ys = [-1] + xs, [emb] + ys
+                es = [num(r.summary.get(f"embedding_{k}_std"))] + es if es is not None else None
+                has_emb = True
             series.append({"label": r.name, "layers": xs, "values": ys, "errors": es})
         if series:
             info = LAYER_QUANTITIES.get(k, (None, k.replace("_", " "), None))
@@ -276,9 +314,10 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
     if not panels:
         return None
     conv = (runs[0].summary.get("layer_info") or {}).get("convention") or "layer indices as the run wrote them"
-    fig = layer_lines(panels, suptitle=title)
+    fig = layer_lines(panels, suptitle=title, layer_label="layer (−1: embeddings)" if has_emb else "layer")
     more = f" ({len(keys) - 9} more quantities in summary.json)" if len(keys) > 9 else ""
-    return {"src": embed_figure(fig), "caption": f"Per-layer quantities; {conv}. Error bars: the run's std / "
+    emb = " Layer −1 on the axis: the embeddings." if has_emb else ""
+    return {"src": embed_figure(fig), "caption": f"Per-layer quantities; {conv}.{emb} Error bars: the run's std / "
                                                  f"standard error where it gives one.{more}", "file": "summary.json"}
 
 
@@ -460,10 +499,11 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
         if len(papers) == 1 or paper == run.paper:
             tables += [table(str(t.get("title") or ""), t["columns"], t["rows"], note=str(t.get("note") or ""))
                        for t in run.tables]
-        dropped = [str(t.get("title")) for t in run.tables if table("", t["columns"], t["rows"]) is None]
+        said = [x for x in (sparse_sentence(str(t.get("title") or ""), t["columns"], t["rows"]) for t in run.tables)
+                if x]
         card_notes = list(notes) if i == 0 else []
-        if dropped and (len(papers) == 1 or paper == run.paper):
-            card_notes.append("not shown (no rows, or every entry 0): " + "; ".join(dropped) + ".")
+        if said and (len(papers) == 1 or paper == run.paper):
+            card_notes += [f"Not shown as a table: {x}." for x in said]
         title = run.summary.get("title") if isinstance(run.summary.get("title"), str) and run.command not in (
             "scan", "simulate") else None
         cards.append((paper, _card(run, title=title or run.name, subtitle=label if not title else run.name,
