@@ -176,3 +176,18 @@ def test_report_refuses_an_ambiguous_search(cli, tmp_path):
     code, stdout, _ = cli("report", tmp, "--all", "--out", out)
     assert code == 0 and out.is_file()
     assert "including 7 run directories" in stdout and str(tmp / "deep0" / "run0") in stdout
+
+
+def test_scan_terminal_table_reads_delta_limited_heads_from_the_maps():
+    import numpy as np
+
+    from poslens.commands.scan import scan_table
+
+    layers = [{"layer": l, "relativity_index": 0.9, "locality": 0.1, "aps": 0.6, "top_slash_heads": [
+        {"layer": l, "head": 0, "offset": 255, "score": 0.9}]} for l in range(2)]
+    best = np.array([[0.1, 0.4, np.nan], [np.nan, np.nan, np.nan]])
+    arg = np.array([[1, 3, 1], [1, 1, 1]])
+    console = Console(width=80, record=True, color_system=None)
+    console.print(scan_table({"model_type": "llama", "num_seqs": 4, "seq_len": 256, "layers": layers}, (best, arg)))
+    text = console.export_text()
+    assert "h1 Δ=3: 0.4" in text and "255" not in text

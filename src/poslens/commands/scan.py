@@ -64,22 +64,33 @@ def scan(
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
         return
+    from poslens.report.render import slash_matrix
+    from poslens.rundir import load_run
+
     console = Console()
-    console.print(scan_table(summary))
+    console.print(scan_table(summary, slash_matrix(load_run(out))))
     console.print(f"wrote {out}/ ({', '.join(summary['files'])})")
 
 
-def scan_table(summary: dict):
+def scan_table(summary: dict, slash=None):
     """The per-layer terminal table of a scan (fits 80 columns): sink-excluded relativity where the
     summary has it, the per-sequence APS where it has it (else the mean-map APS, so labelled), and
-    each layer's strongest head at offsets Δ = 1..16 (larger offsets are the sink column, not slashes)."""
+    each layer's strongest head at offsets Δ = 1..16 (larger offsets are the sink column, not slashes):
+    from ``slash`` = ``(best score, its Δ)`` per ``[layer, head]`` where given (the scan's maps), else
+    from the heads the summary lists per layer."""
+    import numpy as np
+
     from poslens.fmt import fmt, rich_table
     from poslens.report.readings import SLASH_MAX_DELTA, layer_aps, layer_slash_head
 
     per_seq = any(l.get("aps_mean") is not None for l in summary["layers"])
     rows = []
-    for l in summary["layers"]:
+    for i, l in enumerate(summary["layers"]):
         top = layer_slash_head(l)
+        if slash is not None and i < len(slash[0]) and np.isfinite(np.asarray(slash[0][i], dtype=float)).any():
+            row = np.asarray(slash[0][i], dtype=float)
+            h = int(np.nanargmax(row))
+            top = {"head": h, "offset": int(slash[1][i][h]), "score": float(row[h])}
         aps, aps_std = layer_aps(l)
         rows.append([l["layer"], l.get("relativity_index"), l.get("locality"),
                      f"{fmt(aps)} ± {fmt(aps_std)}" if per_seq and aps_std is not None else aps,
