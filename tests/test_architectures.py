@@ -334,3 +334,35 @@ def test_rope_decomposition_uses_the_recorded_frequencies():
     dec = rope_decomposition(gram, gram, dl, **kw, theta=scaled.tolist(), attention_scaling=1.2)
     assert torch.allclose(dec.theta, scaled) and not torch.allclose(dec.logit, same.logit)
     assert float(dec.A.sum()) == pytest.approx(1.44 * float(same.A.sum()))  # amplitudes carry scaling^2
+
+
+def test_scan_of_unlisted_architectures(cli, tmp_path):
+    """OPT (not on the list, dispatches through AttentionInterface, no RoPE): scanned by the generic adapter,
+    probs equal eager. BLOOM (custom ALiBi attention code): a one-line error, non-zero exit, nothing written."""
+    import transformers as tf
+
+    from poslens.capture.sources import make_source
+    from poslens.rundir import read_tensors
+
+    torch.manual_seed(0)
+    tf.AutoModelForCausalLM.from_config(tf.OPTConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+        max_position_embeddings=64, word_embed_proj_dim=32)).save_pretrained(str(tmp_path / "opt"))
+    tf.AutoModelForCausalLM.from_config(tf.BloomConfig(vocab_size=V, hidden_size=32, n_layer=2, n_head=4)
+                                        ).save_pretrained(str(tmp_path / "bloom"))
+    with pytest.warns(UserWarning, match="'opt' has no adapter"):
+        code, _, err = cli("scan", tmp_path / "opt", "--out", tmp_path / "r_opt", "--data", "random", "--seq-len", 10,
+                           "--num-seqs", 2, "--no-figures", "--quiet", "--seed", 5)
+    assert code == 0, err
+    probs = read_tensors(tmp_path / "r_opt" / "maps.safetensors")["probs"]
+    ids = make_source("random", seq_len=10, num_seqs=2, seed=5, vocab_size=V).batch(0, 2)
+    eager = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path / "opt"), attn_implementation="eager").eval()
+    with torch.no_grad():
+        att = eager(input_ids=ids, output_attentions=True).attentions
+    for l, a in enumerate(att):
+        assert torch.allclose(probs[l].double(), a.double().mean((0, 1)), atol=1e-5)
+    with pytest.warns(UserWarning):
+        code, _, err = cli("scan", tmp_path / "bloom", "--out", tmp_path / "r_bloom", "--data", "random", "--seq-len",
+                           8, "--num-seqs", 2, "--quiet")
+    assert code == 2 and "'bloom' uses custom attention code" in err and "\n" not in err
+    assert not (tmp_path / "r_bloom").exists()
