@@ -267,6 +267,7 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
     Writes ``config.json``, ``neighborhood.safetensors``, ``summary.json`` and figures through a
     staging directory (nothing is half-written); returns the summary.
     """
+    from poslens.capture.model_source import source_record
     from poslens.capture.scan import load_model
     from poslens.models import pe_of
     from poslens.progress import task_progress
@@ -293,6 +294,7 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
                             source=source.describe())
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "neighborhood", **dataclasses.asdict(cfg),
+                                           "model_source": source_record(cfg.model_dir),
                                            "source": source.describe(), "versions": versions()})
         tensors = {f"{mode}.{k}": v.to(torch.float32) for mode, r in results.items() for k, v in r.items()}
         write_tensors(stage / "neighborhood.safetensors", tensors,

@@ -179,6 +179,7 @@ def _readings(rows: list[dict], layer: int) -> list[str]:
 
 def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``."""
+    from poslens.capture.model_source import source_record
     from poslens.capture.scan import load_model, load_tokenizer, open_model_config, resolve_dtype
     from poslens.capture.sources import make_source
     from poslens.cli_app import parse_device
@@ -228,7 +229,8 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
         "wall_s": time.time() - t0,
     }
     with staged_dir(cfg.out) as stage:
-        write_json(stage / "config.json", {"command": "panels", **dataclasses.asdict(cfg), "versions": versions()})
+        write_json(stage / "config.json", {"command": "panels", **dataclasses.asdict(cfg),
+                                           "model_source": source_record(cfg.model_dir), "versions": versions()})
         write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
                       metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
         save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")

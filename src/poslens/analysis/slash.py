@@ -342,8 +342,9 @@ def model_rope_geometry(model_dir: str) -> dict:
     from transformers import AutoConfig
 
     from poslens.capture.adapters import get_adapter
+    from poslens.capture.model_source import model_directory
 
-    p = Path(model_dir)
+    p = model_directory(model_dir)  # a .gguf file: its dequantised cache directory
     if not (p / "config.json").is_file():
         raise PoslensError(f"model directory {p} (recorded by the scan) has no config.json; pass --model-dir "
                            "with the scanned model's directory.")

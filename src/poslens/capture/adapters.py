@@ -367,8 +367,9 @@ def get_adapter(config, *, allow_generic: bool = True) -> Adapter:
     mt = getattr(config, "model_type", None)
     if mt in ADAPTERS:
         return ADAPTERS[mt]
-    if not allow_generic or getattr(config, "is_encoder_decoder", False) or not (
-            getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)):
+    has_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    has_heads = any(n in config.to_dict() for n in ("num_attention_heads", "n_head"))  # no attention: Mamba, RWKV
+    if not allow_generic or getattr(config, "is_encoder_decoder", False) or not (has_layers and has_heads):
         raise PoslensError(f"model type {mt!r} is not supported by scan; supported: {supported()}.")
     warnings.warn(f"model type {mt!r} has no adapter; using the generic one (layers, rotary module and capture "
                   f"points found by name, attention dispatch checked by a dry run; supported: {supported()}).",

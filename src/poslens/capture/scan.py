@@ -111,9 +111,11 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
     """Refuse missing directories, missing configs, remote code and pickle weights; returns config.json."""
     path = Path(model_dir)
     if not path.exists():
-        raise PoslensError(f"MODEL_DIR {path} does not exist; pass a local directory holding config.json and weights.")
+        raise PoslensError(f"MODEL_DIR {path} does not exist; pass a local directory holding config.json and weights, "
+                           "or a .gguf file.")
     if not path.is_dir():
-        raise PoslensError(f"MODEL_DIR {path} is a file; pass the directory holding config.json and weights.")
+        raise PoslensError(f"MODEL_DIR {path} is a file but not a GGUF model; pass the directory holding config.json "
+                           "and weights, or a .gguf file.")
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise PoslensError(f"MODEL_DIR {path} has no config.json; pass a Hugging Face model directory "
@@ -139,10 +141,15 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
 
 def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickle: bool = False,
                       trust_remote_code: bool = False):
-    """Check a model directory (safety, config present), read its config and adapter, and check
-    that ``seq_len`` fits the model's positions. Returns ``(config, adapter)``; loads no weights."""
+    """Check a model directory or ``.gguf`` file (safety, config present), read its config and
+    adapter, and check that ``seq_len`` fits the model's positions. Returns ``(config, adapter)``;
+    loads no weights (a GGUF file is dequantised into the cache on first use,
+    :mod:`poslens.capture.model_source`)."""
     from transformers import AutoConfig
 
+    from poslens.capture.model_source import model_directory
+
+    model_dir = str(model_directory(model_dir))  # a .gguf file: checked, dequantised once into the cache
     check_model_dir(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     try:
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
@@ -172,8 +179,10 @@ def resolve_dtype(dtype: str, device: str, config) -> torch.dtype:
 
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
-    """The model directory's tokenizer, or None when it has none."""
-    p = Path(model_dir)
+    """The model's tokenizer (directory or ``.gguf`` file), or None when it has none."""
+    from poslens.capture.model_source import model_directory
+
+    p = model_directory(model_dir)
     if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
         return None
     from transformers import AutoTokenizer
@@ -187,17 +196,20 @@ def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
 
 def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle: bool = False,
                trust_remote_code: bool = False, device_map: str | None = None):
-    """``AutoModelForCausalLM.from_pretrained`` with the poslens attention, eval mode, on ``device``.
+    """``AutoModelForCausalLM.from_pretrained`` with the poslens attention, eval mode, on ``device``;
+    ``model_dir`` may be a ``.gguf`` file (its dequantised cache directory is loaded).
 
     With ``device_map`` (``auto``, ``balanced``, ``sequential``...) accelerate places the layers over
     the visible devices instead (and offloads to the CPU what does not fit); ``device`` is then unused.
     """
     from transformers import AutoModelForCausalLM
 
+    from poslens.capture.model_source import model_directory
+
     register()
     extra = {"device_map": device_map} if device_map else {}
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=dtype, attn_implementation=ATTN_NAME, use_safetensors=None if allow_pickle else True,
+        str(model_directory(model_dir)), dtype=dtype, attn_implementation=ATTN_NAME, use_safetensors=None if allow_pickle else True,
         trust_remote_code=trust_remote_code, **extra,
     )
     return model.eval() if device_map else model.to(device).eval()
@@ -408,6 +420,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
 
 def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx) -> dict:
     from poslens.capture import distributed as D
+    from poslens.capture.model_source import source_record
     from poslens.rundir import create_out_dir, versions, write_json
 
     t_start = time.time()
@@ -458,6 +471,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         capture = Capture(plan.spec, device=plan.device)
     if ctx.is_main:
         write_json(out / "config.json", {"command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": fp,
+                                         "model_source": source_record(cfg.model_dir),
                                          "source": plan.source.describe(), "model_type": plan.adapter.model_type,
                                          "dtype": str(plan.dtype), "device": plan.device,
                                          "world_size": ctx.world_size,
