@@ -63,8 +63,12 @@ def rich_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]]
     cols = list(columns)
     t = Table(title=title, show_header=show_header, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
               title_justify="left")
+    def numeric_cell(v: Any) -> bool:
+        return v is None or isinstance(v, (int, float)) and not isinstance(v, bool) or \
+            isinstance(v, str) and v in ("flat", MISSING)
+
     for i, c in enumerate(cols):
-        numeric = all(isinstance(r[i], (int, float)) or r[i] is None for r in rows if i < len(r)) and rows
+        numeric = bool(rows) and all(numeric_cell(r[i]) for r in rows if i < len(r))
         t.add_column(str(c), justify="right" if numeric else "left", overflow="fold",
                      no_wrap=bool(numeric), min_width=min(len(str(c)), 8) if numeric else None)
     for r in rows:

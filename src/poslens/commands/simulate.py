@@ -64,5 +64,5 @@ def print_summary(summary: dict, console) -> None:
     rows = [[l["layer"], "flat" if l["relativity_index"] is None else l["relativity_index"], l["locality"],
              l["max_stderr"]] + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
     t = rich_table(f"{summary['label']}: {fmt(summary['samples'])} samples in {fmt(summary['seconds'])} s "
-                   f"({(summary.get('layer_info') or {}).get('convention', 'layers')})", cols, rows)
+                   f"({(summary.get('layer_info') or {}).get('convention', 'layers').split(',')[0]})", cols, rows)
     console.print(t)

@@ -495,7 +495,7 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
             hf = head_figure(run, head_keys, slash)
             if hf:
                 figs.append(hf)
-        tables = [_layer_table(run, keys)]
+        tables = [_layer_table(run, keys)] if not run.tables else []  # a run's own tables already say it
         if len(papers) == 1 or paper == run.paper:
             tables += [table(str(t.get("title") or ""), t["columns"], t["rows"], note=str(t.get("note") or ""))
                        for t in run.tables]
