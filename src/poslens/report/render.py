@@ -193,6 +193,22 @@ def embed_file(path: Path) -> str | None:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+def png_width(uri: str) -> int | None:
+    """Pixel width of a ``data:image/png`` URI (from its IHDR chunk), else None."""
+    head = "data:image/png;base64,"
+    if not uri.startswith(head):
+        return None
+    try:
+        raw = base64.b64decode(uri[len(head): len(head) + 44])
+    except ValueError:
+        return None
+    return int.from_bytes(raw[16:20], "big") if raw[12:16] == b"IHDR" else None
+
+
+#: figures narrower than this (in pixels) sit two to a row on the page
+HALF_WIDTH_PX = 900
+
+
 def embed_bytes(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
@@ -232,12 +248,21 @@ def run_figures(run: Run, notes: list[str] | None = None) -> list[dict]:
     return out
 
 
+def _sized(figures) -> list[dict]:
+    """Figures with ``half``: narrow ones (a few panels) are laid out two to a row."""
+    out = []
+    for f in figures or []:
+        w = png_width(f.get("src", ""))
+        out.append({**f, "half": w is not None and w < HALF_WIDTH_PX})
+    return out
+
+
 def _card(run: Run, *, title: str | None = None, subtitle: str = "", badge: str = "", readings=None, tables=None,
           figures=None, meta=None, notes=None, anchor: str = "") -> dict:
     return {"id": anchor or f"run-{_slug(run.name)}", "title": title or run.name, "subtitle": subtitle,
             "badge": badge or run.command, "path": str(run.display_path if run.display_path is not None else run.path),
             "readings": list(readings or []), "tables": [t for t in tables or [] if t],
-            "figures": list(figures or []), "meta": list(meta or []), "notes": list(notes or [])}
+            "figures": _sized(figures), "meta": list(meta or []), "notes": list(notes or [])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -552,8 +577,9 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
     for r in runs:
         if r.kind == "command" and r.command not in ("simulate", "scan") and r.summary.get("experiment"):
             groups.setdefault(str(r.summary["experiment"]), []).append(r)
+    overlaid = {id(r) for g in by_command.values() if len(g) >= 2 for r in g}
     for exp, group in groups.items():
-        if len(group) < 2:
+        if len(group) < 2 or all(id(r) in overlaid for r in group):  # their per-layer plots are overlaid above
             continue
         tabs = []
         for t in group[0].tables:
