@@ -253,7 +253,8 @@ def _sized(figures) -> list[dict]:
     out = []
     for f in figures or []:
         w = png_width(f.get("src", ""))
-        out.append({**f, "half": w is not None and w < HALF_WIDTH_PX})
+        own = str(f.get("file", "")).lower().endswith(".png")  # the run's own figures; plots drawn here stay wide
+        out.append({**f, "half": own and w is not None and w < HALF_WIDTH_PX})
     return out
 
 
