@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from poslens.capture.adapters import Adapter, get_adapter
-from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
+from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, parse_stats, register
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
 
@@ -38,7 +38,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 #: config fields that change the accumulated tensors (a resume must match them exactly)
 _FINGERPRINT_FIELDS = ("model_dir", "data", "seq_len", "num_seqs", "batch_size", "seed", "dtype", "layers",
-                       "heads", "no_rope_layers", "bidirectional", "chunk_elems", "reservoir")
+                       "heads", "no_rope_layers", "bidirectional", "chunk_elems", "reservoir", "stats")
 
 
 @dataclass
@@ -63,10 +63,11 @@ class ScanConfig:
     checkpoint_every: int = 10  # batches
     allow_pickle: bool = False
     trust_remote_code: bool = False
-    chunk_elems: int = 2**23
+    chunk_elems: int = 0  # logits per capture chunk; 0 = per device (CPU cache-sized, CUDA 2^28)
     aps_max_positions: int = 256
     device_map: str | None = None  # accelerate device map ("auto"...): layers over several devices
     reservoir: int = 256  # token slots whose pre-RoPE q/k vectors are kept (0 = none)
+    stats: list[str] | None = None  # statistics to accumulate (names of capture.attention.STATS); None = all
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,6 +222,7 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
     from poslens.cli_app import parse_device
     from poslens.rundir import prepare_out_dir
 
+    stats = parse_stats(cfg.stats)
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
                                         trust_remote_code=cfg.trust_remote_code)
     L = adapter.num_layers(config)
@@ -267,7 +269,7 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
     spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
-                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed)
+                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 
@@ -286,6 +288,8 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
             if _attn._ACTIVE is capture:
                 capture.rope_cos_sin = (out[0], out[1])
         handles.append(rot.register_forward_hook(_rope_hook))
+    if "cosine" not in capture.spec.stats:
+        return handles  # residual-stream vectors are read only for the cosine maps
     layers = adapter.decoder_layers(model)
     first = 0  # layer 0's input is the embedding output (cosine/norms index 0)
 
@@ -303,6 +307,7 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
 
 def fingerprint(cfg: ScanConfig) -> str:
     d = {k: getattr(cfg, k) for k in _FINGERPRINT_FIELDS}
+    d["stats"] = sorted(parse_stats(cfg.stats))
     d["model_dir"] = str(Path(cfg.model_dir).resolve())
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -581,47 +586,56 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     from poslens.rundir import write_tensors
 
     cfg, spec, adapter, config = plan.cfg, plan.spec, plan.adapter, plan.config
-    n_seqs = capture.accs["scores"].count
+    n_seqs = next(iter(capture.accs.values())).count
+    has = capture.accs.__contains__  # statistics not asked for (--stats) read as None in the summary
 
     def mean(name: str, idx=slice(None)) -> torch.Tensor:
         """float64 mean of one accumulator at ``idx``: the summary reads layer by layer, before the sums are freed."""
         return capture.accs[name].mean_at(idx)
 
+    def when(name: str, fn):
+        return fn() if has(name) else None
+
     k = cfg.aps_max_positions
     rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
     layers = []
     for li, l in enumerate(spec.layers):
-        sc = causal_view(mean("scores", li), include_diagonal=True)
-        rm_q = rank_measures(mean("q_gram", li))
-        rm_k = rank_measures(mean("k_gram", li))
-        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len)
+        sc = causal_view(mean("scores", li), include_diagonal=True) if has("scores") else None
+        rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
+        rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
+        bands = when("dim_logit", lambda: band_contributions(
+            mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len))
         layers.append({
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
-            "relativity_index": _opt(relativity_index(sc)),
-            "locality": _opt(locality(_subsample(sc, k))),
-            "aps": float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k))),
-            "attn_aps": float(adjacency_probability_score(_subsample(mean("attn_cosine", li), k))),
-            "norm_score": float(norm_score(_subsample(mean("norms", li + 1), k))),
-            "top_slash_heads": top_slash_heads(mean("slash", slice(li, li + 1)), k=3, layer_ids=[l]),
-            "q_top1_energy": rm_q["top1_energy"].tolist(),
-            "k_top1_energy": rm_k["top1_energy"].tolist(),
-            "q_effective_rank": rm_q["effective_rank"].tolist(),
-            "k_effective_rank": rm_k["effective_rank"].tolist(),
-            "band_logit": {b: v.tolist() for b, v in bands.items()},
+            "relativity_index": _opt(relativity_index(sc)) if sc is not None else None,
+            "locality": _opt(locality(_subsample(sc, k))) if sc is not None else None,
+            "aps": when("cosine", lambda: float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k)))),
+            "attn_aps": when("attn_cosine", lambda: float(adjacency_probability_score(
+                _subsample(mean("attn_cosine", li), k)))),
+            "norm_score": when("norms", lambda: float(norm_score(_subsample(mean("norms", li + 1), k)))),
+            "top_slash_heads": when("slash", lambda: top_slash_heads(mean("slash", slice(li, li + 1)), k=3,
+                                                                     layer_ids=[l])) or [],
+            "q_top1_energy": rm_q["top1_energy"].tolist() if rm_q else None,
+            "k_top1_energy": rm_k["top1_energy"].tolist() if rm_k else None,
+            "q_effective_rank": rm_q["effective_rank"].tolist() if rm_q else None,
+            "k_effective_rank": rm_k["effective_rank"].tolist() if rm_k else None,
+            "band_logit": {b: v.tolist() for b, v in bands.items()} if bands is not None else None,
         })
     summary = {
         "model_dir": str(cfg.model_dir),
         "model_type": adapter.model_type,
         "num_seqs": n_seqs,
         "seq_len": spec.seq_len,
+        "stats": sorted(spec.stats),
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
         "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
-        "embedding_aps": float(adjacency_probability_score(_subsample(mean("cosine", 0), k))),
+        "embedding_aps": when("cosine", lambda: float(adjacency_probability_score(_subsample(mean("cosine", 0), k)))),
         "aps_positions": min(k, spec.seq_len),
         "layers": layers,
-        "slash_top_heads": top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers),
-        "slash_top_heads_offset_ge1": top_slash_heads(mean("slash"), k=10, min_offset=1, layer_ids=spec.layers),
+        "slash_top_heads": when("slash", lambda: top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers)) or [],
+        "slash_top_heads_offset_ge1": when("slash", lambda: top_slash_heads(
+            mean("slash"), k=10, min_offset=1, layer_ids=spec.layers)) or [],
         "files": ["config.json", "maps.safetensors", "summary.json"],
     }
     # float32 means for the file, converted in place one accumulator at a time (the capture is spent)
@@ -631,7 +645,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]"})
-    if figures:
+    if figures and "scores" in tensors:
         summary["files"] += write_figures(out, tensors, spec)
     return summary
 

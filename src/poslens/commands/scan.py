@@ -32,6 +32,9 @@ def scan(
     bidirectional: bool = typer.Option(False, "--bidirectional", help="Control: drop the causal mask in every layer."),
     reservoir: int = typer.Option(256, "--reservoir", help="Token slots (a uniform sample of all sequence "
                                   "positions) whose pre-RoPE q/k vectors are kept in every layer; 0 = none."),
+    stats: str = typer.Option("all", "--stats", help="Statistics to accumulate, comma-separated: scores, probs, slash, "
+                              "cosine (residual stream), attn_cosine, qk (q/k second moments), dim_logit; or all. "
+                              "Unrequested ones cost nothing; the summary reads them as null."),
     no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG score maps."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
@@ -59,6 +62,7 @@ def scan(
         no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
         figures=not no_figures, resume=resume, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, reservoir=reservoir,
+        stats=[p.strip() for p in stats.split(",")],
     )
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
@@ -72,7 +76,7 @@ def scan(
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for row in summary["layers"]:
         top = row["top_slash_heads"][0] if row["top_slash_heads"] else None
-        table.add_row(str(row["layer"]), fmt(row["relativity_index"]), fmt(row["locality"]), fmt(row["aps"]),
+        table.add_row(str(row["layer"]), fmt(row["relativity_index"]), fmt(row["locality"]), fmt(row.get("aps")),
                       f"h{top['head']} (d={top['offset']}: {top['score']:.3f})" if top else "-")
     console.print(table)
     console.print(f"wrote {out}/ ({', '.join(summary['files'])})")
