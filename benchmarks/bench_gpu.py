@@ -91,7 +91,7 @@ def part_env(a, dev) -> dict:
             out["triton"] = triton.__version__
         except ImportError:
             out["triton"] = None
-    n = 2048 if a.quick else 8192
+    n = 8192 if dev.startswith("cuda") and not a.quick else 2048 if dev.startswith("cuda") else 256
     for name, dt, prec in (("bf16", torch.bfloat16, "highest"), ("tf32", torch.float32, "high"),
                            ("fp32", torch.float32, "highest")):
         m = n if name == "bf16" else n // 2
@@ -103,7 +103,7 @@ def part_env(a, dev) -> dict:
         torch.set_float32_matmul_precision(prev)
         out[f"matmul_{name}_tflops"] = 2 * m**3 / t / 1e12
         del x, y
-    nbytes = 2**28 if a.quick else 2**31
+    nbytes = 2**31 if dev.startswith("cuda") and not a.quick else 2**26
     src = torch.empty(nbytes // 4, device=dev).uniform_()
     dst = torch.empty_like(src)
     t = timed(lambda: dst.copy_(src), dev, reps=5, warmup=2)
@@ -127,7 +127,7 @@ def reference_maps(q, k, scaling, causal):
     allowed = (j <= i) if causal else torch.ones(S, S, dtype=torch.bool, device=q.device)
     p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1)
     sm = s.masked_fill(~allowed, 0.0)
-    slash = torch.stack([torch.diagonal(p, -d, 2, 3).sum(-1) for d in range(S)], -1).sum((0, 2))
+    slash = torch.stack([torch.diagonal(p, -d, 2, 3).sum(-1) for d in range(S)], -1).sum(0)  # [H, S]
     return {"scores": sm.sum((0, 1)), "probs": p.sum((0, 1)), "slash": slash, "head_scores": sm.sum(0),
             "head_probs": p.sum(0)}
 
@@ -184,20 +184,46 @@ def part_kernels(a, dev) -> dict:
     q = torch.randn(B, S, H, D, generator=g, device=dev).to(dt).transpose(1, 2)
     k = torch.randn(B, S, Hk, D, generator=g, device=dev).to(dt).transpose(1, 2)
     timing = {"shape": [B, H, Hk, S, D]}
+    ref_maps = None
     for stats in (("scores", "probs"), ("scores", "probs", "slash")):
         cap = _capture_for(B, H, Hk, S, D, stats)
         lab = ",".join(stats)
 
         def torch_path():
             with torch.no_grad():
-                cap._attention_maps(0, q.float().contiguous(), k.float().contiguous(), 0.125, True, None, [],
-                                    checked=not cuda)
-        timing[f"torch[{lab}]_ms"] = 1000 * timed(torch_path, dev, reps=3)
-        if cuda and cuda_maps.supported(q, k):
-            timing[f"fused[{lab}]_ms"] = 1000 * timed(
-                lambda: cuda_maps.attention_maps(q, k, 0.125, causal=True, scores="scores" in stats,
-                                                 probs="probs" in stats, slash="slash" in stats, heads=[]),
-                dev, reps=5)
+                return cap._attention_maps(0, q.float().contiguous(), k.float().contiguous(), 0.125, True, None, [],
+                                           checked=not cuda)
+        if a.torch_path:
+            timing[f"torch[{lab}]_ms"] = 1000 * timed(torch_path, dev, reps=3)
+        if len(stats) == 3:
+            ref_maps = torch_path()
+    if cuda and cuda_maps.supported(q, k):
+        # launch settings: time each on the benchmark shape, check it against the torch path, keep the fastest
+        sweep = []
+        for block, lw, mw, st in ((64, 4, 4, 2), (64, 4, 8, 2), (64, 4, 4, 3), (128, 8, 8, 2), (128, 4, 8, 3),
+                                  (128, 8, 4, 2), (32, 4, 4, 2)):
+            cuda_maps.CONFIG.update(block=block, lse_warps=lw, maps_warps=mw, stages=st)
+            rec = {"block": block, "lse_warps": lw, "maps_warps": mw, "stages": st}
+            try:
+                for stats in (("scores", "probs"), ("scores", "probs", "slash")):
+                    fn = (lambda stats=stats: cuda_maps.attention_maps(
+                        q, k, 0.125, causal=True, scores=True, probs=True, slash="slash" in stats, heads=[]))
+                    rec[f"{','.join(stats)}_ms"] = 1000 * timed(fn, dev, reps=5)
+                got = cuda_maps.attention_maps(q, k, 0.125, causal=True, scores=True, probs=True, slash=True, heads=[])
+                rec["max_rel_vs_torch"] = max(float((got[n] - ref_maps[n]).norm() / ref_maps[n].norm())
+                                              for n in ("scores", "probs", "slash"))
+            except Exception as e:
+                rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            sweep.append(rec)
+            say(f"kernels: config {rec}")
+        ok = [r for r in sweep if "error" not in r and r["max_rel_vs_torch"] < 1e-5]
+        best = min(ok, key=lambda r: r["scores,probs,slash_ms"])
+        cuda_maps.CONFIG.update({kk: best[kk] for kk in ("block", "lse_warps", "maps_warps", "stages")})
+        timing["sweep"] = sweep
+        timing["chosen"] = dict(cuda_maps.CONFIG)
+        timing["fused[scores,probs]_ms"] = best["scores,probs_ms"]
+        timing["fused[scores,probs,slash]_ms"] = best["scores,probs,slash_ms"]
+        say(f"kernels: chosen {cuda_maps.CONFIG}")
     # the flash forward of the same layer, for scale
     v = torch.randn_like(q)
     timing["sdpa_forward_ms"] = 1000 * timed(
@@ -278,22 +304,37 @@ def part_scan(a, dev) -> dict:
         return step, (cap, handles)
 
     variants = [("sdpa", lambda: run_plain("sdpa")), ("poslens-off", lambda: run_plain(ATTN_NAME))]
-    kernels = ["fused", "torch"] if cuda else ["torch"]
+    kernels = (["fused", "torch"] if a.torch_path else ["fused"]) if cuda else ["torch"]
     for kern in kernels:
         variants.append((f"all/{kern}", lambda kern=kern: run_capture(ALL_STATS, kern)))
         variants.append((f"scores,probs/{kern}", lambda kern=kern: run_capture(("scores", "probs"), kern)))
+    if cuda:  # where the time of "all" goes
+        for st in (("slash",), ("cosine", "attn_cosine"), ("qk", "dim_logit")):
+            variants.append((f"{','.join(st)}/fused", lambda st=st: run_capture(st, "fused")))
     keep = {}
     for name, make in variants:
         step, state = make()
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        step(batches[0])  # warm-up (kernel compilation, allocator)
-        sync(dev)
-        t0 = time.perf_counter()
-        for ids in batches[1:]:
-            step(ids)
-        sync(dev)
+        try:
+            step(batches[0])  # warm-up (kernel compilation, allocator)
+            sync(dev)
+            t0 = time.perf_counter()
+            for ids in batches[1:]:
+                step(ids)
+            sync(dev)
+        except Exception as e:  # one variant's failure leaves the others' numbers
+            import traceback
+
+            traceback.print_exc()
+            out["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            say(f"scan: {name} FAILED {type(e).__name__}: {str(e)[:300]}")
+            if state is not None:
+                for h in state[1]:
+                    h.remove()
+            os.environ.pop("POSLENS_CAPTURE_KERNEL", None)
+            continue
         dt = (time.perf_counter() - t0) / nb
         rec = {"s_per_batch": dt, "tokens_per_s": B * S / dt}
         if cuda:
@@ -313,7 +354,8 @@ def part_scan(a, dev) -> dict:
             + (f"  peak {rec['peak_gib']:.1f} GiB" if cuda else ""))
     base = out["variants"]["sdpa"]["s_per_batch"]
     for name, rec in out["variants"].items():
-        rec["overhead"] = rec["s_per_batch"] / base - 1
+        if "s_per_batch" in rec:
+            rec["overhead"] = rec["s_per_batch"] / base - 1
     if "all/fused" in keep and "all/torch" in keep:
         diffs = {}
         for kname, ref in keep["all/torch"].items():
@@ -412,7 +454,7 @@ def part_train(a, dev) -> dict:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         curves[mode] = losses
         del model, opt
     rel = max(abs(x - y) / abs(y) for x, y in zip(curves["bf16"], curves["fp32"]))
@@ -479,6 +521,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--batches", type=int, default=3, help="timed batches per scan variant")
     ap.add_argument("--train-steps", type=int, default=20)
+    ap.add_argument("--no-torch-path", dest="torch_path", action="store_false",
+                    help="on CUDA, skip the chunked torch path (time the fused kernels only)")
     ap.add_argument("--out", default=None, help="JSON file for every number (default: print only)")
     a = ap.parse_args(argv)
     torch.set_num_threads(min(8, os.cpu_count() or 1) if a.device.startswith("cuda") else 1)

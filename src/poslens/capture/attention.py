@@ -59,7 +59,7 @@ STATS: dict[str, tuple[str, ...]] = {
     "slash": ("slash",),
     "cosine": ("cosine", "norms"),
     "attn_cosine": ("attn_cosine", "attn_norms"),
-    "qk": ("q_gram", "k_gram"),
+    "qk": ("q_gram", "k_gram"),  # and the --reservoir sample of pre-RoPE q/k vectors
     "dim_logit": ("dim_logit",),
 }
 #: Every statistic. The default: the report and the analyses read all but ``probs``, and ``probs`` is
@@ -178,7 +178,7 @@ def _symmetric_gram(a: torch.Tensor) -> torch.Tensor:
     """``a @ a.T`` (float32 ``[S, S]``) from the lower block triangle only, mirrored (exactly symmetric)."""
     S = a.shape[0]
     R = GRAM_BLOCK_ROWS
-    if S <= R:
+    if S <= R or a.is_cuda:  # on a GPU one large product beats many small ones plus the mirror copies
         return a @ a.T
     out = torch.empty(S, S, dtype=a.dtype, device=a.device)
     for r0 in range(0, S, R):
@@ -196,10 +196,6 @@ _HALF = (torch.bfloat16, torch.float16)
 def _nonfinite_error(layer, head) -> PoslensError:
     return PoslensError(f"non-finite attention scores in layer {layer}, head {head} (model overflow?); "
                         "try --dtype fp32 or check the checkpoint.")
-
-
-def _map_tensors(maps: dict) -> list:
-    return list(maps.values())
 
 
 def _fused_ok(query: torch.Tensor, key: torch.Tensor, window) -> bool:
@@ -400,7 +396,7 @@ class Capture:
         self._batch_size = 0
         self._next_seq = 0
         self.reservoir = None
-        if spec.reservoir:
+        if spec.reservoir and "qk" in spec.stats:  # the sample of pre-RoPE q/k vectors belongs to the qk statistic
             from poslens.capture.reservoir import QKReservoir
 
             self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
@@ -526,7 +522,7 @@ class Capture:
         acc = self.accs
         B, H, S, D = query.shape
         heads_here = self.head_pos.get(layer, [])
-        want_qk = "qk" in stats or self.reservoir is not None
+        want_qk = "qk" in stats
         want_maps = bool(stats & {"scores", "probs", "slash"}) or bool(heads_here)
         fused = want_maps and _fused_ok(query, key, window)
         q = k = None
@@ -542,9 +538,8 @@ class Capture:
                 q_pre, k_pre = self.unrotate(q, k)
             else:
                 q_pre, k_pre = q, k
-            if "qk" in stats:
-                acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
-                acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
+            acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
+            acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
             if self.reservoir is not None:
                 self.reservoir.observe(li, q_pre, k_pre)
             del q_pre, k_pre
@@ -563,7 +558,7 @@ class Capture:
                 maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="scores" in stats,
                                                 probs="probs" in stats, slash="slash" in stats,
                                                 heads=[h for _, h in heads_here])
-                if not all(bool(torch.isfinite(t).all()) for t in _map_tensors(maps)):
+                if not bool(torch.stack([torch.isfinite(t).all() for t in maps.values()]).all()):  # one sync
                     maps = None  # non-finite logits somewhere: the checked path names the head (or masks them)
                     q = query.to(torch.float32).contiguous()
                     k = key.to(torch.float32).contiguous()

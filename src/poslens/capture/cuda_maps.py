@@ -27,7 +27,9 @@ import functools
 
 import torch
 
-BLOCK = 64  # query rows = key columns per tile (the slash skew needs square tiles)
+#: Launch settings: tile size (query rows = key columns; the slash skew needs square tiles) and
+#: warps / pipeline stages of each kernel. ``benchmarks/bench_gpu.py`` measures the alternatives.
+CONFIG = {"block": 64, "lse_warps": 4, "maps_warps": 4, "stages": 2}
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,7 +61,7 @@ def _kernels():
 
     @triton.jit
     def _lse_kernel(Q, K, LSE, sqb, sqh, sqs, sqd, skb, skh, sks, skd, H, G, S, scale2,
-                    D: tl.constexpr, BM: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr):
+                    D: tl.constexpr, BM: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr):
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -77,7 +79,10 @@ def _kernels():
         for n0 in range(0, hi, BM):
             rn = n0 + tl.arange(0, BM)
             k = tl.load(K + b * skb + kh * skh + rn[:, None] * sks + rd[None, :] * skd, mask=rn[:, None] < S, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale2
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale2
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale2
             valid = (rn[None, :] < S) & (rm[:, None] >= 0)
             if CAUSAL:
                 valid = valid & (rn[None, :] <= rm[:, None])
@@ -91,9 +96,9 @@ def _kernels():
     @triton.jit
     def _maps_kernel(Q, K, LSE, SC, PR, HS, HP, SLOT, SL, sqb, sqh, sqs, sqd, skb, skh, sks, skd,
                      B, H, G, S, NB, scale, LOG2E: tl.constexpr,
-                     D: tl.constexpr, BM: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+                     D: tl.constexpr, BM: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
                      W_SC: tl.constexpr, W_PR: tl.constexpr, W_HEADS: tl.constexpr, W_SLASH: tl.constexpr,
-                     NEED_S: tl.constexpr, NEED_P: tl.constexpr):
+                     NEED_S: tl.constexpr, PER_HEAD: tl.constexpr, STAGES: tl.constexpr):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         if CAUSAL:
@@ -111,23 +116,34 @@ def _kernels():
         c_loc = tl.arange(0, BM)[None, :]
         for h in range(0, H):
             kh = h // G
-            acc_sh = tl.zeros([BM, BM], tl.float32)
-            acc_ph = tl.zeros([BM, BM], tl.float32)
-            for b in range(0, B):
+            if PER_HEAD:
+                acc_sh = tl.zeros([BM, BM], tl.float32)
+                acc_ph = tl.zeros([BM, BM], tl.float32)
+            for b in tl.range(0, B, num_stages=STAGES):
                 q = tl.load(Q + b * sqb + h * sqh + rm[:, None] * sqs + rd[None, :] * sqd,
                             mask=rm[:, None] < S, other=0.0)
                 k = tl.load(K + b * skb + kh * skh + rn[:, None] * sks + rd[None, :] * skd,
                             mask=rn[:, None] < S, other=0.0)
-                s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-                if NEED_S:
-                    acc_sh += tl.where(valid, s, 0.0)
-                if NEED_P:
+                if IEEE:
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+                else:
+                    s = tl.dot(q, tl.trans(k)) * scale
+                if PER_HEAD:  # per-head tiles (head maps, slash), added into the totals per head
+                    if NEED_S:
+                        acc_sh += tl.where(valid, s, 0.0)
                     lse = tl.load(LSE + (b * H + h) * S + rm, mask=rm < S, other=0.0)
                     acc_ph += tl.where(valid, tl.exp2(s * LOG2E - lse[:, None]), 0.0)
-            if W_SC:
-                acc_s += acc_sh
-            if W_PR:
-                acc_p += acc_ph
+                else:  # only the totals: two accumulators, fewer registers
+                    if W_SC:
+                        acc_s += tl.where(valid, s, 0.0)
+                    if W_PR:
+                        lse = tl.load(LSE + (b * H + h) * S + rm, mask=rm < S, other=0.0)
+                        acc_p += tl.where(valid, tl.exp2(s * LOG2E - lse[:, None]), 0.0)
+            if PER_HEAD:
+                if W_SC:
+                    acc_s += acc_sh
+                if W_PR:
+                    acc_p += acc_ph
             if W_HEADS:
                 slot = tl.load(SLOT + h)
                 if slot >= 0:
@@ -167,11 +183,12 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
 
     triton, _tl = _triton()
     lse_kernel, maps_kernel = _kernels()
+    BLOCK = CONFIG["block"]
     B, H, S, D = query.shape
     Hk = key.shape[1]
     G = H // Hk
     dev = query.device
-    prec = "ieee" if query.dtype == torch.float32 else "tf32"  # bf16/fp16 inputs: exact products anyway
+    ieee = query.dtype == torch.float32  # float32 models: IEEE products; bf16/fp16 products are exact anyway
     f32 = dict(dtype=torch.float32, device=dev)
     NB = triton.cdiv(S, BLOCK)
     log2e = 1.0 / math.log(2.0)
@@ -180,7 +197,7 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
     qs, ks = query.stride(), key.stride()
     if need_p:
         lse_kernel[(NB, B * H)](query, key, lse, *qs, *ks, H, G, S, float(scaling) * log2e,
-                                D=D, BM=BLOCK, CAUSAL=causal, PREC=prec, num_warps=4)
+                                D=D, BM=BLOCK, CAUSAL=causal, IEEE=ieee, num_warps=CONFIG["lse_warps"])
     out = {}
     dummy = torch.empty(1, **f32)
     sc = torch.zeros(S, S, **f32) if scores else dummy
@@ -193,9 +210,9 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
     slot = slot.to(dev)
     sl = torch.zeros(H, NB, NB, 2, BLOCK, **f32) if slash else dummy
     maps_kernel[(NB, NB)](query, key, lse, sc, pr, hs, hp, slot, sl, *qs, *ks, B, H, G, S, NB, float(scaling),
-                          LOG2E=log2e, D=D, BM=BLOCK, CAUSAL=causal, PREC=prec, W_SC=scores, W_PR=probs,
-                          W_HEADS=bool(heads), W_SLASH=slash, NEED_S=scores or bool(heads), NEED_P=need_p,
-                          num_warps=4)
+                          LOG2E=log2e, D=D, BM=BLOCK, CAUSAL=causal, IEEE=ieee, W_SC=scores, W_PR=probs,
+                          W_HEADS=bool(heads), W_SLASH=slash, NEED_S=scores or bool(heads),
+                          PER_HEAD=slash or bool(heads), STAGES=CONFIG["stages"], num_warps=CONFIG["maps_warps"])
     if scores:
         out["scores"] = sc
     if probs:

@@ -33,7 +33,8 @@ def scan(
     reservoir: int = typer.Option(256, "--reservoir", help="Token slots (a uniform sample of all sequence "
                                   "positions) whose pre-RoPE q/k vectors are kept in every layer; 0 = none."),
     stats: str = typer.Option("all", "--stats", help="Statistics to accumulate, comma-separated: scores, probs, slash, "
-                              "cosine (residual stream), attn_cosine, qk (q/k second moments), dim_logit; or all. "
+                              "cosine (residual stream), attn_cosine, qk (q/k second moments and the --reservoir sample), "
+                              "dim_logit; or all. "
                               "Unrequested ones cost nothing; the summary reads them as null."),
     no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG score maps."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
