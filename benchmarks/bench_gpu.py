@@ -17,6 +17,7 @@ Parts (``--parts``, comma-separated; default all):
 - ``train``: training steps (bf16 autocast, AdamW) of the ``small``, ``base`` and ``1b`` presets:
   tokens/s and MFU (6N + attention FLOPs per token over the bf16 dense peak); bf16 autocast
   against float32 on the same batches; ``poslens train`` end to end on a task.
+- ``cli``: ``poslens scan`` end to end on the 1B model (default statistics and ``scores,probs``).
 - ``dist``: ``poslens scan`` single-process vs ``torchrun --nproc-per-node 1`` (NCCL) vs
   ``--device-map auto`` on the GPU: maps.safetensors tensors compared.
 
@@ -47,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-PARTS = ("env", "kernels", "scan", "simulate", "train", "dist")
+PARTS = ("env", "kernels", "scan", "simulate", "train", "dist", "cli")
 LOG: list[str] = []
 
 
@@ -509,6 +510,44 @@ def part_dist(a, dev) -> dict:
                 out[f"{name}_max_abs_diff"] = diff
                 say(f"dist: {name} vs single, max |diff| over tensors: {max(diff.values()):.3e} "
                     f"(worst {max(diff, key=diff.get)})")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# cli: `poslens scan` end to end on the 1B model (loading, loop, finalize, files, figures)
+# ------------------------------------------------------------------------------------------------
+def part_cli(a, dev) -> dict:
+    cuda = dev.startswith("cuda")
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        mdir = os.path.join(tmp, "model")
+        if cuda and not a.quick:
+            shape, S, n, bs = dict(layers=16, hidden=2048, heads=32, kv_heads=8, inter=8192, vocab=8192), a.seq_len, 8, 4
+        else:
+            shape, S, n, bs = dict(layers=2, hidden=128, heads=4, kv_heads=2, inter=256, vocab=512), 128, 4, 2
+        model = build_llama(dev, torch.bfloat16 if cuda else torch.float32, max_pos=S, **shape)
+        model.save_pretrained(mdir)
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        for label, extra in (("scores,probs", ["--stats", "scores,probs"]), ("all", [])):
+            o = os.path.join(tmp, label.replace(",", "_"))
+            cmd = [sys.executable, "-m", "poslens", "scan", mdir, "--out", o, "--data", "random", "--seq-len", str(S),
+                   "--num-seqs", str(n), "--batch-size", str(bs), "--device", dev, "--quiet", *extra]
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            dt = time.perf_counter() - t0
+            rec = {"rc": p.returncode, "wall_s": dt, "stderr_tail": p.stderr[-600:]}
+            if p.returncode == 0:
+                summ = json.loads(Path(o, "summary.json").read_text())
+                rec["throughput"] = summ.get("throughput")
+                rec["files_mb"] = {f.name: round(f.stat().st_size / 2**20, 1) for f in Path(o).iterdir()}
+                rec["layer0"] = {k: summ["layers"][0].get(k) for k in ("relativity_index", "locality", "aps")}
+            out[label] = rec
+            tp = rec.get("throughput") or {}
+            say(f"cli: poslens scan --stats {label}: rc={p.returncode} wall {dt:.1f} s, loop "
+                f"{tp.get('tokens_per_s') or 0:,.0f} tok/s" + ("" if p.returncode == 0 else f"  {p.stderr[-300:]}"))
     return out
 
 

@@ -567,10 +567,10 @@ class Capture:
                                             checked=not query.is_cuda)
             if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
                 maps = self._attention_maps(layer, q, k, scaling, causal, window, heads_here, checked=True)
-            if "scores" in stats:
-                acc["scores"].sum[li] += maps["scores"].to(torch.float64).div_(H)
+            if "scores" in stats:  # float32 per-call sums into the float64 sums, without a float64 temporary
+                acc["scores"].sum[li].add_(maps["scores"], alpha=1.0 / H)
             if "probs" in stats:
-                acc["probs"].sum[li] += maps["probs"].to(torch.float64).div_(H)
+                acc["probs"].sum[li].add_(maps["probs"], alpha=1.0 / H)
             if "slash" in stats:
                 acc["slash"].sum[li] += maps["slash"].to(torch.float64) / (
                     S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))

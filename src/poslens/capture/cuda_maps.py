@@ -183,7 +183,8 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
 
     triton, _tl = _triton()
     lse_kernel, maps_kernel = _kernels()
-    BLOCK = CONFIG["block"]
+    # 128 x 128 tiles of 128-wide heads exceed the H100's 227 KiB of shared memory per block
+    BLOCK = min(CONFIG["block"], 64 if query.shape[-1] >= 128 else 128)
     B, H, S, D = query.shape
     Hk = key.shape[1]
     G = H // Hk
