@@ -160,7 +160,7 @@ def part_kernels(a, dev) -> dict:
         heads = [0, H - 1]
         cap = _capture_for(B, H, Hk, S, D, ("scores", "probs", "slash"), heads)
         variants = {"torch": lambda: cap._attention_maps(0, q.float().contiguous(), k.float().contiguous(), scaling,
-                                                         causal, None, [(0, 0), (1, H - 1)], checked=not cuda)}
+                                                         causal, None, None, [(0, 0), (1, H - 1)], checked=not cuda)}
         if cuda and cuda_maps.supported(q, k):
             variants["fused"] = lambda: cuda_maps.attention_maps(q, k, scaling, causal=causal, scores=True, probs=True,
                                                                  slash=True, heads=heads)
@@ -192,7 +192,7 @@ def part_kernels(a, dev) -> dict:
 
         def torch_path():
             with torch.no_grad():
-                return cap._attention_maps(0, q.float().contiguous(), k.float().contiguous(), 0.125, True, None, [],
+                return cap._attention_maps(0, q.float().contiguous(), k.float().contiguous(), 0.125, True, None, None, [],
                                            checked=not cuda)
         if a.torch_path:
             timing[f"torch[{lab}]_ms"] = 1000 * timed(torch_path, dev, reps=3)
