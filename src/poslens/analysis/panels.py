@@ -70,10 +70,6 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bsd,btd->st", x, x)
 
 
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
 #: the capture point behind each Gram panel: (point, layer offset from the analysed layer)
 PANEL_POINTS = {"a": ("attn_in", 0), "c": ("attn_z", 0), "d": ("attn_out", 0), "e": ("resid_mid", 0),
                 "f": ("mlp_in", 0), "g": ("resid_post", 0), "h": ("attn_in", 1)}

@@ -136,6 +136,35 @@ def _unrotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     return out.to(x.dtype)
 
 
+def unrotate_qk(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half"):
+    """Pre-RoPE ``query``/``key`` ``[B, H, S, D]`` from post-RoPE ones and the model's ``cos``/``sin``
+    ``[B, S, r]``, in the model's pair layout (``half`` or ``interleaved``)."""
+    cos = cos[:, None].to(torch.float32)
+    sin = sin[:, None].to(torch.float32)
+    # Inverse rotation divided by attention_scaling^2 (cos^2 + sin^2, for scaled RoPE variants);
+    # the division is folded into the small cos/sin tables rather than into a pass over q and k.
+    s2 = cos[..., :1] ** 2 + sin[..., :1] ** 2
+    cos, sin = cos / s2, sin / s2
+    if layout == "interleaved":
+        return _unrotate_interleaved(query, cos, sin), _unrotate_interleaved(key, cos, sin)
+    return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
+
+
+def _run_qk_hooks(hooks: list, query: torch.Tensor, key: torch.Tensor) -> None:
+    """Hand a layer's q/k to the ``q_pre``/``k_pre``/``q_post``/``k_post`` capture-point hooks
+    (:func:`poslens.capture.adapters.hook_point`) registered on its attention module."""
+    pre = None
+    for point, fn, state in list(hooks):
+        if point in ("q_post", "k_post"):
+            fn(query if point == "q_post" else key)
+            continue
+        if pre is None:
+            cs = state.get("cos_sin")
+            pre = unrotate_qk(query, key, *cs, layout=state["layout"]) if (state["rope"] and cs is not None) \
+                else (query, key)
+        fn(pre[0] if point == "q_pre" else pre[1])
+
+
 def half_layout_perm(head_dim: int, rotary_dim: int, device=None) -> torch.Tensor:
     """Dimension order that takes interleaved pairs ``(2l, 2l+1)`` to the rotate_half layout
     ``(l, l + r/2)``: ``[0, 2, 4, .., 1, 3, 5, .., r, r+1, ..]`` (the unrotated suffix stays)."""
@@ -320,6 +349,9 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
 
     if sliding_window is None:  # Qwen2-MoE keeps its window on the module and passes it only in the mask
         sliding_window = getattr(module, "sliding_window", None)
+    qk_hooks = getattr(module, "_poslens_qk_hooks", None)
+    if qk_hooks:  # q/k capture points: the layer's queries and keys before and after RoPE
+        _run_qk_hooks(qk_hooks, query, key)
     if cap is not None:  # what the dry run checks (every layer dispatches here) and each layer's window
         cap.seen_layers.add(layer)
         cap.windows[layer] = int(sliding_window) if sliding_window else None
@@ -531,16 +563,7 @@ class Capture:
         if self.rope_cos_sin is None:
             raise PoslensError("no RoPE cos/sin were observed for this forward; the adapter's rotary module hook "
                                "did not fire (unsupported architecture?).")
-        cos, sin = self.rope_cos_sin
-        cos = cos[:, None].to(torch.float32)
-        sin = sin[:, None].to(torch.float32)
-        # Inverse rotation divided by attention_scaling^2 (cos^2 + sin^2, for scaled RoPE variants);
-        # the division is folded into the small cos/sin tables rather than into a pass over q and k.
-        s2 = cos[..., :1] ** 2 + sin[..., :1] ** 2
-        cos, sin = cos / s2, sin / s2
-        if self.spec.rope_layout == "interleaved":
-            return _unrotate_interleaved(query, cos, sin), _unrotate_interleaved(key, cos, sin)
-        return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
+        return unrotate_qk(query, key, *self.rope_cos_sin, layout=self.spec.rope_layout)
 
     # -- hidden states ----------------------------------------------------------------------
     @torch.no_grad()
