@@ -33,6 +33,10 @@ def scan(
     bidirectional: bool = typer.Option(False, "--bidirectional", help="Control: drop the causal mask in every layer."),
     reservoir: int = typer.Option(256, "--reservoir", help="Token slots (a uniform sample of all sequence "
                                   "positions) whose pre-RoPE q/k vectors are kept in every layer; 0 = none."),
+    stats: str = typer.Option("all", "--stats", help="Statistics to accumulate, comma-separated: scores, probs, slash, "
+                              "cosine (residual stream), attn_cosine, qk (q/k second moments and the --reservoir sample), "
+                              "dim_logit; or all. "
+                              "Unrequested ones cost nothing; the summary reads them as null."),
     no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG score maps."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
@@ -60,6 +64,7 @@ def scan(
         no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
         figures=not no_figures, resume=resume, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, reservoir=reservoir,
+        stats=[p.strip() for p in stats.split(",")],
     )
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
