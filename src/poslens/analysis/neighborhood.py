@@ -209,7 +209,9 @@ class NeighborhoodConfig:
 
 
 def _fmt_pm(m: float, s: float) -> str:
-    return f"{m:.3f} ± {s:.3f}" if math.isfinite(s) else f"{m:.3f}"
+    from poslens.fmt import fmt_pm  # the one number format of tables and the report
+
+    return fmt_pm(m, s)
 
 
 def _plan(cfg: NeighborhoodConfig):

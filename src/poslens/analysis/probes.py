@@ -351,7 +351,9 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
 
 
 def _f(v: float, nd: int = 3) -> str:
-    return "nan" if v is None or not math.isfinite(v) else f"{v:.{nd}f}"
+    from poslens.fmt import fmt  # the one number format of tables and the report (``nd`` is not used)
+
+    return fmt(v)
 
 
 def _groups(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
