@@ -105,6 +105,15 @@ def test_scan_terminal_table_uses_delta_limited_heads():
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     assert "511" not in text and "Δ=1: 0.31" in text and "mean-map APS" in text
+    # with the per-sequence APS, the trend and the sink weight (newer scans) it still fits
+    for l in layers:
+        l.update(aps_mean=0.645, aps_std=0.0213, diagonal_trend=-0.74, sink_weight=0.91)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(scan_table({"model_type": "llama", "num_seqs": 64, "seq_len": 512, "layers": layers,
+                              "layer_convention": "decoder layers from 0; 'embeddings' = the input of layer 0"}))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    assert "0.645 ± 0.0213" in text and "-0.74" in text and "0.91" in text and "mean-map" not in text
 
 
 def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():

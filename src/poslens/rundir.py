@@ -270,7 +270,7 @@ def envelope(summary: Mapping, *, command: str, paper: str | list[str] | None = 
     layers = s.get("layers")
     s["layers"] = layers if isinstance(layers, list) else []
     info = dict(s.get("layer_info") or {})
-    info["convention"] = convention or info.get("convention") or LAYER_CONVENTION
+    info["convention"] = convention or info.get("convention") or s.get("layer_convention") or LAYER_CONVENTION
     if layers_describe:
         info["describes"] = layers_describe
     info["indices"] = [l.get("layer") for l in s["layers"] if isinstance(l, dict)]

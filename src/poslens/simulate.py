@@ -276,10 +276,12 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
         save_figure(layer_grid([probs[l] for l in range(L)], titles=[f"layer {l + 1}" for l in range(L)],
                                suptitle=f"{res.config.label()} attention weights"), out / "probs.png")
         res.summary["figures"] = files + ["probs.png"]
+    first = next((l.get("layer") for l in res.summary.get("layers") or []), 0)
     res.summary = write_summary(out, res.summary, command="simulate", paper="kim",
                                 layers_describe="pre-softmax scores of each simulated attention layer",
-                                convention="simulated attention layers counted from 1, as in arXiv 2509.21042 "
-                                           "(layer 1 = the first attention layer)")
+                                convention=None if first == 0 else
+                                "simulated attention layers counted from 1, as in arXiv 2509.21042 "
+                                "(layer 1 = the first attention layer)")
 
 
 def load_result(run_dir: str | Path) -> SimResult:

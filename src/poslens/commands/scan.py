@@ -89,6 +89,9 @@ def scan_table(summary: dict, slash=None):
     from poslens.report.readings import SLASH_MAX_DELTA, layer_aps, layer_slash_head
 
     per_seq = any(l.get("aps_mean") is not None for l in summary["layers"])
+    # the signed diagonal trend and the sink's weight, where the scan wrote them
+    extra = {k: v for k, v in (("diagonal_trend", "trend"), ("sink_weight", "sink"))
+             if any(l.get(k) is not None for l in summary["layers"])}
     rows = []
     for i, l in enumerate(summary["layers"]):
         top = layer_slash_head(l)
@@ -97,10 +100,13 @@ def scan_table(summary: dict, slash=None):
             h = int(np.nanargmax(row))
             top = {"head": h, "offset": int(slash[1][i][h]), "score": float(row[h])}
         aps, aps_std = layer_aps(l)
-        rows.append([l["layer"], l.get("relativity_index"), l.get("locality"),
-                     f"{fmt(aps)} ± {fmt(aps_std)}" if per_seq and aps_std is not None else aps,
-                     f"h{top['head']} Δ={top['offset']}: {fmt(top['score'])}" if top else None])
+        rows.append([l["layer"], l.get("relativity_index"), l.get("locality")]
+                    + [l.get(k) for k in extra]
+                    + [f"{fmt(aps)} ± {fmt(aps_std)}" if per_seq and aps_std is not None else aps,
+                       f"h{top['head']} Δ={top['offset']}: {fmt(top['score'])}" if top else None])
+    conv = (summary.get("layer_info") or {}).get("convention") or summary.get("layer_convention") or \
+        "decoder layers from 0"
     return rich_table(f"{summary['model_type']}: {fmt(summary['num_seqs'])} sequences × {fmt(summary['seq_len'])} "
-                      "tokens (decoder layers from 0)",
-                      ["layer", "relativity", "locality", "APS" if per_seq else "mean-map APS",
-                       f"top slash head (Δ ≤ {SLASH_MAX_DELTA})"], rows)
+                      f"tokens ({conv.split(';')[0]})",
+                      ["layer", "rel.", "loc."] + [extra[k] for k in extra]
+                      + ["APS" if per_seq else "mean-map APS", f"slash head Δ ≤ {SLASH_MAX_DELTA}"], rows)

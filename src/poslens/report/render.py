@@ -102,6 +102,7 @@ LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
     "mean_map_aps": ("neighborhood", "mean-map APS (sequence-averaged map)", None),
     "attn_aps_mean": ("neighborhood", "APS of attention outputs per sequence", 0.5),
     "attn_aps": ("neighborhood", "mean-map APS of attention outputs", None),
+    "attn_mean_map_aps": ("neighborhood", "mean-map APS of attention outputs", None),
     "resid_aps_mean": ("neighborhood", "APS of the residual stream per sequence", 0.5),
     "norm_score_mean": ("neighborhood", "norm score (1 = norms shrink)", 0.5),
     "norm_score": ("neighborhood", "norm score (1 = norms shrink)", 0.5),
@@ -289,8 +290,12 @@ def layer_quantities(run: Run) -> dict[str, list[str]]:
             keys.append(k)
     errs = {e for k in keys for e in [_error_key(layers, k)] if e}
     keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr"))]
-    if any(k == "aps_mean" for k in keys):  # the per-sequence APS makes the mean-map one redundant on the page
-        keys = [k for k in keys if k not in ("aps", "mean_map_aps")] + [k for k in keys if k in ("aps", "mean_map_aps")]
+    # with the per-sequence APS present, ``aps`` is either the same number or the older mean-map one under
+    # the old name: plot the per-sequence one and, last, the one explicitly named ``mean_map_aps``
+    for per_seq, dup in (("aps_mean", "aps"), ("attn_aps_mean", "attn_aps")):
+        if per_seq in keys:
+            keys = [k for k in keys if k != dup]
+    keys = [k for k in keys if "mean_map" not in k] + [k for k in keys if "mean_map" in k]
     default = run.paper or "other"
     out: dict[str, list[str]] = {}
     for k in keys:
