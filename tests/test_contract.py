@@ -200,3 +200,31 @@ def test_scan_terminal_table_reads_delta_limited_heads_from_the_maps():
     console.print(scan_table({"model_type": "llama", "num_seqs": 4, "seq_len": 256, "layers": layers}, (best, arg)))
     text = console.export_text()
     assert "h1 Δ=3: 0.4" in text and "255" not in text
+
+
+def test_newer_scan_keys_render(tmp_path):
+    """Keys the sink-aware scans write (per-sequence APS with std, trend with its standard error,
+    within-diagonal RMS beside its noise floor, p-values) render as plots, not long tables; a scan
+    written without the envelope still lands in all three papers' sections."""
+    from poslens.report import render_report
+    from poslens.report.render import layer_quantities
+
+    layers = [{"layer": l, "relativity_index": 0.9 - 0.01 * l, "relativity_index_with_sink": 0.5, "locality": 0.2,
+               "diagonal_trend": -0.5, "diagonal_trend_se": 0.1, "within_diag_rms": 0.02,
+               "within_diag_rms_noise": 0.01, "nonrelative_p": 0.001, "noise_groups": 16, "sink_weight": 0.8,
+               "aps": 0.64, "aps_mean": 0.64, "aps_std": 0.03, "mean_map_aps": 0.93, "norm_score": 0.8}
+              for l in range(8)]
+    d = tmp_path / "scan"
+    write_json(d / "config.json", {"command": "scan"})
+    write_json(d / "summary.json", {"model_type": "llama", "num_seqs": 16, "seq_len": 64, "layers": layers,
+                                    "embedding_aps_mean": 0.5})
+    run = load_run(d)
+    assert run.papers == ["kim", "slash", "neighborhood"]
+    q = layer_quantities(run)
+    assert q["kim"][:3] == ["relativity_index", "locality", "diagonal_trend"]
+    assert "within_diag_rms_noise" not in q["kim"] and "noise_groups" not in q["kim"]
+    assert "aps" not in q["neighborhood"] and q["neighborhood"][0] == "aps_mean"
+    assert q["neighborhood"][-1] == "mean_map_aps"
+    html = render_report([d])
+    assert "<caption>Per layer</caption>" not in html  # 8 layers: plots, no per-layer table
+    assert "(key 0 excluded)" in html and "APS per sequence 0.64" in html

@@ -121,6 +121,8 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
             if err is not None:
                 e = np.asarray([np.nan if v is None else v for v in err], dtype=float)
                 ax.errorbar(x, y, yerr=e, marker="o", ms=3, lw=1.2, capsize=2, label=s["label"])
+            elif s.get("dashed"):
+                ax.plot(x, y, ls="--", lw=1.0, color="0.4", label=s["label"])
             else:
                 ax.plot(x, y, marker="o", ms=3, lw=1.2, label=s["label"])
         if p.get("ref") is not None:
@@ -132,6 +134,8 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
         integer_axis(ax.xaxis)
         if len(p["series"]) > 1:
             ax.legend(fontsize=7)
+        if p["title"].startswith("p,"):
+            ax.set_yscale("log")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     if suptitle:

@@ -290,6 +290,10 @@ def write_summary(out_dir: str | os.PathLike, summary: Mapping, *, command: str,
     return s
 
 
+#: papers of runs whose summary names none (written before the envelope)
+COMMAND_PAPERS = {"scan": ["kim", "slash", "neighborhood"], "simulate": ["kim"]}
+
+
 @dataclasses.dataclass
 class Run:
     """One loaded run directory (see :func:`load_run`)."""
@@ -311,10 +315,14 @@ class Run:
 
     @property
     def papers(self) -> list[str]:
+        """The papers the run measures (``summary["paper"]``; for runs written without it, the
+        command's: a scan measures all three, a simulation arXiv 2509.21042)."""
         p = self.summary.get("paper")
         if isinstance(p, str):
             return [p]
-        return [x for x in p if isinstance(x, str)] if isinstance(p, list) else []
+        if isinstance(p, list):
+            return [x for x in p if isinstance(x, str)]
+        return list(COMMAND_PAPERS.get(self.command, []))
 
     @property
     def layers(self) -> list[dict]:

@@ -89,12 +89,14 @@ _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif
 #: under the run's first paper with their own name.
 LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
     "relativity_index": ("kim", "relativity index (1 = relative)", None),
-    "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
     "locality": ("kim", "locality (+1 = nearer keys score higher)", 0.0),
-    "diagonal_trend": ("kim", "signed trend along diagonals", 0.0),
-    "within_diag_rms": ("kim", "within-diagonal RMS (score units)", None),
-    "within_diag_noise": ("kim", "within-diagonal noise floor", None),
+    "diagonal_trend": ("kim", "signed trend along diagonals (+1 = right higher)", 0.0),
+    "within_diag_rms": ("kim", "within-diagonal RMS (dashed: noise floor)", None),
+    "nonrelative_p": ("kim", "p, non-relative (sample-group test)", 0.05),
+    "trend_p": ("kim", "p, diagonal trend", 0.05),
     "sink_weight": ("kim", "attention weight on key 0 (sink)", None),
+    "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
+    "locality_with_sink": ("kim", "locality with key 0", 0.0),
     "max_stderr": ("kim", "largest standard error of a score", None),
     "theory_max_abs_diff": ("kim", "max |simulation − theory|", None),
     "aps_mean": ("neighborhood", "APS per sequence (mean ± std)", 0.5),
@@ -270,9 +272,13 @@ def _card(run: Run, *, title: str | None = None, subtitle: str = "", badge: str 
 # --------------------------------------------------------------------------------------------
 # per-layer and per-head quantities, drawn from the numbers
 # --------------------------------------------------------------------------------------------
+#: per-layer keys that are bookkeeping, not quantities to plot
+_NOT_PLOTTED = ("noise_groups", "noise_positions", "sink_columns", "sliding_window", "flat_p")
+
+
 def _error_key(layers: list[dict], key: str) -> str | None:
     base = key[:-5] if key.endswith("_mean") else key
-    for cand in (f"{base}_std", f"{key}_std", f"{key}_stderr", f"{base}_noise"):
+    for cand in (f"{base}_std", f"{key}_std", f"{key}_stderr", f"{key}_se"):
         if any(num(l.get(cand)) is not None for l in layers):
             return cand
     return None
@@ -289,7 +295,10 @@ def layer_quantities(run: Run) -> dict[str, list[str]]:
                 continue
             keys.append(k)
     errs = {e for k in keys for e in [_error_key(layers, k)] if e}
-    keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr"))]
+    keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr", "_se", "_noise"))
+            and k not in _NOT_PLOTTED]
+    order = list(LAYER_QUANTITIES)
+    keys.sort(key=lambda k: order.index(k) if k in order else len(order))  # known quantities first, in order
     # with the per-sequence APS present, ``aps`` is either the same number or the older mean-map one under
     # the old name: plot the per-sequence one and, last, the one explicitly named ``mean_map_aps``
     for per_seq, dup in (("aps_mean", "aps"), ("attn_aps_mean", "attn_aps")):
@@ -339,6 +348,10 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
                 es = [num(r.summary.get(f"embedding_{k}_std"))] + es if es is not None else None
                 has_emb = True
             series.append({"label": r.name, "layers": xs, "values": ys, "errors": es})
+            if any(num(l.get(f"{k}_noise")) is not None for l in layers):  # its noise floor, same panel
+                nx, ny, _, _ = _layer_xy(layers, f"{k}_noise")
+                series.append({"label": f"{r.name}: noise floor", "layers": nx, "values": ny, "errors": None,
+                               "dashed": True})
         if series:
             info = LAYER_QUANTITIES.get(k, (None, k.replace("_", " "), None))
             panels.append({"title": info[1], "series": series, "ref": info[2]})
