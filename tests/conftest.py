@@ -13,20 +13,27 @@ torch.set_num_threads(1)
 
 @pytest.fixture
 def cli():
-    """Invoke the poslens CLI in-process; returns (exit_code, stdout, stderr)."""
-    from typer.testing import CliRunner
+    """Invoke the poslens CLI in-process through ``poslens.cli.main`` (its own error handling: a
+    ``PoslensError`` becomes one ``poslens: error:`` line on stderr and exit code 2); returns
+    ``(exit_code, stdout, stderr)`` with stderr's trailing newline removed. The same error paths
+    are run in real subprocesses in tests/test_cli_errors.py."""
+    import contextlib
+    import io
+    import signal
 
-    from poslens.cli import app
-    from poslens.errors import PoslensError
-
-    runner = CliRunner()
+    from poslens.cli import main
 
     def run(*args):
-        res = runner.invoke(app, [str(a) for a in args], catch_exceptions=True)
-        if isinstance(res.exception, PoslensError):
-            return 2, res.stdout, str(res.exception)
-        if res.exception is not None and not isinstance(res.exception, SystemExit):
-            raise res.exception
-        return res.exit_code, res.stdout, getattr(res, "stderr", "")
+        out, err = io.StringIO(), io.StringIO()
+        old_term = signal.getsignal(signal.SIGTERM)
+        code = 0
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                main([str(a) for a in args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            signal.signal(signal.SIGTERM, old_term)  # main() installs its own SIGTERM handler
+        return code, out.getvalue(), err.getvalue().rstrip("\n")
 
     return run
