@@ -2,7 +2,9 @@
 page, and a render in headless Chromium (no console errors, every image loads, no network).
 
 The Chromium test needs Debian's ``chromium`` package (``apt-get install -y chromium``); it is
-skipped, saying why, where ``/usr/bin/chromium`` is absent or cannot start.
+skipped, saying why, only where ``/usr/bin/chromium`` is absent. Where it is installed, a page that
+does not render (or a Chromium that cannot start) fails the test: a broken page must not pass as
+a skip.
 """
 
 from __future__ import annotations
@@ -247,10 +249,10 @@ def chromium_status(html: str, tmp: Path) -> tuple[dict, str]:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     except (OSError, subprocess.TimeoutExpired) as e:
-        pytest.skip(f"chromium could not run here: {e}")
+        pytest.fail(f"{CHROMIUM} is installed but could not run: {e}")
     m = re.search(r'<div id="poslens-status">([^<]*)</div>', proc.stdout)
     if proc.returncode != 0 or m is None:
-        pytest.skip(f"chromium could not render a page here (exit {proc.returncode}): {proc.stderr[-400:]}")
+        pytest.fail(f"{CHROMIUM} is installed but the page did not render (exit {proc.returncode}): {proc.stderr[-400:]}")
     import html as _html
 
     console = "\n".join(l for l in proc.stderr.splitlines() if ":CONSOLE" in l)
@@ -333,10 +335,10 @@ def test_report_screenshot_shows_every_figure(runs, tmp_path):
         dom = subprocess.run(common + ["--window-size=1400,1000", "--virtual-time-budget=5000", "--dump-dom",
                                        page.as_uri()], capture_output=True, text=True, timeout=90)
     except (OSError, subprocess.TimeoutExpired) as e:
-        pytest.skip(f"chromium could not run here: {e}")
+        pytest.fail(f"{CHROMIUM} is installed but could not run: {e}")
     m = re.search(r'<div id="poslens-rects">([^<]*)</div>', dom.stdout)
     if dom.returncode != 0 or m is None:
-        pytest.skip(f"chromium could not render a page here (exit {dom.returncode}): {dom.stderr[-400:]}")
+        pytest.fail(f"{CHROMIUM} is installed but the page did not render (exit {dom.returncode}): {dom.stderr[-400:]}")
     import html as _html
 
     info = json.loads(_html.unescape(m.group(1)))
