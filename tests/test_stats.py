@@ -86,6 +86,20 @@ def test_state_dict_round_trip_through_safetensors(tmp_path):
         MeanAccumulator((4, 3), with_var=True).load_state_dict(state, prefix="m.")
 
 
+def test_load_state_dict_copies_unless_told_to_adopt():
+    state = {"sum": torch.tensor([1.0, 2.0], dtype=torch.float64), "count": torch.tensor([2])}
+    copied = MeanAccumulator((2,))
+    copied.load_state_dict(state)  # default: a copy
+    copied.add_samples(torch.ones(1, 2))
+    assert state["sum"].tolist() == [1.0, 2.0] and copied.sum.tolist() == [2.0, 3.0]
+    adopted = MeanAccumulator((2,))
+    adopted.load_state_dict(state, copy=False)  # a state freshly read from a file: no second copy
+    assert adopted.sum.data_ptr() == state["sum"].data_ptr() and adopted.count == 2
+    converted = MeanAccumulator((2,))
+    converted.load_state_dict({"sum": torch.tensor([1.0, 2.0]), "count": torch.tensor([2])}, copy=False)
+    assert converted.sum.dtype == torch.float64  # float32 input is converted whatever ``copy`` says
+
+
 def test_too_few_samples_give_nan_not_a_number():
     """With n < 2 there is no variance: NaN (never 0, which would claim an exact mean)."""
     empty = MeanAccumulator((2,), with_var=True)
