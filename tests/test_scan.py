@@ -42,7 +42,9 @@ def test_scan_writes_run_directory(cli, llama_dir, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_seqs"] == 5 and len(summary["layers"]) == 3
     for row in summary["layers"]:
-        for key in ("relativity_index", "locality", "aps", "top_slash_heads"):
+        for key in ("relativity_index", "relativity_index_with_sink", "locality", "locality_with_sink",
+                    "diagonal_trend", "within_diag_rms", "within_diag_rms_noise", "nonrelative_p", "sink_weight",
+                    "aps_mean", "aps_std", "mean_map_aps", "top_slash_heads"):
             assert key in row
     assert summary["slash_top_heads"][0]["score"] >= summary["slash_top_heads"][-1]["score"]
     cfg = json.loads((out / "config.json").read_text())

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from poslens.errors import PoslensError
-from poslens.stats import AccumulatorSet, MeanAccumulator
+from poslens.metrics.neighborhood import per_sequence_aps
+from poslens.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
 
 ATTN_NAME = "poslens"
 
@@ -266,6 +267,15 @@ class CaptureSpec:
     chunk_elems: int = 2**23  # logits per query-row chunk (B * H * c * S), bounds the working set
     reservoir: int = 0  # token slots with pre-RoPE q/k vectors kept (0 = none); see capture.reservoir
     seed: int = 0  # seeds the reservoir's slot keys
+    aps_max_positions: int = 256  # positions per sequence for the per-sequence APS (evenly spaced subsample)
+    noise_groups: int = NOISE_GROUPS  # independent batch groups whose score-map sums give the noise floor
+    noise_max_positions: int = 128  # group maps are kept on a strided grid of at most this many positions
+
+
+def noise_grid(S: int, max_positions: int) -> torch.Tensor:
+    """Positions ``0, s, 2s, ...`` (stride ``s = ceil(S / max_positions)``) of the group score maps:
+    a constant stride keeps a Toeplitz map Toeplitz, so relativity is judged on the grid as on the map."""
+    return torch.arange(0, S, -(-S // max(1, max_positions)))
 
 
 def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
@@ -286,7 +296,13 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
     if spec.heads:
         shapes["head_scores"] = (len(spec.heads), S, S)
         shapes["head_probs"] = (len(spec.heads), S, S)
+    shapes["aps_seq"] = (L + 1,)
+    shapes["attn_aps_seq"] = (L,)
     return shapes
+
+
+#: accumulators that also keep a sum of squares (per-sequence statistics: mean and std over sequences)
+_WITH_VAR = ("aps_seq", "attn_aps_seq")
 
 
 class Capture:
@@ -306,7 +322,12 @@ class Capture:
       pre-RoPE queries / keys (per KV head); its eigenvalues are the squared singular values of
       the tokens x head_dim matrix, so rank measures are exact over every token seen;
     - ``dim_logit[l, h, d]``: mean over causal pairs j <= i of ``scaling * q_{i,d} k_{j,d}``
-      (post-RoPE): per-dimension contribution to the logit, summed into RoPE bands in the summary.
+      (post-RoPE): per-dimension contribution to the logit, summed into RoPE bands in the summary;
+    - ``aps_seq[k]`` / ``attn_aps_seq[l]``: the paper's per-sequence APS (arXiv 2501.00073) of each
+      sequence's own self-cosine map (same vectors as ``cosine`` / ``attn_cosine``, on at most
+      ``aps_max_positions`` evenly spaced positions), with sum of squares: mean and std over sequences;
+    - ``score_groups[g, l]``: ``scores`` summed separately over batch groups ``g = batch % G`` on the
+      :func:`noise_grid` positions; the spread of the groups is the noise floor of the score-map statistics.
     """
 
     def __init__(self, spec: CaptureSpec, device="cpu"):
@@ -315,7 +336,13 @@ class Capture:
         self.head_pos = {}
         for n, (l, h) in enumerate(spec.heads):
             self.head_pos.setdefault(l, []).append((n, h))
-        self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device) for k, s in accumulator_shapes(spec).items()})
+        self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device, with_var=k in _WITH_VAR)
+                                    for k, s in accumulator_shapes(spec).items()})
+        self.grid = noise_grid(spec.seq_len, spec.noise_max_positions).to(device)
+        n = self.grid.numel()
+        self.accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
+        self._group = 0
+        self._batches = 0  # batches ended so far (the default noise group of the next one)
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         self._batch_size = 0
         self._next_seq = 0
@@ -337,10 +364,13 @@ class Capture:
         finally:
             _ACTIVE = prev
 
-    def begin_batch(self, batch_size: int, seq_start: int | None = None) -> None:
+    def begin_batch(self, batch_size: int, seq_start: int | None = None, batch_index: int | None = None) -> None:
         """Start a batch of ``batch_size`` sequences; ``seq_start`` is the global index of its first
-        sequence (default: right after the previous batch), which fixes the reservoir's slot keys."""
+        sequence (default: right after the previous batch), which fixes the reservoir's slot keys;
+        ``batch_index`` (default: one more than the previous batch) puts it in noise group
+        ``batch_index % noise_groups``."""
         self._batch_size = int(batch_size)
+        self._group = (self._batches if batch_index is None else int(batch_index)) % self.spec.noise_groups
         seq_start = self._next_seq if seq_start is None else int(seq_start)
         self._next_seq = seq_start + self._batch_size
         if self.reservoir is not None:
@@ -349,8 +379,12 @@ class Capture:
     def end_batch(self) -> None:
         """Count the batch's sequences once in every accumulator (sums were added per layer)."""
         for acc in self.accs.values():
-            acc.count += self._batch_size
+            if isinstance(acc, GroupAccumulator):
+                acc.counts[self._group] += self._batch_size
+            else:
+                acc.count += self._batch_size
         self._batch_size = 0
+        self._batches += 1
         if self.reservoir is not None:
             self.reservoir.end_batch()
 
@@ -398,12 +432,17 @@ class Capture:
         self._add_cosine("cosine", "norms", index, hidden)
 
     def _add_cosine(self, cos_name, norm_name, index, x):
-        """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened).
+        """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened),
+        and each sequence's own APS (part of the same statistic).
 
         The unit vectors are written once, sequence-major (``[S, B * d]``), so the batch sum is one
         float32 matrix product with inner dimension ``B * d``; only its lower block triangle is
         computed (the matrix is symmetric) and mirrored, then added to the float64 sum.
         """
+        aps = per_sequence_aps(x, self.spec.aps_max_positions).to(torch.float64)
+        acc = self.accs["aps_seq" if cos_name == "cosine" else "attn_aps_seq"]
+        acc.sum[index] += aps.sum()
+        acc.sumsq[index] += (aps * aps).sum()
         B, S = x.shape[:2]
         x = x.to(torch.float32)
         n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
@@ -527,6 +566,8 @@ class Capture:
             slash32[:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
             del pb
         acc["scores"].sum[li] += scores32.to(torch.float64).div_(H)
+        gi = self.grid
+        acc["score_groups"].sum[self._group, li] += scores32[gi][:, gi].to(torch.float64).div_(H)
         acc["probs"].sum[li] += probs32.to(torch.float64).div_(H)
         slash_sum = slash32.to(torch.float64)
         acc["slash"].sum[li] += slash_sum / (S - torch.arange(S, device=dev, dtype=torch.float64))
@@ -548,6 +589,11 @@ class Capture:
         """
         out = {}
         for name, acc in self.accs.items():
+            if isinstance(acc, GroupAccumulator):  # group means of the non-empty groups, and their counts
+                out[name], counts = acc.group_means()
+                out[name] = out[name].to(dtype)
+                out[name.replace("groups", "group_counts")] = counts.to(torch.int64)
+                continue
             if acc.count == 0:
                 out[name] = acc.mean.to(dtype)
             else:

@@ -66,13 +66,16 @@ def scan(
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"{summary['model_type']}: {summary['num_seqs']} sequences x {summary['seq_len']} tokens")
-    for col in ("layer", "relativity", "locality", "APS", "top slash head (offset: score)"):
+    table = Table(title=f"{summary['model_type']}: {summary['num_seqs']} sequences x {summary['seq_len']} tokens",
+                  caption=f"{summary['layer_convention']}; key 0 (sink) left out of rel./loc./trend; APS = "
+                          f"per-sequence mean; slash heads over offsets {summary['slash_offsets']}")
+    for col in ("layer", "rel.", "loc.", "trend", "sink", "APS", "slash h:Δ=score"):
         table.add_column(col, justify="right")
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for row in summary["layers"]:
         top = row["top_slash_heads"][0] if row["top_slash_heads"] else None
-        table.add_row(str(row["layer"]), fmt(row["relativity_index"]), fmt(row["locality"]), fmt(row["aps"]),
-                      f"h{top['head']} (d={top['offset']}: {top['score']:.3f})" if top else "-")
+        table.add_row(str(row["layer"]), fmt(row["relativity_index"]), fmt(row["locality"]), fmt(row["diagonal_trend"]),
+                      fmt(row["sink_weight"]), fmt(row["aps_mean"]),
+                      f"{top['head']}:{top['offset']}={top['score']:.2f}" if top else "-")
     console.print(table)
     console.print(f"wrote {out}/ ({', '.join(summary['files'])})")
