@@ -7,6 +7,7 @@ the same run), saved and loaded (resumable runs), and all-reduced across torch.d
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Mapping
 
 import torch
@@ -207,6 +208,7 @@ class GroupAccumulator:
         self.counts = n.round().to(torch.int64).cpu()
 
 
+@functools.lru_cache(maxsize=8)
 def _flip_patterns(G: int, max_exact: int = 16, draws: int = 2**15, seed: int = 0) -> torch.Tensor:
     """Sign patterns ``[n, G]`` (float64) with the first sign fixed to +1 (``eps`` and ``-eps`` give the
     same statistic): all ``2^(G-1)`` for ``G <= max_exact``, else ``draws`` random ones plus the identity."""
