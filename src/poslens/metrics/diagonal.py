@@ -10,9 +10,9 @@ paper reads them off heat maps):
   triangle its own mean. A purely relative (Toeplitz) map becomes exactly zero.
 - **relativity index**: ``1 - Var(diag-normalised) / Var(map)`` over the valid entries; 1 means
   the map is a function of i - j alone, 0 means the diagonals carry none of the variation.
-- **diagonal trend** (signed): the mean over diagonals of the Spearman rank correlation between
-  a diagonal's entries and their column index: +1 = along every diagonal the entry further right
-  (later key and query) is higher, -1 = lower ("left columns lower" is a positive trend).
+- **diagonal trend** (signed): ``2P - 1`` with P the fraction of same-diagonal entry pairs where the
+  entry further right (later key and query) is higher: +1 = along every diagonal the entry further
+  right is higher, -1 = lower ("left columns lower" is a positive trend).
 - **within-diagonal RMS**: ``sqrt(mean(diag-normalised^2))`` in score units: how large the
   non-relative part is.
 - **locality**: ``2 P - 1`` where P is the fraction of key pairs j < k < i in the same query row
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from poslens.metrics.neighborhood import rising_pair_fraction
@@ -195,45 +194,40 @@ def within_diagonal_rms(m, include_diagonal: bool = False, exclude_keys: Sequenc
     return float((_within(m, mask) ** 2).mean().sqrt())
 
 
-def diagonal_trend(m, include_diagonal: bool = False, exclude_keys: Sequence[int] = (),
-                   min_length: int = 3) -> float | None:
-    """Signed trend along diagonals: mean over diagonals of Spearman(entry, column index).
+def diagonal_trend(m, include_diagonal: bool = False, exclude_keys: Sequence[int] = ()) -> float | None:
+    """Signed trend along diagonals: ``2P - 1`` with P the fraction of same-diagonal entry pairs in
+    which the entry further right (later key and query) is higher, ties counting one half.
 
-    +1: on every diagonal the entry further right (later key, later query) is higher; -1: lower.
-    Diagonals with fewer than ``min_length`` finite entries, or constant ones (no rank order),
-    are left out; ``None`` when none is left (a Toeplitz map has no trend to sign).
+    +1: on every diagonal the entry further right is higher; -1: lower; 0 for a Toeplitz map. It is
+    the pair-weighted mean over diagonals of Kendall's tau between a diagonal's entries and their
+    column index (the same pair count as :func:`locality`, along diagonals instead of rows).
+    ``None`` when no diagonal has two valid entries.
     """
-    from scipy.stats import rankdata
+    from poslens.metrics.neighborhood import ordered_pair_counts
 
     m = mask_keys(m, exclude_keys)
     if m.ndim != 2:
         raise ValueError("diagonal_trend takes one [S, S] map")
     S = m.shape[-1]
     first = 0 if include_diagonal else 1
-    a = m.cpu().numpy()
-    # D[k, t] = m[t + k, t]: diagonal k along its columns t (NaN past its end)
-    D = np.full((S, S), np.nan)
-    for k in range(first, S):
-        D[k, : S - k] = np.diagonal(a, offset=-k)
-    D = D[first:]
-    fin = np.isfinite(D)
-    cols = np.where(fin, np.arange(S)[None, :].astype(float), np.nan)
-    rv = rankdata(D, axis=1, nan_policy="omit")
-    rc = rankdata(cols, axis=1, nan_policy="omit")
-    n = fin.sum(1)
-    import warnings
-
-    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows (diagonals past the excluded keys)
-        rv = rv - np.nanmean(rv, axis=1, keepdims=True)
-        rc = rc - np.nanmean(rc, axis=1, keepdims=True)
-        num = np.nansum(rv * rc, axis=1)
-        den = np.sqrt(np.nansum(rv * rv, axis=1) * np.nansum(rc * rc, axis=1))
-        rho = num / den
-    keep = (n >= min_length) & np.isfinite(rho) & (den > 0)
-    if not keep.any():
+    if S - first < 2:
         return None
-    return float(rho[keep].mean())
+    # D[k, t] = m[t + k, t]: diagonal k along its columns t, its finite entries moved to the front in
+    # order (masked keys leave gaps) and -inf after them
+    k = torch.arange(first, S, device=m.device)
+    t = torch.arange(S, device=m.device)
+    rows = (t[None, :] + k[:, None]).clamp_max(S - 1)
+    D = m[rows, t[None, :].expand_as(rows)]
+    D = torch.where((t[None, :] + k[:, None]) < S, D, torch.full_like(D, float("nan")))
+    fin = torch.isfinite(D)
+    order = torch.sort((~fin).to(torch.int8), dim=1, stable=True).indices
+    D = torch.where(torch.gather(fin, 1, order), torch.gather(D, 1, order), torch.full_like(D, float("-inf")))
+    gt, eq, pairs = ordered_pair_counts(D)
+    total = float(pairs.sum())
+    if total <= 0:
+        return None
+    lt = pairs - gt - eq
+    return float((gt.sum() - lt.sum()) / total)
 
 
 def _slope_functional(mask: torch.Tensor) -> torch.Tensor:

@@ -61,33 +61,48 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
     return out.reshape(lead)
 
 
-def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
-    """``rising_pair_fraction(m, include_diagonal=False, ties=0)`` for maps ``[B, T, T]`` whose strict
-    lower triangle is finite, by counting in O(T^2 log^2 T) instead of O(T^3).
+def ordered_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each row of ``x [N, T]`` whose finite entries form a prefix (the rest -inf): the number of
+    pairs j < k of finite entries with ``x[k] > x[j]`` (rising), with ``x[k] == x[j]`` (tied), and the
+    number of such pairs in all. O(T log^2 T) per row instead of O(T^2).
 
-    Row i's visible keys 0..i-1 are kept and every later column is set to -inf (a suffix, so it
-    takes part in no rising pair); the rows are padded to a power of two with -inf. For block
-    sizes b = 1, 2, 4, ... each element of a block's right half counts the elements of its left
-    half that are strictly smaller (sorted left half, ``searchsorted``): every pair j < k is
-    counted at exactly one level, the one where j and k first fall into different halves.
+    Rows are padded to a power of two with -inf. For block sizes b = 1, 2, 4, ... each finite element
+    of a block's right half counts the elements of its left half that are smaller (sorted left half,
+    ``searchsorted``) or equal: every pair j < k is counted at exactly one level, the one where j and
+    k first fall into different halves. A -inf suffix takes part in no pair.
     """
-    B, T, _ = m.shape
+    N, T = x.shape
     P = 1 << max(1, (T - 1).bit_length())
-    x = torch.full((B, T, P), float("-inf"), dtype=m.dtype, device=m.device)
-    i = torch.arange(T, device=m.device)
-    x[:, :, :T] = m.masked_fill(i[None, :] >= i[:, None], float("-inf"))
-    x = x.reshape(B * T, P)
-    hits = torch.zeros(B * T, dtype=torch.float64, device=m.device)
+    if P != T:
+        x = torch.cat([x, torch.full((N, P - T), float("-inf"), dtype=x.dtype, device=x.device)], dim=1)
+    fin = torch.isfinite(x)
+    gt = torch.zeros(N, dtype=torch.float64, device=x.device)
+    ge = torch.zeros_like(gt)
     b = 1
     while b < P:
-        blocks = x.reshape(B * T, P // (2 * b), 2 * b)
+        blocks = x.reshape(N, P // (2 * b), 2 * b)
         left = blocks[..., :b].sort(dim=-1).values.contiguous()
-        hits += torch.searchsorted(left, blocks[..., b:].contiguous()).sum(dim=(1, 2), dtype=torch.float64)
+        right = blocks[..., b:].contiguous()
+        live = fin.reshape(N, P // (2 * b), 2 * b)[..., b:]
+        gt += (torch.searchsorted(left, right) * live).sum(dim=(1, 2), dtype=torch.float64)
+        ge += (torch.searchsorted(left, right, right=True) * live).sum(dim=(1, 2), dtype=torch.float64)
         b *= 2
-    n = i.to(torch.float64)
-    total = float((n * (n - 1) / 2).sum())
-    out = hits.reshape(B, T).sum(1) / total if total > 0 else torch.full((B,), float("nan"), dtype=torch.float64)
-    return out
+    n = fin.sum(1).to(torch.float64)
+    return gt, ge - gt, n * (n - 1) / 2
+
+
+def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
+    """``rising_pair_fraction(m, include_diagonal=False, ties=0)`` for maps ``[B, T, T]`` whose strict
+    lower triangle is finite: row i's visible keys 0..i-1 are kept and every later column is set to
+    -inf, then :func:`ordered_pair_counts` counts its rising pairs."""
+    B, T, _ = m.shape
+    i = torch.arange(T, device=m.device)
+    x = m.masked_fill(i[None, :] >= i[:, None], float("-inf")).reshape(B * T, T)
+    gt, _, pairs = ordered_pair_counts(x)
+    total = float((i.to(torch.float64) * (i - 1) / 2).sum())
+    if total <= 0:
+        return torch.full((B,), float("nan"), dtype=torch.float64)
+    return gt.reshape(B, T).sum(1) / total
 
 
 def adjacency_probability_score(sim) -> torch.Tensor:
