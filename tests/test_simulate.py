@@ -71,7 +71,8 @@ def test_rope_causal_breaks_relativity_noncausal_keeps_it():
         assert l["relativity_index"] < 0.97
 
 
-def test_layer1_is_flat_and_layer2_is_local():
+def test_layer0_is_flat_and_layer1_is_local():
+    """Our layers count from 0: the paper's layer 1 (flat) is our layer 0."""
     s = run_simulation(SimConfig(alpha=0.0, seq_len=20, dim=64, layers=2, samples=3000)).summary["layers"]
     assert s[0]["relativity_index"] is None and s[0]["locality"] is None
     assert s[1]["locality"] > 0.5
@@ -106,7 +107,8 @@ def test_cli_writes_contract_and_loads_back(cli, tmp_path):
                           "--device", "cpu", "--quiet")
     assert code == 0
     t = read_tensors(out / "maps.safetensors")
-    assert set(t) == {"scores", "scores_stderr", "probs"}
+    assert set(t) == {"scores", "scores_stderr", "probs", "score_groups", "group_counts"}
+    assert t["score_groups"].shape == (16, 2, 8, 8) and int(t["group_counts"].sum()) == 500
     assert t["scores"].shape == (2, 8, 8)
     assert torch.isnan(t["scores"][0, 0, 1]) and not torch.isnan(t["scores"][0, 1, 0])
     torch.testing.assert_close(t["probs"].sum(-1), torch.ones(2, 8))

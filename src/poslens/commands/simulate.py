@@ -36,7 +36,8 @@ def simulate(
     Each layer computes X <- Softmax(Mask(Q K^T)) Y + X with Y = Norm(X), Q = K = RoPE(Y) or Y.
     Inputs x_i = normalize(z_i + sqrt(alpha/(1-alpha)) c) have mean inner product alpha.
     Writes DIR/config.json, DIR/maps.safetensors (scores, scores_stderr, probs: [L,S,S]),
-    DIR/summary.json (per-layer relativity_index, locality, max_stderr) and PNG heat maps.
+    DIR/summary.json (per layer, counted from 0: relativity_index, locality, signed diagonal_trend,
+    within_diag_rms with its noise floor, p-values from 16 independent sample groups) and PNG heat maps.
     """
     from rich.console import Console
 
@@ -60,20 +61,34 @@ def fmt(v, digits: int = 3) -> str:
     return "flat" if v is None else f"{v:.{digits}f}"
 
 
+def _p(v) -> str:
+    return "n/a" if v is None else ("<1e-4" if v < 1e-4 else f"{v:.2g}")
+
+
 def print_summary(summary: dict, console) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{summary['label']} — {summary['samples']:,} samples in {summary['seconds']:.1f} s")
+    t = Table(title=f"{summary['label']} — {summary['samples']:,} samples in {summary['seconds']:.1f} s",
+              caption=f"{summary.get('layer_convention', 'layers from 0')}; trend +1 = the entry further right on "
+                      "each diagonal is higher; p: sign-flip test over sample groups")
     t.add_column("layer", justify="right")
-    t.add_column("relativity index", justify="right")
+    t.add_column("relativity", justify="right")
     t.add_column("locality", justify="right")
-    t.add_column("max stderr", justify="right")
+    t.add_column("trend", justify="right")
+    t.add_column("non-rel. p", justify="right")
+    t.add_column("RMS / noise", justify="right")
     has_theory = "theory_max_abs_diff" in summary["layers"][0]
     if has_theory:
-        t.add_column("max |sim - theory|", justify="right")
+        t.add_column("|sim-theory|", justify="right")
     for l in summary["layers"]:
-        row = [str(l["layer"]), fmt(l["relativity_index"]), fmt(l["locality"]), f"{l['max_stderr']:.1e}"]
+        noise = l.get("within_diag_rms_noise")
+        row = [str(l["layer"]), fmt(l["relativity_index"]), fmt(l["locality"]),
+               "n/a" if l.get("diagonal_trend") is None else f"{l['diagonal_trend']:+.2f}", _p(l.get("nonrelative_p")),
+               f"{l['within_diag_rms']:.1e} / " + ("n/a" if noise is None else f"{noise:.0e}")]
         if has_theory:
             row.append(f"{l['theory_max_abs_diff']:.1e}")
         t.add_row(*row)
     console.print(t)
+    notes = {l["noise"] for l in summary["layers"] if l.get("noise")}
+    for n in notes:
+        console.print(f"note: {n}")
