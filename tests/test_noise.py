@@ -118,3 +118,12 @@ def test_one_sample_says_so_instead_of_nan(tmp_path):
     for l in json.loads(text)["layers"]:
         assert "fewer than two independent groups" in l["noise"]
         assert l["max_stderr"] is None
+
+
+def test_too_few_groups_decide_nothing():
+    """Two groups cannot give p < 1 %: nothing is called flat, and the summary says why."""
+    g = torch.Generator().manual_seed(0)
+    groups = torch.randn(2, S, S, generator=g, dtype=torch.float64)
+    d = describe_map(groups.mean(0), groups)
+    assert d["flat"] is False and d["relativity_index"] is not None
+    assert "smallest attainable p-value is 0.5" in d["noise"]

@@ -112,7 +112,7 @@ def test_report_structure(runs):
     assert "<caption>Relativity index by layer</caption>" in html
     assert "<caption>APS of hidden states by layer</caption>" in html
     # readings derived from the numbers
-    assert "Layer 1 is flat within Monte Carlo noise" in html
+    assert "Layer 0 is flat within Monte Carlo noise" in html  # layers count from 0
     assert re.search(r"relativity index [0-9.]+ → [0-9.]+", html)
     assert "Adjacency probability score of the hidden states" in html
     assert "Training lowered the loss from 5.50 to 5.10 over 3 steps." in html

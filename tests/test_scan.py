@@ -331,7 +331,7 @@ def test_per_sequence_aps_equals_hidden_state_reference(llama_dir, tmp_path):
         assert (row["attn_aps_mean"], row["attn_aps_std"]) == (pytest.approx(float(ref.mean()), abs=1e-9),
                                                               pytest.approx(float(ref.std()), abs=1e-9)), l
     # the APS of the mean map is another number, kept under its own name
-    assert "aps" not in summary["layers"][0] and "mean_map_aps" in summary["layers"][0]
+    assert summary["layers"][0]["aps"] == summary["layers"][0]["aps_mean"] and "mean_map_aps" in summary["layers"][0]
 
 
 def test_slash_summary_stays_in_the_offset_range(llama_dir, tmp_path):
@@ -344,3 +344,21 @@ def test_slash_summary_stays_in_the_offset_range(llama_dir, tmp_path):
     assert tops and all(1 <= t["offset"] <= 16 for t in tops)
     for l in summary["layers"]:
         assert 0.0 <= l["sink_weight"] <= 1.0
+
+
+def test_score_groups_partition_the_sequences(llama_dir, tmp_path):
+    """Sequence n is in noise group n % 16; the groups' sums add up to the scores on the grid."""
+    from poslens.capture.attention import noise_grid
+
+    S, N = 12, 20
+    run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=S, num_seqs=N,
+                        batch_size=3, figures=False), progress=False)
+    maps = read_tensors(tmp_path / "r" / "maps.safetensors")
+    counts = maps["score_group_counts"]
+    assert counts.tolist() == [2, 2, 2, 2] + [1] * 12
+    g = maps["score_groups"].double()
+    total = (g * counts.double()[:, None, None, None]).sum(0) / N
+    grid = noise_grid(S, 128)
+    lower = torch.ones(len(grid), len(grid), dtype=torch.bool).tril()
+    want = maps["scores"].double()[:, grid][:, :, grid]
+    assert torch.allclose(total[:, lower], want[:, lower], atol=1e-5)

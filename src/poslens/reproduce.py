@@ -46,7 +46,8 @@ def _signed(v) -> str:
 
 
 def _sig(p) -> bool:
-    """Significant at the stated false-positive rate (a group p-value; None = no noise estimate)."""
+    """Significant at the stated false-positive rate (a group p-value; None = no noise estimate; with
+    fewer than 8 groups no p-value reaches the rate)."""
     return p is not None and p < NOISE_P
 
 

@@ -222,6 +222,18 @@ def _flip_patterns(G: int, max_exact: int = 16, draws: int = 2**15, seed: int = 
     return torch.cat([torch.ones(1, G, dtype=torch.float64), eps])
 
 
+def min_pvalue(groups: int) -> float:
+    """The smallest p-value :func:`signflip_pvalue` can return with ``groups`` groups."""
+    if groups < 2:
+        return 1.0
+    return 1.0 / 2 ** (groups - 1) if groups <= 16 else 1.0 / (2**15 + 1)
+
+
+def decisive(groups: int) -> bool:
+    """Whether ``groups`` groups can give a p-value below :data:`NOISE_P` at all (8 or more)."""
+    return min_pvalue(groups) < NOISE_P
+
+
 def signflip_pvalue(vectors: torch.Tensor, weights: torch.Tensor) -> float | None:
     """p-value of "the weighted mean of ``vectors`` ``[G, n]`` is zero" by a sign-flip test.
 

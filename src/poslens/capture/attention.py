@@ -268,7 +268,7 @@ class CaptureSpec:
     reservoir: int = 0  # token slots with pre-RoPE q/k vectors kept (0 = none); see capture.reservoir
     seed: int = 0  # seeds the reservoir's slot keys
     aps_max_positions: int = 256  # positions per sequence for the per-sequence APS (evenly spaced subsample)
-    noise_groups: int = NOISE_GROUPS  # independent batch groups whose score-map sums give the noise floor
+    noise_groups: int = NOISE_GROUPS  # independent sequence groups whose score-map sums give the noise floor
     noise_max_positions: int = 128  # group maps are kept on a strided grid of at most this many positions
 
 
@@ -326,7 +326,7 @@ class Capture:
     - ``aps_seq[k]`` / ``attn_aps_seq[l]``: the paper's per-sequence APS (arXiv 2501.00073) of each
       sequence's own self-cosine map (same vectors as ``cosine`` / ``attn_cosine``, on at most
       ``aps_max_positions`` evenly spaced positions), with sum of squares: mean and std over sequences;
-    - ``score_groups[g, l]``: ``scores`` summed separately over batch groups ``g = batch % G`` on the
+    - ``score_groups[g, l]``: ``scores`` summed separately over sequence groups ``g = sequence % G`` on the
       :func:`noise_grid` positions; the spread of the groups is the noise floor of the score-map statistics.
     """
 
@@ -339,10 +339,10 @@ class Capture:
         self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device, with_var=k in _WITH_VAR)
                                     for k, s in accumulator_shapes(spec).items()})
         self.grid = noise_grid(spec.seq_len, spec.noise_max_positions).to(device)
+        self._grid_stride = -(-spec.seq_len // max(1, spec.noise_max_positions))
         n = self.grid.numel()
         self.accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
-        self._group = 0
-        self._batches = 0  # batches ended so far (the default noise group of the next one)
+        self._seq0 = 0  # global index of the batch's first sequence (sequence n is in noise group n % G)
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         self._batch_size = 0
         self._next_seq = 0
@@ -364,14 +364,13 @@ class Capture:
         finally:
             _ACTIVE = prev
 
-    def begin_batch(self, batch_size: int, seq_start: int | None = None, batch_index: int | None = None) -> None:
+    def begin_batch(self, batch_size: int, seq_start: int | None = None) -> None:
         """Start a batch of ``batch_size`` sequences; ``seq_start`` is the global index of its first
-        sequence (default: right after the previous batch), which fixes the reservoir's slot keys;
-        ``batch_index`` (default: one more than the previous batch) puts it in noise group
-        ``batch_index % noise_groups``."""
+        sequence (default: right after the previous batch), which fixes the reservoir's slot keys and
+        the noise groups (sequence n in group ``n % noise_groups``)."""
         self._batch_size = int(batch_size)
-        self._group = (self._batches if batch_index is None else int(batch_index)) % self.spec.noise_groups
         seq_start = self._next_seq if seq_start is None else int(seq_start)
+        self._seq0 = seq_start
         self._next_seq = seq_start + self._batch_size
         if self.reservoir is not None:
             self.reservoir.begin_batch(seq_start, self._batch_size)
@@ -380,11 +379,10 @@ class Capture:
         """Count the batch's sequences once in every accumulator (sums were added per layer)."""
         for acc in self.accs.values():
             if isinstance(acc, GroupAccumulator):
-                acc.counts[self._group] += self._batch_size
+                acc.counts += torch.bincount(self._seq_groups("cpu"), minlength=acc.groups)
             else:
                 acc.count += self._batch_size
         self._batch_size = 0
-        self._batches += 1
         if self.reservoir is not None:
             self.reservoir.end_batch()
 
@@ -424,6 +422,10 @@ class Capture:
         s2 = cos[..., :1] ** 2 + sin[..., :1] ** 2
         cos, sin = cos / s2, sin / s2
         return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
+
+    def _seq_groups(self, device) -> torch.Tensor:
+        """Noise group of each sequence of the current batch: ``(seq_start + b) % noise_groups``."""
+        return (torch.arange(self._batch_size, device=device) + self._seq0) % self.spec.noise_groups
 
     # -- hidden states ----------------------------------------------------------------------
     @torch.no_grad()
@@ -515,6 +517,10 @@ class Capture:
         slash32 = torch.zeros(H, S, dtype=torch.float32, device=dev)
         heads_here = self.head_pos.get(layer, [])
         above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i inside a diagonal block
+        # per-sequence-group head sums of the raw logits on the noise grid (positions 0, st, 2 st, ...)
+        grid, st = self.grid, self._grid_stride
+        gbuf = torch.zeros(spec.noise_groups, grid.numel(), grid.numel(), dtype=torch.float32, device=dev)
+        seq_groups = self._seq_groups(dev)
         # Slash by offset without an index gather: each chunk's batch-summed weights are written into
         # a buffer whose rows start after `rows` zero columns; a view with row stride W + 1 then
         # lines up, in row r and column t, the entry A[i, i - d] with d = stop - 1 - t (i = start + r),
@@ -531,6 +537,12 @@ class Capture:
             else:
                 qc = qs[:, :, :, start:stop].reshape(B, Hk, g * c, D)
                 logits = torch.matmul(qc, kT[:, :, :, :nc]).view(B, H, c, nc)
+            g0, g1, gk = -(-start // st), -(-stop // st), -(-nc // st)  # grid rows in this block, grid keys seen
+            if g1 > g0:
+                part = logits[:, :, grid[g0:g1] - start][..., grid[:gk]].sum(dim=1)  # [B, rows, keys]
+                if causal:  # above the diagonal: stored as 0, as in the scores (whatever the chunking)
+                    part.masked_fill_(grid[None, :gk] > grid[g0:g1, None], 0.0)
+                gbuf[:, g0:g1, :gk].index_add_(0, seq_groups, torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0))
             block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
             if not bool(torch.isfinite(block_sum).all()):  # one cheap test; locate the head only on failure
                 allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
@@ -566,8 +578,7 @@ class Capture:
             slash32[:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
             del pb
         acc["scores"].sum[li] += scores32.to(torch.float64).div_(H)
-        gi = self.grid
-        acc["score_groups"].sum[self._group, li] += scores32[gi][:, gi].to(torch.float64).div_(H)
+        acc["score_groups"].sum[:, li] += gbuf.to(torch.float64).div_(H)
         acc["probs"].sum[li] += probs32.to(torch.float64).div_(H)
         slash_sum = slash32.to(torch.float64)
         acc["slash"].sum[li] += slash_sum / (S - torch.arange(S, device=dev, dtype=torch.float64))

@@ -490,7 +490,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                 if done <= t < len(mine):
                     s, e = mine[t]
                     ids = plan.source.batch(s, e).to(plan.device)
-                    capture.begin_batch(e - s, seq_start=s, batch_index=s // Bsz)
+                    capture.begin_batch(e - s, seq_start=s)
                     with torch.no_grad(), capture.active():
                         model(input_ids=ids, **fwd_kwargs)
                     capture.end_batch()
@@ -606,11 +606,12 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
         out["flat"] = bool(noise["flat"])
         out["noise_positions"] = int(grid.numel())
         out.pop("noise", None)
+        if noise.get("noise"):
+            out["noise"] = noise["noise"]
         if out["flat"]:
             out["relativity_index"] = out["locality"] = None
     else:
-        out["noise"] = ("no noise estimate: fewer than two batch groups (scan more batches: --num-seqs at "
-                        "least 2 x --batch-size)")
+        out["noise"] = "no noise estimate: fewer than two sequence groups (scan at least 2 sequences)"
     flat = out["flat"] and groups is not None and groups.shape[0] >= 2
     out["relativity_index_with_sink"] = None if flat else _opt(relativity_index(sc))
     out["locality_with_sink"] = None if flat else _opt(locality(sub))
@@ -655,8 +656,10 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
             **score_map_numbers(sc, groups[:, li].cpu() if groups.shape[0] else None, counts, grid, k),
             "sink_weight": float(sink_weight(mean("probs", li))),
+            "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
             "aps_mean": aps_mean[li + 1],
             "aps_std": aps_std[li + 1],
+            "attn_aps": attn_aps_mean[li],
             "attn_aps_mean": attn_aps_mean[li],
             "attn_aps_std": attn_aps_std[li],
             "mean_map_aps": float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k))),
@@ -678,13 +681,14 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         "layer_convention": LAYER_CONVENTION,
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
         "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
+        "embedding_aps": aps_mean[0],
         "embedding_aps_mean": aps_mean[0],
         "embedding_aps_std": aps_std[0],
         "embedding_mean_map_aps": float(adjacency_probability_score(_subsample(mean("cosine", 0), k))),
         "aps_positions": min(k, spec.seq_len),
         "sink_columns": list(SINK_COLUMNS),
         "noise": {"groups": int(groups.shape[0]), "grid_positions": int(grid.numel()),
-                  "group_rule": "batch b in group b % " + str(spec.noise_groups)},
+                  "group_rule": "sequence n in group n % " + str(spec.noise_groups)},
         "layers": layers,
         "slash_offsets": [offs.start, offs.stop - 1] if len(offs) else None,
         "slash_top_heads": top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers),
@@ -698,7 +702,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
                             "layer_convention": LAYER_CONVENTION,
-                            "score_groups": "[g, L, n, n] scores of batch groups on positions 0, s, 2s, ... "
+                            "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
                                             f"(n = {grid.numel()}); score_group_counts: sequences per group",
                             "aps_seq": "per-sequence APS, mean over sequences (index as cosine)"})
     if figures:

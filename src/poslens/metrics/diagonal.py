@@ -37,7 +37,7 @@ from typing import Sequence
 import torch
 
 from poslens.metrics.neighborhood import rising_pair_fraction
-from poslens.stats import NOISE_P, cross_mean_square, jackknife_se, signflip_pvalue
+from poslens.stats import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
 
 
 def _as64(m) -> torch.Tensor:
@@ -142,16 +142,16 @@ def nonrelative_pvalue(groups, weights=None, include_diagonal: bool = False,
 def is_flat(m, groups=None, weights=None, include_diagonal: bool = False, exclude_keys: Sequence[int] = ()) -> bool:
     """True when the map's variation over its valid entries is within sampling noise.
 
-    With ``groups``: the sign-flip test of :func:`flat_pvalue` at p >= :data:`NOISE_P` (fewer than
-    two groups: no test, and only an exactly constant map is flat). Without: only an exactly
-    constant map (to float64 rounding) is flat.
+    With ``groups``: the sign-flip test of :func:`flat_pvalue` at p >= :data:`NOISE_P`. With too few
+    groups for that test to reach p < NOISE_P (fewer than 8), or without groups, only an exactly
+    constant map (to float64 rounding) is flat: too little data is no evidence of flatness.
     """
     m = mask_keys(m, exclude_keys)
     mask = _entries(m, include_diagonal)
     v = m[mask]
     if v.numel() < 2:
         return True
-    if groups is not None:
+    if groups is not None and decisive(int(groups.shape[0])):
         p = flat_pvalue(groups, weights, include_diagonal, exclude_keys)
         if p is not None:
             return p >= NOISE_P
@@ -311,6 +311,10 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
         })
         sums = g * w.reshape(-1, 1, 1)
         out["diagonal_trend_se"] = jackknife_se(lambda mm: diagonal_trend(mm, include_diagonal), sums, w)
+        if not decisive(G):
+            out["noise"] = (f"only {G} independent groups of samples: the smallest attainable p-value is "
+                            f"{min_pvalue(G):.3g}, above {NOISE_P:g}; p-values are given but nothing is called flat "
+                            "or significant (8 groups or more are needed)")
     else:
         out["noise"] = ("no noise estimate: fewer than two independent groups of samples "
                         f"({G} group{'s' if G != 1 else ''}); add samples for p-values and noise floors")
