@@ -17,6 +17,7 @@ from poslens.commands import demo as _demo  # noqa: F401,E402
 from poslens.commands import report as _report  # noqa: F401,E402
 from poslens.commands import analyze_neighborhood as _analyze_neighborhood  # noqa: F401,E402
 from poslens.commands import analyze_kim_slash as _analyze_kim_slash  # noqa: F401,E402
+from poslens.commands import models as _models  # noqa: F401,E402
 
 
 def main(argv: list[str] | None = None) -> None:

