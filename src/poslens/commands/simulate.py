@@ -69,22 +69,20 @@ def print_summary(summary: dict, console) -> None:
     from rich.table import Table
 
     t = Table(title=f"{summary['label']} — {summary['samples']:,} samples in {summary['seconds']:.1f} s",
-              caption=f"{summary.get('layer_convention', 'layers from 0')}; trend +1 = the entry further right on "
-                      "each diagonal is higher; p: sign-flip test over sample groups")
-    t.add_column("layer", justify="right")
-    t.add_column("relativity", justify="right")
-    t.add_column("locality", justify="right")
-    t.add_column("trend", justify="right")
-    t.add_column("non-rel. p", justify="right")
-    t.add_column("RMS / noise", justify="right")
+              caption=f"{summary.get('layer_convention', 'layers from 0')}. rel.: relativity index, loc.: locality; "
+                      "trend: +1 = the entry further right on "
+                      "each diagonal is higher; p non-rel: sign-flip test over sample groups; RMS: within-diagonal, "
+                      "beside its noise floor")
+    for col in ("layer", "rel.", "loc.", "trend", "p non-rel", "RMS", "noise"):
+        t.add_column(col, justify="right")
     has_theory = "theory_max_abs_diff" in summary["layers"][0]
     if has_theory:
-        t.add_column("|sim-theory|", justify="right")
+        t.add_column("|sim-th|", justify="right")
     for l in summary["layers"]:
         noise = l.get("within_diag_rms_noise")
         row = [str(l["layer"]), fmt(l["relativity_index"]), fmt(l["locality"]),
                "n/a" if l.get("diagonal_trend") is None else f"{l['diagonal_trend']:+.2f}", _p(l.get("nonrelative_p")),
-               f"{l['within_diag_rms']:.1e} / " + ("n/a" if noise is None else f"{noise:.0e}")]
+               f"{l['within_diag_rms']:.1e}", "n/a" if noise is None else f"{noise:.1e}"]
         if has_theory:
             row.append(f"{l['theory_max_abs_diff']:.1e}")
         t.add_row(*row)
