@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,59 @@ CPU_CHUNK_ELEMS = 2**22
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 256
+
+#: Logits per chunk on CUDA (float32: 1 GiB) for the torch fallback path: a layer is a few chunks, so
+#: a few dozen kernel launches instead of thousands (the CPU size gave ~64 chunks per layer at 4k tokens).
+CUDA_CHUNK_ELEMS = 2**28
+
+#: Statistics a scan can ask for (``--stats``) and the accumulators each one fills. Per-head maps
+#: (``head_scores``/``head_probs``) follow ``--heads``; the q/k reservoir follows ``--reservoir``.
+STATS: dict[str, tuple[str, ...]] = {
+    "scores": ("scores", "score_groups"),  # and the per-sequence-group grid maps (the noise floor)
+    "probs": ("probs",),
+    "slash": ("slash",),
+    "cosine": ("cosine", "norms", "aps_seq"),  # and each sequence's own APS
+    "attn_cosine": ("attn_cosine", "attn_norms", "attn_aps_seq"),
+    "qk": ("q_gram", "k_gram"),  # and the --reservoir sample of pre-RoPE q/k vectors
+    "dim_logit": ("dim_logit",),
+}
+#: Every statistic. The default: the report and the analyses read all but ``probs``, and ``probs`` is
+#: one extra reduction of the softmax that ``slash`` computes anyway.
+ALL_STATS = frozenset(STATS)
+
+
+def parse_stats(text) -> frozenset:
+    """``"scores,probs"`` / ``"all"`` / an iterable of names -> a frozenset of :data:`STATS` names."""
+    if text is None:
+        return ALL_STATS
+    parts = [p.strip() for p in (text.split(",") if isinstance(text, str) else text)]
+    parts = [p for p in parts if p]
+    if not parts:
+        raise PoslensError(f"--stats is empty; pass one or more of {', '.join(STATS)} (comma-separated) or all.")
+    if "all" in parts:
+        return ALL_STATS
+    bad = [p for p in parts if p not in STATS]
+    if bad:
+        raise PoslensError(f"--stats {','.join(bad)}: unknown statistic; choose from {', '.join(STATS)} or all.")
+    return frozenset(parts)
+
+
+@contextlib.contextmanager
+def _half_input_matmuls(enabled: bool):
+    """TF32 matrix products while enabled: capture's float32 products of bf16/fp16 inputs.
+
+    A bf16 (8-bit mantissa) or fp16 (11-bit) value is exact in TF32's 10+1 bits except fp16's lowest
+    bit, so TF32 multiplies the model's own numbers (almost) exactly and accumulates in float32, at
+    the tensor cores' rate instead of the float32 units' (about 8x on an H100)."""
+    if not enabled:
+        yield
+        return
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
 
 
 def _unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -183,7 +237,7 @@ def _symmetric_gram(a: torch.Tensor) -> torch.Tensor:
     """``a @ a.T`` (float32 ``[S, S]``) from the lower block triangle only, mirrored (exactly symmetric)."""
     S = a.shape[0]
     R = GRAM_BLOCK_ROWS
-    if S <= R:
+    if S <= R or a.is_cuda:  # on a GPU one large product beats many small ones plus the mirror copies
         return a @ a.T
     out = torch.empty(S, S, dtype=a.dtype, device=a.device)
     for r0 in range(0, S, R):
@@ -193,6 +247,25 @@ def _symmetric_gram(a: torch.Tensor) -> torch.Tensor:
         r1 = min(S, r0 + R)
         out[r0:r1, r1:] = out[r1:, r0:r1].T
     return out
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _nonfinite_error(layer, head) -> PoslensError:
+    return PoslensError(f"non-finite attention scores in layer {layer}, head {head} (model overflow?); "
+                        "try --dtype fp32 or check the checkpoint.")
+
+
+def _fused_ok(query: torch.Tensor, key: torch.Tensor, window) -> bool:
+    """Whether the fused CUDA kernels (:mod:`poslens.capture.cuda_maps`) take this layer's maps.
+
+    ``POSLENS_CAPTURE_KERNEL=torch`` forces the chunked torch path (benchmarks, comparisons)."""
+    if not query.is_cuda or window is not None or os.environ.get("POSLENS_CAPTURE_KERNEL", "auto") == "torch":
+        return False
+    from poslens.capture import cuda_maps
+
+    return cuda_maps.supported(query, key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,7 +429,8 @@ class CaptureSpec:
     heads: list[tuple[int, int]] = field(default_factory=list)  # (layer, head) pairs with S x S maps
     no_rope_layers: set[int] = field(default_factory=set)
     bidirectional: bool = False
-    chunk_elems: int = 2**23  # logits per query-row chunk (B * H * c * S), bounds the working set
+    chunk_elems: int = 0  # logits per query-row chunk (B * H * c * S), bounds the working set; 0 = per device
+    stats: frozenset = ALL_STATS  # which statistics to accumulate (names of STATS)
     rope_layout: str = "half"  # the model's RoPE pair layout: "half" (rotate_half) or "interleaved" (Cohere)
     reservoir: int = 0  # token slots with pre-RoPE q/k vectors kept (0 = none); see capture.reservoir
     seed: int = 0  # seeds the reservoir's slot keys
@@ -385,12 +459,14 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
         "q_gram": (L, H, D, D),
         "k_gram": (L, Hk, D, D),
         "dim_logit": (L, H, D),
+        "aps_seq": (L + 1,),
+        "attn_aps_seq": (L,),
     }
+    wanted = {a for st in spec.stats for a in STATS[st]} - {"score_groups"}  # a GroupAccumulator, see Capture
+    shapes = {k: v for k, v in shapes.items() if k in wanted}
     if spec.heads:
         shapes["head_scores"] = (len(spec.heads), S, S)
         shapes["head_probs"] = (len(spec.heads), S, S)
-    shapes["aps_seq"] = (L + 1,)
-    shapes["attn_aps_seq"] = (L,)
     return shapes
 
 
@@ -419,8 +495,9 @@ class Capture:
     - ``aps_seq[k]`` / ``attn_aps_seq[l]``: the paper's per-sequence APS (arXiv 2501.00073) of each
       sequence's own self-cosine map (same vectors as ``cosine`` / ``attn_cosine``, on at most
       ``aps_max_positions`` evenly spaced positions), with sum of squares: mean and std over sequences;
-    - ``score_groups[g, l]``: ``scores`` summed separately over sequence groups ``g = sequence % G`` on the
-      :func:`noise_grid` positions; the spread of the groups is the noise floor of the score-map statistics.
+    - ``score_groups[g, l]``: ``scores`` summed separately over sequence groups ``g = sequence % G`` on
+      the :func:`noise_grid` positions; the spread of the groups is the noise floor of the score-map
+      statistics.
     """
 
     def __init__(self, spec: CaptureSpec, device="cpu"):
@@ -432,9 +509,9 @@ class Capture:
         self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device, with_var=k in _WITH_VAR)
                                     for k, s in accumulator_shapes(spec).items()})
         self.grid = noise_grid(spec.seq_len, spec.noise_max_positions).to(device)
-        self._grid_stride = -(-spec.seq_len // max(1, spec.noise_max_positions))
-        n = self.grid.numel()
-        self.accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
+        if "scores" in spec.stats:
+            n = self.grid.numel()
+            self.accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
         self._seq0 = 0  # global index of the batch's first sequence (sequence n is in noise group n % G)
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         #: per layer, the (cos, sin) its attention module received (Gemma 3: one table per layer type)
@@ -445,7 +522,7 @@ class Capture:
         self._batch_size = 0
         self._next_seq = 0
         self.reservoir = None
-        if spec.reservoir:
+        if spec.reservoir and "qk" in spec.stats:  # the sample of pre-RoPE q/k vectors belongs to the qk statistic
             from poslens.capture.reservoir import QKReservoir
 
             self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
@@ -529,7 +606,10 @@ class Capture:
     @torch.no_grad()
     def observe_hidden(self, index: int, hidden: torch.Tensor) -> None:
         """Add residual-stream vectors ``[B, S, d]`` at ``cosine``/``norms`` index ``index``."""
-        self._add_cosine("cosine", "norms", index, hidden)
+        if "cosine" not in self.spec.stats:
+            return
+        with _half_input_matmuls(hidden.is_cuda and hidden.dtype in _HALF):
+            self._add_cosine("cosine", "norms", index, hidden)
 
     def _add_cosine(self, cos_name, norm_name, index, x):
         """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened),
@@ -554,85 +634,178 @@ class Capture:
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
     # -- attention --------------------------------------------------------------------------
-    def _rows_per_chunk(self, B: int, H: int, S: int, device) -> int:
-        """Query rows per chunk: ``spec.chunk_elems`` logits at most; on CPU also a cache-sized block.
+    def _half_perm(self, D: int, device) -> torch.Tensor:
+        rot = self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D
+        return half_layout_perm(D, rot, device)
 
-        Every chunk is read several times (sum, mask, softmax, batch sum, gather); a block of a few
-        megabytes stays cache-resident across those passes (measured: softmax 0.7-2 ns per logit
-        instead of ~8 at 32 MiB chunks), and short row blocks also cut the causal key range closer
-        to the diagonal (about half of S x S instead of three quarters with two chunks).
+    def _rows_per_chunk(self, B: int, H: int, S: int, device) -> int:
+        """Query rows per chunk: ``spec.chunk_elems`` logits at most (0: per device); on CPU also a
+        cache-sized block.
+
+        On the CPU every chunk is read several times (sum, mask, softmax, batch sum, gather); a block
+        of a few megabytes stays cache-resident across those passes (measured: softmax 0.7-2 ns per
+        logit instead of ~8 at 32 MiB chunks), and short row blocks also cut the causal key range
+        closer to the diagonal. On CUDA launches, not caches, are the cost: large chunks.
         """
         elems = self.spec.chunk_elems
         if torch.device(device).type == "cpu":
-            elems = min(elems, CPU_CHUNK_ELEMS)
+            elems = min(elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
+        elif not elems:
+            elems = CUDA_CHUNK_ELEMS
         return min(S, max(1, elems // max(1, B * H * S)))
 
     @torch.no_grad()
     def observe_attention(self, layer, query, key, out, scaling, *, causal=True, window=None,
                           softcap=None) -> None:
-        spec = self.spec
+        """Add one layer's attention statistics (only those in ``spec.stats``) for a batch."""
+        with _half_input_matmuls(query.is_cuda and query.dtype in _HALF):
+            self._observe_attention(layer, query, key, out, scaling, causal, window, softcap)
+
+    def _observe_attention(self, layer, query, key, out, scaling, causal, window, softcap) -> None:
+        spec, stats = self.spec, self.spec.stats
         li = self.layer_pos[layer]
         acc = self.accs
         B, H, S, D = query.shape
-        Hk = key.shape[1]
-        g = H // Hk
-        dev = query.device
-        # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
-        # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
-        q = query.to(torch.float32).contiguous()
-        k = key.to(torch.float32).contiguous()
+        heads_here = self.head_pos.get(layer, [])
+        want_qk = "qk" in stats
+        want_maps = bool(stats & {"scores", "probs", "slash"}) or bool(heads_here)
+        fused = want_maps and softcap is None and _fused_ok(query, key, window)
+        q = k = None
+        if want_qk or "dim_logit" in stats or (want_maps and not fused):
+            # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
+            # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
+            q = query.to(torch.float32).contiguous()
+            k = key.to(torch.float32).contiguous()
 
         # pre-RoPE second moments (rank analysis), one [B*S, D] x [B*S, D] product per head
-        if layer in spec.rope_layers:
-            q_pre, k_pre = self.unrotate(q, k)
-        else:
-            q_pre, k_pre = q, k
-        if spec.rope_layout == "interleaved":  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
-            perm = half_layout_perm(D, self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D, dev)
-            q_pre, k_pre, q, k = (t.index_select(-1, perm) for t in (q_pre, k_pre, q, k))
-        acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
-        acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
-        if self.reservoir is not None:
-            self.reservoir.observe(li, q_pre, k_pre)
-        del q_pre, k_pre
+        if want_qk:
+            if layer in spec.rope_layers:
+                q_pre, k_pre = self.unrotate(q, k)
+            else:
+                q_pre, k_pre = q, k
+            if spec.rope_layout == "interleaved":  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
+                q_pre, k_pre = (t.index_select(-1, self._half_perm(D, q.device)) for t in (q_pre, k_pre))
+            acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
+            acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
+            if self.reservoir is not None:
+                self.reservoir.observe(li, q_pre, k_pre)
+            del q_pre, k_pre
+        if q is not None and spec.rope_layout == "interleaved":  # dim_logit by pair; logits are unchanged
+            q, k = (t.index_select(-1, self._half_perm(D, q.device)) for t in (q, k))
 
+        # per-dimension logit contribution over causal pairs j <= i
+        if "dim_logit" in stats:
+            Hk = key.shape[1]
+            qg = q.view(B, Hk, H // Hk, S, D)
+            dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
+            n_pairs = S * (S + 1) / 2
+            if window is not None and causal:  # only the pairs a query sees: drop those with i - j >= window
+                dim_sum -= _sum_first(_far_pair_dim_sum(qg, k, window)).reshape(H, D)
+                n_pairs = sum(min(i + 1, window) for i in range(S))
+            acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / n_pairs)
+            del qg
+
+        if want_maps:
+            maps = None
+            if fused:
+                from poslens.capture import cuda_maps
+
+                maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="scores" in stats,
+                                                probs="probs" in stats, slash="slash" in stats,
+                                                heads=[h for _, h in heads_here])
+                if not bool(torch.stack([torch.isfinite(t).all() for t in maps.values()]).all()):  # one sync
+                    maps = None  # non-finite logits somewhere: the checked path names the head (or masks them)
+                    q = query.to(torch.float32).contiguous()
+                    k = key.to(torch.float32).contiguous()
+            if maps is None:
+                maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here,
+                                            checked=not query.is_cuda)
+            if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
+                maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
+            if "scores" in stats:  # float32 per-call sums into the float64 sums, without a float64 temporary
+                acc["scores"].sum[li].add_(maps["scores"], alpha=1.0 / H)
+                self._add_score_groups(li, query, key, scaling, causal, softcap)
+            if "probs" in stats:
+                acc["probs"].sum[li].add_(maps["probs"], alpha=1.0 / H)
+            if "slash" in stats:
+                acc["slash"].sum[li] += maps["slash"].to(torch.float64) / (
+                    S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))
+            for m, (n, _h) in enumerate(heads_here):
+                acc["head_scores"].sum[n] += maps["head_scores"][m].to(torch.float64)
+                acc["head_probs"].sum[n] += maps["head_probs"][m].to(torch.float64)
+        del q, k
+
+        # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
+        # sequence-major copy is made once, inside _add_cosine)
+        if "attn_cosine" in stats:
+            self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
+
+    def _add_score_groups(self, li, query, key, scaling, causal, softcap) -> None:
+        """Head-summed scores of each sequence on the noise grid, added to its sequence group.
+
+        Only grid rows and keys are computed (``[B, H, n, n]``, n <= ``noise_max_positions``): a
+        small product beside the full maps, whichever path computed those. Above the diagonal stays 0
+        (as in ``scores``); entries outside a sliding window are masked when the summary reads them.
+        """
+        B, H = query.shape[:2]
+        Hk = key.shape[1]
+        grid = self.grid.to(query.device)
+        qg = query[:, :, grid].to(torch.float32)
+        kg = key[:, :, grid].to(torch.float32)
+        if Hk != H:
+            kg = kg.repeat_interleave(H // Hk, dim=1)
+        logits = torch.matmul(qg, kg.transpose(-1, -2)).mul_(scaling)  # [B, H, n, n]
+        if softcap is not None:
+            logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
+        part = logits.sum(dim=1)
+        if causal:
+            part.masked_fill_(grid[None, :] > grid[:, None], 0.0)
+        part = torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0).to(torch.float64).div_(H)
+        acc = self.accs["score_groups"]
+        acc.sum[:, li].index_add_(0, self._seq_groups(acc.sum.device), part.to(acc.sum.device))
+
+    def _attention_maps(self, layer, q, k, scaling, causal, window, softcap, heads_here, *, checked: bool):
+        """Batch/head sums of one layer's scores, weights, slash profile and per-head maps (float32).
+
+        Query-row chunks: only ``[B, H, c, S]`` logits live at a time. A causal row block
+        ``[start, stop)`` needs keys ``< stop`` only, so the key range is cut there; the causal mask
+        is applied in place to the diagonal block only (the keys before the block are all visible).
+        Each entry of a sum is written once (row blocks are disjoint). ``checked``: test every chunk
+        for non-finite logits at once (a host sync per chunk, free on the CPU); unchecked (CUDA) the
+        test is one flag read after the loop, and ``None`` is returned when it fires.
+        """
+        stats = self.spec.stats
+        B, H, S, D = q.shape
+        Hk = k.shape[1]
+        g = H // Hk
+        dev = q.device
+        want_s, want_p, want_sl = "scores" in stats, "probs" in stats, "slash" in stats
+        rows = self._rows_per_chunk(B, H, S, dev)
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
         qg = q.view(B, Hk, g, S, D)
-
-        # per-dimension logit contribution over causal pairs j <= i
-        dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
-        n_pairs = S * (S + 1) / 2
-        if window is not None and causal:  # only the pairs a query sees: drop those with i - j >= window
-            dim_sum -= _sum_first(_far_pair_dim_sum(qg, k, window)).reshape(H, D)
-            n_pairs = sum(min(i + 1, window) for i in range(S))
-        acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / n_pairs)
-
-        # scores, probs, slash and per-head maps, in query-row chunks: only [B, H, c, S] logits live
-        # at a time. A causal row block [start, stop) needs keys < stop only, so the key range is cut
-        # there; the batch/head sum of the scores is a reduction of the logits already computed for
-        # the softmax, and the causal mask is applied in place to the diagonal block only (the keys
-        # before the block are all visible).
-        rows = self._rows_per_chunk(B, H, S, dev)
         qs = (qg * scaling) if scaling != 1.0 else qg  # the scale folded into the (small) queries
         kT = k.transpose(2, 3)  # [B, Hk, D, S]
-        # Per-call float32 batch/head sums, each entry written once (row blocks are disjoint), added to
-        # the float64 accumulators once per call: few large ops rather than several per chunk.
-        scores32 = torch.zeros(S, S, dtype=torch.float32, device=dev)
-        probs32 = torch.zeros(S, S, dtype=torch.float32, device=dev)
-        slash32 = torch.zeros(H, S, dtype=torch.float32, device=dev)
-        heads_here = self.head_pos.get(layer, [])
+        f32 = dict(dtype=torch.float32, device=dev)
+        out = {}
+        if want_s:
+            out["scores"] = torch.zeros(S, S, **f32)
+        if want_p:
+            out["probs"] = torch.zeros(S, S, **f32)
+        if want_sl:
+            out["slash"] = torch.zeros(H, S, **f32)
+        if heads_here:
+            out["head_scores"] = torch.zeros(len(heads_here), S, S, **f32)
+            out["head_probs"] = torch.zeros(len(heads_here), S, S, **f32)
+        need_p = want_p or want_sl or bool(heads_here)
+        bad = None if checked else torch.zeros((), dtype=torch.bool, device=dev)
         above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i inside a diagonal block
-        # per-sequence-group head sums of the raw logits on the noise grid (positions 0, st, 2 st, ...)
-        grid, st = self.grid, self._grid_stride
-        gbuf = torch.zeros(spec.noise_groups, grid.numel(), grid.numel(), dtype=torch.float32, device=dev)
-        seq_groups = self._seq_groups(dev)
         # Slash by offset without an index gather: each chunk's batch-summed weights are written into
         # a buffer whose rows start after `rows` zero columns; a view with row stride W + 1 then
         # lines up, in row r and column t, the entry A[i, i - d] with d = stop - 1 - t (i = start + r),
         # and reads a zero where i - d < 0 (see _slash_view). Its row sum is the chunk's slash sum.
         W = rows + S
-        zbuf = torch.empty(H, rows, W, dtype=torch.float32, device=dev)
+        zbuf = torch.empty(H, rows, W, **f32)
         zbuf[:, :, :rows] = 0.0
         for start in range(0, S, rows):
             stop = min(S, start + rows)
@@ -645,57 +818,58 @@ class Capture:
                 logits = torch.matmul(qc, kT[:, :, :, :nc]).view(B, H, c, nc)
             if softcap is not None:  # Gemma 2: the logits the softmax sees are capped, so are the captured ones
                 logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
-            g0, g1, gk = -(-start // st), -(-stop // st), -(-nc // st)  # grid rows in this block, grid keys seen
-            if g1 > g0:
-                part = logits[:, :, grid[g0:g1] - start][..., grid[:gk]].sum(dim=1)  # [B, rows, keys]
-                if causal:  # above the diagonal: stored as 0, as in the scores (whatever the chunking)
-                    part.masked_fill_(grid[None, :gk] > grid[g0:g1, None], 0.0)
-                gbuf[:, g0:g1, :gk].index_add_(0, seq_groups, torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0))
-            block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
-            if not bool(torch.isfinite(block_sum).all()):  # one cheap test; locate the head only on failure
-                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
-                bad = ~torch.isfinite(logits)
-                if allowed is not None:
-                    bad &= allowed
-                if bool(bad.any()):
-                    h_bad = int(bad.any(dim=(0, 2, 3)).nonzero()[0])
-                    raise PoslensError(f"non-finite attention scores in layer {layer}, head {h_bad} "
-                                       f"(model overflow?); try --dtype fp32 or check the checkpoint.")
-                block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
-            if causal:  # above the diagonal: not part of the causal scores, stored as 0
-                block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
-            if window is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
-                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
-                block_sum.masked_fill_(~allowed, 0.0)
-            scores32[start:stop, :nc] = block_sum
+            if want_s:
+                block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
+                if checked and not bool(torch.isfinite(block_sum).all()):  # locate the head only on failure
+                    allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
+                    bad_l = ~torch.isfinite(logits)
+                    if allowed is not None:
+                        bad_l &= allowed
+                    if bool(bad_l.any()):
+                        raise _nonfinite_error(layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
+                    block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
+                if causal:  # above the diagonal: not part of the causal scores, stored as 0
+                    block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
+                if window is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
+                    allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
+                    block_sum.masked_fill_(~allowed, 0.0)
+                if bad is not None:
+                    bad |= ~torch.isfinite(block_sum).all()
+                out["scores"][start:stop, :nc] = block_sum
             if window is not None:
                 logits.masked_fill_(~allowed, float("-inf"))
             elif causal:
                 logits[..., start:stop].masked_fill_(above[:c, :c], float("-inf"))
-            for n, h in heads_here:
+            for m, (_n, h) in enumerate(heads_here):
                 lh = logits[:, h]
-                acc["head_scores"].sum[n, start:stop, :nc] += _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)).to(torch.float64)
+                out["head_scores"][m, start:stop, :nc] = _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0))
+            if not need_p:
+                del logits
+                continue
             p = torch.softmax(logits, dim=-1)
             del logits
-            for n, h in heads_here:
-                acc["head_probs"].sum[n, start:stop, :nc] += _sum_first(p[:, h]).to(torch.float64)
+            for m, (_n, h) in enumerate(heads_here):
+                out["head_probs"][m, start:stop, :nc] = _sum_first(p[:, h])
             pb = zbuf[:, :c, rows:rows + nc]  # [H, c, nc]: the batch sum, written into the slash buffer
-            pb.copy_(p[0])
-            for b in range(1, B):
-                pb.add_(p[b])
+            if dev.type == "cpu":
+                pb.copy_(p[0])
+                for b in range(1, B):
+                    pb.add_(p[b])
+            else:
+                torch.sum(p, dim=0, out=pb)
             del p
-            probs32[start:stop, :nc] = pb.sum(0)
-            slash32[:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
+            if checked and not bool(torch.isfinite(pb).all()):  # softmax of an allowed +inf/NaN logit
+                raise _nonfinite_error(layer, int((~torch.isfinite(pb)).any(dim=(1, 2)).nonzero()[0]))
+            if bad is not None:
+                bad |= ~torch.isfinite(pb).all()
+            if want_p:
+                out["probs"][start:stop, :nc] = pb.sum(0)
+            if want_sl:
+                out["slash"][:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
             del pb
-        acc["scores"].sum[li] += scores32.to(torch.float64).div_(H)
-        acc["score_groups"].sum[:, li] += gbuf.to(torch.float64).div_(H)
-        acc["probs"].sum[li] += probs32.to(torch.float64).div_(H)
-        slash_sum = slash32.to(torch.float64)
-        acc["slash"].sum[li] += slash_sum / (S - torch.arange(S, device=dev, dtype=torch.float64))
-
-        # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
-        # sequence-major copy is made once, inside _add_cosine)
-        self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
+        if bad is not None and bool(bad):
+            return None
+        return out
 
     # -- results ----------------------------------------------------------------------------
     def means(self) -> dict[str, torch.Tensor]:

@@ -57,36 +57,20 @@ def simulate(
         Console().print(f"wrote {out}/ (config.json, maps.safetensors, summary.json{'' if no_figures else ', PNGs'})")
 
 
-def fmt(v, digits: int = 3) -> str:
-    return "flat" if v is None else f"{v:.{digits}f}"
-
-
-def _p(v) -> str:
-    return "n/a" if v is None else ("<1e-4" if v < 1e-4 else f"{v:.2g}")
-
-
 def print_summary(summary: dict, console) -> None:
-    from rich.table import Table
+    from poslens.fmt import fmt, rich_table
 
-    t = Table(title=f"{summary['label']} — {summary['samples']:,} samples in {summary['seconds']:.1f} s",
-              caption=f"{summary.get('layer_convention', 'layers from 0')}. rel.: relativity index, loc.: locality; "
-                      "trend: +1 = the entry further right on "
-                      "each diagonal is higher; p non-rel: sign-flip test over sample groups; RMS: within-diagonal, "
-                      "beside its noise floor")
-    for col in ("layer", "rel.", "loc.", "trend", "p non-rel", "RMS", "noise"):
-        t.add_column(col, justify="right")
     has_theory = "theory_max_abs_diff" in summary["layers"][0]
-    if has_theory:
-        t.add_column("|sim-th|", justify="right")
-    for l in summary["layers"]:
-        noise = l.get("within_diag_rms_noise")
-        row = [str(l["layer"]), fmt(l["relativity_index"]), fmt(l["locality"]),
-               "n/a" if l.get("diagonal_trend") is None else f"{l['diagonal_trend']:+.2f}", _p(l.get("nonrelative_p")),
-               f"{l['within_diag_rms']:.1e}", "n/a" if noise is None else f"{noise:.1e}"]
-        if has_theory:
-            row.append(f"{l['theory_max_abs_diff']:.1e}")
-        t.add_row(*row)
+    cols = ["layer", "rel.", "loc.", "trend", "p non-rel", "RMS", "noise"] + (["|sim-th|"] if has_theory else [])
+    rows = [[l["layer"], "flat" if l["relativity_index"] is None else l["relativity_index"],
+             "flat" if l["locality"] is None else l["locality"], l.get("diagonal_trend"), l.get("nonrelative_p"),
+             l.get("within_diag_rms"), l.get("within_diag_rms_noise")]
+            + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
+    t = rich_table(f"{summary['label']}: {fmt(summary['samples'])} samples in {fmt(summary['seconds'])} s "
+                   f"({(summary.get('layer_info') or {}).get('convention', 'layers').split(',')[0]})", cols, rows)
     console.print(t)
+    console.print("rel.: relativity index; loc.: locality; trend: +1 = the entry further right on each diagonal is "
+                  "higher; p non-rel: sign-flip test over sample groups; RMS: within-diagonal, beside its noise floor")
     notes = {l["noise"] for l in summary["layers"] if l.get("noise")}
     for n in notes:
         console.print(f"note: {n}")
