@@ -313,7 +313,7 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
     # neighbourhood: APS of the residual stream per layer (index 0 = embeddings)
     nl = nb["layers"]
     aps = [l["resid_aps_mean"] for l in nl[1:]]
-    zuo_holds = _median(aps) > 0.6
+    zuo_seen = _median(aps) > 0.6  # reported, not a verdict: the paper's claim is for NoPE models
     lines = [
         f"{name} ({f.name}), {REAL_NUM_SEQS} x {REAL_SEQ_LEN} tokens (stdlib and i.i.d. random tokens), "
         f"{wall:.0f} s:",
@@ -329,14 +329,15 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
         f"{'hold' if slash_holds else 'do NOT hold'}.",
         f"  Zuo (APS of the residual stream, {REAL_APS_NUM_SEQS} x {REAL_APS_SEQ_LEN} stdlib tokens): embeddings "
         f"{nl[0]['resid_aps_mean']:.3f}, layers median {_median(aps):.3f} (range {min(aps):.3f}-{max(aps):.3f}) → "
-        f"adjacency {'holds' if zuo_holds else 'does NOT hold'} in a trained RoPE model.",
+        f"the adjacency pattern (median APS > 0.6) {'is' if zuo_seen else 'is not'} seen in this RoPE model "
+        "(the paper claims it for models without positional encoding).",
     ]
     row = {"model": name, "file": str(f), "wall_s": round(wall, 1), "relativity_median_no_sink": _median(rel),
            "relativity_median_with_sink": _median(rel_s), "locality_positive_layers": sum(v > 0 for v in loc),
            "layers": L, "sink_median": _median(sink), "sdh": len(pers), "sdh_persisting": len(kept),
            "persist_kappa": kappa, "predicted_offset_matches": pred_ok, "predicted_offset_heads": len(pred),
            "resid_aps_median": _median(aps), "resid_aps_min": min(aps), "resid_aps_max": max(aps)}
-    return lines, {"kim": kim_holds, "slash": slash_holds, "zuo": zuo_holds}, row
+    return lines, {"kim": kim_holds, "slash": slash_holds, "zuo_adjacency_seen": zuo_seen}, row
 
 
 def _real(ctx: ReproContext, out: Path) -> dict:
@@ -352,13 +353,13 @@ def _real(ctx: ReproContext, out: Path) -> dict:
     for name, f in ready.items():
         l, holds, row = _real_one(name, f, ctx, out / name)
         lines += l
-        ok &= all(holds.values())
+        ok &= holds["kim"] and holds["slash"]
         runs.append({"run": name, **row, "holds": holds})
     missing = [n for n in realmodels.MODELS if n not in ready]
     note = ("reproduced = on every model: Kim — median relativity index (query/key 0 left out) < 0.95 and "
             "locality > 0 in most layers; Slash — at least one (κ, Δ)-SDH with Δ in 1..16 and most of them persist "
-            "on random tokens; Zuo — median residual-stream APS over layers > 0.6 (a RoPE model: the paper's "
-            "claim is for NoPE, so this reads whether adjacency also holds with RoPE).")
+            "on random tokens. Zuo's claim is for models without positional encoding; on these RoPE models the "
+            "residual-stream APS is reported (pattern seen = median over layers > 0.6), not judged.")
     if missing:
         note += f" Not measured (absent or no adapter): {', '.join(missing)}."
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs, "note": note}
@@ -368,5 +369,6 @@ EXPERIMENTS.setdefault("real", Experiment(
     "real", "all three papers, on real pretrained models (SmolLM2-135M, Gemma-3-270M; GGUF)",
     "On pretrained LMs: Kim — mean score maps are non-relative and favour nearby keys; Slash — slash-dominant heads "
     "exist and persist on random tokens, with nearly rank-one pre-RoPE q/k and offsets the RoPE decomposition "
-    "predicts; Zuo — nearby residual-stream vectors are more similar (APS above 0.5).", _real,
+    "predicts. (Zuo's adjacency claim is for NoPE models; its APS of the residual stream is reported for these RoPE "
+    "models.)", _real,
     available=lambda: bool(real_models_ready())))
