@@ -8,6 +8,7 @@ computations from the post-RoPE q/k recorded by a test-only attention function.
 
 from __future__ import annotations
 
+import archs
 import pytest
 import torch
 
@@ -17,50 +18,21 @@ from poslens.capture.scan import attach, load_model
 from poslens.metrics.rank import rank_measures
 from poslens.metrics.slash import slash_profile, top_slash_heads
 
-S, B, V = 12, 3, 96
-
-
-def tiny_config(arch: str):
-    import transformers as tf
-
-    common = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                  max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if arch == "llama":
-        return tf.LlamaConfig(**common, num_key_value_heads=2)
-    if arch == "mistral":  # sliding window shorter than the sequence: the window must be applied
-        return tf.MistralConfig(**common, num_key_value_heads=2, sliding_window=5)
-    if arch == "qwen2":
-        return tf.Qwen2Config(**common, num_key_value_heads=2)
-    if arch == "qwen3":
-        return tf.Qwen3Config(**common, num_key_value_heads=2, head_dim=8)
-    if arch == "gemma":
-        return tf.GemmaConfig(**common, num_key_value_heads=1, head_dim=8)
-    if arch == "phi3":
-        return tf.Phi3Config(**common, num_key_value_heads=2, partial_rotary_factor=0.5)
-    if arch == "smollm3":
-        return tf.SmolLM3Config(**common, num_key_value_heads=2, no_rope_layers=[1, 0, 1])
-    if arch == "gpt2":
-        return tf.GPT2Config(vocab_size=V, n_embd=32, n_layer=3, n_head=4, n_positions=64, bos_token_id=1,
-                             eos_token_id=2)
-    raise ValueError(arch)
+S, B = 12, 3
+V = archs.V
+WINDOW = archs.WINDOW  # the tiny models' sliding window, shorter than S
 
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "smollm3", "gpt2"]
 
 
-def save_tiny(arch: str, path, seed: int = 0):
-    from transformers import AutoModelForCausalLM
+def tiny_config(arch: str):
+    return archs.tiny_config(arch, layers=3, hidden=32, positions=64)
 
-    torch.manual_seed(seed)
-    cfg = tiny_config(arch)
-    model = AutoModelForCausalLM.from_config(cfg)
-    # make attention far from uniform so probs/scores comparisons are not trivially close
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if any(k in name for k in ("q_proj", "k_proj", "qkv_proj", "c_attn")) and p.ndim == 2:
-                p.mul_(8.0)
-    model.save_pretrained(str(path))
-    return path
+
+def save_tiny(arch: str, path, seed: int = 0):
+    """3 layers, hidden 32 (every family: tests/test_architectures.py, configs in tests/archs.py)."""
+    return archs.save_tiny(arch, path, seed, layers=3, hidden=32, positions=64)
 
 
 # --- a test-only attention function recording post-RoPE q/k and the output -------------------
@@ -160,12 +132,22 @@ def test_probs_equal_eager_output_attentions(arch_run):
         assert err <= 1e-5, (arch, l, float(err))
 
 
+def _visible(arch, layer):
+    """The (query, key) pairs a query of layer ``layer`` sees: causal, inside the sliding window of the
+    tiny Mistral (every layer) and Qwen2 (layers >= max_window_layers = 1)."""
+    vis = torch.ones(S, S, dtype=torch.bool).tril()
+    if arch == "mistral" or (arch == "qwen2" and layer >= 1):
+        i = torch.arange(S)
+        vis &= (i[:, None] - i[None, :]) < WINDOW
+    return vis
+
+
 def test_scores_match_direct_computation(arch_run):
     arch, ref, rec, out, cap, *_ = arch_run
     scores = cap.means()["scores"]
     for l in range(len(ref.attentions)):
         direct = _direct_scores(rec, l).mean(dim=(0, 1))
-        low = torch.ones(S, S, dtype=torch.bool).tril()
+        low = _visible(arch, l)  # outside the causal triangle and the sliding window: unseen, stored as 0
         err = (scores[l][low] - direct[low]).abs().max() / direct.abs().max()
         assert err <= 1e-5, (arch, l, float(err))
         assert float(scores[l][~low].abs().max()) == 0.0  # causal: never computed above the diagonal
@@ -185,10 +167,7 @@ def test_per_head_maps(arch_run):
     for n, (l, h) in enumerate([(1, 0), (2, 3)]):
         assert torch.allclose(m["head_probs"][n], ref.attentions[l][:, h].double().mean(0), atol=1e-6, rtol=0)
         direct = _direct_scores(rec, l)[:, h].mean(0)
-        tri = torch.ones(S, S, dtype=torch.bool).tril()
-        if arch == "mistral":  # entries outside the sliding window are masked, as above the diagonal
-            i = torch.arange(S)
-            tri &= (i[:, None] - i[None, :]) < 5
+        tri = _visible(arch, l)  # entries outside the sliding window are masked, as above the diagonal
         assert torch.allclose(m["head_scores"][n][tri], direct[tri], atol=1e-5, rtol=1e-5)
 
 
@@ -218,8 +197,8 @@ def test_attention_output_cosine(arch_run):
 def test_dim_logit_sums_to_mean_causal_score(arch_run):
     arch, ref, rec, out, cap, *_ = arch_run
     m = cap.means()
-    tri = torch.ones(S, S, dtype=torch.bool).tril()
     for l in range(len(ref.attentions)):
+        tri = _visible(arch, l)
         direct = _direct_scores(rec, l)[..., tri].mean(dim=(0, 2))  # [H]
         assert torch.allclose(m["dim_logit"][l].sum(-1), direct, atol=1e-5, rtol=1e-5)
 

@@ -30,7 +30,7 @@ def _direct(q, k, scaling, causal=True, window=None):
     if window is not None:
         allowed &= (i - j) < window
     p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1)
-    scores = (s * ((j <= i) if causal else torch.ones(S, S, dtype=torch.bool))).mean((0, 1))
+    scores = (s * (allowed if causal else torch.ones(S, S, dtype=torch.bool))).mean((0, 1))  # unseen entries 0
     slash = torch.stack([torch.diagonal(p, -d, 2, 3).sum(-1) / (S - d) for d in range(S)], -1).sum(0)
     return scores, p.mean((0, 1)), slash, s, p
 
@@ -70,11 +70,13 @@ def test_chunked_attention_statistics_match_float64(B, H, Hk, S, causal, window,
     hs = s[:, H - 1].masked_fill(p[:, H - 1] == 0, 0.0).mean(0)  # masked entries (causal, window) stored as 0
     assert (m["head_scores"][1] - hs).abs().max() <= 1e-5
     assert (m["head_probs"][0] - p[:, 0].mean(0)).abs().max() <= 1e-5
-    # dim_logit sums to the mean causal score over pairs j <= i
+    # dim_logit sums to the mean causal score over the pairs a query sees (j <= i, inside the window)
     kr = k.double().repeat_interleave(H // Hk, 1)
     tri = torch.ones(S, S, dtype=torch.bool).tril()
+    if window is not None and causal:
+        tri &= (torch.arange(S)[:, None] - torch.arange(S)[None, :]) < window
     ref_dim = (q.double()[..., :, None, :] * kr[..., None, :, :] * tri[..., None]).sum((2, 3)).mean(0) * scaling
-    assert torch.allclose(m["dim_logit"][0], ref_dim / (S * (S + 1) / 2), atol=1e-5, rtol=1e-5)
+    assert torch.allclose(m["dim_logit"][0], ref_dim / int(tri.sum()), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("S,d", [(5, 3), (256, 8), (257, 8), (700, 12)])

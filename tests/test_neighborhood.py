@@ -134,3 +134,32 @@ def test_cli_chars_source(cli, tmp_path):
     assert s["source"]["kind"] == "chars" and s["source"]["bos"] == tok.bos_token_id and s["layers"][1]["aps_mean"] > 0.9
     code, _, err = cli("neighborhood", mdir, "--out", tmp_path / "x", "--chars", "01", "--data", "stdlib", "--quiet")
     assert code == 2 and "--chars" in err
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "cohere"])
+def test_collect_vectors_uses_the_adapters_capture_points(arch, tmp_path):
+    """attn_z (head outputs before the output projection) rebuilds the layer output through the model's own
+    modules: sequential GPT-2 and the parallel-residual GPT-NeoX and Cohere blocks."""
+    from poslens.capture.scan import load_model
+    from tests.test_capture import V, save_tiny
+
+    path = save_tiny(arch, tmp_path / "m")
+    model = load_model(str(path), dtype=torch.float32, device="cpu")
+    x = torch.randint(3, V, (2, 10), generator=torch.Generator().manual_seed(0))
+    v = collect_vectors(model, x)
+    with torch.no_grad():
+        hs = model(input_ids=x, output_hidden_states=True).hidden_states
+        h0, z = hs[0], v["attn"][1]
+        if arch == "gpt2":
+            blk = model.transformer.h[0]
+            mid = h0 + blk.attn.c_proj(z)
+            rebuilt = mid + blk.mlp(blk.ln_2(mid))
+        elif arch == "gpt_neox":
+            blk = model.gpt_neox.layers[0]
+            rebuilt = h0 + blk.attention.dense(z) + blk.mlp(blk.post_attention_layernorm(h0))
+        else:
+            blk = model.model.layers[0]
+            rebuilt = h0 + blk.self_attn.o_proj(z) + blk.mlp(blk.input_layernorm(h0))
+    assert torch.allclose(v["resid"][0], h0) and torch.allclose(v["resid"][1], hs[1], atol=1e-6)
+    assert torch.allclose(rebuilt, hs[1], atol=1e-5), arch
+    assert len(v["attn"]) == 4  # embeddings + 3 layers

@@ -10,7 +10,7 @@ import torch
 from poslens.analysis.panels import PANELS, PanelsConfig, panel_metrics, run_panels, run_score_maps
 from poslens.rope import apply_rope
 from poslens.rundir import read_tensors
-from tests.test_capture import save_tiny
+from tests.test_capture import V, save_tiny
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_panels_equal_direct_computation(llama_dir, tmp_path):
     summary = run_panels(PanelsConfig(model_dir=str(llama_dir), out=str(out), layer=1, data="random", num_seqs=5,
                                       seq_len=12, batch_size=2, seed=4), progress=False)
     got = read_tensors(out / "panels.safetensors")["panels"].double()
-    ids = make_source("random", seq_len=12, num_seqs=5, seed=4, vocab_size=96).batch(0, 5)
+    ids = make_source("random", seq_len=12, num_seqs=5, seed=4, vocab_size=V).batch(0, 5)
     ref = _reference(llama_dir, ids, 1)
     i = torch.arange(12)
     lower = i[:, None] >= i[None, :]
@@ -107,3 +107,43 @@ def test_score_maps_of_a_scan(llama_dir, tmp_path):
     assert len(s["tables"][0]["rows"]) == 3 and s["paper"] == "kim"
     for f in s["figures"]:
         assert (tmp_path / "maps" / f["file"]).is_file()
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gemma2", "olmo2", "mixtral"])
+def test_panels_read_the_adapters_capture_points(arch, tmp_path):
+    """Other block layouts: panel (a) = Gram of what the attention reads (ln_1 / input_layernorm output;
+    OLMo 2 has no pre-attention norm), (g) = Gram of the layer output, (h) = the next layer's (a)."""
+    from transformers import AutoModelForCausalLM
+
+    from poslens.capture.adapters import get_adapter
+    from poslens.capture.scan import load_model
+    from poslens.capture.sources import make_source
+    from poslens.analysis.panels import compute_panels
+
+    path = save_tiny(arch, tmp_path / "m")
+    model = load_model(str(path), dtype=torch.float32, device="cpu")
+    ad = get_adapter(model.config)
+    src = make_source("random", seq_len=12, num_seqs=4, seed=1, vocab_size=V)
+    got = compute_panels(model, ad, model.config, src, 0, batch_size=2, device="cpu", progress=False)
+    ids = src.batch(0, 4)
+    eager = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="eager").eval()
+    with torch.no_grad():
+        hs = eager(input_ids=ids, output_hidden_states=True).hidden_states
+        layers = ad.decoder_layers(eager)
+        norm = (lambda l, x: layers[l].ln_1(x)) if arch == "gpt2" else (
+            (lambda l, x: x) if arch == "olmo2" else (lambda l, x: layers[l].input_layernorm(x)))
+        g = lambda x: torch.einsum("bsd,btd->st", x.double(), x.double()) / x.shape[0]  # noqa: E731
+        ref = {"a": g(norm(0, hs[0])), "g": g(hs[1]), "h": g(norm(1, hs[1]))}
+    for k, want in ref.items():
+        n = [p for p, _ in PANELS].index(k)
+        assert torch.allclose(got[n], want, rtol=1e-4, atol=1e-4 * float(want.abs().max())), (arch, k)
+
+
+def test_panels_refuse_parallel_blocks():
+    from poslens.analysis.panels import compute_panels
+    from poslens.capture.adapters import ADAPTERS
+    from poslens.errors import PoslensError
+
+    for arch in ("phi", "gpt_neox", "cohere"):  # attention and MLP in parallel: no panels (e), (f)
+        with pytest.raises(PoslensError, match="in parallel"):
+            compute_panels(None, ADAPTERS[arch], None, None, 0, batch_size=1, device="cpu", progress=False)

@@ -14,7 +14,7 @@ import torch
 
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.rundir import read_tensors
-from tests.test_capture import save_tiny
+from tests.test_capture import V, save_tiny
 
 NAMES = ["scores", "probs", "slash", "cosine", "norms", "attn_cosine", "attn_norms", "q_gram", "k_gram", "dim_logit"]
 
@@ -59,7 +59,7 @@ def test_scan_maps_equal_eager_reference(llama_dir, tmp_path):
                      batch_size=2, figures=False, seed=3)
     run_scan(cfg, progress=False)
     maps = read_tensors(tmp_path / "r" / "maps.safetensors")
-    ids = make_source("random", seq_len=12, num_seqs=5, seed=3, vocab_size=96).batch(0, 5)
+    ids = make_source("random", seq_len=12, num_seqs=5, seed=3, vocab_size=V).batch(0, 5)
     eager = AutoModelForCausalLM.from_pretrained(str(llama_dir), attn_implementation="eager").eval()
     with torch.no_grad():
         att = eager(input_ids=ids, output_attentions=True).attentions

@@ -54,14 +54,17 @@ def wavelengths(rotary_dim: int, base: float = 10000.0) -> torch.Tensor:
 BANDS = ("high", "medium", "low")
 
 
-def frequency_bands(rotary_dim: int, base: float, context_len: int) -> list[str]:
+def frequency_bands(rotary_dim: int, base: float | None, context_len: int, theta=None) -> list[str]:
     """Label each rotary pair ``high``, ``medium`` or ``low`` by its wavelength against the context.
 
     *(poslens' choice; the slash paper speaks of medium/high frequencies without thresholds.)*
     ``low``: wavelength >= context length (less than one full turn over the context);
     ``high``: wavelength below the geometric midpoint of [2 pi, context], i.e. sqrt(2 pi * context);
     ``medium``: in between.
+
+    With ``theta`` (the model's own ``inv_freq``: scaled RoPE variants, Gemma 3's per-layer-type
+    bases) the wavelengths are ``2 pi / theta`` instead of the recomputed ``base^(-2l/r)``.
     """
-    lam = wavelengths(rotary_dim, base)
+    lam = wavelengths(rotary_dim, base) if theta is None else 2 * math.pi / torch.as_tensor(theta, dtype=torch.float64)
     mid = math.sqrt(2 * math.pi * context_len)
     return ["low" if w >= context_len else ("high" if w < mid else "medium") for w in lam.tolist()]

@@ -9,7 +9,7 @@ Both are reported as mean +- std over sequences, per layer, as in the paper.
 
 Which vectors. Following the paper's code, layer 0 is the token embeddings (the input of the
 first decoder layer) and layer l >= 1 is the concatenated head outputs of decoder layer l before
-the output projection (``attn``). The residual stream after each decoder layer (``resid``) is
+the output projection (``attn``: the adapter's ``attn_z`` capture point). The residual stream after each decoder layer (``resid``) is
 measured too, because it is what later layers read.
 
 Controls. The model runs through poslens' registered attention function
@@ -55,19 +55,7 @@ def use_poslens_attention(model):
     return model
 
 
-def _output_projection(layer):
-    """The linear map whose *input* is the concatenated head outputs of one decoder layer."""
-    for attn_name, proj_name in (("self_attn", "o_proj"), ("attn", "c_proj"), ("self_attn", "dense"),
-                                 ("attention", "dense")):
-        attn = getattr(layer, attn_name, None)
-        proj = getattr(attn, proj_name, None) if attn is not None else None
-        if proj is not None:
-            return proj
-    raise PoslensError(f"cannot find the attention output projection in {type(layer).__name__}; "
-                       "this architecture is not supported by the neighbourhood analysis.")
-
-
-def _bidirectional_context(model, adapter, seq_len: int):
+def _bidirectional_capture(model, adapter, seq_len: int):
     """A capture with no layers to record and the causal mask switched off (the control)."""
     from poslens.capture.attention import Capture, CaptureSpec
 
@@ -75,7 +63,7 @@ def _bidirectional_context(model, adapter, seq_len: int):
     spec = CaptureSpec(num_layers=adapter.num_layers(cfg), num_heads=adapter.num_heads(cfg),
                        num_kv_heads=adapter.num_kv_heads(cfg), head_dim=adapter.head_dim(cfg), seq_len=seq_len,
                        layers=[], bidirectional=True)
-    return Capture(spec).active()
+    return Capture(spec)
 
 
 @torch.no_grad()
@@ -89,39 +77,30 @@ def collect_vectors(model, input_ids: torch.Tensor, *, bidirectional: bool = Fal
     (embedding width vs heads x head_dim). The model must already use the
     poslens attention (:func:`use_poslens_attention`) when ``bidirectional`` is set.
     """
-    import contextlib
-
     from poslens.capture.adapters import get_adapter
     from poslens.capture.attention import ATTN_NAME
+    from poslens.capture.loop import forward, hooked
 
     adapter = adapter or get_adapter(model.config)
-    layers = adapter.decoder_layers(model)
-    attn: list[torch.Tensor | None] = [None] * (len(layers) + 1)
-    resid: list[torch.Tensor | None] = [None] * (len(layers) + 1)
-    handles = []
+    L = len(adapter.decoder_layers(model))
+    attn: list[torch.Tensor | None] = [None] * (L + 1)
+    resid: list[torch.Tensor | None] = [None] * (L + 1)
 
-    def _pre(_m, args, kwargs):
-        x = args[0] if args else kwargs["hidden_states"]
-        resid[0] = x.detach().float()
-        attn[0] = resid[0]
-    handles.append(layers[0].register_forward_pre_hook(_pre, with_kwargs=True))
-    for l, layer in enumerate(layers):
-        def _proj(_m, args, l=l):
-            attn[l + 1] = args[0].detach().float()
+    def keep(store, i):
+        def fn(x):
+            store[i] = x.detach().float()
+        return fn
 
-        def _out(_m, _args, out, l=l):
-            resid[l + 1] = (out[0] if isinstance(out, (tuple, list)) else out).detach().float()
-        handles.append(_output_projection(layer).register_forward_pre_hook(_proj))
-        handles.append(layer.register_forward_hook(_out))
+    points = {("resid_pre", 0): keep(resid, 0)}
+    for l in range(L):
+        points[("attn_z", l)] = keep(attn, l + 1)
+        points[("resid_post", l)] = keep(resid, l + 1)
     if bidirectional and getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         raise PoslensError("the bidirectional control needs the poslens attention; call use_poslens_attention(model).")
-    ctx = _bidirectional_context(model, adapter, input_ids.shape[1]) if bidirectional else contextlib.nullcontext()
-    try:
-        with ctx:
-            model(input_ids=input_ids, use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
+    capture = _bidirectional_capture(model, adapter, input_ids.shape[1]) if bidirectional else None
+    with hooked(model, adapter, points):
+        forward(model, input_ids, capture=capture)
+    attn[0] = resid[0]
     return {"attn": attn, "resid": torch.stack(resid)}
 
 

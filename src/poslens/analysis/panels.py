@@ -9,10 +9,12 @@ layer, and per-layer score maps with their non-relativity numbers.
 (g) ``X' X'ᵀ``, X' = FFN(LN(O)) + O (the layer output); (h) the next layer's ``Y Yᵀ``;
 (i) the next layer's ``Q Kᵀ · scaling``.
 
-Capture: forward hooks on the layer's own modules (input_layernorm, o_proj input and output,
-post_attention_layernorm input and output, the decoder layer's output) and, for (b) and (i),
+Capture: the adapter's capture points (:data:`PANEL_POINTS`: ``attn_in``, ``attn_z``, ``attn_out``,
+``resid_mid``, ``mlp_in``, ``resid_post`` and the next layer's ``attn_in``) and, for (b) and (i),
 poslens' registered attention function (:class:`poslens.capture.Capture` ``scores``). Nothing is
-monkeypatched. Sums are float64 over batches; memory is ``9 x S x S`` plus one batch.
+monkeypatched. Every architecture with a sequential block works (not Phi, GPT-NeoX, Cohere, whose
+attention and MLP run in parallel); in Gemma 2/3 (d) is the projection before the post-attention
+norm, and in OLMo 2 (f) equals (e) (the MLP reads the residual stream unnormalised). Sums are float64 over batches; memory is ``9 x S x S`` plus one batch.
 
 Each panel gets the relativity index and locality of :mod:`poslens.metrics.diagonal` over its
 lower triangle (the diagonal, a self-similarity, excluded); *non-relativity* = 1 - relativity.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from poslens.capture.adapters import ADAPTERS
 from poslens.errors import PoslensError
 from poslens.stats import MeanAccumulator
 
@@ -41,8 +44,8 @@ PANELS = [
     ("h", "next layer Y Yᵀ"),
     ("i", "next layer Q Kᵀ/√d"),
 ]
-#: architectures whose decoder layer is input_layernorm -> self_attn(o_proj) -> + X -> post_attention_layernorm -> mlp -> + O
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "gemma")
+#: architectures with a sequential block (attention, then + X, then the MLP): the panels' capture points exist
+SEQUENTIAL = tuple(sorted(m for m, a in ADAPTERS.items() if a.resid_mid_path is not None))
 
 
 @dataclass
@@ -71,30 +74,19 @@ def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def attach_panel_hooks(model, layer: int, accs: dict[str, MeanAccumulator]) -> list:
-    """Forward hooks that add panels a, c-h of ``layer`` into ``accs``; returns the handles."""
-    layers = model.model.layers
-    cur, nxt = layers[layer], layers[layer + 1]
-    try:
-        ln_in, o_proj, ln_post = cur.input_layernorm, cur.self_attn.o_proj, cur.post_attention_layernorm
-        ln_next = nxt.input_layernorm
-    except AttributeError as e:
-        raise PoslensError(f"layer {layer} lacks the Llama-family module {e.name!r}; panels need "
-                           "input_layernorm, self_attn.o_proj and post_attention_layernorm.") from None
+#: the capture point behind each Gram panel: (point, layer offset from the analysed layer)
+PANEL_POINTS = {"a": ("attn_in", 0), "c": ("attn_z", 0), "d": ("attn_out", 0), "e": ("resid_mid", 0),
+                "f": ("mlp_in", 0), "g": ("resid_post", 0), "h": ("attn_in", 1)}
 
-    def add(name, x):
-        accs[name].sum += _gram(x)
 
-    h = [
-        ln_in.register_forward_hook(lambda m, a, out: add("a", _first(out))),
-        o_proj.register_forward_pre_hook(lambda m, a: add("c", a[0])),
-        o_proj.register_forward_hook(lambda m, a, out: add("d", _first(out))),
-        ln_post.register_forward_pre_hook(lambda m, a: add("e", a[0])),
-        ln_post.register_forward_hook(lambda m, a, out: add("f", _first(out))),
-        cur.register_forward_hook(lambda m, a, out: add("g", _first(out))),
-        ln_next.register_forward_hook(lambda m, a, out: add("h", _first(out))),
-    ]
-    return h
+def panel_points(adapter, layer: int, accs: dict[str, MeanAccumulator]) -> dict:
+    """``{(point, layer): fn}`` adding the Gram panels a, c-h of ``layer`` into ``accs``
+    (for :func:`poslens.capture.loop.hooked`)."""
+    def adder(name):
+        def add(x):
+            accs[name].sum += _gram(x)
+        return add
+    return {(pt, layer + off): adder(k) for k, (pt, off) in PANEL_POINTS.items()}
 
 
 def panel_metrics(m: torch.Tensor) -> dict:
@@ -116,29 +108,28 @@ def compute_panels(model, adapter, config, source, layer: int, *, batch_size: in
                    progress: bool = True) -> torch.Tensor:
     """The nine mean panels ``[9, S, S]`` (float64) of ``layer`` over every sequence of ``source``."""
     from poslens.capture.attention import Capture, CaptureSpec
+    from poslens.capture.loop import hooked, run_batches
     from poslens.capture.scan import attach, causal_view
-    from poslens.progress import task_progress
 
+    if adapter.resid_mid_path is None:
+        raise PoslensError(f"model type {adapter.model_type!r} runs attention and MLP in parallel, so panels (e) and "
+                           "(f) (the residual stream between them) do not exist; panels need a sequential block.")
     S = source.seq_len
     accs = {k: MeanAccumulator((S, S)) for k in "acdefgh"}
     spec = CaptureSpec(num_layers=adapter.num_layers(config), num_heads=adapter.num_heads(config),
                        num_kv_heads=adapter.num_kv_heads(config), head_dim=adapter.head_dim(config), seq_len=S,
-                       layers=[layer, layer + 1], rope_layers=adapter.rope_layers(config))
+                       layers=[layer, layer + 1], rope_layers=adapter.rope_layers(config),
+                       rope_layout=adapter.rope_layout)
     capture = Capture(spec)
-    handles = attach(model, adapter, capture) + attach_panel_hooks(model, layer, accs)
-    N = source.num_seqs
+    handles = attach(model, adapter, capture)
+
+    def count(s, e):
+        for acc in accs.values():
+            acc.count += e - s
     try:
-        with task_progress("panels", N, enabled=progress) as update:
-            for s in range(0, N, batch_size):
-                e = min(N, s + batch_size)
-                ids = source.batch(s, e).to(device)
-                capture.begin_batch(e - s)
-                with torch.no_grad(), capture.active():
-                    model(input_ids=ids, use_cache=False)
-                capture.end_batch()
-                for acc in accs.values():
-                    acc.count += e - s
-                update(e)
+        with hooked(model, adapter, panel_points(adapter, layer, accs)):
+            run_batches(model, source, batch_size=batch_size, device=device, capture=capture, on_batch=count,
+                        progress=progress, description="panels")
     finally:
         for hd in handles:
             hd.remove()
@@ -197,9 +188,10 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     t0 = time.time()
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
                                         trust_remote_code=cfg.trust_remote_code)
-    if adapter.model_type not in LLAMA_FAMILY:
-        raise PoslensError(f"MODEL_DIR {cfg.model_dir}: model type {adapter.model_type!r} is not Llama-family; "
-                           f"panels support {', '.join(LLAMA_FAMILY)}.")
+    if adapter.resid_mid_path is None:
+        raise PoslensError(f"MODEL_DIR {cfg.model_dir}: model type {adapter.model_type!r} runs attention and MLP in "
+                           f"parallel (no residual stream between them for panels e and f); panels support "
+                           f"{', '.join(sorted(SEQUENTIAL))}.")
     L = adapter.num_layers(config)
     if not 0 <= cfg.layer <= L - 2:
         raise PoslensError(f"--layer {cfg.layer}: panels (h) and (i) need the next layer; pass 0..{L - 2} "
@@ -282,10 +274,15 @@ def run_score_maps(scan_dir: str, out: str) -> dict:
     from poslens.plots import layer_grid
     from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json
 
+    from poslens.capture.scan import window_view
+
     maps, scfg, ssum = load_scan(scan_dir)
     prepare_out_dir(out)
     scores = maps["scores"]
     layer_ids = ssum["_meta"].get("layers") or list(range(scores.shape[0]))
+    windows = (ssum.get("attention") or {}).get("windows")
+    if windows:  # keys outside a layer's sliding window are unseen (stored as 0): out of every metric
+        scores = torch.stack([window_view(scores[i], windows[l]) for i, l in enumerate(layer_ids)])
     rows = layer_score_metrics(scores)
     fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
     table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["locality"])]

@@ -226,10 +226,16 @@ class RopeDecomposition:
         return out
 
 
-def rope_decomposition(q_gram, k_gram, dim_logit, *, rotary_dim: int, base: float, scaling: float,
-                       seq_len: int) -> RopeDecomposition:
+def rope_decomposition(q_gram, k_gram, dim_logit, *, rotary_dim: int, base: float | None, scaling: float,
+                       seq_len: int, theta=None, attention_scaling: float = 1.0) -> RopeDecomposition:
     """Rank-one RoPE decomposition of one head from its ``q_gram [D, D]``, its KV head's
-    ``k_gram [D, D]`` and its ``dim_logit [D]`` (see the module docstring)."""
+    ``k_gram [D, D]`` and its ``dim_logit [D]`` (see the module docstring).
+
+    ``theta`` is the model's own ``inv_freq`` (as the scan records it: scaled RoPE, Gemma 3's two
+    bases); without it ``base^(-2l/r)`` is recomputed. ``attention_scaling`` is the factor the model's
+    rotary module multiplies cos/sin by (YaRN, LongRoPE): the logit carries its square."""
+    if theta is not None:
+        rotary_dim = 2 * len(theta)
     u, lam_q = top_direction(q_gram)
     v, lam_k = top_direction(k_gram)
     if rotary_dim < 2 or rotary_dim > u.shape[0] or rotary_dim % 2:
@@ -237,8 +243,8 @@ def rope_decomposition(q_gram, k_gram, dim_logit, *, rotary_dim: int, base: floa
     half = rotary_dim // 2
     mu, au = pair_polar(u, rotary_dim)
     mv, av = pair_polar(v, rotary_dim)
-    theta = inv_freq(rotary_dim, base)
-    mag = scaling * math.sqrt(lam_q * lam_k)
+    theta = inv_freq(rotary_dim, base) if theta is None else _t(theta)
+    mag = scaling * attention_scaling ** 2 * math.sqrt(lam_q * lam_k)
     A_unit = mu * mv
     phi = au - av
     S = int(seq_len)
@@ -258,15 +264,19 @@ def rope_decomposition(q_gram, k_gram, dim_logit, *, rotary_dim: int, base: floa
     A = mag * A_unit
     phi = phi + (math.pi if sign < 0 else 0.0)
     logit = rank_one_logit(A, phi, theta, offs)
-    bands = frequency_bands(rotary_dim, base, S)
+    bands = frequency_bands(rotary_dim, base, S, theta=theta)
     return RopeDecomposition(A=A, phi=phi, theta=theta, bands=bands, sign=sign, coherence=coherence,
                              pair_fit=pair_fit, logit=logit, profile=predicted_slash_profile(logit))
 
 
-def decompose_scan(maps: dict, *, rotary_dim: int, base: float, scaling: float, rope_layers: list[bool],
-                   min_delta: int = 1, max_delta: int | None = None,
-                   layer_ids: list[int] | None = None) -> list[dict]:
+def decompose_scan(maps: dict, *, rotary_dim: int | None, base: float | None, scaling: float,
+                   rope_layers: list[bool], min_delta: int = 1, max_delta: int | None = None,
+                   layer_ids: list[int] | None = None, rope: dict | None = None) -> list[dict]:
     """RoPE decomposition of every head of every RoPE layer of a scan; one dict per head.
+
+    ``rope`` is the scan's record of the model's own RoPE tables (summary ``rope``:
+    :func:`poslens.capture.adapters.rope_tables`); each layer then uses its table's ``inv_freq`` and
+    ``attention_scaling``. Without it ``rotary_dim`` and ``base`` recompute the frequencies.
 
     Each dict: layer, head, observed/predicted peak offset (Δ in ``min_delta..max_delta``) and
     their SlashScores, the profile correlation, sign/coherence/pair_fit, band usage and the
@@ -278,13 +288,19 @@ def decompose_scan(maps: dict, *, rotary_dim: int, base: float, scaling: float, 
     hi = S - 1 if max_delta is None else min(max_delta, S - 1)
     ids = layer_ids or list(range(L))
     out = []
+    from poslens.capture.adapters import layer_rope
+
     for li in range(L):
         if not rope_layers[li]:
+            continue
+        table = layer_rope(rope, ids[li])
+        own = dict(theta=table["inv_freq"], attention_scaling=table["attention_scaling"]) if table else {}
+        if not own and not rotary_dim:
             continue
         for h in range(H):
             dec = rope_decomposition(maps["q_gram"][li, h], maps["k_gram"][li, kv_head_of(h, H, Hk)],
                                      maps["dim_logit"][li, h], rotary_dim=rotary_dim, base=base,
-                                     scaling=scaling, seq_len=S)
+                                     scaling=scaling, seq_len=S, **own)
             obs = slash[li, h]
             w_obs = obs[min_delta: hi + 1]
             w_pred = dec.profile[min_delta: hi + 1]
@@ -363,10 +379,10 @@ def analyze_scans(maps: dict, geometry: dict, rope_flags: list[bool], layer_ids:
         by_delta.append([d] + [int(counts[a, b]) for a in range(len(kappas))] + [listed])
     ranks = rank_table(maps["q_gram"], maps["k_gram"])
     dec_rows = []
-    if geometry.get("rotary_dim") and any(rope_flags):
+    if (geometry.get("rotary_dim") or geometry.get("rope")) and any(rope_flags):
         dec_rows = decompose_scan(maps, rotary_dim=geometry["rotary_dim"], base=geometry["base"],
                                   scaling=geometry["scaling"], rope_layers=rope_flags, min_delta=cfg.min_delta,
-                                  max_delta=hi, layer_ids=layer_ids)
+                                  max_delta=hi, layer_ids=layer_ids, rope=geometry.get("rope"))
     dec = {(r["layer"], r["head"]): r for r in dec_rows}
     d_best, s_best = best_offsets(slash, cfg.min_delta, hi)
     heads = []
@@ -491,6 +507,11 @@ def run_slash(cfg: SlashConfig) -> dict:
     if not model_dir:
         raise PoslensError(f"SCAN_DIR {cfg.scan_dir}: config.json does not name the model; pass --model-dir.")
     geom = model_rope_geometry(model_dir)
+    if ssum.get("rope"):  # the frequencies the scanned model actually used (scaled RoPE, per-layer-type bases)
+        geom["rope"] = ssum["rope"]
+    used = [x for x in ((ssum.get("attention") or {}).get("scaling") or []) if x]
+    if used and len(set(used)) == 1:  # the logit scale the layers used (Granite's multiplier, Gemma's scalar)
+        geom["scaling"] = used[0]
     prepare_out_dir(cfg.out)
     L, H, S = maps["slash"].shape
     layer_ids = ssum["_meta"].get("layers") or list(range(L))

@@ -69,6 +69,26 @@ def _unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return out.to(x.dtype)
 
 
+def _unrotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Inverse of the interleaved rotation (pairs ``2l, 2l+1``; ``cos``/``sin`` repeat each angle twice):
+    ``y = x cos + rot(x) sin`` with ``rot(x)_(2l, 2l+1) = (-x_(2l+1), x_(2l))``. Suffix passes through."""
+    r = cos.shape[-1]
+    xf = x.to(torch.float32)
+    out = xf.clone()
+    ye, yo = xf[..., 0:r:2], xf[..., 1:r:2]
+    c, s = cos[..., 0:r:2], sin[..., 0:r:2]
+    out[..., 0:r:2] = ye * c + yo * s
+    out[..., 1:r:2] = yo * c - ye * s
+    return out.to(x.dtype)
+
+
+def half_layout_perm(head_dim: int, rotary_dim: int, device=None) -> torch.Tensor:
+    """Dimension order that takes interleaved pairs ``(2l, 2l+1)`` to the rotate_half layout
+    ``(l, l + r/2)``: ``[0, 2, 4, .., 1, 3, 5, .., r, r+1, ..]`` (the unrotated suffix stays)."""
+    return torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2),
+                      torch.arange(rotary_dim, head_dim)]).to(device)
+
+
 def _sum_first(x: torch.Tensor) -> torch.Tensor:
     """``x.sum(0)`` as in-place adds of the slices: the same float32 sum, but on the shared 2-thread
     benchmark machine a reduction over the outermost dim intermittently stalled for tens of ms."""
@@ -99,6 +119,15 @@ def _causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, block: int = 64) -> 
     ktot = kb.sum(dim=3)  # [B, Hk, nb, D]
     carry = ktot.cumsum(dim=2) - ktot  # keys of all earlier blocks
     return within + (qb.sum(dim=4) * carry[:, :, None]).sum(dim=3)
+
+
+def _far_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, window: int) -> torch.Tensor:
+    """``sum_{j <= i - window} q[..., i, d] k[..., j, d]``: the causal pairs outside a sliding window."""
+    S = k.shape[2]
+    if window >= S:
+        return torch.zeros(qg.shape[:3] + (qg.shape[-1],), dtype=qg.dtype, device=qg.device)
+    ck = k.cumsum(dim=2)[:, :, : S - window]  # keys j <= i - window for queries i = window .. S-1
+    return (qg[:, :, :, window:] * ck[:, :, None]).sum(dim=3)
 
 
 def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor:
@@ -216,6 +245,14 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
     if cap is not None and cap.spec.bidirectional:
         causal = False
 
+    if sliding_window is None:  # Qwen2-MoE keeps its window on the module and passes it only in the mask
+        sliding_window = getattr(module, "sliding_window", None)
+    if cap is not None:  # what the dry run checks (every layer dispatches here) and each layer's window
+        cap.seen_layers.add(layer)
+        cap.windows[layer] = int(sliding_window) if sliding_window else None
+        cap.scalings[layer] = float(scaling)
+        cap.use_layer_rope(layer)
+
     # Inference-time control: attend with the un-rotated queries and keys in chosen layers.
     if cap is not None and layer in cap.spec.no_rope_layers and layer in cap.spec.rope_layers:
         query, key = cap.unrotate(query, key)
@@ -234,16 +271,39 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
                                            q_offset=q_offset),
                           padding, B, Sq, Sk, query.device)
         sdpa_causal = False
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
-        is_causal=sdpa_causal, scale=scaling, enable_gqa=key.shape[1] != H,
-    )
+    softcap = kwargs.get("softcap")
+    if softcap:  # SDPA cannot soft-cap the logits: compute as eager attention does
+        out = _eager_softcap_attention(query, key, value, mask, sdpa_causal, scaling, float(softcap))
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
+            is_causal=sdpa_causal, scale=scaling, enable_gqa=key.shape[1] != H,
+        )
     if cap is not None and layer in cap.layer_pos:
         if padding is not None or Sq != Sk:
             raise PoslensError("capture needs full, unpadded sequences without a KV cache; scan feeds packed "
                                "sequences of exactly --seq-len tokens.")
-        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window)
+        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window,
+                              softcap=float(softcap) if softcap else None)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _eager_softcap_attention(query, key, value, mask, causal, scaling, softcap):
+    """Attention with logit soft-capping (Gemma 2): ``softcap * tanh(q.k * scaling / softcap)``, then
+    the mask, softmax in float32 and ``p . v``, as transformers' eager implementation. ``[B, H, S, D]``."""
+    H, Hk = query.shape[1], key.shape[1]
+    if Hk != H:
+        key = key.repeat_interleave(H // Hk, dim=1)
+        value = value.repeat_interleave(H // Hk, dim=1)
+    logits = torch.matmul(query, key.transpose(2, 3)) * scaling
+    logits = torch.tanh(logits / softcap) * softcap
+    if mask is None and causal:
+        Sq, Sk = logits.shape[-2:]
+        mask = _structure_mask(Sq, Sk, causal=True, window=None, device=query.device, q_offset=Sk - Sq)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(p, value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,6 +324,7 @@ class CaptureSpec:
     no_rope_layers: set[int] = field(default_factory=set)
     bidirectional: bool = False
     chunk_elems: int = 2**23  # logits per query-row chunk (B * H * c * S), bounds the working set
+    rope_layout: str = "half"  # the model's RoPE pair layout: "half" (rotate_half) or "interleaved" (Cohere)
     reservoir: int = 0  # token slots with pre-RoPE q/k vectors kept (0 = none); see capture.reservoir
     seed: int = 0  # seeds the reservoir's slot keys
 
@@ -317,6 +378,11 @@ class Capture:
             self.head_pos.setdefault(l, []).append((n, h))
         self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device) for k, s in accumulator_shapes(spec).items()})
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: per layer, the (cos, sin) its attention module received (Gemma 3: one table per layer type)
+        self.rope_by_layer: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.seen_layers: set = set()  # layers whose attention reached the registered function
+        self.windows: dict = {}  # sliding window each layer asked for (None = full)
+        self.scalings: dict = {}  # logit scale each layer used
         self._batch_size = 0
         self._next_seq = 0
         self.reservoir = None
@@ -377,8 +443,15 @@ class Capture:
             self.reservoir.all_gather_merge(group)
 
     # -- RoPE -------------------------------------------------------------------------------
+    def use_layer_rope(self, layer) -> None:
+        """Make the cos/sin that ``layer``'s attention received the current ones (for :meth:`unrotate`)."""
+        cs = self.rope_by_layer.get(layer)
+        if cs is not None:
+            self.rope_cos_sin = cs
+
     def unrotate(self, query: torch.Tensor, key: torch.Tensor):
-        """Pre-RoPE queries and keys from post-RoPE ones with the model's own cos/sin."""
+        """Pre-RoPE queries and keys from post-RoPE ones with the model's own cos/sin (in the model's
+        pair layout: rotate_half, or interleaved pairs for Cohere)."""
         if self.rope_cos_sin is None:
             raise PoslensError("no RoPE cos/sin were observed for this forward; the adapter's rotary module hook "
                                "did not fire (unsupported architecture?).")
@@ -389,6 +462,8 @@ class Capture:
         # the division is folded into the small cos/sin tables rather than into a pass over q and k.
         s2 = cos[..., :1] ** 2 + sin[..., :1] ** 2
         cos, sin = cos / s2, sin / s2
+        if self.spec.rope_layout == "interleaved":
+            return _unrotate_interleaved(query, cos, sin), _unrotate_interleaved(key, cos, sin)
         return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
 
     # -- hidden states ----------------------------------------------------------------------
@@ -429,7 +504,8 @@ class Capture:
         return min(S, max(1, elems // max(1, B * H * S)))
 
     @torch.no_grad()
-    def observe_attention(self, layer, query, key, out, scaling, *, causal=True, window=None) -> None:
+    def observe_attention(self, layer, query, key, out, scaling, *, causal=True, window=None,
+                          softcap=None) -> None:
         spec = self.spec
         li = self.layer_pos[layer]
         acc = self.accs
@@ -447,6 +523,9 @@ class Capture:
             q_pre, k_pre = self.unrotate(q, k)
         else:
             q_pre, k_pre = q, k
+        if spec.rope_layout == "interleaved":  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
+            perm = half_layout_perm(D, self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D, dev)
+            q_pre, k_pre, q, k = (t.index_select(-1, perm) for t in (q_pre, k_pre, q, k))
         acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
         acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
         if self.reservoir is not None:
@@ -459,7 +538,11 @@ class Capture:
 
         # per-dimension logit contribution over causal pairs j <= i
         dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
-        acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / (S * (S + 1) / 2))
+        n_pairs = S * (S + 1) / 2
+        if window is not None and causal:  # only the pairs a query sees: drop those with i - j >= window
+            dim_sum -= _sum_first(_far_pair_dim_sum(qg, k, window)).reshape(H, D)
+            n_pairs = sum(min(i + 1, window) for i in range(S))
+        acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / n_pairs)
 
         # scores, probs, slash and per-head maps, in query-row chunks: only [B, H, c, S] logits live
         # at a time. A causal row block [start, stop) needs keys < stop only, so the key range is cut
@@ -492,6 +575,8 @@ class Capture:
             else:
                 qc = qs[:, :, :, start:stop].reshape(B, Hk, g * c, D)
                 logits = torch.matmul(qc, kT[:, :, :, :nc]).view(B, H, c, nc)
+            if softcap is not None:  # Gemma 2: the logits the softmax sees are capped, so are the captured ones
+                logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
             block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
             if not bool(torch.isfinite(block_sum).all()):  # one cheap test; locate the head only on failure
                 allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
@@ -505,9 +590,11 @@ class Capture:
                 block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
             if causal:  # above the diagonal: not part of the causal scores, stored as 0
                 block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
+            if window is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
+                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
+                block_sum.masked_fill_(~allowed, 0.0)
             scores32[start:stop, :nc] = block_sum
             if window is not None:
-                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
                 logits.masked_fill_(~allowed, float("-inf"))
             elif causal:
                 logits[..., start:stop].masked_fill_(above[:c, :c], float("-inf"))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
-import inspect
 import json
 import sys
 import time
@@ -27,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from poslens.capture.adapters import Adapter, get_adapter
+from poslens.capture.adapters import Adapter, check_dispatch, get_adapter, layer_rope, rope_tables
 from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
+from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
 
@@ -234,6 +234,9 @@ class ScanPlan:
     source: SequenceSource
     device: str
     dtype: torch.dtype
+    #: set once the model is loaded: the dry run's per-layer windows / logit scales, the RoPE tables
+    attention: dict | None = None
+    rope: dict | None = None
 
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
@@ -287,7 +290,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
     spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
-                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed)
+                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed,
+                       rope_layout=adapter.rope_layout)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 
@@ -295,29 +299,29 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
 # capture wiring
 # --------------------------------------------------------------------------------------------
 def attach(model, adapter: Adapter, capture: Capture) -> list:
-    """Forward hooks that feed the capture (only while it is active): rotary cos/sin and
-    residual-stream vectors. Returns the hook handles (``h.remove()`` detaches)."""
+    """Hooks that feed the capture (only while it is active): the rotary cos/sin each layer's attention
+    receives, and the residual stream at the adapter's capture points (``resid_pre`` of layer 0 = the
+    embeddings, ``resid_post`` of every captured layer). Returns the handles (``h.remove()`` detaches)."""
     from poslens.capture import attention as _attn
+    from poslens.capture.adapters import hook_point, hook_position_embeddings
 
     handles = []
-    rot = adapter.rotary_module(model)
-    if rot is not None:
-        def _rope_hook(_m, _args, out):
-            if _attn._ACTIVE is capture:
-                capture.rope_cos_sin = (out[0], out[1])
-        handles.append(rot.register_forward_hook(_rope_hook))
     layers = adapter.decoder_layers(model)
-    first = 0  # layer 0's input is the embedding output (cosine/norms index 0)
-
-    def _pre_hook(_m, args, kwargs):
-        if _attn._ACTIVE is capture:
-            capture.observe_hidden(0, args[0] if args else kwargs["hidden_states"])
-    handles.append(layers[first].register_forward_pre_hook(_pre_hook, with_kwargs=True))
-    for k, l in enumerate(capture.spec.layers):
-        def _hook(_m, _args, out, index=k + 1):
+    if capture.spec.rope_layers:
+        def _rope(layer, cos_sin):
             if _attn._ACTIVE is capture:
-                capture.observe_hidden(index, out[0] if isinstance(out, (tuple, list)) else out)
-        handles.append(layers[l].register_forward_hook(_hook))
+                capture.rope_by_layer[layer] = (cos_sin[0], cos_sin[1])
+        handles += [hook_position_embeddings(model, adapter, l, _rope) for l in range(len(layers))]
+
+    def _emb(x):
+        if _attn._ACTIVE is capture:
+            capture.observe_hidden(0, x)
+    handles.append(hook_point(model, adapter, "resid_pre", 0, _emb))
+    for k, l in enumerate(capture.spec.layers):
+        def _post(x, index=k + 1):
+            if _attn._ACTIVE is capture:
+                capture.observe_hidden(index, x)
+        handles.append(hook_point(model, adapter, "resid_post", l, _post))
     return handles
 
 
@@ -459,6 +463,15 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         hf_logging.disable_progress_bar()
     model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
                        trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
+    try:  # every layer must dispatch through the registered attention (custom attention code: refused)
+        plan.attention = check_dispatch(model, plan.adapter)
+    except PoslensError:
+        if ctx.is_main and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # nothing written
+        raise
+    plan.rope = rope_tables(model, plan.adapter, plan.config)
+    if plan.adapter.generic and plan.rope is None:  # an unlisted architecture without a rotary module: no RoPE
+        plan.spec.rope_layers = set()
     if cfg.device_map:
         plan.device = D.main_device(model)
         capture = D.DeviceMapCapture(plan.spec, device=plan.device)
@@ -499,9 +512,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             save_checkpoint(out, capture, mine[n_done - 1][1] if n_done else 0, fp)
 
     handles = attach(model, plan.adapter, capture)
-    fwd_kwargs = {"use_cache": False}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
-        fwd_kwargs["logits_to_keep"] = 1  # the LM head's [B, S, vocab] logits are not needed (GBs at 4k tokens)
+    fwd_kwargs = forward_kwargs(model)  # no cache; logits_to_keep=1: the LM head's [B, S, vocab] logits are unused
     tokens = 0
     t_loop = time.time()
     try:
@@ -511,10 +522,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                 if done <= t < len(mine):
                     s, e = mine[t]
                     ids = plan.source.batch(s, e).to(plan.device)
-                    capture.begin_batch(e - s, seq_start=s)
-                    with torch.no_grad(), capture.active():
-                        model(input_ids=ids, **fwd_kwargs)
-                    capture.end_batch()
+                    forward(model, ids, capture=capture, kwargs=fwd_kwargs, seq_start=s)
                     tokens += ids.numel()
                     done, did = t + 1, 1
                     if done == len(mine) or done % cfg.checkpoint_every == 0:
@@ -583,6 +591,15 @@ def causal_view(m: torch.Tensor, include_diagonal: bool = True) -> torch.Tensor:
     return torch.where(keep.to(m.device), m, torch.full_like(m, float("nan")))
 
 
+def window_view(m: torch.Tensor, window: int | None) -> torch.Tensor:
+    """NaN where the key is ``window`` or more positions before the query (outside a sliding window)."""
+    if not window or window >= m.shape[-1]:
+        return m
+    i = torch.arange(m.shape[-1], device=m.device)
+    far = (i[:, None] - i[None, :]) >= window
+    return m.masked_fill(far, float("nan"))
+
+
 def _subsample(m: torch.Tensor, k: int) -> torch.Tensor:
     S = m.shape[-1]
     if S <= k:
@@ -611,15 +628,20 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
 
     k = cfg.aps_max_positions
     rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
+    windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
     layers = []
     for li, l in enumerate(spec.layers):
-        sc = causal_view(mean("scores", li), include_diagonal=True)
+        # entries outside a sliding window are unseen (stored as 0, like above the diagonal): NaN here
+        sc = window_view(causal_view(mean("scores", li), include_diagonal=True), windows[l])
         rm_q = rank_measures(mean("q_gram", li))
         rm_k = rank_measures(mean("k_gram", li))
-        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len)
+        table = layer_rope(plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
+        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base,
+                                   spec.seq_len, inv_freq=table["inv_freq"] if table else None)
         layers.append({
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
+            "sliding_window": windows[l],
             "relativity_index": _opt(relativity_index(sc)),
             "locality": _opt(locality(_subsample(sc, k))),
             "aps": float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k))),
@@ -645,6 +667,8 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         "slash_top_heads": top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers),
         "slash_top_heads_offset_ge1": top_slash_heads(mean("slash"), k=10, min_offset=1, layer_ids=spec.layers),
         "files": ["config.json", "maps.safetensors", "summary.json"],
+        "rope": plan.rope,
+        "attention": plan.attention,
     }
     # float32 means for the file, converted in place one accumulator at a time (the capture is spent)
     tensors = capture.release_means(torch.float32)
@@ -652,7 +676,8 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         tensors.update(capture.reservoir.result())
     write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
-                            "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]"})
+                            "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
+                            "rope": plan.rope, "attention": plan.attention})
     if figures:
         summary["files"] += write_figures(out, tensors, spec)
     return summary

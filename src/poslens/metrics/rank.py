@@ -33,19 +33,23 @@ def rank_measures(gram, energy: float = 0.95) -> dict[str, torch.Tensor]:
     return {"top1_energy": p[..., 0], "effective_rank": ent.exp(), "n95": n_e.clamp_max(ev.shape[-1])}
 
 
-def band_contributions(dim_logit, rotary_dim: int | None, base: float | None, context_len: int) -> dict[str, torch.Tensor]:
+def band_contributions(dim_logit, rotary_dim: int | None, base: float | None, context_len: int,
+                       inv_freq=None) -> dict[str, torch.Tensor]:
     """Sum per-dimension logit contributions ``[..., D]`` into RoPE bands.
 
     Pair l (dims l and l + r/2, rotate_half layout) belongs to the band of its wavelength
     (:func:`poslens.rope.frequency_bands`); dimensions beyond the rotary prefix are ``unrotated``.
-    Without RoPE everything is ``unrotated``.
+    Without RoPE everything is ``unrotated``. ``inv_freq`` (the model's own frequencies, as the scan
+    records them) takes precedence over ``base^(-2l/r)`` recomputed from ``base``.
     """
     x = torch.as_tensor(dim_logit).to(torch.float64)
     D = x.shape[-1]
     out: dict[str, torch.Tensor] = {}
-    if not rotary_dim or base is None:
+    if inv_freq is not None:
+        rotary_dim = 2 * len(inv_freq)
+    if not rotary_dim or (base is None and inv_freq is None):
         return {"unrotated": x.sum(-1)}
-    labels = frequency_bands(rotary_dim, base, context_len)
+    labels = frequency_bands(rotary_dim, base, context_len, theta=inv_freq)
     half = rotary_dim // 2
     for band in ("high", "medium", "low"):
         idx = [l for l, b in enumerate(labels) if b == band]
