@@ -65,8 +65,9 @@ def write_gguf(model, path, arch: str = "llama") -> None:
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         w.add_tensor(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
-        w.add_tensor(f"blk.{i}.attn_q.weight", _llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
-        w.add_tensor(f"blk.{i}.attn_k.weight", _llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
+        q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
+        w.add_tensor(f"blk.{i}.attn_q.weight", _llama_cpp_permute(q, c.num_attention_heads))
+        w.add_tensor(f"blk.{i}.attn_k.weight", _llama_cpp_permute(k, c.num_key_value_heads))
         w.add_tensor(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
         w.add_tensor(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
         w.add_tensor(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])

@@ -217,8 +217,8 @@ def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle:
     register()
     extra = {"device_map": device_map} if device_map else {}
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_directory(model_dir)), dtype=dtype, attn_implementation=ATTN_NAME, use_safetensors=None if allow_pickle else True,
-        trust_remote_code=trust_remote_code, **extra,
+        str(model_directory(model_dir)), dtype=dtype, attn_implementation=ATTN_NAME,
+        use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code, **extra,
     )
     return model.eval() if device_map else model.to(device).eval()
 
