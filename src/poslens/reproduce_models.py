@@ -273,7 +273,8 @@ def residual_agreement(a, b) -> float | None:
     i = torch.arange(S)
     keep = (i[:, None] > i[None, :]) & torch.isfinite(ra) & torch.isfinite(rb)
     x, y = ra[keep], rb[keep]
-    if x.numel() < 3 or float(x.std()) == 0 or float(y.std()) == 0:
+    tol = 1e-12 * max(1.0, float(a.abs().max()), float(b.abs().max()))  # rounding residue of a Toeplitz map
+    if x.numel() < 3 or float(x.std()) <= tol or float(y.std()) <= tol:
         return None
     return float(torch.corrcoef(torch.stack([x, y]))[0, 1])
 
