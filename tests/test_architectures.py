@@ -334,3 +334,78 @@ def test_rope_decomposition_uses_the_recorded_frequencies():
     dec = rope_decomposition(gram, gram, dl, **kw, theta=scaled.tolist(), attention_scaling=1.2)
     assert torch.allclose(dec.theta, scaled) and not torch.allclose(dec.logit, same.logit)
     assert float(dec.A.sum()) == pytest.approx(1.44 * float(same.A.sum()))  # amplitudes carry scaling^2
+
+
+def test_scan_of_unlisted_architectures(cli, tmp_path):
+    """OPT (not on the list, dispatches through AttentionInterface, no RoPE): scanned by the generic adapter,
+    probs equal eager. BLOOM (custom ALiBi attention code): a one-line error, non-zero exit, nothing written."""
+    import transformers as tf
+
+    from poslens.capture.sources import make_source
+    from poslens.rundir import read_tensors
+
+    torch.manual_seed(0)
+    tf.AutoModelForCausalLM.from_config(tf.OPTConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+        max_position_embeddings=64, word_embed_proj_dim=32)).save_pretrained(str(tmp_path / "opt"))
+    tf.AutoModelForCausalLM.from_config(tf.BloomConfig(vocab_size=V, hidden_size=32, n_layer=2, n_head=4)
+                                        ).save_pretrained(str(tmp_path / "bloom"))
+    with pytest.warns(UserWarning, match="'opt' has no adapter"):
+        code, _, err = cli("scan", tmp_path / "opt", "--out", tmp_path / "r_opt", "--data", "random", "--seq-len", 10,
+                           "--num-seqs", 2, "--no-figures", "--quiet", "--seed", 5)
+    assert code == 0, err
+    probs = read_tensors(tmp_path / "r_opt" / "maps.safetensors")["probs"]
+    ids = make_source("random", seq_len=10, num_seqs=2, seed=5, vocab_size=V).batch(0, 2)
+    eager = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path / "opt"), attn_implementation="eager").eval()
+    with torch.no_grad():
+        att = eager(input_ids=ids, output_attentions=True).attentions
+    for l, a in enumerate(att):
+        assert torch.allclose(probs[l].double(), a.double().mean((0, 1)), atol=1e-5)
+    with pytest.warns(UserWarning):
+        code, _, err = cli("scan", tmp_path / "bloom", "--out", tmp_path / "r_bloom", "--data", "random", "--seq-len",
+                           8, "--num-seqs", 2, "--quiet")
+    assert code == 2 and "'bloom' uses custom attention code" in err and "\n" not in err
+    assert not (tmp_path / "r_bloom").exists()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "cohere", "phi3", "smollm3", "gpt2"])
+def test_qk_capture_points_equal_the_projections(arch, tmp_path):
+    """q_pre/k_pre equal the model's own q/k projections (after q_norm/k_norm; fused qkv split), in every
+    layout; q_post/k_post are what the attention function receives; handles detach."""
+    path = save_tiny(arch, tmp_path / "m")
+    model = load_model(str(path), dtype=torch.float32, device="cpu")
+    ad = get_adapter(model.config)
+    H, Hk, D = ad.num_heads(model.config), ad.num_kv_heads(model.config), ad.head_dim(model.config)
+    got, proj = {}, {}
+    hs = [hook_point(model, ad, p, l, lambda x, k=(p, l): got.__setitem__(k, x.detach().clone()))
+          for l in range(2) for p in ("q_pre", "k_pre", "q_post")]
+
+    def grab(name):
+        return lambda _m, _a, o: proj.__setitem__(name, o.detach())
+    for l in range(2):
+        attn = ad.attention_module(model, l)
+        if arch == "qwen3":
+            hs += [attn.q_norm.register_forward_hook(grab(("q", l))), attn.k_norm.register_forward_hook(grab(("k", l)))]
+        elif arch in ("phi3", "gpt2"):
+            hs.append((attn.qkv_proj if arch == "phi3" else attn.c_attn).register_forward_hook(grab(("qkv", l))))
+        else:
+            hs += [attn.q_proj.register_forward_hook(grab(("q", l))), attn.k_proj.register_forward_hook(grab(("k", l)))]
+    ids = torch.randint(3, V, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    for h in hs:
+        h.remove()
+    B, T = ids.shape
+    for l in range(2):
+        if ("qkv", l) in proj:
+            qkv = proj[("qkv", l)]
+            q, k = qkv[..., : H * D], qkv[..., H * D: H * D + Hk * D]
+        else:
+            q, k = proj[("q", l)], proj[("k", l)]
+        q = q.reshape(B, T, H, D).transpose(1, 2)
+        k = k.reshape(B, T, Hk, D).transpose(1, 2)
+        assert torch.allclose(got[("q_pre", l)], q, atol=1e-5 * float(q.abs().max())), (arch, l)
+        assert torch.allclose(got[("k_pre", l)], k, atol=1e-5 * float(k.abs().max())), (arch, l)
+        moved = not torch.allclose(got[("q_post", l)], q, atol=1e-4)
+        assert moved == (l in ad.rope_layers(model.config)), (arch, l)  # RoPE moved them, NoPE layers not
+    assert not any(getattr(ad.attention_module(model, l), "_poslens_qk_hooks", []) for l in range(2))

@@ -93,9 +93,11 @@ def test_report_structure(runs):
     assert _sections(html) == ["sec-kim", "sec-slash", "sec-neighborhood", "sec-models"]
     for ref in ("arXiv 2509.21042", "arXiv 2601.08297", "arXiv 2501.00073"):
         assert ref in html
-    # every image embedded: sims 3 each, scans 2 each, analysis 1 (missing/escaping ones dropped), loss curve 1
+    # every image embedded: sims 3 each, scans 2 each, analysis 1 (missing/escaping ones dropped), loss curve 1;
+    # drawn here: a head x layer map per scan, overlaid per-layer plots for the 2 sims (kim) and the 2 scans
+    # (kim, neighbourhood). Runs with <= 6 layers keep their per-layer table instead of a plot of their own.
     imgs = _images(html)
-    assert len(imgs) == 3 + 3 + 2 + 2 + 1 + 1
+    assert len(imgs) == 3 + 3 + 2 + 2 + 1 + 1 + 2 + 3
     assert all(src.startswith("data:image/png;base64,") for src in imgs)
     assert "figure missing.png is listed but missing" in html
     assert "etc/passwd" in html and "root:" not in html  # named as missing, never read
@@ -107,15 +109,26 @@ def test_report_structure(runs):
     assert "Layer-1 Gram panels &lt;b&gt;bold?&lt;/b&gt;" in html
     assert "<caption>Panel statistics</caption>" in html and "0.912" in html
     assert "Panel (b) favours nearby keys." in html
-    # comparison tables for the two simulations and the two scans
-    assert html.count('class="comparison"') == 4  # kim: sims + scans; slash: scans; neighbourhood: scans
-    assert "<caption>Relativity index by layer</caption>" in html
-    assert "<caption>APS of hidden states by layer</caption>" in html
-    # readings derived from the numbers
+    assert "broken table" not in html  # rows that are not a list: no table
+    # comparisons overlay like runs in one set of line plots
+    assert html.count('class="comparison"') == 3  # kim: sims + scans; neighbourhood: scans
+    assert "Comparison of 2 simulate runs" in html and "Comparison of 2 scan runs" in html
+    # key findings first, one block per paper, before every section
+    kf = html.index('id="key-findings"')
+    assert kf < html.index('<section class="paper"')
+    block = html[kf:html.index("</section>", kf)]
+    for ref in ("arXiv 2509.21042", "arXiv 2601.08297", "arXiv 2501.00073"):
+        assert ref in block
+    assert "sim_nope: relativity index" in block and "strongest slash head at Δ ≤ 16" in block
+    # readings derived from the numbers; the scan's APS is labelled as the mean-map APS
     assert "Layer 1 is flat within Monte Carlo noise" in html
     assert re.search(r"relativity index [0-9.]+ → [0-9.]+", html)
-    assert "Adjacency probability score of the hidden states" in html
-    assert "Training lowered the loss from 5.50 to 5.10 over 3 steps." in html
+    assert "Mean-map APS of the hidden states" in html and "not the paper&#39;s per-sequence APS" in html
+    assert "Training lowered the loss from 5.5 to 5.1 over 3 steps." in html
+    # integer layer labels in the per-layer tables, one number format
+    text = re.sub(r'src="[^"]*"|arXiv \d+\.\d+', "", html)
+    too_precise = re.findall(r"(?<![\d.])(?:0\.0*[1-9]\d{3,}|[1-9]\d*\.\d{4,})", text)  # > 3 significant digits
+    assert "<td>1</td>" in html and not too_precise, too_precise
 
 
 def test_flat_and_relative_readings():
@@ -129,7 +142,7 @@ def test_flat_and_relative_readings():
                                   {"layer": 2, "relativity_index": 0.41, "locality": 0.68},
                                   {"layer": 3, "relativity_index": 0.5, "locality": 0.7}], noise="Monte Carlo noise"))
     assert text.startswith("Layer 1 is flat within Monte Carlo noise")
-    assert "from layer 2 on the scores depend on position: relativity index 0.41 → 0.50" in text.lower()
+    assert "from layer 2 on the scores depend on position: relativity index 0.41 → 0.5" in text.lower()
     assert "favours nearby keys" in text
     # uniform causal attention: SlashScore(d) = mean over i = d+1..N of 1/i
     assert uniform_slash(3, 0) == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
@@ -137,7 +150,7 @@ def test_flat_and_relative_readings():
 
 
 def test_folder_expansion_and_reproduction_page(runs, tmp_path):
-    html = render_report([runs["repro"].parent])  # the whole folder: every run below it
+    html = render_report([runs["repro"].parent], allow_many=True)  # the whole folder: every run below it
     secs = _sections(html)
     assert secs[0] == "sec-reproduction" and "sec-kim" in secs and "sec-models" in secs
     assert "What the paper showed" in html and "kim-fig1" in html and "reproduced" in html
@@ -255,7 +268,7 @@ def test_chromium_probe_detects_problems(tmp_path):
 
 
 def test_report_renders_in_chromium(runs, tmp_path):
-    html = render_report([runs["repro"].parent], title="browser check")
+    html = render_report([runs["repro"].parent], title="browser check", allow_many=True)
     n_img = len(_images(html))
     status, console = chromium_status(html, tmp_path)
     assert status["errors"] == [], status["errors"]
@@ -287,3 +300,61 @@ def test_zuo_sweep_experiment_is_registered():
     from poslens.reproduce import EXPERIMENTS
 
     assert "zuo-sweep" in EXPERIMENTS and "zuo-adjacency" in EXPERIMENTS
+
+
+_RECTS = """<script>
+window.addEventListener('load', function () {
+  var rects = [].slice.call(document.images).map(function (i) {
+    var r = i.getBoundingClientRect();
+    return [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height];
+  });
+  var d = document.createElement('div');
+  d.id = 'poslens-rects';
+  d.textContent = JSON.stringify({rects: rects, height: document.documentElement.scrollHeight});
+  document.body.appendChild(d);
+});
+</script>"""
+
+
+def test_report_screenshot_shows_every_figure(runs, tmp_path):
+    """Photograph the page in headless Chromium and check, in the pixels, that every figure is drawn
+    (not blank) and large enough to read, and that key findings come first."""
+    from PIL import Image, ImageStat
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent (install Debian's chromium package: apt-get install -y chromium)")
+    html = render_report([runs["sim_nope"], runs["scan_rope"], runs["analysis"]], title="screenshot check")
+    page = tmp_path / "page.html"
+    page.write_text(html.replace("<head>", "<head>" + _RECTS, 1))
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--force-device-scale-factor=1", f"--user-data-dir={tmp_path / 'profile'}"]
+    try:
+        dom = subprocess.run(common + ["--window-size=1400,1000", "--virtual-time-budget=5000", "--dump-dom",
+                                       page.as_uri()], capture_output=True, text=True, timeout=90)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.skip(f"chromium could not run here: {e}")
+    m = re.search(r'<div id="poslens-rects">([^<]*)</div>', dom.stdout)
+    if dom.returncode != 0 or m is None:
+        pytest.skip(f"chromium could not render a page here (exit {dom.returncode}): {dom.stderr[-400:]}")
+    import html as _html
+
+    info = json.loads(_html.unescape(m.group(1)))
+    height = min(int(info["height"]), 16000)
+    shot = tmp_path / "shot.png"
+    subprocess.run(common + [f"--window-size=1400,{height}", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, text=True, timeout=90, check=True)
+    im = Image.open(shot).convert("L")
+    rects = info["rects"]
+    assert len(rects) == len(_images(html)) >= 6
+    for x, y, w, h in rects:
+        assert w >= 300 and h >= 100, (x, y, w, h)  # readable size, not a thumbnail
+        if y + h > im.height:
+            continue
+        crop = im.crop((int(x), int(y), int(x + w), int(y + h)))
+        dark = sum(crop.histogram()[:200]) / (crop.width * crop.height)
+        assert ImageStat.Stat(crop).stddev[0] > 10 and dark > 0.01, (x, y, w, h)  # drawn, not blank
+    # the page is not blank outside figures either: the key-findings box sits at the top
+    top = im.crop((0, 0, im.width, 600))
+    assert ImageStat.Stat(top).stddev[0] > 10
+    assert html.index('id="key-findings"') < html.index("<figure>")

@@ -55,6 +55,8 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     im = ax.imshow(np.ma.masked_invalid(a), cmap=cm, vmin=vmin, vmax=vmax, interpolation="nearest", extent=extent)
     ax.set_xlabel("key position")
     ax.set_ylabel("query position")
+    integer_axis(ax.xaxis, nbins=4)
+    integer_axis(ax.yaxis, nbins=4)
     if title:
         ax.set_title(title, fontsize=9)
     if colorbar:
@@ -66,13 +68,106 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     return im
 
 
+#: heat maps per row of a layer grid: a page-wide figure keeps every panel large enough to read
+GRID_COLUMNS = 4
+
+
 def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rocket",
-               percentile: tuple[float, float] | None = None, center_zero: bool = False, positions: int | None = None):
-    """One row of heat maps, one per layer; returns the figure (``positions``: see :func:`heatmap`)."""
+               percentile: tuple[float, float] | None = None, center_zero: bool = False, positions: int | None = None,
+               columns: int = GRID_COLUMNS):
+    """Heat maps, one per layer, in rows of ``columns``; returns the figure (``positions``: see
+    :func:`heatmap`). Each panel is 3.3 inches wide whatever the number of layers."""
     n = len(maps)
-    fig, axes = plt.subplots(1, n, figsize=(3.3 * n, 3.2), squeeze=False)
-    for ax, m, t in zip(axes[0], maps, titles):
+    ncol = max(1, min(columns, n))
+    nrow = -(-n // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol, 3.2 * nrow), squeeze=False)
+    for k, (ax, m, t) in enumerate(zip(axes.flat, maps, titles)):
         heatmap(ax, m, title=t, cmap=cmap, percentile=percentile, center_zero=center_zero, positions=positions)
+        if nrow > 1:  # axis titles once per row / column: more room for the maps themselves
+            if k % ncol:
+                ax.set_ylabel("")
+            if k + ncol < n:
+                ax.set_xlabel("")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def integer_axis(axis, nbins: int | str = "auto") -> None:
+    """Integer ticks only (layer, head and position indices)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(nbins=nbins, integer=True))
+
+
+def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, layer_label: str = "layer"):
+    """Small multiples of per-layer quantities: one panel per quantity, one line per run.
+
+    ``panels``: ``[{"title", "series": [{"label", "layers", "values", "errors" (or None)}],
+    "ref": optional y of a reference line (e.g. 0.5 = chance)}]``. Missing values (None) are gaps;
+    error bars where ``errors`` are given; integer layer ticks."""
+    n = len(panels)
+    ncol = max(1, min(columns, n))
+    nrow = -(-n // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 2.7 * nrow), squeeze=False)
+    for ax, p in zip(axes.flat, panels):
+        for s in p["series"]:
+            x = np.asarray(s["layers"], dtype=float)
+            y = np.asarray([np.nan if v is None else v for v in s["values"]], dtype=float)
+            err = s.get("errors")
+            if err is not None:
+                e = np.asarray([np.nan if v is None else v for v in err], dtype=float)
+                ax.errorbar(x, y, yerr=e, marker="o", ms=3, lw=1.2, capsize=2, label=s["label"])
+            elif s.get("dashed"):
+                ax.plot(x, y, ls="--", lw=1.0, color="0.4", label=s["label"])
+            else:
+                ax.plot(x, y, marker="o", ms=3, lw=1.2, label=s["label"])
+        if p.get("ref") is not None:
+            ax.axhline(p["ref"], color="0.6", lw=0.8, ls="--")
+        ax.set_title(p["title"], fontsize=9)
+        ax.set_xlabel(layer_label, fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+        integer_axis(ax.xaxis)
+        if len(p["series"]) > 1:
+            ax.legend(fontsize=7)
+        if p["title"].startswith("p,"):
+            ax.set_yscale("log")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
+    """Head × layer heat maps side by side: ``maps`` = ``[{"title", "values": [L, H] array (NaN =
+    absent head), "cmap"}]``; layers on the vertical axis (labelled with ``layer_ids``), heads on
+    the horizontal, integer ticks, a colour bar each."""
+    n = len(maps)
+    L = len(layer_ids)
+    H = max(np.asarray(m["values"]).shape[1] for m in maps)
+    w = min(6.0, 1.2 + 0.35 * H)
+    h = min(9.0, 1.4 + 0.22 * L)
+    fig, axes = plt.subplots(1, n, figsize=(w * n, h), squeeze=False)
+    for ax, m in zip(axes[0], maps):
+        a = np.asarray(m["values"], dtype=float)
+        cm = _cmap(m.get("cmap", "viridis")).with_extremes(bad=(0.9, 0.9, 0.9, 1.0))
+        im = ax.imshow(np.ma.masked_invalid(a), aspect="auto", cmap=cm, interpolation="nearest",
+                       vmin=m.get("vmin"), vmax=m.get("vmax"))
+        ax.set_title(m["title"], fontsize=9)
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
+        step = max(1, -(-L // 16))
+        ax.set_yticks(range(0, L, step))
+        ax.set_yticklabels([str(layer_ids[i]) for i in range(0, L, step)], fontsize=7)
+        integer_axis(ax.xaxis)
+        ax.tick_params(labelsize=7)
+        plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
     fig.tight_layout()

@@ -4,8 +4,11 @@ Layout shared by every command that produces results (simulate, scan, train, ...
 
 - ``config.json``: every option, the seed and the library versions;
 - ``*.safetensors``: tensors (float32 on disk, accumulated in float64 in memory);
-- ``summary.json``: scalars;
+- ``summary.json``: scalars in one shape for every command (:func:`write_summary`: command,
+  paper, layers with explicit indices, tables, figures with captions, null for masked entries);
 - ``*.png``: figures.
+
+:func:`load_run` reads any run directory back into a :class:`Run`.
 
 Every write goes to a temporary file in the same directory and is renamed into place, so a
 reader never sees a half-written file and an interrupted run leaves the previous version intact.
@@ -19,6 +22,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -191,3 +195,214 @@ def save_figure(fig, path: str | os.PathLike, dpi: int = 110) -> None:
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     _atomic_write_bytes(Path(path), buf.getvalue())
+
+
+# --------------------------------------------------------------------------------------------
+# The summary contract: one shape for every command, one reader for every run
+# --------------------------------------------------------------------------------------------
+#: version of the common summary shape written by :func:`write_summary`
+CONTRACT = 1
+#: how every ``layers`` list names its entries
+LAYER_CONVENTION = ("decoder layers counted from 0 (layer 0 = the first attention layer); "
+                    "'embeddings' = the token embeddings before layer 0")
+
+#: captions of the figure files commands write under fixed names (``summary["figures"]`` may
+#: also give its own caption per file, which wins)
+FIGURE_CAPTIONS = [
+    (re.compile(r"^scores(_layers[\d-]+)?_raw\.png$"),
+     "Mean pre-softmax attention scores per layer (rows: query position, columns: key position; "
+     "the blank upper triangle is masked)."),
+    (re.compile(r"^scores(_layers[\d-]+)?_diagnorm\.png$"),
+     "Diagonal-normalised scores: each diagonal's mean removed. A purely relative map is uniform here; "
+     "structure that remains depends on absolute position."),
+    (re.compile(r"^scores(_layers[\d-]+)?_zoom\.png$"),
+     "The first 64 query and key positions of the score maps, where attention sinks (key 0) and "
+     "slashes (sub-diagonals) live."),
+    (re.compile(r"^probs\.png$"), "Mean attention weights (post-softmax) per layer."),
+    (re.compile(r"^kim_fig1\.png$"), "Closed-form layer-2 scores of the parameter-free model (alpha = 0, length 3)."),
+]
+_FIGURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp")
+
+
+def figure_caption(name: str) -> str:
+    """The standard caption of a figure file name (its name when none is known)."""
+    base = Path(name).name
+    for pat, cap in FIGURE_CAPTIONS:
+        if pat.match(base):
+            return cap
+    return base
+
+
+def normalize_figures(figures: Any = None, files: Any = None) -> list[dict]:
+    """``[{"file", "caption"}]`` from a list of names or dicts (or, without one, the image files
+    in a ``files`` list)."""
+    out: list[dict] = []
+    if isinstance(figures, list):
+        for f in figures:
+            if isinstance(f, str):
+                out.append({"file": f, "caption": figure_caption(f)})
+            elif isinstance(f, dict) and isinstance(f.get("file"), str):
+                out.append({"file": f["file"], "caption": str(f.get("caption") or figure_caption(f["file"]))})
+    elif isinstance(files, list):
+        out = [{"file": f, "caption": figure_caption(f)} for f in files
+               if isinstance(f, str) and Path(f).suffix.lower() in _FIGURE_SUFFIXES]
+    return out
+
+
+def envelope(summary: Mapping, *, command: str, paper: str | list[str] | None = None,
+             layers_describe: str | None = None, convention: str | None = None) -> dict:
+    """``summary`` in the common shape every command writes (keys it already has are kept):
+
+    - ``contract``: :data:`CONTRACT`; ``command``: the command that wrote it;
+    - ``paper``: ``"kim"`` (arXiv 2509.21042), ``"slash"`` (arXiv 2601.08297), ``"neighborhood"``
+      (arXiv 2501.00073), a list of them (a scan measures all three), or None;
+    - ``layers``: a list of per-layer dicts, each with its ``layer`` index (an int, or
+      ``"embeddings"``); ``layer_info`` says how indices count and what vectors they describe;
+    - ``tables``: ``[{"title", "columns", "rows", "note"}]``; ``figures``: ``[{"file", "caption"}]``;
+    - ``readings``: sentences (may be empty; the report derives them from the numbers);
+    - NaN / masked entries as JSON null (every writer goes through :func:`write_json`).
+    """
+    s = dict(summary)
+    s["contract"] = CONTRACT
+    s["command"] = command
+    if s.get("paper") is None:
+        s["paper"] = paper
+    layers = s.get("layers")
+    s["layers"] = layers if isinstance(layers, list) else []
+    info = dict(s.get("layer_info") or {})
+    info["convention"] = convention or info.get("convention") or s.get("layer_convention") or LAYER_CONVENTION
+    if layers_describe:
+        info["describes"] = layers_describe
+    info["indices"] = [l.get("layer") for l in s["layers"] if isinstance(l, dict)]
+    s["layer_info"] = info
+    s["tables"] = [t for t in s.get("tables") or [] if isinstance(t, dict)]
+    s["figures"] = normalize_figures(s.get("figures"), s.get("files"))
+    s.setdefault("readings", [])
+    return s
+
+
+def write_summary(out_dir: str | os.PathLike, summary: Mapping, *, command: str,
+                  paper: str | list[str] | None = None, layers_describe: str | None = None,
+                  convention: str | None = None) -> dict:
+    """Atomically write ``out_dir/summary.json`` in the common shape (:func:`envelope`); returns it."""
+    s = envelope(summary, command=command, paper=paper, layers_describe=layers_describe, convention=convention)
+    write_json(Path(out_dir) / "summary.json", s)
+    return s
+
+
+#: papers of runs whose summary names none (written before the envelope)
+COMMAND_PAPERS = {"scan": ["kim", "slash", "neighborhood"], "simulate": ["kim"]}
+
+
+@dataclasses.dataclass
+class Run:
+    """One loaded run directory (see :func:`load_run`)."""
+
+    path: Path
+    kind: str  # "command" | "model" | "reproduce"
+    command: str  # the writing command; "train" for model directories, "reproduce" for reproduction folders
+    config: dict = dataclasses.field(default_factory=dict)
+    summary: dict = dataclasses.field(default_factory=dict)
+    index: dict = dataclasses.field(default_factory=dict)  # reproduction folders: index.json
+    name: str = ""  # display name, unique within one report
+    display_path: str | None = None  # path shown on a page (default: path)
+
+    @property
+    def paper(self) -> str | None:
+        """The run's first (main) paper key, or None."""
+        p = self.papers
+        return p[0] if p else None
+
+    @property
+    def papers(self) -> list[str]:
+        """The papers the run measures (``summary["paper"]``; for runs written without it, the
+        command's: a scan measures all three, a simulation arXiv 2509.21042)."""
+        p = self.summary.get("paper")
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p, list):
+            return [x for x in p if isinstance(x, str)]
+        return list(COMMAND_PAPERS.get(self.command, []))
+
+    @property
+    def layers(self) -> list[dict]:
+        """Per-layer dicts (each with ``layer``); empty when the run has none."""
+        return [l for l in self.summary.get("layers") or [] if isinstance(l, dict)] \
+            if isinstance(self.summary.get("layers"), list) else []
+
+    @property
+    def tables(self) -> list[dict]:
+        return [t for t in self.summary.get("tables") or [] if isinstance(t, dict)
+                and isinstance(t.get("columns"), list) and isinstance(t.get("rows"), list)]
+
+    @property
+    def figures(self) -> list[dict]:
+        """``[{"file", "caption"}]``, whichever way an older run listed them."""
+        s = self.summary
+        if isinstance(s.get("figures"), list) or isinstance(s.get("files"), list):
+            return normalize_figures(s.get("figures"), s.get("files"))
+        return [{"file": p.name, "caption": figure_caption(p.name)} for p in sorted(self.path.glob("*.png"))]
+
+
+def _read_json_dict(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PoslensError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); the run may be damaged.") from None
+    except OSError as e:
+        raise PoslensError(f"{path}: cannot be read ({e.strerror}).") from None
+    if not isinstance(data, dict):
+        raise PoslensError(f"{path}: expected a JSON object, found {type(data).__name__}.")
+    return data
+
+
+def classify(path: Path) -> str | None:
+    """``"command"``, ``"model"``, ``"reproduce"`` or None (not a run directory itself)."""
+    idx = path / "index.json"
+    if idx.is_file():
+        try:
+            if isinstance(json.loads(idx.read_text()).get("experiments"), list):
+                return "reproduce"
+        except (json.JSONDecodeError, OSError, AttributeError):
+            pass
+    cfg = path / "config.json"
+    if cfg.is_file():
+        try:
+            data = json.loads(cfg.read_text())
+        except (json.JSONDecodeError, OSError):
+            return "command"  # load_run reports the damage, naming the file
+        if isinstance(data, dict) and "command" in data:
+            return "command"
+        if isinstance(data, dict) and "model_type" in data:
+            return "model"
+    return None
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """Load any run directory (command run, model directory, reproduction folder) into a :class:`Run`;
+    raises :class:`PoslensError` naming it when it is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise PoslensError(f"{path} does not exist; pass run directories written by poslens commands.")
+    if not path.is_dir():
+        raise PoslensError(f"{path} is a file; pass the run directory that holds config.json and summary.json.")
+    kind = classify(path)
+    if kind == "reproduce":
+        return Run(path, "reproduce", "reproduce", index=_read_json_dict(path / "index.json"))
+    if kind == "command":
+        config = _read_json_dict(path / "config.json")
+        if not (path / "summary.json").is_file():
+            raise PoslensError(f"{path} has no summary.json: the `{config.get('command')}` run has not finished; "
+                               "resume it (--resume) or pass another directory.")
+        summary = _read_json_dict(path / "summary.json")
+        return Run(path, "command", str(summary.get("command") or config.get("command")), config=config,
+                   summary=summary)
+    if kind == "model":
+        config = _read_json_dict(path / "config.json")
+        summary = _read_json_dict(path / "summary.json") if (path / "summary.json").is_file() else {}
+        train_cfg = path / "train_config.json"
+        if train_cfg.is_file():
+            config = {**config, "_train_config": _read_json_dict(train_cfg)}
+        return Run(path, "model", "train", config=config, summary=summary)
+    raise PoslensError(f"{path} is not a poslens run directory (no config.json with a \"command\", no model "
+                       "config.json, no reproduction index.json) and holds none below it.")

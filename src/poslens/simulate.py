@@ -87,11 +87,14 @@ class SimConfig:
 
 def sample_inputs(cfg: SimConfig, block: int, device: str | torch.device = "cpu") -> torch.Tensor:
     """RNG block ``block``: ``[RNG_BLOCK, S, d]`` float32 unit vectors with mean inner product alpha."""
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + block)
-    z = torch.randn(RNG_BLOCK, cfg.seq_len, cfg.dim, generator=g)
-    c = torch.randn(RNG_BLOCK, 1, cfg.dim, generator=g)
+    # Drawn on the device itself: on CUDA a host generator plus the copy bound the whole run (the
+    # host draws ~10^8 normals/s, the GPU computes the layers faster). Same seed, other stream on CUDA.
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + block)
+    z = torch.randn(RNG_BLOCK, cfg.seq_len, cfg.dim, generator=g, device=dev)
+    c = torch.randn(RNG_BLOCK, 1, cfg.dim, generator=g, device=dev)
     lam = math.sqrt(cfg.alpha / (1.0 - cfg.alpha))
-    return F.normalize(z + lam * c, dim=-1).to(device)
+    return F.normalize(z + lam * c, dim=-1)
 
 
 def _norm(x: torch.Tensor, cfg: SimConfig) -> torch.Tensor:
@@ -256,7 +259,7 @@ def save_result(res: SimResult, out: Path, figures: bool = True) -> None:
 
 
 def _write_result(res: SimResult, out: Path, figures: bool) -> None:
-    from poslens.rundir import versions, write_json, write_tensors
+    from poslens.rundir import versions, write_json, write_summary, write_tensors
 
     write_json(out / "config.json", {"command": "simulate", **asdict(res.config), "versions": versions()})
     write_tensors(out / "maps.safetensors", {
@@ -273,7 +276,12 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
         save_figure(layer_grid([probs[l] for l in range(L)], titles=[f"layer {l + 1}" for l in range(L)],
                                suptitle=f"{res.config.label()} attention weights"), out / "probs.png")
         res.summary["figures"] = files + ["probs.png"]
-    write_json(out / "summary.json", res.summary)
+    first = next((l.get("layer") for l in res.summary.get("layers") or []), 0)
+    res.summary = write_summary(out, res.summary, command="simulate", paper="kim",
+                                layers_describe="pre-softmax scores of each simulated attention layer",
+                                convention=None if first == 0 else
+                                "simulated attention layers counted from 1, as in arXiv 2509.21042 "
+                                "(layer 1 = the first attention layer)")
 
 
 def load_result(run_dir: str | Path) -> SimResult:

@@ -124,7 +124,8 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
     from poslens.analysis.slash import model_rope_geometry
     from poslens.capture.scan import ScanConfig, run_scan
     from poslens.progress import task_progress
-    from poslens.rundir import prepare_out_dir, read_tensors, save_figure, staged_dir, versions, write_json
+    from poslens.rundir import (prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
+                                write_json, write_summary)
     from poslens.tasks import evaluate_task
     from poslens.tokenizer import char_vocab
     from poslens.train import load_trained, train_model
@@ -205,7 +206,7 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
             }
             write_json(stage / "config.json", {"command": "slash-dynamics", **dataclasses.asdict(cfg),
                                                "versions": versions()})
-            write_json(stage / "summary.json", summary)
+            write_summary(stage, summary, command="slash-dynamics")
     finally:
         torch.set_num_threads(prev_threads)
     return summary

@@ -209,7 +209,9 @@ class NeighborhoodConfig:
 
 
 def _fmt_pm(m: float, s: float) -> str:
-    return f"{m:.3f} ± {s:.3f}" if math.isfinite(s) else f"{m:.3f}"
+    from poslens.fmt import fmt_pm  # the one number format of tables and the report
+
+    return fmt_pm(m, s)
 
 
 def _plan(cfg: NeighborhoodConfig):
@@ -271,7 +273,7 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
     from poslens.capture.scan import load_model
     from poslens.models import pe_of
     from poslens.progress import task_progress
-    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_tensors
+    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 
     t0 = time.time()
     config, adapter, source, device = _plan(cfg)
@@ -304,7 +306,9 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
         summary["figures"] = save_figures(stage, neighborhood_figures(results, title=Path(cfg.model_dir).name)
                                           if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
-        write_json(stage / "summary.json", summary)
+        write_summary(stage, summary, command="neighborhood",
+                      layers_describe="hidden states (residual stream) and head outputs",
+                      convention="layer 0 = the embeddings, layer k = the output of the k-th decoder layer")
     return summary
 
 

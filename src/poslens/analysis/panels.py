@@ -70,10 +70,6 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bsd,btd->st", x, x)
 
 
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
 #: the capture point behind each Gram panel: (point, layer offset from the analysed layer)
 PANEL_POINTS = {"a": ("attn_in", 0), "c": ("attn_z", 0), "d": ("attn_out", 0), "e": ("resid_mid", 0),
                 "f": ("mlp_in", 0), "g": ("resid_post", 0), "h": ("attn_in", 1)}
@@ -183,7 +179,8 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     from poslens.capture.scan import load_model, load_tokenizer, open_model_config, resolve_dtype
     from poslens.capture.sources import make_source
     from poslens.cli_app import parse_device
-    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_tensors
+    from poslens.rundir import (prepare_out_dir, save_figure, staged_dir, versions, write_json,
+                                write_summary, write_tensors)
 
     t0 = time.time()
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
@@ -234,7 +231,7 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
         write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
                       metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
         save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
-        write_json(stage / "summary.json", summary)
+        write_summary(stage, summary, command="panels")
     return summary
 
 
@@ -272,7 +269,7 @@ def run_score_maps(scan_dir: str, out: str) -> dict:
     from poslens.capture.scan import causal_view
     from poslens.metrics import diagonal_normalize
     from poslens.plots import layer_grid
-    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json
+    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_summary
 
     from poslens.capture.scan import window_view
 
@@ -325,5 +322,5 @@ def run_score_maps(scan_dir: str, out: str) -> dict:
                    "readings": readings, "figures": figures}
         write_json(stage / "config.json", {"command": "kim-maps", "scan_dir": str(scan_dir), "out": str(out),
                                            "scan_options": scfg.get("options"), "versions": versions()})
-        write_json(stage / "summary.json", summary)
+        write_summary(stage, summary, command="kim-maps")
     return summary

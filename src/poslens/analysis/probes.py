@@ -296,7 +296,7 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
     from poslens.cli_app import parse_device
     from poslens.models import pe_of
     from poslens.progress import task_progress
-    from poslens.rundir import save_figures, staged_dir, versions, write_json
+    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary
 
     t0 = time.time()
     plans = _validate(cfg)
@@ -346,12 +346,14 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
         write_json(stage / "probes.json", records)
         summary["figures"] = save_figures(stage, [probe_figure(records)] if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
-        write_json(stage / "summary.json", summary)
+        write_summary(stage, summary, command="probes")
     return summary
 
 
 def _f(v: float, nd: int = 3) -> str:
-    return "nan" if v is None or not math.isfinite(v) else f"{v:.{nd}f}"
+    from poslens.fmt import fmt  # the one number format of tables and the report (``nd`` is not used)
+
+    return fmt(v)
 
 
 def _groups(records: list[dict]) -> dict[tuple[str, str], list[dict]]:

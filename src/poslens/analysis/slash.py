@@ -485,7 +485,8 @@ def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=
 def run_slash(cfg: SlashConfig) -> dict:
     """Analyse a scan (and optionally its random-token twin) and write the run directory ``cfg.out``."""
     from poslens.analysis.panels import load_scan
-    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_tensors
+    from poslens.rundir import (prepare_out_dir, save_figure, staged_dir, versions, write_json,
+                                write_summary, write_tensors)
 
     maps, scfg, ssum = load_scan(cfg.scan_dir)
     for need in ("slash", "q_gram", "k_gram", "dim_logit"):
@@ -561,5 +562,5 @@ def run_slash(cfg: SlashConfig) -> dict:
                       metadata={"layers": layer_ids})
         save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
                                      random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
-        write_json(stage / "summary.json", summary)
+        write_summary(stage, summary, command="slash")
     return summary

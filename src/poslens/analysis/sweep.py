@@ -262,7 +262,7 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
 
 def run_sweep(cfg: SweepConfig, progress: bool = True) -> dict:
     """Run the sweep and write ``config.json``, ``sweep.safetensors``, ``summary.json`` and figures."""
-    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_tensors
+    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 
     t0 = time.time()
     validate(cfg)
@@ -276,5 +276,5 @@ def run_sweep(cfg: SweepConfig, progress: bool = True) -> dict:
                       metadata={"layout": "[sigma, layer (0 = embeddings), sequence]", "sigmas": list(cfg.sigmas)})
         summary["figures"] = save_figures(stage, sweep_figures(cfg, res) if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
-        write_json(stage / "summary.json", summary)
+        write_summary(stage, summary, command="sweep")
     return summary

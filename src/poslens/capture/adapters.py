@@ -21,6 +21,9 @@ Capture points (in the spirit of TransformerLens' hook names), per decoder layer
 ``mlp_in``      what the MLP reads (after its norm, where the block has one)
 ``mlp_out``     output of the MLP (MoE block included)
 ``resid_post``  output of layer l
+``q_pre``       queries before RoPE ``[B, H, S, D]`` (after q_norm where the model has one; un-rotated with
+                the cos/sin the layer received); ``k_pre`` the keys ``[B, Hk, S, D]``
+``q_post``      queries after RoPE, as the attention function receives them; ``k_post`` the keys
 ==============  =====================================================================================
 
 :func:`hook_point` registers a hook on one point and hands the tensor to a callback.
@@ -52,6 +55,8 @@ def _one_line(message, category, filename, lineno, line=None):
 warnings.formatwarning = _one_line
 
 POINTS = ("resid_pre", "attn_in", "attn_z", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post")
+#: points inside the attention function (the model must run the poslens attention): ``[B, H, S, D]``
+QK_POINTS = ("q_pre", "k_pre", "q_post", "k_post")
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,8 @@ def hook_point(model, adapter: Adapter, point: str, layer: int, fn: Callable[[to
     Returns the hook handle (``handle.remove()`` detaches). The tensor is the live activation: copy
     it if it must outlive the callback.
     """
+    if point in QK_POINTS:
+        return _hook_qk(model, adapter, point, layer, fn)
     module, kind = adapter.point_module(model, point, layer)
     if kind == "pre":
         def _pre(_m, args, kwargs):
@@ -206,6 +213,39 @@ def hook_point(model, adapter: Adapter, point: str, layer: int, fn: Callable[[to
     def _out(_m, _args, out):
         fn(_first_tensor(out))
     return module.register_forward_hook(_out)
+
+
+class _QKHandle:
+    """Removes a q/k capture-point hook (and its rotary-table pre-hook)."""
+
+    def __init__(self, hooks: list, entry, pre_handle):
+        self.hooks, self.entry, self.pre_handle = hooks, entry, pre_handle
+
+    def remove(self) -> None:
+        if self.entry in self.hooks:
+            self.hooks.remove(self.entry)
+        if self.pre_handle is not None:
+            self.pre_handle.remove()
+            self.pre_handle = None
+
+
+def _hook_qk(model, adapter: Adapter, point: str, layer: int, fn):
+    """q/k points: the callback list lives on the layer's attention module, where the registered
+    attention function finds it (no module-level state)."""
+    from poslens.capture.attention import ATTN_NAME
+
+    if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
+        raise PoslensError(f"capture point {point!r} needs the poslens attention (load the model with "
+                           f"attn_implementation={ATTN_NAME!r}, e.g. poslens.capture.scan.load_model).")
+    attn = adapter.attention_module(model, layer)
+    rope = layer in adapter.rope_layers(model.config) and bool(adapter.rotary_modules(model))
+    state = {"cos_sin": None, "layout": adapter.rope_layout, "rope": rope}
+    pre = hook_position_embeddings(model, adapter, layer, lambda _l, cs: state.__setitem__("cos_sin", cs)) \
+        if rope else None
+    hooks = attn.__dict__.setdefault("_poslens_qk_hooks", [])
+    entry = (point, fn, state)
+    hooks.append(entry)
+    return _QKHandle(hooks, entry, pre)
 
 
 def hook_position_embeddings(model, adapter: Adapter, layer: int, fn: Callable[[int, tuple], None]):

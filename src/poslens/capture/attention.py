@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +46,59 @@ CPU_CHUNK_ELEMS = 2**22
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 256
+
+#: Logits per chunk on CUDA (float32: 1 GiB) for the torch fallback path: a layer is a few chunks, so
+#: a few dozen kernel launches instead of thousands (the CPU size gave ~64 chunks per layer at 4k tokens).
+CUDA_CHUNK_ELEMS = 2**28
+
+#: Statistics a scan can ask for (``--stats``) and the accumulators each one fills. Per-head maps
+#: (``head_scores``/``head_probs``) follow ``--heads``; the q/k reservoir follows ``--reservoir``.
+STATS: dict[str, tuple[str, ...]] = {
+    "scores": ("scores",),
+    "probs": ("probs",),
+    "slash": ("slash",),
+    "cosine": ("cosine", "norms"),
+    "attn_cosine": ("attn_cosine", "attn_norms"),
+    "qk": ("q_gram", "k_gram"),  # and the --reservoir sample of pre-RoPE q/k vectors
+    "dim_logit": ("dim_logit",),
+}
+#: Every statistic. The default: the report and the analyses read all but ``probs``, and ``probs`` is
+#: one extra reduction of the softmax that ``slash`` computes anyway.
+ALL_STATS = frozenset(STATS)
+
+
+def parse_stats(text) -> frozenset:
+    """``"scores,probs"`` / ``"all"`` / an iterable of names -> a frozenset of :data:`STATS` names."""
+    if text is None:
+        return ALL_STATS
+    parts = [p.strip() for p in (text.split(",") if isinstance(text, str) else text)]
+    parts = [p for p in parts if p]
+    if not parts:
+        raise PoslensError(f"--stats is empty; pass one or more of {', '.join(STATS)} (comma-separated) or all.")
+    if "all" in parts:
+        return ALL_STATS
+    bad = [p for p in parts if p not in STATS]
+    if bad:
+        raise PoslensError(f"--stats {','.join(bad)}: unknown statistic; choose from {', '.join(STATS)} or all.")
+    return frozenset(parts)
+
+
+@contextlib.contextmanager
+def _half_input_matmuls(enabled: bool):
+    """TF32 matrix products while enabled: capture's float32 products of bf16/fp16 inputs.
+
+    A bf16 (8-bit mantissa) or fp16 (11-bit) value is exact in TF32's 10+1 bits except fp16's lowest
+    bit, so TF32 multiplies the model's own numbers (almost) exactly and accumulates in float32, at
+    the tensor cores' rate instead of the float32 units' (about 8x on an H100)."""
+    if not enabled:
+        yield
+        return
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)
 
 
 def _unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -80,6 +134,35 @@ def _unrotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     out[..., 0:r:2] = ye * c + yo * s
     out[..., 1:r:2] = yo * c - ye * s
     return out.to(x.dtype)
+
+
+def unrotate_qk(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half"):
+    """Pre-RoPE ``query``/``key`` ``[B, H, S, D]`` from post-RoPE ones and the model's ``cos``/``sin``
+    ``[B, S, r]``, in the model's pair layout (``half`` or ``interleaved``)."""
+    cos = cos[:, None].to(torch.float32)
+    sin = sin[:, None].to(torch.float32)
+    # Inverse rotation divided by attention_scaling^2 (cos^2 + sin^2, for scaled RoPE variants);
+    # the division is folded into the small cos/sin tables rather than into a pass over q and k.
+    s2 = cos[..., :1] ** 2 + sin[..., :1] ** 2
+    cos, sin = cos / s2, sin / s2
+    if layout == "interleaved":
+        return _unrotate_interleaved(query, cos, sin), _unrotate_interleaved(key, cos, sin)
+    return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
+
+
+def _run_qk_hooks(hooks: list, query: torch.Tensor, key: torch.Tensor) -> None:
+    """Hand a layer's q/k to the ``q_pre``/``k_pre``/``q_post``/``k_post`` capture-point hooks
+    (:func:`poslens.capture.adapters.hook_point`) registered on its attention module."""
+    pre = None
+    for point, fn, state in list(hooks):
+        if point in ("q_post", "k_post"):
+            fn(query if point == "q_post" else key)
+            continue
+        if pre is None:
+            cs = state.get("cos_sin")
+            pre = unrotate_qk(query, key, *cs, layout=state["layout"]) if (state["rope"] and cs is not None) \
+                else (query, key)
+        fn(pre[0] if point == "q_pre" else pre[1])
 
 
 def half_layout_perm(head_dim: int, rotary_dim: int, device=None) -> torch.Tensor:
@@ -153,7 +236,7 @@ def _symmetric_gram(a: torch.Tensor) -> torch.Tensor:
     """``a @ a.T`` (float32 ``[S, S]``) from the lower block triangle only, mirrored (exactly symmetric)."""
     S = a.shape[0]
     R = GRAM_BLOCK_ROWS
-    if S <= R:
+    if S <= R or a.is_cuda:  # on a GPU one large product beats many small ones plus the mirror copies
         return a @ a.T
     out = torch.empty(S, S, dtype=a.dtype, device=a.device)
     for r0 in range(0, S, R):
@@ -163,6 +246,25 @@ def _symmetric_gram(a: torch.Tensor) -> torch.Tensor:
         r1 = min(S, r0 + R)
         out[r0:r1, r1:] = out[r1:, r0:r1].T
     return out
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _nonfinite_error(layer, head) -> PoslensError:
+    return PoslensError(f"non-finite attention scores in layer {layer}, head {head} (model overflow?); "
+                        "try --dtype fp32 or check the checkpoint.")
+
+
+def _fused_ok(query: torch.Tensor, key: torch.Tensor, window) -> bool:
+    """Whether the fused CUDA kernels (:mod:`poslens.capture.cuda_maps`) take this layer's maps.
+
+    ``POSLENS_CAPTURE_KERNEL=torch`` forces the chunked torch path (benchmarks, comparisons)."""
+    if not query.is_cuda or window is not None or os.environ.get("POSLENS_CAPTURE_KERNEL", "auto") == "torch":
+        return False
+    from poslens.capture import cuda_maps
+
+    return cuda_maps.supported(query, key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,6 +349,9 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
 
     if sliding_window is None:  # Qwen2-MoE keeps its window on the module and passes it only in the mask
         sliding_window = getattr(module, "sliding_window", None)
+    qk_hooks = getattr(module, "_poslens_qk_hooks", None)
+    if qk_hooks:  # q/k capture points: the layer's queries and keys before and after RoPE
+        _run_qk_hooks(qk_hooks, query, key)
     if cap is not None:  # what the dry run checks (every layer dispatches here) and each layer's window
         cap.seen_layers.add(layer)
         cap.windows[layer] = int(sliding_window) if sliding_window else None
@@ -323,7 +428,8 @@ class CaptureSpec:
     heads: list[tuple[int, int]] = field(default_factory=list)  # (layer, head) pairs with S x S maps
     no_rope_layers: set[int] = field(default_factory=set)
     bidirectional: bool = False
-    chunk_elems: int = 2**23  # logits per query-row chunk (B * H * c * S), bounds the working set
+    chunk_elems: int = 0  # logits per query-row chunk (B * H * c * S), bounds the working set; 0 = per device
+    stats: frozenset = ALL_STATS  # which statistics to accumulate (names of STATS)
     rope_layout: str = "half"  # the model's RoPE pair layout: "half" (rotate_half) or "interleaved" (Cohere)
     reservoir: int = 0  # token slots with pre-RoPE q/k vectors kept (0 = none); see capture.reservoir
     seed: int = 0  # seeds the reservoir's slot keys
@@ -344,6 +450,8 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
         "k_gram": (L, Hk, D, D),
         "dim_logit": (L, H, D),
     }
+    wanted = {a for st in spec.stats for a in STATS[st]}
+    shapes = {k: v for k, v in shapes.items() if k in wanted}
     if spec.heads:
         shapes["head_scores"] = (len(spec.heads), S, S)
         shapes["head_probs"] = (len(spec.heads), S, S)
@@ -386,7 +494,7 @@ class Capture:
         self._batch_size = 0
         self._next_seq = 0
         self.reservoir = None
-        if spec.reservoir:
+        if spec.reservoir and "qk" in spec.stats:  # the sample of pre-RoPE q/k vectors belongs to the qk statistic
             from poslens.capture.reservoir import QKReservoir
 
             self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
@@ -455,22 +563,16 @@ class Capture:
         if self.rope_cos_sin is None:
             raise PoslensError("no RoPE cos/sin were observed for this forward; the adapter's rotary module hook "
                                "did not fire (unsupported architecture?).")
-        cos, sin = self.rope_cos_sin
-        cos = cos[:, None].to(torch.float32)
-        sin = sin[:, None].to(torch.float32)
-        # Inverse rotation divided by attention_scaling^2 (cos^2 + sin^2, for scaled RoPE variants);
-        # the division is folded into the small cos/sin tables rather than into a pass over q and k.
-        s2 = cos[..., :1] ** 2 + sin[..., :1] ** 2
-        cos, sin = cos / s2, sin / s2
-        if self.spec.rope_layout == "interleaved":
-            return _unrotate_interleaved(query, cos, sin), _unrotate_interleaved(key, cos, sin)
-        return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
+        return unrotate_qk(query, key, *self.rope_cos_sin, layout=self.spec.rope_layout)
 
     # -- hidden states ----------------------------------------------------------------------
     @torch.no_grad()
     def observe_hidden(self, index: int, hidden: torch.Tensor) -> None:
         """Add residual-stream vectors ``[B, S, d]`` at ``cosine``/``norms`` index ``index``."""
-        self._add_cosine("cosine", "norms", index, hidden)
+        if "cosine" not in self.spec.stats:
+            return
+        with _half_input_matmuls(hidden.is_cuda and hidden.dtype in _HALF):
+            self._add_cosine("cosine", "norms", index, hidden)
 
     def _add_cosine(self, cos_name, norm_name, index, x):
         """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened).
@@ -490,81 +592,153 @@ class Capture:
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
     # -- attention --------------------------------------------------------------------------
-    def _rows_per_chunk(self, B: int, H: int, S: int, device) -> int:
-        """Query rows per chunk: ``spec.chunk_elems`` logits at most; on CPU also a cache-sized block.
+    def _half_perm(self, D: int, device) -> torch.Tensor:
+        rot = self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D
+        return half_layout_perm(D, rot, device)
 
-        Every chunk is read several times (sum, mask, softmax, batch sum, gather); a block of a few
-        megabytes stays cache-resident across those passes (measured: softmax 0.7-2 ns per logit
-        instead of ~8 at 32 MiB chunks), and short row blocks also cut the causal key range closer
-        to the diagonal (about half of S x S instead of three quarters with two chunks).
+    def _rows_per_chunk(self, B: int, H: int, S: int, device) -> int:
+        """Query rows per chunk: ``spec.chunk_elems`` logits at most (0: per device); on CPU also a
+        cache-sized block.
+
+        On the CPU every chunk is read several times (sum, mask, softmax, batch sum, gather); a block
+        of a few megabytes stays cache-resident across those passes (measured: softmax 0.7-2 ns per
+        logit instead of ~8 at 32 MiB chunks), and short row blocks also cut the causal key range
+        closer to the diagonal. On CUDA launches, not caches, are the cost: large chunks.
         """
         elems = self.spec.chunk_elems
         if torch.device(device).type == "cpu":
-            elems = min(elems, CPU_CHUNK_ELEMS)
+            elems = min(elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
+        elif not elems:
+            elems = CUDA_CHUNK_ELEMS
         return min(S, max(1, elems // max(1, B * H * S)))
 
     @torch.no_grad()
     def observe_attention(self, layer, query, key, out, scaling, *, causal=True, window=None,
                           softcap=None) -> None:
-        spec = self.spec
+        """Add one layer's attention statistics (only those in ``spec.stats``) for a batch."""
+        with _half_input_matmuls(query.is_cuda and query.dtype in _HALF):
+            self._observe_attention(layer, query, key, out, scaling, causal, window, softcap)
+
+    def _observe_attention(self, layer, query, key, out, scaling, causal, window, softcap) -> None:
+        spec, stats = self.spec, self.spec.stats
         li = self.layer_pos[layer]
         acc = self.accs
         B, H, S, D = query.shape
-        Hk = key.shape[1]
-        g = H // Hk
-        dev = query.device
-        # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
-        # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
-        q = query.to(torch.float32).contiguous()
-        k = key.to(torch.float32).contiguous()
+        heads_here = self.head_pos.get(layer, [])
+        want_qk = "qk" in stats
+        want_maps = bool(stats & {"scores", "probs", "slash"}) or bool(heads_here)
+        fused = want_maps and softcap is None and _fused_ok(query, key, window)
+        q = k = None
+        if want_qk or "dim_logit" in stats or (want_maps and not fused):
+            # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
+            # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
+            q = query.to(torch.float32).contiguous()
+            k = key.to(torch.float32).contiguous()
 
         # pre-RoPE second moments (rank analysis), one [B*S, D] x [B*S, D] product per head
-        if layer in spec.rope_layers:
-            q_pre, k_pre = self.unrotate(q, k)
-        else:
-            q_pre, k_pre = q, k
-        if spec.rope_layout == "interleaved":  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
-            perm = half_layout_perm(D, self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D, dev)
-            q_pre, k_pre, q, k = (t.index_select(-1, perm) for t in (q_pre, k_pre, q, k))
-        acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
-        acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
-        if self.reservoir is not None:
-            self.reservoir.observe(li, q_pre, k_pre)
-        del q_pre, k_pre
+        if want_qk:
+            if layer in spec.rope_layers:
+                q_pre, k_pre = self.unrotate(q, k)
+            else:
+                q_pre, k_pre = q, k
+            if spec.rope_layout == "interleaved":  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
+                q_pre, k_pre = (t.index_select(-1, self._half_perm(D, q.device)) for t in (q_pre, k_pre))
+            acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
+            acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
+            if self.reservoir is not None:
+                self.reservoir.observe(li, q_pre, k_pre)
+            del q_pre, k_pre
+        if q is not None and spec.rope_layout == "interleaved":  # dim_logit by pair; logits are unchanged
+            q, k = (t.index_select(-1, self._half_perm(D, q.device)) for t in (q, k))
 
+        # per-dimension logit contribution over causal pairs j <= i
+        if "dim_logit" in stats:
+            Hk = key.shape[1]
+            qg = q.view(B, Hk, H // Hk, S, D)
+            dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
+            n_pairs = S * (S + 1) / 2
+            if window is not None and causal:  # only the pairs a query sees: drop those with i - j >= window
+                dim_sum -= _sum_first(_far_pair_dim_sum(qg, k, window)).reshape(H, D)
+                n_pairs = sum(min(i + 1, window) for i in range(S))
+            acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / n_pairs)
+            del qg
+
+        if want_maps:
+            maps = None
+            if fused:
+                from poslens.capture import cuda_maps
+
+                maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="scores" in stats,
+                                                probs="probs" in stats, slash="slash" in stats,
+                                                heads=[h for _, h in heads_here])
+                if not bool(torch.stack([torch.isfinite(t).all() for t in maps.values()]).all()):  # one sync
+                    maps = None  # non-finite logits somewhere: the checked path names the head (or masks them)
+                    q = query.to(torch.float32).contiguous()
+                    k = key.to(torch.float32).contiguous()
+            if maps is None:
+                maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here,
+                                            checked=not query.is_cuda)
+            if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
+                maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
+            if "scores" in stats:  # float32 per-call sums into the float64 sums, without a float64 temporary
+                acc["scores"].sum[li].add_(maps["scores"], alpha=1.0 / H)
+            if "probs" in stats:
+                acc["probs"].sum[li].add_(maps["probs"], alpha=1.0 / H)
+            if "slash" in stats:
+                acc["slash"].sum[li] += maps["slash"].to(torch.float64) / (
+                    S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))
+            for m, (n, _h) in enumerate(heads_here):
+                acc["head_scores"].sum[n] += maps["head_scores"][m].to(torch.float64)
+                acc["head_probs"].sum[n] += maps["head_probs"][m].to(torch.float64)
+        del q, k
+
+        # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
+        # sequence-major copy is made once, inside _add_cosine)
+        if "attn_cosine" in stats:
+            self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
+
+    def _attention_maps(self, layer, q, k, scaling, causal, window, softcap, heads_here, *, checked: bool):
+        """Batch/head sums of one layer's scores, weights, slash profile and per-head maps (float32).
+
+        Query-row chunks: only ``[B, H, c, S]`` logits live at a time. A causal row block
+        ``[start, stop)`` needs keys ``< stop`` only, so the key range is cut there; the causal mask
+        is applied in place to the diagonal block only (the keys before the block are all visible).
+        Each entry of a sum is written once (row blocks are disjoint). ``checked``: test every chunk
+        for non-finite logits at once (a host sync per chunk, free on the CPU); unchecked (CUDA) the
+        test is one flag read after the loop, and ``None`` is returned when it fires.
+        """
+        stats = self.spec.stats
+        B, H, S, D = q.shape
+        Hk = k.shape[1]
+        g = H // Hk
+        dev = q.device
+        want_s, want_p, want_sl = "scores" in stats, "probs" in stats, "slash" in stats
+        rows = self._rows_per_chunk(B, H, S, dev)
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
         qg = q.view(B, Hk, g, S, D)
-
-        # per-dimension logit contribution over causal pairs j <= i
-        dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
-        n_pairs = S * (S + 1) / 2
-        if window is not None and causal:  # only the pairs a query sees: drop those with i - j >= window
-            dim_sum -= _sum_first(_far_pair_dim_sum(qg, k, window)).reshape(H, D)
-            n_pairs = sum(min(i + 1, window) for i in range(S))
-        acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / n_pairs)
-
-        # scores, probs, slash and per-head maps, in query-row chunks: only [B, H, c, S] logits live
-        # at a time. A causal row block [start, stop) needs keys < stop only, so the key range is cut
-        # there; the batch/head sum of the scores is a reduction of the logits already computed for
-        # the softmax, and the causal mask is applied in place to the diagonal block only (the keys
-        # before the block are all visible).
-        rows = self._rows_per_chunk(B, H, S, dev)
         qs = (qg * scaling) if scaling != 1.0 else qg  # the scale folded into the (small) queries
         kT = k.transpose(2, 3)  # [B, Hk, D, S]
-        # Per-call float32 batch/head sums, each entry written once (row blocks are disjoint), added to
-        # the float64 accumulators once per call: few large ops rather than several per chunk.
-        scores32 = torch.zeros(S, S, dtype=torch.float32, device=dev)
-        probs32 = torch.zeros(S, S, dtype=torch.float32, device=dev)
-        slash32 = torch.zeros(H, S, dtype=torch.float32, device=dev)
-        heads_here = self.head_pos.get(layer, [])
+        f32 = dict(dtype=torch.float32, device=dev)
+        out = {}
+        if want_s:
+            out["scores"] = torch.zeros(S, S, **f32)
+        if want_p:
+            out["probs"] = torch.zeros(S, S, **f32)
+        if want_sl:
+            out["slash"] = torch.zeros(H, S, **f32)
+        if heads_here:
+            out["head_scores"] = torch.zeros(len(heads_here), S, S, **f32)
+            out["head_probs"] = torch.zeros(len(heads_here), S, S, **f32)
+        need_p = want_p or want_sl or bool(heads_here)
+        bad = None if checked else torch.zeros((), dtype=torch.bool, device=dev)
         above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i inside a diagonal block
         # Slash by offset without an index gather: each chunk's batch-summed weights are written into
         # a buffer whose rows start after `rows` zero columns; a view with row stride W + 1 then
         # lines up, in row r and column t, the entry A[i, i - d] with d = stop - 1 - t (i = start + r),
         # and reads a zero where i - d < 0 (see _slash_view). Its row sum is the chunk's slash sum.
         W = rows + S
-        zbuf = torch.empty(H, rows, W, dtype=torch.float32, device=dev)
+        zbuf = torch.empty(H, rows, W, **f32)
         zbuf[:, :, :rows] = 0.0
         for start in range(0, S, rows):
             stop = min(S, start + rows)
@@ -577,50 +751,58 @@ class Capture:
                 logits = torch.matmul(qc, kT[:, :, :, :nc]).view(B, H, c, nc)
             if softcap is not None:  # Gemma 2: the logits the softmax sees are capped, so are the captured ones
                 logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
-            block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
-            if not bool(torch.isfinite(block_sum).all()):  # one cheap test; locate the head only on failure
-                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
-                bad = ~torch.isfinite(logits)
-                if allowed is not None:
-                    bad &= allowed
-                if bool(bad.any()):
-                    h_bad = int(bad.any(dim=(0, 2, 3)).nonzero()[0])
-                    raise PoslensError(f"non-finite attention scores in layer {layer}, head {h_bad} "
-                                       f"(model overflow?); try --dtype fp32 or check the checkpoint.")
-                block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
-            if causal:  # above the diagonal: not part of the causal scores, stored as 0
-                block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
-            if window is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
-                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
-                block_sum.masked_fill_(~allowed, 0.0)
-            scores32[start:stop, :nc] = block_sum
+            if want_s:
+                block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
+                if checked and not bool(torch.isfinite(block_sum).all()):  # locate the head only on failure
+                    allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
+                    bad_l = ~torch.isfinite(logits)
+                    if allowed is not None:
+                        bad_l &= allowed
+                    if bool(bad_l.any()):
+                        raise _nonfinite_error(layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
+                    block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
+                if causal:  # above the diagonal: not part of the causal scores, stored as 0
+                    block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
+                if window is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
+                    allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
+                    block_sum.masked_fill_(~allowed, 0.0)
+                if bad is not None:
+                    bad |= ~torch.isfinite(block_sum).all()
+                out["scores"][start:stop, :nc] = block_sum
             if window is not None:
                 logits.masked_fill_(~allowed, float("-inf"))
             elif causal:
                 logits[..., start:stop].masked_fill_(above[:c, :c], float("-inf"))
-            for n, h in heads_here:
+            for m, (_n, h) in enumerate(heads_here):
                 lh = logits[:, h]
-                acc["head_scores"].sum[n, start:stop, :nc] += _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)).to(torch.float64)
+                out["head_scores"][m, start:stop, :nc] = _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0))
+            if not need_p:
+                del logits
+                continue
             p = torch.softmax(logits, dim=-1)
             del logits
-            for n, h in heads_here:
-                acc["head_probs"].sum[n, start:stop, :nc] += _sum_first(p[:, h]).to(torch.float64)
+            for m, (_n, h) in enumerate(heads_here):
+                out["head_probs"][m, start:stop, :nc] = _sum_first(p[:, h])
             pb = zbuf[:, :c, rows:rows + nc]  # [H, c, nc]: the batch sum, written into the slash buffer
-            pb.copy_(p[0])
-            for b in range(1, B):
-                pb.add_(p[b])
+            if dev.type == "cpu":
+                pb.copy_(p[0])
+                for b in range(1, B):
+                    pb.add_(p[b])
+            else:
+                torch.sum(p, dim=0, out=pb)
             del p
-            probs32[start:stop, :nc] = pb.sum(0)
-            slash32[:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
+            if checked and not bool(torch.isfinite(pb).all()):  # softmax of an allowed +inf/NaN logit
+                raise _nonfinite_error(layer, int((~torch.isfinite(pb)).any(dim=(1, 2)).nonzero()[0]))
+            if bad is not None:
+                bad |= ~torch.isfinite(pb).all()
+            if want_p:
+                out["probs"][start:stop, :nc] = pb.sum(0)
+            if want_sl:
+                out["slash"][:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
             del pb
-        acc["scores"].sum[li] += scores32.to(torch.float64).div_(H)
-        acc["probs"].sum[li] += probs32.to(torch.float64).div_(H)
-        slash_sum = slash32.to(torch.float64)
-        acc["slash"].sum[li] += slash_sum / (S - torch.arange(S, device=dev, dtype=torch.float64))
-
-        # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
-        # sequence-major copy is made once, inside _add_cosine)
-        self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
+        if bad is not None and bool(bad):
+            return None
+        return out
 
     # -- results ----------------------------------------------------------------------------
     def means(self) -> dict[str, torch.Tensor]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from poslens.capture.adapters import Adapter, check_dispatch, get_adapter, layer_rope, rope_tables
-from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
+from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, parse_stats, register
 from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
@@ -38,7 +38,7 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 #: config fields that change the accumulated tensors (a resume must match them exactly)
 _FINGERPRINT_FIELDS = ("model_dir", "data", "seq_len", "num_seqs", "batch_size", "seed", "dtype", "layers",
-                       "heads", "no_rope_layers", "bidirectional", "chunk_elems", "reservoir")
+                       "heads", "no_rope_layers", "bidirectional", "chunk_elems", "reservoir", "stats")
 
 
 @dataclass
@@ -63,10 +63,11 @@ class ScanConfig:
     checkpoint_every: int = 10  # batches
     allow_pickle: bool = False
     trust_remote_code: bool = False
-    chunk_elems: int = 2**23
+    chunk_elems: int = 0  # logits per capture chunk; 0 = per device (CPU cache-sized, CUDA 2^28)
     aps_max_positions: int = 256
     device_map: str | None = None  # accelerate device map ("auto"...): layers over several devices
     reservoir: int = 256  # token slots whose pre-RoPE q/k vectors are kept (0 = none)
+    stats: list[str] | None = None  # statistics to accumulate (names of capture.attention.STATS); None = all
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,6 +245,7 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
     from poslens.cli_app import parse_device
     from poslens.rundir import prepare_out_dir
 
+    stats = parse_stats(cfg.stats)
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
                                         trust_remote_code=cfg.trust_remote_code)
     L = adapter.num_layers(config)
@@ -290,7 +292,7 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
     spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
-                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed,
+                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats,
                        rope_layout=adapter.rope_layout)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
@@ -313,6 +315,9 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
                 capture.rope_by_layer[layer] = (cos_sin[0], cos_sin[1])
         handles += [hook_position_embeddings(model, adapter, l, _rope) for l in range(len(layers))]
 
+    if "cosine" not in capture.spec.stats:
+        return handles  # residual-stream vectors are read only for the cosine maps
+
     def _emb(x):
         if _attn._ACTIVE is capture:
             capture.observe_hidden(0, x)
@@ -327,6 +332,7 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
 
 def fingerprint(cfg: ScanConfig) -> str:
     d = {k: getattr(cfg, k) for k in _FINGERPRINT_FIELDS}
+    d["stats"] = sorted(parse_stats(cfg.stats))
     d["model_dir"] = str(Path(cfg.model_dir).resolve())
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -429,7 +435,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
 def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx) -> dict:
     from poslens.capture import distributed as D
     from poslens.capture.model_source import source_record
-    from poslens.rundir import create_out_dir, versions, write_json
+    from poslens.rundir import create_out_dir, versions, write_json, write_summary
 
     t_start = time.time()
     # every rank validates before any rank creates --out (else a fast rank 0 makes it "not empty")
@@ -556,7 +562,10 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     summary = finalize(out, capture, plan, figures=cfg.figures)
     summary["throughput"] = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed else None,
                              "wall_s": time.time() - t_start, "processes": ctx.world_size}
-    write_json(out / "summary.json", summary)
+    summary = write_summary(out, summary, command="scan", paper=["kim", "slash", "neighborhood"],
+                            layers_describe="each decoder layer's attention (scores, heads, pre-RoPE q/k); aps and "
+                                            "norm_score: the residual stream after that layer (embedding_aps: the "
+                                            "embeddings)")
     return summary
 
 
@@ -620,11 +629,15 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     from poslens.rundir import write_tensors
 
     cfg, spec, adapter, config = plan.cfg, plan.spec, plan.adapter, plan.config
-    n_seqs = capture.accs["scores"].count
+    n_seqs = next(iter(capture.accs.values())).count
+    has = capture.accs.__contains__  # statistics not asked for (--stats) read as None in the summary
 
     def mean(name: str, idx=slice(None)) -> torch.Tensor:
         """float64 mean of one accumulator at ``idx``: the summary reads layer by layer, before the sums are freed."""
         return capture.accs[name].mean_at(idx)
+
+    def when(name: str, fn):
+        return fn() if has(name) else None
 
     k = cfg.aps_max_positions
     rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
@@ -632,40 +645,45 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     layers = []
     for li, l in enumerate(spec.layers):
         # entries outside a sliding window are unseen (stored as 0, like above the diagonal): NaN here
-        sc = window_view(causal_view(mean("scores", li), include_diagonal=True), windows[l])
-        rm_q = rank_measures(mean("q_gram", li))
-        rm_k = rank_measures(mean("k_gram", li))
+        sc = window_view(causal_view(mean("scores", li), include_diagonal=True), windows[l]) if has("scores") else None
+        rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
+        rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
         table = layer_rope(plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
-        bands = band_contributions(mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base,
-                                   spec.seq_len, inv_freq=table["inv_freq"] if table else None)
+        bands = when("dim_logit", lambda: band_contributions(
+            mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len,
+            inv_freq=table["inv_freq"] if table else None))
         layers.append({
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
             "sliding_window": windows[l],
-            "relativity_index": _opt(relativity_index(sc)),
-            "locality": _opt(locality(_subsample(sc, k))),
-            "aps": float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k))),
-            "attn_aps": float(adjacency_probability_score(_subsample(mean("attn_cosine", li), k))),
-            "norm_score": float(norm_score(_subsample(mean("norms", li + 1), k))),
-            "top_slash_heads": top_slash_heads(mean("slash", slice(li, li + 1)), k=3, layer_ids=[l]),
-            "q_top1_energy": rm_q["top1_energy"].tolist(),
-            "k_top1_energy": rm_k["top1_energy"].tolist(),
-            "q_effective_rank": rm_q["effective_rank"].tolist(),
-            "k_effective_rank": rm_k["effective_rank"].tolist(),
-            "band_logit": {b: v.tolist() for b, v in bands.items()},
+            "relativity_index": _opt(relativity_index(sc)) if sc is not None else None,
+            "locality": _opt(locality(_subsample(sc, k))) if sc is not None else None,
+            "aps": when("cosine", lambda: float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k)))),
+            "attn_aps": when("attn_cosine", lambda: float(adjacency_probability_score(
+                _subsample(mean("attn_cosine", li), k)))),
+            "norm_score": when("norms", lambda: float(norm_score(_subsample(mean("norms", li + 1), k)))),
+            "top_slash_heads": when("slash", lambda: top_slash_heads(mean("slash", slice(li, li + 1)), k=3,
+                                                                     layer_ids=[l])) or [],
+            "q_top1_energy": rm_q["top1_energy"].tolist() if rm_q else None,
+            "k_top1_energy": rm_k["top1_energy"].tolist() if rm_k else None,
+            "q_effective_rank": rm_q["effective_rank"].tolist() if rm_q else None,
+            "k_effective_rank": rm_k["effective_rank"].tolist() if rm_k else None,
+            "band_logit": {b: v.tolist() for b, v in bands.items()} if bands is not None else None,
         })
     summary = {
         "model_dir": str(cfg.model_dir),
         "model_type": adapter.model_type,
         "num_seqs": n_seqs,
         "seq_len": spec.seq_len,
+        "stats": sorted(spec.stats),
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
         "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
-        "embedding_aps": float(adjacency_probability_score(_subsample(mean("cosine", 0), k))),
+        "embedding_aps": when("cosine", lambda: float(adjacency_probability_score(_subsample(mean("cosine", 0), k)))),
         "aps_positions": min(k, spec.seq_len),
         "layers": layers,
-        "slash_top_heads": top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers),
-        "slash_top_heads_offset_ge1": top_slash_heads(mean("slash"), k=10, min_offset=1, layer_ids=spec.layers),
+        "slash_top_heads": when("slash", lambda: top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers)) or [],
+        "slash_top_heads_offset_ge1": when("slash", lambda: top_slash_heads(
+            mean("slash"), k=10, min_offset=1, layer_ids=spec.layers)) or [],
         "files": ["config.json", "maps.safetensors", "summary.json"],
         "rope": plan.rope,
         "attention": plan.attention,
@@ -678,7 +696,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
                             "rope": plan.rope, "attention": plan.attention})
-    if figures:
+    if figures and "scores" in tensors:
         summary["files"] += write_figures(out, tensors, spec)
     return summary
 
@@ -705,8 +723,14 @@ def pool_for_figure(m: torch.Tensor, max_positions: int = FIGURE_MAX_POSITIONS) 
     return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
 
 
-def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int = 8) -> list[str]:
-    """Raw and diagonal-normalised score maps per layer (1-99 % colour range), in groups of 8 layers.
+#: the zoom figure's window: sinks (key 0) and slashes (small offsets) live in the first positions
+ZOOM_POSITIONS = 64
+
+
+def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int = 32) -> list[str]:
+    """Raw and diagonal-normalised score maps per layer (1-99 % colour range) and a zoom on the
+    first :data:`ZOOM_POSITIONS` positions, every layer in one grid (groups of ``max_per_figure``
+    layers beyond that; 6 panels per row for more than 12 layers).
 
     Maps longer than :data:`FIGURE_MAX_POSITIONS` are diagonal-normalised at full resolution, then
     shown block-averaged (:func:`pool_for_figure`); ``maps.safetensors`` keeps every position."""
@@ -717,18 +741,26 @@ def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int
     files = []
     scores = causal_view(means["scores"])
     single = len(spec.layers) <= max_per_figure
+    columns = 6 if len(spec.layers) > 12 else 4
     for g in range(0, len(spec.layers), max_per_figure):
         sel = list(range(g, min(len(spec.layers), g + max_per_figure)))
         ids = [spec.layers[i] for i in sel]
         titles = [f"layer {l}" for l in ids]
         prefix = "scores" if single else f"scores_layers{ids[0]}-{ids[-1]}"
-        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles, suptitle="mean pre-softmax scores",
-                         percentile=(1, 99), positions=spec.seq_len)
+        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles,
+                         suptitle="mean pre-softmax scores (decoder layers from 0)", percentile=(1, 99),
+                         positions=spec.seq_len, columns=columns)
         save_figure(raw, out / f"{prefix}_raw.png")
         # per layer: diagonal_normalize on a stacked [n, S, S] NaN-masked map fails (see report)
         dn = [pool_for_figure(diagonal_normalize(scores[i])) for i in sel]
-        fig = layer_grid(dn, titles=titles, suptitle="diagonal-normalised scores", percentile=(1, 99),
-                         positions=spec.seq_len)
+        fig = layer_grid(dn, titles=titles, suptitle="diagonal-normalised scores (decoder layers from 0)",
+                         percentile=(1, 99), positions=spec.seq_len, columns=columns)
         save_figure(fig, out / f"{prefix}_diagnorm.png")
         files += [f"{prefix}_raw.png", f"{prefix}_diagnorm.png"]
+        if spec.seq_len > ZOOM_POSITIONS:
+            z = ZOOM_POSITIONS
+            fig = layer_grid([scores[i, :z, :z] for i in sel], titles=titles, percentile=(1, 99), columns=columns,
+                             suptitle=f"pre-softmax scores, first {z} positions (key 0: the sink column)")
+            save_figure(fig, out / f"{prefix}_zoom.png")
+            files.append(f"{prefix}_zoom.png")
     return files

@@ -13,16 +13,12 @@ from poslens.cli_app import app
 def _print(summary: dict, out: Path, quiet: bool) -> None:
     if quiet:
         return
-    from rich.table import Table
+    from poslens.fmt import rich_table
 
     console = Console()
     for t in summary.get("tables", [])[:3]:
-        table = Table(title=t["title"])
-        for c in t["columns"]:
-            table.add_column(str(c), justify="right")
-        for r in t["rows"][:25]:
-            table.add_row(*["-" if v is None else str(v) for v in r])
-        console.print(table)
+        if t["rows"]:
+            console.print(rich_table(t["title"], t["columns"], t["rows"][:25]))
     for line in summary.get("readings", []):
         console.print(f"- {line}")
     console.print(f"wrote {out}/")

@@ -11,17 +11,12 @@ from poslens.cli_app import app
 
 
 def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:
-    from rich.table import Table
+    from poslens.fmt import rich_table
 
     console = Console()
     tables = summary.get("tables", [])
     for t in tables[:max_tables]:
-        table = Table(title=t["title"])
-        for c in t["columns"]:
-            table.add_column(str(c), justify="right")
-        for r in t["rows"]:
-            table.add_row(*[str(v) for v in r])
-        console.print(table)
+        console.print(rich_table(t["title"], t["columns"], t["rows"]))
     for line in summary.get("readings", []):
         console.print(f"- {line}")
     if max_tables is not None and len(tables) > max_tables:

@@ -33,6 +33,10 @@ def scan(
     bidirectional: bool = typer.Option(False, "--bidirectional", help="Control: drop the causal mask in every layer."),
     reservoir: int = typer.Option(256, "--reservoir", help="Token slots (a uniform sample of all sequence "
                                   "positions) whose pre-RoPE q/k vectors are kept in every layer; 0 = none."),
+    stats: str = typer.Option("all", "--stats", help="Statistics to accumulate, comma-separated: scores, probs, slash, "
+                              "cosine (residual stream), attn_cosine, qk (q/k second moments and the --reservoir sample), "
+                              "dim_logit; or all. "
+                              "Unrequested ones cost nothing; the summary reads them as null."),
     no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG score maps."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
@@ -60,20 +64,49 @@ def scan(
         no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
         figures=not no_figures, resume=resume, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, reservoir=reservoir,
+        stats=[p.strip() for p in stats.split(",")],
     )
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
         return
-    from rich.table import Table
+    from poslens.report.render import slash_matrix
+    from poslens.rundir import load_run
 
     console = Console()
-    table = Table(title=f"{summary['model_type']}: {summary['num_seqs']} sequences x {summary['seq_len']} tokens")
-    for col in ("layer", "relativity", "locality", "APS", "top slash head (offset: score)"):
-        table.add_column(col, justify="right")
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    for row in summary["layers"]:
-        top = row["top_slash_heads"][0] if row["top_slash_heads"] else None
-        table.add_row(str(row["layer"]), fmt(row["relativity_index"]), fmt(row["locality"]), fmt(row["aps"]),
-                      f"h{top['head']} (d={top['offset']}: {top['score']:.3f})" if top else "-")
-    console.print(table)
+    console.print(scan_table(summary, slash_matrix(load_run(out))))
     console.print(f"wrote {out}/ ({', '.join(summary['files'])})")
+
+
+def scan_table(summary: dict, slash=None):
+    """The per-layer terminal table of a scan (fits 80 columns): sink-excluded relativity where the
+    summary has it, the per-sequence APS where it has it (else the mean-map APS, so labelled), and
+    each layer's strongest head at offsets Δ = 1..16 (larger offsets are the sink column, not slashes):
+    from ``slash`` = ``(best score, its Δ)`` per ``[layer, head]`` where given (the scan's maps), else
+    from the heads the summary lists per layer."""
+    import numpy as np
+
+    from poslens.fmt import fmt, rich_table
+    from poslens.report.readings import SLASH_MAX_DELTA, layer_aps, layer_slash_head
+
+    per_seq = any(l.get("aps_mean") is not None for l in summary["layers"])
+    # the signed diagonal trend and the sink's weight, where the scan wrote them
+    extra = {k: v for k, v in (("diagonal_trend", "trend"), ("sink_weight", "sink"))
+             if any(l.get(k) is not None for l in summary["layers"])}
+    rows = []
+    for i, l in enumerate(summary["layers"]):
+        top = layer_slash_head(l)
+        if slash is not None and i < len(slash[0]) and np.isfinite(np.asarray(slash[0][i], dtype=float)).any():
+            row = np.asarray(slash[0][i], dtype=float)
+            h = int(np.nanargmax(row))
+            top = {"head": h, "offset": int(slash[1][i][h]), "score": float(row[h])}
+        aps, aps_std = layer_aps(l)
+        rows.append([l["layer"], l.get("relativity_index"), l.get("locality")]
+                    + [l.get(k) for k in extra]
+                    + [f"{fmt(aps)} ± {fmt(aps_std)}" if per_seq and aps_std is not None else aps,
+                       f"h{top['head']} Δ={top['offset']}: {fmt(top['score'])}" if top else None])
+    conv = (summary.get("layer_info") or {}).get("convention") or summary.get("layer_convention") or \
+        "decoder layers from 0"
+    return rich_table(f"{summary['model_type']}: {fmt(summary['num_seqs'])} sequences × {fmt(summary['seq_len'])} "
+                      f"tokens ({conv.split(';')[0]})",
+                      ["layer", "rel.", "loc."] + [extra[k] for k in extra]
+                      + ["APS" if per_seq else "mean-map APS", f"slash head Δ ≤ {SLASH_MAX_DELTA}"], rows)

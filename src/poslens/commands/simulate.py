@@ -56,24 +56,13 @@ def simulate(
         Console().print(f"wrote {out}/ (config.json, maps.safetensors, summary.json{'' if no_figures else ', PNGs'})")
 
 
-def fmt(v, digits: int = 3) -> str:
-    return "flat" if v is None else f"{v:.{digits}f}"
-
-
 def print_summary(summary: dict, console) -> None:
-    from rich.table import Table
+    from poslens.fmt import fmt, rich_table
 
-    t = Table(title=f"{summary['label']} — {summary['samples']:,} samples in {summary['seconds']:.1f} s")
-    t.add_column("layer", justify="right")
-    t.add_column("relativity index", justify="right")
-    t.add_column("locality", justify="right")
-    t.add_column("max stderr", justify="right")
     has_theory = "theory_max_abs_diff" in summary["layers"][0]
-    if has_theory:
-        t.add_column("max |sim - theory|", justify="right")
-    for l in summary["layers"]:
-        row = [str(l["layer"]), fmt(l["relativity_index"]), fmt(l["locality"]), f"{l['max_stderr']:.1e}"]
-        if has_theory:
-            row.append(f"{l['theory_max_abs_diff']:.1e}")
-        t.add_row(*row)
+    cols = ["layer", "relativity index", "locality", "max stderr"] + (["max |sim − theory|"] if has_theory else [])
+    rows = [[l["layer"], "flat" if l["relativity_index"] is None else l["relativity_index"], l["locality"],
+             l["max_stderr"]] + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
+    t = rich_table(f"{summary['label']}: {fmt(summary['samples'])} samples in {fmt(summary['seconds'])} s "
+                   f"({(summary.get('layer_info') or {}).get('convention', 'layers').split(',')[0]})", cols, rows)
     console.print(t)

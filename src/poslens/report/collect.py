@@ -14,98 +14,20 @@ folder, say); it is expanded into those. Everything else is an error that names 
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from poslens.errors import PoslensError
+from poslens.rundir import Run, classify, load_run  # noqa: F401  (the one reader; re-exported)
 
 #: how deep a container is searched for run directories
 MAX_DEPTH = 3
+#: a folder that is not itself a run (nor a poslens container) and holds more runs than this is an
+#: ambiguous search (``poslens report /tmp``): refused unless ``allow_many``
+MAX_FOUND = 5
+#: files that mark a folder written by poslens to hold runs (a demo, a zoo): never ambiguous
+CONTAINER_MARKERS = ("demo.json", "zoo.json")
 #: sub-directories never searched: training checkpoints, staging folders of atomic writes
 _SKIP_PREFIXES = (".", "checkpoint-", "__")
-
-
-@dataclass
-class Run:
-    """One loaded run directory."""
-
-    path: Path
-    kind: str  # "command" | "model" | "reproduce"
-    command: str  # config["command"], "train" for models, "reproduce" for reproduction folders
-    config: dict = field(default_factory=dict)
-    summary: dict = field(default_factory=dict)
-    index: dict = field(default_factory=dict)  # reproduction folders: index.json
-    name: str = ""  # display name, unique within one report
-    display_path: str | None = None  # path shown on the page (default: path)
-
-    @property
-    def paper(self) -> str | None:
-        p = self.summary.get("paper")
-        return p if isinstance(p, str) else None
-
-
-def _read_json_dict(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise PoslensError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); the run may be damaged.") from None
-    except OSError as e:
-        raise PoslensError(f"{path}: cannot be read ({e.strerror}).") from None
-    if not isinstance(data, dict):
-        raise PoslensError(f"{path}: expected a JSON object, found {type(data).__name__}.")
-    return data
-
-
-def classify(path: Path) -> str | None:
-    """``"command"``, ``"model"``, ``"reproduce"`` or None (not a run directory itself)."""
-    idx = path / "index.json"
-    if idx.is_file():
-        try:
-            if isinstance(json.loads(idx.read_text()).get("experiments"), list):
-                return "reproduce"
-        except (json.JSONDecodeError, OSError, AttributeError):
-            pass
-    cfg = path / "config.json"
-    if cfg.is_file():
-        try:
-            data = json.loads(cfg.read_text())
-        except (json.JSONDecodeError, OSError):
-            return "command"  # load_run reports the damage, naming the file
-        if isinstance(data, dict) and "command" in data:
-            return "command"
-        if isinstance(data, dict) and "model_type" in data:
-            return "model"
-    return None
-
-
-def load_run(path: str | Path) -> Run:
-    """Load one run directory; raises :class:`PoslensError` naming it when it is not one."""
-    path = Path(path)
-    if not path.exists():
-        raise PoslensError(f"{path} does not exist; pass run directories written by poslens commands.")
-    if not path.is_dir():
-        raise PoslensError(f"{path} is a file; pass the run directory that holds config.json and summary.json.")
-    kind = classify(path)
-    if kind == "reproduce":
-        index = _read_json_dict(path / "index.json")
-        return Run(path, "reproduce", "reproduce", index=index)
-    if kind == "command":
-        config = _read_json_dict(path / "config.json")
-        if not (path / "summary.json").is_file():
-            raise PoslensError(f"{path} has no summary.json: the `{config.get('command')}` run has not finished; "
-                               "resume it (--resume) or pass another directory.")
-        return Run(path, "command", str(config.get("command")), config=config,
-                   summary=_read_json_dict(path / "summary.json"))
-    if kind == "model":
-        config = _read_json_dict(path / "config.json")
-        summary = _read_json_dict(path / "summary.json") if (path / "summary.json").is_file() else {}
-        train_cfg = path / "train_config.json"
-        if train_cfg.is_file():
-            config = {**config, "_train_config": _read_json_dict(train_cfg)}
-        return Run(path, "model", "train", config=config, summary=summary)
-    raise PoslensError(f"{path} is not a poslens run directory (no config.json with a \"command\", no model "
-                       "config.json, no reproduction index.json) and holds none below it.")
 
 
 def _children(path: Path) -> list[Path]:
@@ -136,11 +58,13 @@ def expand(path: Path, depth: int = MAX_DEPTH) -> tuple[list[Path], list[str]]:
     return runs, skipped
 
 
-def collect(paths: list[str | Path]) -> tuple[list[Run], list[str]]:
+def collect(paths: list[str | Path], *, allow_many: bool = False) -> tuple[list[Run], list[str]]:
     """Load every given run directory, expanding containers; returns ``(runs, skipped)``.
 
     A path given explicitly that is neither a run directory nor holds any raises
-    :class:`PoslensError` naming it; so does an explicitly given unfinished run.
+    :class:`PoslensError` naming it; so does an explicitly given unfinished run, and (unless
+    ``allow_many``) a folder that is no poslens container yet holds more than :data:`MAX_FOUND`
+    runs: a search that bundles unrelated runs.
     """
     if not paths:
         raise PoslensError("no run directories given; pass one or more RUN_DIRs (or a folder that holds them).")
@@ -157,6 +81,12 @@ def collect(paths: list[str | Path]) -> tuple[list[Run], list[str]]:
             found, skip = [p], []
         else:
             found, skip = expand(p)
+            marked = any((p / m).is_file() for m in CONTAINER_MARKERS)
+            if len(found) > MAX_FOUND and not marked and not allow_many:
+                shown = ", ".join(str(f) for f in found[:4])
+                raise PoslensError(f"{p} is not a run directory and holds {len(found)} runs up to {MAX_DEPTH} levels "
+                                   f"below it ({shown}, ...); pass the run directories you mean, or --all to "
+                                   "include every one.")
             if not found:
                 if skip:
                     raise PoslensError(f"{p} holds only unfinished runs ({'; '.join(skip)}); finish or resume them.")

@@ -1,34 +1,39 @@
 """Render run directories into one self-contained HTML report.
 
-``render_report(run_dirs, title)`` collects the runs (expanding folders that hold runs), groups
-what they measured into one section per paper, derives plain-language readings from the numbers,
-adds comparison tables where several runs of the same kind are given (NoPE vs RoPE scans, say),
-and renders ``template.html.j2`` with every figure embedded as a base64 ``data:`` URI. The page
-loads nothing from anywhere: its Content-Security-Policy forbids every fetch but ``data:``
-images, and it has no scripts.
+``render_report(run_dirs, title)`` collects the runs (expanding folders that hold runs) and renders
+every run the same way, from the common summary shape (:func:`poslens.rundir.envelope`): one card
+per paper it measures, holding its readings (written from the numbers by
+:mod:`poslens.report.readings`), its per-layer quantities as line plots with error bars, its
+per-head quantities as head × layer heat maps, its own figures in a readable grid, and only the
+short tables a reader quotes. The page opens with key findings, one block per paper. Several runs
+of one command are overlaid in one set of line plots. Every figure is embedded as a base64
+``data:`` URI; the page loads nothing from anywhere (its Content-Security-Policy forbids every
+fetch but ``data:`` images) and has no scripts.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as _dt
+import io
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any, Iterable
 
 from poslens.errors import PoslensError
+from poslens.fmt import fmt
 from poslens.report.collect import Run, classify, collect, expand, load_run
 from poslens.report.readings import (
-    comparison_readings,
+    SLASH_MAX_DELTA,
+    key_findings,
     kim_readings,
     model_readings,
     neighborhood_readings,
     num,
     slash_readings,
-    uniform_slash,
 )
+from poslens.rundir import figure_caption
 
 #: the Content-Security-Policy of every report: no network, no scripts, images only from data: URIs
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'none'; base-uri 'none'; form-action 'none'"
@@ -36,6 +41,7 @@ CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 
 PAPERS: dict[str, dict[str, str]] = {
     "kim": {
         "title": "Causal mask and RoPE: where attention scores get position",
+        "short": "Causal mask and RoPE",
         "ref": "arXiv 2509.21042",
         "intro": (
             "The causal mask alone, with no parameters and inputs that carry no order, makes attention scores "
@@ -49,78 +55,129 @@ PAPERS: dict[str, dict[str, str]] = {
     },
     "slash": {
         "title": "Slash-dominant heads and RoPE",
+        "short": "Slash-dominant heads",
         "ref": "arXiv 2601.08297",
         "intro": (
             "Slash-dominant heads put most of their attention on one sub-diagonal: the token Δ positions back, "
-            "for every query. SlashScore(Δ) is the mean attention weight on that sub-diagonal. The paper "
-            "explains them by nearly rank-one pre-RoPE queries and keys combined with RoPE's medium and high "
-            "frequencies; the top-1 energy of the queries' singular values measures the first condition "
-            "(1 = rank one)."
+            "for every query. SlashScore(Δ) is the mean attention weight on that sub-diagonal; heads are sought "
+            f"at Δ = 1 … {SLASH_MAX_DELTA} (larger offsets reach the first tokens, where attention sinks put their "
+            "weight). The paper explains them by nearly rank-one pre-RoPE queries and keys combined with RoPE's "
+            "medium and high frequencies; the top-1 energy of the queries' singular values measures the first "
+            "condition (1 = rank one)."
         ),
     },
     "neighborhood": {
         "title": "Position without positional encoding: similarity of nearby embeddings",
+        "short": "Similarity of nearby embeddings",
         "ref": "arXiv 2501.00073",
         "intro": (
             "In causal transformers without positional encoding, hidden vectors of nearby tokens are more "
             "cosine-similar than distant ones, already after the first attention layer and even at random "
             "initialisation. The adjacency probability score (APS) is the fraction of position triples "
-            "j < k < i where token i is more similar to the nearer token k: 0.5 = chance, 1 = similarity "
-            "rises monotonically towards each token."
+            "j < k < i where token i is more similar to the nearer token k, computed per sequence and "
+            "averaged (0.5 = chance, 1 = similarity rises monotonically towards each token). A scan's "
+            "'mean-map APS' is the same count on the cosine map averaged over sequences: it tends to 1 for "
+            "any consistent trend as sequences are added and has no chance level."
         ),
     },
 }
 SECTION_ORDER = ["reproduction", "kim", "slash", "neighborhood", "models", "other"]
-
-_CAPTIONS = [
-    (re.compile(r"^scores(_layers[\d-]+)?_raw\.png$"),
-     "Mean pre-softmax attention scores per layer (rows: query position, columns: key position)."),
-    (re.compile(r"^scores(_layers[\d-]+)?_diagnorm\.png$"),
-     "Diagonal-normalised scores: each diagonal's mean removed. A purely relative map is uniform here; "
-     "structure that remains depends on absolute position."),
-    (re.compile(r"^probs\.png$"), "Mean attention weights (post-softmax) per layer."),
-    (re.compile(r"^kim_fig1\.png$"), "Closed-form layer-2 scores of the parameter-free model (alpha = 0, length 3)."),
-]
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
          ".svg": "image/svg+xml", ".webp": "image/webp"}
+
+#: per-layer quantities: key -> (paper, panel title, reference line). Keys not listed are plotted
+#: under the run's first paper with their own name.
+LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
+    "relativity_index": ("kim", "relativity index (1 = relative)", None),
+    "locality": ("kim", "locality (+1 = nearer keys score higher)", 0.0),
+    "diagonal_trend": ("kim", "signed trend along diagonals (+1 = right higher)", 0.0),
+    "within_diag_rms": ("kim", "within-diagonal RMS (dashed: noise floor)", None),
+    "nonrelative_p": ("kim", "p, non-relative (sample-group test)", 0.05),
+    "trend_p": ("kim", "p, diagonal trend", 0.05),
+    "sink_weight": ("kim", "attention weight on key 0 (sink)", None),
+    "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
+    "locality_with_sink": ("kim", "locality with key 0", 0.0),
+    "max_stderr": ("kim", "largest standard error of a score", None),
+    "theory_max_abs_diff": ("kim", "max |simulation − theory|", None),
+    "aps_mean": ("neighborhood", "APS per sequence (mean ± std)", 0.5),
+    "aps": ("neighborhood", "mean-map APS (sequence-averaged map)", None),
+    "mean_map_aps": ("neighborhood", "mean-map APS (sequence-averaged map)", None),
+    "attn_aps_mean": ("neighborhood", "APS of attention outputs per sequence", 0.5),
+    "attn_aps": ("neighborhood", "mean-map APS of attention outputs", None),
+    "attn_mean_map_aps": ("neighborhood", "mean-map APS of attention outputs", None),
+    "resid_aps_mean": ("neighborhood", "APS of the residual stream per sequence", 0.5),
+    "norm_score_mean": ("neighborhood", "norm score (1 = norms shrink)", 0.5),
+    "norm_score": ("neighborhood", "norm score (1 = norms shrink)", 0.5),
+    "resid_norm_score_mean": ("neighborhood", "norm score of the residual stream", 0.5),
+    "bidirectional_aps_mean": ("neighborhood", "APS, bidirectional control", 0.5),
+    "bidirectional_norm_score_mean": ("neighborhood", "norm score, bidirectional control", 0.5),
+}
+#: per-head lists (one value per head per layer): key -> (paper, map title)
+HEAD_QUANTITIES: dict[str, tuple[str, str]] = {
+    "q_top1_energy": ("slash", "pre-RoPE query top-1 energy (1 = rank one)"),
+    "k_top1_energy": ("slash", "pre-RoPE key top-1 energy"),
+    "q_effective_rank": ("slash", "query effective rank"),
+}
+#: per-layer tables are kept up to this many layers; beyond, the line plots carry them
+MAX_TABLE_LAYERS = 6
 
 
 # --------------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------------
-def fmt(v: Any) -> str:
-    """A table cell: floats to 3 decimals (or 3 significant digits when tiny/huge), None as '–'."""
-    if v is None:
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return f"{v:,}" if abs(v) >= 10_000 else str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "–"
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-            return f"{v:.3g}"
-        return f"{v:.3f}"
-    if isinstance(v, (list, tuple)):
-        return ", ".join(fmt(x) for x in v)
-    if isinstance(v, dict):
-        return json.dumps(v, default=str)
-    return str(v)
-
-
-_NUMERIC = re.compile(r"^[-+−–]?[\d.,]+(e[-+]?\d+)?( ± [\d.]+)?$|^(–|flat|yes|no)$")
+_NUMERIC = re.compile(r"^[-+−–]?[\d.,]+(e[-+]?\d+)?( ± [\d.,e+-]+)?$|^(–|flat|yes|no)$")
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "x"
 
 
-def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: str = "") -> dict:
+#: a numeric table with at least this many entries, this fraction of them 0, is said in a sentence
+SPARSE_MIN_ENTRIES, SPARSE_ZERO_FRACTION = 8, 0.9
+
+
+def _numeric_body(rows: list[list]) -> list[tuple[int, int, float]] | None:
+    """``(row, column, value)`` of a table whose cells after the first column are all numbers."""
+    out = []
+    for i, r in enumerate(rows):
+        for j, c in enumerate(r[1:], 1):
+            if c is None:
+                continue
+            if isinstance(c, bool) or not isinstance(c, (int, float)):
+                return None
+            out.append((i, j, float(c)))
+    return out
+
+
+def sparse_sentence(title: str, columns: list, rows: list) -> str | None:
+    """One sentence for a numeric table that is (almost) all zeros, or None for any other table:
+    "t: every entry 0" / "t: all 40 entries 0 except κ 0.3, Δ 1: 2"."""
+    rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
+    if not rows:
+        return f"{title or 'a table'}: no rows"
+    body = _numeric_body(rows)
+    if not body or len(body) < SPARSE_MIN_ENTRIES:
+        return None
+    nonzero = [(i, j, v) for i, j, v in body if v != 0]
+    if len(nonzero) > (1 - SPARSE_ZERO_FRACTION) * len(body):
+        return None
+    if not nonzero:
+        return f"{title or 'a table'}: all {len(body)} entries 0"
+    name = lambda i, j: f"{columns[0]} {fmt(rows[i][0])}, {columns[j] if j < len(columns) else j}"  # noqa: E731
+    return (f"{title or 'a table'}: all {len(body)} entries 0 except "
+            + "; ".join(f"{name(i, j)}: {fmt(v)}" for i, j, v in nonzero))
+
+
+def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: str = "") -> dict | None:
+    """A table for the page, or None when it would say nothing: no rows, or a numeric table that
+    is (almost) all zeros (a κ × Δ count table; :func:`sparse_sentence` says it in words)."""
     def cell(c):
         text = fmt(c)
         return {"v": text, "num": bool(_NUMERIC.match(text))}
 
+    rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
+    if sparse_sentence(title, list(columns), rows) is not None:
+        return None
     return {"title": title, "columns": [str(c) for c in columns], "rows": [[cell(c) for c in r] for r in rows],
             "note": note}
 
@@ -139,8 +196,34 @@ def embed_file(path: Path) -> str | None:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
+def png_width(uri: str) -> int | None:
+    """Pixel width of a ``data:image/png`` URI (from its IHDR chunk), else None."""
+    head = "data:image/png;base64,"
+    if not uri.startswith(head):
+        return None
+    try:
+        raw = base64.b64decode(uri[len(head): len(head) + 44])
+    except ValueError:
+        return None
+    return int.from_bytes(raw[16:20], "big") if raw[12:16] == b"IHDR" else None
+
+
+#: figures narrower than this (in pixels) sit two to a row on the page
+HALF_WIDTH_PX = 900
+
+
 def embed_bytes(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def embed_figure(fig, dpi: int = 100) -> str:
+    """A matplotlib figure as a ``data:`` PNG URI (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return embed_bytes(buf.getvalue())
 
 
 def _inside(base: Path, rel: str) -> Path | None:
@@ -153,32 +236,11 @@ def _inside(base: Path, rel: str) -> Path | None:
     return p
 
 
-def _default_caption(name: str) -> str:
-    for pat, cap in _CAPTIONS:
-        if pat.match(name):
-            return cap
-    return name
-
-
 def run_figures(run: Run, notes: list[str] | None = None) -> list[dict]:
-    """Figures a run names in ``summary["figures"]`` (names or ``{file, caption}``), else its
-    PNGs listed in ``summary["files"]``, else every PNG in its directory; embedded."""
-    s = run.summary
-    entries: list[tuple[str, str]] = []
-    figs = s.get("figures")
-    if isinstance(figs, list):
-        for f in figs:
-            if isinstance(f, str):
-                entries.append((f, _default_caption(Path(f).name)))
-            elif isinstance(f, dict) and isinstance(f.get("file"), str):
-                entries.append((f["file"], str(f.get("caption") or _default_caption(Path(f["file"]).name))))
-    elif isinstance(s.get("files"), list):
-        entries = [(f, _default_caption(Path(f).name)) for f in s["files"]
-                   if isinstance(f, str) and Path(f).suffix.lower() in _MIME]
-    else:
-        entries = [(p.name, _default_caption(p.name)) for p in sorted(run.path.glob("*.png"))]
+    """The run's own figures (``summary["figures"]``, older runs' ``files`` or PNGs), embedded."""
     out = []
-    for rel, cap in entries:
+    for f in run.figures:
+        rel, cap = f["file"], f["caption"]
         p = _inside(run.path, rel)
         uri = embed_file(p) if p is not None else None
         if uri is None:
@@ -189,45 +251,215 @@ def run_figures(run: Run, notes: list[str] | None = None) -> list[dict]:
     return out
 
 
+def _sized(figures) -> list[dict]:
+    """Figures with ``half``: narrow ones (a few panels) are laid out two to a row."""
+    out = []
+    for f in figures or []:
+        w = png_width(f.get("src", ""))
+        own = str(f.get("file", "")).lower().endswith(".png")  # the run's own figures; plots drawn here stay wide
+        out.append({**f, "half": own and w is not None and w < HALF_WIDTH_PX})
+    return out
+
+
 def _card(run: Run, *, title: str | None = None, subtitle: str = "", badge: str = "", readings=None, tables=None,
           figures=None, meta=None, notes=None, anchor: str = "") -> dict:
     return {"id": anchor or f"run-{_slug(run.name)}", "title": title or run.name, "subtitle": subtitle,
-            "badge": badge or run.command, "path": str(run.path), "readings": list(readings or []),
-            "tables": list(tables or []), "figures": list(figures or []), "meta": list(meta or []),
-            "notes": list(notes or [])}
+            "badge": badge or run.command, "path": str(run.display_path if run.display_path is not None else run.path),
+            "readings": list(readings or []), "tables": [t for t in tables or [] if t],
+            "figures": _sized(figures), "meta": list(meta or []), "notes": list(notes or [])}
 
 
 # --------------------------------------------------------------------------------------------
-# cards per kind of run
+# per-layer and per-head quantities, drawn from the numbers
 # --------------------------------------------------------------------------------------------
-def simulate_cards(run: Run) -> list[tuple[str, dict]]:
-    s, c = run.summary, run.config
-    layers = [l for l in s.get("layers") or [] if isinstance(l, dict)]
-    has_theory = any("theory_max_abs_diff" in l for l in layers)
-    cols = ["layer", "relativity index", "locality", "max stderr"] + (["max |sim − theory|"] if has_theory else [])
+#: per-layer keys that are bookkeeping, not quantities to plot
+_NOT_PLOTTED = ("noise_groups", "noise_positions", "sink_columns", "sliding_window", "flat_p")
+
+
+def _error_key(layers: list[dict], key: str) -> str | None:
+    base = key[:-5] if key.endswith("_mean") else key
+    for cand in (f"{base}_std", f"{key}_std", f"{key}_stderr", f"{key}_se"):
+        if any(num(l.get(cand)) is not None for l in layers):
+            return cand
+    return None
+
+
+def layer_quantities(run: Run) -> dict[str, list[str]]:
+    """Paper -> the per-layer scalar keys of ``run`` worth a line (finite in at least one layer,
+    not an error-bar companion, not the index)."""
+    layers = run.layers
+    keys: list[str] = []
+    for l in layers:
+        for k, v in l.items():
+            if k in keys or k == "layer" or isinstance(v, bool) or num(v) is None:
+                continue
+            keys.append(k)
+    errs = {e for k in keys for e in [_error_key(layers, k)] if e}
+    keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr", "_se", "_noise"))
+            and k not in _NOT_PLOTTED]
+    order = list(LAYER_QUANTITIES)
+    keys.sort(key=lambda k: order.index(k) if k in order else len(order))  # known quantities first, in order
+    # with the per-sequence APS present, ``aps`` is either the same number or the older mean-map one under
+    # the old name: plot the per-sequence one and, last, the one explicitly named ``mean_map_aps``
+    for per_seq, dup in (("aps_mean", "aps"), ("attn_aps_mean", "attn_aps")):
+        if per_seq in keys:
+            keys = [k for k in keys if k != dup]
+    keys = [k for k in keys if "mean_map" not in k] + [k for k in keys if "mean_map" in k]
+    default = run.paper or "other"
+    out: dict[str, list[str]] = {}
+    for k in keys:
+        paper = LAYER_QUANTITIES.get(k, (default,))[0]
+        if paper not in run.papers:
+            paper = default
+        out.setdefault(paper, []).append(k)
+    return out
+
+
+def _layer_xy(layers: list[dict], key: str) -> tuple[list, list, list | None, list]:
+    """(x positions, values, errors, tick labels) with 'embeddings' drawn at x = −1."""
+    xs, ys, es, labels = [], [], [], []
+    ek = _error_key(layers, key)
+    for i, l in enumerate(layers):
+        lid = l.get("layer")
+        x = lid if isinstance(lid, int) else (-1 if lid == "embeddings" else i)
+        xs.append(x)
+        ys.append(num(l.get(key)))
+        es.append(num(l.get(ek)) if ek else None)
+        labels.append(str(lid))
+    return xs, ys, (es if ek else None), labels
+
+
+def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None:
+    """Line plots (with error bars) of ``keys`` against layer, one line per run; embedded."""
+    from poslens.plots import layer_lines
+
+    panels = []
+    has_emb = any(l.get("layer") == "embeddings" for r in runs for l in r.layers)
+    for k in keys[:9]:
+        series = []
+        for r in runs:
+            layers = r.layers
+            if not any(num(l.get(k)) is not None for l in layers):
+                continue
+            xs, ys, es, _ = _layer_xy(layers, k)
+            emb = num(r.summary.get(f"embedding_{k}"))
+            if emb is not None and -1 not in xs:  # a scan's embeddings value, drawn at x = −1
+                xs, ys = [-1] + xs, [emb] + ys
+                es = [num(r.summary.get(f"embedding_{k}_std"))] + es if es is not None else None
+                has_emb = True
+            series.append({"label": r.name, "layers": xs, "values": ys, "errors": es})
+            if any(num(l.get(f"{k}_noise")) is not None for l in layers):  # its noise floor, same panel
+                nx, ny, _, _ = _layer_xy(layers, f"{k}_noise")
+                series.append({"label": f"{r.name}: noise floor", "layers": nx, "values": ny, "errors": None,
+                               "dashed": True})
+        if series:
+            info = LAYER_QUANTITIES.get(k, (None, k.replace("_", " "), None))
+            panels.append({"title": info[1], "series": series, "ref": info[2]})
+    if not panels:
+        return None
+    conv = (runs[0].summary.get("layer_info") or {}).get("convention") or "layer indices as the run wrote them"
+    fig = layer_lines(panels, suptitle=title, layer_label="layer (−1: embeddings)" if has_emb else "layer")
+    more = f" ({len(keys) - 9} more quantities in summary.json)" if len(keys) > 9 else ""
+    emb = " Layer −1 on the axis: the embeddings." if has_emb else ""
+    return {"src": embed_figure(fig), "caption": f"Per-layer quantities; {conv}.{emb} Error bars: the run's std / "
+                                                 f"standard error where it gives one.{more}", "file": "summary.json"}
+
+
+def _head_matrix(layers: list[dict], key: str):
+    import numpy as np
+
+    rows = [l.get(key) if isinstance(l.get(key), list) else [] for l in layers]
+    H = max((len(r) for r in rows), default=0)
+    if H == 0:
+        return None
+    m = np.full((len(rows), H), np.nan)
+    for i, r in enumerate(rows):
+        for h, v in enumerate(r):
+            f = num(v)
+            if f is not None:
+                m[i, h] = f
+    return m
+
+
+def slash_matrix(run: Run, max_delta: int = SLASH_MAX_DELTA):
+    """``(best SlashScore over Δ = 1..max_delta, its Δ)`` per ``[layer, head]`` from the run's
+    ``maps.safetensors`` (key ``slash``, ``[L, H, S]``), or None where the run has none."""
+    path = run.path / "maps.safetensors"
+    if not path.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            if "slash" not in f.keys():
+                return None
+            s = f.get_slice("slash")
+            L, H, S = s.get_shape()
+            hi = min(max_delta, S - 1)
+            if hi < 1:
+                return None
+            window = s[:, :, 1: hi + 1].double()
+    except Exception:  # a damaged tensor file: the report shows the summary's numbers only
+        return None
+    import torch
+
+    best, arg = torch.nan_to_num(window, nan=-1.0).max(dim=-1)
+    best = torch.where(best < 0, torch.full_like(best, float("nan")), best)
+    return best.numpy(), (arg + 1).numpy()
+
+
+def head_figure(run: Run, keys: list[str], slash=None) -> dict | None:
+    """Head × layer heat maps of SlashScore (Δ-limited) and the per-head lists in ``keys``."""
+    from poslens.plots import head_layer_maps
+
+    layers = run.layers
+    maps = []
+    if slash is not None:
+        maps.append({"title": f"best SlashScore, Δ = 1 … {SLASH_MAX_DELTA}", "values": slash[0], "cmap": "viridis"})
+    for k in keys:
+        m = _head_matrix(layers, k)
+        if m is not None:
+            maps.append({"title": HEAD_QUANTITIES[k][1], "values": m, "cmap": "mako",
+                         **({"vmin": 0.0, "vmax": 1.0} if "energy" in k else {})})
+    if not maps:
+        return None
+    ids = [l.get("layer") for l in layers] or list(range(len(slash[0])))
+    fig = head_layer_maps(maps[:3], layer_ids=ids)
+    return {"src": embed_figure(fig), "caption": "Head × layer maps (rows: decoder layers from 0; columns: heads). "
+                                                 "Grey: no value (e.g. no RoPE in that layer).",
+            "file": "maps.safetensors / summary.json"}
+
+
+def _layer_table(run: Run, keys: list[str]) -> dict | None:
+    layers = run.layers
+    if not layers or len(layers) > MAX_TABLE_LAYERS or not keys:
+        return None
+    cols = ["layer"] + [LAYER_QUANTITIES.get(k, (None, k.replace("_", " ")))[1] for k in keys]
     rows = []
     for l in layers:
-        ri = l.get("relativity_index")
-        row = [l.get("layer"), "flat" if ri is None else num(ri), l.get("locality"), num(l.get("max_stderr"))]
-        if has_theory:
-            row.append(num(l.get("theory_max_abs_diff")))
+        row = [l.get("layer")]
+        for k in keys:
+            ek = _error_key(layers, k)
+            v = l.get(k)
+            if k == "relativity_index" and v is None:
+                row.append("flat")
+            elif ek and num(l.get(ek)) is not None and num(v) is not None:
+                row.append(f"{fmt(num(v))} ± {fmt(num(l.get(ek)))}")
+            else:
+                row.append(num(v) if not isinstance(v, str) else v)
         rows.append(row)
-    meta = [(k, fmt(c.get(k))) for k in ("alpha", "layers", "seq_len", "dim", "norm", "scale", "rope", "causal", "seed")
-            if k in c]
-    meta += [("samples", fmt(s.get("samples"))), ("seconds", fmt(num(s.get("seconds"))))]
-    notes: list[str] = []
-    if s.get("stopped_early"):
-        notes.append("stopped early: every score's standard error fell below the target.")
-    card = _card(run, subtitle=str(s.get("label") or ""), badge="simulate",
-                 readings=kim_readings(layers, noise="Monte Carlo noise"),
-                 tables=[table("Per layer", cols, rows)] if rows else [],
-                 figures=run_figures(run, notes), meta=meta, notes=notes)
-    return [("kim", card)]
+    conv = (run.summary.get("layer_info") or {}).get("convention", "")
+    return table("Per layer", cols, rows, note=conv)
 
 
-def scan_label(run: Run) -> str:
+# --------------------------------------------------------------------------------------------
+# one card per (run, paper), the same way for every command
+# --------------------------------------------------------------------------------------------
+def run_label(run: Run) -> str:
     s = run.summary
-    layers = [l for l in s.get("layers") or [] if isinstance(l, dict)]
+    if isinstance(s.get("label"), str):
+        return s["label"]
+    layers = run.layers
     ropes = {bool(l.get("rope")) for l in layers if "rope" in l}
     pe = "RoPE" if ropes == {True} else "NoPE" if ropes == {False} else "partly RoPE" if ropes else ""
     ctrl = s.get("controls") or {}
@@ -241,70 +473,186 @@ def scan_label(run: Run) -> str:
     src = (run.config.get("source") or {}).get("kind") if isinstance(run.config.get("source"), dict) else None
     if src:
         bits.append(f"data: {src}")
+    if s.get("experiment") and run.command not in ("scan", "simulate"):
+        bits.append(str(s["experiment"]))
     return ", ".join(b for b in bits if b)
 
 
-def scan_cards(run: Run) -> list[tuple[str, dict]]:
+scan_label = run_label  # older name
+
+
+def readings_for(run: Run, paper: str) -> list[str]:
+    """The run's readings for one paper: those it wrote, else written from its numbers."""
     s = run.summary
-    layers = [l for l in s.get("layers") or [] if isinstance(l, dict)]
-    label = scan_label(run)
-    model = s.get("model_dir") or (run.config.get("options") or {}).get("model_dir")
-    meta = [("model", fmt(model)), ("model type", fmt(s.get("model_type"))), ("sequences", fmt(s.get("num_seqs"))),
-            ("tokens per sequence", fmt(s.get("seq_len")))]
+    own = [str(r) for r in s.get("readings") or [] if isinstance(r, (str, int, float))]
+    if own and len(run.papers) <= 1:
+        return own
+    if paper == "kim":
+        noise = "Monte Carlo noise" if run.command == "simulate" else ""
+        return kim_readings(run.layers, noise=noise) if any("relativity_index" in l for l in run.layers) else own
+    if paper == "slash":
+        return slash_readings(s)
+    if paper == "neighborhood":
+        return neighborhood_readings(s)
+    return own
+
+
+def _meta(run: Run) -> list[tuple[str, str]]:
+    s, c = run.summary, run.config
+    opts = c.get("options") if isinstance(c.get("options"), dict) else c
+    meta = [(k.replace("_", " "), fmt(opts.get(k))) for k in ("model_dir", "alpha", "layers", "seq_len", "dim", "norm",
+                                                             "scale", "rope", "causal", "num_seqs", "data", "seed")
+            if k in opts and opts.get(k) is not None and not isinstance(opts.get(k), (dict, list))]
+    for k in ("samples", "seconds", "wall_s"):
+        if num(s.get(k)) is not None:
+            meta.append((k.replace("_", " "), fmt(num(s[k]))))
     tp = s.get("throughput") or {}
     if isinstance(tp, dict) and num(tp.get("tokens_per_s")) is not None:
         meta.append(("tokens / s", fmt(num(tp.get("tokens_per_s")))))
+    return meta
+
+
+def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, dict]]:
+    """One card per paper the run measures: readings, line plots of its per-layer quantities,
+    head × layer maps, the short tables, its own figures (score maps with the first paper)."""
+    papers = [p for p in run.papers if p in PAPERS] or ["other"]
+    quantities = layer_quantities(run)
+    head_keys = [k for k in HEAD_QUANTITIES if any(isinstance(l.get(k), list) for l in run.layers)]
+    slash = slash_matrix(run) if "slash" in papers and run.command == "scan" else None
+    if slash_cache is not None:
+        slash_cache[id(run)] = slash
     notes: list[str] = []
-    figs = run_figures(run, notes)
+    own_figs = run_figures(run, notes)
+    if run.summary.get("stopped_early"):
+        notes.append("stopped early: every score's standard error fell below the target.")
+    label = run_label(run)
     cards = []
-    # arXiv 2509.21042: score maps
-    rows = [[l.get("layer"), l.get("rope"), "flat" if l.get("relativity_index") is None else num(l.get("relativity_index")),
-             num(l.get("locality"))] for l in layers]
-    cards.append(("kim", _card(run, subtitle=label, badge="scan", anchor=f"kim-{_slug(run.name)}",
-                               readings=kim_readings(layers),
-                               tables=[table("Per layer", ["layer", "RoPE", "relativity index", "locality"], rows)],
-                               figures=figs, meta=meta, notes=notes)))
-    # Slash heads
-    n = int(num(s.get("seq_len")) or 0)
-    tops = [t for t in s.get("slash_top_heads_offset_ge1") or [] if isinstance(t, dict)]
-    head_rows = [[t.get("layer"), t.get("head"), t.get("offset"), num(t.get("score")),
-                  uniform_slash(n, int(t.get("offset") or 0)) if n else None] for t in tops]
-    rank_rows = []
-    for l in layers:
-        q = [num(v) for v in l.get("q_top1_energy") or [] if num(v) is not None]
-        k = [num(v) for v in l.get("k_top1_energy") or [] if num(v) is not None]
-        qe = [num(v) for v in l.get("q_effective_rank") or [] if num(v) is not None]
-        bands = l.get("band_logit") if isinstance(l.get("band_logit"), dict) else {}
-        band_txt = ", ".join(f"{b} {sum(num(x) or 0 for x in v) / max(len(v), 1):+.3g}" for b, v in bands.items()
-                             if isinstance(v, list))
-        rank_rows.append([l.get("layer"), max(q) if q else None, sum(q) / len(q) if q else None, max(k) if k else None,
-                          sum(qe) / len(qe) if qe else None, band_txt or None])
-    slash_tables = []
-    if head_rows:
-        slash_tables.append(table("Strongest slash heads (offset ≥ 1)",
-                                  ["layer", "head", "offset Δ", "SlashScore(Δ)", "uniform attention"], head_rows,
-                                  note="uniform attention: the SlashScore a head attending equally to every "
-                                       "visible key would get at that offset."))
-    if rank_rows:
-        slash_tables.append(table("Rank-one measures of pre-RoPE queries and keys, per layer",
-                                  ["layer", "q top-1 energy (max head)", "q top-1 energy (mean)",
-                                   "k top-1 energy (max)", "q effective rank (mean)", "mean logit by RoPE band"],
-                                  rank_rows))
-    cards.append(("slash", _card(run, subtitle=label, badge="scan", anchor=f"slash-{_slug(run.name)}",
-                                 readings=slash_readings(s), tables=slash_tables)))
-    # Neighbourhood: APS
-    aps_rows = []
-    if num(s.get("embedding_aps")) is not None:
-        aps_rows.append(["embeddings", num(s.get("embedding_aps")), None, None])
-    aps_rows += [[l.get("layer"), num(l.get("aps")), num(l.get("attn_aps")), num(l.get("norm_score"))] for l in layers]
-    cards.append(("neighborhood", _card(run, subtitle=label, badge="scan", anchor=f"nb-{_slug(run.name)}",
-                                        readings=neighborhood_readings(s),
-                                        tables=[table("Adjacency probability score by layer",
-                                                      ["after layer", "APS hidden states", "APS attention output",
-                                                       "norm score"], aps_rows,
-                                                      note=f"over the first {fmt(s.get('aps_positions'))} positions")]
-                                        if layers else [])))
+    for i, paper in enumerate(papers):
+        keys = quantities.get(paper, []) + ([k for p, ks in quantities.items() if p not in papers for k in ks]
+                                            if i == 0 else [])
+        figs = []
+        # few layers: the short table says it all; many layers: line plots instead of a long table
+        lf = layer_figure([run], keys, title=f"{run.name}: per layer") if len(run.layers) > MAX_TABLE_LAYERS else None
+        if lf:
+            figs.append(lf)
+        if paper == "slash":
+            hf = head_figure(run, head_keys, slash)
+            if hf:
+                figs.append(hf)
+        tables = [_layer_table(run, keys)] if not run.tables else []  # a run's own tables already say it
+        if len(papers) == 1 or paper == run.paper:
+            tables += [table(str(t.get("title") or ""), t["columns"], t["rows"], note=str(t.get("note") or ""))
+                       for t in run.tables]
+        said = [x for x in (sparse_sentence(str(t.get("title") or ""), t["columns"], t["rows"]) for t in run.tables)
+                if x]
+        card_notes = list(notes) if i == 0 else []
+        if said and (len(papers) == 1 or paper == run.paper):
+            card_notes += [f"Not shown as a table: {x}." for x in said]
+        title = run.summary.get("title") if isinstance(run.summary.get("title"), str) and run.command not in (
+            "scan", "simulate") else None
+        cards.append((paper, _card(run, title=title or run.name, subtitle=label if not title else run.name,
+                                   badge=run.command, anchor=f"{_slug(paper)}-{_slug(run.name)}",
+                                   readings=readings_for(run, paper), tables=tables,
+                                   figures=figs + (own_figs if i == 0 else []),
+                                   meta=_meta(run) if i == 0 else [], notes=card_notes)))
     return cards
+
+
+def cards_for(run: Run) -> list[tuple[str, dict]]:
+    if run.kind == "model":
+        return model_cards(run)
+    return generic_cards(run)
+
+
+# --------------------------------------------------------------------------------------------
+# comparisons: several runs of one command, overlaid
+# --------------------------------------------------------------------------------------------
+def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
+    """Section -> comparison blocks ({title, legend, readings, tables, figures}) for like runs."""
+    out: dict[str, list[dict]] = {}
+    by_command: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.kind == "command" and len(r.layers) > 1:
+            by_command.setdefault(r.command, []).append(r)
+    for command, group in by_command.items():
+        if len(group) < 2:
+            continue
+        legend = "; ".join(f"{r.name}: {run_label(r)}" for r in group)
+        per_paper: dict[str, list[str]] = {}
+        for r in group:
+            for p, ks in layer_quantities(r).items():
+                for k in ks:
+                    if k not in per_paper.setdefault(p, []):
+                        per_paper[p].append(k)
+        for paper, keys in per_paper.items():
+            fig = layer_figure(group, keys, title=f"{len(group)} {command} runs")
+            if fig is None:
+                continue
+            out.setdefault(paper if paper in PAPERS else "other", []).append({
+                "title": f"Comparison of {len(group)} {command} runs", "legend": legend, "readings": [],
+                "tables": [], "figures": [fig]})
+    # analysis runs of the same experiment: stack tables that share title and columns
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.kind == "command" and r.command not in ("simulate", "scan") and r.summary.get("experiment"):
+            groups.setdefault(str(r.summary["experiment"]), []).append(r)
+    overlaid = {id(r) for g in by_command.values() if len(g) >= 2 for r in g}
+    for exp, group in groups.items():
+        if len(group) < 2 or all(id(r) in overlaid for r in group):  # their per-layer plots are overlaid above
+            continue
+        tabs = []
+        for t in group[0].tables:
+            rows = []
+            for r in group:
+                match = next((u for u in r.tables if u.get("title") == t.get("title")
+                              and u.get("columns") == t.get("columns")), None)
+                if match is None:
+                    rows = []
+                    break
+                rows += [[r.name] + (row if isinstance(row, list) else [row]) for row in match["rows"]]
+            tabs.append(table(f"{t.get('title') or ''} (all runs)", ["run"] + list(t["columns"]), rows))
+        tabs = [t for t in tabs if t]
+        if tabs:
+            paper = group[0].paper if group[0].paper in PAPERS else "other"
+            out.setdefault(paper, []).append({"title": f"Comparison: {exp} ({len(group)} runs)", "legend": "",
+                                              "readings": [], "tables": tabs, "figures": []})
+    models = [r for r in runs if r.kind == "model" and r.summary]
+    if len(models) >= 2:
+        rows = [[r.name] + [r.summary.get(k) for k in ("pe", "task", "data", "steps", "params", "initial_loss",
+                                                       "final_loss", "eval_accuracy", "eval_accuracy_long")]
+                for r in models]
+        out.setdefault("models", []).append({
+            "title": f"Comparison of {len(models)} models", "legend": "", "readings": [], "figures": [],
+            "tables": [table("Models side by side", ["model", "PE", "task", "data", "steps", "parameters",
+                                                     "initial loss", "final loss", "accuracy", "accuracy (longer)"],
+                             rows)]})
+    return out
+
+
+def findings(runs: list[Run]) -> list[dict]:
+    """The page's key findings: one block per paper, from every run's numbers."""
+    items = []
+    for r in runs:
+        if r.kind != "command":
+            continue
+        s = r.summary
+        if "slash" in r.papers and r.command == "scan" and not s.get("slash_heads"):
+            m = slash_matrix(r)
+            if m is not None:
+                import torch
+
+                from poslens.metrics.slash import top_slash_heads
+
+                best, arg = m
+                full = torch.full((best.shape[0], best.shape[1], SLASH_MAX_DELTA + 1), float("nan"),
+                                  dtype=torch.float64)
+                full.scatter_(-1, torch.as_tensor(arg).long()[..., None], torch.as_tensor(best)[..., None])
+                ids = [l.get("layer") for l in r.layers] or None
+                s = {**s, "slash_heads": top_slash_heads(full, k=10, min_offset=1, layer_ids=ids)}
+        items.append((r.name, r.command, r.papers, s))
+    kf = key_findings(items)
+    return [{"paper": k, "title": PAPERS[k]["short"], "ref": PAPERS[k]["ref"], "items": v, "anchor": f"sec-{k}"}
+            for k, v in kf.items()]
 
 
 def _loss_curve(run: Run) -> dict | None:
@@ -370,152 +718,6 @@ def model_cards(run: Run) -> list[tuple[str, dict]]:
     return [("models", card)]
 
 
-def analysis_cards(run: Run) -> list[tuple[str, dict]]:
-    """Any command that follows the analysis contract (experiment, title, paper, tables, readings, figures)."""
-    s = run.summary
-    tables = []
-    for t in s.get("tables") or []:
-        if not isinstance(t, dict) or not isinstance(t.get("columns"), list) or not isinstance(t.get("rows"), list):
-            continue
-        rows = [r if isinstance(r, list) else [r] for r in t["rows"]]
-        tables.append(table(str(t.get("title") or ""), t["columns"], rows, note=str(t.get("note") or "")))
-    readings = [str(r) for r in s.get("readings") or [] if isinstance(r, (str, int, float))]
-    notes: list[str] = []
-    figs = run_figures(run, notes)
-    layers = s.get("layers")
-    if isinstance(layers, list) and layers and not readings and any(
-            isinstance(l, dict) and "relativity_index" in l for l in layers):
-        readings = kim_readings(layers)
-    paper = run.paper if run.paper in PAPERS else "other"
-    subtitle = str(s.get("experiment") or "")
-    card = _card(run, title=f"{s.get('title') or run.name}", subtitle=f"{subtitle} · {run.name}" if subtitle else run.name,
-                 badge=run.command, readings=readings, tables=tables, figures=figs, notes=notes)
-    return [(paper, card)]
-
-
-def cards_for(run: Run) -> list[tuple[str, dict]]:
-    if run.kind == "model":
-        return model_cards(run)
-    if run.command == "simulate":
-        return simulate_cards(run)
-    if run.command == "scan":
-        return scan_cards(run)
-    return analysis_cards(run)
-
-
-# --------------------------------------------------------------------------------------------
-# comparisons
-# --------------------------------------------------------------------------------------------
-def _by_layer(runs: list[Run], key: str, flat_text: str | None = None) -> tuple[list[str], list[list]]:
-    layer_ids: list = []
-    for r in runs:
-        for l in r.summary.get("layers") or []:
-            if isinstance(l, dict) and l.get("layer") not in layer_ids:
-                layer_ids.append(l.get("layer"))
-    rows = []
-    for lid in layer_ids:
-        row = [lid]
-        for r in runs:
-            entry = next((l for l in r.summary.get("layers") or [] if isinstance(l, dict) and l.get("layer") == lid), None)
-            if entry is None:
-                row.append(None)
-            elif entry.get(key) is None and flat_text:
-                row.append(flat_text)
-            else:
-                row.append(num(entry.get(key)))
-        rows.append(row)
-    return ["layer"] + [r.name for r in runs], rows
-
-
-def _layer_series(r: Run, key: str) -> list:
-    return [l.get(key) for l in r.summary.get("layers") or [] if isinstance(l, dict)]
-
-
-def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
-    """Section -> comparison blocks ({title, readings, tables}) for groups of like runs."""
-    out: dict[str, list[dict]] = {}
-    for command in ("simulate", "scan"):
-        group = [r for r in runs if r.kind == "command" and r.command == command and r.summary.get("layers")]
-        if len(group) < 2:
-            continue
-        what = "simulations" if command == "simulate" else "scans"
-        cols, ri_rows = _by_layer(group, "relativity_index", "flat")
-        _, loc_rows = _by_layer(group, "locality", "flat")
-        legend = "; ".join(f"{r.name}: {r.summary.get('label') or scan_label(r)}" for r in group)
-        reads = [x for x in (comparison_readings("relativity index", {r.name: _layer_series(r, "relativity_index") for r in group}),
-                             comparison_readings("locality", {r.name: _layer_series(r, "locality") for r in group})) if x]
-        out.setdefault("kim", []).append({
-            "title": f"Comparison of {len(group)} {what}", "legend": legend, "readings": reads,
-            "tables": [table("Relativity index by layer", cols, ri_rows), table("Locality by layer", cols, loc_rows)]})
-        if command == "scan":
-            cols, aps_rows = _by_layer(group, "aps")
-            emb = ["embeddings"] + [num(r.summary.get("embedding_aps")) for r in group]
-            out.setdefault("neighborhood", []).append({
-                "title": f"Comparison of {len(group)} scans", "legend": legend,
-                "readings": [x for x in [comparison_readings("APS", {r.name: _layer_series(r, "aps") for r in group})] if x],
-                "tables": [table("APS of hidden states by layer", cols, [emb] + aps_rows)]})
-            head_rows = []
-            for r in group:
-                t = next((t for t in r.summary.get("slash_top_heads_offset_ge1") or [] if isinstance(t, dict)), None)
-                n = int(num(r.summary.get("seq_len")) or 0)
-                if t:
-                    head_rows.append([r.name, t.get("layer"), t.get("head"), t.get("offset"), num(t.get("score")),
-                                      uniform_slash(n, int(t.get("offset") or 0)) if n else None])
-            q_rows = []
-            for lid_row in _by_layer(group, "layer")[1]:
-                lid = lid_row[0]
-                row = [lid]
-                for r in group:
-                    e = next((l for l in r.summary.get("layers") or [] if isinstance(l, dict) and l.get("layer") == lid), {})
-                    q = [num(v) for v in e.get("q_top1_energy") or [] if num(v) is not None]
-                    row.append(max(q) if q else None)
-                q_rows.append(row)
-            tabs = []
-            if head_rows:
-                tabs.append(table("Strongest slash head (offset ≥ 1) per run",
-                                  ["run", "layer", "head", "offset Δ", "SlashScore(Δ)", "uniform attention"], head_rows))
-            tabs.append(table("Pre-RoPE query top-1 energy (most rank-one head) by layer", cols, q_rows))
-            out.setdefault("slash", []).append({"title": f"Comparison of {len(group)} scans", "legend": legend,
-                                                "readings": [], "tables": tabs})
-    # analysis runs of the same experiment: stack tables that share title and columns
-    groups: dict[str, list[Run]] = {}
-    for r in runs:
-        if r.kind == "command" and r.command not in ("simulate", "scan") and r.summary.get("experiment"):
-            groups.setdefault(str(r.summary["experiment"]), []).append(r)
-    for exp, group in groups.items():
-        if len(group) < 2:
-            continue
-        tabs = []
-        first = group[0].summary.get("tables") or []
-        for t in first:
-            if not isinstance(t, dict) or not isinstance(t.get("columns"), list):
-                continue
-            rows = []
-            for r in group:
-                match = next((u for u in r.summary.get("tables") or [] if isinstance(u, dict)
-                              and u.get("title") == t.get("title") and u.get("columns") == t.get("columns")), None)
-                if match is None:
-                    rows = []
-                    break
-                rows += [[r.name] + (row if isinstance(row, list) else [row]) for row in match.get("rows") or []]
-            if rows:
-                tabs.append(table(f"{t.get('title') or ''} (all runs)", ["run"] + list(t["columns"]), rows))
-        if tabs:
-            paper = group[0].paper if group[0].paper in PAPERS else "other"
-            out.setdefault(paper, []).append({"title": f"Comparison: {exp} ({len(group)} runs)", "legend": "",
-                                              "readings": [], "tables": tabs})
-    models = [r for r in runs if r.kind == "model" and r.summary]
-    if len(models) >= 2:
-        rows = [[r.name] + [r.summary.get(k) for k in ("pe", "task", "data", "steps", "params", "initial_loss",
-                                                       "final_loss", "eval_accuracy", "eval_accuracy_long")]
-                for r in models]
-        out.setdefault("models", []).append({
-            "title": f"Comparison of {len(models)} models", "legend": "", "readings": [],
-            "tables": [table("Models side by side", ["model", "PE", "task", "data", "steps", "parameters",
-                                                     "initial loss", "final loss", "accuracy", "accuracy (longer)"],
-                             rows)]})
-    return out
-
 
 # --------------------------------------------------------------------------------------------
 # the reproduction page
@@ -537,7 +739,7 @@ def reproduction_block(run: Run) -> dict:
                 if p.suffix.lower() in _MIME:
                     uri = embed_file(p)
                     if uri:
-                        figs.append({"src": uri, "caption": _default_caption(p.name), "file": f"{name}/{p.name}"})
+                        figs.append({"src": uri, "caption": figure_caption(p.name), "file": f"{name}/{p.name}"})
             paths, _ = expand(edir, depth=3)
             for rp in paths:
                 if rp.resolve() == run.path.resolve():
@@ -568,6 +770,7 @@ def reproduction_block(run: Run) -> dict:
     return {"id": f"repro-{_slug(run.name)}", "name": run.name, "path": shown, "experiments": exps,
             "n_ok": n_ok, "n": len(exps), "setting": ", ".join(setting),
             "table": table("Verdicts", ["experiment", "paper", "verdict"], summary_rows)}
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,8 +806,8 @@ def build_context(runs: list[Run], title: str, skipped: list[str] | None = None)
     from poslens import __version__ as version
 
     return {
-        "title": title, "csp": CSP, "sections": ordered, "runs": [{"name": r.name, "path": str(r.path), "kind": r.command}
-                                                                    for r in runs],
+        "title": title, "csp": CSP, "sections": ordered, "findings": findings(runs),
+        "runs": [{"name": r.name, "path": str(r.path), "kind": r.command} for r in runs],
         "skipped": list(skipped or []), "generated": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "version": version,
     }
 
@@ -624,22 +827,34 @@ def render_runs(runs: list[Run], title: str = "poslens report", skipped: list[st
     return _env().get_template("template.html.j2").render(**ctx)
 
 
-def render_report(run_dirs: list[str | Path], title: str = "poslens report") -> str:
-    """One self-contained HTML page for ``run_dirs`` (folders holding runs are expanded)."""
-    runs, skipped = collect(list(run_dirs))
+def render_report(run_dirs: list[str | Path], title: str = "poslens report", *, allow_many: bool = False) -> str:
+    """One self-contained HTML page for ``run_dirs`` (folders holding runs are expanded; see
+    :func:`poslens.report.collect.collect` for ``allow_many``)."""
+    runs, skipped = collect(list(run_dirs), allow_many=allow_many)
     return render_runs(runs, title, skipped)
 
 
-def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "poslens report") -> Path:
-    """Render and atomically write the report to ``out``; returns the path."""
+def write_runs(runs: list[Run], out: str | Path, title: str = "poslens report",
+               skipped: list[str] | None = None) -> Path:
+    """Render loaded runs and atomically write the page to ``out``; returns the path."""
     from poslens.rundir import _atomic_write_bytes
 
     out = Path(out)
     if out.exists() and out.is_dir():
         raise PoslensError(f"--out {out} is a directory; pass a file name such as {out / 'report.html'}.")
-    html = render_report(run_dirs, title)  # everything is validated before anything is written
+    html = render_runs(runs, title, skipped)  # everything is validated before anything is written
     _atomic_write_bytes(out, html.encode("utf-8"))
     return out
+
+
+def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "poslens report", *,
+                 allow_many: bool = False) -> Path:
+    """Collect, render and atomically write the report to ``out``; returns the path."""
+    out = Path(out)
+    if out.exists() and out.is_dir():
+        raise PoslensError(f"--out {out} is a directory; pass a file name such as {out / 'report.html'}.")
+    runs, skipped = collect(list(run_dirs), allow_many=allow_many)
+    return write_runs(runs, out, title, skipped)
 
 
 def write_index_html(out_dir: str | Path, title: str = "poslens reproduction") -> Path:

@@ -1,0 +1,83 @@
+"""One number format for every table, reading and report page, and 80-column terminal tables.
+
+``fmt(0.98431) == "0.984"``, ``fmt(21651.977) == "21,652"``, ``fmt(0.000897) == "8.97e-4"``,
+``fmt(None) == "–"``: three significant digits, thousands separators from 1,000 on, scientific
+notation only below 0.001, and a dash for missing or masked (NaN) entries.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterable
+
+#: what a missing, masked (NaN) or non-finite entry reads as
+MISSING = "–"
+
+
+def fmt(v: Any) -> str:
+    """A number (or anything) as text, in the one format used everywhere."""
+    if v is None:
+        return MISSING
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float) or hasattr(v, "item") and not isinstance(v, str):
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            return str(v)
+        if not math.isfinite(f):
+            return MISSING
+        if f == 0:
+            return "0"
+        a = abs(f)
+        if a >= 1000:
+            return f"{f:,.0f}"
+        if a >= 1e-3:
+            text = f"{f:.3g}"
+            return text if "e" not in text else f"{f:,.0f}"
+        mant, exp = f"{f:.2e}".split("e")
+        return f"{mant}e{int(exp)}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(fmt(x) for x in v)
+    if isinstance(v, dict):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def fmt_pm(mean: Any, std: Any) -> str:
+    """``mean ± std`` in the one format (just the mean when the std is missing)."""
+    m = fmt(mean)
+    return m if std is None or fmt(std) == MISSING else f"{m} ± {fmt(std)}"
+
+
+def rich_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], *, show_header: bool = True):
+    """A rich Table that fits an 80-column terminal: cells in :func:`fmt`, long text folded over
+    lines (never cut to "…"), numbers right-aligned and kept on one line."""
+    from rich import box
+    from rich.table import Table
+
+    rows = [list(r) for r in rows]
+    cols = list(columns)
+    t = Table(title=title, show_header=show_header, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+              title_justify="left")
+    def numeric_cell(v: Any) -> bool:
+        return v is None or isinstance(v, (int, float)) and not isinstance(v, bool) or \
+            isinstance(v, str) and v in ("flat", MISSING)
+
+    for i, c in enumerate(cols):
+        numeric = bool(rows) and all(numeric_cell(r[i]) for r in rows if i < len(r))
+        t.add_column(str(c), justify="right" if numeric else "left", overflow="fold",
+                     no_wrap=bool(numeric), min_width=min(len(str(c)), 8) if numeric else None)
+    for r in rows:
+        t.add_row(*[fmt(x) for x in r])
+    return t
+
+
+def print_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], *, console=None, **kw) -> None:
+    """Print :func:`rich_table` on ``console`` (default: stdout, its own width)."""
+    from rich.console import Console
+
+    (console or Console()).print(rich_table(title, columns, rows, **kw))

@@ -1,0 +1,230 @@
+"""The run-directory contract (one summary shape, one reader), the one number format, 80-column
+terminal tables and the report's run discovery."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from rich.console import Console
+
+from poslens.errors import PoslensError
+from poslens.fmt import fmt, rich_table
+from poslens.rundir import CONTRACT, envelope, load_run, write_json, write_summary
+
+
+def test_fmt_one_format():
+    assert fmt(21651.977) == "21,652"
+    assert fmt(0.000897) == "8.97e-4"
+    assert fmt(9.0e-4) == "9.00e-4"
+    assert fmt(0.98431) == "0.984" and fmt(0.5) == "0.5" and fmt(-0.0123) == "-0.0123"
+    assert fmt(12) == "12" and fmt(150000) == "150,000" and fmt(0.0) == "0"
+    assert fmt(None) == fmt(float("nan")) == fmt(float("inf")) == "–"
+    assert fmt(True) == "yes"
+
+
+def test_envelope_and_reader(tmp_path):
+    s = write_summary(tmp_path, {"layers": [{"layer": 0, "x": float("nan")}, {"layer": 1, "x": 0.5}],
+                                 "figures": ["scores_raw.png", {"file": "a.png", "caption": "mine"}],
+                                 "tables": [{"title": "t", "columns": ["a"], "rows": [[1]]}, "junk"]},
+                      command="scan", paper=["kim", "slash"], layers_describe="decoder layers")
+    raw = json.loads((tmp_path / "summary.json").read_text())
+    assert raw["contract"] == CONTRACT and raw["command"] == "scan" and raw["paper"] == ["kim", "slash"]
+    assert raw["layers"][0]["x"] is None  # NaN (masked) entries are JSON null
+    assert raw["layer_info"]["indices"] == [0, 1] and "from 0" in raw["layer_info"]["convention"]
+    assert raw["layer_info"]["describes"] == "decoder layers"
+    assert raw["figures"][0]["file"] == "scores_raw.png" and "pre-softmax" in raw["figures"][0]["caption"]
+    assert raw["figures"][1] == {"file": "a.png", "caption": "mine"}
+    assert raw["tables"] == [{"title": "t", "columns": ["a"], "rows": [[1]]}]
+    assert s["readings"] == []
+    write_json(tmp_path / "config.json", {"command": "scan"})
+    run = load_run(tmp_path)
+    assert run.command == "scan" and run.papers == ["kim", "slash"] and run.paper == "kim"
+    assert [l["layer"] for l in run.layers] == [0, 1] and len(run.tables) == 1 and len(run.figures) == 2
+    # an older run without the envelope reads the same way (command from config, figures from files)
+    old = tmp_path / "old"
+    write_json(old / "config.json", {"command": "simulate"})
+    write_json(old / "summary.json", {"paper": "kim", "files": ["summary.json", "probs.png"], "layers": "bad"})
+    r = load_run(old)
+    assert r.command == "simulate" and r.layers == [] and r.figures[0]["file"] == "probs.png"
+    # keys a command already set are kept
+    assert envelope({"paper": "slash"}, command="slash", paper="kim")["paper"] == "slash"
+
+
+def test_every_command_writes_the_contract(tmp_path):
+    """simulate, scan and train write the common shape (analysis commands go through the same helper)."""
+    import torch
+
+    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.simulate import SimConfig, run_simulation, save_result
+    from poslens.train import TrainConfig, train_model
+
+    save_result(run_simulation(SimConfig(samples=50, seq_len=6, dim=8, layers=2)), tmp_path / "sim")
+    model = tmp_path / "model"
+    train_model(TrainConfig(out=str(model), pe="none", task="copy", steps=2, batch_size=4, eval_examples=8,
+                            progress=False, threads=1))
+    torch.manual_seed(0)
+    run_scan(ScanConfig(model_dir=str(model), out=str(tmp_path / "scan"), data="random", seq_len=80, num_seqs=2,
+                        batch_size=2), progress=False)
+    for name, command in (("sim", "simulate"), ("model", "train"), ("scan", "scan")):
+        run = load_run(tmp_path / name)
+        s = run.summary
+        assert s["contract"] == CONTRACT and s["command"] == command == run.command, name
+        for key in ("paper", "layers", "layer_info", "tables", "figures", "readings"):
+            assert key in s, (name, key)
+        assert s["layer_info"]["indices"] == [l["layer"] for l in run.layers]
+        assert all(isinstance(f, dict) and f["caption"] for f in s["figures"])
+        assert all((run.path / f["file"]).is_file() for f in s["figures"])
+    scan = load_run(tmp_path / "scan")
+    assert scan.papers == ["kim", "slash", "neighborhood"]
+    assert "scores_zoom.png" in [f["file"] for f in scan.figures]  # 80 positions > the 64-position zoom
+
+
+def test_terminal_tables_fit_80_columns():
+    long = "a rather long explanatory cell that would be cut to an ellipsis in a narrow terminal"
+    rows = [[l, 0.98431, 21651.977, 0.000897, long, "h3 Δ=2: 0.25"] for l in range(30)]
+    console = Console(width=80, record=True, color_system=None)
+    console.print(rich_table("per layer (decoder layers from 0)", ["layer", "relativity index", "tokens / s",
+                                                                    "stderr", "note", "top slash head (Δ ≤ 16)"],
+                             rows))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "…" not in text and "0.984" in text and "21,652" in text and "8.97e-4" in text
+    assert "h3 Δ=2: 0.25" in text.replace("\n", " ") or "0.25" in text
+
+
+def test_scan_terminal_table_uses_delta_limited_heads():
+    from poslens.commands.scan import scan_table
+
+    layers = [{"layer": l, "relativity_index": 0.9, "locality": 0.1, "aps": 0.93,
+               "top_slash_heads": [{"layer": l, "head": 8, "offset": 511, "score": 0.984},
+                                   {"layer": l, "head": 2, "offset": 1, "score": 0.31}]} for l in range(30)]
+    console = Console(width=80, record=True, color_system=None)
+    console.print(scan_table({"model_type": "llama", "num_seqs": 64, "seq_len": 512, "layers": layers}))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    assert "511" not in text and "Δ=1: 0.31" in text and "mean-map APS" in text
+    # with the per-sequence APS, the trend and the sink weight (newer scans) it still fits
+    for l in layers:
+        l.update(aps_mean=0.645, aps_std=0.0213, diagonal_trend=-0.74, sink_weight=0.91)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(scan_table({"model_type": "llama", "num_seqs": 64, "seq_len": 512, "layers": layers,
+                              "layer_convention": "decoder layers from 0; 'embeddings' = the input of layer 0"}))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    assert "0.645 ± 0.0213" in text and "-0.74" in text and "0.91" in text and "mean-map" not in text
+
+
+def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
+    from poslens.report.readings import neighborhood_readings, slash_readings
+
+    s = {"seq_len": 512, "slash_top_heads_offset_ge1": [{"layer": 18, "head": 8, "offset": 511, "score": 0.984},
+                                                        {"layer": 3, "head": 1, "offset": 2, "score": 0.2}]}
+    text = " ".join(slash_readings(s))
+    assert "511" not in text and "layer 3 head 1" in text and "Δ = 1 … 16" in text
+    layers = [{"layer": i, "aps": 0.6, "norm_score": 0.55} for i in range(3)]
+    text = " ".join(neighborhood_readings({"layers": layers}))
+    assert "do not change consistently" in text and "norms shrink with position" not in text
+    assert "Mean-map APS" in text and "0.5 = chance" not in text
+    per_seq = [{"layer": i, "aps_mean": 0.7, "aps_std": 0.05, "aps": 0.95} for i in range(3)]
+    text = " ".join(neighborhood_readings({"layers": per_seq}))
+    assert "per sequence" in text and "0.7" in text and "0.95" not in text
+
+
+def test_empty_and_all_zero_tables_are_dropped():
+    from poslens.report.render import sparse_sentence, table
+
+    assert table("persistence", ["head", "Δ"], []) is None
+    assert sparse_sentence("persistence", ["head", "Δ"], []) == "persistence: no rows"
+    zeros = [[k, 0, 0, 0, 0, 0] for k in (0.1, 0.3, 0.5, 0.9)]
+    assert table("counts", ["κ", "Δ=1", "Δ=2", "Δ=3", "Δ=4", "Δ=5"], zeros) is None
+    zeros[1][2] = 2
+    assert table("counts", ["κ", "Δ=1", "Δ=2", "Δ=3", "Δ=4", "Δ=5"], zeros) is None
+    assert sparse_sentence("counts", ["κ", "Δ=1", "Δ=2", "Δ=3", "Δ=4", "Δ=5"], zeros) == \
+        "counts: all 20 entries 0 except κ 0.3, Δ=2: 2"
+    t = table("counts", ["κ", "1", "2"], [[0.5, 0, 3], [0.9, 0, 0]])  # small tables stay tables
+    assert t is not None and t["rows"][0][2]["v"] == "3"
+    assert table("text", ["a", "b"], [["x", "y"]]) is not None
+
+
+def test_layer_plots_have_integer_ticks():
+    import matplotlib.pyplot as plt
+
+    from poslens.plots import layer_lines
+
+    fig = layer_lines([{"title": "x", "series": [{"label": "a", "layers": [0, 1, 2], "values": [0.1, None, 0.3],
+                                                  "errors": [0.01, None, 0.02]}]}])
+    fig.canvas.draw()
+    ticks = fig.axes[0].get_xticks()
+    assert len(ticks) and all(float(t).is_integer() for t in ticks)
+    plt.close(fig)
+
+
+def _mini_run(d, i):
+    write_json(d / f"run{i}" / "config.json", {"command": "future-thing"})
+    write_json(d / f"run{i}" / "summary.json", {"paper": "kim", "readings": [f"reading {i}"]})
+
+
+def test_report_refuses_an_ambiguous_search(cli, tmp_path):
+    from poslens.report import collect
+
+    tmp = tmp_path / "tmp"
+    for i in range(7):
+        _mini_run(tmp / f"deep{i % 2}", i)
+    with pytest.raises(PoslensError, match=r"holds 7 runs .* --all"):
+        collect([tmp])
+    runs, _ = collect([tmp], allow_many=True)
+    assert len(runs) == 7
+    write_json(tmp / "demo.json", {"finished": True})  # a folder poslens wrote to hold runs is not ambiguous
+    assert len(collect([tmp])[0]) == 7
+    (tmp / "demo.json").unlink()
+    out = tmp_path / "r.html"
+    code, _, err = cli("report", tmp, "--out", out)
+    assert code == 2 and "--all" in err and not out.exists()
+    code, stdout, _ = cli("report", tmp, "--all", "--out", out)
+    assert code == 0 and out.is_file()
+    assert "including 7 run directories" in stdout and str(tmp / "deep0" / "run0") in stdout
+
+
+def test_scan_terminal_table_reads_delta_limited_heads_from_the_maps():
+    import numpy as np
+
+    from poslens.commands.scan import scan_table
+
+    layers = [{"layer": l, "relativity_index": 0.9, "locality": 0.1, "aps": 0.6, "top_slash_heads": [
+        {"layer": l, "head": 0, "offset": 255, "score": 0.9}]} for l in range(2)]
+    best = np.array([[0.1, 0.4, np.nan], [np.nan, np.nan, np.nan]])
+    arg = np.array([[1, 3, 1], [1, 1, 1]])
+    console = Console(width=80, record=True, color_system=None)
+    console.print(scan_table({"model_type": "llama", "num_seqs": 4, "seq_len": 256, "layers": layers}, (best, arg)))
+    text = console.export_text()
+    assert "h1 Δ=3: 0.4" in text and "255" not in text
+
+
+def test_newer_scan_keys_render(tmp_path):
+    """Keys the sink-aware scans write (per-sequence APS with std, trend with its standard error,
+    within-diagonal RMS beside its noise floor, p-values) render as plots, not long tables; a scan
+    written without the envelope still lands in all three papers' sections."""
+    from poslens.report import render_report
+    from poslens.report.render import layer_quantities
+
+    layers = [{"layer": l, "relativity_index": 0.9 - 0.01 * l, "relativity_index_with_sink": 0.5, "locality": 0.2,
+               "diagonal_trend": -0.5, "diagonal_trend_se": 0.1, "within_diag_rms": 0.02,
+               "within_diag_rms_noise": 0.01, "nonrelative_p": 0.001, "noise_groups": 16, "sink_weight": 0.8,
+               "aps": 0.64, "aps_mean": 0.64, "aps_std": 0.03, "mean_map_aps": 0.93, "norm_score": 0.8}
+              for l in range(8)]
+    d = tmp_path / "scan"
+    write_json(d / "config.json", {"command": "scan"})
+    write_json(d / "summary.json", {"model_type": "llama", "num_seqs": 16, "seq_len": 64, "layers": layers,
+                                    "embedding_aps_mean": 0.5})
+    run = load_run(d)
+    assert run.papers == ["kim", "slash", "neighborhood"]
+    q = layer_quantities(run)
+    assert q["kim"][:3] == ["relativity_index", "locality", "diagonal_trend"]
+    assert "within_diag_rms_noise" not in q["kim"] and "noise_groups" not in q["kim"]
+    assert "aps" not in q["neighborhood"] and q["neighborhood"][0] == "aps_mean"
+    assert q["neighborhood"][-1] == "mean_map_aps"
+    html = render_report([d])
+    assert "<caption>Per layer</caption>" not in html  # 8 layers: plots, no per-layer table
+    assert "(key 0 excluded)" in html and "APS per sequence 0.64" in html
