@@ -328,3 +328,22 @@ def test_models_cli_help_and_unknown_name(cli):
     assert code == 0 and "sha256" in out
     code, _, err = cli("models", "fetch", "nosuchmodel", "--quiet")
     assert code == 2 and "smollm2" in err
+
+
+def test_fetch_assembles_from_installed_extra_without_downloading(fake_models, cache, tmp_path, monkeypatch):
+    R, whole, calls = fake_models
+    parts = {}
+    for i, chunk in enumerate((whole[:1100], whole[1100:])):
+        f = tmp_path / f"part{i}"
+        f.write_bytes(chunk)
+        parts[R.MODELS["split"].members[i]] = f
+    monkeypatch.setattr(R, "_installed_member", lambda dist, member: parts.get(member))
+    p = R.fetch_one("split", quiet=True, dequantise=False)
+    assert p.read_bytes() == whole and calls == []  # nothing downloaded
+
+
+def test_installed_member_reads_a_real_distribution():
+    from poslens import realmodels as R
+
+    assert R._installed_member("pytest", "pytest/__init__.py") is not None
+    assert R._installed_member("no-such-distribution-xyz", "x") is None
