@@ -158,6 +158,14 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
     except ValueError as e:
         raise PoslensError(f"{model_dir}/config.json: {str(e).splitlines()[0]}") from None
     adapter = get_adapter(config)
+    try:  # an architecture without attention geometry (e.g. a state-space model) fails here, in one line
+        adapter.num_layers(config), adapter.num_heads(config), adapter.head_dim(config)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
+        from poslens.capture.adapters import ADAPTERS
+
+        raise PoslensError(f"{model_dir}: model type {getattr(config, 'model_type', None)!r} has no attention "
+                           f"geometry poslens can read ({str(e).splitlines()[0][:120]}); supported: "
+                           f"{', '.join(sorted(ADAPTERS))}.") from None
     maxpos = adapter.max_positions(config)
     if seq_len is not None and maxpos is not None and seq_len > maxpos:
         raise PoslensError(f"--seq-len {seq_len} exceeds the model's maximum of {maxpos} positions ({model_dir}); "
@@ -211,8 +219,8 @@ def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle:
     register()
     extra = {"device_map": device_map} if device_map else {}
     model = AutoModelForCausalLM.from_pretrained(
-        str(model_directory(model_dir)), dtype=dtype, attn_implementation=ATTN_NAME, use_safetensors=None if allow_pickle else True,
-        trust_remote_code=trust_remote_code, **extra,
+        str(model_directory(model_dir)), dtype=dtype, attn_implementation=ATTN_NAME,
+        use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code, **extra,
     )
     return model.eval() if device_map else model.to(device).eval()
 
