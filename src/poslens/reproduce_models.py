@@ -257,6 +257,28 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+def residual_agreement(a, b) -> float | None:
+    """Pearson correlation, over the strict lower triangle, of two score maps' diagonal-normalised
+    residuals (the non-relative part). Maps from independent samples share only real structure: the
+    sampling noise of each is independent, so pure noise gives about 0 and a model-intrinsic
+    non-relative pattern a value near 1 (the noise floor of the relativity index on real scans)."""
+    import torch
+
+    from poslens.capture.scan import causal_view
+    from poslens.metrics import diagonal_normalize
+
+    ra = diagonal_normalize(causal_view(a.double(), include_diagonal=True))
+    rb = diagonal_normalize(causal_view(b.double(), include_diagonal=True))
+    S = ra.shape[-1]
+    i = torch.arange(S)
+    keep = (i[:, None] > i[None, :]) & torch.isfinite(ra) & torch.isfinite(rb)
+    x, y = ra[keep], rb[keep]
+    tol = 1e-12 * max(1.0, float(a.abs().max()), float(b.abs().max()))  # rounding residue of a Toeplitz map
+    if x.numel() < 3 or float(x.std()) <= tol or float(y.std()) <= tol:
+        return None
+    return float(torch.corrcoef(torch.stack([x, y]))[0, 1])
+
+
 def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[str], dict, dict]:
     """Scans (stdlib and random tokens), kim-maps, slash and neighbourhood of one model."""
     import time
@@ -300,7 +322,12 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
     rel_s = [r["relativity_index"] for r in with_sink if r["relativity_index"] is not None]
     loc = [r["locality"] for r in no_sink if r["locality"] is not None]
     sink = [float(maps["probs"][l, 1:, 0].mean()) for l in range(L)]
-    kim_holds = bool(rel) and _median(rel) < 0.95 and sum(v > 0 for v in loc) > len(loc) / 2
+    # noise floor: is the non-relative residual the same on an independent sample (random tokens)?
+    maps_r, _, _ = load_scan(out / "scan_random")
+    agree = [v for l in range(L) if (v := residual_agreement(scores[l, 1:, 1:], maps_r["scores"][l, 1:, 1:]))
+             is not None]
+    shared = sum(v > 0.2 for v in agree)
+    kim_holds = bool(rel) and _median(rel) < 0.95 and sum(v > 0 for v in loc) > len(loc) / 2 and shared > L / 2
     # slash: SDHs over Δ = 1..16 (the sink, Δ = i, is excluded by construction)
     kappa = sl.get("persist_kappa")
     pers = [p for p in sl.get("persistence") or [] if isinstance(p, dict)]
@@ -313,14 +340,17 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
     # neighbourhood: APS of the residual stream per layer (index 0 = embeddings)
     nl = nb["layers"]
     aps = [l["resid_aps_mean"] for l in nl[1:]]
-    zuo_holds = _median(aps) > 0.6
+    zuo_seen = _median(aps) > 0.6  # reported, not a verdict: the paper's claim is for NoPE models
     lines = [
         f"{name} ({f.name}), {REAL_NUM_SEQS} x {REAL_SEQ_LEN} tokens (stdlib and i.i.d. random tokens), "
         f"{wall:.0f} s:",
         f"  Kim (score maps): relativity index without query/key 0 median {_median(rel):.3f} "
         f"(range {min(rel):.3f}-{max(rel):.3f}), with key 0 median {_median(rel_s):.3f}; locality without key 0 "
         f"> 0 in {sum(v > 0 for v in loc)} of {len(loc)} layers (median {_median(loc):+.3f}); attention on key 0 "
-        f"median {_median(sink):.2f} → non-relative, nearby-favouring maps {'hold' if kim_holds else 'do NOT hold'}.",
+        f"median {_median(sink):.3f}; the non-relative residual (diagonal-normalised map) of the stdlib scan "
+        f"correlates with that of the random-token scan, an independent sample (noise alone: about 0), above 0.2 "
+        f"in {shared} of {L} layers (median {_median(agree):.2f}) → non-relative, nearby-favouring maps "
+        f"{'hold' if kim_holds else 'do NOT hold'}.",
         f"  Slash: ({kappa}, Δ)-slash-dominant heads with Δ in 1..16: {len(pers)}; persisting on random tokens: "
         f"{len(kept)}; top heads " + ", ".join(
             f"{r['layer']}.{r['head']} Δ={r['best_delta']} {r['best_score']:.2f} (q/k σ1² share "
@@ -329,14 +359,16 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
         f"{'hold' if slash_holds else 'do NOT hold'}.",
         f"  Zuo (APS of the residual stream, {REAL_APS_NUM_SEQS} x {REAL_APS_SEQ_LEN} stdlib tokens): embeddings "
         f"{nl[0]['resid_aps_mean']:.3f}, layers median {_median(aps):.3f} (range {min(aps):.3f}-{max(aps):.3f}) → "
-        f"adjacency {'holds' if zuo_holds else 'does NOT hold'} in a trained RoPE model.",
+        f"the adjacency pattern (median APS > 0.6) {'is' if zuo_seen else 'is not'} seen in this RoPE model "
+        "(the paper claims it for models without positional encoding).",
     ]
     row = {"model": name, "file": str(f), "wall_s": round(wall, 1), "relativity_median_no_sink": _median(rel),
            "relativity_median_with_sink": _median(rel_s), "locality_positive_layers": sum(v > 0 for v in loc),
-           "layers": L, "sink_median": _median(sink), "sdh": len(pers), "sdh_persisting": len(kept),
+           "layers": L, "sink_median": _median(sink),
+           "residual_agreement_median": _median(agree) if agree else None, "residual_shared_layers": shared, "sdh": len(pers), "sdh_persisting": len(kept),
            "persist_kappa": kappa, "predicted_offset_matches": pred_ok, "predicted_offset_heads": len(pred),
            "resid_aps_median": _median(aps), "resid_aps_min": min(aps), "resid_aps_max": max(aps)}
-    return lines, {"kim": kim_holds, "slash": slash_holds, "zuo": zuo_holds}, row
+    return lines, {"kim": kim_holds, "slash": slash_holds, "zuo_adjacency_seen": zuo_seen}, row
 
 
 def _real(ctx: ReproContext, out: Path) -> dict:
@@ -352,13 +384,13 @@ def _real(ctx: ReproContext, out: Path) -> dict:
     for name, f in ready.items():
         l, holds, row = _real_one(name, f, ctx, out / name)
         lines += l
-        ok &= all(holds.values())
+        ok &= holds["kim"] and holds["slash"]
         runs.append({"run": name, **row, "holds": holds})
     missing = [n for n in realmodels.MODELS if n not in ready]
     note = ("reproduced = on every model: Kim — median relativity index (query/key 0 left out) < 0.95 and "
-            "locality > 0 in most layers; Slash — at least one (κ, Δ)-SDH with Δ in 1..16 and most of them persist "
-            "on random tokens; Zuo — median residual-stream APS over layers > 0.6 (a RoPE model: the paper's "
-            "claim is for NoPE, so this reads whether adjacency also holds with RoPE).")
+            "locality > 0 in most layers and, in most layers, the non-relative residual reproduces on an independent sample (correlation > 0.2); Slash — at least one (κ, Δ)-SDH with Δ in 1..16 and most of them persist "
+            "on random tokens. Zuo's claim is for models without positional encoding; on these RoPE models the "
+            "residual-stream APS is reported (pattern seen = median over layers > 0.6), not judged.")
     if missing:
         note += f" Not measured (absent or no adapter): {', '.join(missing)}."
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs, "note": note}
@@ -368,5 +400,6 @@ EXPERIMENTS.setdefault("real", Experiment(
     "real", "all three papers, on real pretrained models (SmolLM2-135M, Gemma-3-270M; GGUF)",
     "On pretrained LMs: Kim — mean score maps are non-relative and favour nearby keys; Slash — slash-dominant heads "
     "exist and persist on random tokens, with nearly rank-one pre-RoPE q/k and offsets the RoPE decomposition "
-    "predicts; Zuo — nearby residual-stream vectors are more similar (APS above 0.5).", _real,
+    "predicts. (Zuo's adjacency claim is for NoPE models; its APS of the residual stream is reported for these RoPE "
+    "models.)", _real,
     available=lambda: bool(real_models_ready())))

@@ -367,6 +367,8 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
             except Exception:  # noqa: BLE001 - a model without a usable tokenizer still scans random tokens
                 tokenizer = False
             write_json(stage / SOURCE_FILE, {**src.describe(), "tokenizer": tokenizer, "versions": versions()})
+            for f in [stage, *stage.iterdir()]:  # mkdtemp/mkstemp make 0700/0600: a shared cache must be readable
+                os.chmod(f, 0o755 if f.is_dir() else 0o644)
             if target.exists():  # a stale partial target (should not happen: renames are atomic)
                 shutil.rmtree(target)
             os.replace(stage, target)

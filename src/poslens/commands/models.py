@@ -26,11 +26,23 @@ def fetch(
     $POSLENS_CACHE/models (default ~/.cache/poslens/models) atomically; then dequantise it once into
     the model cache so every command loads it fast. Idempotent: verified files are not fetched again.
     Files already present in $POSLENS_REAL_MODELS are used as they are."""
-    from poslens.realmodels import fetch as do_fetch
+    from poslens.errors import PoslensError
+    from poslens.realmodels import MODELS, fetch_one
 
     console = Console(stderr=True)
     say = (lambda s: None) if quiet else (lambda s: console.print(s, highlight=False))
-    do_fetch(names or None, quiet=quiet, dequantise=not no_dequantise, say=say)
+    names = names or list(MODELS)
+    for n in names:  # an unknown name fails before anything is fetched
+        if n not in MODELS:
+            raise PoslensError(f"unknown real model {n!r}; choose one of: {', '.join(MODELS)}.")
+    failed = []
+    for n in names:  # one model failing does not keep the others from being fetched
+        try:
+            fetch_one(n, quiet=quiet, dequantise=not no_dequantise, say=say)
+        except PoslensError as e:
+            failed.append(f"{n}: {e}")
+    if failed:
+        raise PoslensError("; ".join(failed))
 
 
 @models_app.command("list")

@@ -12,8 +12,8 @@ from poslens.cli_app import app
 
 @app.command("scan")
 def scan(
-    model_dir: Path = typer.Argument(..., help="Local Hugging Face model directory (config.json + *.safetensors), or a .gguf file (dequantised once into "
-                                  "the cache, docs/models.md)."),
+    model_dir: Path = typer.Argument(..., help="Local Hugging Face model directory (config.json + *.safetensors), "
+                                  "or a .gguf file (dequantised once into the cache, docs/models.md)."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --resume)."),
     data: str = typer.Option("stdlib", "--data", help="stdlib | random | text file | directory | JSONL (text or "
                              "input_ids) | datasets.save_to_disk directory."),
