@@ -146,3 +146,97 @@ def test_all_reduce_on_a_one_process_gloo_group():
             assert torch.equal(v, before[k]), k
     finally:
         dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------------------
+# group sums, sign-flip test, cross-group mean squares, jackknife
+# --------------------------------------------------------------------------------------------
+def test_group_accumulator_add_merge_state_dict():
+    from poslens.stats import GroupAccumulator
+
+    x = _samples(12, (2, 2))
+    a, b = GroupAccumulator(3, (2, 2)), GroupAccumulator(3, (2, 2))
+    for i in range(12):
+        (a if i < 6 else b).add(i % 3, x[i], 1)
+    a.merge(b)
+    assert a.count == 12 and a.counts.tolist() == [4, 4, 4]
+    torch.testing.assert_close(a.mean, x.mean(0), rtol=0, atol=1e-12)
+    means, counts = a.group_means()
+    torch.testing.assert_close(means[1], x[1::3].mean(0), rtol=0, atol=1e-12)
+    assert counts.tolist() == [4.0, 4.0, 4.0]
+    c = GroupAccumulator(3, (2, 2))
+    c.load_state_dict(a.state_dict())
+    assert torch.equal(c.sum, a.sum) and torch.equal(c.counts, a.counts)
+    with pytest.raises(ValueError, match="saved shape"):
+        GroupAccumulator(4, (2, 2)).load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match="different shape or group count"):
+        a.merge(GroupAccumulator(2, (2, 2)))
+    empty = GroupAccumulator(4, (2,))
+    empty.add(2, torch.ones(2), 1)
+    m, cnt = empty.group_means()
+    assert m.shape == (1, 2) and cnt.tolist() == [1.0]  # empty groups are left out
+    assert torch.isnan(GroupAccumulator(2, (2,)).mean).all()
+
+
+def _brute_signflip(a, w):
+    """Every sign pattern (both signs of the first group, which give the same statistic)."""
+    import itertools
+
+    a = np.asarray(a, dtype=float).reshape(len(a), -1)
+    w = np.asarray(w, dtype=float) / np.sum(w)
+    obs = np.sum((w[:, None] * a).sum(0) ** 2)
+    stats = [np.sum(((np.array(e) * w)[:, None] * a).sum(0) ** 2) for e in itertools.product([1, -1], repeat=len(a))]
+    return float(np.mean(np.array(stats) >= obs * (1 - 1e-12)))
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.4, 3.0])
+def test_signflip_pvalue_matches_enumeration(shift):
+    from poslens.stats import min_pvalue, signflip_pvalue
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(7, 5, generator=g, dtype=torch.float64) + shift
+    w = torch.arange(1.0, 8.0, dtype=torch.float64)
+    p = signflip_pvalue(a, w)
+    assert p == pytest.approx(_brute_signflip(a.numpy(), w.numpy()), abs=1e-15)
+    if shift == 3.0:  # every group on the same side: only the identity pattern reaches it
+        assert p == min_pvalue(7) == 1 / 64
+    assert signflip_pvalue(a[:1], w[:1]) is None
+
+
+def test_decisive_needs_eight_groups():
+    from poslens.stats import NOISE_P, decisive, min_pvalue
+
+    assert min_pvalue(1) == 1.0 and min_pvalue(8) == 1 / 128 and min_pvalue(7) == 1 / 64
+    assert not decisive(7) and decisive(8) and min_pvalue(7) > NOISE_P > min_pvalue(8)
+
+
+def test_cross_mean_square_against_definition():
+    from poslens.stats import cross_mean_square
+
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(5, 6, generator=g, dtype=torch.float64) + 1.0
+    w = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0], dtype=torch.float64)
+    sig, noise = cross_mean_square(a, w)
+    an, wn = a.numpy(), (w / w.sum()).numpy()
+    num = sum(wn[i] * wn[j] * an[i] @ an[j] for i in range(5) for j in range(5) if i != j) / 6
+    den = sum(wn[i] * wn[j] for i in range(5) for j in range(5) if i != j)
+    observed = np.mean((wn[:, None] * an).sum(0) ** 2)
+    assert sig == pytest.approx(num / den, rel=1e-12)
+    assert sig + noise == pytest.approx(observed, rel=1e-12)
+    # a known mean: with many groups of small noise the signal estimates mean(E[a]^2) = 1
+    b = 1.0 + 0.01 * torch.randn(64, 200, generator=g, dtype=torch.float64)
+    s2, n2 = cross_mean_square(b, torch.ones(64, dtype=torch.float64))
+    assert s2 == pytest.approx(1.0, abs=1e-3) and n2 == pytest.approx(1e-4 / 64, rel=0.2)
+
+
+def test_jackknife_se_of_the_mean_is_the_standard_error():
+    """For the mean of equal-sized groups the delete-one jackknife SE equals the usual SE of the group means."""
+    from poslens.stats import jackknife_se
+
+    g = torch.Generator().manual_seed(5)
+    gm = torch.randn(9, generator=g, dtype=torch.float64)
+    counts = torch.full((9,), 4, dtype=torch.int64)
+    se = jackknife_se(lambda m: float(m), gm * 4, counts)
+    assert se == pytest.approx(float(scipy.stats.sem(gm.numpy())), rel=1e-12)
+    assert jackknife_se(lambda m: float(m), gm[:1] * 4, counts[:1]) is None
+    assert jackknife_se(lambda m: None, gm * 4, counts) is None
