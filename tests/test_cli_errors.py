@@ -69,3 +69,13 @@ def test_bad_input_is_one_error_line_and_nothing_written(results, name, argv, ex
     assert written == [], written
     assert list(cwd.iterdir()) == []
     assert (tmp / "afile").read_text() == "not a directory"
+
+
+def test_simulate_with_one_sample_says_so_instead_of_nan(cli, tmp_path):
+    """Too few samples for a standard error: the table and summary say so; no NaN anywhere."""
+    code, out, err = cli("simulate", "--out", tmp_path / "one", "--samples", 1, "--seq-len", 6, "--layers", 2,
+                         "--dim", 8)
+    assert code == 0, err
+    assert "nan" not in out.lower() and "fewer than two independent groups" in " ".join(out.split())
+    text = (tmp_path / "one" / "summary.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text

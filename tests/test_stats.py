@@ -240,3 +240,34 @@ def test_jackknife_se_of_the_mean_is_the_standard_error():
     assert se == pytest.approx(float(scipy.stats.sem(gm.numpy())), rel=1e-12)
     assert jackknife_se(lambda m: float(m), gm[:1] * 4, counts[:1]) is None
     assert jackknife_se(lambda m: None, gm * 4, counts) is None
+
+
+def test_min_pvalue_edges_and_sampled_flips_above_sixteen_groups():
+    from poslens.stats import min_pvalue, signflip_pvalue
+
+    assert min_pvalue(2) == 0.5 and min_pvalue(16) == 2.0**-15 and min_pvalue(17) == 1 / (2**15 + 1)
+    g = torch.Generator().manual_seed(6)
+    a = torch.randn(17, 3, generator=g, dtype=torch.float64)
+    w = torch.ones(17, dtype=torch.float64)
+    # every group on one side: only the identity among 2^15 random patterns reaches the statistic
+    assert signflip_pvalue(a.abs() + 5.0, w) == min_pvalue(17)
+    assert signflip_pvalue(a[:16].abs() + 5.0, w[:16]) == min_pvalue(16)  # 16 groups: all 2^15 patterns
+    # a null sample: the sampled p-value agrees with all 2^17 patterns to Monte Carlo precision
+    signs = 1.0 - 2.0 * ((np.arange(2**17)[:, None] >> np.arange(17)) & 1)
+    an = a.numpy()
+    stats = ((signs @ an) ** 2).sum(1)
+    exact = float(np.mean(stats >= stats[0] * (1 - 1e-12)))
+    assert signflip_pvalue(a, w) == pytest.approx(exact, abs=0.01)
+
+
+def test_two_groups_are_enough_for_an_estimate_one_is_not():
+    from poslens.stats import cross_mean_square, jackknife_se, signflip_pvalue
+
+    a = torch.tensor([[1.0, 2.0], [3.0, 5.0]], dtype=torch.float64)
+    w = torch.ones(2, dtype=torch.float64)
+    assert signflip_pvalue(a, w) == 0.5  # same signs: the identity of 2 patterns
+    sig, noise = cross_mean_square(a, w)
+    assert sig == pytest.approx((1 * 3 + 2 * 5) / 2) and sig + noise == pytest.approx((2.0**2 + 3.5**2) / 2)
+    assert jackknife_se(lambda m: float(m.sum()), a, torch.tensor([1, 1])) == pytest.approx(
+        float(scipy.stats.sem([3.0, 8.0])))
+    assert cross_mean_square(a[:1], w[:1]) is None and cross_mean_square(a[:, :0], w) is None

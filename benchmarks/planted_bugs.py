@@ -1,0 +1,94 @@
+"""The planted bugs of issue 15 (and more of the same kinds), one at a time, in a scratch copy of ``src/``.
+
+Each entry replaces one exact snippet of a module and runs the named tests against the copy; every
+plant must be CAUGHT (a test fails). Nothing is ever written into the working tree. Not part of the
+default test run; about a minute in all::
+
+    python benchmarks/planted_bugs.py            # all
+    python benchmarks/planted_bugs.py 5 11       # plants whose number is 5 or 11
+"""
+import os, shutil, subprocess, sys, tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+T = str(ROOT / "tests") + "/"
+P = [
+ ("1 rising_pair_fraction: last chunk only", "poslens/metrics/neighborhood.py",
+  "        hits += (greater & valid).sum(dim=(1, 2, 3), dtype=torch.float64)",
+  "        hits = (greater & valid).sum(dim=(1, 2, 3), dtype=torch.float64)", "test_references.py"),
+ ("1b rising_pair_fraction: total of last chunk only", "poslens/metrics/neighborhood.py",
+  "        total += valid.sum(dim=(1, 2, 3), dtype=torch.float64)",
+  "        total = valid.sum(dim=(1, 2, 3), dtype=torch.float64)", "test_references.py"),
+ ("2 kv_head_of: modulo grouping", "poslens/analysis/slash.py",
+  "    return h // (num_heads // num_kv_heads)", "    return h % num_kv_heads", "test_references.py"),
+ ("3 band_contributions: drops a rotary pair", "poslens/metrics/rank.py",
+  "        dims = idx + [l + half for l in idx]", "        dims = idx + [l + half for l in idx[1:]]", "test_references.py"),
+ ("4 frequency_bands: doubled high/medium threshold", "poslens/rope.py",
+  "    mid = math.sqrt(2 * math.pi * context_len)", "    mid = 2 * math.sqrt(2 * math.pi * context_len)", "test_references.py"),
+ ("4b frequency_bands: doubled low threshold", "poslens/rope.py",
+  '"low" if w >= context_len', '"low" if w >= 2 * context_len', "test_references.py"),
+ ("5 scan summary: APS from previous layer's cosine map", "poslens/capture/scan.py",
+  'adjacency_probability_score(_subsample(mean("cosine", li + 1), k))', 'adjacency_probability_score(_subsample(mean("cosine", li), k))', "test_references.py"),
+ ("5b scan summary: per-sequence APS of previous layer", "poslens/capture/scan.py",
+  '"aps_mean": aps_mean[li + 1],', '"aps_mean": aps_mean[li],', "test_references.py"),
+ ("6 slash reading: inverted ratio", "poslens/report/readings.py",
+  "        ratio = num(t[\"score\"]) / base if", "        ratio = base / num(t[\"score\"]) if", "test_references.py"),
+ ("7 kim_readings: flipped sign test", "poslens/report/readings.py",
+  "if locs and min(locs) > TREND:", "if locs and min(locs) > -TREND:", "test_references.py"),
+ ("7b kim_readings: flipped far sign", "poslens/report/readings.py",
+  "elif locs and max(locs) < -TREND:", "elif locs and max(locs) < TREND:", "test_references.py"),
+ ("8 persistence vs in-distribution score", "poslens/analysis/slash.py",
+  '"persists": sr >= kappa}', '"persists": sr >= si}', "test_references.py"),
+ ("9 persistence > kappa", "poslens/analysis/slash.py",
+  '"persists": sr >= kappa}', '"persists": sr > kappa}', "test_references.py"),
+ ("10 relativity_index: no noise correction", "poslens/metrics/diagonal.py",
+  "    if g is not None and g.shape[0] >= 2:\n        mask = mask & _entries(g, include_diagonal)",
+  "    if False:\n        mask = mask & _entries(g, include_diagonal)", "test_references.py"),
+ ("11 simulator: rotated values", "poslens/simulate.py",
+  "x = torch.baddbmm(x, p, y)", "x = torch.baddbmm(x, p, q)", "test_references.py"),
+ ("12 diagonal_trend: sign flipped", "poslens/metrics/diagonal.py",
+  "    return float((gt.sum() - lt.sum()) / total)", "    return float((lt.sum() - gt.sum()) / total)", "test_references.py"),
+ ("13 locality: ties count 0", "poslens/metrics/diagonal.py",
+  "    v = float(rising_pair_fraction(m, include_diagonal=include_diagonal, ties=0.5))",
+  "    v = float(rising_pair_fraction(m, include_diagonal=include_diagonal, ties=0.0))", "test_references.py"),
+ ("14 uniform_slash: off by one", "poslens/report/readings.py",
+  "    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)", "    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d + 1)", "test_references.py"),
+ ("15 MeanAccumulator.var: biased", "poslens/stats.py",
+  "        return ((self.sumsq - n * mean * mean) / (n - 1)).clamp_min(0.0)",
+  "        return ((self.sumsq - n * mean * mean) / n).clamp_min(0.0)", "test_stats.py"),
+ ("16 merge forgets sumsq", "poslens/stats.py",
+  "        self.add(other.sum, other.count, other.sumsq)", "        self.add(other.sum, other.count, other.sumsq * 0 if other.sumsq is not None else None)", "test_stats.py"),
+ ("17 cross_mean_square includes own-group products", "poslens/stats.py",
+  "    off = ~torch.eye(G, dtype=torch.bool)", "    off = torch.ones(G, G, dtype=torch.bool)", "test_stats.py"),
+ ("18 signflip p strict", "poslens/stats.py",
+  "(t >= t_obs * (1 - 1e-12))", "(t > t_obs * (1 + 1e-12))", "test_stats.py"),
+ ("19 is_flat ignores groups", "poslens/metrics/diagonal.py",
+  "            return p >= NOISE_P", "            return p <= NOISE_P", "test_references.py"),
+ ("20 per_sequence_aps wrong subsample", "poslens/metrics/neighborhood.py",
+  "    return torch.linspace(0, S - 1, max_positions).round().long()", "    return torch.arange(max_positions)", "test_references.py"),
+ ("21 jackknife factor", "poslens/stats.py",
+  "((G - 1) / G * ((v - v.mean()) ** 2).sum()).sqrt()", "(1 / G * ((v - v.mean()) ** 2).sum()).sqrt()", "test_stats.py"),
+ ("22 stderr divides by n-1", "poslens/stats.py",
+  "        return (self.var / max(self.count, 1)).sqrt()", "        return (self.var / max(self.count - 1, 1)).sqrt()", "test_stats.py"),
+]
+only = sys.argv[1:]
+res = []
+for name, f, old, new, tests in P:
+    if only and not any(name.startswith(o + " ") for o in only):
+        continue
+    d = tempfile.mkdtemp(prefix="poslens_plant_")
+    shutil.copytree(ROOT / "src", d + "/src", ignore=shutil.ignore_patterns("__pycache__"))
+    p = f"{d}/src/{f}"
+    s = open(p).read()
+    assert s.count(old) == 1, (name, s.count(old))
+    open(p, "w").write(s.replace(old, new))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", T + tests],
+                       env={**os.environ, "PYTHONPATH": f"{d}/src:{T}", "PYTHONDONTWRITEBYTECODE": "1"},
+                       capture_output=True, text=True, cwd=ROOT)
+    shutil.rmtree(d, ignore_errors=True)
+    last = r.stdout.strip().splitlines()
+    fails = [l for l in last if l.startswith("FAILED")]
+    res.append(bool(r.returncode))
+    print(f"{'CAUGHT' if r.returncode else 'MISSED'}  {name}  {fails[:1]}", flush=True)
+print(f"{sum(res)}/{len(res)} planted bugs caught")
+sys.exit(0 if all(res) else 1)
