@@ -464,7 +464,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     plan.device = device
     if ctx.is_main:
         create_out_dir(out)
-    elif ctx.enabled:  # one set of loading bars per job
+    if (ctx.enabled and not ctx.is_main) or not progress:  # one set of loading bars per job; none with --quiet
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
