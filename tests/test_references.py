@@ -450,3 +450,25 @@ def test_scan_summary_reads_each_layers_own_cosine_map(tmp_path):
     seq = maps["aps_seq"].to(torch.float64).reshape(-1)
     for li, l in enumerate(layers):
         assert l["aps_mean"] == pytest.approx(float(seq[li + 1]), abs=1e-6)
+
+
+def test_main_diagonal_is_excluded_by_default():
+    """Every map statistic ignores the main diagonal (a token with itself) unless told otherwise."""
+    S = 9
+    m = _rand((S, S), 14)
+    wild = m.clone()
+    wild.diagonal().copy_(100.0 * _rand(S, 15))
+    flat = torch.full((S, S), 0.5, dtype=torch.float64)
+    flat_wild = flat.clone()
+    flat_wild.diagonal().copy_(_rand(S, 16))
+    assert is_flat(flat_wild) and not is_flat(flat_wild, include_diagonal=True)
+    for f in (relativity_index, locality, diagonal_trend, within_diagonal_rms):
+        assert f(wild) == f(m), f.__name__
+    assert locality(wild, include_diagonal=True) != locality(m, include_diagonal=True)
+
+
+def test_rising_pair_fraction_with_a_single_pair():
+    m = torch.zeros(3, 3, dtype=torch.float64)
+    m[2, 1] = 1.0  # the one pair (j, k) = (0, 1) of row 2 rises
+    assert float(rising_pair_fraction(m)) == 1.0
+    assert math.isnan(float(rising_pair_fraction(m[:2, :2])))  # no pair at all: NaN
