@@ -472,3 +472,25 @@ def test_rising_pair_fraction_with_a_single_pair():
     m[2, 1] = 1.0  # the one pair (j, k) = (0, 1) of row 2 rises
     assert float(rising_pair_fraction(m)) == 1.0
     assert math.isnan(float(rising_pair_fraction(m[:2, :2])))  # no pair at all: NaN
+
+
+def test_diagonal_trend_se_is_the_jackknife_over_count_weighted_groups():
+    from poslens.metrics.diagonal import trend_pvalue
+
+    S, G = 7, 9
+    gen = torch.Generator().manual_seed(17)
+    groups = torch.randn(G, S, S, generator=gen, dtype=torch.float64)
+    counts = torch.tensor([1, 2, 3, 4, 5, 1, 2, 3, 9], dtype=torch.float64)
+    mean = (groups * counts[:, None, None]).sum(0) / counts.sum()
+    d = describe_map(mean, groups, counts)
+    loo = []
+    for g in range(G):
+        keep = [h for h in range(G) if h != g]
+        m = sum(counts[h] * groups[h] for h in keep) / sum(counts[h] for h in keep)
+        loo.append(brute_diagonal_trend(m.tolist()))
+    mu = sum(loo) / G
+    assert d["diagonal_trend_se"] == pytest.approx(math.sqrt((G - 1) / G * sum((v - mu) ** 2 for v in loo)), rel=1e-9)
+    # two valid entries (one masked): a p-value, not None
+    two = groups[:, :3, :3].clone()
+    two[:, 2, 0] = float("nan")
+    assert trend_pvalue(two) == 1.0
