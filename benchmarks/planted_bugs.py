@@ -28,7 +28,7 @@ P = [
  ("4b frequency_bands: doubled low threshold", "poslens/rope.py",
   '"low" if w >= context_len', '"low" if w >= 2 * context_len', "test_references.py"),
  ("5 scan summary: APS from previous layer's cosine map", "poslens/capture/scan.py",
-  'adjacency_probability_score(_subsample(mean("cosine", li + 1), k))', 'adjacency_probability_score(_subsample(mean("cosine", li), k))', "test_references.py"),
+  '_subsample(mean("cosine", li + 1), k)', '_subsample(mean("cosine", li), k)', "test_references.py"),
  ("5b scan summary: per-sequence APS of previous layer", "poslens/capture/scan.py",
   '"aps_mean": aps_mean[li + 1],', '"aps_mean": aps_mean[li],', "test_references.py"),
  ("6 slash reading: inverted ratio", "poslens/report/readings.py",
