@@ -309,7 +309,8 @@ def test_metrics_slash_and_rank_known_cases():
     sl = torch.zeros(2, 3, 6, dtype=torch.float64)
     sl[1, 2, 1] = 0.9
     top = top_slash_heads(sl, k=1, layer_ids=[4, 7])
-    assert top == [{"layer": 7, "head": 2, "offset": 1, "score": 0.9}]
+    assert top == [{"layer": 7, "head": 2, "offset": 1, "score": 0.9,
+                    "uniform": pytest.approx(sum(1 / i for i in range(2, 7)) / 5)}]
     u = torch.randn(8, dtype=torch.float64)
     g = torch.outer(u, u)
     r = rank_measures(g)

@@ -13,6 +13,8 @@ from poslens.metrics import (
     relativity_index,
     rising_pair_fraction,
 )
+from poslens.metrics import diagonal_trend, within_diagonal_rms
+from poslens.metrics.slash import sink_weight
 
 S = 12
 
@@ -64,17 +66,80 @@ def test_relativity_index_known_mixture():
 
 def test_flat_map_is_null_and_noise_is_recognised():
     g = torch.Generator().manual_seed(0)
-    se = torch.full((S, S), 0.01, dtype=torch.float64)
-    noisy = 0.3 + 0.01 * torch.randn(S, S, generator=g, dtype=torch.float64)
-    assert is_flat(noisy, se)
-    assert relativity_index(noisy, se) is None
-    assert locality(noisy, se) is None
-    # the same noise with a real trend 20x the stderr is not flat
-    trend = noisy + toeplitz(lambda k: -0.2 * k / S).nan_to_num(0)
-    assert not is_flat(trend, se)
-    assert relativity_index(trend, se) == pytest.approx(1.0, abs=0.05)
-    # exactly constant map without stderr is flat
+    G = 16
+    # group means of a flat map: shared offset per group (correlated entries) plus independent noise
+    groups = 0.3 + 0.01 * torch.randn(G, 1, 1, generator=g, dtype=torch.float64) \
+        + 0.01 * torch.randn(G, S, S, generator=g, dtype=torch.float64)
+    noisy = groups.mean(0)
+    assert is_flat(noisy, groups)
+    assert relativity_index(noisy, groups) is None
+    assert locality(noisy, groups) is None
+    # the same noise with a real trend 20x the noise of the mean is not flat and purely relative
+    trend = toeplitz(lambda k: -0.05 * k / S).nan_to_num(0)
+    assert not is_flat(noisy + trend, groups + trend)
+    assert relativity_index(noisy + trend, groups + trend) == pytest.approx(1.0, abs=0.05)
+    # exactly constant map without groups is flat
     assert relativity_index(torch.full((S, S), 0.5, dtype=torch.float64)) is None
+
+
+def test_sink_column_is_excluded():
+    """A perfectly Toeplitz map with one raised column 0 (an attention sink) is purely relative once key 0
+    is left out; with it, the index says otherwise (0.44 in the issue that asked for this)."""
+    m = toeplitz(lambda k: torch.exp(-0.3 * k))
+    m[1:, 0] += 2.0
+    assert relativity_index(m, exclude_keys=(0,)) == pytest.approx(1.0)
+    assert relativity_index(m) < 0.6
+    assert locality(m, exclude_keys=(0,)) == pytest.approx(1.0)
+    assert locality(m) < 0.9
+    assert within_diagonal_rms(m, exclude_keys=(0,)) == pytest.approx(0.0, abs=1e-12)
+    assert diagonal_trend(m, exclude_keys=(0,)) == 0.0  # constant diagonals: no trend
+    # the sink's own number
+    A = torch.tril(torch.ones(S, S, dtype=torch.float64))
+    A[:, 0] += 3.0
+    A = A / A.sum(-1, keepdim=True)
+    want = float(sum(4.0 / (3.0 + i + 1) for i in range(1, S)) / (S - 1))
+    assert float(sink_weight(A)) == pytest.approx(want)
+
+
+def test_diagonal_trend_sign_against_scipy():
+    """+1 when the entry further right on every diagonal is higher; equals an independent pair-weighted
+    average of scipy's Kendall tau per diagonal."""
+    from scipy.stats import kendalltau
+
+    i = torch.arange(S, dtype=torch.float64)
+    right_higher = (0.1 * i[None, :]).expand(S, S).clone()
+    right_higher = right_higher.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("nan"))
+    assert diagonal_trend(right_higher) == pytest.approx(1.0)
+    assert diagonal_trend(-right_higher) == pytest.approx(-1.0)
+    g = torch.Generator().manual_seed(3)
+    r = torch.randn(S, S, generator=g, dtype=torch.float64) + 0.05 * i[None, :]
+    r = r.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("nan"))
+
+    def reference(m, skip):
+        num = den = 0.0
+        for k in range(1, S):
+            d = torch.diagonal(m, offset=-k).numpy()[skip:]
+            if len(d) >= 2:
+                pairs = len(d) * (len(d) - 1) / 2
+                num += kendalltau(d, range(len(d))).statistic * pairs
+                den += pairs
+        return num / den
+
+    assert diagonal_trend(r) == pytest.approx(reference(r, 0))
+    # with key 0 excluded, each diagonal loses its first entry
+    assert diagonal_trend(r, exclude_keys=(0,)) == pytest.approx(reference(r, 1))
+    # ties count one half: a Toeplitz map has no trend
+    assert diagonal_trend(toeplitz(lambda k: torch.exp(-k))) == 0.0
+
+
+def test_within_diagonal_rms_in_score_units():
+    i = torch.arange(S, dtype=torch.float64)
+    col = (0.5 * (-1.0) ** i)[None, :].expand(S, S).clone()  # +-0.5 by column: RMS 0.5 after centring
+    m = (col + toeplitz(lambda k: k).nan_to_num(0)).masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("nan"))
+    lower = torch.ones(S, S, dtype=torch.bool).tril(-1)
+    dn = diagonal_normalize(m)
+    assert within_diagonal_rms(m) == pytest.approx(float((dn[lower] ** 2).mean().sqrt()))
+    assert 0.45 < within_diagonal_rms(m) <= 0.5
 
 
 def test_locality_extremes():

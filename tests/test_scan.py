@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -42,7 +43,9 @@ def test_scan_writes_run_directory(cli, llama_dir, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_seqs"] == 5 and len(summary["layers"]) == 3
     for row in summary["layers"]:
-        for key in ("relativity_index", "locality", "aps", "top_slash_heads"):
+        for key in ("relativity_index", "relativity_index_with_sink", "locality", "locality_with_sink",
+                    "diagonal_trend", "within_diag_rms", "within_diag_rms_noise", "nonrelative_p", "sink_weight",
+                    "aps_mean", "aps_std", "mean_map_aps", "top_slash_heads"):
             assert key in row
     assert summary["slash_top_heads"][0]["score"] >= summary["slash_top_heads"][-1]["score"]
     cfg = json.loads((out / "config.json").read_text())
@@ -284,3 +287,78 @@ def test_pool_for_figure_block_means_skip_the_causal_triangle():
     assert p[1, 0] == m[3:6, 0:3].mean()
     assert p[3, 3] == m[9, 9] and p[3, 0] == m[9, 0:3].mean()  # the ragged last block
     assert bool(torch.isnan(p[0, 1])) and bool(torch.isnan(p[0, 3]))  # wholly above the diagonal
+
+
+def _brute_aps(h: torch.Tensor, positions: torch.Tensor) -> float:
+    """The paper's APS of one sequence by counting triples (an independent reference)."""
+    v = torch.nn.functional.normalize(h[positions].double().reshape(len(positions), -1), dim=-1)
+    c = v @ v.T
+    T = len(positions)
+    hits = sum(bool(c[i, k] > c[i, j]) for i in range(T) for k in range(i) for j in range(k))
+    return hits / math.comb(T, 3)
+
+
+def test_per_sequence_aps_equals_hidden_state_reference(llama_dir, tmp_path):
+    """Scan's APS is the paper's per-sequence APS (mean and std over sequences) of the residual stream
+    (transformers' output_hidden_states, the last one before the final norm) and of the head outputs
+    before o_proj, on a position subsample."""
+    from transformers import AutoModelForCausalLM
+
+    from poslens.capture.sources import make_source
+
+    S, N = 20, 6
+    cfg = ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=S, num_seqs=N,
+                     batch_size=4, figures=False, seed=5, aps_max_positions=12)
+    summary = run_scan(cfg, progress=False)
+    ids = make_source("random", seq_len=S, num_seqs=N, seed=5, vocab_size=V).batch(0, N)
+    model = AutoModelForCausalLM.from_pretrained(str(llama_dir), attn_implementation="eager").eval()
+    model.config.tie_last_hidden_states = False  # hidden_states[-1]: the last layer's output, before the norm
+    heads = {}
+    for l, layer in enumerate(model.model.layers):
+        layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a, l=l: heads.__setitem__(l, a[0].detach()))
+    with torch.no_grad():
+        hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+    pos = torch.linspace(0, S - 1, 12).round().long()
+    for k, h in enumerate(hs):
+        ref = torch.tensor([_brute_aps(h[b], pos) for b in range(N)], dtype=torch.float64)
+        got = (summary["embedding_aps_mean"], summary["embedding_aps_std"]) if k == 0 else \
+            (summary["layers"][k - 1]["aps_mean"], summary["layers"][k - 1]["aps_std"])
+        assert got[0] == pytest.approx(float(ref.mean()), abs=1e-9), k
+        assert got[1] == pytest.approx(float(ref.std()), abs=1e-9), k
+    for l, o in heads.items():
+        ref = torch.tensor([_brute_aps(o[b], pos) for b in range(N)], dtype=torch.float64)
+        row = summary["layers"][l]
+        assert (row["attn_aps_mean"], row["attn_aps_std"]) == (pytest.approx(float(ref.mean()), abs=1e-9),
+                                                              pytest.approx(float(ref.std()), abs=1e-9)), l
+    # the APS of the mean map is another number, kept under its own name
+    assert summary["layers"][0]["aps"] == summary["layers"][0]["aps_mean"] and "mean_map_aps" in summary["layers"][0]
+
+
+def test_slash_summary_stays_in_the_offset_range(llama_dir, tmp_path):
+    """No summary names an offset beyond Δ = 16 (or one with fewer than half the queries) a slash head,
+    even when a head's strongest sub-diagonal is the sink column's far corner."""
+    summary = run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=40,
+                                  num_seqs=4, batch_size=2, figures=False), progress=False)
+    assert summary["slash_offsets"] == [1, 16]
+    tops = summary["slash_top_heads"] + [t for l in summary["layers"] for t in l["top_slash_heads"]]
+    assert tops and all(1 <= t["offset"] <= 16 for t in tops)
+    for l in summary["layers"]:
+        assert 0.0 <= l["sink_weight"] <= 1.0
+
+
+def test_score_groups_partition_the_sequences(llama_dir, tmp_path):
+    """Sequence n is in noise group n % 16; the groups' sums add up to the scores on the grid."""
+    from poslens.capture.attention import noise_grid
+
+    S, N = 12, 20
+    run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=S, num_seqs=N,
+                        batch_size=3, figures=False), progress=False)
+    maps = read_tensors(tmp_path / "r" / "maps.safetensors")
+    counts = maps["score_group_counts"]
+    assert counts.tolist() == [2, 2, 2, 2] + [1] * 12
+    g = maps["score_groups"].double()
+    total = (g * counts.double()[:, None, None, None]).sum(0) / N
+    grid = noise_grid(S, 128)
+    lower = torch.ones(len(grid), len(grid), dtype=torch.bool).tril()
+    want = maps["scores"].double()[:, grid][:, :, grid]
+    assert torch.allclose(total[:, lower], want[:, lower], atol=1e-5)

@@ -71,7 +71,8 @@ def test_rope_causal_breaks_relativity_noncausal_keeps_it():
         assert l["relativity_index"] < 0.97
 
 
-def test_layer1_is_flat_and_layer2_is_local():
+def test_layer0_is_flat_and_layer1_is_local():
+    """Our layers count from 0: the paper's layer 1 (flat) is our layer 0."""
     s = run_simulation(SimConfig(alpha=0.0, seq_len=20, dim=64, layers=2, samples=3000)).summary["layers"]
     assert s[0]["relativity_index"] is None and s[0]["locality"] is None
     assert s[1]["locality"] > 0.5
@@ -106,7 +107,8 @@ def test_cli_writes_contract_and_loads_back(cli, tmp_path):
                           "--device", "cpu", "--quiet")
     assert code == 0
     t = read_tensors(out / "maps.safetensors")
-    assert set(t) == {"scores", "scores_stderr", "probs"}
+    assert set(t) == {"scores", "scores_stderr", "probs", "score_groups", "group_counts"}
+    assert t["score_groups"].shape == (16, 2, 8, 8) and int(t["group_counts"].sum()) == 500
     assert t["scores"].shape == (2, 8, 8)
     assert torch.isnan(t["scores"][0, 0, 1]) and not torch.isnan(t["scores"][0, 1, 0])
     torch.testing.assert_close(t["probs"].sum(-1), torch.ones(2, 8))
@@ -164,6 +166,30 @@ def test_reproduce_fig4_small(tmp_path):
     rec = run_reproduction("kim-fig4", tmp_path / "r", ReproContext(samples=2000, figures=False))[0]
     assert rec["reproduced"], rec["measured"]
     assert len(rec["runs"]) == 4
+    # the sign per alpha, as the paper's figure: lower further right at alpha = 0, higher at alpha = 0.5
+    lines = rec["measured"].splitlines()
+    a0 = next(x for x in lines if x.startswith("alpha=0, ") and "non-causal" not in x)
+    a5 = next(x for x in lines if x.startswith("alpha=0.5, ") and "non-causal" not in x)
+    assert "right lower" in a0 and "as in the paper" in a0
+    assert "right higher" in a5 and "as in the paper" in a5
+    trends0 = [float(t) for t in a0.split("diagonal trend ")[1].split(" vs")[0].split(" / ")]
+    assert all(t < 0 for t in trends0)
+
+
+def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
+    from poslens.reproduce import EXPERIMENTS, ReproContext
+
+    ctx = ReproContext(samples=2000, figures=False)
+    rec = EXPERIMENTS["kim-layernorm"].run(ctx, tmp_path / "ln")
+    line = next(x for x in rec["measured"].splitlines() if "LN/sqrt-d" in x and x.startswith("alpha=0, "))
+    assert "flat in every layer" in line and "as in the paper's own figure" in line
+
+
+def test_reproduce_fig1_says_rounded_and_truncated(tmp_path):
+    from poslens.reproduce import EXPERIMENTS, ReproContext
+
+    rec = EXPERIMENTS["kim-fig1"].run(ReproContext(figures=False), tmp_path / "f1")
+    assert "0.1535 as 0.154 (rounded)" in rec["note"] and "0.1508 as 0.150 (truncated)" in rec["note"]
 
 
 def test_reproduce_unknown_name(cli, tmp_path):

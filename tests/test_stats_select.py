@@ -59,7 +59,7 @@ def test_unrequested_statistics_are_not_computed(monkeypatch):
     monkeypatch.setattr(att, "_head_gram", boom)
     monkeypatch.setattr(att, "_causal_pair_dim_sum", boom)
     cap = _observe("scores,probs")
-    assert set(cap.means()) == {"scores", "probs"}
+    assert set(cap.means()) == {"scores", "score_groups", "probs"}  # score_groups: the scores' noise groups
 
 
 def test_qk_only_skips_the_attention_maps(monkeypatch):

@@ -178,7 +178,7 @@ def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "
                       titles: list[str] | None = None) -> list[str]:
     """Write ``{prefix}_raw.png`` and ``{prefix}_diagnorm.png`` (all layers side by side).
 
-    ``titles`` names the panels (default ``layer 1..L``; pass them when ``scores`` holds a subset
+    ``titles`` names the panels (default ``layer 0..L-1``; pass them when ``scores`` holds a subset
     of layers). Returns the file names written.
     """
     from pathlib import Path
@@ -188,7 +188,7 @@ def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "
 
     out_dir = Path(out_dir)
     L = scores.shape[0]
-    titles = titles or [f"layer {l + 1}" for l in range(L)]
+    titles = titles or [f"layer {l}" for l in range(L)]  # layers count from 0
     raw = layer_grid([scores[l] for l in range(L)], titles=titles, suptitle=f"{label} pre-softmax scores".strip(),
                      percentile=percentile)
     save_figure(raw, out_dir / f"{prefix}_raw.png")

@@ -13,6 +13,13 @@ generator seeded by ``(seed, b)``: results depend on the seed and the number of 
 not on the compute chunk size or the device's batch size. Per-layer sums of the scores, their
 squares and the attention weights are accumulated in float64, so memory is bounded by one chunk
 and the result (``[L, S, S]``), never by the number of samples.
+
+Noise: sample n also adds its score map to group ``n % G`` (:data:`poslens.stats.NOISE_GROUPS`
+groups); the spread of the group means is the noise floor of every statistic (entries of one
+sample are correlated, e.g. through the shared input component at alpha > 0, so per-entry
+standard errors alone cannot say whether a map is flat).
+
+Layers count from 0 (the paper's layer 1 is our layer 0).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from poslens.errors import PoslensError
-from poslens.stats import AccumulatorSet, MeanAccumulator
+from poslens.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
 
 #: sequences drawn from one generator; fixes the sample stream independently of chunking.
 RNG_BLOCK = 250
@@ -129,7 +136,8 @@ def forward_layers(x: torch.Tensor, cfg: SimConfig, rope_cs=None, neg_mask=None)
 def _new_accumulators(cfg: SimConfig, device) -> AccumulatorSet:
     shape = (cfg.layers, cfg.seq_len, cfg.seq_len)
     return AccumulatorSet(scores=MeanAccumulator(shape, with_var=True, device=device),
-                          probs=MeanAccumulator(shape, device=device))
+                          probs=MeanAccumulator(shape, device=device),
+                          score_groups=GroupAccumulator(NOISE_GROUPS, shape, device=device))
 
 
 @dataclass
@@ -142,6 +150,8 @@ class SimResult:
     seconds: float
     stopped_early: bool = False
     summary: dict = field(default_factory=dict)
+    score_groups: torch.Tensor | None = None  # [G, L, S, S] group means (non-empty groups), NaN where masked
+    group_counts: torch.Tensor | None = None  # [G] samples per group
 
 
 def auto_chunk(cfg: SimConfig) -> int:
@@ -186,14 +196,22 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
         s_sum = torch.empty(L, S, S, dtype=torch.float64, device=dev)
         s_sq = torch.empty_like(s_sum)
         p_sum = torch.empty_like(s_sum)
+        G = acc["score_groups"].groups
+        gid = torch.arange(done, done + take, device=dev) % G  # sample n -> group n % G
+        g_sum = torch.zeros(L, G, S, S, dtype=torch.float32, device=dev)
         # Per-chunk sums in float32 (pairwise summation over <= a few thousand rows), folded
         # into float64 accumulators: as accurate as float64 sums here and ~20x cheaper.
         for l, (s, p) in enumerate(forward_layers(x, cfg, rope_cs, neg_mask)):
             s_sum[l] = s.sum(0)
+            g_sum[l].index_add_(0, gid, s)
             s_sq[l] = s.square_().sum(0)
             p_sum[l] = p.sum(0)
         acc["scores"].add(s_sum, take, s_sq)
         acc["probs"].add(p_sum, take)
+        g_count = torch.bincount(gid.cpu(), minlength=G)
+        for g in range(G):
+            if g_count[g]:
+                acc["score_groups"].add(g, g_sum[:, g], int(g_count[g]))
         done += take
         block += nb
         if progress:
@@ -209,14 +227,24 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
         upper = torch.ones(S, S, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(upper, float("nan"))
         stderr = stderr.masked_fill(upper, float("nan"))
-    res = SimResult(cfg, scores, stderr, acc["probs"].mean.cpu(), done, seconds, stopped)
+    groups, counts = acc["score_groups"].group_means()
+    groups = groups.cpu()
+    if cfg.causal:
+        groups = groups.masked_fill(upper, float("nan"))
+    res = SimResult(cfg, scores, stderr, acc["probs"].mean.cpu(), done, seconds, stopped,
+                    score_groups=groups, group_counts=counts.cpu())
     res.summary = summarize(res)
     return res
 
 
+LAYER_CONVENTION = "layers from 0 (the paper's layer 1 is our layer 0)"
+
+
 def summarize(res: SimResult) -> dict:
-    """Per-layer numbers: relativity index, locality (both noise-aware), stderr, theory gap."""
-    from poslens.metrics import locality, relativity_index
+    """Per-layer numbers (:func:`poslens.metrics.diagonal.describe_map`: relativity index, locality,
+    signed diagonal trend, within-diagonal RMS, with noise floors from the sample groups), per-entry
+    standard error and the gap to the closed form."""
+    from poslens.metrics.diagonal import describe_map
 
     cfg = res.config
     theory = None
@@ -226,13 +254,16 @@ def summarize(res: SimResult) -> dict:
         theory = kim_mean_field(cfg.alpha, cfg.seq_len, cfg.layers)
     lower = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).tril(-1)
     layers = []
+    groups = res.score_groups
     for l in range(cfg.layers):
         m, se = res.scores[l], res.scores_stderr[l]
+        stats = describe_map(m, None if groups is None else groups[:, l], res.group_counts)
+        max_se = float(se[lower].max()) if cfg.seq_len > 1 else 0.0
         entry = {
-            "layer": l + 1,
-            "relativity_index": relativity_index(m, se),
-            "locality": locality(m, se),
-            "max_stderr": float(se[lower].max()) if cfg.seq_len > 1 else 0.0,
+            "layer": l,
+            "paper_layer": l + 1,
+            **stats,
+            "max_stderr": max_se if max_se == max_se else None,  # NaN with one sample: no stderr
             "mean_score": float(m[lower].mean()) if cfg.seq_len > 1 else float(m[0, 0]),
         }
         if theory is not None:
@@ -242,6 +273,7 @@ def summarize(res: SimResult) -> dict:
     return {
         "experiment": "kim-simulation",
         "label": cfg.label(),
+        "layer_convention": LAYER_CONVENTION,
         "samples": res.samples,
         "stopped_early": res.stopped_early,
         "seconds": res.seconds,
@@ -262,19 +294,25 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
     from poslens.rundir import versions, write_json, write_summary, write_tensors
 
     write_json(out / "config.json", {"command": "simulate", **asdict(res.config), "versions": versions()})
-    write_tensors(out / "maps.safetensors", {
-        "scores": res.scores.float(), "scores_stderr": res.scores_stderr.float(), "probs": res.probs.float(),
-    }, metadata={"samples": res.samples, "label": res.config.label()})
+    tensors = {"scores": res.scores.float(), "scores_stderr": res.scores_stderr.float(), "probs": res.probs.float()}
+    if res.score_groups is not None:
+        tensors["score_groups"] = res.score_groups.float()
+        tensors["group_counts"] = res.group_counts.to(torch.int64)
+    write_tensors(out / "maps.safetensors", tensors,
+                  metadata={"samples": res.samples, "label": res.config.label(), "layers": "from 0",
+                            "score_groups": "[G, L, S, S] means of independent sample groups (sample n in group n % G)"})
     if figures:
         from poslens.plots import layer_grid, score_map_figures
         from poslens.rundir import save_figure
 
-        files = score_map_figures(res.scores, out, label=res.config.label())
+        L = res.scores.shape[0]
+        titles = [f"layer {l}" for l in range(L)]
+        files = score_map_figures(res.scores, out, label=f"{res.config.label()} (layers from 0)", titles=titles)
         L = res.probs.shape[0]
         probs = res.probs.masked_fill(torch.ones_like(res.probs[0], dtype=torch.bool).triu(1), float("nan")) \
             if res.config.causal else res.probs
-        save_figure(layer_grid([probs[l] for l in range(L)], titles=[f"layer {l + 1}" for l in range(L)],
-                               suptitle=f"{res.config.label()} attention weights"), out / "probs.png")
+        save_figure(layer_grid([probs[l] for l in range(L)], titles=titles,
+                               suptitle=f"{res.config.label()} attention weights (layers from 0)"), out / "probs.png")
         res.summary["figures"] = files + ["probs.png"]
     first = next((l.get("layer") for l in res.summary.get("layers") or []), 0)
     res.summary = write_summary(out, res.summary, command="simulate", paper="kim",
@@ -294,4 +332,6 @@ def load_result(run_dir: str | Path) -> SimResult:
     t = read_tensors(run_dir / "maps.safetensors")
     summ = read_json(run_dir / "summary.json")
     return SimResult(SimConfig(**fields), t["scores"].double(), t["scores_stderr"].double(), t["probs"].double(),
-                     summ["samples"], summ["seconds"], summ.get("stopped_early", False), summ)
+                     summ["samples"], summ["seconds"], summ.get("stopped_early", False), summ,
+                     score_groups=t["score_groups"].double() if "score_groups" in t else None,
+                     group_counts=t.get("group_counts"))

@@ -174,10 +174,10 @@ def build_summary(cfg: SweepConfig, res: dict[str, dict]) -> dict:
                 row += [f"{float(b[1].mean()):.3f} ± {_std(b[1]):.3f}", f"{float(b[1:].mean()):.3f}"]
             results.append(rec)
             rows.append(row)
-    cols = ["shape (layers x width)", "σ", "APS layer 1 causal", "APS mean over layers, causal",
-            "APS last layer, causal", "norm score layer 1, causal"]
+    cols = ["shape (layers x width)", "σ", "APS layer 0 causal", "APS mean over layers, causal",
+            "APS last layer, causal", "norm score layer 0, causal"]
     if cfg.bidirectional:
-        cols += ["APS layer 1 bidirectional", "APS mean over layers, bidirectional"]
+        cols += ["APS layer 0 bidirectional", "APS mean over layers, bidirectional"]
     return {
         "experiment": "sweep", "paper": "neighborhood",
         "title": "Random-init sweep: adjacency pattern (APS) of untrained NoPE models vs weight scale σ",
@@ -196,7 +196,7 @@ def sweep_readings(cfg: SweepConfig, res: dict[str, dict]) -> list[str]:
     for shape, by_mode in res.items():
         a1 = by_mode["causal"]["aps"][:, 1].mean(-1)  # [S]
         strong = [f"{s:g}" for s, a in zip(sig, a1.tolist()) if a >= 0.8]
-        text = (f"{shape}: layer-1 APS (causal) ranges from {float(a1.min()):.3f} (σ={sig[int(a1.argmin())]:g}) to "
+        text = (f"{shape}: layer-0 APS (causal, decoder layers from 0) ranges from {float(a1.min()):.3f} (σ={sig[int(a1.argmin())]:g}) to "
                 f"{float(a1.max()):.3f} (σ={sig[int(a1.argmax())]:g}); ")
         text += (f"a clear adjacency pattern (APS ≥ 0.8) at σ ∈ {{{', '.join(strong)}}}." if strong
                  else "no σ gives a clear adjacency pattern (APS ≥ 0.8).")

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from poslens.errors import PoslensError
-from poslens.stats import AccumulatorSet, MeanAccumulator
+from poslens.metrics.neighborhood import per_sequence_aps
+from poslens.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
 
 ATTN_NAME = "poslens"
 
@@ -54,11 +55,11 @@ CUDA_CHUNK_ELEMS = 2**28
 #: Statistics a scan can ask for (``--stats``) and the accumulators each one fills. Per-head maps
 #: (``head_scores``/``head_probs``) follow ``--heads``; the q/k reservoir follows ``--reservoir``.
 STATS: dict[str, tuple[str, ...]] = {
-    "scores": ("scores",),
+    "scores": ("scores", "score_groups"),  # and the per-sequence-group grid maps (the noise floor)
     "probs": ("probs",),
     "slash": ("slash",),
-    "cosine": ("cosine", "norms"),
-    "attn_cosine": ("attn_cosine", "attn_norms"),
+    "cosine": ("cosine", "norms", "aps_seq"),  # and each sequence's own APS
+    "attn_cosine": ("attn_cosine", "attn_norms", "attn_aps_seq"),
     "qk": ("q_gram", "k_gram"),  # and the --reservoir sample of pre-RoPE q/k vectors
     "dim_logit": ("dim_logit",),
 }
@@ -433,6 +434,15 @@ class CaptureSpec:
     rope_layout: str = "half"  # the model's RoPE pair layout: "half" (rotate_half) or "interleaved" (Cohere)
     reservoir: int = 0  # token slots with pre-RoPE q/k vectors kept (0 = none); see capture.reservoir
     seed: int = 0  # seeds the reservoir's slot keys
+    aps_max_positions: int = 256  # positions per sequence for the per-sequence APS (evenly spaced subsample)
+    noise_groups: int = NOISE_GROUPS  # independent sequence groups whose score-map sums give the noise floor
+    noise_max_positions: int = 128  # group maps are kept on a strided grid of at most this many positions
+
+
+def noise_grid(S: int, max_positions: int) -> torch.Tensor:
+    """Positions ``0, s, 2s, ...`` (stride ``s = ceil(S / max_positions)``) of the group score maps:
+    a constant stride keeps a Toeplitz map Toeplitz, so relativity is judged on the grid as on the map."""
+    return torch.arange(0, S, -(-S // max(1, max_positions)))
 
 
 def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
@@ -449,13 +459,19 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
         "q_gram": (L, H, D, D),
         "k_gram": (L, Hk, D, D),
         "dim_logit": (L, H, D),
+        "aps_seq": (L + 1,),
+        "attn_aps_seq": (L,),
     }
-    wanted = {a for st in spec.stats for a in STATS[st]}
+    wanted = {a for st in spec.stats for a in STATS[st]} - {"score_groups"}  # a GroupAccumulator, see Capture
     shapes = {k: v for k, v in shapes.items() if k in wanted}
     if spec.heads:
         shapes["head_scores"] = (len(spec.heads), S, S)
         shapes["head_probs"] = (len(spec.heads), S, S)
     return shapes
+
+
+#: accumulators that also keep a sum of squares (per-sequence statistics: mean and std over sequences)
+_WITH_VAR = ("aps_seq", "attn_aps_seq")
 
 
 class Capture:
@@ -475,7 +491,13 @@ class Capture:
       pre-RoPE queries / keys (per KV head); its eigenvalues are the squared singular values of
       the tokens x head_dim matrix, so rank measures are exact over every token seen;
     - ``dim_logit[l, h, d]``: mean over causal pairs j <= i of ``scaling * q_{i,d} k_{j,d}``
-      (post-RoPE): per-dimension contribution to the logit, summed into RoPE bands in the summary.
+      (post-RoPE): per-dimension contribution to the logit, summed into RoPE bands in the summary;
+    - ``aps_seq[k]`` / ``attn_aps_seq[l]``: the paper's per-sequence APS (arXiv 2501.00073) of each
+      sequence's own self-cosine map (same vectors as ``cosine`` / ``attn_cosine``, on at most
+      ``aps_max_positions`` evenly spaced positions), with sum of squares: mean and std over sequences;
+    - ``score_groups[g, l]``: ``scores`` summed separately over sequence groups ``g = sequence % G`` on
+      the :func:`noise_grid` positions; the spread of the groups is the noise floor of the score-map
+      statistics.
     """
 
     def __init__(self, spec: CaptureSpec, device="cpu"):
@@ -484,7 +506,13 @@ class Capture:
         self.head_pos = {}
         for n, (l, h) in enumerate(spec.heads):
             self.head_pos.setdefault(l, []).append((n, h))
-        self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device) for k, s in accumulator_shapes(spec).items()})
+        self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device, with_var=k in _WITH_VAR)
+                                    for k, s in accumulator_shapes(spec).items()})
+        self.grid = noise_grid(spec.seq_len, spec.noise_max_positions).to(device)
+        if "scores" in spec.stats:
+            n = self.grid.numel()
+            self.accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
+        self._seq0 = 0  # global index of the batch's first sequence (sequence n is in noise group n % G)
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         #: per layer, the (cos, sin) its attention module received (Gemma 3: one table per layer type)
         self.rope_by_layer: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -513,9 +541,11 @@ class Capture:
 
     def begin_batch(self, batch_size: int, seq_start: int | None = None) -> None:
         """Start a batch of ``batch_size`` sequences; ``seq_start`` is the global index of its first
-        sequence (default: right after the previous batch), which fixes the reservoir's slot keys."""
+        sequence (default: right after the previous batch), which fixes the reservoir's slot keys and
+        the noise groups (sequence n in group ``n % noise_groups``)."""
         self._batch_size = int(batch_size)
         seq_start = self._next_seq if seq_start is None else int(seq_start)
+        self._seq0 = seq_start
         self._next_seq = seq_start + self._batch_size
         if self.reservoir is not None:
             self.reservoir.begin_batch(seq_start, self._batch_size)
@@ -523,7 +553,10 @@ class Capture:
     def end_batch(self) -> None:
         """Count the batch's sequences once in every accumulator (sums were added per layer)."""
         for acc in self.accs.values():
-            acc.count += self._batch_size
+            if isinstance(acc, GroupAccumulator):
+                acc.counts += torch.bincount(self._seq_groups("cpu"), minlength=acc.groups)
+            else:
+                acc.count += self._batch_size
         self._batch_size = 0
         if self.reservoir is not None:
             self.reservoir.end_batch()
@@ -565,6 +598,10 @@ class Capture:
                                "did not fire (unsupported architecture?).")
         return unrotate_qk(query, key, *self.rope_cos_sin, layout=self.spec.rope_layout)
 
+    def _seq_groups(self, device) -> torch.Tensor:
+        """Noise group of each sequence of the current batch: ``(seq_start + b) % noise_groups``."""
+        return (torch.arange(self._batch_size, device=device) + self._seq0) % self.spec.noise_groups
+
     # -- hidden states ----------------------------------------------------------------------
     @torch.no_grad()
     def observe_hidden(self, index: int, hidden: torch.Tensor) -> None:
@@ -575,12 +612,17 @@ class Capture:
             self._add_cosine("cosine", "norms", index, hidden)
 
     def _add_cosine(self, cos_name, norm_name, index, x):
-        """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened).
+        """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened),
+        and each sequence's own APS (part of the same statistic).
 
         The unit vectors are written once, sequence-major (``[S, B * d]``), so the batch sum is one
         float32 matrix product with inner dimension ``B * d``; only its lower block triangle is
         computed (the matrix is symmetric) and mirrored, then added to the float64 sum.
         """
+        aps = per_sequence_aps(x, self.spec.aps_max_positions).to(torch.float64)
+        acc = self.accs["aps_seq" if cos_name == "cosine" else "attn_aps_seq"]
+        acc.sum[index] += aps.sum()
+        acc.sumsq[index] += (aps * aps).sum()
         B, S = x.shape[:2]
         x = x.to(torch.float32)
         n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
@@ -682,6 +724,7 @@ class Capture:
                 maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
             if "scores" in stats:  # float32 per-call sums into the float64 sums, without a float64 temporary
                 acc["scores"].sum[li].add_(maps["scores"], alpha=1.0 / H)
+                self._add_score_groups(li, query, key, scaling, causal, softcap)
             if "probs" in stats:
                 acc["probs"].sum[li].add_(maps["probs"], alpha=1.0 / H)
             if "slash" in stats:
@@ -696,6 +739,30 @@ class Capture:
         # sequence-major copy is made once, inside _add_cosine)
         if "attn_cosine" in stats:
             self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
+
+    def _add_score_groups(self, li, query, key, scaling, causal, softcap) -> None:
+        """Head-summed scores of each sequence on the noise grid, added to its sequence group.
+
+        Only grid rows and keys are computed (``[B, H, n, n]``, n <= ``noise_max_positions``): a
+        small product beside the full maps, whichever path computed those. Above the diagonal stays 0
+        (as in ``scores``); entries outside a sliding window are masked when the summary reads them.
+        """
+        B, H = query.shape[:2]
+        Hk = key.shape[1]
+        grid = self.grid.to(query.device)
+        qg = query[:, :, grid].to(torch.float32)
+        kg = key[:, :, grid].to(torch.float32)
+        if Hk != H:
+            kg = kg.repeat_interleave(H // Hk, dim=1)
+        logits = torch.matmul(qg, kg.transpose(-1, -2)).mul_(scaling)  # [B, H, n, n]
+        if softcap is not None:
+            logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
+        part = logits.sum(dim=1)
+        if causal:
+            part.masked_fill_(grid[None, :] > grid[:, None], 0.0)
+        part = torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0).to(torch.float64).div_(H)
+        acc = self.accs["score_groups"]
+        acc.sum[:, li].index_add_(0, self._seq_groups(acc.sum.device), part.to(acc.sum.device))
 
     def _attention_maps(self, layer, q, k, scaling, causal, window, softcap, heads_here, *, checked: bool):
         """Batch/head sums of one layer's scores, weights, slash profile and per-head maps (float32).
@@ -817,6 +884,11 @@ class Capture:
         """
         out = {}
         for name, acc in self.accs.items():
+            if isinstance(acc, GroupAccumulator):  # group means of the non-empty groups, and their counts
+                out[name], counts = acc.group_means()
+                out[name] = out[name].to(dtype)
+                out[name.replace("groups", "group_counts")] = counts.to(torch.int64)
+                continue
             if acc.count == 0:
                 out[name] = acc.mean.to(dtype)
             else:

@@ -38,7 +38,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 #: config fields that change the accumulated tensors (a resume must match them exactly)
 _FINGERPRINT_FIELDS = ("model_dir", "data", "seq_len", "num_seqs", "batch_size", "seed", "dtype", "layers",
-                       "heads", "no_rope_layers", "bidirectional", "chunk_elems", "reservoir", "stats")
+                       "heads", "no_rope_layers", "bidirectional", "chunk_elems", "reservoir", "stats",
+                       "aps_max_positions")
 
 
 @dataclass
@@ -293,7 +294,7 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
                        chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats,
-                       rope_layout=adapter.rope_layout)
+                       aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 
@@ -621,11 +622,73 @@ def _opt(x):
     return None if x is None else float(x)
 
 
+#: key columns left out of whole-map statistics by default: real models put most attention on key 0
+#: (the attention sink, the BOS position), which otherwise dominates relativity and locality
+SINK_COLUMNS = (0,)
+
+LAYER_CONVENTION = "decoder layers from 0; 'embeddings' = the input of decoder layer 0"
+
+
+def _per_sequence(acc) -> tuple[list, list]:
+    """Mean and standard deviation over sequences of a per-sequence statistic's accumulator."""
+    mean = acc.mean.tolist()
+    std = acc.var.sqrt().tolist() if acc.count >= 2 else [None] * len(mean)
+    return mean, std
+
+
+def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: torch.Tensor | None, grid: torch.Tensor,
+                      locality_positions: int, sink_columns=SINK_COLUMNS) -> dict:
+    """The score-map numbers of one layer: sink-excluded headline values on the full map (relativity
+    index, locality on at most ``locality_positions`` positions, signed diagonal trend, within-diagonal
+    RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
+    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`)."""
+    from poslens.metrics import describe_map, locality, relativity_index
+
+    sub = _subsample(sc, locality_positions)
+    out = describe_map(sc, exclude_keys=sink_columns, locality_map=sub)
+    if groups is not None and groups.shape[0] >= 2:
+        g = causal_view(groups, include_diagonal=True)
+        noise = describe_map(causal_view(sc[grid][:, grid]), g, counts, exclude_keys=sink_columns)
+        for key in ("flat_p", "nonrelative_p", "trend_p", "within_diag_rms_noise", "diagonal_trend_se", "noise_groups"):
+            out[key] = noise.get(key)
+        out["flat"] = bool(noise["flat"])
+        out["noise_positions"] = int(grid.numel())
+        out.pop("noise", None)
+        if noise.get("noise"):
+            out["noise"] = noise["noise"]
+        if out["flat"]:
+            out["relativity_index"] = out["locality"] = None
+    else:
+        out["noise"] = "no noise estimate: fewer than two sequence groups (scan at least 2 sequences)"
+    flat = out["flat"] and groups is not None and groups.shape[0] >= 2
+    out["relativity_index_with_sink"] = None if flat else _opt(relativity_index(sc))
+    out["locality_with_sink"] = None if flat else _opt(locality(sub))
+    out["sink_columns"] = list(sink_columns)
+    return out
+
+
+def _grid_groups(groups: torch.Tensor, li: int, grid: torch.Tensor, window: int | None) -> torch.Tensor | None:
+    """Layer ``li``'s group maps on the noise grid, NaN outside a sliding window (as the full map)."""
+    if not groups.shape[0]:
+        return None
+    g = groups[:, li].cpu()
+    if window and window < int(grid[-1]) + 1:
+        far = (grid[:, None] - grid[None, :]) >= window
+        g = g.masked_fill(far, float("nan"))
+    return g
+
+
 def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) -> dict:
-    """Write ``maps.safetensors`` (float32 means) and figures; return the summary dict."""
-    from poslens.metrics import adjacency_probability_score, locality, norm_score, relativity_index
+    """Write ``maps.safetensors`` (float32 means) and figures; return the summary dict.
+
+    Decoder layers count from 0. Score-map statistics leave out the sink column (key 0) by default
+    and give the with-sink values beside them; the APS is the paper's per-sequence APS (mean and
+    std over sequences), the APS of the mean map is ``mean_map_aps``.
+    """
+    from poslens.capture.attention import noise_grid
+    from poslens.metrics import adjacency_probability_score, norm_score
     from poslens.metrics.rank import band_contributions, rank_measures
-    from poslens.metrics.slash import top_slash_heads
+    from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, top_slash_heads
     from poslens.rundir import write_tensors
 
     cfg, spec, adapter, config = plan.cfg, plan.spec, plan.adapter, plan.config
@@ -641,6 +704,12 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
 
     k = cfg.aps_max_positions
     rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
+    groups, counts = capture.accs["score_groups"].group_means() if has("score_groups") else (torch.zeros(0), None)
+    grid = noise_grid(spec.seq_len, spec.noise_max_positions)
+    nl = len(spec.layers)
+    aps_mean, aps_std = _per_sequence(capture.accs["aps_seq"]) if has("aps_seq") else ([None] * (nl + 1),) * 2
+    attn_aps_mean, attn_aps_std = _per_sequence(capture.accs["attn_aps_seq"]) if has("attn_aps_seq") \
+        else ([None] * nl,) * 2
     windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
     layers = []
     for li, l in enumerate(spec.layers):
@@ -656,10 +725,18 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
             "sliding_window": windows[l],
-            "relativity_index": _opt(relativity_index(sc)) if sc is not None else None,
-            "locality": _opt(locality(_subsample(sc, k))) if sc is not None else None,
-            "aps": when("cosine", lambda: float(adjacency_probability_score(_subsample(mean("cosine", li + 1), k)))),
-            "attn_aps": when("attn_cosine", lambda: float(adjacency_probability_score(
+            **(score_map_numbers(sc, _grid_groups(groups, li, grid, windows[l]), counts, grid, k)
+               if sc is not None else {}),
+            "sink_weight": when("probs", lambda: float(sink_weight(mean("probs", li)))),
+            "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
+            "aps_mean": aps_mean[li + 1],
+            "aps_std": aps_std[li + 1],
+            "attn_aps": attn_aps_mean[li],
+            "attn_aps_mean": attn_aps_mean[li],
+            "attn_aps_std": attn_aps_std[li],
+            "mean_map_aps": when("cosine", lambda: float(adjacency_probability_score(
+                _subsample(mean("cosine", li + 1), k)))),
+            "attn_mean_map_aps": when("attn_cosine", lambda: float(adjacency_probability_score(
                 _subsample(mean("attn_cosine", li), k)))),
             "norm_score": when("norms", lambda: float(norm_score(_subsample(mean("norms", li + 1), k)))),
             "top_slash_heads": when("slash", lambda: top_slash_heads(mean("slash", slice(li, li + 1)), k=3,
@@ -670,20 +747,28 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
             "k_effective_rank": rm_k["effective_rank"].tolist() if rm_k else None,
             "band_logit": {b: v.tolist() for b, v in bands.items()} if bands is not None else None,
         })
+    offs = scored_offsets(spec.seq_len, SLASH_MIN_DELTA, SLASH_MAX_DELTA)
     summary = {
         "model_dir": str(cfg.model_dir),
         "model_type": adapter.model_type,
         "num_seqs": n_seqs,
         "seq_len": spec.seq_len,
+        "layer_convention": LAYER_CONVENTION,
         "stats": sorted(spec.stats),
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
         "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
-        "embedding_aps": when("cosine", lambda: float(adjacency_probability_score(_subsample(mean("cosine", 0), k)))),
+        "embedding_aps": aps_mean[0],
+        "embedding_aps_mean": aps_mean[0],
+        "embedding_aps_std": aps_std[0],
+        "embedding_mean_map_aps": when("cosine", lambda: float(adjacency_probability_score(
+            _subsample(mean("cosine", 0), k)))),
         "aps_positions": min(k, spec.seq_len),
+        "sink_columns": list(SINK_COLUMNS),
+        "noise": {"groups": int(groups.shape[0]), "grid_positions": int(grid.numel()),
+                  "group_rule": "sequence n in group n % " + str(spec.noise_groups)},
         "layers": layers,
+        "slash_offsets": [offs.start, offs.stop - 1] if len(offs) else None,
         "slash_top_heads": when("slash", lambda: top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers)) or [],
-        "slash_top_heads_offset_ge1": when("slash", lambda: top_slash_heads(
-            mean("slash"), k=10, min_offset=1, layer_ids=spec.layers)) or [],
         "files": ["config.json", "maps.safetensors", "summary.json"],
         "rope": plan.rope,
         "attention": plan.attention,
@@ -695,7 +780,11 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
-                            "rope": plan.rope, "attention": plan.attention})
+                            "rope": plan.rope, "attention": plan.attention,
+                            "layer_convention": LAYER_CONVENTION,
+                            "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
+                                            f"(n = {grid.numel()}); score_group_counts: sequences per group",
+                            "aps_seq": "per-sequence APS, mean over sequences (index as cosine)"})
     if figures and "scores" in tensors:
         summary["files"] += write_figures(out, tensors, spec)
     return summary
@@ -745,7 +834,7 @@ def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int
     for g in range(0, len(spec.layers), max_per_figure):
         sel = list(range(g, min(len(spec.layers), g + max_per_figure)))
         ids = [spec.layers[i] for i in sel]
-        titles = [f"layer {l}" for l in ids]
+        titles = [f"layer {l}" for l in ids]  # decoder layers from 0
         prefix = "scores" if single else f"scores_layers{ids[0]}-{ids[-1]}"
         raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles,
                          suptitle="mean pre-softmax scores (decoder layers from 0)", percentile=(1, 99),

@@ -36,7 +36,8 @@ def simulate(
     Each layer computes X <- Softmax(Mask(Q K^T)) Y + X with Y = Norm(X), Q = K = RoPE(Y) or Y.
     Inputs x_i = normalize(z_i + sqrt(alpha/(1-alpha)) c) have mean inner product alpha.
     Writes DIR/config.json, DIR/maps.safetensors (scores, scores_stderr, probs: [L,S,S]),
-    DIR/summary.json (per-layer relativity_index, locality, max_stderr) and PNG heat maps.
+    DIR/summary.json (per layer, counted from 0: relativity_index, locality, signed diagonal_trend,
+    within_diag_rms with its noise floor, p-values from 16 independent sample groups) and PNG heat maps.
     """
     from rich.console import Console
 
@@ -60,9 +61,16 @@ def print_summary(summary: dict, console) -> None:
     from poslens.fmt import fmt, rich_table
 
     has_theory = "theory_max_abs_diff" in summary["layers"][0]
-    cols = ["layer", "relativity index", "locality", "max stderr"] + (["max |sim − theory|"] if has_theory else [])
-    rows = [[l["layer"], "flat" if l["relativity_index"] is None else l["relativity_index"], l["locality"],
-             l["max_stderr"]] + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
+    cols = ["layer", "rel.", "loc.", "trend", "p non-rel", "RMS", "noise"] + (["|sim-th|"] if has_theory else [])
+    rows = [[l["layer"], "flat" if l["relativity_index"] is None else l["relativity_index"],
+             "flat" if l["locality"] is None else l["locality"], l.get("diagonal_trend"), l.get("nonrelative_p"),
+             l.get("within_diag_rms"), l.get("within_diag_rms_noise")]
+            + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
     t = rich_table(f"{summary['label']}: {fmt(summary['samples'])} samples in {fmt(summary['seconds'])} s "
                    f"({(summary.get('layer_info') or {}).get('convention', 'layers').split(',')[0]})", cols, rows)
     console.print(t)
+    console.print("rel.: relativity index; loc.: locality; trend: +1 = the entry further right on each diagonal is "
+                  "higher; p non-rel: sign-flip test over sample groups; RMS: within-diagonal, beside its noise floor")
+    notes = {l["noise"] for l in summary["layers"] if l.get("noise")}
+    for n in notes:
+        console.print(f"note: {n}")

@@ -1,38 +1,43 @@
-"""Diagonal normalisation, relativity index and locality of causal score maps.
+"""Diagonal normalisation, relativity index, signed trend and locality of causal score maps.
 
 Maps are ``[..., S, S]`` with rows = queries and columns = keys; entries above the diagonal are
 masked (NaN) because a causal query never sees later keys.
 
-Definitions (arXiv 2509.21042 for the normalisation; the two numbers are
-poslens' own, since the paper reads them off heat maps):
+Definitions (arXiv 2509.21042 for the normalisation; the numbers are poslens' own, since the
+paper reads them off heat maps):
 
 - **diagonal normalisation**: subtract from every diagonal (offset k = i - j >= 0) of the lower
   triangle its own mean. A purely relative (Toeplitz) map becomes exactly zero.
 - **relativity index**: ``1 - Var(diag-normalised) / Var(map)`` over the valid entries; 1 means
   the map is a function of i - j alone, 0 means the diagonals carry none of the variation.
-  With standard errors, both variances are corrected for Monte Carlo noise.
+- **diagonal trend** (signed): ``2P - 1`` with P the fraction of same-diagonal entry pairs where the
+  entry further right (later key and query) is higher: +1 = along every diagonal the entry further
+  right is higher, -1 = lower ("left columns lower" is a positive trend).
+- **within-diagonal RMS**: ``sqrt(mean(diag-normalised^2))`` in score units: how large the
+  non-relative part is.
 - **locality**: ``2 P - 1`` where P is the fraction of key pairs j < k < i in the same query row
   with score(i, k) > score(i, j) (ties count one half): +1 = every row rises monotonically
   towards the diagonal, 0 = no trend, -1 = every row falls.
 
-By default the main diagonal (a token's score with itself) is excluded: with normalised inputs
-it is a constant self-similarity that dominates any map and says nothing about position.
+By default the main diagonal (a token's score with itself) is excluded. ``exclude_keys`` masks
+whole key columns (real models' attention-sink column 0, a BOS position): a Toeplitz map with a
+raised sink column is purely relative everywhere else and reads 1 with ``exclude_keys=(0,)``.
 
-Noise: a map whose variation is consistent with its standard errors is *flat*; both numbers are
-then ``None`` rather than a meaningless value computed from noise.
+Noise: with ``groups`` (group means of the map over independent groups of samples, see
+:class:`poslens.stats.GroupAccumulator`) every significance statement comes from the spread of
+the groups, which holds whatever the correlation between entries of one sample: a sign-flip test
+for "no variation" (flat) and for "no non-relative part", and noise-free (cross-group) estimates
+of the variances. A flat map has relativity index and locality ``None``.
 """
 
 from __future__ import annotations
 
-import math
+from typing import Sequence
 
 import torch
 
 from poslens.metrics.neighborhood import rising_pair_fraction
-
-#: z-score above which a map's variation is called real rather than Monte Carlo noise
-#: (one-sided, p ~ 1e-3 under the chi-square approximation).
-FLAT_Z = 3.09
+from poslens.stats import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
 
 
 def _as64(m) -> torch.Tensor:
@@ -50,17 +55,26 @@ def _offsets(S: int, device=None) -> torch.Tensor:
     return (i[:, None] - i[None, :]).clamp_min(0)
 
 
+def mask_keys(m, exclude_keys: Sequence[int] = ()) -> torch.Tensor:
+    """A float64 copy of ``m`` with the key columns ``exclude_keys`` set to NaN."""
+    m = _as64(m).clone()
+    keys = [k for k in exclude_keys if 0 <= k < m.shape[-1]]
+    if keys:
+        m[..., keys] = float("nan")
+    return m
+
+
 def diagonal_means(m) -> torch.Tensor:
-    """Mean of each lower diagonal: ``out[..., k]`` = mean of entries with ``i - j = k``."""
+    """Mean of each lower diagonal: ``out[..., k]`` = mean of the finite entries with ``i - j = k``."""
     m = _as64(m)
     S = m.shape[-1]
     mask = valid_mask(S, include_diagonal=True, device=m.device)
     off = _offsets(S, m.device)
-    vals = torch.where(mask, torch.nan_to_num(m, nan=0.0), torch.zeros((), dtype=m.dtype, device=m.device))
     finite = mask & torch.isfinite(m)
+    vals = torch.where(finite, m, torch.zeros((), dtype=m.dtype, device=m.device))
     lead = m.shape[:-2]
     idx = off.reshape(-1).expand(*lead, S * S)
-    sums = torch.zeros(*lead, S, dtype=m.dtype, device=m.device).scatter_add_(-1, idx, (vals * finite).reshape(*lead, S * S))
+    sums = torch.zeros(*lead, S, dtype=m.dtype, device=m.device).scatter_add_(-1, idx, vals.reshape(*lead, S * S))
     counts = torch.zeros_like(sums).scatter_add_(-1, idx, finite.to(m.dtype).reshape(*lead, S * S))
     return sums / counts.clamp_min(1) + torch.where(counts > 0, 0.0, float("nan"))
 
@@ -75,74 +89,233 @@ def diagonal_normalize(m) -> torch.Tensor:
     return torch.where(valid_mask(S, include_diagonal=True, device=m.device), centred, float("nan"))
 
 
-def _valid_values(m: torch.Tensor, include_diagonal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _entries(m: torch.Tensor, include_diagonal: bool) -> torch.Tensor:
+    """Bool ``[S, S]``: valid causal entries that are finite in every leading slice of ``m``."""
     S = m.shape[-1]
-    mask = valid_mask(S, include_diagonal, m.device) & torch.isfinite(m)
-    return mask, m[mask]
+    fin = torch.isfinite(m)
+    while fin.ndim > 2:
+        fin = fin.all(0)
+    return valid_mask(S, include_diagonal, m.device) & fin
 
 
-def _chi2_z(stat: float, df: int) -> float:
-    """Wilson-Hilferty normal approximation to a chi-square(df) upper tail, as a z-score."""
-    if df <= 0:
-        return -math.inf
-    k = float(df)
-    return ((stat / k) ** (1.0 / 3.0) - (1.0 - 2.0 / (9.0 * k))) / math.sqrt(2.0 / (9.0 * k))
+def _centred(m: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[..., n]``: the valid entries minus their own mean (the projection behind "flat")."""
+    v = m[..., mask]
+    return v - v.mean(-1, keepdim=True)
 
 
-def is_flat(m, stderr=None, include_diagonal: bool = False) -> bool:
-    """True when the map's variation over its valid entries is within Monte Carlo noise.
+def _within(m: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[..., n]``: the diagonal-normalised valid entries (the projection behind "non-relative")."""
+    return diagonal_normalize(torch.where(mask, m, float("nan")))[..., mask]
 
-    With standard errors: a chi-square test of "all valid entries are equal" at p ~ 1e-3.
-    Without: only an exactly constant map (to float64 rounding) is flat.
+
+# --------------------------------------------------------------------------------------------
+# noise from independent groups
+# --------------------------------------------------------------------------------------------
+def _groups(groups, weights, exclude_keys):
+    if groups is None:
+        return None, None
+    g = mask_keys(groups, exclude_keys)
+    w = torch.ones(g.shape[0], dtype=torch.float64) if weights is None else _as64(weights)
+    return g, w
+
+
+def flat_pvalue(groups, weights=None, include_diagonal: bool = False, exclude_keys: Sequence[int] = ()) -> float | None:
+    """Sign-flip p-value of "every valid entry of the mean map is equal" from group means ``[G, S, S]``."""
+    g, w = _groups(groups, weights, exclude_keys)
+    mask = _entries(g, include_diagonal)
+    if int(mask.sum()) < 2:
+        return None
+    return signflip_pvalue(_centred(g, mask), w)
+
+
+def nonrelative_pvalue(groups, weights=None, include_diagonal: bool = False,
+                       exclude_keys: Sequence[int] = ()) -> float | None:
+    """Sign-flip p-value of "the mean map is a function of i - j alone" from group means ``[G, S, S]``."""
+    g, w = _groups(groups, weights, exclude_keys)
+    mask = _entries(g, include_diagonal)
+    if int(mask.sum()) < 2:
+        return None
+    return signflip_pvalue(_within(g, mask), w)
+
+
+def is_flat(m, groups=None, weights=None, include_diagonal: bool = False, exclude_keys: Sequence[int] = ()) -> bool:
+    """True when the map's variation over its valid entries is within sampling noise.
+
+    With ``groups``: the sign-flip test of :func:`flat_pvalue` at p >= :data:`NOISE_P`. With too few
+    groups for that test to reach p < NOISE_P (fewer than 8), or without groups, only an exactly
+    constant map (to float64 rounding) is flat: too little data is no evidence of flatness.
     """
-    m = _as64(m)
-    mask, v = _valid_values(m, include_diagonal)
+    m = mask_keys(m, exclude_keys)
+    mask = _entries(m, include_diagonal)
+    v = m[mask]
     if v.numel() < 2:
         return True
-    dev = v - v.mean()
-    if stderr is None:
-        scale = v.abs().max().clamp_min(1e-300)
-        return bool(dev.abs().max() <= 1e-12 * scale)
-    se = _as64(stderr)[mask].clamp_min(1e-300)
-    stat = float(((dev / se) ** 2).sum())
-    return _chi2_z(stat, v.numel() - 1) < FLAT_Z
+    if groups is not None and decisive(int(groups.shape[0])):
+        p = flat_pvalue(groups, weights, include_diagonal, exclude_keys)
+        if p is not None:
+            return p >= NOISE_P
+    scale = v.abs().max().clamp_min(1e-300)
+    return bool((v - v.mean()).abs().max() <= 1e-12 * scale)
 
 
-def relativity_index(m, stderr=None, include_diagonal: bool = False) -> float | None:
+def relativity_index(m, groups=None, weights=None, include_diagonal: bool = False,
+                     exclude_keys: Sequence[int] = ()) -> float | None:
     """How much of a causal map's variation is explained by the offset i - j alone (1 = Toeplitz).
 
-    Returns ``None`` for a flat map (see :func:`is_flat`). With ``stderr`` the two variances are
-    corrected for noise: E[Var(noisy map)] = Var(map) + mean(se^2), and a diagonal's mean
-    absorbs a 1/n_k share of its entries' noise.
+    ``None`` for a flat map (:func:`is_flat`). With ``groups`` both variances are estimated from
+    products of different groups only, so sampling noise (correlated or not) adds nothing to them.
     """
-    m = _as64(m)
+    m = mask_keys(m, exclude_keys)
     if m.ndim != 2:
         raise ValueError("relativity_index takes one [S, S] map")
-    if is_flat(m, stderr, include_diagonal):
+    if is_flat(m, groups, weights, include_diagonal):
         return None
-    mask, v = _valid_values(m, include_diagonal)
-    dn = diagonal_normalize(torch.where(mask, m, float("nan")))[mask]
-    var_map = float(((v - v.mean()) ** 2).mean())
-    var_dn = float((dn**2).mean())
-    if stderr is not None:
-        se2 = _as64(stderr)[mask] ** 2
-        off = _offsets(m.shape[-1], m.device)[mask]
-        n_k = torch.bincount(off, minlength=m.shape[-1]).to(torch.float64)[off]
-        var_map = max(var_map - float(se2.mean()), 0.0)
-        var_dn = max(var_dn - float((se2 * (1 - 1 / n_k)).mean()), 0.0)
+    mask = _entries(m, include_diagonal)
+    g, w = _groups(groups, weights, exclude_keys)
+    if g is not None and g.shape[0] >= 2:
+        mask = mask & _entries(g, include_diagonal)
+        var_map = cross_mean_square(_centred(g, mask), w)[0]
+        var_dn = cross_mean_square(_within(g, mask), w)[0]
+    else:
+        var_map = float((_centred(m, mask) ** 2).mean())
+        var_dn = float((_within(m, mask) ** 2).mean())
     if var_map <= 0.0:
         return None
-    return float(min(max(1.0 - var_dn / var_map, 0.0), 1.0))
+    return float(min(max(1.0 - max(var_dn, 0.0) / var_map, 0.0), 1.0))
 
 
-def locality(m, stderr=None, include_diagonal: bool = False) -> float | None:
+def within_diagonal_rms(m, include_diagonal: bool = False, exclude_keys: Sequence[int] = ()) -> float:
+    """``sqrt(mean(diag-normalised^2))`` over the valid entries, in the map's own units."""
+    m = mask_keys(m, exclude_keys)
+    mask = _entries(m, include_diagonal)
+    if int(mask.sum()) == 0:
+        return float("nan")
+    return float((_within(m, mask) ** 2).mean().sqrt())
+
+
+def diagonal_trend(m, include_diagonal: bool = False, exclude_keys: Sequence[int] = ()) -> float | None:
+    """Signed trend along diagonals: ``2P - 1`` with P the fraction of same-diagonal entry pairs in
+    which the entry further right (later key and query) is higher, ties counting one half.
+
+    +1: on every diagonal the entry further right is higher; -1: lower; 0 for a Toeplitz map. It is
+    the pair-weighted mean over diagonals of Kendall's tau between a diagonal's entries and their
+    column index (the same pair count as :func:`locality`, along diagonals instead of rows).
+    ``None`` when no diagonal has two valid entries.
+    """
+    from poslens.metrics.neighborhood import ordered_pair_counts
+
+    m = mask_keys(m, exclude_keys)
+    if m.ndim != 2:
+        raise ValueError("diagonal_trend takes one [S, S] map")
+    S = m.shape[-1]
+    first = 0 if include_diagonal else 1
+    if S - first < 2:
+        return None
+    # D[k, t] = m[t + k, t]: diagonal k along its columns t, its finite entries moved to the front in
+    # order (masked keys leave gaps) and -inf after them
+    k = torch.arange(first, S, device=m.device)
+    t = torch.arange(S, device=m.device)
+    rows = (t[None, :] + k[:, None]).clamp_max(S - 1)
+    D = m[rows, t[None, :].expand_as(rows)]
+    D = torch.where((t[None, :] + k[:, None]) < S, D, torch.full_like(D, float("nan")))
+    fin = torch.isfinite(D)
+    order = torch.sort((~fin).to(torch.int8), dim=1, stable=True).indices
+    D = torch.where(torch.gather(fin, 1, order), torch.gather(D, 1, order), torch.full_like(D, float("-inf")))
+    gt, eq, pairs = ordered_pair_counts(D)
+    total = float(pairs.sum())
+    if total <= 0:
+        return None
+    lt = pairs - gt - eq
+    return float((gt.sum() - lt.sum()) / total)
+
+
+def _slope_functional(mask: torch.Tensor) -> torch.Tensor:
+    """Weights ``[n]`` on the valid entries whose dot product with a map is the mean over diagonals
+    of each diagonal's least-squares slope against the column index (a linear trend measure)."""
+    S = mask.shape[-1]
+    off = _offsets(S, mask.device)[mask]
+    col = torch.arange(S, device=mask.device).expand(S, S)[mask].to(torch.float64)
+    nk = torch.bincount(off, minlength=S).to(torch.float64)
+    mean_c = torch.zeros(S, dtype=torch.float64).scatter_add_(0, off, col) / nk.clamp_min(1)
+    dc = col - mean_c[off]
+    ss = torch.zeros(S, dtype=torch.float64).scatter_add_(0, off, dc * dc)
+    use = (nk >= 3) & (ss > 0)
+    w = torch.where(use[off], dc / ss.clamp_min(1e-300)[off], torch.zeros_like(dc))
+    return w / max(int(use.sum()), 1)
+
+
+def trend_pvalue(groups, weights=None, include_diagonal: bool = False, exclude_keys: Sequence[int] = ()) -> float | None:
+    """Two-sided sign-flip p-value of "no linear trend along the diagonals" (mean within-diagonal
+    slope = 0) from group means ``[G, S, S]``."""
+    g, w = _groups(groups, weights, exclude_keys)
+    mask = _entries(g, include_diagonal)
+    if int(mask.sum()) < 2:
+        return None
+    return signflip_pvalue((g[:, mask] @ _slope_functional(mask))[:, None], w)
+
+
+def locality(m, groups=None, weights=None, include_diagonal: bool = False,
+             exclude_keys: Sequence[int] = ()) -> float | None:
     """``2P - 1`` with P the fraction of same-row key pairs whose score rises towards the query.
 
     +1: every query's scores rise monotonically as keys approach it; ``None`` for a flat map.
+    Excluded keys take part in no pair.
     """
-    m = _as64(m)
+    m = mask_keys(m, exclude_keys)
     if m.ndim != 2:
         raise ValueError("locality takes one [S, S] map")
-    if is_flat(m, stderr, include_diagonal):
+    if is_flat(m, groups, weights, include_diagonal):
         return None
-    return 2.0 * float(rising_pair_fraction(m, include_diagonal=include_diagonal, ties=0.5)) - 1.0
+    v = float(rising_pair_fraction(m, include_diagonal=include_diagonal, ties=0.5))
+    return None if v != v else 2.0 * v - 1.0
+
+
+def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False, exclude_keys: Sequence[int] = (),
+                 locality_map=None) -> dict:
+    """Every number poslens reports on one score map, with its noise floor where groups are given.
+
+    Keys: ``relativity_index``, ``locality``, ``diagonal_trend`` (+1 = further right is higher),
+    ``within_diag_rms`` (score units); with at least two groups also ``flat_p`` (sign-flip p of
+    "no variation"), ``nonrelative_p`` (of "purely relative"), ``trend_p`` (of "no trend along
+    the diagonals"), ``within_diag_rms_noise`` (the RMS that sampling noise alone gives the
+    mean map's diagonal-normalised entries), ``within_diag_rms_signal`` (noise removed),
+    ``diagonal_trend_se`` (jackknife over groups), ``noise_groups``. Without them ``noise`` says why.
+    ``locality_map`` (optional) is a position subsample of ``m`` to compute the O(S^3) locality on.
+    """
+    m = _as64(m)
+    G = 0 if groups is None else int(groups.shape[0])
+    out = {
+        "relativity_index": relativity_index(m, groups, weights, include_diagonal, exclude_keys),
+        "locality": None,
+        "diagonal_trend": diagonal_trend(m, include_diagonal, exclude_keys),
+        "within_diag_rms": within_diagonal_rms(m, include_diagonal, exclude_keys),
+    }
+    flat = is_flat(m, groups, weights, include_diagonal, exclude_keys)
+    if not flat:
+        lm = m if locality_map is None else _as64(locality_map)
+        v = float(rising_pair_fraction(mask_keys(lm, exclude_keys), include_diagonal=include_diagonal, ties=0.5))
+        out["locality"] = None if v != v else 2.0 * v - 1.0
+    out["flat"] = flat
+    if G >= 2:
+        g, w = _groups(groups, weights, exclude_keys)
+        mask = _entries(g, include_diagonal) & _entries(mask_keys(m, exclude_keys), include_diagonal)
+        sig, noise = cross_mean_square(_within(g, mask), w)
+        out.update({
+            "flat_p": signflip_pvalue(_centred(g, mask), w),
+            "nonrelative_p": signflip_pvalue(_within(g, mask), w),
+            "trend_p": signflip_pvalue((g[:, mask] @ _slope_functional(mask))[:, None], w),
+            "within_diag_rms_noise": float(max(noise, 0.0) ** 0.5),
+            "within_diag_rms_signal": float(max(sig, 0.0) ** 0.5),
+            "noise_groups": G,
+        })
+        sums = g * w.reshape(-1, 1, 1)
+        out["diagonal_trend_se"] = jackknife_se(lambda mm: diagonal_trend(mm, include_diagonal), sums, w)
+        if not decisive(G):
+            out["noise"] = (f"only {G} independent groups of samples: the smallest attainable p-value is "
+                            f"{min_pvalue(G):.3g}, above {NOISE_P:g}; p-values are given but nothing is called flat "
+                            "or significant (8 groups or more are needed)")
+    else:
+        out["noise"] = ("no noise estimate: fewer than two independent groups of samples "
+                        f"({G} group{'s' if G != 1 else ''}); add samples for p-values and noise floors")
+    return out

@@ -3,7 +3,9 @@
 The adjacency probability score (APS) counts, over all position triples j < k < i, how often
 query row i is more similar to the nearer key k than to the farther key j:
 ``APS = #{(j, k, i): j < k < i, S[i, k] > S[i, j]} / C(T, 3)``; 1 = every row rises
-monotonically towards the diagonal, 0.5 = chance.
+monotonically towards the diagonal, 0.5 = chance. The paper computes it per sequence and reports
+the mean and standard deviation over sequences; the APS of a map *averaged over sequences* is a
+different number (it tends to 1 for any consistent weak trend as sequences are added).
 """
 
 from __future__ import annotations
@@ -11,12 +13,22 @@ from __future__ import annotations
 import torch
 
 
+def aps_positions(S: int, max_positions: int) -> torch.Tensor:
+    """The positions an APS is computed on when a sequence is longer than ``max_positions``:
+    ``max_positions`` evenly spaced positions from 0 to S - 1 (rounded), else all of them."""
+    if S <= max_positions:
+        return torch.arange(S)
+    return torch.linspace(0, S - 1, max_positions).round().long()
+
+
 def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, chunk_elems: int = 2**24) -> torch.Tensor:
     """Fraction of same-row key pairs (j < k, both visible to row i) where ``m[i, k] > m[i, j]``.
 
-    Visible means ``k < i`` (or ``k <= i`` with ``include_diagonal``). Works on ``[..., T, T]``
-    and returns ``[...]``. Ties count ``ties`` (0 as in the APS definition, 0.5 for a symmetric
-    trend measure). Cost is O(T^3) comparisons, done in row chunks with bounded memory.
+    Visible means ``k < i`` (or ``k <= i`` with ``include_diagonal``) and a finite entry: NaN
+    entries (masked keys, such as an excluded sink column) take part in no pair. Works on
+    ``[..., T, T]`` and returns ``[...]`` (NaN when no pair is left). Ties count ``ties`` (0 as in
+    the APS definition, 0.5 for a symmetric trend measure). Cost O(T^3) comparisons, in row blocks
+    that only read the keys the block can see, with bounded memory.
     """
     m = torch.as_tensor(m)
     m = m.to(torch.float64) if not m.is_floating_point() else m
@@ -25,28 +37,104 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
     flat = m.reshape(-1, T, T)
     B = flat.shape[0]
     hits = torch.zeros(B, dtype=torch.float64, device=m.device)
-    total = 0
+    total = torch.zeros(B, dtype=torch.float64, device=m.device)
     jj = torch.arange(T, device=m.device)
     pair_upper = jj[:, None] < jj[None, :]  # j < k
     rows_per_chunk = max(1, chunk_elems // max(1, B * T * T))
+    extra = 1 if include_diagonal else 0
     for start in range(0, T, rows_per_chunk):
-        rows = torch.arange(start, min(T, start + rows_per_chunk), device=m.device)
-        limit = rows + (1 if include_diagonal else 0)  # keys visible: index < limit
-        vis = jj[None, :] < limit[:, None]  # [R, T]
-        pairs = pair_upper[None] & vis[:, :, None] & vis[:, None, :]  # [R, j, k]
-        r = flat[:, rows, :]  # [B, R, T]
-        greater = (r[:, :, None, :] > r[:, :, :, None]).to(torch.float64)  # [B,R,j,k]: m[i,k] > m[i,j]
+        stop = min(T, start + rows_per_chunk)
+        K = min(T, stop - 1 + extra)  # keys the block's last row sees
+        if K < 2:
+            continue
+        rows = torch.arange(start, stop, device=m.device)
+        vis = jj[None, :K] < (rows + extra)[:, None]  # [R, K]
+        r = flat[:, start:stop, :K]  # [B, R, K]
+        ok = torch.isfinite(r) & vis[None]
+        valid = ok[:, :, :, None] & ok[:, :, None, :] & pair_upper[None, None, :K, :K]  # [B, R, j, k]
+        greater = r[:, :, None, :] > r[:, :, :, None]  # m[i, k] > m[i, j]
+        hits += (greater & valid).sum(dim=(1, 2, 3), dtype=torch.float64)
         if ties:
-            greater = greater + ties * (r[:, :, None, :] == r[:, :, :, None]).to(torch.float64)
-        hits += (greater * pairs[None]).sum(dim=(1, 2, 3))
-        total += int(pairs.sum())
-    out = hits / max(total, 1)
+            hits += ties * ((r[:, :, None, :] == r[:, :, :, None]) & valid).sum(dim=(1, 2, 3), dtype=torch.float64)
+        total += valid.sum(dim=(1, 2, 3), dtype=torch.float64)
+    out = hits / total.clamp_min(1) + torch.where(total > 0, 0.0, float("nan")).to(hits.device)
     return out.reshape(lead)
 
 
+def ordered_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each row of ``x [N, T]`` whose finite entries form a prefix (the rest -inf): the number of
+    pairs j < k of finite entries with ``x[k] > x[j]`` (rising), with ``x[k] == x[j]`` (tied), and the
+    number of such pairs in all. O(T log^2 T) per row instead of O(T^2).
+
+    Rows are padded to a power of two with -inf. For block sizes b = 1, 2, 4, ... each finite element
+    of a block's right half counts the elements of its left half that are smaller (sorted left half,
+    ``searchsorted``) or equal: every pair j < k is counted at exactly one level, the one where j and
+    k first fall into different halves. A -inf suffix takes part in no pair.
+    """
+    N, T = x.shape
+    P = 1 << max(1, (T - 1).bit_length())
+    if P != T:
+        x = torch.cat([x, torch.full((N, P - T), float("-inf"), dtype=x.dtype, device=x.device)], dim=1)
+    fin = torch.isfinite(x)
+    gt = torch.zeros(N, dtype=torch.float64, device=x.device)
+    ge = torch.zeros_like(gt)
+    b = 1
+    while b < P:
+        blocks = x.reshape(N, P // (2 * b), 2 * b)
+        left = blocks[..., :b].sort(dim=-1).values.contiguous()
+        right = blocks[..., b:].contiguous()
+        live = fin.reshape(N, P // (2 * b), 2 * b)[..., b:]
+        gt += (torch.searchsorted(left, right) * live).sum(dim=(1, 2), dtype=torch.float64)
+        ge += (torch.searchsorted(left, right, right=True) * live).sum(dim=(1, 2), dtype=torch.float64)
+        b *= 2
+    n = fin.sum(1).to(torch.float64)
+    return gt, ge - gt, n * (n - 1) / 2
+
+
+def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
+    """``rising_pair_fraction(m, include_diagonal=False, ties=0)`` for maps ``[B, T, T]`` whose strict
+    lower triangle is finite: row i's visible keys 0..i-1 are kept and every later column is set to
+    -inf, then :func:`ordered_pair_counts` counts its rising pairs."""
+    B, T, _ = m.shape
+    i = torch.arange(T, device=m.device)
+    x = m.masked_fill(i[None, :] >= i[:, None], float("-inf")).reshape(B * T, T)
+    gt, _, pairs = ordered_pair_counts(x)
+    total = float((i.to(torch.float64) * (i - 1) / 2).sum())
+    if total <= 0:
+        return torch.full((B,), float("nan"), dtype=torch.float64)
+    return gt.reshape(B, T).sum(1) / total
+
+
 def adjacency_probability_score(sim) -> torch.Tensor:
-    """APS of a self-similarity matrix ``[..., T, T]`` (arXiv 2501.00073); 1 = perfect adjacency."""
-    return rising_pair_fraction(sim, include_diagonal=False, ties=0.0)
+    """APS of a self-similarity matrix ``[..., T, T]`` (arXiv 2501.00073); 1 = perfect adjacency.
+
+    Applied to one sequence's map this is the paper's per-sequence APS; applied to a map averaged
+    over sequences it is what poslens calls the *mean-map APS* (no chance level of 0.5 applies).
+    Maps with a finite strict lower triangle are counted by a merge count (O(T^2 log^2 T)); others
+    (masked entries) by :func:`rising_pair_fraction`.
+    """
+    m = torch.as_tensor(sim)
+    m = m.to(torch.float64) if not m.is_floating_point() else m
+    T = m.shape[-1]
+    lead = m.shape[:-2]
+    flat = m.reshape(-1, T, T)
+    lower = torch.ones(T, T, dtype=torch.bool, device=m.device).tril(-1)
+    if T >= 3 and bool(torch.isfinite(flat[:, lower]).all()):
+        return _rising_pairs_by_merge(flat).reshape(lead)
+    return rising_pair_fraction(m, include_diagonal=False, ties=0.0)
+
+
+def per_sequence_aps(x: torch.Tensor, max_positions: int = 256, chunk_elems: int = 2**24) -> torch.Tensor:
+    """The paper's APS of each sequence's self-cosine map: ``x [B, S, ...]`` -> ``[B]``.
+
+    Trailing dimensions are flattened (concatenated head outputs); sequences longer than
+    ``max_positions`` use :func:`aps_positions`. Cosines are taken in float32.
+    """
+    B, S = x.shape[:2]
+    idx = aps_positions(S, max_positions).to(x.device)
+    v = x[:, idx].reshape(B, idx.numel(), -1).to(torch.float32)
+    u = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp_min(1e-30)
+    return adjacency_probability_score(torch.bmm(u, u.transpose(1, 2)))
 
 
 def norm_score(norms) -> torch.Tensor:
