@@ -344,7 +344,7 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
     lines = [
         f"{name} ({f.name}), {REAL_NUM_SEQS} x {REAL_SEQ_LEN} tokens (stdlib and i.i.d. random tokens), "
         f"{wall:.0f} s:",
-        f"  Kim (score maps): relativity index without query/key 0 median {_median(rel):.3f} "
+        f"  Behind RoPE, arXiv 2509.21042 (score maps): relativity index without query/key 0 median {_median(rel):.3f} "
         f"(range {min(rel):.3f}-{max(rel):.3f}), with key 0 median {_median(rel_s):.3f}; locality without key 0 "
         f"> 0 in {sum(v > 0 for v in loc)} of {len(loc)} layers (median {_median(loc):+.3f}); attention on key 0 "
         f"median {_median(sink):.3f}; the non-relative residual (diagonal-normalised map) of the stdlib scan "
@@ -357,7 +357,7 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
             f"{r['q_top1_energy']:.2f}/{r['k_top1_energy']:.2f}, predicted Δ {r.get('predicted_peak')})" for r in top[:3])
         + f"; predicted offset = observed in {pred_ok} of {len(pred)} top heads → SDHs that persist "
         f"{'hold' if slash_holds else 'do NOT hold'}.",
-        f"  Zuo (APS of the residual stream, {REAL_APS_NUM_SEQS} x {REAL_APS_SEQ_LEN} stdlib tokens): embeddings "
+        f"  arXiv 2501.00073 (APS of the residual stream, {REAL_APS_NUM_SEQS} x {REAL_APS_SEQ_LEN} stdlib tokens): embeddings "
         f"{nl[0]['resid_aps_mean']:.3f}, layers median {_median(aps):.3f} (range {min(aps):.3f}-{max(aps):.3f}) → "
         f"the adjacency pattern (median APS > 0.6) {'is' if zuo_seen else 'is not'} seen in this RoPE model "
         "(the paper claims it for models without positional encoding).",
@@ -387,9 +387,9 @@ def _real(ctx: ReproContext, out: Path) -> dict:
         ok &= holds["kim"] and holds["slash"]
         runs.append({"run": name, **row, "holds": holds})
     missing = [n for n in realmodels.MODELS if n not in ready]
-    note = ("reproduced = on every model: Kim — median relativity index (query/key 0 left out) < 0.95 and "
+    note = ("reproduced = on every model: arXiv 2509.21042 — median relativity index (query/key 0 left out) < 0.95 and "
             "locality > 0 in most layers and, in most layers, the non-relative residual reproduces on an independent sample (correlation > 0.2); Slash — at least one (κ, Δ)-SDH with Δ in 1..16 and most of them persist "
-            "on random tokens. Zuo's claim is for models without positional encoding; on these RoPE models the "
+            "on random tokens. arXiv 2501.00073's claim is for models without positional encoding; on these RoPE models the "
             "residual-stream APS is reported (pattern seen = median over layers > 0.6), not judged.")
     if missing:
         note += f" Not measured (absent or no adapter): {', '.join(missing)}."
@@ -398,8 +398,8 @@ def _real(ctx: ReproContext, out: Path) -> dict:
 
 EXPERIMENTS.setdefault("real", Experiment(
     "real", "all three papers, on real pretrained models (SmolLM2-135M, Gemma-3-270M; GGUF)",
-    "On pretrained LMs: Kim — mean score maps are non-relative and favour nearby keys; Slash — slash-dominant heads "
+    "On pretrained LMs: arXiv 2509.21042 — mean score maps are non-relative and favour nearby keys; Slash — slash-dominant heads "
     "exist and persist on random tokens, with nearly rank-one pre-RoPE q/k and offsets the RoPE decomposition "
-    "predicts. (Zuo's adjacency claim is for NoPE models; its APS of the residual stream is reported for these RoPE "
+    "predicts. (arXiv 2501.00073's adjacency claim is for NoPE models; its APS of the residual stream is reported for these RoPE "
     "models.)", _real,
     available=lambda: bool(real_models_ready())))
