@@ -88,6 +88,11 @@ def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rock
                 ax.set_ylabel("")
             if k + ncol < n:
                 ax.set_xlabel("")
+    return _finish_grid(fig, axes, n, suptitle)
+
+
+def _finish_grid(fig, axes, n: int, suptitle: str):
+    """Hide the grid's unused panels (beyond the first ``n``), add the title, lay out."""
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     if suptitle:
@@ -136,12 +141,7 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
             ax.legend(fontsize=7)
         if p["title"].startswith("p,"):
             ax.set_yscale("log")
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
-    if suptitle:
-        fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish_grid(fig, axes, n, suptitle)
 
 
 def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
@@ -168,10 +168,7 @@ def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
         integer_axis(ax.xaxis)
         ax.tick_params(labelsize=7)
         plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    if suptitle:
-        fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish_grid(fig, axes, n, suptitle)
 
 
 def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "", percentile=None,
