@@ -1,188 +1,215 @@
-"""Mutation testing of the science modules: how many small wrong changes does the test suite catch?
+"""Mutation testing of the science modules with mutmut: how many small wrong changes do the tests catch?
 
-A small AST mutator of our own (mutmut and cosmic-ray want their own project layout and a cache
-of the whole suite; this one needs nothing but the standard library). For each target module it
-enumerates one-token mutants:
+A thin driver around `mutmut <https://pypi.org/project/mutmut/>`_ (3.x, ``pip install mutmut``; not
+a dependency of poslens, and not part of the default test run). For each target module it
 
-- comparison operators: ``<`` <-> ``<=``, ``>`` <-> ``>=``, ``==`` <-> ``!=``, ``is`` <-> ``is not``;
-- arithmetic: ``+`` <-> ``-``, ``*`` <-> ``/``, ``//`` -> ``/``, ``**`` -> ``*``;
-- numbers: ``n`` -> ``n + 1`` (``0`` -> ``1``, ``1`` -> ``2``, ``0.5`` -> ``1.5``);
-- ``and`` <-> ``or``, ``not x`` -> ``x``, ``True`` <-> ``False``, unary ``-x`` -> ``x``;
-- augmented assignment ``+=`` -> ``=`` (a running sum that keeps only its last term).
+1. refreshes a scratch project under ``build/mutation/<module>/`` (a copy of ``src/`` and ``tests/``
+   plus a ``pyproject.toml`` whose ``[tool.mutmut]`` section mutates only that module and runs only
+   the module's focused test selection, ``TARGETS`` below); mutmut's own cache (``mutants/``) is
+   kept between runs, so a rerun tests only the functions whose code changed, new tests, and the
+   mutants named with ``--rerun-survivors``;
+2. runs ``mutmut run --max-children N`` there (mutmut records which of the selected tests reach
+   each function and runs only those per mutant; torch is not fork-safe, so workers come from
+   mutmut's fork server);
+3. reads every mutant's status back and prints a per-module table: mutants, killed (a test failed
+   or the run timed out), survived, the survivors explained as equivalent (``EQUIVALENT``: a
+   mutant that changes no observable result, with the reason; ``docs/mutation.md`` lists them),
+   and the score = killed / (mutants - equivalent).
 
-Each mutant is written into a scratch copy of ``src/`` and the module's own fast test selection
-runs against it in a forked child of a process that has already imported torch, transformers and
-pytest (no per-mutant start-up cost; nothing of poslens is imported before the fork). A mutant is
-*killed* when a test fails or the run exceeds the time limit. Docstrings, log/error messages and
-``__all__`` are not mutated; lines marked ``# pragma: no mutate`` are skipped.
+Usage::
 
-Usage (not part of the default test run; minutes per module on one core)::
+    python benchmarks/mutation.py --list                    # targets and their test selections
+    python benchmarks/mutation.py metrics/rank.py           # one module (minutes on one core)
+    python benchmarks/mutation.py                           # every target, one after the other
+    python benchmarks/mutation.py metrics/rank.py --rerun-survivors   # after adding tests
+    python benchmarks/mutation.py --report                  # table + docs/mutation.md from the cache
 
-    python benchmarks/mutation.py                       # every target
-    python benchmarks/mutation.py metrics/diagonal.py   # one module
-    python benchmarks/mutation.py --list                # the targets and their tests
-
-Writes ``benchmarks/results_mutation.json`` (per module: mutants, killed, score, survivors with
-line and change) and prints the survivors.
+Writes ``benchmarks/results_mutation.json`` (per module: counts, score, every survivor with its
+diff and, where equivalent, the reason) and, with ``--doc``, ``docs/mutation.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import copy
 import json
 import os
+import re
 import shutil
-import signal
+import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "build" / "mutation"
+RESULTS = ROOT / "benchmarks" / "results_mutation.json"
+DOC = ROOT / "docs" / "mutation.md"
 
-#: module (under src/poslens) -> pytest arguments of its fast test selection
+#: module (path under src/poslens) -> pytest arguments of its fast, focused test selection
 TARGETS: dict[str, list[str]] = {
-    "stats.py": ["tests/test_stats.py"],
-    "metrics/neighborhood.py": ["tests/test_references.py", "-k", "not scan_summary and not simulator",
-                                "tests/test_metrics.py"],
-    "metrics/diagonal.py": ["tests/test_references.py", "-k", "not scan_summary and not simulator",
-                            "tests/test_metrics.py", "tests/test_noise.py"],
-    # -k applies to every file given: keep it to excluding the slow scan test
+    "metrics/diagonal.py": ["tests/test_references.py", "tests/test_metrics.py", "tests/test_noise.py",
+                            "-k", "not scan_summary and not simulator"],
+    "metrics/neighborhood.py": ["tests/test_references.py", "tests/test_metrics.py",
+                                "-k", "not scan_summary and not simulator"],
     "metrics/slash.py": ["tests/test_references.py", "tests/test_metrics.py", "tests/test_slash.py",
                          "-k", "not scan_summary"],
-    "metrics/rank.py": ["tests/test_references.py", "tests/test_metrics.py", "-k", "not scan_summary"],
-    "rope.py": ["tests/test_references.py", "tests/test_metrics.py", "-k", "not scan_summary"],
-    "report/readings.py": ["tests/test_references.py", "tests/test_report.py", "-k", "not scan_summary and not chromium"
-                           " and not screenshot"],
+    "metrics/rank.py": ["tests/test_rank.py", "tests/test_references.py", "-k", "not scan_summary"],
     "theory.py": ["tests/test_theory.py"],
+    "simulate.py": ["tests/test_simulate.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "analysis/slash.py": ["tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "analysis/neighborhood.py": ["tests/test_neighborhood.py", "tests/test_references.py",
+                                 "-k", "not scan_summary"],
+    "report/readings.py": ["tests/test_references.py", "tests/test_report.py",
+                           "-k", "not scan_summary and not chromium and not screenshot"],
 }
 
-CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
-BIN_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
-            ast.Pow: ast.Mult}
+#: lines never mutated: text for people (error and warning messages), not science
+DO_NOT_MUTATE_PATTERNS = [r"raise \w*Error\(", r"warnings\.warn\(", r"log\.\w+\("]
+
+#: survivors that change no observable result: module -> {(function, mutated line): reason}. The
+#: mutated line is the ``+`` line of ``mutmut show`` with surrounding whitespace stripped.
+EQUIVALENT: dict[str, dict[tuple[str, str], str]] = {}
 
 
-def _skip_lines(source: str) -> set[int]:
-    return {i + 1 for i, line in enumerate(source.splitlines()) if "pragma: no mutate" in line}
+def slug(module: str) -> str:
+    return module.replace("/", "__").removesuffix(".py")
 
 
-def _message_nodes(tree: ast.AST) -> set[int]:
-    """ids of nodes inside docstrings, raise statements, f-strings and warnings: text, not science."""
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Raise, ast.JoinedStr, ast.Assert)):
-            skip.update(id(n) for n in ast.walk(node))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                skip.update(id(n) for n in ast.walk(first))
-    return skip
+def prepare(module: str) -> Path:
+    """Refresh the scratch project of ``module`` (keeping mutmut's cache of results)."""
+    work = WORK / slug(module)
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("src", "tests"):
+        shutil.rmtree(work / name, ignore_errors=True)
+        shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # mutmut copies the project into mutants/ only where a file is absent there: drop every copy but
+    # the target's own (whose results cache is the .meta beside it) so that changed code is seen
+    target = Path("src/poslens") / module
+    mutated = work / "mutants"
+    if (mutated / "src").exists():
+        for p in sorted((mutated / "src").rglob("*"), reverse=True):
+            rel = p.relative_to(mutated)
+            if p.is_file() and not str(rel).startswith(str(target)):
+                p.unlink()
+    shutil.rmtree(mutated / "tests", ignore_errors=True)
+    text = (ROOT / "pyproject.toml").read_text()
+    text += "\n[tool.mutmut]\n" + "\n".join([
+        'source_paths = ["src/"]',
+        f'only_mutate = ["{target}"]',
+        f"pytest_add_cli_args_test_selection = {json.dumps(TARGETS[module])}",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+        f"do_not_mutate_patterns = {json.dumps(DO_NOT_MUTATE_PATTERNS)}",
+        'process_isolation = "forkserver"',
+        "use_git_change_detection = false",
+        "timeout_multiplier = 10.0",
+    ]) + "\n"
+    (work / "pyproject.toml").write_text(text)
+    return work
 
 
-def mutation_sites(tree: ast.AST, source: str) -> list[tuple[int, str, object]]:
-    """``(node index in ast.walk order, description, mutation)`` for every mutant of ``tree``."""
-    skip_lines, skip_nodes = _skip_lines(source), _message_nodes(tree)
-    out = []
-    for idx, node in enumerate(ast.walk(tree)):
-        if id(node) in skip_nodes or getattr(node, "lineno", None) in skip_lines:
-            continue
-        line = getattr(node, "lineno", 0)
-        if isinstance(node, ast.Compare):
-            for k, op in enumerate(node.ops):
-                if type(op) in CMP_SWAP:
-                    out.append((idx, f"L{line}: {type(op).__name__} -> {CMP_SWAP[type(op)].__name__}", ("cmp", k)))
-        elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in BIN_SWAP:
-            out.append((idx, f"L{line}: {type(node.op).__name__} -> {BIN_SWAP[type(node.op)].__name__}", ("bin",)))
-        if isinstance(node, ast.AugAssign):
-            out.append((idx, f"L{line}: {type(node.op).__name__}= -> =", ("aug",)))
-        elif isinstance(node, ast.BoolOp):
-            other = "Or" if isinstance(node.op, ast.And) else "And"
-            out.append((idx, f"L{line}: {type(node.op).__name__} -> {other}", ("bool",)))
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-            out.append((idx, f"L{line}: drop {type(node.op).__name__}", ("unary",)))
-        elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(node.value, bool):
-            out.append((idx, f"L{line}: {node.value!r} -> {node.value + 1!r}", ("num",)))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
-            out.append((idx, f"L{line}: {node.value} -> {not node.value}", ("bool_const",)))
-    return out
+def mutmut(work: Path, *args: str, capture: bool = True) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)  # the mutated copy must be the only poslens on the path
+    r = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,
+                       stdout=subprocess.PIPE if capture else None, stderr=subprocess.STDOUT if capture else None)
+    if r.returncode != 0:
+        raise SystemExit(f"mutmut {' '.join(args)} failed in {work} (exit {r.returncode})"
+                         + (f":\n{r.stdout[-3000:]}" if capture else ""))
+    return r.stdout or ""
 
 
-def apply(tree: ast.AST, target: int, how: tuple) -> ast.AST:
-    """A mutated deep copy of ``tree``: node number ``target`` (ast.walk order) changed as ``how`` says."""
-    new = copy.deepcopy(tree)
-    nodes = list(ast.walk(new))
-    node = nodes[target]
-    kind = how[0]
-    if kind == "cmp":
-        node.ops[how[1]] = CMP_SWAP[type(node.ops[how[1]])]()
-    elif kind == "bin":
-        node.op = BIN_SWAP[type(node.op)]()
-    elif kind == "aug":
-        repl = ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno, col_offset=node.col_offset)
-        _replace(new, node, repl)
-    elif kind == "bool":
-        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-    elif kind == "unary":
-        _replace(new, node, node.operand)
-    elif kind == "num":
-        node.value = node.value + 1
-    elif kind == "bool_const":
-        node.value = not node.value
-    return ast.fix_missing_locations(new)
+def statuses(work: Path, module: str) -> dict[str, int]:
+    """mutant name -> mutmut exit code, from the target's .meta file."""
+    meta = work / "mutants" / "src" / "poslens" / (module + ".meta")
+    return json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
 
 
-def _replace(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
-    for parent in ast.walk(tree):
-        for field, value in ast.iter_fields(parent):
-            if value is old:
-                setattr(parent, field, new)
-                return
-            if isinstance(value, list):
-                for k, v in enumerate(value):
-                    if v is old:
-                        value[k] = new
-                        return
-    raise RuntimeError("node not found")
+def diff_of(work: Path, name: str) -> tuple[str, str, str]:
+    """``(function, removed line, added line)`` of a mutant (first changed line of each)."""
+    out = mutmut(work, "show", name)
+    minus = next((ln[1:].strip() for ln in out.splitlines() if ln.startswith("-") and not ln.startswith("---")), "")
+    plus = next((ln[1:].strip() for ln in out.splitlines() if ln.startswith("+") and not ln.startswith("+++")), "")
+    func = re.sub(r"__mutmut_\d+$", "", name.rsplit(".", 1)[-1]).removeprefix("x_")
+    func = func.replace("ǁ", ".")  # methods are named x_Class_ǁmethod by mutmut
+    return func, minus, plus
 
 
-def run_tests(scratch: Path, args: list[str], timeout: float) -> str:
-    """Run pytest on ``args`` in a forked child with ``scratch/src`` first on the path: 'killed',
-    'survived' or 'timeout'."""
-    pid = os.fork()
-    if pid == 0:  # child
-        try:
-            os.chdir(ROOT)
-            sys.path.insert(0, str(scratch / "src"))
-            sys.path.insert(0, str(ROOT / "tests"))
-            signal.alarm(int(timeout))
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            import pytest
+# mutmut's exit codes of a mutant that no selected test noticed (survived; no test reaches it)
+SURVIVED = {0, 5}
+NO_TESTS = {33}
+#: statuses (mutmut.stats.status_by_exit_code) that count as caught: a test failed, the run ran past
+#: its time limit, or it crashed (SIGKILL after the CPU limit reads as "segfault")
+CAUGHT = ("killed", "timeout", "segfault")
 
-            code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", *args])
-            os._exit(int(code))
-        except BaseException:
-            os._exit(99)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return "timeout" if os.WTERMSIG(status) == signal.SIGALRM else "killed"
-    code = os.WEXITSTATUS(status)
-    return "survived" if code == 0 else "killed"
+
+def summarize(module: str, work: Path) -> dict:
+    from mutmut.stats import status_by_exit_code  # noqa: PLC0415 (only where mutmut is installed)
+
+    codes = statuses(work, module)
+    by_status: dict[str, list[str]] = {}
+    for name, code in codes.items():
+        by_status.setdefault(status_by_exit_code.get(code, f"exit {code}"), []).append(name)
+    survivors, equivalent = [], []
+    for name in sorted(by_status.get("survived", []) + by_status.get("no tests", []),
+                       key=lambda n: (n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1]))):
+        func, minus, plus = diff_of(work, name)
+        reason = EQUIVALENT.get(module, {}).get((func, plus))
+        entry = {"mutant": name, "function": func, "from": minus, "to": plus}
+        if reason:
+            equivalent.append({**entry, "reason": reason})
+        else:
+            survivors.append(entry)
+    killed = sum(len(by_status.get(k, [])) for k in CAUGHT)
+    n = len(codes)
+    judged = n - len(equivalent)
+    return {"mutants": n, "killed": killed, "survived": len(survivors), "equivalent": len(equivalent),
+            "other": {k: len(v) for k, v in by_status.items() if k not in (*CAUGHT, "survived", "no tests")},
+            "score": killed / judged if judged else None, "raw_score": killed / n if n else None,
+            "tests": TARGETS[module], "survivors": survivors, "equivalent_survivors": equivalent}
+
+
+def table(results: dict) -> str:
+    rows = ["| module | mutants | killed | survived | equivalent | score |", "|---|---:|---:|---:|---:|---:|"]
+    tot = [0, 0, 0, 0]
+    for m, r in results.items():
+        rows.append(f"| `{m}` | {r['mutants']} | {r['killed']} | {r['survived']} | {r['equivalent']} | "
+                    f"{100 * (r['score'] or 0):.1f} % |")
+        tot = [a + b for a, b in zip(tot, (r["mutants"], r["killed"], r["survived"], r["equivalent"]))]
+    judged = tot[0] - tot[3]
+    rows.append(f"| all | {tot[0]} | {tot[1]} | {tot[2]} | {tot[3]} | {100 * tot[1] / max(judged, 1):.1f} % |")
+    return "\n".join(rows)
+
+
+def write_doc(results: dict) -> None:
+    lines = ["# Mutation testing", "",
+             "Generated by `python benchmarks/mutation.py --doc` (mutmut, one module at a time, each with its",
+             "focused test selection; see the script's docstring). Score = killed / (mutants - equivalent);",
+             "a mutant is *killed* when a selected test fails or times out.", "", table(results), ""]
+    for m, r in results.items():
+        if r["equivalent_survivors"]:
+            lines += [f"## `{m}`: equivalent mutants", "", "| function | mutated line | why it changes nothing |",
+                      "|---|---|---|"]
+            for e in r["equivalent_survivors"]:
+                lines.append(f"| `{e['function']}` | `{e['to']}` | {e['reason']} |")
+            lines.append("")
+        if r["survivors"]:
+            lines += [f"## `{m}`: surviving mutants not (yet) explained", "", "| function | original | mutated |",
+                      "|---|---|---|"]
+            for e in r["survivors"]:
+                lines.append(f"| `{e['function']}` | `{e['from']}` | `{e['to']}` |")
+            lines.append("")
+    DOC.write_text("\n".join(lines).replace("|`", "| `"))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("modules", nargs="*", help="targets (paths under src/poslens); default: all")
     ap.add_argument("--list", action="store_true", help="print the targets and their test selections")
-    ap.add_argument("--timeout", type=float, default=120, help="seconds per mutant run (a longer run is killed)")
-    ap.add_argument("--max-mutants", type=int, default=0, help="at most this many mutants per module (0 = all)")
-    ap.add_argument("--sample", type=int, default=0,
-                    help="a random sample of this many mutants per module (seed 0; 0 = all): an estimate of the score")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results_mutation.json"))
+    ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (the machine is shared)")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="test the survivors of the last run again (after new tests were written)")
+    ap.add_argument("--report", action="store_true", help="only read the cached results back, run nothing")
+    ap.add_argument("--doc", action="store_true", help=f"also write {DOC.relative_to(ROOT)}")
     a = ap.parse_args(argv)
     if a.list:
         for m, t in TARGETS.items():
@@ -192,65 +219,28 @@ def main(argv=None) -> int:
     unknown = [m for m in modules if m not in TARGETS]
     if unknown:
         ap.error(f"unknown target(s) {unknown}; see --list")
-
-    os.environ.update({"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                       "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "Agg"})
-    sys.dont_write_bytecode = True  # a stale .pyc of the previous mutant must never be read
-    import numpy  # noqa: F401  (imported once, before any fork)
-    import pytest  # noqa: F401
-    import scipy.stats  # noqa: F401
-    import torch
-
-    torch.set_num_threads(1)
-    import transformers  # noqa: F401
-
-    results = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
-    scratch = Path(tempfile.mkdtemp(prefix="poslens_mut_"))
-    try:
-        shutil.copytree(ROOT / "src", scratch / "src", ignore=shutil.ignore_patterns("__pycache__"))
-        for mod in modules:
-            path = scratch / "src" / "poslens" / mod
-            source = path.read_text()
-            tree = ast.parse(source)
-            sites = mutation_sites(tree, source)
-            n_all = len(sites)
-            if a.max_mutants:
-                sites = sites[: a.max_mutants]
-            if a.sample and a.sample < len(sites):
-                import random
-
-                sites = sorted(random.Random(0).sample(sites, a.sample), key=lambda t: t[0])
-            base = run_tests(scratch, TARGETS[mod], a.timeout * 3)
-            if base != "survived":
-                print(f"{mod}: the unmutated tests do not pass ({base}); skipped", flush=True)
-                continue
-            t0, survivors, killed = time.time(), [], 0
-            for k, (idx, desc, how) in enumerate(sites):
-                try:
-                    path.write_text(ast.unparse(apply(tree, idx, how)))
-                except Exception as e:  # an invalid mutant (e.g. num on a tuple index): not counted
-                    print(f"  skip {desc}: {e}", flush=True)
-                    continue
-                outcome = run_tests(scratch, TARGETS[mod], a.timeout)
-                path.write_text(source)
-                if outcome == "survived":
-                    survivors.append(desc)
-                    print(f"  SURVIVED {mod} {desc}", flush=True)
-                else:
-                    killed += 1
-                print(f"  [{k + 1}/{len(sites)}] {mod}: {killed} killed, {len(survivors)} survived", end="\r",
-                      flush=True)
-            n = killed + len(survivors)
-            results[mod] = {"mutants": n, "killed": killed, "score": killed / n if n else None,
-                            "survivors": survivors, "tests": TARGETS[mod], "seconds": round(time.time() - t0),
-                            "all_mutants": n_all, "sampled": len(sites) < n_all}
-            print(f"\n{mod}: {killed}/{n} killed ({100 * killed / max(n, 1):.1f} %)", flush=True)
-            Path(a.out).write_text(json.dumps(results, indent=1))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    total = sum(r["mutants"] for r in results.values())
-    kill = sum(r["killed"] for r in results.values())
-    print(f"all: {kill}/{total} killed ({100 * kill / max(total, 1):.1f} %)")
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = {m: r for m, r in results.items() if m in TARGETS and "equivalent" in r}
+    for mod in modules:
+        work = WORK / slug(mod)
+        if not a.report:
+            survivors = [n for n, c in statuses(work, mod).items() if c in SURVIVED | NO_TESTS]
+            work = prepare(mod)
+            print(f"== {mod}: mutmut run ({' '.join(TARGETS[mod])})", flush=True)
+            mutmut(work, "run", "--max-children", str(a.max_children), capture=False)
+            if a.rerun_survivors and survivors:
+                mutmut(work, "run", "--max-children", str(a.max_children), *survivors, capture=False)
+        if not statuses(work, mod):
+            print(f"{mod}: no results (run it first)")
+            continue
+        results[mod] = summarize(mod, work)
+        RESULTS.write_text(json.dumps({m: results[m] for m in TARGETS if m in results}, indent=1) + "\n")
+        for s in results[mod]["survivors"]:
+            print(f"  SURVIVED {mod} {s['function']}: {s['from']}  ->  {s['to']}")
+    results = {m: results[m] for m in TARGETS if m in results}
+    print(table(results))
+    if a.doc:
+        write_doc(results)
     return 0
 
 
