@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -50,7 +51,7 @@ TARGETS: dict[str, list[str]] = {
                             "-k", "not scan_summary and not simulator"],
     "metrics/neighborhood.py": ["tests/test_references.py", "tests/test_metrics.py",
                                 "-k", "not scan_summary and not simulator"],
-    "metrics/slash.py": ["tests/test_references.py", "tests/test_metrics.py", "tests/test_slash.py",
+    "metrics/slash.py": ["tests/test_slash_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
                          "-k", "not scan_summary"],
     "metrics/rank.py": ["tests/test_rank.py", "tests/test_references.py", "-k", "not scan_summary"],
     "theory.py": ["tests/test_theory.py"],
@@ -118,6 +119,16 @@ def mutmut(work: Path, *args: str, capture: bool = True) -> str:
     return r.stdout or ""
 
 
+def mutant_names(work: Path, module: str) -> list[str]:
+    """Every mutant mutmut makes of ``module`` (as ``poslens.<module>.x_<function>__mutmut_<n>``)."""
+    code = ("import json, sys; from mutmut.mutation.file_mutation import mutate_file_contents as m; "
+            "p = sys.argv[1]; print(json.dumps(list(m(p, open(p).read()).mutant_names)))")
+    r = subprocess.run([sys.executable, "-c", code, f"src/poslens/{module}"], cwd=work, text=True,
+                       capture_output=True, check=True)
+    prefix = "poslens." + module.removesuffix(".py").replace("/", ".") + "."
+    return [prefix + n.replace("__init__.", "") for n in json.loads(r.stdout.strip().splitlines()[-1])]
+
+
 def statuses(work: Path, module: str) -> dict[str, int]:
     """mutant name -> mutmut exit code, from the target's .meta file."""
     meta = work / "mutants" / "src" / "poslens" / (module + ".meta")
@@ -145,7 +156,7 @@ CAUGHT = ("killed", "timeout", "segfault")
 def summarize(module: str, work: Path) -> dict:
     from mutmut.stats import status_by_exit_code  # noqa: PLC0415 (only where mutmut is installed)
 
-    codes = statuses(work, module)
+    codes = {n: c for n, c in statuses(work, module).items() if c is not None}  # None: not run (sampled)
     by_status: dict[str, list[str]] = {}
     for name, code in codes.items():
         by_status.setdefault(status_by_exit_code.get(code, f"exit {code}"), []).append(name)
@@ -208,6 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (the machine is shared)")
     ap.add_argument("--rerun-survivors", action="store_true",
                     help="test the survivors of the last run again (after new tests were written)")
+    ap.add_argument("--sample", type=int, default=0,
+                    help="run only a seeded random sample of this many mutants per module (0 = all): an estimate")
     ap.add_argument("--report", action="store_true", help="only read the cached results back, run nothing")
     ap.add_argument("--doc", action="store_true", help=f"also write {DOC.relative_to(ROOT)}")
     a = ap.parse_args(argv)
@@ -224,12 +237,16 @@ def main(argv=None) -> int:
     for mod in modules:
         work = WORK / slug(mod)
         if not a.report:
-            survivors = [n for n, c in statuses(work, mod).items() if c in SURVIVED | NO_TESTS]
+            codes = statuses(work, mod)
             work = prepare(mod)
-            print(f"== {mod}: mutmut run ({' '.join(TARGETS[mod])})", flush=True)
-            mutmut(work, "run", "--max-children", str(a.max_children), capture=False)
-            if a.rerun_survivors and survivors:
-                mutmut(work, "run", "--max-children", str(a.max_children), *survivors, capture=False)
+            names = mutant_names(work, mod)
+            if a.sample and a.sample < len(names):
+                names = sorted(random.Random(0).sample(names, a.sample))
+            todo = [n for n in names if codes.get(n) is None
+                    or (a.rerun_survivors and codes[n] in SURVIVED | NO_TESTS)]
+            print(f"== {mod}: {len(todo)} of {len(names)} mutants to run ({' '.join(TARGETS[mod])})", flush=True)
+            if todo:
+                mutmut(work, "run", "--max-children", str(a.max_children), *todo, capture=False)
         if not statuses(work, mod):
             print(f"{mod}: no results (run it first)")
             continue
