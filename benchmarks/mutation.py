@@ -31,6 +31,7 @@ diff and, where equivalent, the reason) and, with ``--doc``, ``docs/mutation.md`
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import random
@@ -49,7 +50,7 @@ DOC = ROOT / "docs" / "mutation.md"
 TARGETS: dict[str, list[str]] = {
     "metrics/diagonal.py": ["tests/test_references.py", "tests/test_metrics.py", "tests/test_noise.py",
                             "-k", "not scan_summary and not simulator"],
-    "metrics/neighborhood.py": ["tests/test_references.py", "tests/test_metrics.py",
+    "metrics/neighborhood.py": ["tests/test_neighborhood_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
                                 "-k", "not scan_summary and not simulator"],
     "metrics/slash.py": ["tests/test_slash_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
                          "-k", "not scan_summary"],
@@ -66,9 +67,54 @@ TARGETS: dict[str, list[str]] = {
 #: lines never mutated: text for people (error and warning messages), not science
 DO_NOT_MUTATE_PATTERNS = [r"raise \w*Error\(", r"warnings\.warn\(", r"log\.\w+\("]
 
-#: survivors that change no observable result: module -> {(function, mutated line): reason}. The
-#: mutated line is the ``+`` line of ``mutmut show`` with surrounding whitespace stripped.
-EQUIVALENT: dict[str, dict[tuple[str, str], str]] = {}
+#: Survivors explained: ``(module glob, function regex, original-line regex, mutated-line regex, kind, reason)``
+#: matched against ``mutmut show`` (first removed and first added line, whitespace stripped). Kinds:
+#: ``equivalent`` (no input can tell the mutant from the original), ``cpu`` (device placement only:
+#: identical on CPU, where the test suite runs; CI has no GPU), ``precision`` (a float32 instead of a
+#: float64 intermediate, or the reverse: the same result unless values agree to float32 precision).
+RULES: list[tuple[str, str, str, str, str, str]] = [
+    ("*", "", r'float\("[-+]?(inf|nan)"\)', r'float\("[-+]?(INF|NAN)"\)', "equivalent",
+     "float() reads 'inf' and 'nan' in any case"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"m = m\.to\(torch\.float64\) if not", "", "equivalent",
+     "integer and float32 entries compare exactly as they are: the float64 copy changes no comparison"),
+    ("metrics/neighborhood.py", "adjacency_probability_score", r"m = m\.to\(torch\.float64\) if not",
+     r"or True", "equivalent", "float32 -> float64 is exact: the same order, the same counts"),
+    ("metrics/neighborhood.py", "adjacency_probability_score", r"if T >= 3 and|lower = torch\.ones",
+     r"T > 3|T >= 4|bool\(None\)|lower = None|tril\(\+1\)", "equivalent",
+     "only chooses between the merge count and the triple count, which give the same number "
+     "(the test suite checks both against a loop); the merge path is still taken only for a finite lower triangle"),
+    ("metrics/neighborhood.py", "adjacency_probability_score", r"return rising_pair_fraction", "", "equivalent",
+     "None and the omitted defaults mean what False and 0.0 mean"),
+    ("metrics/neighborhood.py", "rising_pair_fraction|adjacency_probability_score", r"T = m\.shape\[-1\]",
+     r"shape\[-2\]", "equivalent", "maps are square [..., T, T]"),
+    ("metrics/neighborhood.py", "aps_positions", r"if S <= max_positions", r"S < max_positions", "equivalent",
+     "at S == max_positions the evenly spaced positions are 0 .. S-1 themselves"),
+    ("metrics/neighborhood.py", "_rising_pairs_by_merge", r"total = float", r"\.to\(None\)", "equivalent",
+     "/ is true division: the integer product gives the same float"),
+    ("metrics/neighborhood.py", "norm_score", r"\.to\(torch\.float64\)", r"\.to\(None\)", "equivalent",
+     "the APS compares negated norms exactly in their own dtype"),
+    ("metrics/neighborhood.py", "per_sequence_aps", r"\.to\(torch\.float32\)", r"\.to\(None\)", "precision",
+     "cosines in the input's dtype instead of float32"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"hits = torch\.zeros", r"dtype=None", "precision",
+     "float32 hit counts are exact below 2^24 pairs per map"),
+]
+
+
+def _without_device(line: str) -> str:
+    line = re.sub(r"device=(None|[\w.]+)", "", line)
+    line = re.sub(r"\.to\((None|[\w.]+\.device)\)", "", line)
+    return re.sub(r"[\s,]", "", line)
+
+
+def explain(module: str, func: str, minus: str, plus: str) -> tuple[str, str] | None:
+    """``(kind, reason)`` of the first rule matching a survivor, else None."""
+    if "device" in minus and _without_device(minus) == _without_device(plus):
+        return "cpu", "device placement only (a device argument dropped or set to None)"
+    for mod_glob, func_re, from_re, to_re, kind, reason in RULES:
+        if (fnmatch.fnmatch(module, mod_glob) and re.fullmatch(func_re or ".*", func)
+                and re.search(from_re, minus) and re.search(to_re, plus)):
+            return kind, reason
+    return None
 
 
 def slug(module: str) -> str:
@@ -164,10 +210,10 @@ def summarize(module: str, work: Path) -> dict:
     for name in sorted(by_status.get("survived", []) + by_status.get("no tests", []),
                        key=lambda n: (n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1]))):
         func, minus, plus = diff_of(work, name)
-        reason = EQUIVALENT.get(module, {}).get((func, plus))
+        why = explain(module, func, minus, plus)
         entry = {"mutant": name, "function": func, "from": minus, "to": plus}
-        if reason:
-            equivalent.append({**entry, "reason": reason})
+        if why:
+            equivalent.append({**entry, "kind": why[0], "reason": why[1]})
         else:
             survivors.append(entry)
     killed = sum(len(by_status.get(k, [])) for k in CAUGHT)
@@ -191,6 +237,10 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def _cell(code: str) -> str:
+    return code.replace("|", "\\|")
+
+
 def write_doc(results: dict) -> None:
     lines = ["# Mutation testing", "",
              "Generated by `python benchmarks/mutation.py --doc` (mutmut, one module at a time, each with its",
@@ -198,18 +248,18 @@ def write_doc(results: dict) -> None:
              "a mutant is *killed* when a selected test fails or times out.", "", table(results), ""]
     for m, r in results.items():
         if r["equivalent_survivors"]:
-            lines += [f"## `{m}`: equivalent mutants", "", "| function | mutated line | why it changes nothing |",
-                      "|---|---|---|"]
+            lines += [f"## `{m}`: equivalent mutants", "", "| function | original | mutated | kind | why it is not a wrong result |",
+                      "|---|---|---|---|---|"]
             for e in r["equivalent_survivors"]:
-                lines.append(f"| `{e['function']}` | `{e['to']}` | {e['reason']} |")
+                lines.append(f"| `{e['function']}` | `{_cell(e['from'])}` | `{_cell(e['to'])}` | {e['kind']} | {e['reason']} |")
             lines.append("")
         if r["survivors"]:
             lines += [f"## `{m}`: surviving mutants not (yet) explained", "", "| function | original | mutated |",
                       "|---|---|---|"]
             for e in r["survivors"]:
-                lines.append(f"| `{e['function']}` | `{e['from']}` | `{e['to']}` |")
+                lines.append(f"| `{e['function']}` | `{_cell(e['from'])}` | `{_cell(e['to'])}` |")
             lines.append("")
-    DOC.write_text("\n".join(lines).replace("|`", "| `"))
+    DOC.write_text("\n".join(lines))
 
 
 def main(argv=None) -> int:

@@ -124,3 +124,13 @@ def test_norm_score_batched_loop():
             n = [-v for v in norms[a, b].tolist()]
             sim = [n[:] for _ in n]  # row i of the map is -||h|| for every key
             assert float(got[a, b]) == pytest.approx(brute_aps(sim), abs=1e-12)
+
+
+def test_aps_keeps_every_leading_dimension():
+    gen = torch.Generator().manual_seed(10)
+    m = torch.randn(2, 3, 5, 5, generator=gen, dtype=torch.float64)
+    got = adjacency_probability_score(m)
+    assert got.shape == (2, 3)
+    for a in range(2):
+        for b in range(3):
+            assert float(got[a, b]) == pytest.approx(brute_aps(m[a, b].tolist()), abs=1e-12)
