@@ -55,7 +55,7 @@ TARGETS: dict[str, list[str]] = {
     "metrics/slash.py": ["tests/test_slash_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
                          "-k", "not scan_summary"],
     "metrics/rank.py": ["tests/test_rank.py", "tests/test_references.py", "-k", "not scan_summary"],
-    "theory.py": ["tests/test_theory.py"],
+    "theory.py": ["tests/test_theory_direct.py", "tests/test_theory.py"],
     "simulate.py": ["tests/test_simulate.py", "tests/test_references.py", "-k", "not scan_summary"],
     "analysis/slash.py": ["tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
     "analysis/neighborhood.py": ["tests/test_neighborhood.py", "tests/test_references.py",
