@@ -48,7 +48,7 @@ DOC = ROOT / "docs" / "mutation.md"
 
 #: module (path under src/poslens) -> pytest arguments of its fast, focused test selection
 TARGETS: dict[str, list[str]] = {
-    "metrics/diagonal.py": ["tests/test_references.py", "tests/test_metrics.py", "tests/test_noise.py",
+    "metrics/diagonal.py": ["tests/test_diagonal_metrics.py", "tests/test_references.py", "tests/test_metrics.py", "tests/test_noise.py",
                             "-k", "not scan_summary and not simulator"],
     "metrics/neighborhood.py": ["tests/test_neighborhood_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
                                 "-k", "not scan_summary and not simulator"],
