@@ -57,7 +57,7 @@ TARGETS: dict[str, list[str]] = {
     "metrics/rank.py": ["tests/test_rank.py", "tests/test_references.py", "-k", "not scan_summary"],
     "theory.py": ["tests/test_theory_direct.py", "tests/test_theory.py"],
     "simulate.py": ["tests/test_simulate.py", "tests/test_references.py", "-k", "not scan_summary"],
-    "analysis/slash.py": ["tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "analysis/slash.py": ["tests/test_slash_tables.py", "tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
     "analysis/neighborhood.py": ["tests/test_neighborhood.py", "tests/test_references.py",
                                  "-k", "not scan_summary"],
     "report/readings.py": ["tests/test_references.py", "tests/test_report.py",
