@@ -181,14 +181,23 @@ def statuses(work: Path, module: str) -> dict[str, int]:
     return json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
 
 
-def diff_of(work: Path, name: str) -> tuple[str, str, str]:
-    """``(function, removed line, added line)`` of a mutant (first changed line of each)."""
-    out = mutmut(work, "show", name)
-    minus = next((ln[1:].strip() for ln in out.splitlines() if ln.startswith("-") and not ln.startswith("---")), "")
-    plus = next((ln[1:].strip() for ln in out.splitlines() if ln.startswith("+") and not ln.startswith("+++")), "")
-    func = re.sub(r"__mutmut_\d+$", "", name.rsplit(".", 1)[-1]).removeprefix("x_")
-    func = func.replace("ǁ", ".")  # methods are named x_Class_ǁmethod by mutmut
-    return func, minus, plus
+def diffs_of(work: Path, module: str, names: list[str]) -> dict[str, tuple[str, str, str]]:
+    """mutant name -> ``(function, removed line, added line)`` (first changed line of each), read by
+    mutmut's own diff in one process."""
+    if not names:
+        return {}
+    code = ("import json, sys; from mutmut.mutation.diff_apply import get_diff_for_mutant as d; "
+            "p = sys.argv[1]; print(json.dumps({n: d(n, path=p) for n in sys.argv[2:]}))")
+    r = subprocess.run([sys.executable, "-c", code, f"src/poslens/{module}", *names], cwd=work, text=True,
+                       capture_output=True, check=True)
+    out = {}
+    for name, diff in json.loads(r.stdout.strip().splitlines()[-1]).items():
+        lines = diff.splitlines()
+        minus = next((ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")), "")
+        plus = next((ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")), "")
+        func = re.sub(r"__mutmut_\d+$", "", name.rsplit(".", 1)[-1]).removeprefix("x_")
+        out[name] = (func.replace("ǁ", "."), minus, plus)  # methods are named x_Class_ǁmethod by mutmut
+    return out
 
 
 # mutmut's exit codes of a mutant that no selected test noticed (survived; no test reaches it)
@@ -207,9 +216,11 @@ def summarize(module: str, work: Path) -> dict:
     for name, code in codes.items():
         by_status.setdefault(status_by_exit_code.get(code, f"exit {code}"), []).append(name)
     survivors, equivalent = [], []
-    for name in sorted(by_status.get("survived", []) + by_status.get("no tests", []),
-                       key=lambda n: (n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1]))):
-        func, minus, plus = diff_of(work, name)
+    names = sorted(by_status.get("survived", []) + by_status.get("no tests", []),
+                   key=lambda n: (n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1])))
+    diffs = diffs_of(work, module, names)
+    for name in names:
+        func, minus, plus = diffs[name]
         why = explain(module, func, minus, plus)
         entry = {"mutant": name, "function": func, "from": minus, "to": plus}
         if why:
