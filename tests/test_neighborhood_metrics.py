@@ -134,3 +134,13 @@ def test_aps_keeps_every_leading_dimension():
     for a in range(2):
         for b in range(3):
             assert float(got[a, b]) == pytest.approx(brute_aps(m[a, b].tolist()), abs=1e-12)
+
+
+def test_documented_defaults():
+    # ties count 0 by default (the APS definition), the main diagonal is left out
+    m = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0], [2.0, 2.0, 2.0]])
+    assert float(rising_pair_fraction(m)) == brute_aps(m.tolist()) == 0.0
+    # per-sequence APS subsamples sequences longer than 256 positions
+    x = torch.randn(1, 257, 4, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    assert float(per_sequence_aps(x)) == float(per_sequence_aps(x, max_positions=256))
+    assert float(per_sequence_aps(x)) != float(per_sequence_aps(x, max_positions=257))
