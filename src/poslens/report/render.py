@@ -24,63 +24,12 @@ from typing import Any, Iterable
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.report.collect import Run, classify, collect, expand, load_run
-from poslens.report.readings import (
-    SLASH_MAX_DELTA,
-    key_findings,
-    kim_readings,
-    model_readings,
-    neighborhood_readings,
-    num,
-    slash_readings,
-)
+from poslens.report.readings import PAPERS, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
 from poslens.rundir import figure_caption
 
 #: the Content-Security-Policy of every report: no network, no scripts, images only from data: URIs
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'none'; base-uri 'none'; form-action 'none'"
 
-PAPERS: dict[str, dict[str, str]] = {
-    "kim": {
-        "title": "Causal mask and RoPE: where attention scores get position",
-        "short": "Causal mask and RoPE",
-        "ref": "arXiv 2509.21042",
-        "intro": (
-            "The causal mask alone, with no parameters and inputs that carry no order, makes attention scores "
-            "depend on position from the second layer on, favouring nearby keys; combined with RoPE it turns "
-            "RoPE's purely relative pattern (a function of the distance i − j) into a non-relative one. Heat "
-            "maps have query positions as rows and key positions as columns; the blank upper triangle is "
-            "masked. Numbers: the relativity index (1 = the map depends on i − j alone; 'flat' = no "
-            "positional variation beyond noise) and the locality (+1 = every query's scores rise as the key "
-            "gets closer, 0 = no trend)."
-        ),
-    },
-    "slash": {
-        "title": "Slash-dominant heads and RoPE",
-        "short": "Slash-dominant heads",
-        "ref": "arXiv 2601.08297",
-        "intro": (
-            "Slash-dominant heads put most of their attention on one sub-diagonal: the token Δ positions back, "
-            "for every query. SlashScore(Δ) is the mean attention weight on that sub-diagonal; heads are sought "
-            f"at Δ = 1 … {SLASH_MAX_DELTA} (larger offsets reach the first tokens, where attention sinks put their "
-            "weight). The paper explains them by nearly rank-one pre-RoPE queries and keys combined with RoPE's "
-            "medium and high frequencies; the top-1 energy of the queries' singular values measures the first "
-            "condition (1 = rank one)."
-        ),
-    },
-    "neighborhood": {
-        "title": "Position without positional encoding: similarity of nearby embeddings",
-        "short": "Similarity of nearby embeddings",
-        "ref": "arXiv 2501.00073",
-        "intro": (
-            "In causal transformers without positional encoding, hidden vectors of nearby tokens are more "
-            "cosine-similar than distant ones, already after the first attention layer and even at random "
-            "initialisation. The adjacency probability score (APS) is the fraction of position triples "
-            "j < k < i where token i is more similar to the nearer token k, computed per sequence and "
-            "averaged (0.5 = chance, 1 = similarity rises monotonically towards each token). A scan's "
-            "'mean-map APS' is the same count on the cosine map averaged over sequences: it tends to 1 for "
-            "any consistent trend as sequences are added and has no chance level."
-        ),
-    },
-}
 SECTION_ORDER = ["reproduction", "kim", "slash", "neighborhood", "models", "other"]
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
          ".svg": "image/svg+xml", ".webp": "image/webp"}
@@ -473,7 +422,7 @@ def run_label(run: Run) -> str:
     src = (run.config.get("source") or {}).get("kind") if isinstance(run.config.get("source"), dict) else None
     if src:
         bits.append(f"data: {src}")
-    if s.get("experiment") and run.command not in ("scan", "simulate"):
+    if s.get("experiment"):
         bits.append(str(s["experiment"]))
     return ", ".join(b for b in bits if b)
 
@@ -482,19 +431,8 @@ scan_label = run_label  # older name
 
 
 def readings_for(run: Run, paper: str) -> list[str]:
-    """The run's readings for one paper: those it wrote, else written from its numbers."""
-    s = run.summary
-    own = [str(r) for r in s.get("readings") or [] if isinstance(r, (str, int, float))]
-    if own and len(run.papers) <= 1:
-        return own
-    if paper == "kim":
-        noise = "Monte Carlo noise" if run.command == "simulate" else ""
-        return kim_readings(run.layers, noise=noise) if any("relativity_index" in l for l in run.layers) else own
-    if paper == "slash":
-        return slash_readings(s)
-    if paper == "neighborhood":
-        return neighborhood_readings(s)
-    return own
+    """The run's readings for one paper (:func:`poslens.report.readings.run_readings`)."""
+    return run_readings(run.command, run.papers, run.summary, paper)
 
 
 def _meta(run: Run) -> list[tuple[str, str]]:
@@ -518,7 +456,7 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
     papers = [p for p in run.papers if p in PAPERS] or ["other"]
     quantities = layer_quantities(run)
     head_keys = [k for k in HEAD_QUANTITIES if any(isinstance(l.get(k), list) for l in run.layers)]
-    slash = slash_matrix(run) if "slash" in papers and run.command == "scan" else None
+    slash = slash_matrix(run) if "slash" in papers else None
     if slash_cache is not None:
         slash_cache[id(run)] = slash
     notes: list[str] = []
@@ -548,8 +486,7 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
         card_notes = list(notes) if i == 0 else []
         if said and (len(papers) == 1 or paper == run.paper):
             card_notes += [f"Not shown as a table: {x}." for x in said]
-        title = run.summary.get("title") if isinstance(run.summary.get("title"), str) and run.command not in (
-            "scan", "simulate") else None
+        title = run.summary.get("title") if isinstance(run.summary.get("title"), str) else None
         cards.append((paper, _card(run, title=title or run.name, subtitle=label if not title else run.name,
                                    badge=run.command, anchor=f"{_slug(paper)}-{_slug(run.name)}",
                                    readings=readings_for(run, paper), tables=tables,
@@ -594,7 +531,7 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
     # analysis runs of the same experiment: stack tables that share title and columns
     groups: dict[str, list[Run]] = {}
     for r in runs:
-        if r.kind == "command" and r.command not in ("simulate", "scan") and r.summary.get("experiment"):
+        if r.kind == "command" and r.summary.get("experiment"):
             groups.setdefault(str(r.summary["experiment"]), []).append(r)
     overlaid = {id(r) for g in by_command.values() if len(g) >= 2 for r in g}
     for exp, group in groups.items():
@@ -636,7 +573,7 @@ def findings(runs: list[Run]) -> list[dict]:
         if r.kind != "command":
             continue
         s = r.summary
-        if "slash" in r.papers and r.command == "scan" and not s.get("slash_heads"):
+        if "slash" in r.papers and not s.get("slash_heads"):  # older runs: the Δ-limited heads from the maps
             m = slash_matrix(r)
             if m is not None:
                 import torch
