@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typer
 
+from poslens.runtime import parse_device  # noqa: F401  (moved to poslens.runtime; re-exported until the CLI moves)
+
 app = typer.Typer(
     name="poslens",
     help=(
@@ -18,18 +20,3 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-def parse_device(device: str) -> str:
-    """Resolve ``auto|cpu|cuda`` into a torch device string, with a clear error if CUDA is absent."""
-    import torch
-
-    from poslens.errors import PoslensError
-
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise PoslensError(f"--device {device!r} is not one of auto, cpu, cuda.")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise PoslensError(f"--device {device}: no CUDA GPU is visible; use --device cpu or auto.")
-    return device
