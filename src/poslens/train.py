@@ -424,7 +424,7 @@ def train_model(cfg: TrainConfig) -> dict:
     """
     import torch
 
-    from poslens.cli_app import parse_device
+    from poslens.cli.app import parse_device
 
     validate_config(cfg)
     device = parse_device(cfg.device)

@@ -218,7 +218,7 @@ def _plan(cfg: NeighborhoodConfig):
     """Validate every input and build the sequence source; writes nothing."""
     from poslens.capture.scan import load_tokenizer, open_model_config
     from poslens.capture.sources import make_source
-    from poslens.cli_app import parse_device
+    from poslens.cli.app import parse_device
     from poslens.rundir import prepare_out_dir
 
     for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size)):

@@ -178,7 +178,7 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     from poslens.capture.model_source import source_record
     from poslens.capture.scan import load_model, load_tokenizer, open_model_config, resolve_dtype
     from poslens.capture.sources import make_source
-    from poslens.cli_app import parse_device
+    from poslens.cli.app import parse_device
     from poslens.rundir import (prepare_out_dir, save_figure, staged_dir, versions, write_json,
                                 write_summary, write_tensors)
 

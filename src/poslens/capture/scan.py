@@ -243,7 +243,7 @@ class ScanPlan:
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing."""
-    from poslens.cli_app import parse_device
+    from poslens.cli.app import parse_device
     from poslens.rundir import prepare_out_dir
 
     stats = parse_stats(cfg.stats)
