@@ -95,7 +95,7 @@ def test_terminal_tables_fit_80_columns():
 
 
 def test_scan_terminal_table_uses_delta_limited_heads():
-    from poslens.commands.scan import scan_table
+    from poslens.cli.scan import scan_table
 
     layers = [{"layer": l, "relativity_index": 0.9, "locality": 0.1, "aps": 0.93,
                "top_slash_heads": [{"layer": l, "head": 8, "offset": 511, "score": 0.984},
@@ -190,7 +190,7 @@ def test_report_refuses_an_ambiguous_search(cli, tmp_path):
 def test_scan_terminal_table_reads_delta_limited_heads_from_the_maps():
     import numpy as np
 
-    from poslens.commands.scan import scan_table
+    from poslens.cli.scan import scan_table
 
     layers = [{"layer": l, "relativity_index": 0.9, "locality": 0.1, "aps": 0.6, "top_slash_heads": [
         {"layer": l, "head": 0, "offset": 255, "score": 0.9}]} for l in range(2)]

@@ -41,7 +41,7 @@ def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.commands.simulate import print_summary
+    from poslens.cli.simulate import print_summary
 
     samples = 1000 if cfg.quick else cfg.samples
     seq_len = 16 if cfg.quick else 50

