@@ -320,3 +320,39 @@ def test_command_readings_are_written_from_the_numbers():
                        {"layer": 1, "relativity_index": 0.9, "locality": 0.5, "noise_groups": 16}]}
     text = " ".join(R.run_readings("scan", ["kim", "slash", "neighborhood"], scan, "kim"))
     assert text.startswith("Layer 0 is flat within sampling noise (the noise floor of 16 independent groups")
+
+
+def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
+    """A scan keeps sample groups on a coarser grid than its map: the grid map's own statistics are given
+    beside the full-map headline numbers, and the report and readings say which is which."""
+    import torch
+
+    from poslens.capture.scan import causal_view, score_map_numbers
+    from poslens.metrics import diagonal_trend, relativity_index
+    from poslens.report.readings import kim_readings
+
+    S, G = 40, 8
+    i = torch.arange(S, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    # a non-relative map: rises with the key position, plus a curved query term; the groups are noisy copies
+    m = -(i[:, None] - i[None, :]).abs() + 0.05 * i[None, :] + 0.002 * (i[:, None] - 20) ** 2
+    groups_full = m + 0.01 * torch.randn(G, S, S, generator=gen, dtype=torch.float64)
+    sc = groups_full.mean(0)
+    grid = torch.arange(0, S, 2)
+    g = groups_full[:, grid][:, :, grid]
+    out = score_map_numbers(sc, causal_view(g, include_diagonal=True), torch.ones(G), grid, 16)
+    cv_grid = causal_view(sc[grid][:, grid])
+    assert out["noise_positions"] == 20
+    assert out["grid_diagonal_trend"] == pytest.approx(diagonal_trend(cv_grid, exclude_keys=(0,)), abs=1e-12)
+    # on the grid the index is noise-corrected with the groups (the full map has no groups to correct with)
+    gcv = causal_view(g, include_diagonal=True)
+    assert out["grid_relativity_index"] == pytest.approx(relativity_index(cv_grid, gcv, torch.ones(G),
+                                                                          exclude_keys=(0,)), abs=1e-12)
+    assert out["diagonal_trend"] == pytest.approx(diagonal_trend(causal_view(sc), exclude_keys=(0,)), abs=1e-12)
+    assert out["trend_p"] is not None and out["diagonal_trend_se"] is not None
+    # a grid covering every position: one set of statistics, no grid_* copies
+    full = score_map_numbers(sc, causal_view(groups_full, include_diagonal=True), torch.ones(G), torch.arange(S), 16)
+    assert not [k for k in full if k.startswith("grid_")]
+
+    text = " ".join(kim_readings([{"layer": 0, **out}], noise="x"))
+    assert "20-position grid" in text and f"on that grid the trend reads {fmt(out['grid_diagonal_trend'])}" in text

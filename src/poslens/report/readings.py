@@ -23,6 +23,8 @@ TREND = 0.3
 SLASH_MAX_DELTA = 16
 #: norm score at or above which norms shrink with position; at or below 1 − this, they grow
 NORM_SHRINK = 0.7
+#: p-value below which a sample-group test is called significant (as :data:`poslens.capture.stats.NOISE_P`)
+SIGNIFICANT = 0.01
 
 
 def num(v: Any) -> float | None:
@@ -153,6 +155,15 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
                 "changes sign between layers")
         out.append(f"Signed trend along the diagonals (+1 = the entry further right on each diagonal is higher): "
                    f"{_series_short(trend)}; the score {sign}.")
+    grid = [l for l in live if num(l.get("grid_diagonal_trend")) is not None]
+    if grid:  # the p-values and standard errors describe the grid map's statistics, not the full map's
+        n = max(int(num(l.get("noise_positions")) or 0) for l in grid)
+        ps = [num(l.get("trend_p")) for l in grid if num(l.get("trend_p")) is not None]
+        sig = sum(p < SIGNIFICANT for p in ps)
+        out.append(f"The p-values and standard errors come from sample groups kept on a {n}-position grid of the map; "
+                   f"on that grid the trend reads {_series_short([l.get('grid_diagonal_trend') for l in grid])} and "
+                   f"the relativity index {_series_short([l.get('grid_relativity_index') for l in grid])}"
+                   + (f"; the trend is significant (p < {SIGNIFICANT}) in {sig} of {len(ps)} layers." if ps else "."))
     sinkw = [num(l.get("sink_weight")) for l in live if num(l.get("sink_weight")) is not None]
     if sinkw:
         out.append(f"Attention weight on key 0 (the sink), per layer: {_series_short(sinkw)}; the relativity index "
@@ -692,8 +703,11 @@ def noise_phrase(layers: list[dict]) -> str:
     layers = [l for l in layers if isinstance(l, dict)]
     groups = [int(num(l.get("noise_groups"))) for l in layers if num(l.get("noise_groups")) is not None]
     base = "Monte Carlo noise" if any(num(l.get("max_stderr")) is not None for l in layers) else ""
+    pos = [int(num(l.get("noise_positions"))) for l in layers if num(l.get("noise_positions")) is not None]
+    on = f", on a {max(pos)}-position grid" if pos and any(str(k).startswith("grid_") for l in layers for k in l) \
+        else ""
     if groups and max(groups) >= 2:
-        return f"{base or 'sampling noise'} (the noise floor of {max(groups)} independent groups of samples)"
+        return f"{base or 'sampling noise'} (the noise floor of {max(groups)} independent groups of samples{on})"
     return base
 
 

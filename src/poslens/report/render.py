@@ -41,8 +41,8 @@ LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
     "locality": ("kim", "locality (+1 = nearer keys score higher)", 0.0),
     "diagonal_trend": ("kim", "signed trend along diagonals (+1 = right higher)", 0.0),
     "within_diag_rms": ("kim", "within-diagonal RMS (dashed: noise floor)", None),
-    "nonrelative_p": ("kim", "p, non-relative (sample-group test)", 0.05),
-    "trend_p": ("kim", "p, diagonal trend", 0.05),
+    "nonrelative_p": ("kim", "p, non-relative (sample-group test; noise grid)", 0.05),
+    "trend_p": ("kim", "p, diagonal trend (noise grid)", 0.05),
     "sink_weight": ("kim", "attention weight on key 0 (sink)", None),
     "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
     "locality_with_sink": ("kim", "locality with key 0", 0.0),
@@ -245,7 +245,7 @@ def layer_quantities(run: Run) -> dict[str, list[str]]:
             keys.append(k)
     errs = {e for k in keys for e in [_error_key(layers, k)] if e}
     keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr", "_se", "_noise"))
-            and k not in _NOT_PLOTTED]
+            and k not in _NOT_PLOTTED and not k.startswith("grid_")]  # grid_*: drawn beside their full-map key
     order = list(LAYER_QUANTITIES)
     keys.sort(key=lambda k: order.index(k) if k in order else len(order))  # known quantities first, in order
     # with the per-sequence APS present, ``aps`` is either the same number or the older mean-map one under
@@ -291,12 +291,22 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
             if not any(num(l.get(k)) is not None for l in layers):
                 continue
             xs, ys, es, _ = _layer_xy(layers, k)
+            grid = any(num(l.get(f"grid_{k}")) is not None for l in layers)
+            if grid:  # the standard error belongs to the statistic of the noise grid, drawn below
+                es = None
             emb = num(r.summary.get(f"embedding_{k}"))
             if emb is not None and -1 not in xs:  # a scan's embeddings value, drawn at x = −1
                 xs, ys = [-1] + xs, [emb] + ys
                 es = [num(r.summary.get(f"embedding_{k}_std"))] + es if es is not None else None
                 has_emb = True
-            series.append({"label": r.name, "layers": xs, "values": ys, "errors": es})
+            series.append({"label": f"{r.name}: full map" if grid else r.name, "layers": xs, "values": ys,
+                           "errors": es})
+            if grid:  # the same statistic on the coarser grid its p-values, noise floor and error bars come from
+                gx, gy, _, _ = _layer_xy(layers, f"grid_{k}")
+                ek = _error_key(layers, k)
+                n = max((int(num(l.get("noise_positions")) or 0) for l in layers), default=0)
+                series.append({"label": f"{r.name}: {n}-position noise grid", "layers": gx, "values": gy,
+                               "errors": [num(l.get(ek)) for l in layers] if ek else None, "dashed": True})
             if any(num(l.get(f"{k}_noise")) is not None for l in layers):  # its noise floor, same panel
                 nx, ny, _, _ = _layer_xy(layers, f"{k}_noise")
                 series.append({"label": f"{r.name}: noise floor", "layers": nx, "values": ny, "errors": None,
@@ -313,8 +323,14 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
                       else f"{label} (−1: embeddings)" if has_emb else label)
     more = f" ({len(keys) - 9} more quantities in summary.json)" if len(keys) > 9 else ""
     emb = " Layer −1 on the axis: the embeddings." if has_emb else ""
+    grids = {int(num(l.get("noise_positions")) or 0) for r in runs for l in r.layers
+             if any(str(k).startswith("grid_") for k in l)}
+    grid = (f" Solid lines: statistics of the full score map; dashed 'noise grid' lines: the same statistics on "
+            f"the {'/'.join(str(g) for g in sorted(grids))}-position grid the sample groups were kept on, which is "
+            "what the p-values, noise floors and trend error bars describe." if grids else "")
     return {"src": embed_figure(fig), "caption": f"Per-layer quantities; {conv}.{emb} Error bars: the run's std / "
-                                                 f"standard error where it gives one.{more}", "file": "summary.json"}
+                                                 f"standard error where it gives one.{grid}{more}",
+            "file": "summary.json"}
 
 
 def _head_matrix(layers: list[dict], key: str):
@@ -393,14 +409,23 @@ def _layer_table(run: Run, keys: list[str]) -> dict | None:
         for k in keys:
             ek = _error_key(layers, k)
             v = l.get(k)
+            g = num(l.get(f"grid_{k}"))
             if k == "relativity_index" and v is None:
                 row.append("flat")
+            elif g is not None and num(v) is not None:  # the error belongs to the noise grid's statistic
+                se = f" ± {fmt(num(l.get(ek)))}" if ek and num(l.get(ek)) is not None else ""
+                row.append(f"{fmt(num(v))} (grid {fmt(g)}{se})")
             elif ek and num(l.get(ek)) is not None and num(v) is not None:
                 row.append(f"{fmt(num(v))} ± {fmt(num(l.get(ek)))}")
             else:
                 row.append(num(v) if not isinstance(v, str) else v)
         rows.append(row)
     conv = (run.summary.get("layer_info") or {}).get("convention", "")
+    n = max((int(num(l.get("noise_positions")) or 0) for l in layers if any(str(k).startswith("grid_") for k in l)),
+            default=0)
+    if n:
+        conv += (f"{'; ' if conv else ''}values on the full map, '(grid …)' the same statistic on the {n}-position "
+                 "grid the p-values and standard errors describe")
     return table("Per layer", cols, rows, note=conv)
 
 
