@@ -30,12 +30,13 @@ class DemoConfig:
     samples: int = 20_000
     device: str = "cpu"
     quick: bool = False  # tests: tiny sizes everywhere
+    figures: bool = True  # PNG figures in the run directories (the HTML report draws its own plots)
 
 
 def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
     from poslens.reproduce import ReproContext, run_reproduction
 
-    rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=True))[0]
+    rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=cfg.figures))[0]
     console.print(f"closed form (arXiv 2509.21042, Fig. 1): {rec['measured']}")
     return {"theory": str(cfg.out / "theory")}
 
@@ -53,7 +54,7 @@ def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
     }
     for name, sc in runs.items():
         res = run_simulation(sc, progress=lambda d, t, n=name: progress(n, d, t))
-        save_result(res, cfg.out / name)
+        save_result(res, cfg.out / name, figures=cfg.figures)
         print_summary(res.summary, console)
     return {name: str(cfg.out / name) for name in runs}
 
@@ -95,6 +96,7 @@ def _step_scan(cfg: DemoConfig, console: Console, progress) -> dict:
     }
     for i, (name, sc) in enumerate(scans.items()):
         sc.seq_len, sc.num_seqs, sc.batch_size, sc.device, sc.dtype = S, n, 4, cfg.device, "fp32"
+        sc.figures = cfg.figures
         progress(name, i, len(scans))
         _clear(Path(sc.out))
         summ = run_scan(sc, progress=False)
@@ -111,7 +113,8 @@ def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
     outs = {}
     progress("slash", 0, 3)
     run_slash(SlashConfig(scan_dir=str(cfg.out / "scan_rope"), out=str(cfg.out / "slash_rope"),
-                          random_scan=str(cfg.out / "scan_rope_random"), max_delta=8))
+                          random_scan=str(cfg.out / "scan_rope_random"), max_delta=8,
+                          figures=cfg.figures))
     outs["slash_rope"] = str(cfg.out / "slash_rope")
     for i, pe in enumerate(("nope", "rope"), 1):
         progress(f"neighborhood {pe}", i, 3)
@@ -119,7 +122,8 @@ def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
         run_neighborhood(NeighborhoodConfig(model_dir=str(cfg.out / f"model_{pe}"), out=str(cfg.out / name),
                                             data="random", seq_len=32 if cfg.quick else 64,
                                             num_seqs=4 if cfg.quick else 16, bidirectional=True,
-                                            device=cfg.device, overwrite=True), progress=False)
+                                            device=cfg.device, overwrite=True, figures=cfg.figures),
+                         progress=False)
         outs[name] = str(cfg.out / name)
     console.print("analyses written: " + ", ".join(outs))
     return outs

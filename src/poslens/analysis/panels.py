@@ -62,6 +62,7 @@ class PanelsConfig:
     dtype: str = "fp32"
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    figures: bool = True
 
 
 def _gram(x: torch.Tensor) -> torch.Tensor:
@@ -222,7 +223,7 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
                               fmt(r["locality"]), fmt(r["mean_offdiag"])] for r in rows]}],
         "readings": _readings(rows, cfg.layer),
         "figures": [{"file": "panels.png", "caption": f"The nine batch-averaged matrices of layer {cfg.layer} "
-                     "(upper triangle masked; colour range 1st-99th percentile)."}],
+                     "(upper triangle masked; colour range 1st-99th percentile)."}] if cfg.figures else [],
         "wall_s": time.time() - t0,
     }
     with staged_dir(cfg.out) as stage:
@@ -230,7 +231,8 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
                                            "model_source": source_record(cfg.model_dir), "versions": versions()})
         write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
                       metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
-        save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
+        if cfg.figures:
+            save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
         write_summary(stage, summary, command="panels")
     return summary
 
@@ -264,7 +266,7 @@ def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
     return [panel_metrics(scores[l]) for l in range(scores.shape[0])]
 
 
-def run_score_maps(scan_dir: str, out: str) -> dict:
+def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
     from poslens.capture.scan import causal_view
     from poslens.metrics import diagonal_normalize
@@ -296,8 +298,8 @@ def run_score_maps(scan_dir: str, out: str) -> dict:
     if loc:
         readings.append(f"{sum(v > 0 for v in loc)} of {len(loc)} layers' mean scores rise as keys approach the query "
                         f"(mean locality {sum(loc) / len(loc):+.3f}).")
-    figures, files = [], []
-    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)]
+    draw, figures, files = figures, [], []
+    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)] if draw else []
     with staged_dir(out) as stage:
         for n, sel in enumerate(groups):
             suffix = "" if len(groups) == 1 else f"_{n}"

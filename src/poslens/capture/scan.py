@@ -61,6 +61,7 @@ class ScanConfig:
     bidirectional: bool = False
     figures: bool = True
     resume: bool = False
+    overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
     checkpoint_every: int = 10  # batches
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -284,7 +285,9 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
             raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
                                "--device-map to scan on the CPU).")
     dtype = resolve_dtype(cfg.dtype, device, config)
-    prepare_out_dir(cfg.out, must_be_new=not cfg.resume)
+    if cfg.resume and cfg.overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
     tokenizer = None
     if cfg.data != "random":
         tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
