@@ -31,6 +31,7 @@ class DemoConfig:
     device: str = "cpu"
     quick: bool = False  # tests: tiny sizes everywhere
     figures: bool = True  # PNG figures in the run directories (the HTML report draws its own plots)
+    progress: bool = True  # live bars: one per step, with the step's own work (training steps, scan batches) inside
 
 
 def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
@@ -77,6 +78,7 @@ def _step_train(cfg: DemoConfig, console: Console, progress) -> dict:
     outs = {}
     for i, (name, tc) in enumerate(_train_cfgs(cfg).items()):
         progress(name, i, 2)
+        tc.progress = cfg.progress  # its per-step bar nests under the demo's step bar
         s = train_model(tc)
         console.print(f"{name}: {s['params']:,} parameters, loss {s['initial_loss']:.2f} -> "
                       f"{s['final_loss']:.2f} in {tc.steps} steps ({s['tokens_per_second']:,.0f} tokens/s)")
@@ -99,7 +101,7 @@ def _step_scan(cfg: DemoConfig, console: Console, progress) -> dict:
         sc.figures = cfg.figures
         progress(name, i, len(scans))
         _clear(Path(sc.out))
-        summ = run_scan(sc, progress=False)
+        summ = run_scan(sc, progress=cfg.progress)
         ri = " / ".join("flat" if l.get("relativity_index") is None else f"{l['relativity_index']:.2f}"
                         for l in summ["layers"])
         console.print(f"{name}: relativity index by layer {ri}")
@@ -166,7 +168,6 @@ def _check_demo_dir(out: Path) -> None:
 
 
 def run_demo(cfg: DemoConfig, console: Console | None = None, show_progress: bool = True) -> dict:
-    from poslens.progress import make_progress
     from poslens.rundir import write_json
 
     import time
@@ -177,17 +178,33 @@ def run_demo(cfg: DemoConfig, console: Console | None = None, show_progress: boo
     write_json(cfg.out / "demo.json", {"outputs": {}, "finished": False})
     outputs: dict = {}
     t0 = time.perf_counter()
-    for i, (title, step) in enumerate(STEPS, 1):
-        console.rule(f"[bold]{i}/{len(STEPS)} {title}")
-        with make_progress(transient=True) as prog:
-            tid = prog.add_task(title, total=None, info="")
+    from transformers.utils import logging as hf_logging
 
-            def progress(name, done, total):
-                if show_progress:
-                    prog.update(tid, description=name, completed=done, total=total)
-
-            outputs.update(step(cfg, console, progress))
+    hf_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers' own loading bars would tear the live display
+    try:
+        _run_steps(cfg, console, show_progress, outputs)
+    finally:
+        if hf_bars:
+            hf_logging.enable_progress_bar()
     seconds = time.perf_counter() - t0
     write_json(cfg.out / "demo.json", {"outputs": outputs, "finished": True, "seconds": seconds})
     console.print(f"[bold green]demo finished[/] in {seconds / 60:.1f} min: open {cfg.out / 'report.html'}")
     return outputs
+
+
+def _run_steps(cfg: DemoConfig, console: Console, show_progress: bool, outputs: dict) -> None:
+    import contextlib
+
+    from poslens.progress import live_display
+
+    for i, (title, step) in enumerate(STEPS, 1):
+        console.rule(f"[bold]{i}/{len(STEPS)} {title}")
+        with live_display(console) if show_progress else contextlib.nullcontext() as prog:
+            tid = prog.add_task(title, total=None, info="") if prog else None
+
+            def progress(name, done, total):
+                if prog:
+                    prog.update(tid, description=name, completed=done, total=total)
+
+            outputs.update(step(cfg, console, progress))

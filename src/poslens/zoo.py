@@ -84,10 +84,10 @@ def run_zoo(out: str | Path, *, scale: str = "cpu", only: list[str] | None = Non
     root = prepare_out_dir(out)
     if resume and overwrite:
         raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    if root.is_dir() and any(root.iterdir()) and not (resume or overwrite):
+        raise PoslensError(f"--out {root} already exists and is not empty; pass --resume to continue it or "
+                           "--overwrite to replace it, or choose a new directory.")
     busy = [n for n in entries if (root / n).is_dir() and any((root / n).iterdir())]
-    if busy and not (resume or overwrite):
-        raise PoslensError(f"--out {root} already holds zoo entries ({', '.join(busy)}); pass --resume to continue "
-                           "them or --overwrite to retrain them, or choose a new directory.")
     results: dict[str, dict] = {}
     index_path = root / "zoo.json"
     index = read_json(index_path) if index_path.is_file() else {"scale": scale, "entries": {}}

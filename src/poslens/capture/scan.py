@@ -580,16 +580,21 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda n=1: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from poslens.progress import task_progress  # the one progress convention (nests in a caller's bar)
 
-        self.p = Progress(TextColumn("scan"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        self.p.__enter__()
-        self.task = self.p.add_task("scan", total=self.total, completed=self.done)
-        return lambda n=1: self.p.advance(self.task, n)
+        self.bar = task_progress("scan", self.total)
+        update = self.bar.__enter__()
+        update(self.done)
+
+        def advance(n: int = 1) -> None:
+            self.done += n
+            update(self.done)
+
+        return advance
 
     def __exit__(self, *exc):
         if self.enabled:
-            self.p.__exit__(*exc)
+            self.bar.__exit__(*exc)
         return False
 
 

@@ -36,5 +36,5 @@ def demo(
         raise PoslensError(f"--samples {samples}: must be a positive integer.")
     refuse_existing_out(out, overwrite=overwrite)
     cfg = DemoConfig(out=prepare_out_dir(out), samples=samples, device=parse_device(device), quick=quick,
-                     figures=not no_figures)
+                     figures=not no_figures, progress=not quiet)
     run_demo(cfg, console=Console(quiet=quiet), show_progress=not quiet)

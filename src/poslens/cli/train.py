@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from poslens.cli.app import app, device_option, overwrite_option, refuse_existing_out
+from poslens.cli.app import app, device_option, overwrite_option
 
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
@@ -144,7 +144,6 @@ def zoo(
             table.add_row(name, " ".join(f"{k}={opts[k]}" for k in keys))
         Console().print(table)
         return
-    refuse_existing_out(out, overwrite=overwrite, resume=resume)
     results = run_zoo(out, scale=scale, only=only.split(",") if only else None, device=device, threads=threads,
                       resume=resume, overwrite=overwrite, progress=not quiet)
     if quiet:
