@@ -58,7 +58,7 @@ def test_every_command_writes_the_contract(tmp_path):
 
     from poslens.capture.scan import ScanConfig, run_scan
     from poslens.simulate import SimConfig, run_simulation, save_result
-    from poslens.train import TrainConfig, train_model
+    from poslens.models.train import TrainConfig, train_model
 
     save_result(run_simulation(SimConfig(samples=50, seq_len=6, dim=8, layers=2)), tmp_path / "sim")
     model = tmp_path / "model"
@@ -151,7 +151,7 @@ def test_empty_and_all_zero_tables_are_dropped():
 def test_layer_plots_have_integer_ticks():
     import matplotlib.pyplot as plt
 
-    from poslens.plots import layer_lines
+    from poslens.report.plots import layer_lines
 
     fig = layer_lines([{"title": "x", "series": [{"label": "a", "layers": [0, 1, 2], "values": [0.1, None, 0.3],
                                                   "errors": [0.01, None, 0.02]}]}])

@@ -35,7 +35,7 @@ class DemoConfig:
 
 
 def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.reproduce import ReproContext, run_reproduction
+    from poslens.reproduce.simulated import ReproContext, run_reproduction
 
     rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=cfg.figures))[0]
     console.print(f"closed form (arXiv 2509.21042, Fig. 1): {rec['measured']}")
@@ -61,7 +61,7 @@ def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _train_cfgs(cfg: DemoConfig) -> dict:
-    from poslens.train import TrainConfig
+    from poslens.models.train import TrainConfig
 
     steps = 30 if cfg.quick else 400
     common = dict(task=None, data="stdlib", preset="micro", vocab_size=512 if cfg.quick else 1024,
@@ -73,7 +73,7 @@ def _train_cfgs(cfg: DemoConfig) -> dict:
 
 
 def _step_train(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.train import train_model
+    from poslens.models.train import train_model
 
     outs = {}
     for i, (name, tc) in enumerate(_train_cfgs(cfg).items()):

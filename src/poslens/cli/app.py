@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+
 app = typer.Typer(
     name="poslens",
     help=(
@@ -19,21 +20,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-
-
-def parse_device(device: str) -> str:
-    """Resolve ``auto|cpu|cuda`` into a torch device string, with a clear error if CUDA is absent."""
-    import torch
-
-    from poslens.errors import PoslensError
-
-    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
-        raise PoslensError(f"--device {device!r} is not one of auto, cpu, cuda.")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise PoslensError(f"--device {device}: no CUDA GPU is visible; use --device cpu or auto.")
-    return device
 
 
 # The CLI conventions of docs/cli.md, one definition each, so every command spells them alike.

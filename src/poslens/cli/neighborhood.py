@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, parse_device, quiet_option,
+from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
+from poslens.runtime import parse_device
 
 
 def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:

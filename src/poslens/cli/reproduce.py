@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, parse_device, quiet_option,
+from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
+from poslens.runtime import parse_device
 
 
 @app.command()
@@ -34,7 +35,7 @@ def reproduce(
 
     from poslens.errors import PoslensError
     from poslens.progress import task_progress
-    from poslens.reproduce import ReproContext, names, run_reproduction
+    from poslens.reproduce.simulated import ReproContext, names, run_reproduction
     from poslens.rundir import prepare_out_dir
 
     if name not in names():
