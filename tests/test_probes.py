@@ -99,7 +99,7 @@ def char_model_dir(tmp_path_factory):
 
 def test_cli_probes_run_dir(cli, tmp_path, char_model_dir):
     out = tmp_path / "pr"
-    code, _, err = cli("probes", char_model_dir, "--out", out, "--seq-len", 16, "--num-train", 16, "--num-test", 8,
+    code, _, err = cli("probes", char_model_dir, "--out", out, "--seq-len", 16, "--num-train-seqs", 16, "--num-test-seqs", 8,
                        "--mlp-steps", 40, "--train-chars", "ABCDEFGHIJKLM", "--test-chars", "NOPQRSTUVWXYZ",
                        "--quiet")
     assert code == 0, err

@@ -103,7 +103,7 @@ def test_bad_config(kw):
 
 def test_cli_writes_contract_and_loads_back(cli, tmp_path):
     out = tmp_path / "run"
-    code, stdout, _ = cli("simulate", "--samples", 500, "--seq-len", 8, "--dim", 16, "--layers", 2, "--out", out,
+    code, stdout, _ = cli("simulate", "--samples", 500, "--seq-len", 8, "--dim", 16, "--num-layers", 2, "--out", out,
                           "--device", "cpu", "--quiet")
     assert code == 0
     t = read_tensors(out / "maps.safetensors")
@@ -215,5 +215,7 @@ def test_demo_quick(cli, tmp_path):
 def test_demo_refuses_foreign_directory(cli, tmp_path):
     (tmp_path / "precious.txt").write_text("x")
     code, _, err = cli("demo", "--quick", "--out", tmp_path)
+    assert code == 2 and "--overwrite" in err
+    code, _, err = cli("demo", "--quick", "--out", tmp_path, "--overwrite")  # only an earlier demo is replaced
     assert code == 2 and "demo.json" in err
     assert (tmp_path / "precious.txt").read_text() == "x"

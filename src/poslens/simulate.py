@@ -60,9 +60,9 @@ class SimConfig:
     def validate(self) -> "SimConfig":
         if not (0.0 <= self.alpha < 1.0) or not math.isfinite(self.alpha):
             raise PoslensError(f"--alpha {self.alpha}: must lie in [0, 1) (mean pairwise inner product of the inputs).")
-        for name in ("layers", "seq_len", "dim", "samples"):
+        for name, flag in (("layers", "--num-layers"), ("seq_len", "--seq-len"), ("dim", "--dim"), ("samples", "--samples")):
             if int(getattr(self, name)) < 1:
-                raise PoslensError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be a positive integer.")
+                raise PoslensError(f"{flag} {getattr(self, name)}: must be a positive integer.")
         if self.norm not in ("l2", "layernorm"):
             raise PoslensError(f"--norm {self.norm!r}: choose l2 or layernorm.")
         if self.norm == "l2" and self.scale is not None:

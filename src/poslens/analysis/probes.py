@@ -260,7 +260,7 @@ def _validate(cfg: ProbesConfig):
     if set(cfg.train_chars) & set(cfg.test_chars):
         raise PoslensError(f"--train-chars {cfg.train_chars!r} and --test-chars {cfg.test_chars!r} share "
                            f"{''.join(sorted(set(cfg.train_chars) & set(cfg.test_chars)))!r}; they must be disjoint.")
-    for flag, v in (("--num-train", cfg.num_train), ("--num-test", cfg.num_test), ("--batch-size", cfg.batch_size),
+    for flag, v in (("--num-train-seqs", cfg.num_train), ("--num-test-seqs", cfg.num_test), ("--batch-size", cfg.batch_size),
                     ("--mlp-steps", cfg.mlp_steps)):
         if v < 1:
             raise PoslensError(f"{flag} {v}: must be a positive integer.")

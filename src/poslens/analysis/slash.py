@@ -337,6 +337,7 @@ class SlashConfig:
     max_delta: int = 16
     model_dir: str | None = None  # where the scanned model's config.json is (default: the scan's model_dir)
     top: int = 20  # heads listed in the per-head table
+    figures: bool = True
 
 
 def model_rope_geometry(model_dir: str) -> dict:
@@ -509,15 +510,17 @@ def run_slash(cfg: SlashConfig) -> dict:
         "seq_len": S, "sdh_counts": parts["by_delta"], "persistence": parts["persistence"], "heads": heads,
         "layer_convention": LAYER_CONVENTION, "tables": tables,
         "figures": [{"file": "slash_profiles.png", "caption": "SlashScore(Δ) of the most slash-dominant heads: observed"
-                     + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}],
+                     + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}]
+        if cfg.figures else [],
     }
     summary["readings"] = slash_command_readings(summary)
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "slash", **dataclasses.asdict(cfg), "versions": versions()})
         write_tensors(stage / "slash.safetensors", {k: v.to(torch.float32) for k, v in tensors.items()},
                       metadata={"layers": layer_ids})
-        save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
-                                     random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
+        if cfg.figures:
+            save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
+                                         random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
         write_summary(stage, summary, command="slash", layers_describe="per head under 'heads': each head's decoder "
                       "layer (from 0) and head index; 'layer.head' in tables")
     return summary

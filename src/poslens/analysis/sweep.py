@@ -47,6 +47,7 @@ class SweepConfig:
     bidirectional: bool = True  # also measure the non-causal control
     figures: bool = True
     overwrite: bool = False
+    device: str = "cpu"  # a torch device string (the CLI resolves --device auto)
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -138,7 +139,7 @@ def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
     done = 0
     with task_progress("sweep", total=total, enabled=progress) as update:
         for shape in cfg.shapes:
-            model = build_sweep_model(shape, cfg.seq_len, seed=cfg.seed)
+            model = build_sweep_model(shape, cfg.seq_len, seed=cfg.seed).to(cfg.device)
             per_mode = {m: {"aps": [], "norm_score": []} for m in modes}
             for sigma in cfg.sigmas:
                 reinit_normal(model, sigma, seed=cfg.seed)
@@ -149,7 +150,7 @@ def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
                     per_mode[mode]["norm_score"].append(r["norm_score"])
                     done += 1
                     update(done, info=f"{shape} σ={sigma:g} {mode}")
-            out[shape] = {m: {k: torch.stack(v) for k, v in d.items()} for m, d in per_mode.items()}
+            out[shape] = {m: {k: torch.stack(v).cpu() for k, v in d.items()} for m, d in per_mode.items()}
             del model
     return out
 

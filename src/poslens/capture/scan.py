@@ -62,6 +62,7 @@ class ScanConfig:
     bidirectional: bool = False
     figures: bool = True
     resume: bool = False
+    overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
     checkpoint_every: int = 10  # batches
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -270,7 +271,9 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
             raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
                                "--device-map to scan on the CPU).")
     dtype = resolve_dtype(cfg.dtype, device, config)
-    prepare_out_dir(cfg.out, must_be_new=not cfg.resume)
+    if cfg.resume and cfg.overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
     tokenizer = None
     if cfg.data != "random":
         tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
@@ -563,16 +566,21 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda n=1: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from poslens.progress import task_progress  # the one progress convention (nests in a caller's bar)
 
-        self.p = Progress(TextColumn("scan"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        self.p.__enter__()
-        self.task = self.p.add_task("scan", total=self.total, completed=self.done)
-        return lambda n=1: self.p.advance(self.task, n)
+        self.bar = task_progress("scan", self.total)
+        update = self.bar.__enter__()
+        update(self.done)
+
+        def advance(n: int = 1) -> None:
+            self.done += n
+            update(self.done)
+
+        return advance
 
     def __exit__(self, *exc):
         if self.enabled:
-            self.p.__exit__(*exc)
+            self.bar.__exit__(*exc)
         return False
 
 

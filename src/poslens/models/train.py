@@ -497,8 +497,7 @@ def train_model(cfg: TrainConfig) -> dict:
     losses = {r["step"]: r["loss"] for r in records if r.get("kind") == "train"}
     setup_seconds = time.perf_counter() - t_setup
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from poslens.progress import task_progress
 
     stop_at = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     pending: list[dict] = []
@@ -516,14 +515,11 @@ def train_model(cfg: TrainConfig) -> dict:
                           "train_cpu_seconds": train_cpu_seconds})
 
     step = start_step
-    progress = Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), disable=not cfg.progress, transient=False,
-                        console=Console(stderr=True))
     label = f"{cfg.pe}/{cfg.task or 'corpus'}/{cfg.preset}"
     try:
-        with progress:
-            bar = progress.add_task(label, total=cfg.steps, completed=start_step, loss="-", tps="-")
+        # one tick per optimiser step, inside whatever bar the caller shows (the demo's step bar)
+        with task_progress(f"train {label}", cfg.steps, enabled=cfg.progress) as update:
+            update(start_step)
             import torch.nn.functional as F
 
             if cfg.steps == 0:
@@ -558,13 +554,12 @@ def train_model(cfg: TrainConfig) -> dict:
                 pending.append({"kind": "train", "step": step, "loss": loss_v, "lr": lr,
                                 "grad_norm": float(grad_norm), "tokens": tokens_seen})
                 if step % 10 == 0 or step == stop_at:
-                    progress.update(bar, completed=step, loss=f"{loss_v:.4f}",
-                                    tps=f"{tokens_seen / max(train_seconds, 1e-9):,.0f}")
+                    update(step, info=f"loss {loss_v:.3f}")
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                     ev = _evaluate(model, source, cfg, device, amp, final=False)
                     pending.append({"kind": "eval", "step": step, **ev})
                     if "eval_accuracy" in ev:
-                        progress.update(bar, description=f"{label} acc {ev['eval_accuracy']:.3f}")
+                        update(step, info=f"acc {ev['eval_accuracy']:.3f}")
                 if step < stop_at and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     checkpoint(step)
                 elif len(pending) >= 200:
