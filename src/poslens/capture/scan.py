@@ -31,6 +31,7 @@ from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, parse_sta
 from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
+from poslens.runtime import resolve_dtype
 
 CHECKPOINT = "checkpoint.safetensors"
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -61,6 +62,7 @@ class ScanConfig:
     bidirectional: bool = False
     figures: bool = True
     resume: bool = False
+    overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
     checkpoint_every: int = 10  # batches
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -173,21 +175,6 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
     return config, adapter
 
 
-def resolve_dtype(dtype: str, device: str, config) -> torch.dtype:
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if dtype in names:
-        return names[dtype]
-    if dtype != "auto":
-        raise PoslensError(f"--dtype {dtype!r} is not one of auto, bf16, fp16, fp32.")
-    if device.startswith("cuda"):
-        d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if isinstance(d, str):
-            d = names.get(d.replace("torch.", ""), None)
-        return d if isinstance(d, torch.dtype) and d != torch.float32 else torch.bfloat16
-    return torch.float32  # CPU: half-precision matmuls are slow and bring nothing
-
-
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
     """The model's tokenizer (directory or ``.gguf`` file), or None when it has none."""
     from poslens.capture.model_source import model_directory
@@ -243,7 +230,7 @@ class ScanPlan:
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing."""
-    from poslens.cli_app import parse_device
+    from poslens.runtime import parse_device
     from poslens.rundir import prepare_out_dir
 
     stats = parse_stats(cfg.stats)
@@ -284,7 +271,9 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
             raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
                                "--device-map to scan on the CPU).")
     dtype = resolve_dtype(cfg.dtype, device, config)
-    prepare_out_dir(cfg.out, must_be_new=not cfg.resume)
+    if cfg.resume and cfg.overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
     tokenizer = None
     if cfg.data != "random":
         tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
@@ -577,16 +566,21 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda n=1: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from poslens.progress import task_progress  # the one progress convention (nests in a caller's bar)
 
-        self.p = Progress(TextColumn("scan"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        self.p.__enter__()
-        self.task = self.p.add_task("scan", total=self.total, completed=self.done)
-        return lambda n=1: self.p.advance(self.task, n)
+        self.bar = task_progress("scan", self.total)
+        update = self.bar.__enter__()
+        update(self.done)
+
+        def advance(n: int = 1) -> None:
+            self.done += n
+            update(self.done)
+
+        return advance
 
     def __exit__(self, *exc):
         if self.enabled:
-            self.p.__exit__(*exc)
+            self.bar.__exit__(*exc)
         return False
 
 
@@ -641,7 +635,9 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     """The score-map numbers of one layer: sink-excluded headline values on the full map (relativity
     index, locality on at most ``locality_positions`` positions, signed diagonal trend, within-diagonal
     RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
-    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`)."""
+    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`).
+    Where ``grid`` is coarser than the map, the same statistics of the grid map (``grid_*``, the ones
+    the p-values and standard error test) are given too, under ``noise_positions`` positions."""
     from poslens.metrics import describe_map, locality, relativity_index
 
     sub = _subsample(sc, locality_positions)
@@ -653,6 +649,11 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
             out[key] = noise.get(key)
         out["flat"] = bool(noise["flat"])
         out["noise_positions"] = int(grid.numel())
+        if grid.numel() < sc.shape[-1]:
+            # the p-values, noise floor and standard error belong to the statistics of the grid map: give
+            # those beside the full-map headline numbers, so each uncertainty sits next to its own statistic
+            for key in ("relativity_index", "diagonal_trend", "within_diag_rms", "locality"):
+                out[f"grid_{key}"] = noise.get(key)
         out.pop("noise", None)
         if noise.get("noise"):
             out["noise"] = noise["noise"]
@@ -824,7 +825,7 @@ def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int
     Maps longer than :data:`FIGURE_MAX_POSITIONS` are diagonal-normalised at full resolution, then
     shown block-averaged (:func:`pool_for_figure`); ``maps.safetensors`` keeps every position."""
     from poslens.metrics import diagonal_normalize
-    from poslens.plots import layer_grid
+    from poslens.report.plots import layer_grid
     from poslens.rundir import save_figure
 
     files = []
