@@ -138,5 +138,5 @@ def test_bad_inputs_are_errors(alpha, n):
 def test_edges_that_are_valid():
     assert theory.kim_theory(0.0, 1).scores.tolist() == [[1.0]]
     assert theory.kim_mean_field(0.99, 1, 1).shape == (1, 1, 1)
-    with pytest.raises(PoslensError, match="--layers"):
+    with pytest.raises(PoslensError, match="layers 0"):
         theory.kim_mean_field(0.5, 3, 0)
