@@ -59,7 +59,7 @@ TARGETS: dict[str, list[str]] = {
     "simulate.py": ["tests/test_simulate_reference.py", "tests/test_simulate.py", "tests/test_references.py",
                     "-k", "not scan_summary and not demo and not reproduce and not cli"],
     "analysis/slash.py": ["tests/test_slash_tables.py", "tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
-    "analysis/neighborhood.py": ["tests/test_neighborhood.py", "tests/test_references.py",
+    "analysis/neighborhood.py": ["tests/test_neighborhood_analysis.py", "tests/test_neighborhood.py", "tests/test_references.py",
                                  "-k", "not scan_summary"],
     "report/readings.py": ["tests/test_references.py", "tests/test_report.py",
                            "-k", "not scan_summary and not chromium and not screenshot"],
