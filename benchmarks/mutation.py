@@ -95,6 +95,8 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "equivalent", "reads two more key columns, which the visibility mask then excludes"),
     ("metrics/neighborhood.py", "rising_pair_fraction", r"out = hits / total", r"- torch\.where", "equivalent",
      "adds 0 or NaN; -NaN is NaN"),
+    ("metrics/slash.py", "slash_profile|sink_weight", r"shape\[-1\]", r"shape\[-2\]", "equivalent",
+     "attention maps are square [..., S, S]"),
     ("metrics/rank.py", "band_contributions", r"half = rotary_dim // 2", r"rotary_dim / 2", "equivalent",
      "rotary_dim is even, and torch indexes with integral floats as with ints"),
     ("metrics/rank.py", "band_contributions", r"if dims else torch\.zeros", r"\(dims\) or True", "equivalent",
@@ -212,14 +214,27 @@ def mutmut(work: Path, *args: str, capture: bool = True) -> str:
     return r.stdout or ""
 
 
-def mutant_names(work: Path, module: str) -> list[str]:
-    """Every mutant mutmut makes of ``module`` (as ``poslens.<module>.x_<function>__mutmut_<n>``)."""
+def mutant_names(work: Path, module: str) -> tuple[list[str], dict[str, str]]:
+    """Every mutant mutmut makes of ``module`` (as ``poslens.<module>.x_<function>__mutmut_<n>``) and
+    the hash of each mutated function's source (mutmut's own)."""
     code = ("import json, sys; from mutmut.mutation.file_mutation import mutate_file_contents as m; "
-            "p = sys.argv[1]; print(json.dumps(list(m(p, open(p).read()).mutant_names)))")
+            "p = sys.argv[1]; f = m(p, open(p).read()); "
+            "print(json.dumps([list(f.mutant_names), dict(f.hash_by_function_name)]))")
     r = subprocess.run([sys.executable, "-c", code, f"src/poslens/{module}"], cwd=work, text=True,
                        capture_output=True, check=True)
+    names, hashes = json.loads(r.stdout.strip().splitlines()[-1])
     prefix = "poslens." + module.removesuffix(".py").replace("/", ".") + "."
-    return [prefix + n.replace("__init__.", "") for n in json.loads(r.stdout.strip().splitlines()[-1])]
+    return [prefix + n.replace("__init__.", "") for n in names], hashes
+
+
+def _meta(work: Path, module: str) -> dict:
+    meta = work / "mutants" / "src" / "poslens" / (module + ".meta")
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
+def _function_of(name: str) -> str:
+    """``x_<function>`` (mutmut's key of the function) of a mutant name."""
+    return re.sub(r"__mutmut_\d+$", "", name.rsplit(".", 1)[-1])
 
 
 def statuses(work: Path, module: str) -> dict[str, int]:
@@ -357,12 +372,14 @@ def main(argv=None) -> int:
     for mod in modules:
         work = WORK / slug(mod)
         if not a.report:
-            codes = statuses(work, mod)
+            old = _meta(work, mod)
+            codes, old_hashes = old.get("exit_code_by_key", {}), old.get("hash_by_function_name", {})
             work = prepare(mod)
-            names = mutant_names(work, mod)
+            names, hashes = mutant_names(work, mod)
+            changed = {f for f, h in hashes.items() if old_hashes.get(f) != h}  # mutants renumbered: run again
             if a.sample and a.sample < len(names):
                 names = sorted(random.Random(0).sample(names, a.sample))
-            todo = [n for n in names if codes.get(n) is None
+            todo = [n for n in names if codes.get(n) is None or _function_of(n) in changed
                     or (a.rerun_survivors and codes[n] in SURVIVED | NO_TESTS)]
             print(f"== {mod}: {len(todo)} of {len(names)} mutants to run ({' '.join(TARGETS[mod])})", flush=True)
             if todo:
