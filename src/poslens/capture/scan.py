@@ -31,7 +31,7 @@ from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, parse_sta
 from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
-from poslens.runtime import resolve_dtype
+from poslens.runtime import no_hf_progress_bars, resolve_dtype
 
 CHECKPOINT = "checkpoint.safetensors"
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -450,12 +450,10 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     plan.device = device
     if ctx.is_main:
         create_out_dir(out)
-    if (ctx.enabled and not ctx.is_main) or not progress:  # one set of loading bars per job; none with --quiet
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
-                       trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
+    # one set of loading bars per job; none with --quiet
+    with no_hf_progress_bars((ctx.enabled and not ctx.is_main) or not progress):
+        model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
+                           trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
     try:  # every layer must dispatch through the registered attention (custom attention code: refused)
         plan.attention = check_dispatch(model, plan.adapter)
     except PoslensError:

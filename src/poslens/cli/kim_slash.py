@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from poslens.cli.app import app
+from poslens.cli.parse import parse_floats
 
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
@@ -22,15 +23,6 @@ def _print(summary: dict, out: Path, quiet: bool) -> None:
     for line in summary.get("readings", []):
         console.print(f"- {line}")
     console.print(f"wrote {out}/")
-
-
-def _floats(text: str, flag: str) -> list[float]:
-    from poslens.errors import PoslensError
-
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PoslensError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.1,0.3,0.5.") from None
 
 
 @app.command("panels")
@@ -94,7 +86,7 @@ def slash(
     from poslens.analysis.slash import SlashConfig, run_slash
 
     s = run_slash(SlashConfig(scan_dir=str(scan_dir), out=str(out), random_scan=str(random_scan) if random_scan else None,
-                              kappa=tuple(_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
+                              kappa=tuple(parse_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
                               max_delta=max_delta, model_dir=str(model_dir) if model_dir else None, top=top))
     _print(s, out, quiet)
 
