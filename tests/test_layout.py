@@ -61,8 +61,16 @@ def imports_of(mod: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
             continue
         for n in names:
             target = _resolve(n, known) if n == "poslens" or n.startswith("poslens.") else None
-            if target and target != mod:
-                out.append((target, node.lineno))
+            if not target or target == mod:
+                continue
+            out.append((target, node.lineno))
+            # importing poslens.a.b first runs poslens/a/__init__.py: a dependency too (a cycle through a
+            # package's __init__ fails at import time), except for the importer's own packages
+            parts = target.split(".")
+            for k in range(2, len(parts)):
+                pkg = ".".join(parts[:k])
+                if pkg in known and not (mod == pkg or mod.startswith(pkg + ".")):
+                    out.append((pkg, node.lineno))
     return out
 
 
@@ -133,7 +141,10 @@ def test_import_reader_sees_local_relative_and_submodule_imports(tmp_path):
     f.write_text("import os\nfrom poslens.a import thing\n\ndef f():\n    from poslens.pkg import sub\n"
                  "    from . import sub as s2\n    import poslens.pkg.sub.deeper\n")
     got = sorted({t for t, _ in imports_of("poslens.pkg.other", f, known)})
-    assert got == ["poslens.a", "poslens.pkg.sub"]
+    assert got == ["poslens.a", "poslens.pkg.sub"]  # its own package's __init__ is not an edge
+    g = tmp_path / "a.py"
+    g.write_text("from poslens.pkg.sub import thing\n")
+    assert sorted({t for t, _ in imports_of("poslens.a", g, known)}) == ["poslens.pkg", "poslens.pkg.sub"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,15 +40,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from safetensors.torch import load_file, load_model, save_model
 
 from poslens.data.corpus import load_texts
 from poslens.data.tasks import TaskSource, exact_match_flags
 from poslens.data.tokenizer import char_tokenizer, train_bpe_tokenizer
 from poslens.errors import PoslensError, require
+from poslens.fmt import fmt
 from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
+from poslens.progress import task_progress
 from poslens.rundir import (create_out_dir, prepare_out_dir, read_json, versions, write_json, write_summary,
                             write_tensors)
 from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
@@ -543,35 +543,25 @@ def _train_step(s: _Session) -> float:
     return loss_v
 
 
-def _progress_bar(cfg: TrainConfig) -> Progress:
-    return Progress(TextColumn("[bold]train[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), disable=not cfg.progress, transient=False,
-                    console=Console(stderr=True))
-
-
 def _train_loop(s: _Session, stop_at: int) -> None:
     """Steps up to ``stop_at`` with evaluations, checkpoints and the progress bar; an interrupt
     leaves a checkpoint and becomes a one-line error."""
     cfg = s.cfg
-    progress = _progress_bar(cfg)
-    label = f"{cfg.pe}/{cfg.task or 'corpus'}/{cfg.preset}"
+    label = f"train {cfg.pe}/{cfg.task or 'corpus'}/{cfg.preset}"
+    acc = ""
     try:
-        with progress:
-            bar = progress.add_task(label, total=cfg.steps, completed=s.step, loss="-", tps="-")
+        with task_progress(label, cfg.steps, enabled=cfg.progress, done=s.step) as update:
             if cfg.steps == 0:
                 _untrained_loss(s)
             while s.step < stop_at:
                 loss_v = _train_step(s)
                 step = s.step
-                if step % 10 == 0 or step == stop_at:
-                    progress.update(bar, completed=step, loss=f"{loss_v:.4f}",
-                                    tps=f"{s.tokens_seen / max(s.train_seconds, 1e-9):,.0f}")
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                     ev = _evaluate(s.model, s.source, cfg, s.device, s.amp, final=False)
                     s.pending.append({"kind": "eval", "step": step, **ev})
-                    if "eval_accuracy" in ev:
-                        progress.update(bar, description=f"{label} acc {ev['eval_accuracy']:.3f}")
+                    acc = f" acc {fmt(ev['eval_accuracy'])}" if "eval_accuracy" in ev else acc
+                if step % 10 == 0 or step == stop_at:
+                    update(step, info=f"loss {fmt(loss_v)}{acc} {fmt(s.tokens_seen / max(s.train_seconds, 1e-9))} tok/s")
                 if step < stop_at and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     s.checkpoint()
                 elif len(s.pending) >= 200:
