@@ -305,10 +305,9 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
         from poslens.report.plots import layer_grid, score_map_figures
         from poslens.rundir import save_figure
 
-        L = res.scores.shape[0]
-        titles = [f"layer {l}" for l in range(L)]
-        files = score_map_figures(res.scores, out, label=f"{res.config.label()} (layers from 0)", titles=titles)
+        files = score_map_figures(res.scores, out, label=res.config.label(), percentile=None)
         L = res.probs.shape[0]
+        titles = [f"layer {l}" for l in range(L)]
         probs = res.probs.masked_fill(torch.ones_like(res.probs[0], dtype=torch.bool).triu(1), float("nan")) \
             if res.config.causal else res.probs
         save_figure(layer_grid([probs[l] for l in range(L)], titles=titles,

@@ -11,7 +11,7 @@ layer, and per-layer score maps with their non-relativity numbers.
 
 Capture: the adapter's capture points (:data:`PANEL_POINTS`: ``attn_in``, ``attn_z``, ``attn_out``,
 ``resid_mid``, ``mlp_in``, ``resid_post`` and the next layer's ``attn_in``) and, for (b) and (i),
-poslens' registered attention function (:class:`poslens.capture.Capture` ``scores``). Nothing is
+poslens' registered attention function (:class:`poslens.capture.attention.Capture` ``scores``). Nothing is
 monkeypatched. Every architecture with a sequential block works (not Phi, GPT-NeoX, Cohere, whose
 attention and MLP run in parallel); in Gemma 2/3 (d) is the projection before the post-attention
 norm, and in OLMo 2 (f) equals (e) (the MLP reads the residual stream unnormalised). Sums are float64 over batches; memory is ``9 x S x S`` plus one batch.

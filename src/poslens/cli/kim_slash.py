@@ -10,6 +10,7 @@ from rich.console import Console
 from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
 from poslens.runtime import parse_device
+from poslens.cli.parse import parse_floats
 
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
@@ -24,15 +25,6 @@ def _print(summary: dict, out: Path, quiet: bool) -> None:
     for line in summary.get("readings", []):
         console.print(f"- {line}")
     console.print(f"wrote {out}/")
-
-
-def _floats(text: str, flag: str) -> list[float]:
-    from poslens.errors import PoslensError
-
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PoslensError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.1,0.3,0.5.") from None
 
 
 @app.command("panels")
@@ -107,7 +99,7 @@ def slash(
 
     refuse_existing_out(out, overwrite=overwrite)
     s = run_slash(SlashConfig(scan_dir=str(scan_dir), out=str(out), random_scan=str(random_scan) if random_scan else None,
-                              kappa=tuple(_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
+                              kappa=tuple(parse_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
                               max_delta=max_delta, model_dir=str(model_dir) if model_dir else None, top=top,
                               figures=not no_figures))
     _print(s, out, quiet)

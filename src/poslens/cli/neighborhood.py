@@ -90,7 +90,8 @@ def sweep(
     every σ. APS is measured per layer on i.i.d. random printable-ASCII sequences, causal and
     bidirectional. The default (3 shapes x 6 σ x 2 modes) takes about a minute on one CPU core.
     """
-    from poslens.analysis.sweep import SweepConfig, parse_floats, run_sweep
+    from poslens.analysis.sweep import SweepConfig, run_sweep
+    from poslens.cli.parse import parse_floats
 
     refuse_existing_out(out, overwrite=overwrite)
     cfg = SweepConfig(out=str(out), sigmas=parse_floats(sigmas, "--sigmas"),

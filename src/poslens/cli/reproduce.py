@@ -35,7 +35,7 @@ def reproduce(
 
     from poslens.errors import PoslensError
     from poslens.progress import task_progress
-    from poslens.reproduce.simulated import ReproContext, names, run_reproduction
+    from poslens.reproduce import ReproContext, names, run_reproduction
     from poslens.rundir import prepare_out_dir
 
     if name not in names():
