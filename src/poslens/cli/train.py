@@ -121,7 +121,8 @@ def zoo(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch."),
     resume: bool = typer.Option(False, "--resume", help="Continue the zoo in --out: skip finished entries, continue "
                                 "unfinished ones from their checkpoints."),
-    overwrite: bool = overwrite_option("every entry already in --out (retrain it from scratch)"),
+    overwrite: bool = overwrite_option(help="Retrain from scratch the entries already in --out (an existing zoo "
+                                       "is refused without --resume or --overwrite)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars and no result table."),
 ) -> None:
     """Train the standard model set used by the report: NoPE and RoPE on the default corpus and on
