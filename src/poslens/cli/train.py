@@ -145,8 +145,16 @@ def zoo(
             table.add_row(name, " ".join(f"{k}={opts[k]}" for k in keys))
         Console().print(table)
         return
+    def entry_line(name: str, s: dict) -> None:  # replaces the entry's finished progress bar
+        from poslens.fmt import fmt
+
+        if not quiet:
+            acc = f", exact match {fmt(s['eval_accuracy'])}" if s.get("eval_accuracy") is not None else ""
+            Console(highlight=False).print(f"{name}: final loss {fmt(s.get('final_loss'))}{acc} "
+                                           f"({fmt(s.get('train_seconds'))} s)")
+
     results = run_zoo(out, scale=scale, only=only.split(",") if only else None, device=device, threads=threads,
-                      resume=resume, overwrite=overwrite, progress=not quiet)
+                      resume=resume, overwrite=overwrite, progress=not quiet, on_entry=entry_line)
     if quiet:
         return
     from poslens.fmt import rich_table
