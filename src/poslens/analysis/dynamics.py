@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 
 from poslens.errors import PoslensError
+from poslens.report.readings import dynamics_readings
 from poslens.rope import BANDS
+from poslens.rundir import LAYER_CONVENTION
 
 
 @dataclass
@@ -190,7 +192,6 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
                      round(r["best"]["slash_random"], 4), round(r["best"]["q_top1"], 3), round(r["best"]["k_top1"], 3),
                      "/".join(f"{r['best']['band_usage'][b]:.2f}" for b in BANDS), r["best"]["predicted_peak"]]
                     for r in records]
-            readings = _readings(records, cfg)
             if cfg.figures:
                 save_figure(_figure(records, cfg), stage / "dynamics.png")
             summary = {
@@ -198,43 +199,26 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
                 "title": f"Training dynamics of a {cfg.layers}-layer RoPE transformer on the offset task (Δ = {cfg.delta})",
                 "config": dataclasses.asdict(cfg), "geometry": geom, "steps": records,
                 "final_sdh": {**final, "persists": final["slash_random"] >= cfg.kappa and final["slash_in"] >= cfg.kappa},
-                "tables": [{"title": f"the most slash-dominant head at Δ = {cfg.delta} per training step",
+                "tables": [{"title": f"the most slash-dominant head at Δ = {cfg.delta} per training step (head = "
+                                     "layer.head, decoder layers from 0)",
                             "columns": ["step", "train loss", "task accuracy", "head", f"SlashScore({cfg.delta}) in-dist.",
                                         f"SlashScore({cfg.delta}) random", "q σ1²/Σσ²", "k σ1²/Σσ²",
                                         "band use high/med/low", "predicted peak Δ"], "rows": rows}],
-                "readings": readings,
+                "layer_convention": LAYER_CONVENTION,
                 "figures": [{"file": "dynamics.png", "caption": f"Over training: SlashScore({cfg.delta}) of the "
                              "best head on task prompts and on random tokens, rank-one-ness of its pre-RoPE q/k, and "
                              "its RoPE band usage."}] if cfg.figures else [],
                 "wall_s": time.time() - t0,
             }
+            summary["readings"] = dynamics_readings(summary)
             write_json(stage / "config.json", {"command": "slash-dynamics", **dataclasses.asdict(cfg),
                                                "versions": versions()})
-            write_summary(stage, summary, command="slash-dynamics")
+            write_summary(stage, summary, command="slash-dynamics",
+                          layers_describe="per training step under 'steps': heads named by decoder layer (from 0) "
+                                          "and head index")
     finally:
         torch.set_num_threads(prev_threads)
     return summary
-
-
-def _readings(records: list[dict], cfg: DynamicsConfig) -> list[str]:
-    first, last = records[0], records[-1]
-    b0, b1 = first["best"], last["best"]
-    out = [f"SlashScore({cfg.delta}) of the best head rises from {b0['slash_in']:.3f} at step {first['step']} to "
-           f"{b1['slash_in']:.3f} at step {last['step']} (task accuracy {last['accuracy'] or 0:.3f})."]
-    emerge = next((r["step"] for r in records if r["best"]["slash_in"] >= cfg.kappa), None)
-    out.append(f"a ({cfg.kappa:g}, {cfg.delta})-slash-dominant head first appears at step {emerge}."
-               if emerge is not None else f"no head reaches SlashScore({cfg.delta}) >= {cfg.kappa:g} within "
-               f"{last['step']} steps.")
-    verdict = "persists" if b1["slash_random"] >= cfg.kappa else "does not persist"
-    out.append(f"on random-token prompts the final head {b1['layer']}.{b1['head']} scores {b1['slash_random']:.3f} "
-               f"at Δ = {cfg.delta}: the SDH {verdict} out of distribution (κ = {cfg.kappa:g}).")
-    out.append(f"its pre-RoPE queries' top singular direction holds {b0['q_top1']:.2f} of the energy at step "
-               f"{first['step']} and {b1['q_top1']:.2f} at the end (keys: {b0['k_top1']:.2f} -> {b1['k_top1']:.2f}).")
-    bu = b1["band_usage"]
-    top_band = max(bu, key=bu.get)
-    out.append(f"at the end the rank-one RoPE decomposition puts most amplitude in the {top_band}-frequency band "
-               f"({', '.join(f'{b} {bu[b]:.2f}' for b in BANDS)}) and predicts a peak at Δ = {b1['predicted_peak']}.")
-    return out
 
 
 def _figure(records: list[dict], cfg: DynamicsConfig):

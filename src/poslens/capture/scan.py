@@ -635,7 +635,9 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     """The score-map numbers of one layer: sink-excluded headline values on the full map (relativity
     index, locality on at most ``locality_positions`` positions, signed diagonal trend, within-diagonal
     RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
-    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`)."""
+    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`).
+    Where ``grid`` is coarser than the map, the same statistics of the grid map (``grid_*``, the ones
+    the p-values and standard error test) are given too, under ``noise_positions`` positions."""
     from poslens.metrics import describe_map, locality, relativity_index
 
     sub = _subsample(sc, locality_positions)
@@ -647,6 +649,11 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
             out[key] = noise.get(key)
         out["flat"] = bool(noise["flat"])
         out["noise_positions"] = int(grid.numel())
+        if grid.numel() < sc.shape[-1]:
+            # the p-values, noise floor and standard error belong to the statistics of the grid map: give
+            # those beside the full-map headline numbers, so each uncertainty sits next to its own statistic
+            for key in ("relativity_index", "diagonal_trend", "within_diag_rms", "locality"):
+                out[f"grid_{key}"] = noise.get(key)
         out.pop("noise", None)
         if noise.get("noise"):
             out["noise"] = noise["noise"]

@@ -125,7 +125,8 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
             err = s.get("errors")
             if err is not None:
                 e = np.asarray([np.nan if v is None else v for v in err], dtype=float)
-                ax.errorbar(x, y, yerr=e, marker="o", ms=3, lw=1.2, capsize=2, label=s["label"])
+                ax.errorbar(x, y, yerr=e, marker="o", ms=3, lw=1.0 if s.get("dashed") else 1.2, capsize=2,
+                            ls="--" if s.get("dashed") else "-", label=s["label"])
             elif s.get("dashed"):
                 ax.plot(x, y, ls="--", lw=1.0, color="0.4", label=s["label"])
             else:

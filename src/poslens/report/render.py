@@ -24,63 +24,12 @@ from typing import Any, Iterable
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.report.collect import Run, classify, collect, expand, load_run
-from poslens.report.readings import (
-    SLASH_MAX_DELTA,
-    key_findings,
-    kim_readings,
-    model_readings,
-    neighborhood_readings,
-    num,
-    slash_readings,
-)
+from poslens.report.readings import PAPERS, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
 from poslens.rundir import figure_caption
 
 #: the Content-Security-Policy of every report: no network, no scripts, images only from data: URIs
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'none'; base-uri 'none'; form-action 'none'"
 
-PAPERS: dict[str, dict[str, str]] = {
-    "kim": {
-        "title": "Causal mask and RoPE: where attention scores get position",
-        "short": "Causal mask and RoPE",
-        "ref": "arXiv 2509.21042",
-        "intro": (
-            "The causal mask alone, with no parameters and inputs that carry no order, makes attention scores "
-            "depend on position from the second layer on, favouring nearby keys; combined with RoPE it turns "
-            "RoPE's purely relative pattern (a function of the distance i − j) into a non-relative one. Heat "
-            "maps have query positions as rows and key positions as columns; the blank upper triangle is "
-            "masked. Numbers: the relativity index (1 = the map depends on i − j alone; 'flat' = no "
-            "positional variation beyond noise) and the locality (+1 = every query's scores rise as the key "
-            "gets closer, 0 = no trend)."
-        ),
-    },
-    "slash": {
-        "title": "Slash-dominant heads and RoPE",
-        "short": "Slash-dominant heads",
-        "ref": "arXiv 2601.08297",
-        "intro": (
-            "Slash-dominant heads put most of their attention on one sub-diagonal: the token Δ positions back, "
-            "for every query. SlashScore(Δ) is the mean attention weight on that sub-diagonal; heads are sought "
-            f"at Δ = 1 … {SLASH_MAX_DELTA} (larger offsets reach the first tokens, where attention sinks put their "
-            "weight). The paper explains them by nearly rank-one pre-RoPE queries and keys combined with RoPE's "
-            "medium and high frequencies; the top-1 energy of the queries' singular values measures the first "
-            "condition (1 = rank one)."
-        ),
-    },
-    "neighborhood": {
-        "title": "Position without positional encoding: similarity of nearby embeddings",
-        "short": "Similarity of nearby embeddings",
-        "ref": "arXiv 2501.00073",
-        "intro": (
-            "In causal transformers without positional encoding, hidden vectors of nearby tokens are more "
-            "cosine-similar than distant ones, already after the first attention layer and even at random "
-            "initialisation. The adjacency probability score (APS) is the fraction of position triples "
-            "j < k < i where token i is more similar to the nearer token k, computed per sequence and "
-            "averaged (0.5 = chance, 1 = similarity rises monotonically towards each token). A scan's "
-            "'mean-map APS' is the same count on the cosine map averaged over sequences: it tends to 1 for "
-            "any consistent trend as sequences are added and has no chance level."
-        ),
-    },
-}
 SECTION_ORDER = ["reproduction", "kim", "slash", "neighborhood", "models", "other"]
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
          ".svg": "image/svg+xml", ".webp": "image/webp"}
@@ -92,8 +41,8 @@ LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
     "locality": ("kim", "locality (+1 = nearer keys score higher)", 0.0),
     "diagonal_trend": ("kim", "signed trend along diagonals (+1 = right higher)", 0.0),
     "within_diag_rms": ("kim", "within-diagonal RMS (dashed: noise floor)", None),
-    "nonrelative_p": ("kim", "p, non-relative (sample-group test)", 0.05),
-    "trend_p": ("kim", "p, diagonal trend", 0.05),
+    "nonrelative_p": ("kim", "p, non-relative (sample-group test; noise grid)", 0.05),
+    "trend_p": ("kim", "p, diagonal trend (noise grid)", 0.05),
     "sink_weight": ("kim", "attention weight on key 0 (sink)", None),
     "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
     "locality_with_sink": ("kim", "locality with key 0", 0.0),
@@ -296,7 +245,7 @@ def layer_quantities(run: Run) -> dict[str, list[str]]:
             keys.append(k)
     errs = {e for k in keys for e in [_error_key(layers, k)] if e}
     keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr", "_se", "_noise"))
-            and k not in _NOT_PLOTTED]
+            and k not in _NOT_PLOTTED and not k.startswith("grid_")]  # grid_*: drawn beside their full-map key
     order = list(LAYER_QUANTITIES)
     keys.sort(key=lambda k: order.index(k) if k in order else len(order))  # known quantities first, in order
     # with the per-sequence APS present, ``aps`` is either the same number or the older mean-map one under
@@ -342,12 +291,22 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
             if not any(num(l.get(k)) is not None for l in layers):
                 continue
             xs, ys, es, _ = _layer_xy(layers, k)
+            grid = any(num(l.get(f"grid_{k}")) is not None for l in layers)
+            if grid:  # the standard error belongs to the statistic of the noise grid, drawn below
+                es = None
             emb = num(r.summary.get(f"embedding_{k}"))
             if emb is not None and -1 not in xs:  # a scan's embeddings value, drawn at x = −1
                 xs, ys = [-1] + xs, [emb] + ys
                 es = [num(r.summary.get(f"embedding_{k}_std"))] + es if es is not None else None
                 has_emb = True
-            series.append({"label": r.name, "layers": xs, "values": ys, "errors": es})
+            series.append({"label": f"{r.name}: full map" if grid else r.name, "layers": xs, "values": ys,
+                           "errors": es})
+            if grid:  # the same statistic on the coarser grid its p-values, noise floor and error bars come from
+                gx, gy, _, _ = _layer_xy(layers, f"grid_{k}")
+                ek = _error_key(layers, k)
+                n = max((int(num(l.get("noise_positions")) or 0) for l in layers), default=0)
+                series.append({"label": f"{r.name}: {n}-position noise grid", "layers": gx, "values": gy,
+                               "errors": [num(l.get(ek)) for l in layers] if ek else None, "dashed": True})
             if any(num(l.get(f"{k}_noise")) is not None for l in layers):  # its noise floor, same panel
                 nx, ny, _, _ = _layer_xy(layers, f"{k}_noise")
                 series.append({"label": f"{r.name}: noise floor", "layers": nx, "values": ny, "errors": None,
@@ -358,11 +317,20 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
     if not panels:
         return None
     conv = (runs[0].summary.get("layer_info") or {}).get("convention") or "layer indices as the run wrote them"
-    fig = layer_lines(panels, suptitle=title, layer_label="layer (−1: embeddings)" if has_emb else "layer")
+    from0 = all("from 0" in str((r.summary.get("layer_info") or {}).get("convention", "from 0")) for r in runs)
+    label = "decoder layer (from 0)" if from0 else "layer"
+    fig = layer_lines(panels, suptitle=title, layer_label=f"{label[:-1]}; −1: embeddings)" if has_emb and from0
+                      else f"{label} (−1: embeddings)" if has_emb else label)
     more = f" ({len(keys) - 9} more quantities in summary.json)" if len(keys) > 9 else ""
     emb = " Layer −1 on the axis: the embeddings." if has_emb else ""
+    grids = {int(num(l.get("noise_positions")) or 0) for r in runs for l in r.layers
+             if any(str(k).startswith("grid_") for k in l)}
+    grid = (f" Solid lines: statistics of the full score map; dashed 'noise grid' lines: the same statistics on "
+            f"the {'/'.join(str(g) for g in sorted(grids))}-position grid the sample groups were kept on, which is "
+            "what the p-values, noise floors and trend error bars describe." if grids else "")
     return {"src": embed_figure(fig), "caption": f"Per-layer quantities; {conv}.{emb} Error bars: the run's std / "
-                                                 f"standard error where it gives one.{more}", "file": "summary.json"}
+                                                 f"standard error where it gives one.{grid}{more}",
+            "file": "summary.json"}
 
 
 def _head_matrix(layers: list[dict], key: str):
@@ -441,14 +409,23 @@ def _layer_table(run: Run, keys: list[str]) -> dict | None:
         for k in keys:
             ek = _error_key(layers, k)
             v = l.get(k)
+            g = num(l.get(f"grid_{k}"))
             if k == "relativity_index" and v is None:
                 row.append("flat")
+            elif g is not None and num(v) is not None:  # the error belongs to the noise grid's statistic
+                se = f" ± {fmt(num(l.get(ek)))}" if ek and num(l.get(ek)) is not None else ""
+                row.append(f"{fmt(num(v))} (grid {fmt(g)}{se})")
             elif ek and num(l.get(ek)) is not None and num(v) is not None:
                 row.append(f"{fmt(num(v))} ± {fmt(num(l.get(ek)))}")
             else:
                 row.append(num(v) if not isinstance(v, str) else v)
         rows.append(row)
     conv = (run.summary.get("layer_info") or {}).get("convention", "")
+    n = max((int(num(l.get("noise_positions")) or 0) for l in layers if any(str(k).startswith("grid_") for k in l)),
+            default=0)
+    if n:
+        conv += (f"{'; ' if conv else ''}values on the full map, '(grid …)' the same statistic on the {n}-position "
+                 "grid the p-values and standard errors describe")
     return table("Per layer", cols, rows, note=conv)
 
 
@@ -473,7 +450,7 @@ def run_label(run: Run) -> str:
     src = (run.config.get("source") or {}).get("kind") if isinstance(run.config.get("source"), dict) else None
     if src:
         bits.append(f"data: {src}")
-    if s.get("experiment") and run.command not in ("scan", "simulate"):
+    if s.get("experiment"):
         bits.append(str(s["experiment"]))
     return ", ".join(b for b in bits if b)
 
@@ -482,19 +459,8 @@ scan_label = run_label  # older name
 
 
 def readings_for(run: Run, paper: str) -> list[str]:
-    """The run's readings for one paper: those it wrote, else written from its numbers."""
-    s = run.summary
-    own = [str(r) for r in s.get("readings") or [] if isinstance(r, (str, int, float))]
-    if own and len(run.papers) <= 1:
-        return own
-    if paper == "kim":
-        noise = "Monte Carlo noise" if run.command == "simulate" else ""
-        return kim_readings(run.layers, noise=noise) if any("relativity_index" in l for l in run.layers) else own
-    if paper == "slash":
-        return slash_readings(s)
-    if paper == "neighborhood":
-        return neighborhood_readings(s)
-    return own
+    """The run's readings for one paper (:func:`poslens.report.readings.run_readings`)."""
+    return run_readings(run.command, run.papers, run.summary, paper)
 
 
 def _meta(run: Run) -> list[tuple[str, str]]:
@@ -518,7 +484,7 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
     papers = [p for p in run.papers if p in PAPERS] or ["other"]
     quantities = layer_quantities(run)
     head_keys = [k for k in HEAD_QUANTITIES if any(isinstance(l.get(k), list) for l in run.layers)]
-    slash = slash_matrix(run) if "slash" in papers and run.command == "scan" else None
+    slash = slash_matrix(run) if "slash" in papers else None
     if slash_cache is not None:
         slash_cache[id(run)] = slash
     notes: list[str] = []
@@ -548,8 +514,7 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
         card_notes = list(notes) if i == 0 else []
         if said and (len(papers) == 1 or paper == run.paper):
             card_notes += [f"Not shown as a table: {x}." for x in said]
-        title = run.summary.get("title") if isinstance(run.summary.get("title"), str) and run.command not in (
-            "scan", "simulate") else None
+        title = run.summary.get("title") if isinstance(run.summary.get("title"), str) else None
         cards.append((paper, _card(run, title=title or run.name, subtitle=label if not title else run.name,
                                    badge=run.command, anchor=f"{_slug(paper)}-{_slug(run.name)}",
                                    readings=readings_for(run, paper), tables=tables,
@@ -594,7 +559,7 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
     # analysis runs of the same experiment: stack tables that share title and columns
     groups: dict[str, list[Run]] = {}
     for r in runs:
-        if r.kind == "command" and r.command not in ("simulate", "scan") and r.summary.get("experiment"):
+        if r.kind == "command" and r.summary.get("experiment"):
             groups.setdefault(str(r.summary["experiment"]), []).append(r)
     overlaid = {id(r) for g in by_command.values() if len(g) >= 2 for r in g}
     for exp, group in groups.items():
@@ -636,7 +601,7 @@ def findings(runs: list[Run]) -> list[dict]:
         if r.kind != "command":
             continue
         s = r.summary
-        if "slash" in r.papers and r.command == "scan" and not s.get("slash_heads"):
+        if "slash" in r.papers and not s.get("slash_heads"):  # older runs: the Δ-limited heads from the maps
             m = slash_matrix(r)
             if m is not None:
                 import torch
