@@ -40,6 +40,11 @@ def test_the_stack_is_restored_when_the_work_fails():
     assert P._LIVE == []
 
 
+def test_a_resumed_run_starts_where_it_stopped():
+    with P.task_progress("train", 10, done=4):
+        assert P._LIVE[-1].tasks[0].completed == 4
+
+
 def test_disabled_is_a_no_op():
     with P.task_progress("x", 3, enabled=False) as update:
         update(1, info="ignored")

@@ -568,9 +568,8 @@ class _progress:
             return lambda n=1: None
         from poslens.progress import task_progress  # the one progress convention (nests in a caller's bar)
 
-        self.bar = task_progress("scan", self.total)
+        self.bar = task_progress("scan", self.total, done=self.done)
         update = self.bar.__enter__()
-        update(self.done)
 
         def advance(n: int = 1) -> None:
             self.done += n

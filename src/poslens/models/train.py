@@ -518,8 +518,7 @@ def train_model(cfg: TrainConfig) -> dict:
     label = f"{cfg.pe}/{cfg.task or 'corpus'}/{cfg.preset}"
     try:
         # one tick per optimiser step, inside whatever bar the caller shows (the demo's step bar)
-        with task_progress(f"train {label}", cfg.steps, enabled=cfg.progress) as update:
-            update(start_step)
+        with task_progress(f"train {label}", cfg.steps, enabled=cfg.progress, done=start_step) as update:
             import torch.nn.functional as F
 
             if cfg.steps == 0:
