@@ -36,8 +36,8 @@ def no_figures_option() -> bool:
     return typer.Option(False, "--no-figures", help="Skip the PNG figures (tables and tensors are still written).")
 
 
-def overwrite_option(what: str = "the run directory --out") -> bool:
-    return typer.Option(False, "--overwrite", help=f"Replace {what} if it already exists (refused without it).")
+def overwrite_option(what: str = "the run directory --out", help: str | None = None) -> bool:
+    return typer.Option(False, "--overwrite", help=help or f"Replace {what} if it already exists (refused without it).")
 
 
 def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None) -> None:

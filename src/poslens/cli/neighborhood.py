@@ -97,8 +97,7 @@ def sweep(
     cfg = SweepConfig(out=str(out), sigmas=parse_floats(sigmas, "--sigmas"),
                       shapes=[s.strip() for s in shapes.split(",") if s.strip()], seq_len=seq_len,
                       num_seqs=num_seqs, batch_size=batch_size, seed=seed, bidirectional=not no_bidirectional,
-                      device=parse_device(device),
-                      figures=not no_figures, overwrite=overwrite)
+                      device=parse_device(device), figures=not no_figures, overwrite=overwrite)
     summary = run_sweep(cfg, progress=not quiet)
     if not quiet:
         _print_tables(summary, out)

@@ -121,7 +121,8 @@ def zoo(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch."),
     resume: bool = typer.Option(False, "--resume", help="Continue the zoo in --out: skip finished entries, continue "
                                 "unfinished ones from their checkpoints."),
-    overwrite: bool = overwrite_option("every entry already in --out (retrain it from scratch)"),
+    overwrite: bool = overwrite_option(help="Retrain from scratch the entries already in --out (an existing zoo "
+                                       "is refused without --resume or --overwrite)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars and no result table."),
 ) -> None:
     """Train the standard model set used by the report: NoPE and RoPE on the default corpus and on
@@ -144,8 +145,16 @@ def zoo(
             table.add_row(name, " ".join(f"{k}={opts[k]}" for k in keys))
         Console().print(table)
         return
+    def entry_line(name: str, s: dict) -> None:  # replaces the entry's finished progress bar
+        from poslens.fmt import fmt
+
+        if not quiet:
+            acc = f", exact match {fmt(s['eval_accuracy'])}" if s.get("eval_accuracy") is not None else ""
+            Console(highlight=False).print(f"{name}: final loss {fmt(s.get('final_loss'))}{acc} "
+                                           f"({fmt(s.get('train_seconds'))} s)")
+
     results = run_zoo(out, scale=scale, only=only.split(",") if only else None, device=device, threads=threads,
-                      resume=resume, overwrite=overwrite, progress=not quiet)
+                      resume=resume, overwrite=overwrite, progress=not quiet, on_entry=entry_line)
     if quiet:
         return
     from poslens.fmt import rich_table
