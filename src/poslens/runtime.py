@@ -1,6 +1,10 @@
-"""Runtime settings shared by the library and the CLI: which device, which dtype."""
+"""Runtime settings shared by the library and the CLI: which device, which dtype, and process-wide
+switches (torch threads, Hugging Face progress bars) set for one block and restored after it."""
 
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 from poslens.errors import PoslensError
 
@@ -34,3 +38,36 @@ def resolve_dtype(dtype: str, device: str, config) -> "torch.dtype":
             d = names.get(d.replace("torch.", ""), None)
         return d if isinstance(d, torch.dtype) and d != torch.float32 else torch.bfloat16
     return torch.float32  # CPU: half-precision matmuls are slow and bring nothing
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` inside the block (``None``/0: unchanged), restored after."""
+    import torch
+
+    prev = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != prev:
+            torch.set_num_threads(prev)
+
+
+@contextlib.contextmanager
+def no_hf_progress_bars(active: bool = True) -> Iterator[None]:
+    """Hugging Face's own progress bars (weight loading, saving) off inside the block when ``active``
+    (e.g. ``--quiet``); the previous setting is restored after it."""
+    if not active:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()

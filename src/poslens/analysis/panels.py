@@ -11,7 +11,7 @@ layer, and per-layer score maps with their non-relativity numbers.
 
 Capture: the adapter's capture points (:data:`PANEL_POINTS`: ``attn_in``, ``attn_z``, ``attn_out``,
 ``resid_mid``, ``mlp_in``, ``resid_post`` and the next layer's ``attn_in``) and, for (b) and (i),
-poslens' registered attention function (:class:`poslens.capture.Capture` ``scores``). Nothing is
+poslens' registered attention function (:class:`poslens.capture.attention.Capture` ``scores``). Nothing is
 monkeypatched. Every architecture with a sequential block works (not Phi, GPT-NeoX, Cohere, whose
 attention and MLP run in parallel); in Gemma 2/3 (d) is the projection before the post-attention
 norm, and in OLMo 2 (f) equals (e) (the MLP reads the residual stream unnormalised). Sums are float64 over batches; memory is ``9 x S x S`` plus one batch.
@@ -64,6 +64,7 @@ class PanelsConfig:
     dtype: str = "fp32"
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    figures: bool = True
 
 
 def _gram(x: torch.Tensor) -> torch.Tensor:
@@ -216,7 +217,7 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
                               fmt(r["non_relativity_with_sink"]), fmt(r["locality"]), fmt(r["diagonal_trend"]),
                               fmt(r["mean_offdiag"])] for r in rows]}],
         "figures": [{"file": "panels.png", "caption": f"The nine batch-averaged matrices of decoder layer {cfg.layer} "
-                     "(layers counted from 0; upper triangle masked; colour range 1st-99th percentile)."}],
+                     "(layers counted from 0; upper triangle masked; colour range 1st-99th percentile)."}] if cfg.figures else [],
         "wall_s": time.time() - t0,
     }
     summary["readings"] = panels_readings(summary)
@@ -225,7 +226,8 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
                                            "model_source": source_record(cfg.model_dir), "versions": versions()})
         write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
                       metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
-        save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
+        if cfg.figures:
+            save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
         write_summary(stage, summary, command="panels",
                       layers_describe=f"one decoder layer ({cfg.layer}) and the next one's input and scores (panels "
                                       "h, i); per-panel numbers under 'panels'")
@@ -261,7 +263,7 @@ def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
     return [panel_metrics(scores[l]) for l in range(scores.shape[0])]
 
 
-def run_score_maps(scan_dir: str, out: str) -> dict:
+def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
     from poslens.capture.scan import causal_view
     from poslens.metrics import diagonal_normalize
@@ -286,8 +288,8 @@ def run_score_maps(scan_dir: str, out: str) -> dict:
     fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
     table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["non_relativity_with_sink"]),
               fmt(r["locality"]), fmt(r["diagonal_trend"])] for l, r in zip(layer_ids, rows)]
-    figures, files = [], []
-    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)]
+    draw, figures, files = figures, [], []
+    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)] if draw else []
     with staged_dir(out) as stage:
         for n, sel in enumerate(groups):
             suffix = "" if len(groups) == 1 else f"_{n}"

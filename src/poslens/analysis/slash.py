@@ -59,14 +59,6 @@ def _check_slash(slash) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # profiles, SDH table, persistence
 # --------------------------------------------------------------------------------------------
-def sdh_mask(slash, kappa: float, delta: int) -> torch.Tensor:
-    """Bool ``[L, H]``: heads that are (κ, Δ)-slash-dominant (SlashScore(Δ) >= κ)."""
-    s = _check_slash(slash)
-    if not 0 <= delta < s.shape[-1]:
-        raise PoslensError(f"offset Δ={delta} outside 0..{s.shape[-1] - 1} (the scan's --seq-len).")
-    return s[..., delta] >= kappa
-
-
 def sdh_table(slash, kappas: list[float], max_delta: int, min_delta: int = 0,
               layer_ids: list[int] | None = None, max_listed: int = 6) -> dict:
     """Counts of (κ, Δ)-SDHs over the κ grid x Δ range, with the heads listed (up to ``max_listed``).
@@ -337,6 +329,7 @@ class SlashConfig:
     max_delta: int = 16
     model_dir: str | None = None  # where the scanned model's config.json is (default: the scan's model_dir)
     top: int = 20  # heads listed in the per-head table
+    figures: bool = True
 
 
 def model_rope_geometry(model_dir: str) -> dict:
@@ -509,15 +502,17 @@ def run_slash(cfg: SlashConfig) -> dict:
         "seq_len": S, "sdh_counts": parts["by_delta"], "persistence": parts["persistence"], "heads": heads,
         "layer_convention": LAYER_CONVENTION, "tables": tables,
         "figures": [{"file": "slash_profiles.png", "caption": "SlashScore(Δ) of the most slash-dominant heads: observed"
-                     + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}],
+                     + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}]
+        if cfg.figures else [],
     }
     summary["readings"] = slash_command_readings(summary)
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "slash", **dataclasses.asdict(cfg), "versions": versions()})
         write_tensors(stage / "slash.safetensors", {k: v.to(torch.float32) for k, v in tensors.items()},
                       metadata={"layers": layer_ids})
-        save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
-                                     random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
+        if cfg.figures:
+            save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
+                                         random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
         write_summary(stage, summary, command="slash", layers_describe="per head under 'heads': each head's decoder "
                       "layer (from 0) and head index; 'layer.head' in tables")
     return summary

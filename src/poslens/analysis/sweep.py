@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 from poslens.fmt import fmt_pm
 from poslens.report.readings import sweep_readings
@@ -47,6 +48,7 @@ class SweepConfig:
     bidirectional: bool = True  # also measure the non-causal control
     figures: bool = True
     overwrite: bool = False
+    device: str = "cpu"  # a torch device string (the CLI resolves --device auto)
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -62,16 +64,6 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     while hidden % heads or (hidden // heads) % 2:
         heads -= 1
     return layers, hidden, heads
-
-
-def parse_floats(text: str, flag: str) -> list[float]:
-    try:
-        vals = [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise PoslensError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.002,0.02,0.2.") from None
-    if not vals:
-        raise PoslensError(f"{flag}: give at least one value.")
-    return vals
 
 
 def reinit_normal(model, sigma: float, seed: int = 0):
@@ -103,12 +95,6 @@ def build_sweep_model(shape: str, seq_len: int, vocab_size: int = 128, seed: int
     return use_poslens_attention(model)
 
 
-def random_ascii(num_seqs: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    """I.i.d. uniform printable-ASCII character ids ``[num_seqs, seq_len]``."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(ASCII_LO, ASCII_HI, (num_seqs, seq_len), generator=g)
-
-
 def validate(cfg: SweepConfig) -> None:
     from poslens.rundir import prepare_out_dir
 
@@ -132,13 +118,13 @@ def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
     from poslens.progress import task_progress
 
     modes = ["causal"] + (["bidirectional"] if cfg.bidirectional else [])
-    ids = random_ascii(cfg.num_seqs, cfg.seq_len, cfg.seed)
+    ids = random_tokens(0, cfg.num_seqs, cfg.seq_len, pool=range(ASCII_LO, ASCII_HI), seed=cfg.seed)  # printable ASCII
     total = len(cfg.shapes) * len(cfg.sigmas) * len(modes)
     out: dict[str, dict] = {}
     done = 0
     with task_progress("sweep", total=total, enabled=progress) as update:
         for shape in cfg.shapes:
-            model = build_sweep_model(shape, cfg.seq_len, seed=cfg.seed)
+            model = build_sweep_model(shape, cfg.seq_len, seed=cfg.seed).to(cfg.device)
             per_mode = {m: {"aps": [], "norm_score": []} for m in modes}
             for sigma in cfg.sigmas:
                 reinit_normal(model, sigma, seed=cfg.seed)
@@ -149,7 +135,7 @@ def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
                     per_mode[mode]["norm_score"].append(r["norm_score"])
                     done += 1
                     update(done, info=f"{shape} σ={sigma:g} {mode}")
-            out[shape] = {m: {k: torch.stack(v) for k, v in d.items()} for m, d in per_mode.items()}
+            out[shape] = {m: {k: torch.stack(v).cpu() for k, v in d.items()} for m, d in per_mode.items()}
             del model
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import matplotlib
 
@@ -11,6 +12,9 @@ matplotlib.use("Agg")  # headless: poslens never opens windows
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from poslens.metrics import diagonal_normalize  # noqa: E402
+from poslens.rundir import save_figure  # noqa: E402
 
 
 def _cmap(name: str):
@@ -180,26 +184,66 @@ def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
     return _finish_grid(fig, axes, n, suptitle)
 
 
-def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "", percentile=None,
-                      titles: list[str] | None = None) -> list[str]:
-    """Write ``{prefix}_raw.png`` and ``{prefix}_diagnorm.png`` (all layers side by side).
+#: Figures show at most this many positions per axis; longer maps are block-averaged down to it
+#: (a 4,096-position map has 16 M pixels, far beyond a panel's resolution, and takes minutes to draw).
+FIGURE_MAX_POSITIONS = 1024
+#: the zoom figure's window: sinks (key 0) and slashes (small offsets) live in the first positions
+ZOOM_POSITIONS = 64
 
-    ``titles`` names the panels (default ``layer 0..L-1``; pass them when ``scores`` holds a subset
-    of layers). Returns the file names written.
+
+def pool_for_figure(m: torch.Tensor, max_positions: int = FIGURE_MAX_POSITIONS) -> torch.Tensor:
+    """Block means of a ``[S, S]`` map over ``f x f`` blocks, ``f = ceil(S / max_positions)``; NaN
+    entries (the causal upper triangle) are left out of each mean, all-NaN blocks stay NaN."""
+    S = m.shape[-1]
+    f = -(-S // max_positions)
+    if f <= 1:
+        return m
+    pad = (-S) % f
+    x = torch.nn.functional.pad(m.to(torch.float64), (0, pad, 0, pad), value=float("nan"))
+    n = x.shape[-1] // f
+    x = x.reshape(n, f, n, f)
+    finite = torch.isfinite(x)
+    total = torch.where(finite, x, torch.zeros((), dtype=x.dtype)).sum(dim=(1, 3))
+    count = finite.sum(dim=(1, 3))
+    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
+
+
+def score_map_figures(scores, out_dir, *, layer_ids: list | None = None, prefix: str = "scores", label: str = "",
+                      percentile: tuple[float, float] | None = (1, 99), per_figure: int = 32,
+                      zoom: int | None = None) -> list[str]:
+    """The one writer of score-map figures: per group of at most ``per_figure`` layers,
+    ``{prefix}_raw.png`` (mean pre-softmax scores), ``{prefix}_diagnorm.png`` (each layer's map
+    diagonal-normalised: its non-relative part) and, with ``zoom`` shorter than the maps,
+    ``{prefix}_zoom.png`` (the first ``zoom`` positions). Returns the file names written.
+
+    ``scores`` ``[L, S, S]`` (NaN where a query never sees the key); ``layer_ids`` names the layers
+    (default 0..L-1: decoder layers count from 0). More than one group: the prefix gains
+    ``_layers{first}-{last}``. Maps longer than :data:`FIGURE_MAX_POSITIONS` are
+    diagonal-normalised at full resolution, then drawn block-averaged (:func:`pool_for_figure`).
     """
-    from pathlib import Path
-
-    from poslens.metrics import diagonal_normalize
-    from poslens.rundir import save_figure
-
     out_dir = Path(out_dir)
-    L = scores.shape[0]
-    titles = titles or [f"layer {l}" for l in range(L)]  # layers count from 0
-    raw = layer_grid([scores[l] for l in range(L)], titles=titles, suptitle=f"{label} pre-softmax scores".strip(),
-                     percentile=percentile)
-    save_figure(raw, out_dir / f"{prefix}_raw.png")
-    dn = diagonal_normalize(scores)
-    norm = layer_grid([dn[l] for l in range(L)], titles=titles,
-                      suptitle=f"{label} diagonal-normalised scores".strip(), percentile=percentile)
-    save_figure(norm, out_dir / f"{prefix}_diagnorm.png")
-    return [f"{prefix}_raw.png", f"{prefix}_diagnorm.png"]
+    L, S = scores.shape[0], scores.shape[-1]
+    layer_ids = list(range(L)) if layer_ids is None else list(layer_ids)
+    columns = 6 if L > 12 else GRID_COLUMNS
+    lead = f"{label} " if label else ""
+    files = []
+    for g in range(0, L, per_figure):
+        sel = list(range(g, min(L, g + per_figure)))
+        titles = [f"layer {layer_ids[i]}" for i in sel]
+        name = prefix if L <= per_figure else f"{prefix}_layers{layer_ids[sel[0]]}-{layer_ids[sel[-1]]}"
+        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles, percentile=percentile,
+                         suptitle=f"{lead}mean pre-softmax scores (layers from 0)", positions=S, columns=columns)
+        save_figure(raw, out_dir / f"{name}_raw.png")
+        # per layer: diagonal_normalize on a stacked [n, S, S] NaN-masked map fails (see report)
+        dn = [pool_for_figure(diagonal_normalize(scores[i])) for i in sel]
+        fig = layer_grid(dn, titles=titles, percentile=percentile, positions=S, columns=columns,
+                         suptitle=f"{lead}diagonal-normalised scores (layers from 0)")
+        save_figure(fig, out_dir / f"{name}_diagnorm.png")
+        files += [f"{name}_raw.png", f"{name}_diagnorm.png"]
+        if zoom and S > zoom:
+            fig = layer_grid([scores[i, :zoom, :zoom] for i in sel], titles=titles, percentile=percentile,
+                             columns=columns, suptitle=f"{lead}pre-softmax scores, first {zoom} positions "
+                                                       "(key 0: the sink column)")
+            save_figure(fig, out_dir / f"{name}_zoom.png")
+            files.append(f"{name}_zoom.png")
+    return files
