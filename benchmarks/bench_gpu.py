@@ -416,7 +416,7 @@ def part_simulate(a, dev) -> dict:
 def part_train(a, dev) -> dict:
     import bench_train
 
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     cuda = dev.startswith("cuda")
     out = {"runs": []}

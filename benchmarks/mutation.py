@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: module (under src/poslens) -> pytest arguments of its fast test selection
 TARGETS: dict[str, list[str]] = {
-    "stats.py": ["tests/test_stats.py"],
+    "capture/stats.py": ["tests/test_stats.py"],
     "metrics/neighborhood.py": ["tests/test_references.py", "-k", "not scan_summary and not simulator",
                                 "tests/test_metrics.py"],
     "metrics/diagonal.py": ["tests/test_references.py", "-k", "not scan_summary and not simulator",

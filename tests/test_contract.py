@@ -58,7 +58,7 @@ def test_every_command_writes_the_contract(tmp_path):
 
     from poslens.capture.scan import ScanConfig, run_scan
     from poslens.simulate import SimConfig, run_simulation, save_result
-    from poslens.train import TrainConfig, train_model
+    from poslens.models.train import TrainConfig, train_model
 
     save_result(run_simulation(SimConfig(samples=50, seq_len=6, dim=8, layers=2)), tmp_path / "sim")
     model = tmp_path / "model"
@@ -95,7 +95,7 @@ def test_terminal_tables_fit_80_columns():
 
 
 def test_scan_terminal_table_uses_delta_limited_heads():
-    from poslens.commands.scan import scan_table
+    from poslens.cli.scan import scan_table
 
     layers = [{"layer": l, "relativity_index": 0.9, "locality": 0.1, "aps": 0.93,
                "top_slash_heads": [{"layer": l, "head": 8, "offset": 511, "score": 0.984},
@@ -151,7 +151,7 @@ def test_empty_and_all_zero_tables_are_dropped():
 def test_layer_plots_have_integer_ticks():
     import matplotlib.pyplot as plt
 
-    from poslens.plots import layer_lines
+    from poslens.report.plots import layer_lines
 
     fig = layer_lines([{"title": "x", "series": [{"label": "a", "layers": [0, 1, 2], "values": [0.1, None, 0.3],
                                                   "errors": [0.01, None, 0.02]}]}])
@@ -190,7 +190,7 @@ def test_report_refuses_an_ambiguous_search(cli, tmp_path):
 def test_scan_terminal_table_reads_delta_limited_heads_from_the_maps():
     import numpy as np
 
-    from poslens.commands.scan import scan_table
+    from poslens.cli.scan import scan_table
 
     layers = [{"layer": l, "relativity_index": 0.9, "locality": 0.1, "aps": 0.6, "top_slash_heads": [
         {"layer": l, "head": 0, "offset": 255, "score": 0.9}]} for l in range(2)]

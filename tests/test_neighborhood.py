@@ -22,7 +22,7 @@ T = 16
 @pytest.fixture(scope="module")
 def near_zero_nope():
     """A one-layer NoPE model with N(0, 0.0002) weights: attention is uniform to ~1e-6."""
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     torch.manual_seed(0)
     m = build_model("none", "micro", 512, init_std=0.0002, hidden=256, heads=4, kv_heads=4, layers=1, seed=0).eval()
@@ -118,8 +118,8 @@ def test_theory_gap_is_zero_for_theory():
 
 
 def test_cli_chars_source(cli, tmp_path):
-    from poslens.models import build_model
-    from poslens.tokenizer import char_tokenizer
+    from poslens.models.families import build_model
+    from poslens.data.tokenizer import char_tokenizer
 
     tok = char_tokenizer()
     m = build_model("none", "micro", len(tok), init_std=0.0002, hidden=64, heads=2, kv_heads=2, layers=1, seed=0)

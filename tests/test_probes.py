@@ -85,8 +85,8 @@ def test_compare_cosine_norm_counts_layers():
 
 @pytest.fixture(scope="module")
 def char_model_dir(tmp_path_factory):
-    from poslens.models import build_model
-    from poslens.tokenizer import char_tokenizer
+    from poslens.models.families import build_model
+    from poslens.data.tokenizer import char_tokenizer
 
     tok = char_tokenizer()
     m = build_model("none", "micro", len(tok), init_std=0.0002, hidden=64, heads=2, kv_heads=2, layers=1, seed=0)

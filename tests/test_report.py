@@ -33,8 +33,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     import torch
 
     from poslens.capture.scan import ScanConfig, run_scan
-    from poslens.models import build_model
-    from poslens.reproduce import ReproContext, run_reproduction
+    from poslens.models.families import build_model
+    from poslens.reproduce.simulated import ReproContext, run_reproduction
     from poslens.simulate import SimConfig, run_simulation, save_result
 
     root = tmp_path_factory.mktemp("runs")
@@ -282,9 +282,9 @@ def test_report_renders_in_chromium(runs, tmp_path):
 
 def test_trained_model_experiments_registered_and_run(tmp_path, monkeypatch):
     """The zoo-model experiments register into the reproduce registry and write a reproduction page."""
-    import poslens.reproduce_models as rm
-    from poslens.models import build_model
-    from poslens.reproduce import EXPERIMENTS, ReproContext, run_reproduction
+    import poslens.reproduce.models as rm
+    from poslens.models.families import build_model
+    from poslens.reproduce.simulated import EXPERIMENTS, ReproContext, run_reproduction
 
     assert {"zuo-adjacency", "kim-trained-panels", "slash-sdh"} <= set(EXPERIMENTS)
     zoo = tmp_path / "zoo"
@@ -300,7 +300,7 @@ def test_trained_model_experiments_registered_and_run(tmp_path, monkeypatch):
 
 
 def test_zuo_sweep_experiment_is_registered():
-    from poslens.reproduce import EXPERIMENTS
+    from poslens.reproduce.simulated import EXPERIMENTS
 
     assert "zuo-sweep" in EXPERIMENTS and "zuo-adjacency" in EXPERIMENTS
 

@@ -161,7 +161,7 @@ def test_reproduce_fig1_and_index(cli, tmp_path):
 
 
 def test_reproduce_fig4_small(tmp_path):
-    from poslens.reproduce import ReproContext, run_reproduction
+    from poslens.reproduce.simulated import ReproContext, run_reproduction
 
     rec = run_reproduction("kim-fig4", tmp_path / "r", ReproContext(samples=2000, figures=False))[0]
     assert rec["reproduced"], rec["measured"]
@@ -177,7 +177,7 @@ def test_reproduce_fig4_small(tmp_path):
 
 
 def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
-    from poslens.reproduce import EXPERIMENTS, ReproContext
+    from poslens.reproduce.simulated import EXPERIMENTS, ReproContext
 
     ctx = ReproContext(samples=2000, figures=False)
     rec = EXPERIMENTS["kim-layernorm"].run(ctx, tmp_path / "ln")
@@ -186,7 +186,7 @@ def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
 
 
 def test_reproduce_fig1_says_rounded_and_truncated(tmp_path):
-    from poslens.reproduce import EXPERIMENTS, ReproContext
+    from poslens.reproduce.simulated import EXPERIMENTS, ReproContext
 
     rec = EXPERIMENTS["kim-fig1"].run(ReproContext(figures=False), tmp_path / "f1")
     assert "0.1535 as 0.154 (rounded)" in rec["note"] and "0.1508 as 0.150 (truncated)" in rec["note"]

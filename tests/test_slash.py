@@ -62,7 +62,7 @@ def _rank_one_model(path, seed=0):
     """One-layer RoPE SmolLM3 with rank-one W_Q/W_K reading a direction every token shares."""
     from transformers import AutoModelForCausalLM
 
-    from poslens.models import build_config
+    from poslens.models.families import build_config
 
     cfg = build_config("rope", "micro", V, rope_theta=BASE, layers=1, hidden=HID, heads=H, kv_heads=HK,
                        intermediate=32)

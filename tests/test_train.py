@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poslens.errors import PoslensError
-from poslens.train import TrainConfig, load_trained, lr_factor, train_model
+from poslens.models.train import TrainConfig, load_trained, lr_factor, train_model
 
 FAST = dict(preset="micro", batch_size=8, eval_examples=32, eval_every=0, progress=False, threads=1)
 
@@ -46,7 +46,7 @@ def test_train_save_reload_and_exact_resume(pe, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "full")
     tok = AutoTokenizer.from_pretrained(tmp_path / "full")
     assert tok("12|12", add_special_tokens=False).input_ids and model.config.vocab_size == len(tok)
-    from poslens.tasks import evaluate_task
+    from poslens.data.tasks import evaluate_task
 
     again = evaluate_task(model, "copy", max_len=4, count=32, seed=0)
     assert again["eval_accuracy"] == full["eval_accuracy"]
@@ -82,7 +82,7 @@ def test_loss_decreases_on_copy(tmp_path):
 
 
 def test_steps_zero_saves_the_initial_model(tmp_path):
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     s = train_model(_cfg(tmp_path / "r", pe="none", steps=0, init_std=0.002))
     assert s["initial_loss"] == s["final_loss"] and s["steps"] == 0
@@ -146,7 +146,7 @@ def test_cli_empty_corpus(cli, tmp_path):
 
 def test_existing_model_is_never_damaged(cli, tmp_path):
     other = tmp_path / "other"
-    build = __import__("poslens.models", fromlist=["build_model"]).build_model
+    build = __import__("poslens.models.families", fromlist=["build_model"]).build_model
     build("rope", "micro", 40).save_pretrained(other)
     before = _tree_digest(other)
     for extra in ([], ["--resume"], ["--task", "nope"], ["--resume", "--overwrite"]):

@@ -33,7 +33,7 @@ class DemoConfig:
 
 
 def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.reproduce import ReproContext, run_reproduction
+    from poslens.reproduce.simulated import ReproContext, run_reproduction
 
     rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=True))[0]
     console.print(f"closed form (arXiv 2509.21042, Fig. 1): {rec['measured']}")
@@ -41,7 +41,7 @@ def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.commands.simulate import print_summary
+    from poslens.cli.simulate import print_summary
 
     samples = 1000 if cfg.quick else cfg.samples
     seq_len = 16 if cfg.quick else 50
@@ -59,7 +59,7 @@ def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _train_cfgs(cfg: DemoConfig) -> dict:
-    from poslens.train import TrainConfig
+    from poslens.models.train import TrainConfig
 
     steps = 30 if cfg.quick else 400
     common = dict(task=None, data="stdlib", preset="micro", vocab_size=512 if cfg.quick else 1024,
@@ -71,7 +71,7 @@ def _train_cfgs(cfg: DemoConfig) -> dict:
 
 
 def _step_train(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.train import train_model
+    from poslens.models.train import train_model
 
     outs = {}
     for i, (name, tc) in enumerate(_train_cfgs(cfg).items()):

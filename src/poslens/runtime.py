@@ -1,4 +1,4 @@
-"""Process-wide runtime settings: CPU threads (device and dtype parsing live here too).
+"""Runtime settings shared by the library and the CLI: which device, which dtype, how many CPU threads.
 
 Threads. torch runs each CPU operation on an OpenMP pool of ``torch.get_num_threads()`` threads
 that meet at a barrier when the operation ends. By default a thread that arrives first *spins*
@@ -30,6 +30,43 @@ import sys
 import time
 from typing import Iterator
 
+from poslens.errors import PoslensError
+
+
+def parse_device(device: str) -> str:
+    """Resolve ``auto|cpu|cuda`` into a torch device string, with a clear error if CUDA is absent."""
+    import torch
+
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise PoslensError(f"--device {device!r} is not one of auto, cpu, cuda.")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PoslensError(f"--device {device}: no CUDA GPU is visible; use --device cpu or auto.")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str, config) -> "torch.dtype":
+    """``auto|bf16|fp16|fp32`` -> torch dtype; ``auto`` is the checkpoint's half dtype on CUDA, fp32 on CPU."""
+    import torch
+
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    if dtype in names:
+        return names[dtype]
+    if dtype != "auto":
+        raise PoslensError(f"--dtype {dtype!r} is not one of auto, bf16, fp16, fp32.")
+    if device.startswith("cuda"):
+        d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(d, str):
+            d = names.get(d.replace("torch.", ""), None)
+        return d if isinstance(d, torch.dtype) and d != torch.float32 else torch.bfloat16
+    return torch.float32  # CPU: half-precision matmuls are slow and bring nothing
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU threads
+# ------------------------------------------------------------------------------------------------
 #: environment variable read by OpenMP at start-up; see the module docstring.
 _WAIT_ENV = "OMP_WAIT_POLICY"
 
@@ -122,8 +159,6 @@ def default_threads(cpus: int | None = None, busy: float | None = None) -> int:
 
 def resolve_threads(threads: int | None) -> int:
     """``--threads`` value to a count: ``None`` or 0 = the policy; a negative count is an error."""
-    from poslens.errors import PoslensError
-
     if threads is None or threads == 0:
         return default_threads()
     if threads < 0:

@@ -14,7 +14,7 @@ not on the compute chunk size or the device's batch size. Per-layer sums of the 
 squares and the attention weights are accumulated in float64, so memory is bounded by one chunk
 and the result (``[L, S, S]``), never by the number of samples.
 
-Noise: sample n also adds its score map to group ``n % G`` (:data:`poslens.stats.NOISE_GROUPS`
+Noise: sample n also adds its score map to group ``n % G`` (:data:`poslens.capture.stats.NOISE_GROUPS`
 groups); the spread of the group means is the noise floor of every statistic (entries of one
 sample are correlated, e.g. through the shared input component at alpha > 0, so per-entry
 standard errors alone cannot say whether a map is flat).
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from poslens.errors import PoslensError
-from poslens.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
+from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
 
 #: sequences drawn from one generator; fixes the sample stream independently of chunking.
 RNG_BLOCK = 250
@@ -438,7 +438,7 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
                   metadata={"samples": res.samples, "label": res.config.label(), "layers": "from 0",
                             "score_groups": "[G, L, S, S] means of independent sample groups (sample n in group n % G)"})
     if figures:
-        from poslens.plots import layer_grid, score_map_figures
+        from poslens.report.plots import layer_grid, score_map_figures
         from poslens.rundir import save_figure
 
         L = res.scores.shape[0]

@@ -63,7 +63,7 @@ def _validate(cfg: DynamicsConfig) -> list[int]:
 
 
 def _train_config(cfg: DynamicsConfig, train_dir: Path, stop_after: int, resume: bool):
-    from poslens.train import TrainConfig
+    from poslens.models.train import TrainConfig
 
     return TrainConfig(out=str(train_dir), pe="rope", task="offset", delta=cfg.delta, preset="micro",
                        layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
@@ -75,7 +75,7 @@ def _train_config(cfg: DynamicsConfig, train_dir: Path, stop_after: int, resume:
 
 def _in_distribution_prompts(path: Path, cfg: DynamicsConfig, vocab: dict) -> None:
     """JSONL of ``input_ids``: ``<bos>`` + seq_len - 1 random letters, the offset task's own inputs."""
-    from poslens.tasks import encode_example, get_task
+    from poslens.data.tasks import encode_example, get_task
 
     task = get_task("offset")
     rng = random.Random(f"dynamics-scan/{cfg.seed}")
@@ -126,9 +126,9 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
     from poslens.progress import task_progress
     from poslens.rundir import (prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
                                 write_json, write_summary)
-    from poslens.tasks import evaluate_task
-    from poslens.tokenizer import char_vocab
-    from poslens.train import load_trained, train_model
+    from poslens.data.tasks import evaluate_task
+    from poslens.data.tokenizer import char_vocab
+    from poslens.models.train import load_trained, train_model
 
     snaps = _validate(cfg)
     prepare_out_dir(cfg.out, must_be_new=True)

@@ -218,7 +218,7 @@ def _plan(cfg: NeighborhoodConfig):
     """Validate every input and build the sequence source; writes nothing."""
     from poslens.capture.scan import load_tokenizer, open_model_config
     from poslens.capture.sources import make_source
-    from poslens.cli_app import parse_device
+    from poslens.runtime import parse_device
     from poslens.rundir import prepare_out_dir
 
     for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size)):
@@ -271,7 +271,7 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
     """
     from poslens.capture.model_source import source_record
     from poslens.capture.scan import load_model
-    from poslens.models import pe_of
+    from poslens.models.families import pe_of
     from poslens.progress import task_progress
     from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 
@@ -403,7 +403,7 @@ def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tupl
     import matplotlib.pyplot as plt
 
     from poslens.capture.scan import causal_view
-    from poslens.plots import layer_grid
+    from poslens.report.plots import layer_grid
 
     figs = []
     for mode, r in results.items():

@@ -31,7 +31,7 @@ import torch
 
 from poslens.capture.adapters import ADAPTERS
 from poslens.errors import PoslensError
-from poslens.stats import MeanAccumulator
+from poslens.capture.stats import MeanAccumulator
 
 PANELS = [
     ("a", "Y Yᵀ, Y = LN(X)"),
@@ -141,7 +141,7 @@ def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
     import matplotlib.pyplot as plt
 
     from poslens.capture.scan import causal_view
-    from poslens.plots import heatmap
+    from poslens.report.plots import heatmap
 
     fig, axes = plt.subplots(3, 3, figsize=(11, 10.5))
     for ax, (k, desc), m in zip(axes.flat, PANELS, panels):
@@ -176,9 +176,10 @@ def _readings(rows: list[dict], layer: int) -> list[str]:
 def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``."""
     from poslens.capture.model_source import source_record
-    from poslens.capture.scan import load_model, load_tokenizer, open_model_config, resolve_dtype
+    from poslens.capture.scan import load_model, load_tokenizer, open_model_config
+    from poslens.runtime import resolve_dtype
     from poslens.capture.sources import make_source
-    from poslens.cli_app import parse_device
+    from poslens.runtime import parse_device
     from poslens.rundir import (prepare_out_dir, save_figure, staged_dir, versions, write_json,
                                 write_summary, write_tensors)
 
@@ -268,7 +269,7 @@ def run_score_maps(scan_dir: str, out: str) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
     from poslens.capture.scan import causal_view
     from poslens.metrics import diagonal_normalize
-    from poslens.plots import layer_grid
+    from poslens.report.plots import layer_grid
     from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_summary
 
     from poslens.capture.scan import window_view

@@ -293,8 +293,8 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
     from poslens.analysis.neighborhood import use_poslens_attention
     from poslens.capture.model_source import source_record
     from poslens.capture.scan import load_model
-    from poslens.cli_app import parse_device
-    from poslens.models import pe_of
+    from poslens.runtime import parse_device
+    from poslens.models.families import pe_of
     from poslens.progress import task_progress
     from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary
 

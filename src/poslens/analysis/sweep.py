@@ -1,7 +1,7 @@
 """Random-initialisation sweep of arXiv 2501.00073: does the adjacency pattern need small weights?
 
 For every shape (layers x width) and every weight scale sigma, a NoPE model of poslens' NoPE
-family (:func:`poslens.models.build_model` with ``pe="none"``: a Llama-style decoder with no
+family (:func:`poslens.models.families.build_model` with ``pe="none"``: a Llama-style decoder with no
 positional encoding) is initialised with every weight matrix and the embedding drawn from
 N(0, sigma^2) (norm gains 1, no biases: what transformers' initialisation does with
 ``initializer_range = sigma``), and its per-layer APS is measured on i.i.d. random printable-ASCII
@@ -91,7 +91,7 @@ def reinit_normal(model, sigma: float, seed: int = 0):
 def build_sweep_model(shape: str, seq_len: int, vocab_size: int = 128, seed: int = 0):
     """An untrained NoPE model of ``shape`` (multi-head, MLP 8/3 x width) using the poslens attention."""
     from poslens.analysis.neighborhood import use_poslens_attention
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     layers, hidden, heads = parse_shape(shape)
     model = build_model("none", "small", vocab_size, seed=seed, layers=layers, hidden=hidden, heads=heads,

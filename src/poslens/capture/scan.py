@@ -31,6 +31,7 @@ from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, parse_sta
 from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
+from poslens.runtime import resolve_dtype
 
 CHECKPOINT = "checkpoint.safetensors"
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -173,21 +174,6 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
     return config, adapter
 
 
-def resolve_dtype(dtype: str, device: str, config) -> torch.dtype:
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if dtype in names:
-        return names[dtype]
-    if dtype != "auto":
-        raise PoslensError(f"--dtype {dtype!r} is not one of auto, bf16, fp16, fp32.")
-    if device.startswith("cuda"):
-        d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if isinstance(d, str):
-            d = names.get(d.replace("torch.", ""), None)
-        return d if isinstance(d, torch.dtype) and d != torch.float32 else torch.bfloat16
-    return torch.float32  # CPU: half-precision matmuls are slow and bring nothing
-
-
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
     """The model's tokenizer (directory or ``.gguf`` file), or None when it has none."""
     from poslens.capture.model_source import model_directory
@@ -243,7 +229,7 @@ class ScanPlan:
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing."""
-    from poslens.cli_app import parse_device
+    from poslens.runtime import parse_device
     from poslens.rundir import prepare_out_dir
 
     stats = parse_stats(cfg.stats)
@@ -824,7 +810,7 @@ def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int
     Maps longer than :data:`FIGURE_MAX_POSITIONS` are diagonal-normalised at full resolution, then
     shown block-averaged (:func:`pool_for_figure`); ``maps.safetensors`` keeps every position."""
     from poslens.metrics import diagonal_normalize
-    from poslens.plots import layer_grid
+    from poslens.report.plots import layer_grid
     from poslens.rundir import save_figure
 
     files = []

@@ -331,7 +331,7 @@ def _layer_xy(layers: list[dict], key: str) -> tuple[list, list, list | None, li
 
 def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None:
     """Line plots (with error bars) of ``keys`` against layer, one line per run; embedded."""
-    from poslens.plots import layer_lines
+    from poslens.report.plots import layer_lines
 
     panels = []
     has_emb = any(l.get("layer") == "embeddings" for r in runs for l in r.layers)
@@ -410,7 +410,7 @@ def slash_matrix(run: Run, max_delta: int = SLASH_MAX_DELTA):
 
 def head_figure(run: Run, keys: list[str], slash=None) -> dict | None:
     """Head × layer heat maps of SlashScore (Δ-limited) and the per-head lists in ``keys``."""
-    from poslens.plots import head_layer_maps
+    from poslens.report.plots import head_layer_maps
 
     layers = run.layers
     maps = []

@@ -16,7 +16,7 @@ Optimisation: AdamW (weight decay on matrices only), linear warmup then cosine d
 ``min_lr_ratio * lr``, gradient-norm clipping, bf16 autocast on CUDA (fp32 on CPU).
 
 Determinism and exact resume: the initial weights depend only on the seed, and the batch of
-step ``s`` depends only on (seed, s) (see :class:`poslens.tasks.TaskSource`,
+step ``s`` depends only on (seed, s) (see :class:`poslens.data.tasks.TaskSource`,
 :class:`CorpusSource`), so a checkpoint needs no data cursor. A checkpoint holds the model,
 the optimiser and scheduler state and the torch RNG states, all in safetensors/JSON (no
 pickle); it is written to a temporary directory and renamed into place. Resuming reproduces
@@ -171,8 +171,8 @@ def tokenize_corpus(tokenizer, texts: list[str]) -> list[int]:
 
 def validate_config(cfg: TrainConfig) -> None:
     """Every check that does not need the data; raises :class:`PoslensError` naming the option."""
-    from poslens.models import PE_CHOICES, build_config
-    from poslens.tasks import TaskSource
+    from poslens.models.families import PE_CHOICES, build_config
+    from poslens.data.tasks import TaskSource
 
     require(cfg.pe in PE_CHOICES, f"--pe {cfg.pe!r} is unknown; choose one of {', '.join(PE_CHOICES)}.")
     require(cfg.steps >= 0, f"--steps must be >= 0 (got {cfg.steps}); 0 saves the randomly initialised model.")
@@ -203,7 +203,7 @@ def validate_config(cfg: TrainConfig) -> None:
 
 
 def _shape_overrides(cfg: TrainConfig, needed_positions: int) -> dict:
-    from poslens.models import get_preset
+    from poslens.models.families import get_preset
 
     return dict(layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
                 intermediate=cfg.intermediate,
@@ -384,7 +384,7 @@ def _evaluate(model, source, cfg: TrainConfig, device: str, amp, *, final: bool)
     import torch
     import torch.nn.functional as F
 
-    from poslens.tasks import exact_match_flags
+    from poslens.data.tasks import exact_match_flags
 
     if cfg.task is not None:
         n = cfg.eval_examples if final else min(cfg.eval_examples, 256)
@@ -424,7 +424,7 @@ def train_model(cfg: TrainConfig) -> dict:
     """
     import torch
 
-    from poslens.cli_app import parse_device
+    from poslens.runtime import parse_device
 
     validate_config(cfg)
     device = parse_device(cfg.device)
@@ -435,18 +435,18 @@ def train_model(cfg: TrainConfig) -> dict:
         torch.set_num_threads(cfg.threads)
 
     # Data and tokenizer (loading the corpus validates it) before anything is written.
-    from poslens.models import build_model, count_parameters
+    from poslens.models.families import build_model, count_parameters
 
     t_setup = time.perf_counter()
     if cfg.task is not None:
-        from poslens.tasks import TaskSource
-        from poslens.tokenizer import char_tokenizer
+        from poslens.data.tasks import TaskSource
+        from poslens.data.tokenizer import char_tokenizer
 
         source = TaskSource(cfg.task, cfg.max_len, cfg.seed, cfg.delta)
         tokenizer = char_tokenizer(model_max_length=source.max_tokens)
         needed = source.max_tokens
     else:
-        from poslens.data import load_texts
+        from poslens.data.corpus import load_texts
 
         texts = load_texts(cfg.data or "stdlib", limit_files=cfg.corpus_files)
         if mode == "resume" and (out / "tokenizer.json").is_file():
@@ -454,7 +454,7 @@ def train_model(cfg: TrainConfig) -> dict:
 
             tokenizer = AutoTokenizer.from_pretrained(out)
         else:
-            from poslens.tokenizer import train_bpe_tokenizer
+            from poslens.data.tokenizer import train_bpe_tokenizer
 
             tokenizer = train_bpe_tokenizer(texts, cfg.vocab_size, model_max_length=cfg.seq_len)
         source = CorpusSource(tokenize_corpus(tokenizer, texts), cfg.seq_len, cfg.seed)

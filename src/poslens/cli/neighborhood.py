@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 
 
 def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:

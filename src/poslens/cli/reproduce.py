@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli_app import app, parse_device
+from poslens.cli.app import app, parse_device
 
 
 @app.command()
@@ -31,7 +31,7 @@ def reproduce(
 
     from poslens.errors import PoslensError
     from poslens.progress import task_progress
-    from poslens.reproduce import ReproContext, names, run_reproduction
+    from poslens.reproduce.simulated import ReproContext, names, run_reproduction
     from poslens.rundir import prepare_out_dir
 
     if name not in names():

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import sys
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 from poslens.errors import PoslensError
 
 # Each import attaches its commands to `app` (one module per capability).
-from poslens.commands import theory as _theory  # noqa: F401,E402
-from poslens.commands import scan as _scan  # noqa: F401,E402
-from poslens.commands import train as _train  # noqa: F401,E402
-from poslens.commands import simulate as _simulate  # noqa: F401,E402
-from poslens.commands import reproduce as _reproduce  # noqa: F401,E402
-from poslens.commands import demo as _demo  # noqa: F401,E402
-from poslens.commands import report as _report  # noqa: F401,E402
-from poslens.commands import analyze_neighborhood as _analyze_neighborhood  # noqa: F401,E402
-from poslens.commands import analyze_kim_slash as _analyze_kim_slash  # noqa: F401,E402
-from poslens.commands import models as _models  # noqa: F401,E402
+from poslens.cli import theory as _theory  # noqa: F401,E402
+from poslens.cli import scan as _scan  # noqa: F401,E402
+from poslens.cli import train as _train  # noqa: F401,E402
+from poslens.cli import simulate as _simulate  # noqa: F401,E402
+from poslens.cli import reproduce as _reproduce  # noqa: F401,E402
+from poslens.cli import demo as _demo  # noqa: F401,E402
+from poslens.cli import report as _report  # noqa: F401,E402
+from poslens.cli import neighborhood as _neighborhood  # noqa: F401,E402
+from poslens.cli import kim_slash as _kim_slash  # noqa: F401,E402
+from poslens.cli import models as _models  # noqa: F401,E402
 
 
 def main(argv: list[str] | None = None) -> None:

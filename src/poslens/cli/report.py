@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 
 
 @app.command("report")

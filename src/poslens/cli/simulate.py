@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from poslens.cli_app import app, parse_device
+from poslens.cli.app import app, parse_device
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""Trained-model experiments of ``poslens reproduce``, registered into :data:`poslens.reproduce.EXPERIMENTS`.
+"""Trained-model experiments of ``poslens reproduce``, registered into :data:`poslens.reproduce.simulated.EXPERIMENTS`.
 
 The papers' trained checkpoints are unreleased (the 1.5B NoPE model of arXiv 2509.21042) or too
 large to fetch here, so these experiments run on small models standing in for them:
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from poslens.reproduce import EXPERIMENTS, Experiment, ReproContext
+from poslens.reproduce.simulated import EXPERIMENTS, Experiment, ReproContext
 
 ZUO = "Position without positional encodings (arXiv 2501.00073)"
 KIM = "Behind RoPE (arXiv 2509.21042)"
@@ -43,7 +43,7 @@ def _model(name: str, pe: str, out: Path) -> tuple[Path, str]:
     z = zoo_dir() / name
     if _finished(z):
         return z, f"zoo model {name} ({z})"
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     target = out / "models" / f"{'nope' if pe == 'none' else 'rope'}-random-init"
     if not (target / "config.json").is_file():
@@ -228,7 +228,7 @@ for _name, _exp in NEW.items():
 
 
 # --------------------------------------------------------------------------------------------
-# `real`: the three papers' analyses on the real pretrained models (poslens.realmodels)
+# `real`: the three papers' analyses on the real pretrained models (poslens.models.realmodels)
 # --------------------------------------------------------------------------------------------
 #: sizes of the real-model measurements (a few minutes per model on a 2-core CPU)
 REAL_SEQ_LEN, REAL_NUM_SEQS = 256, 16
@@ -237,7 +237,7 @@ REAL_APS_SEQ_LEN, REAL_APS_NUM_SEQS = 128, 8
 
 def real_models_ready() -> dict:
     """Real models present (sha256-verified) whose architecture poslens can scan: name -> GGUF file."""
-    from poslens import realmodels
+    from poslens.models import realmodels
     from poslens.capture.model_source import resolve_model
     from poslens.errors import PoslensError
 
@@ -372,7 +372,7 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
 
 
 def _real(ctx: ReproContext, out: Path) -> dict:
-    from poslens import realmodels
+    from poslens.models import realmodels
 
     ready = real_models_ready()
     if not ready:

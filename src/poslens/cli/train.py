@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
@@ -73,7 +73,7 @@ def train(
     (initial/final loss, exact-match accuracy in and beyond the training lengths, tokens/s),
     train_log.jsonl and train_config.json. Ctrl-C leaves a checkpoint; --resume continues it.
     """
-    from poslens.train import TrainConfig, recipe, train_model
+    from poslens.models.train import TrainConfig, recipe, train_model
 
     # Unset size options take the measured recipe of docs/train.md (copy: 98 % NoPE, 100 % RoPE).
     given = {"preset": preset, "steps": steps, "batch_size": batch_size, "lr": lr}
@@ -125,7 +125,7 @@ def zoo(
 
     Rerunning continues where it stopped; zoo.json lists every entry with its summary.
     """
-    from poslens.zoo import run_zoo, zoo_entries
+    from poslens.models.zoo import run_zoo, zoo_entries
 
     if list_only:
         table = Table(title=f"zoo entries ({scale})")

@@ -11,7 +11,7 @@
 
 Scales: ``cpu`` (``tiny`` preset, the budget in docs/train.md), ``gpu`` (``small`` for the
 tasks, ``base`` for the corpus models), ``micro`` (seconds; a smoke test of the recipe).
-Every entry is an ordinary :class:`poslens.train.TrainConfig`, so a rerun resumes unfinished
+Every entry is an ordinary :class:`poslens.models.train.TrainConfig`, so a rerun resumes unfinished
 entries and skips finished ones; ``out/zoo.json`` lists the entries and their summaries.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from poslens.errors import PoslensError
 from poslens.rundir import prepare_out_dir, read_json, write_json
-from poslens.train import TrainConfig, train_model
+from poslens.models.train import TrainConfig, train_model
 
 SCALES = ("micro", "cpu", "gpu")
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from poslens.errors import PoslensError
 from poslens.simulate import SimConfig, run_simulation, save_result
-from poslens.stats import NOISE_P
+from poslens.capture.stats import NOISE_P
 
 PAPER_SETTING = SimConfig(alpha=0.0, layers=4, seq_len=50, dim=64, samples=100_000)
 
@@ -67,7 +67,7 @@ def _sim(ctx: ReproContext, out: Path, name: str, **kw) -> dict:
 def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
     import torch
 
-    from poslens.plots import heatmap
+    from poslens.report.plots import heatmap
     from poslens.rundir import save_figure, write_json
     from poslens.theory import kim_theory
 
@@ -257,4 +257,4 @@ def _write_index(out: Path, records: list[dict], ctx: ReproContext) -> None:
 
 
 # Trained-model experiments register themselves into EXPERIMENTS.
-import poslens.reproduce_models  # noqa: E402,F401
+import poslens.reproduce.models  # noqa: E402,F401

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 
 
 @app.command("scan")
