@@ -166,6 +166,17 @@ def resolve_threads(threads: int | None) -> int:
     return int(threads)
 
 
+def apply_threads(threads: int | None) -> int:
+    """Set torch's intra-op thread count for the rest of the process (``None``/0: the policy);
+    returns it. For a command line; a library call should use :func:`set_threads`."""
+    import torch
+
+    n = resolve_threads(threads)
+    if n != torch.get_num_threads():
+        torch.set_num_threads(n)
+    return n
+
+
 @contextlib.contextmanager
 def set_threads(n: int | None) -> Iterator[int]:
     """Run the block with ``n`` torch intra-op threads (``None``/0: :func:`default_threads`), then

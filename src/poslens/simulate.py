@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from poslens.errors import PoslensError
 from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
+from poslens.runtime import available_cpus, set_threads
 
 #: sequences drawn from one generator; fixes the sample stream independently of chunking.
 RNG_BLOCK = 250
@@ -263,7 +264,7 @@ def _fold(acc: AccumulatorSet, c: _ChunkSums, first_sample: int) -> None:
 def _workers(cfg: SimConfig, workers: int | None) -> int:
     if str(cfg.device).startswith("cuda"):
         return 1  # one stream: the GPU runs the chunks one after another anyway
-    return max(1, int(workers if workers is not None else torch.get_num_threads()))
+    return max(1, int(workers)) if workers else available_cpus()
 
 
 def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None = None,
@@ -273,10 +274,10 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
     ``progress(done, total)`` is called after every chunk. With ``target_stderr`` the run stops
     after the first chunk at which every valid score entry's standard error is below it.
 
-    On CPU the chunks run on ``workers`` threads (default: torch's thread count, see
-    :mod:`poslens.runtime`), each single-threaded inside torch: no thread waits for another inside
-    an operation, so a busy core slows the run by its share only. Chunk sums are folded in chunk
-    order, so the result does not depend on the number of workers.
+    On CPU the chunks run on ``workers`` threads (default: one per CPU this process may use), each
+    single-threaded inside torch: no thread waits for another inside an operation, so a core busy
+    with another process slows the run by its share only (:mod:`poslens.runtime`). Chunk sums are
+    folded in chunk order: the result does not depend on the number of workers.
     """
     cfg.validate()
     dev = torch.device(cfg.device)
@@ -307,8 +308,6 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
         if not hasattr(local, "buffers"):
             local.buffers = layer_buffers(cfg, chunk, dev)
         return _chunk_sums(cfg, *spec, local.buffers, rope_cs, neg_mask)
-
-    from poslens.runtime import set_threads
 
     with contextlib.ExitStack() as stack:
         if dev.type == "cpu":

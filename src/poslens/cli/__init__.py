@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 
-from poslens.cli.app import app
-from poslens.errors import PoslensError
+from poslens.runtime import configure_process
+
+configure_process()  # before anything imports torch: OpenMP threads sleep instead of spinning while they wait
+
+from poslens.cli.app import app  # noqa: E402
+from poslens.errors import PoslensError  # noqa: E402
 
 # Each import attaches its commands to `app` (one module per capability).
 from poslens.cli import theory as _theory  # noqa: F401,E402

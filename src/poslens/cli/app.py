@@ -20,3 +20,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def threads_option():
+    """The ``--threads`` option of every command that computes (see :mod:`poslens.runtime`)."""
+    return typer.Option(0, "--threads", min=0,
+                        help="CPU threads for torch. 0 (default): the CPUs not busy with other processes "
+                             "right now, at least 1 (a thread sharing a core with a busy process slows the "
+                             "others down).")
+
+
+def use_threads(threads: int) -> int:
+    """Apply ``--threads`` for the rest of the command; returns the count in force."""
+    from poslens.runtime import apply_threads
+
+    return apply_threads(threads)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from poslens.cli.app import app, parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
@@ -15,12 +16,14 @@ def demo(
     samples: int = typer.Option(20_000, help="Monte Carlo samples per simulation."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     quick: bool = typer.Option(False, "--quick", help="Tiny sizes everywhere (a smoke test in seconds)."),
+    threads: int = threads_option(),
 ) -> None:
     """Run the whole poslens flow on the built-in data with no arguments needed.
 
     Closed-form theory, the parameter-free simulator (NoPE; RoPE causal vs non-causal), and —
     as they are available — small-model training, scans and the HTML report.
     """
+    threads = use_threads(threads)
     from poslens.demo import DemoConfig, run_demo
     from poslens.errors import PoslensError
     from poslens.rundir import prepare_out_dir

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from poslens.cli.app import app
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
@@ -48,10 +49,12 @@ def panels(
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    threads: int = threads_option(),
 ) -> None:
     """Nine-panel Gram decomposition of one layer (arXiv 2509.21042): YYᵀ, QKᵀ/√d, (AV)(AV)ᵀ,
     (AVW_O)(AVW_O)ᵀ, OOᵀ, LN(O)LN(O)ᵀ, the layer output's Gram, the next layer's YYᵀ and QKᵀ/√d,
     batch-averaged, with relativity and locality per panel and a 3x3 figure."""
+    threads = use_threads(threads)
     from poslens.analysis.panels import PanelsConfig, run_panels
 
     s = run_panels(PanelsConfig(model_dir=str(model_dir), out=str(out), layer=layer, data=data, num_seqs=num_seqs,
@@ -65,9 +68,11 @@ def kim_maps(
     scan_dir: Path = typer.Argument(..., help="Run directory of a finished `poslens scan`."),
     out: Path = typer.Option(..., "--out", help="Run directory to write."),
     quiet: bool = typer.Option(False, "--quiet", help="No table."),
+    threads: int = threads_option(),
 ) -> None:
     """Per-layer raw and diagonal-normalised score maps of a scan (Figure 5 of arXiv 2509.21042 for any
     model), with the relativity index, non-relativity and locality of every layer."""
+    threads = use_threads(threads)
     from poslens.analysis.panels import run_score_maps
 
     _print(run_score_maps(str(scan_dir), str(out)), out, quiet)
@@ -87,10 +92,12 @@ def slash(
     model_dir: Path = typer.Option(None, "--model-dir", help="The scanned model's directory or .gguf file, if it moved since the scan."),
     top: int = typer.Option(20, "--top", help="Heads listed in the per-head table."),
     quiet: bool = typer.Option(False, "--quiet", help="No table."),
+    threads: int = threads_option(),
 ) -> None:
     """Slash-dominant heads (arXiv 2601.08297): SlashScore profiles, the (κ, Δ)-SDH table, persistence on
     random tokens, rank-one measures of pre-RoPE q/k, and the RoPE frequency decomposition predicting
     each head's slash profile and peak offset."""
+    threads = use_threads(threads)
     from poslens.analysis.slash import SlashConfig, run_slash
 
     s = run_slash(SlashConfig(scan_dir=str(scan_dir), out=str(out), random_scan=str(random_scan) if random_scan else None,
@@ -114,13 +121,14 @@ def slash_dynamics(
     seq_len: int = typer.Option(32, "--seq-len", help="Tokens per scanned sequence (at most 33)."),
     kappa: float = typer.Option(0.3, "--kappa", help="κ of the slash-dominance and persistence test."),
     seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and prompts."),
-    threads: int = typer.Option(1, "--threads", help="CPU threads."),
+    threads: int = threads_option(),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
 ) -> None:
     """Training dynamics of slash-dominant heads (arXiv 2601.08297): train a shallow RoPE transformer on the
     offset task with `poslens train`'s trainer, snapshot it during training, scan every snapshot on task
     prompts and on random tokens, and tabulate SlashScore(Δ), rank-one-ness of pre-RoPE q/k and RoPE band
     usage per step. A few CPU minutes at the defaults."""
+    threads = use_threads(threads)
     from poslens.analysis.dynamics import DynamicsConfig, run_dynamics
     from poslens.capture.scan import parse_int_list
 

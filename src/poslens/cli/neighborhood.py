@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from poslens.cli.app import app
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:
@@ -44,6 +45,7 @@ def neighborhood(
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    threads: int = threads_option(),
 ) -> None:
     """Self-cosine maps, adjacency probability score and norm score per layer (arXiv 2501.00073).
 
@@ -53,6 +55,7 @@ def neighborhood(
     towards the diagonal, 0.5 = chance. Writes config.json, neighborhood.safetensors,
     summary.json and figures to OUT.
     """
+    threads = use_threads(threads)
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
 
     cfg = NeighborhoodConfig(model_dir=str(model_dir), out=str(out), data=data, seq_len=seq_len, num_seqs=num_seqs,
@@ -79,6 +82,7 @@ def sweep(
     no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG figures."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing run directory."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    threads: int = threads_option(),
 ) -> None:
     """Random-init sweep (arXiv 2501.00073): APS of untrained NoPE models over init σ, depth and width.
 
@@ -86,6 +90,7 @@ def sweep(
     every σ. APS is measured per layer on i.i.d. random printable-ASCII sequences, causal and
     bidirectional. The default (3 shapes x 6 σ x 2 modes) takes about a minute on one CPU core.
     """
+    threads = use_threads(threads)
     from poslens.analysis.sweep import SweepConfig, parse_floats, run_sweep
 
     cfg = SweepConfig(out=str(out), sigmas=parse_floats(sigmas, "--sigmas"),
@@ -122,6 +127,7 @@ def probes(
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    threads: int = threads_option(),
 ) -> None:
     """Position probes (arXiv 2501.00073): does cos(h_i, h_T) or ‖h_i‖ predict position better?
 
@@ -130,6 +136,7 @@ def probes(
     --train-chars and scored (Pearson r, MSE) on sequences over --test-chars; each model is
     compared with a random-init copy of its architecture.
     """
+    threads = use_threads(threads)
     from poslens.analysis.probes import ProbesConfig, run_probes
 
     cfg = ProbesConfig(model_dirs=[str(d) for d in model_dirs], out=str(out), train_chars=train_chars,

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from poslens.cli.app import app, parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
@@ -18,6 +19,7 @@ def reproduce(
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     no_figures: bool = typer.Option(False, "--no-figures", help="Skip PNGs."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    threads: int = threads_option(),
 ) -> None:
     """Reproduce a paper figure (or all of them) and say, per figure, what the paper showed and what we measured.
 
@@ -27,6 +29,7 @@ def reproduce(
     `poslens models fetch`; part of all when they are present); all.
     Writes DIR/NAME/ run directories, DIR/index.json, DIR/index.md and DIR/index.html.
     """
+    threads = use_threads(threads)
     from rich.console import Console
 
     from poslens.errors import PoslensError

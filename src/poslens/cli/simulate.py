@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from poslens.cli.app import app, parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
@@ -30,6 +31,7 @@ def simulate(
     no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG heat maps."),
     out: Path = typer.Option(Path("runs/simulate"), "--out", help="Run directory to write."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    threads: int = threads_option(),
 ) -> None:
     """Simulate the parameter-free causal transformer and write mean score maps with standard errors.
 
@@ -39,6 +41,8 @@ def simulate(
     DIR/summary.json (per layer, counted from 0: relativity_index, locality, signed diagonal_trend,
     within_diag_rms with its noise floor, p-values from 16 independent sample groups) and PNG heat maps.
     """
+    workers = threads or None  # 0: one worker per CPU (the chunks never wait for each other)
+    threads = use_threads(threads)
     from rich.console import Console
 
     from poslens.progress import task_progress
@@ -50,7 +54,7 @@ def simulate(
                     device=parse_device(device), chunk_size=chunk_size, target_stderr=target_stderr).validate()
     out = prepare_out_dir(out)
     with task_progress(f"simulate ({cfg.label()})", cfg.samples, enabled=not quiet) as update:
-        res = run_simulation(cfg, progress=lambda done, total: update(done, total))
+        res = run_simulation(cfg, progress=lambda done, total: update(done, total), workers=workers)
     save_result(res, out, figures=not no_figures)
     if not quiet:
         print_summary(res.summary, Console())
