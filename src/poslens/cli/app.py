@@ -57,3 +57,4 @@ def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None) -> 
         fix = "pass --resume to continue it or --overwrite to replace it" if resume is not None else \
             "pass --overwrite to replace it"
         raise PoslensError(f"--out {path} already exists and is not empty; {fix}, or choose a new directory.")
+    from poslens.runtime import apply_threads

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from poslens.cli.app import app, device_option, no_figures_option, overwrite_option, quiet_option, refuse_existing_out
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command("scan")
@@ -45,6 +46,7 @@ def scan(
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code from MODEL_DIR."),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Scan a causal LM for positional structure with memory bounded by the result.
 
@@ -58,6 +60,7 @@ def scan(
     Data-parallel: `torchrun --nproc-per-node N -m poslens scan ...` shards the sequences over the
     ranks and all-reduces the sums; rank 0 writes OUT (docs/distributed.md).
     """
+    threads = use_threads(threads)
     from poslens.capture.scan import ScanConfig, parse_heads, parse_int_list, run_scan
 
     refuse_existing_out(out, overwrite=overwrite, resume=resume)

@@ -10,6 +10,7 @@ import typer
 from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
 from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
@@ -34,6 +35,7 @@ def simulate(
                              "--overwrite)."),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Simulate the parameter-free causal transformer and write mean score maps with standard errors.
 
@@ -43,6 +45,8 @@ def simulate(
     DIR/summary.json (per layer, counted from 0: relativity_index, locality, signed diagonal_trend,
     within_diag_rms with its noise floor, p-values from 16 independent sample groups) and PNG heat maps.
     """
+    workers = threads or None  # 0: one worker per CPU (the chunks never wait for each other)
+    threads = use_threads(threads)
     from rich.console import Console
 
     from poslens.progress import task_progress
@@ -56,7 +60,7 @@ def simulate(
     refuse_existing_out(out, overwrite=overwrite)
     out = prepare_out_dir(out)
     with task_progress(f"simulate ({cfg.label()})", cfg.samples, enabled=not quiet) as update:
-        res = run_simulation(cfg, progress=lambda done, total: update(done, total))
+        res = run_simulation(cfg, progress=lambda done, total: update(done, total), workers=workers)
     save_result(res, out, figures=not no_figures)
     if not quiet:
         print_simulation_summary(res.summary, Console())
