@@ -82,7 +82,7 @@ def test_layers_subset(cli, llama_dir, tmp_path):
 
 def test_resume_is_bit_identical(llama_dir, tmp_path):
     base = dict(model_dir=str(llama_dir), data="random", seq_len=10, num_seqs=7, batch_size=2, figures=False,
-                checkpoint_every=1)
+                checkpoint_every=1, keep_checkpoint=True)
     run_scan(ScanConfig(out=str(tmp_path / "a"), **base), progress=False)
     partial = run_scan(ScanConfig(out=str(tmp_path / "b"), **base), progress=False, stop_after_batches=2)
     assert partial == {"stopped_at": 4} and not (tmp_path / "b" / "maps.safetensors").exists()

@@ -1040,7 +1040,12 @@ class Capture:
             if bad is not None:
                 bad |= ~torch.isfinite(pb).all()
             if want_p:
-                put("probs", pb.sum(0), start)
+                if cpu:
+                    head_sum = self._buffer("head_sum", (c, nc), dev)
+                    torch.sum(pb, dim=0, out=head_sum)
+                else:
+                    head_sum = pb.sum(0)
+                put("probs", head_sum, start)
                 if blocks is not None:
                     out["probs_key0"][start:stop] = pb[:, :, 0].sum(0)
             if want_sl:
