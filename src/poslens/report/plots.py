@@ -210,7 +210,7 @@ def pool_for_figure(m: torch.Tensor, max_positions: int = FIGURE_MAX_POSITIONS) 
 
 def score_map_figures(scores, out_dir, *, layer_ids: list | None = None, prefix: str = "scores", label: str = "",
                       percentile: tuple[float, float] | None = (1, 99), per_figure: int = 32,
-                      zoom: int | None = None) -> list[str]:
+                      zoom: int | None = None, block: int = 1) -> list[str]:
     """The one writer of score-map figures: per group of at most ``per_figure`` layers,
     ``{prefix}_raw.png`` (mean pre-softmax scores), ``{prefix}_diagnorm.png`` (each layer's map
     diagonal-normalised: its non-relative part) and, with ``zoom`` shorter than the maps,
@@ -220,27 +220,30 @@ def score_map_figures(scores, out_dir, *, layer_ids: list | None = None, prefix:
     (default 0..L-1: decoder layers count from 0). More than one group: the prefix gains
     ``_layers{first}-{last}``. Maps longer than :data:`FIGURE_MAX_POSITIONS` are
     diagonal-normalised at full resolution, then drawn block-averaged (:func:`pool_for_figure`).
+    Block maps (``scan --map-size``, ``block`` positions per block) are drawn as stored, without
+    the zoom.
     """
     out_dir = Path(out_dir)
     L, S = scores.shape[0], scores.shape[-1]
     layer_ids = list(range(L)) if layer_ids is None else list(layer_ids)
     columns = 6 if L > 12 else GRID_COLUMNS
     lead = f"{label} " if label else ""
+    unit = "" if block == 1 else f", blocks of {block} positions"
     files = []
     for g in range(0, L, per_figure):
         sel = list(range(g, min(L, g + per_figure)))
         titles = [f"layer {layer_ids[i]}" for i in sel]
         name = prefix if L <= per_figure else f"{prefix}_layers{layer_ids[sel[0]]}-{layer_ids[sel[-1]]}"
         raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles, percentile=percentile,
-                         suptitle=f"{lead}mean pre-softmax scores (layers from 0)", positions=S, columns=columns)
+                         suptitle=f"{lead}mean pre-softmax scores (decoder layers from 0{unit})", positions=S, columns=columns)
         save_figure(raw, out_dir / f"{name}_raw.png")
         # per layer: diagonal_normalize on a stacked [n, S, S] NaN-masked map fails (see report)
         dn = [pool_for_figure(diagonal_normalize(scores[i])) for i in sel]
         fig = layer_grid(dn, titles=titles, percentile=percentile, positions=S, columns=columns,
-                         suptitle=f"{lead}diagonal-normalised scores (layers from 0)")
+                         suptitle=f"{lead}diagonal-normalised scores (decoder layers from 0{unit})")
         save_figure(fig, out_dir / f"{name}_diagnorm.png")
         files += [f"{name}_raw.png", f"{name}_diagnorm.png"]
-        if zoom and S > zoom:
+        if zoom and S > zoom and block == 1:
             fig = layer_grid([scores[i, :zoom, :zoom] for i in sel], titles=titles, percentile=percentile,
                              columns=columns, suptitle=f"{lead}pre-softmax scores, first {zoom} positions "
                                                        "(key 0: the sink column)")
