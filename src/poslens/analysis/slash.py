@@ -45,7 +45,8 @@ from poslens.rope import BANDS, frequency_bands, inv_freq
 
 
 def _t(x) -> torch.Tensor:
-    return torch.as_tensor(x).to(torch.float64)
+    # dtype at creation: a Python list of floats (summary.json's inv_freq) must not pass through float32
+    return torch.as_tensor(x, dtype=torch.float64)
 
 
 def _check_slash(slash) -> torch.Tensor:
