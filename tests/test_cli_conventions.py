@@ -169,6 +169,29 @@ def test_overwrite_replaces_and_contradicts_resume(cli, tmp_path):
     assert code == 2 and "contradict" in err
 
 
+def test_no_figures_writes_no_png(cli, tmp_path, model_dir):
+    """The commands that gained --no-figures (panels, kim-maps, slash) and scan: no PNG, and the
+    summary lists no figure; without the flag the same commands draw."""
+    import json
+
+    common = ["--quiet", "--no-figures"]
+    scan = tmp_path / "scan"
+    assert cli("scan", model_dir, "--out", scan, "--data", "random", "--seq-len", 8, "--num-seqs", 2,
+               "--device", "cpu", *common)[0] == 0
+    runs = {"scan": scan}
+    for name, argv in (("kim-maps", ["kim-maps", scan]), ("slash", ["slash", scan, "--max-delta", 4]),
+                       ("panels", ["panels", model_dir, "--data", "random", "--seq-len", 8, "--num-seqs", 2,
+                                   "--batch-size", 2, "--device", "cpu"])):
+        runs[name] = tmp_path / name
+        code, _, err = cli(*argv, "--out", runs[name], *common)
+        assert code == 0, (name, err)
+    for name, run in runs.items():
+        assert not list(run.rglob("*.png")), name
+        assert json.loads((run / "summary.json").read_text()).get("figures", []) == [], name
+    code, _, err = cli("kim-maps", scan, "--out", tmp_path / "drawn", "--quiet")
+    assert code == 0 and list((tmp_path / "drawn").glob("*.png")), err
+
+
 @pytest.mark.parametrize("argv,expect", [
     (["simulate", "--samples", "1O0"], "Invalid value for '--samples'"),
     (["simulate", "--sample", "3"], "No such option: --sample"),

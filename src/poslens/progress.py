@@ -11,6 +11,10 @@ starting a second one — rich allows one live display at a time — and removes
 A caller that prints results while its bars are live passes its console to ``live_display``:
 rich coordinates bars and prints only on one console (another console's prints would land on the
 bar's line and leave a frozen copy of it).
+
+A library function that runs long takes ``progress: bool`` and draws its bar with
+:func:`task_progress`; a caller that draws its own bar (the demo, ``reproduce``) passes a callback
+``progress(done, total)`` instead and the function stays silent.
 """
 
 from __future__ import annotations
@@ -50,14 +54,16 @@ def live_display(console: Console | None = None) -> Iterator[Progress]:
 
 
 @contextlib.contextmanager
-def task_progress(description: str, total: int | None, enabled: bool = True) -> Iterator[Callable[..., None]]:
-    """Context manager yielding ``update(done, total=None, info="")`` that drives one progress bar."""
+def task_progress(description: str, total: int | None, enabled: bool = True, *, done: int = 0
+                  ) -> Iterator[Callable[..., None]]:
+    """Context manager yielding ``update(done, total=None, info="")`` that drives one progress bar
+    (``done``: where a resumed run starts)."""
     if not enabled:
         yield lambda done, total=None, info="": None
         return
     with contextlib.ExitStack() as stack:
         prog = _LIVE[-1] if _LIVE else stack.enter_context(live_display())
-        tid = prog.add_task(description, total=total, info="")
+        tid = prog.add_task(description, total=total, completed=done, info="")
 
         def update(done: int, total_: int | None = None, info: str = "") -> None:
             prog.update(tid, completed=done, total=total_ or total, info=info)

@@ -60,14 +60,6 @@ def _check_slash(slash) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # profiles, SDH table, persistence
 # --------------------------------------------------------------------------------------------
-def sdh_mask(slash, kappa: float, delta: int) -> torch.Tensor:
-    """Bool ``[L, H]``: heads that are (κ, Δ)-slash-dominant (SlashScore(Δ) >= κ)."""
-    s = _check_slash(slash)
-    if not 0 <= delta < s.shape[-1]:
-        raise PoslensError(f"offset Δ={delta} outside 0..{s.shape[-1] - 1} (the scan's --seq-len).")
-    return s[..., delta] >= kappa
-
-
 def sdh_table(slash, kappas: list[float], max_delta: int, min_delta: int = 0,
               layer_ids: list[int] | None = None, max_listed: int = 6) -> dict:
     """Counts of (κ, Δ)-SDHs over the κ grid x Δ range, with the heads listed (up to ``max_listed``).

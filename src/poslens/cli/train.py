@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poslens.cli.app import app, device_option, overwrite_option
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
@@ -55,7 +56,7 @@ def train(
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="Write a resumable checkpoint every N steps."),
     seed: int = typer.Option(0, "--seed", help="Seed for initial weights and data; a run is deterministic for a seed."),
     device: str = device_option(" bf16 autocast on CUDA."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
+    threads: int = threads_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint "
                                 "(same options required); the loss trajectory is identical to an uninterrupted run."),
     overwrite: bool = overwrite_option("the training files in --out"),
@@ -74,6 +75,7 @@ def train(
     (initial/final loss, exact-match accuracy in and beyond the training lengths, tokens/s),
     train_log.jsonl and train_config.json. Ctrl-C leaves a checkpoint; --resume continues it.
     """
+    threads = use_threads(threads)
     from poslens.models.train import TrainConfig, recipe, train_model
 
     # Unset size options take the measured recipe of docs/train.md (copy: 98 % NoPE, 100 % RoPE).
@@ -118,10 +120,11 @@ def zoo(
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated entry names to train (see --list)."),
     list_only: bool = typer.Option(False, "--list", help="Print the entries and their options, train nothing."),
     device: str = device_option(),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch."),
+    threads: int = threads_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue the zoo in --out: skip finished entries, continue "
                                 "unfinished ones from their checkpoints."),
-    overwrite: bool = overwrite_option("every entry already in --out (retrain it from scratch)"),
+    overwrite: bool = overwrite_option(help="Retrain from scratch the entries already in --out (an existing zoo "
+                                       "is refused without --resume or --overwrite)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bars and no result table."),
 ) -> None:
     """Train the standard model set used by the report: NoPE and RoPE on the default corpus and on
@@ -131,6 +134,7 @@ def zoo(
     others where they stopped) or --overwrite (retrain them). zoo.json lists every entry with its
     summary.
     """
+    threads = use_threads(threads)
     from poslens.models.zoo import run_zoo, zoo_entries
 
     if list_only:
@@ -144,8 +148,16 @@ def zoo(
             table.add_row(name, " ".join(f"{k}={opts[k]}" for k in keys))
         Console().print(table)
         return
+    def entry_line(name: str, s: dict) -> None:  # replaces the entry's finished progress bar
+        from poslens.fmt import fmt
+
+        if not quiet:
+            acc = f", exact match {fmt(s['eval_accuracy'])}" if s.get("eval_accuracy") is not None else ""
+            Console(highlight=False).print(f"{name}: final loss {fmt(s.get('final_loss'))}{acc} "
+                                           f"({fmt(s.get('train_seconds'))} s)")
+
     results = run_zoo(out, scale=scale, only=only.split(",") if only else None, device=device, threads=threads,
-                      resume=resume, overwrite=overwrite, progress=not quiet)
+                      resume=resume, overwrite=overwrite, progress=not quiet, on_entry=entry_line)
     if quiet:
         return
     from poslens.fmt import rich_table

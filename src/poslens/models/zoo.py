@@ -18,6 +18,7 @@ entries and skips finished ones; ``out/zoo.json`` lists the entries and their su
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from poslens.errors import PoslensError
 from poslens.rundir import prepare_out_dir, read_json, write_json
@@ -70,8 +71,9 @@ def zoo_entries(scale: str, out: str | Path) -> dict[str, TrainConfig]:
 
 def run_zoo(out: str | Path, *, scale: str = "cpu", only: list[str] | None = None, device: str = "auto",
             threads: int | None = None, resume: bool = False, overwrite: bool = False,
-            progress: bool = True) -> dict[str, dict]:
+            progress: bool = True, on_entry: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
     """Train every (or every ``only``) entry into ``out/<name>``; returns name -> summary.
+    ``on_entry(name, summary)`` runs after each entry (the CLI prints its result line there).
 
     Entries already in ``out`` are refused unless ``resume`` (finished ones are skipped,
     unfinished ones continue from their checkpoints) or ``overwrite`` (retrained from scratch)."""
@@ -103,4 +105,6 @@ def run_zoo(out: str | Path, *, scale: str = "cpu", only: list[str] | None = Non
             index = read_json(index_path)
         index["entries"][name] = {"config": cfg.trajectory_fields(), "summary": results[name]}
         write_json(index_path, index)
+        if on_entry is not None:
+            on_entry(name, results[name])
     return results
