@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from poslens.analysis.slash import (best_offsets, causal_pair_mean, kv_head_of, pair_polar, persistence,
-                                    predicted_slash_profile, rank_one_logit, rank_table, sdh_mask, sdh_table,
+                                    predicted_slash_profile, rank_one_logit, rank_table, sdh_table,
                                     top_direction)
 from poslens.errors import PoslensError
 
@@ -17,17 +17,12 @@ def slash(seed, L=3, H=4, S=6):
     return torch.rand(L, H, S, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def test_sdh_mask_and_table_loop():
+def test_sdh_table_loop():
     s = slash(0)
     s[1, 2, 3] = 0.5  # exactly kappa: dominant
     L, H, S = s.shape
-    assert sdh_mask(s, 0.5, 3).tolist() == [[s[l, h, 3] >= 0.5 for h in range(H)] for l in range(L)]
     with pytest.raises(PoslensError):
-        sdh_mask(s, 0.5, S)
-    with pytest.raises(PoslensError):
-        sdh_mask(s, 0.5, -1)
-    with pytest.raises(PoslensError):
-        sdh_mask(s[0], 0.5, 1)
+        sdh_table(s[0], [0.5], 3)
     kappas = [0.3, 0.5, 0.9]
     t = sdh_table(s, kappas, max_delta=10, min_delta=1, layer_ids=[2, 5, 7], max_listed=2)
     rows = iter(t["rows"])
