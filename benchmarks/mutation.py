@@ -128,8 +128,9 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
 ]
 
 
-#: modules whose sentences are output: a mutant that only rewords one is counted apart ("text")
-PROSE = "report/readings.py"
+#: modules whose sentences (readings, error messages, captions) a mutant that only rewords one is
+#: counted apart ("text"): every target (lines raising errors are not mutated at all)
+PROSE = "*"
 _STRING = re.compile(r"""(?P<q>["'])(?P<s>(?:\\.|(?!(?P=q)).)*)(?P=q)""")
 
 
