@@ -117,3 +117,37 @@ def test_target_stderr_stops_after_two_blocks_at_the_earliest():
     never = run_simulation(SimConfig(alpha=0.3, layers=1, seq_len=4, dim=8, samples=2 * RNG_BLOCK,
                                      chunk_size=RNG_BLOCK, target_stderr=1e-9))
     assert never.samples == 2 * RNG_BLOCK and not never.stopped_early
+
+
+def test_summary_numbers_per_layer(tmp_path):
+    from poslens import theory
+    from poslens.simulate import load_result, save_result
+
+    cfg = SimConfig(alpha=0.3, layers=2, seq_len=5, dim=6, samples=300)
+    res = run_simulation(cfg)
+    s = res.summary
+    assert s["samples"] == 300 and s["label"] == cfg.label() and s["stopped_early"] is False
+    assert s["samples_per_second"] == pytest.approx(300 / res.seconds)
+    th = theory.kim_mean_field(0.3, 5, 2)
+    for l, entry in enumerate(s["layers"]):
+        lower = [(i, j) for i in range(5) for j in range(i)]
+        assert entry["layer"] == l and entry["paper_layer"] == l + 1
+        assert entry["max_stderr"] == pytest.approx(max(float(res.scores_stderr[l, i, j]) for i, j in lower))
+        assert entry["mean_score"] == pytest.approx(sum(float(res.scores[l, i, j]) for i, j in lower) / len(lower))
+        assert entry["theory_max_abs_diff"] == pytest.approx(
+            max(abs(float(res.scores[l, i, j]) - float(th[l, i, j])) for i, j in lower))
+        assert entry["noise_groups"] == 16
+    # no closed form with RoPE, LayerNorm or without the mask
+    for kw in (dict(rope=True), dict(norm="layernorm"), dict(causal=False)):
+        r = run_simulation(SimConfig(alpha=0.3, layers=1, seq_len=4, dim=6, samples=20, **kw))
+        assert "theory_max_abs_diff" not in r.summary["layers"][0]
+    one = run_simulation(SimConfig(layers=1, seq_len=1, dim=4, samples=20))
+    assert one.summary["layers"][0]["max_stderr"] == 0.0
+    assert one.summary["layers"][0]["mean_score"] == pytest.approx(1.0)
+    assert "no valid entry" in one.summary["layers"][0]["noise"]  # was a TypeError in describe_map
+    # the run directory loads back to the same numbers
+    save_result(res, tmp_path / "r", figures=False)
+    back = load_result(tmp_path / "r")
+    torch.testing.assert_close(back.scores, res.scores.float().double(), equal_nan=True)
+    torch.testing.assert_close(back.score_groups, res.score_groups.float().double(), equal_nan=True)
+    assert back.samples == 300 and back.config == cfg
