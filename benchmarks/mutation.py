@@ -171,6 +171,19 @@ def explain(module: str, func: str, minus: str, plus: str) -> tuple[str, str] | 
     return None
 
 
+def selection(module: str) -> list[str]:
+    """``TARGETS[module]`` with each test file found wherever it now lives under tests/ (the test tree
+    mirrors the package and files move with it)."""
+    out = []
+    for arg in TARGETS[module]:
+        if arg.startswith("tests/") and not (ROOT / arg).exists():
+            found = sorted((ROOT / "tests").rglob(Path(arg).name))
+            if found:
+                arg = str(found[0].relative_to(ROOT))
+        out.append(arg)
+    return out
+
+
 def slug(module: str) -> str:
     return module.replace("/", "__").removesuffix(".py")
 
@@ -196,7 +209,7 @@ def prepare(module: str) -> Path:
     text += "\n[tool.mutmut]\n" + "\n".join([
         'source_paths = ["src/"]',
         f'only_mutate = ["{target}"]',
-        f"pytest_add_cli_args_test_selection = {json.dumps(TARGETS[module])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(selection(module))}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
         f"do_not_mutate_patterns = {json.dumps(DO_NOT_MUTATE_PATTERNS)}",
         'process_isolation = "forkserver"',
@@ -301,7 +314,7 @@ def summarize(module: str, work: Path, sampled_of: int = 0, only: set[str] | Non
     return {"mutants": n, "killed": killed, "survived": len(survivors), "equivalent": len(equivalent),
             "other": {k: len(v) for k, v in by_status.items() if k not in (*CAUGHT, "survived", "no tests")},
             "score": killed / judged if judged else None, "raw_score": killed / n if n else None,
-            "tests": TARGETS[module], "survivors": survivors, "equivalent_survivors": equivalent,
+            "tests": selection(module), "survivors": survivors, "equivalent_survivors": equivalent,
             "sampled_of": sampled_of if n < sampled_of else 0}
 
 
@@ -379,7 +392,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.list:
         for m, t in TARGETS.items():
-            print(f"{m:28s} {' '.join(t)}")
+            print(f"{m:28s} {' '.join(selection(m))}")
         return 0
     modules = a.modules or list(TARGETS)
     unknown = [m for m in modules if m not in TARGETS]
@@ -399,7 +412,7 @@ def main(argv=None) -> int:
                 names = sorted(random.Random(0).sample(names, a.sample))
             todo = [n for n in names if codes.get(n) is None or _function_of(n) in changed
                     or (a.rerun_survivors and codes[n] in SURVIVED | NO_TESTS)]
-            print(f"== {mod}: {len(todo)} of {len(names)} mutants to run ({' '.join(TARGETS[mod])})", flush=True)
+            print(f"== {mod}: {len(todo)} of {len(names)} mutants to run ({' '.join(selection(mod))})", flush=True)
             if todo:
                 mutmut(work, "run", "--max-children", str(a.max_children), *todo, capture=False)
             # mutmut drops cached results when the test selection or the module changed: run what lost them
