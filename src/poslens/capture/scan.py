@@ -452,6 +452,15 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             if (out / ck_name).exists() and _checkpoint_meta(out / ck_name).get("fingerprint") != fp:
                 raise PoslensError(f"--resume: {out / ck_name} was written by a scan with different options; rerun "
                                    "with the original options or choose a new --out.")
+            if not (out / ck_name).exists() and (out / "config.json").exists():
+                # no checkpoint: a finished scan (it deletes its checkpoint) or one killed before the first
+                written = json.loads((out / "config.json").read_text()).get("fingerprint")
+                if written is not None and written != fp:
+                    raise PoslensError(f"--resume: {out} was written by a scan with different options; rerun with "
+                                       "the original options or choose a new --out.")
+                if written == fp and (out / "summary.json").exists():
+                    raise PoslensError(f"--resume: the scan in {out} has finished; there is nothing to resume "
+                                       "(pass --overwrite to scan again).")
     except PoslensError as e:
         err = e  # still join the group (same backend as the others) so every rank can be told
         device = f"cuda:{ctx.local_rank}" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
