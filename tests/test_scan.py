@@ -276,7 +276,8 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
 
 
 def test_pool_for_figure_block_means_skip_the_causal_triangle():
-    from poslens.capture.scan import causal_view, pool_for_figure
+    from poslens.capture.scan import causal_view
+    from poslens.report.plots import pool_for_figure
 
     S = 10
     m = torch.arange(S * S, dtype=torch.float64).reshape(S, S)

@@ -62,7 +62,7 @@ def _rank_one_model(path, seed=0):
     """One-layer RoPE SmolLM3 with rank-one W_Q/W_K reading a direction every token shares."""
     from transformers import AutoModelForCausalLM
 
-    from poslens.models import build_config
+    from poslens.models.families import build_config
 
     cfg = build_config("rope", "micro", V, rope_theta=BASE, layers=1, hidden=HID, heads=H, kv_heads=HK,
                        intermediate=32)
@@ -181,7 +181,7 @@ def test_slash_dynamics_small_run(tmp_path, cli):
 
     out = tmp_path / "dyn"
     code, _, err = cli("slash-dynamics", "--out", out, "--steps", 6, "--snapshots", "0,3", "--hidden", 16,
-                       "--scan-seqs", 4, "--seq-len", 10, "--quiet")
+                       "--num-seqs", 4, "--seq-len", 10, "--quiet")
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
     assert [r["step"] for r in s["steps"]] == [0, 3, 6] and s["paper"] == "slash" and (out / "dynamics.png").is_file()

@@ -1,4 +1,4 @@
-"""Direct tests of the statistics objects in ``poslens.stats`` against numpy / scipy on the same samples."""
+"""Direct tests of the statistics objects in ``poslens.capture.stats`` against numpy / scipy on the same samples."""
 
 import os
 import socket
@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import torch
 
-from poslens.stats import AccumulatorSet, MeanAccumulator
+from poslens.capture.stats import AccumulatorSet, MeanAccumulator
 
 
 def _samples(n, shape=(3, 4), seed=0):
@@ -152,7 +152,7 @@ def test_all_reduce_on_a_one_process_gloo_group():
 # group sums, sign-flip test, cross-group mean squares, jackknife
 # --------------------------------------------------------------------------------------------
 def test_group_accumulator_add_merge_state_dict():
-    from poslens.stats import GroupAccumulator
+    from poslens.capture.stats import GroupAccumulator
 
     x = _samples(12, (2, 2))
     a, b = GroupAccumulator(3, (2, 2)), GroupAccumulator(3, (2, 2))
@@ -191,7 +191,7 @@ def _brute_signflip(a, w):
 
 @pytest.mark.parametrize("shift", [0.0, 0.4, 3.0])
 def test_signflip_pvalue_matches_enumeration(shift):
-    from poslens.stats import min_pvalue, signflip_pvalue
+    from poslens.capture.stats import min_pvalue, signflip_pvalue
 
     g = torch.Generator().manual_seed(3)
     a = torch.randn(7, 5, generator=g, dtype=torch.float64) + shift
@@ -204,14 +204,14 @@ def test_signflip_pvalue_matches_enumeration(shift):
 
 
 def test_decisive_needs_eight_groups():
-    from poslens.stats import NOISE_P, decisive, min_pvalue
+    from poslens.capture.stats import NOISE_P, decisive, min_pvalue
 
     assert min_pvalue(1) == 1.0 and min_pvalue(8) == 1 / 128 and min_pvalue(7) == 1 / 64
     assert not decisive(7) and decisive(8) and min_pvalue(7) > NOISE_P > min_pvalue(8)
 
 
 def test_cross_mean_square_against_definition():
-    from poslens.stats import cross_mean_square
+    from poslens.capture.stats import cross_mean_square
 
     g = torch.Generator().manual_seed(4)
     a = torch.randn(5, 6, generator=g, dtype=torch.float64) + 1.0
@@ -231,7 +231,7 @@ def test_cross_mean_square_against_definition():
 
 def test_jackknife_se_of_the_mean_is_the_standard_error():
     """For the mean of equal-sized groups the delete-one jackknife SE equals the usual SE of the group means."""
-    from poslens.stats import jackknife_se
+    from poslens.capture.stats import jackknife_se
 
     g = torch.Generator().manual_seed(5)
     gm = torch.randn(9, generator=g, dtype=torch.float64)
@@ -243,7 +243,7 @@ def test_jackknife_se_of_the_mean_is_the_standard_error():
 
 
 def test_min_pvalue_edges_and_sampled_flips_above_sixteen_groups():
-    from poslens.stats import min_pvalue, signflip_pvalue
+    from poslens.capture.stats import min_pvalue, signflip_pvalue
 
     assert min_pvalue(2) == 0.5 and min_pvalue(16) == 2.0**-15 and min_pvalue(17) == 1 / (2**15 + 1)
     g = torch.Generator().manual_seed(6)
@@ -261,7 +261,7 @@ def test_min_pvalue_edges_and_sampled_flips_above_sixteen_groups():
 
 
 def test_two_groups_are_enough_for_an_estimate_one_is_not():
-    from poslens.stats import cross_mean_square, jackknife_se, signflip_pvalue
+    from poslens.capture.stats import cross_mean_square, jackknife_se, signflip_pvalue
 
     a = torch.tensor([[1.0, 2.0], [3.0, 5.0]], dtype=torch.float64)
     w = torch.ones(2, dtype=torch.float64)

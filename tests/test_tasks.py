@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from poslens.errors import PoslensError
-from poslens.tasks import (IGNORE, INDEX_CHARS, TASKS, TaskSource, collate, encode_example, example_strings,
+from poslens.data.tasks import (IGNORE, INDEX_CHARS, TASKS, TaskSource, collate, encode_example, example_strings,
                            exact_match_counts, get_task)
-from poslens.tokenizer import BOS, EOS, char_tokenizer, char_vocab
+from poslens.data.tokenizer import BOS, EOS, char_tokenizer, char_vocab
 
 
 def _oracle(name, prompt):

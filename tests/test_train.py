@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poslens.errors import PoslensError
-from poslens.train import TrainConfig, load_trained, lr_factor, train_model
+from poslens.models.train import TrainConfig, load_trained, lr_factor, train_model
 
 FAST = dict(preset="micro", batch_size=8, eval_examples=32, eval_every=0, progress=False, threads=1)
 
@@ -46,7 +46,7 @@ def test_train_save_reload_and_exact_resume(pe, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "full")
     tok = AutoTokenizer.from_pretrained(tmp_path / "full")
     assert tok("12|12", add_special_tokens=False).input_ids and model.config.vocab_size == len(tok)
-    from poslens.tasks import evaluate_task
+    from poslens.data.tasks import evaluate_task
 
     again = evaluate_task(model, "copy", max_len=4, count=32, seed=0)
     assert again["eval_accuracy"] == full["eval_accuracy"]
@@ -82,7 +82,7 @@ def test_loss_decreases_on_copy(tmp_path):
 
 
 def test_steps_zero_saves_the_initial_model(tmp_path):
-    from poslens.models import build_model
+    from poslens.models.families import build_model
 
     s = train_model(_cfg(tmp_path / "r", pe="none", steps=0, init_std=0.002))
     assert s["initial_loss"] == s["final_loss"] and s["steps"] == 0
@@ -132,7 +132,7 @@ def test_lr_schedule():
 ])
 def test_cli_bad_input(cli, tmp_path, args, msg):
     out = tmp_path / "out"
-    code, _, err = cli("train", "--out", out, "--steps", "2", "--no-progress", *args)
+    code, _, err = cli("train", "--out", out, "--steps", "2", "--quiet", *args)
     assert code == 2 and msg in err
     assert not out.exists()
 
@@ -140,44 +140,44 @@ def test_cli_bad_input(cli, tmp_path, args, msg):
 def test_cli_empty_corpus(cli, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("   \n")
-    code, _, err = cli("train", "--out", tmp_path / "o", "--data", empty, "--no-progress")
+    code, _, err = cli("train", "--out", tmp_path / "o", "--data", empty, "--quiet")
     assert code == 2 and "no text" in err and not (tmp_path / "o").exists()
 
 
 def test_existing_model_is_never_damaged(cli, tmp_path):
     other = tmp_path / "other"
-    build = __import__("poslens.models", fromlist=["build_model"]).build_model
+    build = __import__("poslens.models.families", fromlist=["build_model"]).build_model
     build("rope", "micro", 40).save_pretrained(other)
     before = _tree_digest(other)
     for extra in ([], ["--resume"], ["--task", "nope"], ["--resume", "--overwrite"]):
-        code, _, err = cli("train", "--out", other, "--task", "copy", "--steps", "2", "--no-progress", *extra)
+        code, _, err = cli("train", "--out", other, "--task", "copy", "--steps", "2", "--quiet", *extra)
         assert code == 2, extra
     assert _tree_digest(other) == before
 
     run = tmp_path / "run"
     assert cli("train", "--out", run, "--task", "copy", "--max-len", "4", "--steps", "2", "--batch-size", "4",
-               "--eval-examples", "8", "--no-progress")[0] == 0
+               "--eval-examples", "8", "--quiet")[0] == 0
     before = _tree_digest(run)
-    code, _, err = cli("train", "--out", run, "--task", "copy", "--steps", "2", "--no-progress")
+    code, _, err = cli("train", "--out", run, "--task", "copy", "--steps", "2", "--quiet")
     assert code == 2 and "--overwrite" in err
-    code, _, err = cli("train", "--out", run, "--task", "reverse", "--steps", "2", "--no-progress", "--resume")
+    code, _, err = cli("train", "--out", run, "--task", "reverse", "--steps", "2", "--quiet", "--resume")
     assert code == 2 and "task" in err
     assert _tree_digest(run) == before
     # a finished run resumed with the same options is a no-op
     code, out, _ = cli("train", "--out", run, "--task", "copy", "--max-len", "4", "--steps", "2", "--batch-size", "4",
-                       "--eval-examples", "8", "--no-progress", "--resume", "--json")
+                       "--eval-examples", "8", "--quiet", "--resume", "--json")
     assert code == 0 and _tree_digest(run) == before
     # --overwrite replaces the run and leaves unrelated files alone
     (run / "notes.txt").write_text("keep me")
     code, out, _ = cli("train", "--out", run, "--task", "reverse", "--max-len", "3", "--steps", "1", "--batch-size", "4",
-                       "--eval-examples", "8", "--no-progress", "--overwrite", "--json")
+                       "--eval-examples", "8", "--quiet", "--overwrite", "--json")
     assert code == 0 and json.loads(out)["task"] == "reverse"
     assert (run / "notes.txt").read_text() == "keep me"
 
 
 def test_zoo_micro(cli, tmp_path):
     code, out, _ = cli("zoo", "--out", tmp_path / "zoo", "--scale", "micro", "--only", "nope-copy,rope-random",
-                       "--no-progress", "--threads", "1")
+                       "--quiet", "--threads", "1")
     assert code == 0
     index = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
     assert set(index["entries"]) == {"nope-copy", "rope-random"}

@@ -11,7 +11,7 @@ so the model's outputs are those of the ``sdpa`` implementation. Nothing in tran
 replaced.
 
 While a :class:`Capture` is active (``with capture.active(): model(...)``), every call of the
-function also adds to streaming float64 accumulators (:class:`poslens.stats.AccumulatorSet`).
+function also adds to streaming float64 accumulators (:class:`poslens.capture.stats.AccumulatorSet`).
 The batch and head reductions are folded into matrix products, and the softmax is taken in
 query-row chunks, so memory is bounded by the result (``S x S`` per layer) and one chunk of
 ``B x H x c x S`` logits, never by ``B x H x S x S`` per layer.
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from poslens.errors import PoslensError
 from poslens.metrics.neighborhood import per_sequence_aps
-from poslens.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
+from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
 
 ATTN_NAME = "poslens"
 

@@ -31,6 +31,8 @@ from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, parse_sta
 from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
+from poslens.progress import task_progress
+from poslens.runtime import no_hf_progress_bars, resolve_dtype
 
 CHECKPOINT = "checkpoint.safetensors"
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -61,6 +63,7 @@ class ScanConfig:
     bidirectional: bool = False
     figures: bool = True
     resume: bool = False
+    overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
     checkpoint_every: int = 10  # batches
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -175,21 +178,6 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
     return config, adapter
 
 
-def resolve_dtype(dtype: str, device: str, config) -> torch.dtype:
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if dtype in names:
-        return names[dtype]
-    if dtype != "auto":
-        raise PoslensError(f"--dtype {dtype!r} is not one of auto, bf16, fp16, fp32.")
-    if device.startswith("cuda"):
-        d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if isinstance(d, str):
-            d = names.get(d.replace("torch.", ""), None)
-        return d if isinstance(d, torch.dtype) and d != torch.float32 else torch.bfloat16
-    return torch.float32  # CPU: half-precision matmuls are slow and bring nothing
-
-
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
     """The model's tokenizer (directory or ``.gguf`` file), or None when it has none."""
     from poslens.capture.model_source import model_directory
@@ -245,7 +233,7 @@ class ScanPlan:
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing."""
-    from poslens.cli_app import parse_device
+    from poslens.runtime import parse_device
     from poslens.rundir import prepare_out_dir
 
     stats = parse_stats(cfg.stats)
@@ -288,7 +276,9 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
             raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
                                "--device-map to scan on the CPU).")
     dtype = resolve_dtype(cfg.dtype, device, config)
-    prepare_out_dir(cfg.out, must_be_new=not cfg.resume)
+    if cfg.resume and cfg.overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
     tokenizer = None
     if cfg.data != "random":
         tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
@@ -471,12 +461,10 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     plan.device = device
     if ctx.is_main:
         create_out_dir(out)
-    if (ctx.enabled and not ctx.is_main) or not progress:  # one set of loading bars per job; none with --quiet
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
-                       trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
+    # one set of loading bars per job; none with --quiet
+    with no_hf_progress_bars((ctx.enabled and not ctx.is_main) or not progress):
+        model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
+                           trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
     try:  # every layer must dispatch through the registered attention (custom attention code: refused)
         plan.attention = check_dispatch(model, plan.adapter)
     except PoslensError:
@@ -530,7 +518,8 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     tokens = 0
     t_loop = time.time()
     try:
-        with _progress(progress and ctx.is_main, len(batches), already) as advance:
+        shown = already
+        with task_progress("scan", len(batches), enabled=progress and ctx.is_main, done=already) as update:
             for n_step, t in enumerate(range(first_step, steps), 1):
                 did = 0
                 if done <= t < len(mine):
@@ -544,7 +533,8 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                     D.die_hook(ctx, done)
                 # lockstep: the global count for the progress bar, and a dead peer is noticed at once
                 ctx.reach(t + 1)
-                advance(int(ctx.all_sum([did], device)[0]) if ctx.enabled else did)
+                shown += int(ctx.all_sum([did], device)[0]) if ctx.enabled else did
+                update(shown)
                 if stop_after_batches is not None and n_step >= stop_after_batches and t + 1 < steps:
                     checkpoint(done)
                     return {"stopped_at": mine[done - 1][1]} if not ctx.enabled else {
@@ -578,26 +568,6 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         for f in [out / CHECKPOINT, *_rank_checkpoints(out).values()]:
             f.unlink(missing_ok=True)
     return summary
-
-
-class _progress:
-    def __init__(self, enabled: bool, total: int, done: int):
-        self.enabled, self.total, self.done = enabled, total, done
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda n=1: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.p = Progress(TextColumn("scan"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        self.p.__enter__()
-        self.task = self.p.add_task("scan", total=self.total, completed=self.done)
-        return lambda n=1: self.p.advance(self.task, n)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.p.__exit__(*exc)
-        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -651,7 +621,9 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     """The score-map numbers of one layer: sink-excluded headline values on the full map (relativity
     index, locality on at most ``locality_positions`` positions, signed diagonal trend, within-diagonal
     RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
-    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`)."""
+    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`).
+    Where ``grid`` is coarser than the map, the same statistics of the grid map (``grid_*``, the ones
+    the p-values and standard error test) are given too, under ``noise_positions`` positions."""
     from poslens.metrics import describe_map, locality, relativity_index
 
     sub = _subsample(sc, locality_positions)
@@ -664,6 +636,11 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
             out[key] = noise.get(key)
         out["flat"] = bool(noise["flat"])
         out["noise_positions"] = int(grid.numel())
+        if grid.numel() < sc.shape[-1]:
+            # the p-values, noise floor and standard error belong to the statistics of the grid map: give
+            # those beside the full-map headline numbers, so each uncertainty sits next to its own statistic
+            for key in ("relativity_index", "diagonal_trend", "within_diag_rms", "locality"):
+                out[f"grid_{key}"] = noise.get(key)
         out.pop("noise", None)
         if noise.get("noise"):
             out["noise"] = noise["noise"]
@@ -824,72 +801,11 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
                                             f"(n = {grid.numel()}); score_group_counts: sequences per group",
                             "aps_seq": "per-sequence APS, mean over sequences (index as cosine)"})
     if figures and "scores" in tensors:
-        summary["files"] += write_figures(out, tensors, spec, block=blocks.f if blocks is not None else 1)
+        from poslens.report.plots import ZOOM_POSITIONS, score_map_figures  # matplotlib: only when drawing
+
+        summary["files"] += score_map_figures(causal_view(tensors["scores"]), out, layer_ids=spec.layers,
+                                              zoom=ZOOM_POSITIONS,
+                                              block=blocks.f if blocks is not None else 1)
     return summary
 
 
-#: Figures show at most this many positions per axis; longer maps are block-averaged down to it
-#: (a 4,096-position map has 16 M pixels, far beyond a panel's resolution, and takes minutes to draw).
-FIGURE_MAX_POSITIONS = 1024
-
-
-def pool_for_figure(m: torch.Tensor, max_positions: int = FIGURE_MAX_POSITIONS) -> torch.Tensor:
-    """Block means of a ``[S, S]`` map over ``f x f`` blocks, ``f = ceil(S / max_positions)``; NaN
-    entries (the causal upper triangle) are left out of each mean, all-NaN blocks stay NaN."""
-    S = m.shape[-1]
-    f = -(-S // max_positions)
-    if f <= 1:
-        return m
-    pad = (-S) % f
-    x = torch.nn.functional.pad(m.to(torch.float64), (0, pad, 0, pad), value=float("nan"))
-    n = x.shape[-1] // f
-    x = x.reshape(n, f, n, f)
-    finite = torch.isfinite(x)
-    total = torch.where(finite, x, torch.zeros((), dtype=x.dtype)).sum(dim=(1, 3))
-    count = finite.sum(dim=(1, 3))
-    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
-
-
-#: the zoom figure's window: sinks (key 0) and slashes (small offsets) live in the first positions
-ZOOM_POSITIONS = 64
-
-
-def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int = 32, block: int = 1) -> list[str]:
-    """Raw and diagonal-normalised score maps per layer (1-99 % colour range) and a zoom on the
-    first :data:`ZOOM_POSITIONS` positions, every layer in one grid (groups of ``max_per_figure``
-    layers beyond that; 6 panels per row for more than 12 layers).
-
-    Maps longer than :data:`FIGURE_MAX_POSITIONS` are diagonal-normalised at full resolution, then
-    shown block-averaged (:func:`pool_for_figure`); ``maps.safetensors`` keeps every position. Block
-    maps (``--map-size``, ``block`` positions per block) are drawn as stored, without the zoom."""
-    from poslens.metrics import diagonal_normalize
-    from poslens.plots import layer_grid
-    from poslens.rundir import save_figure
-
-    files = []
-    scores = causal_view(means["scores"])  # a block map: NaN right of the block diagonal, as map_view
-    unit = "" if block == 1 else f", blocks of {block} positions"
-    single = len(spec.layers) <= max_per_figure
-    columns = 6 if len(spec.layers) > 12 else 4
-    for g in range(0, len(spec.layers), max_per_figure):
-        sel = list(range(g, min(len(spec.layers), g + max_per_figure)))
-        ids = [spec.layers[i] for i in sel]
-        titles = [f"layer {l}" for l in ids]  # decoder layers from 0
-        prefix = "scores" if single else f"scores_layers{ids[0]}-{ids[-1]}"
-        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles,
-                         suptitle=f"mean pre-softmax scores (decoder layers from 0{unit})", percentile=(1, 99),
-                         positions=spec.seq_len, columns=columns)
-        save_figure(raw, out / f"{prefix}_raw.png")
-        # per layer: diagonal_normalize on a stacked [n, S, S] NaN-masked map fails (see report)
-        dn = [pool_for_figure(diagonal_normalize(scores[i])) for i in sel]
-        fig = layer_grid(dn, titles=titles, suptitle=f"diagonal-normalised scores (decoder layers from 0{unit})",
-                         percentile=(1, 99), positions=spec.seq_len, columns=columns)
-        save_figure(fig, out / f"{prefix}_diagnorm.png")
-        files += [f"{prefix}_raw.png", f"{prefix}_diagnorm.png"]
-        if spec.seq_len > ZOOM_POSITIONS and block == 1:
-            z = ZOOM_POSITIONS
-            fig = layer_grid([scores[i, :z, :z] for i in sel], titles=titles, percentile=(1, 99), columns=columns,
-                             suptitle=f"pre-softmax scores, first {z} positions (key 0: the sink column)")
-            save_figure(fig, out / f"{prefix}_zoom.png")
-            files.append(f"{prefix}_zoom.png")
-    return files

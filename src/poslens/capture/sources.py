@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 
 
@@ -49,11 +50,7 @@ class RandomTokens(SequenceSource):
         self.seed = int(seed)
 
     def batch(self, start: int, stop: int) -> torch.Tensor:
-        rows = []
-        for n in range(start, stop):
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + n)
-            rows.append(torch.randint(0, self.vocab_size, (self.seq_len,), generator=g))
-        return torch.stack(rows)
+        return random_tokens(start, stop, self.seq_len, pool=self.vocab_size, seed=self.seed)
 
     def describe(self) -> dict:
         return {**super().describe(), "vocab_size": self.vocab_size, "seed": self.seed}
@@ -96,7 +93,7 @@ def _pack(stream: Iterator[list[int]], seq_len: int, num_seqs: int, origin: str,
 
 
 def _jsonl_records(path: Path) -> Iterator[dict]:
-    from poslens.data import iter_jsonl
+    from poslens.data.corpus import iter_jsonl
 
     yield from iter_jsonl(path, lambda o: isinstance(o.get("input_ids"), list) or isinstance(o.get("text"), str),
                           "an 'input_ids' list or a 'text' string field")
@@ -123,7 +120,7 @@ def _text_stream(texts: Iterator[str], tokenizer, origin: str) -> Iterator[list[
 def make_source(data: str, *, seq_len: int, num_seqs: int, seed: int = 0, tokenizer=None,
                 vocab_size: int | None = None) -> SequenceSource:
     """Build the source named by ``--data`` (see module docstring)."""
-    from poslens.data import iter_texts
+    from poslens.data.corpus import iter_texts
 
     if seq_len < 2:
         raise PoslensError(f"--seq-len {seq_len}: need at least 2 tokens.")

@@ -24,7 +24,7 @@ whole key columns (real models' attention-sink column 0, a BOS position): a Toep
 raised sink column is purely relative everywhere else and reads 1 with ``exclude_keys=(0,)``.
 
 Noise: with ``groups`` (group means of the map over independent groups of samples, see
-:class:`poslens.stats.GroupAccumulator`) every significance statement comes from the spread of
+:class:`poslens.capture.stats.GroupAccumulator`) every significance statement comes from the spread of
 the groups, which holds whatever the correlation between entries of one sample: a sign-flip test
 for "no variation" (flat) and for "no non-relative part", and noise-free (cross-group) estimates
 of the variances. A flat map has relativity index and locality ``None``.
@@ -37,11 +37,11 @@ from typing import Sequence
 import torch
 
 from poslens.metrics.neighborhood import rising_pair_fraction
-from poslens.stats import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
+from poslens.capture.stats import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
 
 
 def _as64(m) -> torch.Tensor:
-    return torch.as_tensor(m).to(torch.float64)
+    return torch.as_tensor(m, dtype=torch.float64)  # not via float32 when m is a list
 
 
 def valid_mask(S: int, include_diagonal: bool = False, device=None) -> torch.Tensor:

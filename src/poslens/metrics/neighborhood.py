@@ -112,9 +112,7 @@ def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
     i = torch.arange(T, device=m.device)
     x = m.masked_fill(i[None, :] >= i[:, None], float("-inf")).reshape(B * T, T)
     gt, _, pairs = ordered_pair_counts(x, count_ties=False)
-    total = float((i.to(torch.float64) * (i - 1) / 2).sum())
-    if total <= 0:
-        return torch.full((B,), float("nan"), dtype=torch.float64)
+    total = float((i.to(torch.float64) * (i - 1) / 2).sum())  # > 0: called for T >= 3 only
     return gt.reshape(B, T).sum(1) / total
 
 

