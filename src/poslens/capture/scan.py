@@ -369,6 +369,22 @@ def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPO
     return int(meta["batches_done"]) if "batches_done" in meta else int(meta["next_seq"])
 
 
+def _check_finished(out: Path, ck_name: str, fp: str) -> None:
+    """Refuse to resume a finished scan: its checkpoint is gone (deleted unless --keep-checkpoint), so a
+    resume would silently start again over its results."""
+    if (out / ck_name).exists() or not (out / "summary.json").exists():
+        return
+    try:
+        old = json.loads((out / "config.json").read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        old = None
+    if old is not None and old != fp:
+        raise PoslensError(f"--resume: {out} was written by a scan with different options; rerun with the original "
+                           "options or choose a new --out.")
+    raise PoslensError(f"--resume: {out} is a finished scan (summary.json written, checkpoint removed); there is "
+                       "nothing to resume. Choose a new --out to scan again.")
+
+
 def _rank_checkpoints(out: Path) -> dict[int, Path]:
     found = {}
     for f in out.glob("checkpoint.rank*.safetensors"):
@@ -452,15 +468,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             if (out / ck_name).exists() and _checkpoint_meta(out / ck_name).get("fingerprint") != fp:
                 raise PoslensError(f"--resume: {out / ck_name} was written by a scan with different options; rerun "
                                    "with the original options or choose a new --out.")
-            if not (out / ck_name).exists() and (out / "config.json").exists():
-                # no checkpoint: a finished scan (it deletes its checkpoint) or one killed before the first
-                written = json.loads((out / "config.json").read_text()).get("fingerprint")
-                if written is not None and written != fp:
-                    raise PoslensError(f"--resume: {out} was written by a scan with different options; rerun with "
-                                       "the original options or choose a new --out.")
-                if written == fp and (out / "summary.json").exists():
-                    raise PoslensError(f"--resume: the scan in {out} has finished; there is nothing to resume "
-                                       "(pass --overwrite to scan again).")
+            _check_finished(out, ck_name, fp)
     except PoslensError as e:
         err = e  # still join the group (same backend as the others) so every rank can be told
         device = f"cuda:{ctx.local_rank}" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
