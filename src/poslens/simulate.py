@@ -211,24 +211,6 @@ class _ChunkSums:
     count: int
 
 
-def _add_rows_to_groups(g: torch.Tensor, s: torch.Tensor, first: int) -> None:
-    """``g[(first + i) % G] += s[i]`` for every row i of ``s``, as one strided sum over whole
-    rounds of G rows plus the leftover rows (no per-row indexing)."""
-    G = g.shape[0]
-    n = s.shape[0]
-    full = n - n % G
-    if full:
-        part = s[:full].view(full // G, G, *s.shape[1:]).sum(0)  # part[j] belongs to group (first + j) % G
-        r = first % G
-        if r:
-            g[r:] += part[: G - r]
-            g[:r] += part[G - r:]
-        else:
-            g += part
-    for i in range(full, n):
-        g[(first + i) % G] += s[i]
-
-
 def _chunk_sums(cfg: SimConfig, first_block: int, n_blocks: int, first_sample: int, take: int,
                 buffers: dict, rope_cs, neg_mask) -> _ChunkSums:
     """Draw RNG blocks ``first_block ..`` into the buffers, run the layers, return float32 sums."""
@@ -238,13 +220,14 @@ def _chunk_sums(cfg: SimConfig, first_block: int, n_blocks: int, first_sample: i
     for i in range(n_blocks):
         sample_inputs(cfg, first_block + i, dev, out=x[i * RNG_BLOCK:(i + 1) * RNG_BLOCK])
     x = x[:take]
+    gid = torch.arange(first_sample, first_sample + take, device=dev) % G  # sample n -> group n % G
     groups = torch.zeros(L, G, S, S, device=dev)
     squares = torch.empty(L, S, S, device=dev)
     probs = torch.empty(L, S, S, device=dev)
     # Per-chunk sums in float32 (pairwise summation over <= a few thousand rows), folded into
     # float64 accumulators in chunk order: as accurate as float64 sums here and ~20x cheaper.
     for l, (s, p) in enumerate(forward_layers(x, cfg, rope_cs, neg_mask, buffers=buffers)):
-        _add_rows_to_groups(groups[l], s, first_sample)
+        groups[l].index_add_(0, gid, s)
         torch.sum(p, 0, out=probs[l])
         torch.sum(s.square_(), 0, out=squares[l])  # s is spent: square it in place
     return _ChunkSums(groups, squares, probs, take)
