@@ -203,7 +203,7 @@ def test_bad_config(kw):
 
 def test_cli_writes_contract_and_loads_back(cli, tmp_path):
     out = tmp_path / "run"
-    code, stdout, _ = cli("simulate", "--samples", 500, "--seq-len", 8, "--dim", 16, "--layers", 2, "--out", out,
+    code, stdout, _ = cli("simulate", "--samples", 500, "--seq-len", 8, "--dim", 16, "--num-layers", 2, "--out", out,
                           "--device", "cpu", "--quiet")
     assert code == 0
     t = read_tensors(out / "maps.safetensors")
@@ -261,7 +261,7 @@ def test_reproduce_fig1_and_index(cli, tmp_path):
 
 
 def test_reproduce_fig4_small(tmp_path):
-    from poslens.reproduce.simulated import ReproContext, run_reproduction
+    from poslens.reproduce import ReproContext, run_reproduction
 
     rec = run_reproduction("kim-fig4", tmp_path / "r", ReproContext(samples=2000, figures=False))[0]
     assert rec["reproduced"], rec["measured"]
@@ -277,7 +277,7 @@ def test_reproduce_fig4_small(tmp_path):
 
 
 def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
-    from poslens.reproduce.simulated import EXPERIMENTS, ReproContext
+    from poslens.reproduce import EXPERIMENTS, ReproContext
 
     ctx = ReproContext(samples=2000, figures=False)
     rec = EXPERIMENTS["kim-layernorm"].run(ctx, tmp_path / "ln")
@@ -286,7 +286,7 @@ def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
 
 
 def test_reproduce_fig1_says_rounded_and_truncated(tmp_path):
-    from poslens.reproduce.simulated import EXPERIMENTS, ReproContext
+    from poslens.reproduce import EXPERIMENTS, ReproContext
 
     rec = EXPERIMENTS["kim-fig1"].run(ReproContext(figures=False), tmp_path / "f1")
     assert "0.1535 as 0.154 (rounded)" in rec["note"] and "0.1508 as 0.150 (truncated)" in rec["note"]
@@ -315,5 +315,7 @@ def test_demo_quick(cli, tmp_path):
 def test_demo_refuses_foreign_directory(cli, tmp_path):
     (tmp_path / "precious.txt").write_text("x")
     code, _, err = cli("demo", "--quick", "--out", tmp_path)
+    assert code == 2 and "--overwrite" in err
+    code, _, err = cli("demo", "--quick", "--out", tmp_path, "--overwrite")  # only an earlier demo is replaced
     assert code == 2 and "demo.json" in err
     assert (tmp_path / "precious.txt").read_text() == "x"

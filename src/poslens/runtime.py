@@ -1,4 +1,5 @@
-"""Runtime settings shared by the library and the CLI: which device, which dtype, how many CPU threads.
+"""Runtime settings shared by the library and the CLI: which device, which dtype, how many CPU
+threads, and process-wide switches (Hugging Face progress bars) set for one block and restored after it.
 
 Threads. torch runs each CPU operation on an OpenMP pool of ``torch.get_num_threads()`` threads
 that meet at a barrier when the operation ends. By default a thread that arrives first *spins*
@@ -62,6 +63,30 @@ def resolve_dtype(dtype: str, device: str, config) -> "torch.dtype":
             d = names.get(d.replace("torch.", ""), None)
         return d if isinstance(d, torch.dtype) and d != torch.float32 else torch.bfloat16
     return torch.float32  # CPU: half-precision matmuls are slow and bring nothing
+
+
+def torch_threads(n: int | None):
+    """torch's intra-op thread count set to ``n`` inside the block, restored after; ``None``/0 leaves
+    it unchanged (a library default: the policy of :func:`set_threads` is the CLI's)."""
+    return set_threads(n) if n else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def no_hf_progress_bars(active: bool = True) -> Iterator[None]:
+    """Hugging Face's own progress bars (weight loading, saving) off inside the block when ``active``
+    (e.g. ``--quiet``); the previous setting is restored after it."""
+    if not active:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -65,9 +65,9 @@ class SimConfig:
     def validate(self) -> "SimConfig":
         if not (0.0 <= self.alpha < 1.0) or not math.isfinite(self.alpha):
             raise PoslensError(f"--alpha {self.alpha}: must lie in [0, 1) (mean pairwise inner product of the inputs).")
-        for name in ("layers", "seq_len", "dim", "samples"):
+        for name, flag in (("layers", "--num-layers"), ("seq_len", "--seq-len"), ("dim", "--dim"), ("samples", "--samples")):
             if int(getattr(self, name)) < 1:
-                raise PoslensError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be a positive integer.")
+                raise PoslensError(f"{flag} {getattr(self, name)}: must be a positive integer.")
         if self.norm not in ("l2", "layernorm"):
             raise PoslensError(f"--norm {self.norm!r}: choose l2 or layernorm.")
         if self.norm == "l2" and self.scale is not None:
@@ -423,10 +423,9 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
         from poslens.report.plots import layer_grid, score_map_figures
         from poslens.rundir import save_figure
 
-        L = res.scores.shape[0]
-        titles = [f"layer {l}" for l in range(L)]
-        files = score_map_figures(res.scores, out, label=f"{res.config.label()} (layers from 0)", titles=titles)
+        files = score_map_figures(res.scores, out, label=res.config.label(), percentile=None)
         L = res.probs.shape[0]
+        titles = [f"layer {l}" for l in range(L)]
         probs = res.probs.masked_fill(torch.ones_like(res.probs[0], dtype=torch.bool).triu(1), float("nan")) \
             if res.config.causal else res.probs
         save_figure(layer_grid([probs[l] for l in range(L)], titles=titles,

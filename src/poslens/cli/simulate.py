@@ -7,14 +7,16 @@ from typing import Optional
 
 import typer
 
-from poslens.cli.app import app, parse_device
+from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
+                             refuse_existing_out)
+from poslens.runtime import parse_device
 from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
 def simulate(
     alpha: float = typer.Option(0.0, help="Mean pairwise inner product of the inputs, in [0, 1)."),
-    layers: int = typer.Option(4, help="Number of parameter-free layers."),
+    num_layers: int = typer.Option(4, "--num-layers", help="Number of parameter-free layers."),
     seq_len: int = typer.Option(50, "--seq-len", help="Sequence length."),
     dim: int = typer.Option(64, help="Model dimension d (also RoPE's head dimension)."),
     samples: int = typer.Option(100_000, help="Monte Carlo samples (sequences). Memory does not grow with it."),
@@ -24,13 +26,15 @@ def simulate(
     rope_theta: float = typer.Option(10000.0, "--rope-theta", help="RoPE base."),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask, or bidirectional control."),
     seed: int = typer.Option(0, help="Random seed; results depend on seed and samples only."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = device_option(),
     chunk_size: int = typer.Option(0, "--chunk-size", help="Sequences per compute chunk (0 = automatic)."),
     target_stderr: Optional[float] = typer.Option(None, "--target-stderr",
                                                   help="Stop early once every score's standard error is below this."),
-    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG heat maps."),
-    out: Path = typer.Option(Path("runs/simulate"), "--out", help="Run directory to write."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    no_figures: bool = no_figures_option(),
+    out: Path = typer.Option(Path("runs/simulate"), "--out", help="Run directory to write (must be new unless "
+                             "--overwrite)."),
+    overwrite: bool = overwrite_option(),
+    quiet: bool = quiet_option(),
     threads: int = threads_option(),
 ) -> None:
     """Simulate the parameter-free causal transformer and write mean score maps with standard errors.
@@ -46,35 +50,18 @@ def simulate(
     from rich.console import Console
 
     from poslens.progress import task_progress
+    from poslens.report.terminal import print_simulation_summary
     from poslens.rundir import prepare_out_dir
     from poslens.simulate import SimConfig, run_simulation, save_result
 
-    cfg = SimConfig(alpha=alpha, layers=layers, seq_len=seq_len, dim=dim, samples=samples, norm=norm,
+    cfg = SimConfig(alpha=alpha, layers=num_layers, seq_len=seq_len, dim=dim, samples=samples, norm=norm,
                     scale=scale, rope=rope, rope_theta=rope_theta, causal=causal, seed=seed,
                     device=parse_device(device), chunk_size=chunk_size, target_stderr=target_stderr).validate()
+    refuse_existing_out(out, overwrite=overwrite)
     out = prepare_out_dir(out)
     with task_progress(f"simulate ({cfg.label()})", cfg.samples, enabled=not quiet) as update:
         res = run_simulation(cfg, progress=lambda done, total: update(done, total), workers=workers)
     save_result(res, out, figures=not no_figures)
     if not quiet:
-        print_summary(res.summary, Console())
+        print_simulation_summary(res.summary, Console())
         Console().print(f"wrote {out}/ (config.json, maps.safetensors, summary.json{'' if no_figures else ', PNGs'})")
-
-
-def print_summary(summary: dict, console) -> None:
-    from poslens.fmt import fmt, rich_table
-
-    has_theory = "theory_max_abs_diff" in summary["layers"][0]
-    cols = ["layer", "rel.", "loc.", "trend", "p non-rel", "RMS", "noise"] + (["|sim-th|"] if has_theory else [])
-    rows = [[l["layer"], "flat" if l["relativity_index"] is None else l["relativity_index"],
-             "flat" if l["locality"] is None else l["locality"], l.get("diagonal_trend"), l.get("nonrelative_p"),
-             l.get("within_diag_rms"), l.get("within_diag_rms_noise")]
-            + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
-    t = rich_table(f"{summary['label']}: {fmt(summary['samples'])} samples in {fmt(summary['seconds'])} s "
-                   f"({(summary.get('layer_info') or {}).get('convention', 'layers').split(',')[0]})", cols, rows)
-    console.print(t)
-    console.print("rel.: relativity index; loc.: locality; trend: +1 = the entry further right on each diagonal is "
-                  "higher; p non-rel: sign-flip test over sample groups; RMS: within-diagonal, beside its noise floor")
-    notes = {l["noise"] for l in summary["layers"] if l.get("noise")}
-    for n in notes:
-        console.print(f"note: {n}")

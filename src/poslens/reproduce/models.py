@@ -1,4 +1,4 @@
-"""Trained-model experiments of ``poslens reproduce``, registered into :data:`poslens.reproduce.simulated.EXPERIMENTS`.
+"""Trained- and real-model experiments of ``poslens reproduce`` (:data:`EXPERIMENTS`; the registry of all of them is :data:`poslens.reproduce.EXPERIMENTS`).
 
 The papers' trained checkpoints are unreleased (the 1.5B NoPE model of arXiv 2509.21042) or too
 large to fetch here, so these experiments run on small models standing in for them:
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from poslens.reproduce.simulated import EXPERIMENTS, Experiment, ReproContext
+from poslens.reproduce.simulated import Experiment, ReproContext
 
 ZUO = "Position without positional encodings (arXiv 2501.00073)"
 KIM = "Behind RoPE (arXiv 2509.21042)"
@@ -80,12 +80,13 @@ def _zuo_adjacency(ctx: ReproContext, out: Path) -> dict:
         b1 = layers[1].get("bidirectional_aps_mean")
         good = a1 >= 0.8 and b1 is not None and abs(b1 - 0.5) < 0.1
         ok &= good
-        lines.append(f"{desc}: layer-1 APS {a1:.3f} causal vs {b1:.3f} bidirectional (embeddings "
-                     f"{layers[0]['aps_mean']:.3f}); APS by layer " + " / ".join(f"{l['aps_mean']:.3f}" for l in layers))
+        lines.append(f"{desc}: APS of decoder layer 0 {a1:.3f} causal vs {b1:.3f} bidirectional (embeddings "
+                     f"{layers[0]['aps_mean']:.3f}); APS by decoder layer from 0 "
+                     + " / ".join(f"{l['aps_mean']:.3f}" for l in layers[1:]))
         runs.append({"run": run, "model": str(mdir), "aps_layer1": a1, "aps_layer1_bidirectional": b1})
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs,
-            "note": f"{NUM_SEQS} random-token sequences of {SEQ_LEN} tokens; reproduced = layer-1 APS >= 0.8 "
-                    "causal and within 0.1 of 0.5 without the causal mask."}
+            "note": f"{NUM_SEQS} random-token sequences of {SEQ_LEN} tokens; reproduced = APS of decoder layer 0 "
+                    "(the first attention layer) >= 0.8 causal and within 0.1 of 0.5 without the causal mask."}
 
 
 def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
@@ -157,11 +158,12 @@ def _zuo_sweep(ctx: ReproContext, out: Path) -> dict:
         large = [a for sg, a in causal.items() if sg >= 0.2]
         good = min(small) >= 0.9 and max(large) < 0.7 and all(b is not None and abs(b - 0.5) < 0.1 for b in bidir.values())
         ok &= good
-        lines.append(f"{shape}: layer-1 APS causal " + ", ".join(f"σ={sg:g}: {a:.3f}" for sg, a in causal.items())
+        lines.append(f"{shape}: APS of decoder layer 0 causal " + ", ".join(f"σ={sg:g}: {a:.3f}" for sg, a in causal.items())
                      + "; bidirectional within " + f"{max(abs(b - 0.5) for b in bidir.values()):.3f} of 0.5")
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": [{"run": "sweep"}],
             "note": f"untrained NoPE models, {SEQ_LEN}-token i.i.d. character sequences, 8 per cell; reproduced = "
-                    "layer-1 APS >= 0.9 for σ <= 0.02, < 0.7 for σ >= 0.2, and bidirectional within 0.1 of 0.5."}
+                    "APS of decoder layer 0 >= 0.9 for σ <= 0.02, < 0.7 for σ >= 0.2, and bidirectional within 0.1 "
+                    "of 0.5."}
 
 
 def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
@@ -197,7 +199,8 @@ def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
                     + ("" if trained else "; some zoo copy models were missing")}
 
 
-NEW = {
+#: the trained-model experiments (``real`` is added below, after its helpers)
+EXPERIMENTS = {
     "zuo-adjacency": Experiment(
         "zuo-adjacency", ZUO + ", adjacency pattern",
         "In NoPE causal transformers, nearby hidden vectors are more cosine-similar than distant ones (APS near 1) "
@@ -222,10 +225,6 @@ NEW = {
         "RoPE LLMs have slash-dominant heads (attention concentrated on the Δ-th sub-diagonal) that persist on "
         "prompts of i.i.d. random tokens.", _slash_sdh),
 }
-
-for _name, _exp in NEW.items():
-    EXPERIMENTS.setdefault(_name, _exp)
-
 
 # --------------------------------------------------------------------------------------------
 # `real`: the three papers' analyses on the real pretrained models (poslens.models.realmodels)
@@ -396,10 +395,10 @@ def _real(ctx: ReproContext, out: Path) -> dict:
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs, "note": note}
 
 
-EXPERIMENTS.setdefault("real", Experiment(
+EXPERIMENTS["real"] = Experiment(
     "real", "all three papers, on real pretrained models (SmolLM2-135M, Gemma-3-270M; GGUF)",
     "On pretrained LMs: arXiv 2509.21042 — mean score maps are non-relative and favour nearby keys; Slash — slash-dominant heads "
     "exist and persist on random tokens, with nearly rank-one pre-RoPE q/k and offsets the RoPE decomposition "
     "predicts. (arXiv 2501.00073's adjacency claim is for NoPE models; its APS of the residual stream is reported for these RoPE "
     "models.)", _real,
-    available=lambda: bool(real_models_ready())))
+    available=lambda: bool(real_models_ready()))
