@@ -30,8 +30,17 @@ from pathlib import Path
 import torch
 
 from poslens.capture.adapters import ADAPTERS
-from poslens.errors import PoslensError
+from poslens.capture.attention import Capture, CaptureSpec
+from poslens.capture.loop import hooked, run_batches
+from poslens.capture.model_source import source_record
+from poslens.capture.scan import attach, causal_view, load_model, load_tokenizer, open_model_config, window_view
+from poslens.capture.sources import make_source
 from poslens.capture.stats import MeanAccumulator
+from poslens.errors import PoslensError
+from poslens.metrics import diagonal_normalize, locality, relativity_index
+from poslens.rundir import (prepare_out_dir, read_json, read_tensors, save_figure, staged_dir, versions, write_json,
+                            write_summary, write_tensors)
+from poslens.runtime import parse_device, resolve_dtype
 
 PANELS = [
     ("a", "Y Yᵀ, Y = LN(X)"),
@@ -58,7 +67,7 @@ class PanelsConfig:
     seq_len: int = 50
     batch_size: int = 10
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     dtype: str = "fp32"
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -87,9 +96,6 @@ def panel_points(adapter, layer: int, accs: dict[str, MeanAccumulator]) -> dict:
 
 def panel_metrics(m: torch.Tensor) -> dict:
     """Relativity index, non-relativity and locality of one panel's causal lower triangle."""
-    from poslens.capture.scan import causal_view
-    from poslens.metrics import locality, relativity_index
-
     cv = causal_view(m.to(torch.float64), include_diagonal=True)
     ri = relativity_index(cv)
     lo = locality(cv)
@@ -103,10 +109,6 @@ def panel_metrics(m: torch.Tensor) -> dict:
 def compute_panels(model, adapter, config, source, layer: int, *, batch_size: int, device: str,
                    progress: bool = True) -> torch.Tensor:
     """The nine mean panels ``[9, S, S]`` (float64) of ``layer`` over every sequence of ``source``."""
-    from poslens.capture.attention import Capture, CaptureSpec
-    from poslens.capture.loop import hooked, run_batches
-    from poslens.capture.scan import attach, causal_view
-
     if adapter.resid_mid_path is None:
         raise PoslensError(f"model type {adapter.model_type!r} runs attention and MLP in parallel, so panels (e) and "
                            "(f) (the residual stream between them) do not exist; panels need a sequential block.")
@@ -140,8 +142,8 @@ def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
     """3 x 3 heat maps (1-99 % colour range over the lower triangle), Gram panels masked above the diagonal."""
     import matplotlib.pyplot as plt
 
-    from poslens.capture.scan import causal_view
     from poslens.report.plots import heatmap
+
 
     fig, axes = plt.subplots(3, 3, figsize=(11, 10.5))
     for ax, (k, desc), m in zip(axes.flat, PANELS, panels):
@@ -175,14 +177,6 @@ def _readings(rows: list[dict], layer: int) -> list[str]:
 
 def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``."""
-    from poslens.capture.model_source import source_record
-    from poslens.capture.scan import load_model, load_tokenizer, open_model_config
-    from poslens.runtime import resolve_dtype
-    from poslens.capture.sources import make_source
-    from poslens.runtime import parse_device
-    from poslens.rundir import (prepare_out_dir, save_figure, staged_dir, versions, write_json,
-                                write_summary, write_tensors)
-
     t0 = time.time()
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
                                         trust_remote_code=cfg.trust_remote_code)
@@ -243,8 +237,6 @@ def load_scan(scan_dir: str | Path) -> tuple[dict, dict, dict]:
     """``(maps, scan_config, scan_summary)`` of a ``poslens scan`` run directory, with clear errors."""
     from safetensors import safe_open
 
-    from poslens.rundir import read_json, read_tensors
-
     p = Path(scan_dir)
     if not (p / "maps.safetensors").is_file():
         raise PoslensError(f"SCAN_DIR {p} has no maps.safetensors; pass the --out directory of a finished "
@@ -267,12 +259,7 @@ def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
 
 def run_score_maps(scan_dir: str, out: str) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
-    from poslens.capture.scan import causal_view
-    from poslens.metrics import diagonal_normalize
     from poslens.report.plots import layer_grid
-    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_summary
-
-    from poslens.capture.scan import window_view
 
     maps, scfg, ssum = load_scan(scan_dir)
     prepare_out_dir(out)

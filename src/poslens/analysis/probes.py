@@ -35,10 +35,17 @@ from pathlib import Path
 
 import torch
 
+from poslens.analysis.neighborhood import collect_vectors, use_poslens_attention
+from poslens.capture.model_source import source_record
+from poslens.capture.scan import load_model, load_tokenizer, open_model_config
 from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
-from poslens.runtime import no_hf_progress_bars
+from poslens.fmt import fmt
+from poslens.models.families import pe_of
+from poslens.progress import task_progress
+from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary
+from poslens.runtime import no_hf_progress_bars, parse_device
 
 FEATURES = ("vector", "cosine", "norm")
 PROBES = ("linear", "mlp")
@@ -210,7 +217,7 @@ class ProbesConfig:
     random_init: bool = True  # also probe a random-init copy of every model's architecture
     vectors: str = "attn"  # attn (head outputs, the paper's) | resid (residual stream)
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     figures: bool = True
     overwrite: bool = False
     allow_pickle: bool = False
@@ -219,9 +226,6 @@ class ProbesConfig:
 
 
 def _validate(cfg: ProbesConfig):
-    from poslens.capture.scan import load_tokenizer, open_model_config
-    from poslens.rundir import prepare_out_dir
-
     if not cfg.model_dirs:
         raise PoslensError("give at least one MODEL_DIR.")
     if cfg.labels and len(cfg.labels) != len(cfg.model_dirs):
@@ -252,8 +256,6 @@ def _validate(cfg: ProbesConfig):
 
 
 def _vectors(model, ids, cfg: ProbesConfig, adapter) -> list[torch.Tensor]:
-    from poslens.analysis.neighborhood import collect_vectors
-
     parts = []
     for s in range(0, ids.shape[0], cfg.batch_size):
         v = collect_vectors(model, ids[s: s + cfg.batch_size], adapter=adapter)
@@ -264,14 +266,6 @@ def _vectors(model, ids, cfg: ProbesConfig, adapter) -> list[torch.Tensor]:
 def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
     """Probe every model (and its random-init copy) layer by layer; writes the run directory."""
     from transformers import AutoModelForCausalLM
-
-    from poslens.analysis.neighborhood import use_poslens_attention
-    from poslens.capture.model_source import source_record
-    from poslens.capture.scan import load_model
-    from poslens.runtime import parse_device
-    from poslens.models.families import pe_of
-    from poslens.progress import task_progress
-    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary
 
     t0 = time.time()
     plans = _validate(cfg)
@@ -325,8 +319,6 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
 
 
 def _f(v: float, nd: int = 3) -> str:
-    from poslens.fmt import fmt  # the one number format of tables and the report (``nd`` is not used)
-
     return fmt(v)
 
 

@@ -37,9 +37,13 @@ from pathlib import Path
 
 import torch
 
+from poslens.analysis.panels import load_scan
+from poslens.capture.adapters import get_adapter, layer_rope
+from poslens.capture.model_source import model_directory
 from poslens.errors import PoslensError
 from poslens.metrics.rank import rank_measures
 from poslens.rope import BANDS, frequency_bands, inv_freq
+from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_summary, write_tensors
 
 
 def _t(x) -> torch.Tensor:
@@ -280,7 +284,6 @@ def decompose_scan(maps: dict, *, rotary_dim: int | None, base: float | None, sc
     hi = S - 1 if max_delta is None else min(max_delta, S - 1)
     ids = layer_ids or list(range(L))
     out = []
-    from poslens.capture.adapters import layer_rope
 
     for li in range(L):
         if not rope_layers[li]:
@@ -332,9 +335,6 @@ class SlashConfig:
 def model_rope_geometry(model_dir: str) -> dict:
     """``rotary_dim``, ``base``, ``scaling`` (logit scale) and ``head_dim`` of a model directory's config."""
     from transformers import AutoConfig
-
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.model_source import model_directory
 
     p = model_directory(model_dir)  # a .gguf file: its dequantised cache directory
     if not (p / "config.json").is_file():
@@ -476,10 +476,6 @@ def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=
 
 def run_slash(cfg: SlashConfig) -> dict:
     """Analyse a scan (and optionally its random-token twin) and write the run directory ``cfg.out``."""
-    from poslens.analysis.panels import load_scan
-    from poslens.rundir import (prepare_out_dir, save_figure, staged_dir, versions, write_json,
-                                write_summary, write_tensors)
-
     maps, scfg, ssum = load_scan(cfg.scan_dir)
     for need in ("slash", "q_gram", "k_gram", "dim_logit"):
         if need not in maps:

@@ -22,8 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from poslens.analysis.neighborhood import measure_neighborhood, use_poslens_attention
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
+from poslens.models.families import build_model
+from poslens.progress import task_progress
+from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 
 PAPER_SIGMAS = (0.0002, 0.002, 0.02, 0.08, 0.2, 2.0)
 DEFAULT_SHAPES = ("6x384", "2x384", "6x128")  # paper's 6 layers x d=384, then shallower, then narrower
@@ -81,9 +85,6 @@ def reinit_normal(model, sigma: float, seed: int = 0):
 
 def build_sweep_model(shape: str, seq_len: int, vocab_size: int = 128, seed: int = 0):
     """An untrained NoPE model of ``shape`` (multi-head, MLP 8/3 x width) using the poslens attention."""
-    from poslens.analysis.neighborhood import use_poslens_attention
-    from poslens.models.families import build_model
-
     layers, hidden, heads = parse_shape(shape)
     model = build_model("none", "small", vocab_size, seed=seed, layers=layers, hidden=hidden, heads=heads,
                         kv_heads=heads, max_positions=max(seq_len, 64)).eval()
@@ -91,8 +92,6 @@ def build_sweep_model(shape: str, seq_len: int, vocab_size: int = 128, seed: int
 
 
 def validate(cfg: SweepConfig) -> None:
-    from poslens.rundir import prepare_out_dir
-
     if not cfg.sigmas or any(not (s > 0 and math.isfinite(s)) for s in cfg.sigmas):
         raise PoslensError(f"--sigmas {cfg.sigmas}: every sigma must be a positive number.")
     if not cfg.shapes:
@@ -109,9 +108,6 @@ def validate(cfg: SweepConfig) -> None:
 
 def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
     """``{shape: {"causal": {"aps": [S, K, N], "norm_score": [S, K, N]}, "bidirectional": ...}}``."""
-    from poslens.analysis.neighborhood import measure_neighborhood
-    from poslens.progress import task_progress
-
     modes = ["causal"] + (["bidirectional"] if cfg.bidirectional else [])
     ids = random_tokens(0, cfg.num_seqs, cfg.seq_len, pool=range(ASCII_LO, ASCII_HI), seed=cfg.seed)  # printable ASCII
     total = len(cfg.shapes) * len(cfg.sigmas) * len(modes)
@@ -247,8 +243,6 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
 
 def run_sweep(cfg: SweepConfig, progress: bool = True) -> dict:
     """Run the sweep and write ``config.json``, ``sweep.safetensors``, ``summary.json`` and figures."""
-    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary, write_tensors
-
     t0 = time.time()
     validate(cfg)
     res = measure_sweep(cfg, progress=progress)

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from poslens.capture.adapters import Adapter, hook_point
+from poslens.progress import task_progress
 
 
 def forward_kwargs(model) -> dict:
@@ -63,8 +64,6 @@ def run_batches(model, source, *, batch_size: int, device, capture=None,
     """Forward every sequence of ``source`` (``source.batch(start, stop)``, ``source.num_seqs``) in
     batches; ``on_batch(start, stop)`` runs after each forward (to reduce what hooks collected).
     Progress: one bar (or the caller's ``update(done)``). Returns the number of tokens seen."""
-    from poslens.progress import task_progress
-
     N = source.num_seqs
     kw = forward_kwargs(model)
     tokens = 0

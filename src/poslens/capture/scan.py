@@ -26,13 +26,21 @@ from pathlib import Path
 
 import torch
 
-from poslens.capture.adapters import Adapter, check_dispatch, get_adapter, layer_rope, rope_tables
-from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, parse_stats, register
+from poslens.capture import attention as _attn, distributed as D
+from poslens.capture.adapters import (Adapter, check_dispatch, get_adapter, hook_point, hook_position_embeddings,
+                                      layer_rope, rope_tables)
+from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, noise_grid, parse_stats, register
 from poslens.capture.loop import forward, forward_kwargs
+from poslens.capture.model_source import model_directory, source_record
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
+from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
+from poslens.metrics.rank import band_contributions, rank_measures
+from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, top_slash_heads
 from poslens.progress import task_progress
-from poslens.runtime import no_hf_progress_bars, resolve_dtype
+from poslens.rundir import (create_out_dir, prepare_out_dir, read_tensors, versions, write_json, write_summary,
+                            write_tensors)
+from poslens.runtime import no_hf_progress_bars, parse_device, resolve_dtype
 
 CHECKPOINT = "checkpoint.safetensors"
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -151,8 +159,6 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
     :mod:`poslens.capture.model_source`)."""
     from transformers import AutoConfig
 
-    from poslens.capture.model_source import model_directory
-
     model_dir = str(model_directory(model_dir))  # a .gguf file: checked, dequantised once into the cache
     check_model_dir(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     try:
@@ -177,8 +183,6 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
     """The model's tokenizer (directory or ``.gguf`` file), or None when it has none."""
-    from poslens.capture.model_source import model_directory
-
     p = model_directory(model_dir)
     if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
         return None
@@ -200,8 +204,6 @@ def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle:
     the visible devices instead (and offloads to the CPU what does not fit); ``device`` is then unused.
     """
     from transformers import AutoModelForCausalLM
-
-    from poslens.capture.model_source import model_directory
 
     register()
     extra = {"device_map": device_map} if device_map else {}
@@ -230,9 +232,6 @@ class ScanPlan:
 
 def plan_scan(cfg: ScanConfig) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing."""
-    from poslens.runtime import parse_device
-    from poslens.rundir import prepare_out_dir
-
     stats = parse_stats(cfg.stats)
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
                                         trust_remote_code=cfg.trust_remote_code)
@@ -292,9 +291,6 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
     """Hooks that feed the capture (only while it is active): the rotary cos/sin each layer's attention
     receives, and the residual stream at the adapter's capture points (``resid_pre`` of layer 0 = the
     embeddings, ``resid_post`` of every captured layer). Returns the handles (``h.remove()`` detaches)."""
-    from poslens.capture import attention as _attn
-    from poslens.capture.adapters import hook_point, hook_position_embeddings
-
     handles = []
     layers = adapter.decoder_layers(model)
     if capture.spec.rope_layers:
@@ -327,8 +323,6 @@ def fingerprint(cfg: ScanConfig) -> str:
 
 def save_checkpoint(out: Path, capture: Capture, next_seq: int, fp: str, *, name: str = CHECKPOINT,
                     extra: dict | None = None) -> None:
-    from poslens.rundir import write_tensors
-
     write_tensors(out / name, capture.state_dict(),
                   metadata={"next_seq": next_seq, "fingerprint": fp, **(extra or {})})
 
@@ -353,7 +347,6 @@ def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPO
     if meta.get("fingerprint") != fp:
         raise PoslensError(f"--resume: {path} was written by a scan with different options; rerun with the "
                            "original options or choose a new --out.")
-    from poslens.rundir import read_tensors
 
     capture.load_state_dict(read_tensors(path), copy=False)  # fresh from the file: adopt, do not copy
     return int(meta["batches_done"]) if "batches_done" in meta else int(meta["next_seq"])
@@ -400,8 +393,6 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
     ``stop_after_batches`` ends the loop early after that many batch steps of this call, leaving
     a checkpoint as a killed run would (used by tests of resume).
     """
-    from poslens.capture import distributed as D
-
     ctx = D.detect()
     restore = D.announce_sigterm(ctx)
     try:
@@ -421,10 +412,6 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
 
 
 def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx) -> dict:
-    from poslens.capture import distributed as D
-    from poslens.capture.model_source import source_record
-    from poslens.rundir import create_out_dir, versions, write_json, write_summary
-
     t_start = time.time()
     # every rank validates before any rank creates --out (else a fast rank 0 makes it "not empty")
     err = None
@@ -609,8 +596,6 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     index, locality on at most ``locality_positions`` positions, signed diagonal trend, within-diagonal
     RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
     (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`)."""
-    from poslens.metrics import describe_map, locality, relativity_index
-
     sub = _subsample(sc, locality_positions)
     out = describe_map(sc, exclude_keys=sink_columns, locality_map=sub)
     if groups is not None and groups.shape[0] >= 2:
@@ -652,12 +637,6 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     and give the with-sink values beside them; the APS is the paper's per-sequence APS (mean and
     std over sequences), the APS of the mean map is ``mean_map_aps``.
     """
-    from poslens.capture.attention import noise_grid
-    from poslens.metrics import adjacency_probability_score, norm_score
-    from poslens.metrics.rank import band_contributions, rank_measures
-    from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, top_slash_heads
-    from poslens.rundir import write_tensors
-
     cfg, spec, adapter, config = plan.cfg, plan.spec, plan.adapter, plan.config
     n_seqs = next(iter(capture.accs.values())).count
     has = capture.accs.__contains__  # statistics not asked for (--stats) read as None in the summary

@@ -36,8 +36,8 @@ from typing import Sequence
 
 import torch
 
-from poslens.metrics.neighborhood import rising_pair_fraction
 from poslens.capture.stats import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
+from poslens.metrics.neighborhood import ordered_pair_counts, rising_pair_fraction
 
 
 def _as64(m) -> torch.Tensor:
@@ -203,8 +203,6 @@ def diagonal_trend(m, include_diagonal: bool = False, exclude_keys: Sequence[int
     column index (the same pair count as :func:`locality`, along diagonals instead of rows).
     ``None`` when no diagonal has two valid entries.
     """
-    from poslens.metrics.neighborhood import ordered_pair_counts
-
     m = mask_keys(m, exclude_keys)
     if m.ndim != 2:
         raise ValueError("diagonal_trend takes one [S, S] map")
