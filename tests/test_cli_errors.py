@@ -21,7 +21,7 @@ CASES = [
     ("scan-missing-model", ["scan", "{tmp}/nonexistent", "--out", "{out}"], "nonexistent does not exist"),
     ("scan-broken-config", ["scan", "{tmp}/badmodel", "--out", "{out}", "--data", "random"], "not valid JSON"),
     ("simulate-alpha", ["simulate", "--out", "{out}", "--alpha", "1.5"], "--alpha 1.5"),
-    ("simulate-out-is-file", ["simulate", "--out", "{tmp}/afile", "--samples", "4", "--seq-len", "4", "--layers", "1",
+    ("simulate-out-is-file", ["simulate", "--out", "{tmp}/afile", "--samples", "4", "--seq-len", "4", "--num-layers", "1",
                               "--dim", "4"], "is an existing file"),
     ("reproduce-name", ["reproduce", "nosuchfig", "--out", "{out}"], "unknown experiment 'nosuchfig'"),
     ("report-missing-run", ["report", "{tmp}/nonexistent", "--out", "{out}.html"], "nonexistent does not exist"),
@@ -73,7 +73,7 @@ def test_bad_input_is_one_error_line_and_nothing_written(results, name, argv, ex
 
 def test_simulate_with_one_sample_says_so_instead_of_nan(cli, tmp_path):
     """Too few samples for a standard error: the table and summary say so; no NaN anywhere."""
-    code, out, err = cli("simulate", "--out", tmp_path / "one", "--samples", 1, "--seq-len", 6, "--layers", 2,
+    code, out, err = cli("simulate", "--out", tmp_path / "one", "--samples", 1, "--seq-len", 6, "--num-layers", 2,
                          "--dim", 8)
     assert code == 0, err
     assert "nan" not in out.lower() and "fewer than two independent groups" in " ".join(out.split())

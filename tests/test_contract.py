@@ -29,7 +29,9 @@ def test_fmt_one_format():
 
 def test_envelope_and_reader(tmp_path):
     s = write_summary(tmp_path, {"layers": [{"layer": 0, "x": float("nan")}, {"layer": 1, "x": 0.5}],
-                                 "figures": ["scores_raw.png", {"file": "a.png", "caption": "mine"}],
+                                 "figures": ["scores_raw.png", {"file": "a.png", "caption": "mine"},
+                                             {"file": "probs.png", "caption": "p", "role": "main"}, "probs.png",
+                                             "scores_zoom.png", {"file": "x.png", "role": "bogus"}],
                                  "tables": [{"title": "t", "columns": ["a"], "rows": [[1]]}, "junk"]},
                       command="scan", paper=["kim", "slash"], layers_describe="decoder layers")
     raw = json.loads((tmp_path / "summary.json").read_text())
@@ -38,13 +40,15 @@ def test_envelope_and_reader(tmp_path):
     assert raw["layer_info"]["indices"] == [0, 1] and "from 0" in raw["layer_info"]["convention"]
     assert raw["layer_info"]["describes"] == "decoder layers"
     assert raw["figures"][0]["file"] == "scores_raw.png" and "pre-softmax" in raw["figures"][0]["caption"]
-    assert raw["figures"][1] == {"file": "a.png", "caption": "mine"}
+    assert raw["figures"][1] == {"file": "a.png", "caption": "mine", "role": "main"}
+    # figure roles: a summary's own wins; else the standard one of the file name; unknown roles are ignored
+    assert [f["role"] for f in raw["figures"][2:]] == ["main", "detail", "zoom", "main"]
     assert raw["tables"] == [{"title": "t", "columns": ["a"], "rows": [[1]]}]
     assert s["readings"] == []
     write_json(tmp_path / "config.json", {"command": "scan"})
     run = load_run(tmp_path)
     assert run.command == "scan" and run.papers == ["kim", "slash"] and run.paper == "kim"
-    assert [l["layer"] for l in run.layers] == [0, 1] and len(run.tables) == 1 and len(run.figures) == 2
+    assert [l["layer"] for l in run.layers] == [0, 1] and len(run.tables) == 1 and len(run.figures) == 6
     # an older run without the envelope reads the same way (command from config, figures from files)
     old = tmp_path / "old"
     write_json(old / "config.json", {"command": "simulate"})
@@ -82,6 +86,27 @@ def test_every_command_writes_the_contract(tmp_path):
     scan = load_run(tmp_path / "scan")
     assert scan.papers == ["kim", "slash", "neighborhood"]
     assert "scores_zoom.png" in [f["file"] for f in scan.figures]  # 80 positions > the 64-position zoom
+    # the analysis commands write the same shape, and their readings are the ones report/readings.py writes
+    from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
+    from poslens.analysis.panels import PanelsConfig, run_panels, run_score_maps
+    from poslens.report.readings import command_readings
+
+    run_score_maps(str(tmp_path / "scan"), str(tmp_path / "kim-maps"))
+    run_neighborhood(NeighborhoodConfig(model_dir=str(model), out=str(tmp_path / "neighborhood"), seq_len=8,
+                                        num_seqs=2, figures=False), progress=False)
+    run_panels(PanelsConfig(model_dir=str(model), out=str(tmp_path / "panels"), layer=0, data="random", num_seqs=2,
+                            seq_len=8, batch_size=2), progress=False)
+    for name in ("kim-maps", "neighborhood", "panels"):
+        run = load_run(tmp_path / name)
+        s = run.summary
+        assert s["contract"] == CONTRACT and run.command == name and s["paper"] == "kim" * (name != "neighborhood") \
+            + "neighborhood" * (name == "neighborhood"), name
+        assert s["layer_info"]["describes"] and "from 0" in s["layer_info"]["convention"], name
+        assert s["layer_info"]["indices"] == [l["layer"] for l in run.layers], name
+        assert all(isinstance(i, int) or i == "embeddings" for i in s["layer_info"]["indices"]), name
+        assert s["readings"] and s["readings"] == command_readings(name, s), name
+        assert all((run.path / f["file"]).is_file() and f["caption"] for f in s["figures"]), name
+    assert load_run(tmp_path / "neighborhood").layers[0]["layer"] == "embeddings"
 
 
 def test_terminal_tables_fit_80_columns():
@@ -227,7 +252,137 @@ def test_newer_scan_keys_render(tmp_path):
     assert q["kim"][:3] == ["relativity_index", "locality", "diagonal_trend"]
     assert "within_diag_rms_noise" not in q["kim"] and "noise_groups" not in q["kim"]
     assert "aps" not in q["neighborhood"] and q["neighborhood"][0] == "aps_mean"
-    assert q["neighborhood"][-1] == "mean_map_aps"
+    # the mean-map APS stays in summary.json beside the per-sequence one; with-sink values, noise floors
+    # and grid statistics are companions drawn dashed in their key's panel, not panels of their own
+    assert "mean_map_aps" not in q["neighborhood"] and "relativity_index_with_sink" not in q["kim"]
     html = render_report([d])
     assert "<caption>Per layer</caption>" not in html  # 8 layers: plots, no per-layer table
     assert "(key 0 excluded)" in html and "APS per sequence 0.64" in html
+
+
+def test_command_readings_are_written_from_the_numbers():
+    """Every analysis command's sentences come from report/readings.py and quote its summary's numbers."""
+    import importlib
+
+    from poslens.report import readings as R
+
+    assert set(R.COMMAND_READINGS) == {"neighborhood", "panels", "kim-maps", "slash", "slash-dynamics", "sweep",
+                                       "probes"}
+    for mod in ("neighborhood", "panels", "slash", "sweep", "dynamics", "probes"):  # no prose left in analysis/*
+        m = importlib.import_module(f"poslens.analysis.{mod}")
+        own = [n for n in vars(m) if "reading" in n and getattr(vars(m)[n], "__module__", "") == m.__name__]
+        assert not own, (mod, own)
+
+    nb = {"layers": [{"layer": "embeddings", "aps_mean": 0.5},
+                     {"layer": 0, "aps_mean": 0.97, "norm_score_mean": 0.9, "bidirectional_aps_mean": 0.51},
+                     {"layer": 1, "aps_mean": 0.7}], "theory_gap_layer0": 0.01}
+    text = " ".join(R.command_readings("neighborhood", nb))
+    assert "first decoder layer (layer 0) have APS 0.97" in text and "a clear adjacency pattern" in text
+    assert "the embeddings have 0.5" in text and "highest APS is in layer 0 (0.97); the last layer (1) has 0.7" in text
+    assert "Without the causal mask layer 0's APS is 0.51, 0.46 lower" in text and "mask is what creates" in text
+    assert "norms shrink" in text and "nearly uniform" in text and "layer 2" not in text
+    nb["layers"][1].update(aps_mean=0.65, bidirectional_aps_mean=0.64, norm_score_mean=0.2)
+    nb["theory_gap_layer0"] = 0.2
+    text = " ".join(R.command_readings("neighborhood", nb))
+    assert "a weak adjacency pattern" in text and "makes little difference" in text and "norms grow" in text
+    assert "far from uniform" in text
+
+    sw = {"results": [{"shape": "2x64", "sigma": 0.002, "aps_causal_mean": [0.5, 0.95, 0.9],
+                       "aps_bidirectional_mean": [0.5, 0.52, 0.49]},
+                      {"shape": "2x64", "sigma": 2.0, "aps_causal_mean": [0.5, 0.55, 0.5],
+                       "aps_bidirectional_mean": [0.5, 0.5, 0.47]}]}
+    text = " ".join(R.sweep_readings(sw))
+    assert "ranges from 0.55 (σ = 2) to 0.95 (σ = 0.002)" in text and "σ ∈ {0.002}" in text
+    assert "last decoder layer (1) APS is 0.9, 0.5" in text and "by more than 0.03" in text
+    assert "comes from the mask" in text
+
+    heads = [{"layer": l, "head": h, "best_delta": 1, "best_score": 0.1 * (l + h + 1), "q_top1_energy": 0.5}
+             for l in range(2) for h in range(2)]
+    sl = {"heads": heads, "kappas": [0.1, 0.3, 0.5], "delta_range": [1, 16], "seq_len": 8, "persistence": []}
+    text = " ".join(R.slash_command_readings(sl))
+    assert f"layer 1 head 1 with SlashScore(1) = 0.3 (uniform causal attention would give about " \
+           f"{fmt(R.uniform_slash(8, 1))})" in text
+    assert "1 of 4 heads are (0.3, Δ)" in text and "at κ = 0.1: 4" in text
+    assert "persistence is untested" in text and "no RoPE decomposition" in text
+
+    pr = {"verdicts": [{"model": "m", "pe": "none", "state": "trained", "cosine_best_r": 0.93, "cosine_best_layer": 0,
+                        "norm_best_r": 0.4, "norm_best_layer": 1, "cosine_lower_mse_layers": 2, "layers": 2,
+                        "cosine_beats_norm": "yes"}],
+          "records": [{"model": "m", "state": "trained", "feature": "vector", "probe": "linear", "layer": l, "r": r}
+                      for l, r in (("embeddings", 0.99), (0, 0.8), (1, 0.6))]}
+    text = " ".join(R.probes_readings(pr))
+    assert "r up to 0.93 (layer 0)" in text and "2 of 2 decoder layers" in text and "cosine beats the norm" in text
+    assert "r = 0.8 at layer 0" in text  # the embeddings are not a decoder layer
+
+    pn = {"layer": 3, "panels": [{"panel": "a", "locality": 0.5, "non_relativity": 0.1,
+                                  "non_relativity_with_sink": 0.4},
+                                 {"panel": "b", "locality": -0.2},
+                                 {"panel": "i", "locality": 0.05, "non_relativity": 0.3,
+                                  "non_relativity_with_sink": 0.6}]}
+    text = " ".join(R.panels_readings(pn))
+    assert "2 of 3 panels of decoder layer 3" in text and "strongest in (a) at 0.5, weakest in (b) at -0.2" in text
+    assert "from 0.1 in the layer's normalised input (a) to 0.3" in text and "with key 0: 0.4 → 0.6" in text
+    assert "(b) favour distant keys" in text
+
+    # a scan (three papers) is read per paper from its numbers; 'flat' names the noise it was judged against
+    scan = {"layers": [{"layer": 0, "relativity_index": None, "locality": None, "noise_groups": 16},
+                       {"layer": 1, "relativity_index": 0.9, "locality": 0.5, "noise_groups": 16}]}
+    text = " ".join(R.run_readings("scan", ["kim", "slash", "neighborhood"], scan, "kim"))
+    assert text.startswith("Layer 0 is flat within sampling noise (the noise floor of 16 independent groups")
+
+
+def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
+    """A scan keeps sample groups on a coarser grid than its map: the grid map's own statistics are given
+    beside the full-map headline numbers, and the report and readings say which is which."""
+    import torch
+
+    from poslens.capture.scan import causal_view, score_map_numbers
+    from poslens.metrics import diagonal_trend, relativity_index
+    from poslens.report.readings import kim_readings
+
+    S, G = 40, 8
+    i = torch.arange(S, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    # a non-relative map: rises with the key position, plus a curved query term; the groups are noisy copies
+    m = -(i[:, None] - i[None, :]).abs() + 0.05 * i[None, :] + 0.002 * (i[:, None] - 20) ** 2
+    groups_full = m + 0.01 * torch.randn(G, S, S, generator=gen, dtype=torch.float64)
+    sc = groups_full.mean(0)
+    grid = torch.arange(0, S, 2)
+    g = groups_full[:, grid][:, :, grid]
+    out = score_map_numbers(sc, causal_view(g, include_diagonal=True), torch.ones(G), grid, 16)
+    cv_grid = causal_view(sc[grid][:, grid])
+    assert out["noise_positions"] == 20
+    assert out["grid_diagonal_trend"] == pytest.approx(diagonal_trend(cv_grid, exclude_keys=(0,)), abs=1e-12)
+    # on the grid the index is noise-corrected with the groups (the full map has no groups to correct with)
+    gcv = causal_view(g, include_diagonal=True)
+    assert out["grid_relativity_index"] == pytest.approx(relativity_index(cv_grid, gcv, torch.ones(G),
+                                                                          exclude_keys=(0,)), abs=1e-12)
+    assert out["diagonal_trend"] == pytest.approx(diagonal_trend(causal_view(sc), exclude_keys=(0,)), abs=1e-12)
+    assert out["trend_p"] is not None and out["diagonal_trend_se"] is not None
+    # a grid covering every position: one set of statistics, no grid_* copies
+    full = score_map_numbers(sc, causal_view(groups_full, include_diagonal=True), torch.ones(G), torch.arange(S), 16)
+    assert not [k for k in full if k.startswith("grid_")]
+
+    text = " ".join(kim_readings([{"layer": 0, **out}], noise="x"))
+    assert "20-position grid" in text and f"on that grid the trend reads {fmt(out['grid_diagonal_trend'])}" in text
+
+
+def test_figure_roles_keep_the_page_short(tmp_path):
+    """Details stay in the run directory (named), a figure of the per-layer numbers gives way to the
+    report's own line plots, a zoom is shown only on maps much larger than its 64 positions."""
+    from poslens.report.render import run_figures
+    from poslens.rundir import Run
+
+    figs = ["scores_raw.png", "probs.png", "aps_by_layer.png", "scores_zoom.png"]
+    for f in figs:
+        (tmp_path / f).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+
+    def shown(seq_len, drawn):
+        notes: list[str] = []
+        run = Run(tmp_path, "command", "scan", summary={"seq_len": seq_len, "figures": figs})
+        return [f["file"] for f in run_figures(run, notes, per_layer_drawn=drawn)], notes
+
+    files, notes = shown(512, True)
+    assert files == ["scores_raw.png", "scores_zoom.png"]
+    assert notes == ["In the run directory, not shown here: probs.png, aps_by_layer.png."]
+    assert shown(128, False)[0] == ["scores_raw.png", "aps_by_layer.png"]  # no line plots of it: the figure stays

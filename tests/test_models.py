@@ -78,7 +78,7 @@ def test_overrides_and_gqa():
     (dict(preset="huge"), "--preset"),
     (dict(hidden=30, heads=4), "divisible"),
     (dict(heads=4, kv_heads=3), "kv-heads"),
-    (dict(layers=0), "--layers"),
+    (dict(layers=0), "--num-layers"),
     (dict(init_std=0.0), "--init-std"),
     (dict(pe="learned", heads=4, kv_heads=2), "grouped-query"),
 ])

@@ -101,6 +101,13 @@ def test_cli_writes_run_dir(cli, tmp_path, near_zero_nope):
     assert s["paper"] == "neighborhood" and s["tables"][0]["rows"] and s["readings"]
     assert {f["file"] for f in s["figures"]} <= {p.name for p in out.iterdir()}
     assert s["layers"][1]["aps_mean"] > 0.95 and abs(s["layers"][1]["bidirectional_aps_mean"] - 0.5) < 0.15
+    # one layer convention: the embeddings by name, then decoder layers from 0, in summary, table and readings
+    assert [l["layer"] for l in s["layers"]] == ["embeddings", 0] == s["layer_info"]["indices"]
+    assert [r[0] for r in s["tables"][0]["rows"]] == ["embeddings", 0]
+    assert "from 0" in s["tables"][0]["title"] and "from 0" in s["layer_info"]["convention"]
+    text = " ".join(s["readings"])
+    assert "(layer 0) have APS" in text and "layer 1" not in text and "the embeddings have" in text
+    assert "mask is what creates" in text  # causal ≈ 1, bidirectional ≈ chance
     assert (out / "neighborhood.safetensors").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.partial")]
     # an existing run directory is refused without --overwrite, and nothing is written for bad input

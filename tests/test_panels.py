@@ -78,6 +78,8 @@ def test_panels_equal_direct_computation(llama_dir, tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["command"] == "panels" and "torch" in cfg["versions"]
     assert summary["paper"] == "kim" and len(summary["tables"][0]["rows"]) == 9 and summary["readings"]
+    assert "decoder layer 1" in summary["title"] and "key 0" in summary["tables"][0]["title"]
+    assert "non-relativity with key 0" in summary["tables"][0]["columns"]
 
 
 def test_panel_metrics_known_maps():
@@ -89,6 +91,17 @@ def test_panel_metrics_known_maps():
     assert m["locality"] == pytest.approx(1.0)
     absolute = i[None, :].expand(S, S) * 1.0  # depends on the key position only
     assert panel_metrics(absolute)["non_relativity"] > 0.5
+    # sink-aware as scan: a raised key-0 column (the attention sink) leaves the headline relative, the
+    # with-sink value beside it is not
+    sink = toeplitz.clone()
+    sink[:, 0] += 5.0
+    m = panel_metrics(sink)
+    assert m["relativity_index"] == pytest.approx(1.0) and m["sink_columns"] == [0]
+    assert m["non_relativity_with_sink"] > 0.1 and m["relativity_index_with_sink"] < 0.9
+    assert m["locality"] == pytest.approx(1.0) and m["locality_with_sink"] < 1.0
+    assert panel_metrics(sink, exclude_keys=())["relativity_index"] == pytest.approx(m["relativity_index_with_sink"])
+    # signed trend: a map rising with the key position along every diagonal reads +1
+    assert panel_metrics(absolute)["diagonal_trend"] == pytest.approx(1.0)
 
 
 def test_panels_bad_input(llama_dir, tmp_path, cli):
@@ -105,6 +118,13 @@ def test_score_maps_of_a_scan(llama_dir, tmp_path):
                         num_seqs=3, figures=False), progress=False)
     s = run_score_maps(str(tmp_path / "scan"), str(tmp_path / "maps"))
     assert len(s["tables"][0]["rows"]) == 3 and s["paper"] == "kim"
+    assert [l["layer"] for l in s["layers"]] == [0, 1, 2] and "from 0" in s["tables"][0]["title"]
+    # key 0 is out of the headline numbers; the sink's weight is its own number, from the scan's probabilities
+    probs = read_tensors(tmp_path / "scan" / "maps.safetensors")["probs"].double()
+    for li, l in enumerate(s["layers"]):
+        assert l["sink_columns"] == [0] and "relativity_index_with_sink" in l
+        assert l["sink_weight"] == pytest.approx(float(probs[li, 1:, 0].mean()), abs=1e-6)
+    assert any("key 0" in r for r in s["readings"])
     for f in s["figures"]:
         assert (tmp_path / "maps" / f["file"]).is_file()
 

@@ -75,11 +75,12 @@ def test_running_mean_cosine_and_norm_predict_distance_to_end():
 
 
 def test_compare_cosine_norm_counts_layers():
+    # the embeddings (best r of all here) are not a decoder layer and are left out of the comparison
     rows = [{"layer": k, "feature": f, "probe": "mlp", "r": r, "mse": m}
-            for k, (cr, cm, nr, nm) in enumerate([(0, 0, 0, 0), (0.9, 10, 0.5, 50), (0.8, 60, 0.7, 40)])
+            for k, (cr, cm, nr, nm) in zip(["embeddings", 0, 1], [(1, 0, 1, 0), (0.9, 10, 0.5, 50), (0.8, 60, 0.7, 40)])
             for f, r, m in (("cosine", cr, cm), ("norm", nr, nm))]
     c = compare_cosine_norm(rows)
-    assert c["cosine_best"]["layer"] == 1 and c["norm_best"]["layer"] == 2
+    assert c["cosine_best"]["layer"] == 0 and c["norm_best"]["layer"] == 1
     assert c["cosine_lower_mse_layers"] == 1 and c["layers"] == 2
 
 
@@ -98,7 +99,7 @@ def char_model_dir(tmp_path_factory):
 
 def test_cli_probes_run_dir(cli, tmp_path, char_model_dir):
     out = tmp_path / "pr"
-    code, _, err = cli("probes", char_model_dir, "--out", out, "--seq-len", 16, "--num-train", 16, "--num-test", 8,
+    code, _, err = cli("probes", char_model_dir, "--out", out, "--seq-len", 16, "--num-train-seqs", 16, "--num-test-seqs", 8,
                        "--mlp-steps", 40, "--train-chars", "ABCDEFGHIJKLM", "--test-chars", "NOPQRSTUVWXYZ",
                        "--quiet")
     assert code == 0, err
@@ -107,9 +108,12 @@ def test_cli_probes_run_dir(cli, tmp_path, char_model_dir):
     assert s["paper"] == "neighborhood" and len(s["tables"]) == 2 and s["readings"]
     assert all((out / f["file"]).exists() for f in s["figures"])
     rec = {(r["state"], r["layer"], r["feature"], r["probe"]): r for r in s["records"]}
-    # near-zero-init NoPE layer 1 is a running mean: cosine to the last token predicts T - i on unseen characters
-    # (r over seeds 0-5 at this size: 0.88-0.93, with either draw of the random sequences; chance is r ≈ 0)
-    assert rec[("trained", 1, "cosine", "mlp")]["r"] > 0.85
+    # near-zero-init NoPE decoder layer 0 is a running mean: cosine to the last token predicts T - i on unseen
+    # characters (r over seeds 0-5 at this size: 0.88-0.93, with either draw of the random sequences; chance is
+    # r ≈ 0); the embeddings are named as such (decoder layers count from 0)
+    assert rec[("trained", 0, "cosine", "mlp")]["r"] > 0.85
+    assert {k[1] for k in rec} == {"embeddings", 0}
+    assert [row[3] for row in s["tables"][1]["rows"][:2]] == ["embeddings", 0]
     assert {v["state"] for v in s["verdicts"]} == {"trained", "random init"}
 
 

@@ -95,11 +95,14 @@ def test_report_structure(runs):
     assert _sections(html) == ["sec-kim", "sec-slash", "sec-neighborhood", "sec-models"]
     for ref in ("arXiv 2509.21042", "arXiv 2601.08297", "arXiv 2501.00073"):
         assert ref in html
-    # every image embedded: sims 3 each, scans 2 each, analysis 1 (missing/escaping ones dropped), loss curve 1;
-    # drawn here: a head x layer map per scan, overlaid per-layer plots for the 2 sims (kim) and the 2 scans
-    # (kim, neighbourhood). Runs with <= 6 layers keep their per-layer table instead of a plot of their own.
+    # every image embedded: sims 2 each (raw, diagonal-normalised; probs.png is a detail kept in the run
+    # directory and named), scans 2 each (12 positions: no zoom), analysis 1 (missing/escaping ones dropped),
+    # loss curve 1; drawn here: a head x layer map per scan, overlaid per-layer plots for the 2 sims (kim) and
+    # the 2 scans (kim, neighbourhood). Overlaid runs get no per-layer table (the line plots carry it).
     imgs = _images(html)
-    assert len(imgs) == 3 + 3 + 2 + 2 + 1 + 1 + 2 + 3
+    assert len(imgs) == 2 + 2 + 2 + 2 + 1 + 1 + 2 + 3
+    assert html.count("In the run directory, not shown here: probs.png") == 2
+    assert "<caption>Per layer</caption>" not in html
     assert all(src.startswith("data:image/png;base64,") for src in imgs)
     assert "figure missing.png is listed but missing" in html
     assert "etc/passwd" in html and "root:" not in html  # named as missing, never read
@@ -128,10 +131,14 @@ def test_report_structure(runs):
     # the scans now write the paper's per-sequence APS: the reading says so
     assert "Adjacency probability score of the hidden states per sequence" in html
     assert "Training lowered the loss from 5.5 to 5.1 over 3 steps." in html
-    # integer layer labels in the per-layer tables, one number format
+    # one number format
     text = re.sub(r'src="[^"]*"|arXiv \d+\.\d+', "", html)
     too_precise = re.findall(r"(?<![\d.])(?:0\.0*[1-9]\d{3,}|[1-9]\d*\.\d{4,})", text)  # > 3 significant digits
-    assert "<td>1</td>" in html and not too_precise, too_precise
+    assert not too_precise, too_precise
+    # a run on its own (no like run to overlay) keeps its short per-layer table, integer layer labels
+    alone = render_report([runs["sim_nope"]], title="one")
+    assert "<caption>Per layer</caption>" in alone and "<td>1</td>" in alone
+    assert "Comparison of" not in alone
 
 
 def test_flat_and_relative_readings():
@@ -204,7 +211,9 @@ def test_cli_writes_atomically_and_validates(cli, runs, tmp_path):
     assert code == 0 and out.is_file() and "<title>T</title>" in out.read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
     before = out.read_bytes()
-    code, _, err = cli("report", tmp_path / "missing", "--out", out)
+    code, _, err = cli("report", runs["sim_nope"], "--out", out)
+    assert code == 2 and "--overwrite" in err  # never replaced silently
+    code, _, err = cli("report", tmp_path / "missing", "--out", out, "--overwrite")
     assert code == 2 and "missing does not exist" in err
     assert out.read_bytes() == before  # a failed run leaves the previous report intact
     code, _, err = cli("report", runs["sim_nope"], "--out", tmp_path / "r.txt")

@@ -181,7 +181,7 @@ def test_slash_dynamics_small_run(tmp_path, cli):
 
     out = tmp_path / "dyn"
     code, _, err = cli("slash-dynamics", "--out", out, "--steps", 6, "--snapshots", "0,3", "--hidden", 16,
-                       "--scan-seqs", 4, "--seq-len", 10, "--quiet")
+                       "--num-seqs", 4, "--seq-len", 10, "--quiet")
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
     assert [r["step"] for r in s["steps"]] == [0, 3, 6] and s["paper"] == "slash" and (out / "dynamics.png").is_file()

@@ -132,7 +132,7 @@ def test_lr_schedule():
 ])
 def test_cli_bad_input(cli, tmp_path, args, msg):
     out = tmp_path / "out"
-    code, _, err = cli("train", "--out", out, "--steps", "2", "--no-progress", *args)
+    code, _, err = cli("train", "--out", out, "--steps", "2", "--quiet", *args)
     assert code == 2 and msg in err
     assert not out.exists()
 
@@ -140,7 +140,7 @@ def test_cli_bad_input(cli, tmp_path, args, msg):
 def test_cli_empty_corpus(cli, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("   \n")
-    code, _, err = cli("train", "--out", tmp_path / "o", "--data", empty, "--no-progress")
+    code, _, err = cli("train", "--out", tmp_path / "o", "--data", empty, "--quiet")
     assert code == 2 and "no text" in err and not (tmp_path / "o").exists()
 
 
@@ -150,34 +150,34 @@ def test_existing_model_is_never_damaged(cli, tmp_path):
     build("rope", "micro", 40).save_pretrained(other)
     before = _tree_digest(other)
     for extra in ([], ["--resume"], ["--task", "nope"], ["--resume", "--overwrite"]):
-        code, _, err = cli("train", "--out", other, "--task", "copy", "--steps", "2", "--no-progress", *extra)
+        code, _, err = cli("train", "--out", other, "--task", "copy", "--steps", "2", "--quiet", *extra)
         assert code == 2, extra
     assert _tree_digest(other) == before
 
     run = tmp_path / "run"
     assert cli("train", "--out", run, "--task", "copy", "--max-len", "4", "--steps", "2", "--batch-size", "4",
-               "--eval-examples", "8", "--no-progress")[0] == 0
+               "--eval-examples", "8", "--quiet")[0] == 0
     before = _tree_digest(run)
-    code, _, err = cli("train", "--out", run, "--task", "copy", "--steps", "2", "--no-progress")
+    code, _, err = cli("train", "--out", run, "--task", "copy", "--steps", "2", "--quiet")
     assert code == 2 and "--overwrite" in err
-    code, _, err = cli("train", "--out", run, "--task", "reverse", "--steps", "2", "--no-progress", "--resume")
+    code, _, err = cli("train", "--out", run, "--task", "reverse", "--steps", "2", "--quiet", "--resume")
     assert code == 2 and "task" in err
     assert _tree_digest(run) == before
     # a finished run resumed with the same options is a no-op
     code, out, _ = cli("train", "--out", run, "--task", "copy", "--max-len", "4", "--steps", "2", "--batch-size", "4",
-                       "--eval-examples", "8", "--no-progress", "--resume", "--json")
+                       "--eval-examples", "8", "--quiet", "--resume", "--json")
     assert code == 0 and _tree_digest(run) == before
     # --overwrite replaces the run and leaves unrelated files alone
     (run / "notes.txt").write_text("keep me")
     code, out, _ = cli("train", "--out", run, "--task", "reverse", "--max-len", "3", "--steps", "1", "--batch-size", "4",
-                       "--eval-examples", "8", "--no-progress", "--overwrite", "--json")
+                       "--eval-examples", "8", "--quiet", "--overwrite", "--json")
     assert code == 0 and json.loads(out)["task"] == "reverse"
     assert (run / "notes.txt").read_text() == "keep me"
 
 
 def test_zoo_micro(cli, tmp_path):
     code, out, _ = cli("zoo", "--out", tmp_path / "zoo", "--scale", "micro", "--only", "nope-copy,rope-random",
-                       "--no-progress", "--threads", "1")
+                       "--quiet", "--threads", "1")
     assert code == 0
     index = json.loads((tmp_path / "zoo" / "zoo.json").read_text())
     assert set(index["entries"]) == {"nope-copy", "rope-random"}

@@ -26,7 +26,7 @@ from poslens.analysis.slash import run_slash, SlashConfig
 from poslens.capture.scan import run_scan, ScanConfig
 from poslens.errors import PoslensError
 from poslens.models.train import train_model, TrainConfig
-from poslens.progress import make_progress
+from poslens.progress import live_display
 from poslens.report import write_report
 from poslens.report.terminal import print_simulation_summary
 from poslens.reproduce import ReproContext, run_reproduction
@@ -40,10 +40,12 @@ class DemoConfig:
     samples: int = 20_000
     device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     quick: bool = False  # tests: tiny sizes everywhere
+    figures: bool = True  # PNG figures in the run directories (the HTML report draws its own plots)
+    progress: bool = True  # live bars: one per step, with the step's own work (training steps, scan batches) inside
 
 
 def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
-    rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=True))[0]
+    rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=cfg.figures))[0]
     console.print(f"closed form (arXiv 2509.21042, Fig. 1): {rec['measured']}")
     return {"theory": str(cfg.out / "theory")}
 
@@ -59,7 +61,7 @@ def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
     }
     for name, sc in runs.items():
         res = run_simulation(sc, progress=lambda d, t, n=name: progress(n, d, t))
-        save_result(res, cfg.out / name)
+        save_result(res, cfg.out / name, figures=cfg.figures)
         print_simulation_summary(res.summary, console)
     return {name: str(cfg.out / name) for name in runs}
 
@@ -78,6 +80,7 @@ def _step_train(cfg: DemoConfig, console: Console, progress) -> dict:
     outs = {}
     for i, (name, tc) in enumerate(_train_cfgs(cfg).items()):
         progress(name, i, 2)
+        tc.progress = cfg.progress  # its per-step bar nests under the demo's step bar
         s = train_model(tc)
         console.print(f"{name}: {s['params']:,} parameters, loss {s['initial_loss']:.2f} -> "
                       f"{s['final_loss']:.2f} in {tc.steps} steps ({s['tokens_per_second']:,.0f} tokens/s)")
@@ -95,9 +98,10 @@ def _step_scan(cfg: DemoConfig, console: Console, progress) -> dict:
     }
     for i, (name, sc) in enumerate(scans.items()):
         sc.seq_len, sc.num_seqs, sc.batch_size, sc.device, sc.dtype = S, n, 4, cfg.device, "fp32"
+        sc.figures = cfg.figures
         progress(name, i, len(scans))
         _clear(Path(sc.out))
-        summ = run_scan(sc, progress=False)
+        summ = run_scan(sc, progress=cfg.progress)
         ri = " / ".join("flat" if l.get("relativity_index") is None else f"{l['relativity_index']:.2f}"
                         for l in summ["layers"])
         console.print(f"{name}: relativity index by layer {ri}")
@@ -108,7 +112,8 @@ def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
     outs = {}
     progress("slash", 0, 3)
     run_slash(SlashConfig(scan_dir=str(cfg.out / "scan_rope"), out=str(cfg.out / "slash_rope"),
-                          random_scan=str(cfg.out / "scan_rope_random"), max_delta=8))
+                          random_scan=str(cfg.out / "scan_rope_random"), max_delta=8,
+                          figures=cfg.figures))
     outs["slash_rope"] = str(cfg.out / "slash_rope")
     for i, pe in enumerate(("nope", "rope"), 1):
         progress(f"neighborhood {pe}", i, 3)
@@ -116,7 +121,8 @@ def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
         run_neighborhood(NeighborhoodConfig(model_dir=str(cfg.out / f"model_{pe}"), out=str(cfg.out / name),
                                             data="random", seq_len=32 if cfg.quick else 64,
                                             num_seqs=4 if cfg.quick else 16, bidirectional=True,
-                                            device=cfg.device, overwrite=True), progress=False)
+                                            device=cfg.device, overwrite=True, figures=cfg.figures),
+                         progress=False)
         outs[name] = str(cfg.out / name)
     console.print("analyses written: " + ", ".join(outs))
     return outs
@@ -163,17 +169,31 @@ def run_demo(cfg: DemoConfig, console: Console | None = None, show_progress: boo
     write_json(cfg.out / "demo.json", {"outputs": {}, "finished": False})
     outputs: dict = {}
     t0 = time.perf_counter()
-    for i, (title, step) in enumerate(STEPS, 1):
-        console.rule(f"[bold]{i}/{len(STEPS)} {title}")
-        with make_progress(transient=True) as prog:
-            tid = prog.add_task(title, total=None, info="")
+    from transformers.utils import logging as hf_logging
 
-            def progress(name, done, total):
-                if show_progress:
-                    prog.update(tid, description=name, completed=done, total=total)
-
-            outputs.update(step(cfg, console, progress))
+    hf_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers' own loading bars would tear the live display
+    try:
+        _run_steps(cfg, console, show_progress, outputs)
+    finally:
+        if hf_bars:
+            hf_logging.enable_progress_bar()
     seconds = time.perf_counter() - t0
     write_json(cfg.out / "demo.json", {"outputs": outputs, "finished": True, "seconds": seconds})
     console.print(f"[bold green]demo finished[/] in {seconds / 60:.1f} min: open {cfg.out / 'report.html'}")
     return outputs
+
+
+def _run_steps(cfg: DemoConfig, console: Console, show_progress: bool, outputs: dict) -> None:
+    import contextlib
+
+    for i, (title, step) in enumerate(STEPS, 1):
+        console.rule(f"[bold]{i}/{len(STEPS)} {title}")
+        with live_display(console) if show_progress else contextlib.nullcontext() as prog:
+            tid = prog.add_task(title, total=None, info="") if prog else None
+
+            def progress(name, done, total):
+                if prog:
+                    prog.update(tid, description=name, completed=done, total=total)
+
+            outputs.update(step(cfg, console, progress))

@@ -110,7 +110,7 @@ def kim_mean_field(alpha: float, seq_len: int, layers: int, causal: bool = True)
     """
     _check(alpha, seq_len)
     if layers < 1:
-        raise PoslensError(f"--layers {layers}: must be a positive integer.")
+        raise PoslensError(f"--num-layers {layers}: must be a positive integer.")
     G = input_gram(alpha, seq_len)
     C = torch.eye(seq_len, dtype=torch.float64)  # X_l = C_l X_0
     out = []

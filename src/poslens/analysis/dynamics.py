@@ -29,8 +29,10 @@ from poslens.data.tokenizer import char_vocab
 from poslens.errors import PoslensError
 from poslens.models.train import load_trained, train_model, TrainConfig
 from poslens.progress import task_progress
+from poslens.report.readings import dynamics_readings
 from poslens.rope import BANDS
-from poslens.rundir import prepare_out_dir, read_tensors, save_figure, staged_dir, versions, write_json, write_summary
+from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
+                            write_json, write_summary)
 
 
 @dataclass
@@ -51,6 +53,9 @@ class DynamicsConfig:
     kappa: float = 0.3
     seed: int = 0
     threads: int = 1
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
+    figures: bool = True
+    overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
 
 
 def _validate(cfg: DynamicsConfig) -> list[int]:
@@ -61,7 +66,7 @@ def _validate(cfg: DynamicsConfig) -> list[int]:
         raise PoslensError(f"--delta {cfg.delta}: must be between 1 and --seq-len - 2 ({cfg.seq_len - 2}).")
     if cfg.seq_len - 1 > 32:
         raise PoslensError(f"--seq-len {cfg.seq_len}: the offset task trains lengths up to 32 letters; pass 33 or less.")
-    for flag, v in (("--scan-seqs", cfg.scan_seqs), ("--batch-size", cfg.batch_size), ("--layers", cfg.layers)):
+    for flag, v in (("--num-seqs", cfg.scan_seqs), ("--batch-size", cfg.batch_size), ("--num-layers", cfg.layers)):
         if v < 1:
             raise PoslensError(f"{flag} {v}: must be a positive integer.")
     if not 0 < cfg.kappa <= 1:
@@ -73,7 +78,7 @@ def _train_config(cfg: DynamicsConfig, train_dir: Path, stop_after: int, resume:
     return TrainConfig(out=str(train_dir), pe="rope", task="offset", delta=cfg.delta, preset="micro",
                        layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
                        rope_theta=cfg.rope_theta, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-                       eval_every=0, eval_examples=200, checkpoint_every=0, seed=cfg.seed, device="cpu",
+                       eval_every=0, eval_examples=200, checkpoint_every=0, seed=cfg.seed, device=cfg.device,
                        threads=cfg.threads, resume=resume, stop_after=stop_after if stop_after < cfg.steps else None,
                        progress=False)
 
@@ -123,7 +128,7 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
     from transformers import AutoConfig
 
     snaps = _validate(cfg)
-    prepare_out_dir(cfg.out, must_be_new=True)
+    prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     t0 = time.time()
@@ -162,7 +167,7 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
                 for kind, data in (("in", str(prompts)), ("random", "random")):
                     sd = snap / f"scan-{kind}"
                     run_scan(ScanConfig(model_dir=str(snap), out=str(sd), data=data, seq_len=cfg.seq_len,
-                                        num_seqs=cfg.scan_seqs, batch_size=8, seed=cfg.seed, device="cpu",
+                                        num_seqs=cfg.scan_seqs, batch_size=8, seed=cfg.seed, device=cfg.device, dtype="fp32",
                                         figures=False), progress=False)
                     scans[kind] = read_tensors(sd / "maps.safetensors")
                 model, _, _ = load_trained(snap)
@@ -179,50 +184,33 @@ def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
                      round(r["best"]["slash_random"], 4), round(r["best"]["q_top1"], 3), round(r["best"]["k_top1"], 3),
                      "/".join(f"{r['best']['band_usage'][b]:.2f}" for b in BANDS), r["best"]["predicted_peak"]]
                     for r in records]
-            readings = _readings(records, cfg)
-            save_figure(_figure(records, cfg), stage / "dynamics.png")
+            if cfg.figures:
+                save_figure(_figure(records, cfg), stage / "dynamics.png")
             summary = {
                 "experiment": "slash-dynamics", "paper": "slash",
                 "title": f"Training dynamics of a {cfg.layers}-layer RoPE transformer on the offset task (Δ = {cfg.delta})",
                 "config": dataclasses.asdict(cfg), "geometry": geom, "steps": records,
                 "final_sdh": {**final, "persists": final["slash_random"] >= cfg.kappa and final["slash_in"] >= cfg.kappa},
-                "tables": [{"title": f"the most slash-dominant head at Δ = {cfg.delta} per training step",
+                "tables": [{"title": f"the most slash-dominant head at Δ = {cfg.delta} per training step (head = "
+                                     "layer.head, decoder layers from 0)",
                             "columns": ["step", "train loss", "task accuracy", "head", f"SlashScore({cfg.delta}) in-dist.",
                                         f"SlashScore({cfg.delta}) random", "q σ1²/Σσ²", "k σ1²/Σσ²",
                                         "band use high/med/low", "predicted peak Δ"], "rows": rows}],
-                "readings": readings,
+                "layer_convention": LAYER_CONVENTION,
                 "figures": [{"file": "dynamics.png", "caption": f"Over training: SlashScore({cfg.delta}) of the "
                              "best head on task prompts and on random tokens, rank-one-ness of its pre-RoPE q/k, and "
-                             "its RoPE band usage."}],
+                             "its RoPE band usage."}] if cfg.figures else [],
                 "wall_s": time.time() - t0,
             }
+            summary["readings"] = dynamics_readings(summary)
             write_json(stage / "config.json", {"command": "slash-dynamics", **dataclasses.asdict(cfg),
                                                "versions": versions()})
-            write_summary(stage, summary, command="slash-dynamics")
+            write_summary(stage, summary, command="slash-dynamics",
+                          layers_describe="per training step under 'steps': heads named by decoder layer (from 0) "
+                                          "and head index")
     finally:
         torch.set_num_threads(prev_threads)
     return summary
-
-
-def _readings(records: list[dict], cfg: DynamicsConfig) -> list[str]:
-    first, last = records[0], records[-1]
-    b0, b1 = first["best"], last["best"]
-    out = [f"SlashScore({cfg.delta}) of the best head rises from {b0['slash_in']:.3f} at step {first['step']} to "
-           f"{b1['slash_in']:.3f} at step {last['step']} (task accuracy {last['accuracy'] or 0:.3f})."]
-    emerge = next((r["step"] for r in records if r["best"]["slash_in"] >= cfg.kappa), None)
-    out.append(f"a ({cfg.kappa:g}, {cfg.delta})-slash-dominant head first appears at step {emerge}."
-               if emerge is not None else f"no head reaches SlashScore({cfg.delta}) >= {cfg.kappa:g} within "
-               f"{last['step']} steps.")
-    verdict = "persists" if b1["slash_random"] >= cfg.kappa else "does not persist"
-    out.append(f"on random-token prompts the final head {b1['layer']}.{b1['head']} scores {b1['slash_random']:.3f} "
-               f"at Δ = {cfg.delta}: the SDH {verdict} out of distribution (κ = {cfg.kappa:g}).")
-    out.append(f"its pre-RoPE queries' top singular direction holds {b0['q_top1']:.2f} of the energy at step "
-               f"{first['step']} and {b1['q_top1']:.2f} at the end (keys: {b0['k_top1']:.2f} -> {b1['k_top1']:.2f}).")
-    bu = b1["band_usage"]
-    top_band = max(bu, key=bu.get)
-    out.append(f"at the end the rank-one RoPE decomposition puts most amplitude in the {top_band}-frequency band "
-               f"({', '.join(f'{b} {bu[b]:.2f}' for b in BANDS)}) and predicts a peak at Δ = {b1['predicted_peak']}.")
-    return out
 
 
 def _figure(records: list[dict], cfg: DynamicsConfig):

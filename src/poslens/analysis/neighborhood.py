@@ -7,9 +7,9 @@ nearer earlier key than to a farther one (1 = perfect adjacency, 0.5 = chance), 
 score applies the same count to ``-||h_i||`` (1 = norms shrink monotonically with position).
 Both are reported as mean +- std over sequences, per layer, as in the paper.
 
-Which vectors. Following the paper's code, layer 0 is the token embeddings (the input of the
-first decoder layer) and layer l >= 1 is the concatenated head outputs of decoder layer l before
-the output projection (``attn``: the adapter's ``attn_z`` capture point). The residual stream after each decoder layer (``resid``) is
+Which vectors. Following the paper's code, the token embeddings (the input of decoder layer 0)
+come first, then, for each decoder layer (counted from 0, as everywhere in poslens), the
+concatenated head outputs before the output projection (``attn``: the adapter's ``attn_z`` capture point). The residual stream after each decoder layer (``resid``) is
 measured too, because it is what later layers read.
 
 Controls. The model runs through poslens' registered attention function
@@ -45,6 +45,7 @@ from poslens.fmt import fmt_pm
 from poslens.metrics import adjacency_probability_score, norm_score
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
+from poslens.report.readings import neighborhood_command_readings
 from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 from poslens.runtime import no_hf_progress_bars, parse_device
 from poslens.theory import running_mean_cosine
@@ -82,9 +83,9 @@ def collect_vectors(model, input_ids: torch.Tensor, *, bidirectional: bool = Fal
                     ) -> dict[str, torch.Tensor]:
     """Per-layer vectors of one batch: ``{"attn": L+1 tensors [B, T, .], "resid": [L+1, B, T, d]}``.
 
-    Index 0 of both is the token embeddings (the first layer's input). ``attn[l]`` (l >= 1) is the
-    concatenated head outputs of decoder layer l before the output projection; ``resid[l]`` the
-    residual stream after decoder layer l. ``attn`` is a list because its widths may differ
+    Index 0 of both is the token embeddings (decoder layer 0's input). ``attn[k]`` (k >= 1) is the
+    concatenated head outputs of decoder layer k − 1 (layers count from 0) before the output
+    projection; ``resid[k]`` the residual stream after decoder layer k − 1. ``attn`` is a list because its widths may differ
     (embedding width vs heads x head_dim). The model must already use the
     poslens attention (:func:`use_poslens_attention`) when ``bidirectional`` is set.
     """
@@ -127,7 +128,7 @@ def measure_neighborhood(model, ids: torch.Tensor, *, bidirectional: bool = Fals
                          families: tuple[str, ...] = FAMILIES) -> dict[str, torch.Tensor]:
     """Per-sequence APS and norm score and mean maps for every layer over ``ids [N, T]``.
 
-    Returns float64 tensors, ``K = L + 1`` layers (0 = embeddings), for each family
+    Returns float64 tensors over ``K = L + 1`` indices (0 = embeddings, k = decoder layer k − 1), for each family
     ``f`` in ``attn``/``resid`` (keys prefixed ``resid_`` for the residual stream):
     ``aps [K, N]``, ``norm_score [K, N]``, ``cosine [K, T, T]`` (mean over sequences),
     ``norms [K, T]`` (mean norm by position). ``families`` limits the work to some of them.
@@ -171,7 +172,8 @@ def measure_neighborhood(model, ids: torch.Tensor, *, bidirectional: bool = Fals
 
 
 def layer_rows(measured: dict[str, torch.Tensor], prefix: str = "") -> list[dict]:
-    """Per-layer ``{"layer", "aps_mean", "aps_std", "norm_score_mean", "norm_score_std"}``."""
+    """Per tensor index ``{"layer", "aps_mean", "aps_std", "norm_score_mean", "norm_score_std"}``
+    (``layer``: the tensor index, 0 = embeddings; the summary names them with :func:`layer_name`)."""
     aps, ns = measured[f"{prefix}aps"], measured[f"{prefix}norm_score"]
     n = aps.shape[1]
 
@@ -286,21 +288,42 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
                                            "source": source.describe(), "versions": versions()})
         tensors = {f"{mode}.{k}": v.to(torch.float32) for mode, r in results.items() for k, v in r.items()}
         write_tensors(stage / "neighborhood.safetensors", tensors,
-                      metadata={"layer_index": "0 = token embeddings, l = decoder layer l (attn: head outputs "
-                                               "before the output projection; resid_: residual stream after it)",
+                      metadata={"layer_index": "tensor index 0 = token embeddings, k = decoder layer k - 1 (decoder "
+                                               "layers count from 0; attn: head outputs before the output "
+                                               "projection; resid_: residual stream after the layer)",
                                 "modes": modes})
         summary["figures"] = save_figures(stage, neighborhood_figures(results, title=Path(cfg.model_dir).name)
                                           if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
         write_summary(stage, summary, command="neighborhood",
-                      layers_describe="hidden states (residual stream) and head outputs",
-                      convention="layer 0 = the embeddings, layer k = the output of the k-th decoder layer")
+                      layers_describe="per decoder layer: head outputs before the output projection (aps_*, "
+                                      "norm_score_*) and the residual stream after the layer (resid_*); "
+                                      "'embeddings': the token embeddings",
+                      convention=LAYER_CONVENTION)
     return summary
+
+
+def layer_name(k: int):
+    """The summary's name of tensor index ``k`` (0 = the embeddings, k = decoder layer k − 1)."""
+    return "embeddings" if k == 0 else k - 1
+
+
+def layer_title(k: int) -> str:
+    """``"embeddings"`` or ``"layer N"`` (decoder layers from 0) for tensor index ``k``."""
+    return "embeddings" if k == 0 else f"layer {k - 1}"
+
+
+#: how the layers of a neighbourhood summary count (tensors keep index 0 = embeddings, k = layer k − 1)
+LAYER_CONVENTION = ("'embeddings' = the token embeddings (the input of decoder layer 0); decoder layers counted "
+                    "from 0, each giving its head outputs before the output projection and the residual stream "
+                    "after it")
 
 
 def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_type: str = "?", num_seqs: int = 0,
                   source: dict | None = None) -> dict:
-    """Tables, readings (computed from the numbers) and per-layer values of a neighbourhood run."""
+    """Tables, readings (:func:`poslens.report.readings.neighborhood_command_readings`, from the
+    numbers) and per-layer values of a neighbourhood run. ``layers`` holds the embeddings
+    (``"layer": "embeddings"``) and then decoder layers from 0."""
     causal = results["causal"]
     bid = results.get("bidirectional")
     rows_c = layer_rows(causal)
@@ -309,7 +332,8 @@ def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_ty
     K = len(rows_c)
     layers = []
     for k in range(K):
-        d = {"layer": k, "vectors": "embeddings" if k == 0 else "head outputs (before output projection)",
+        d = {"layer": layer_name(k), "vectors": "token embeddings" if k == 0 else
+             "head outputs (before the output projection); resid_*: residual stream after the layer",
              **{key: rows_c[k][key] for key in ("aps_mean", "aps_std", "norm_score_mean", "norm_score_std")},
              "resid_aps_mean": rows_rc[k]["aps_mean"], "resid_aps_std": rows_rc[k]["aps_std"],
              "resid_norm_score_mean": rows_rc[k]["norm_score_mean"]}
@@ -322,60 +346,27 @@ def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_ty
         cols += ["APS bidirectional", "norm score bidirectional"]
     rows = []
     for k in range(K):
-        r = [k if k else "0 (emb)", _fmt_pm(rows_c[k]["aps_mean"], rows_c[k]["aps_std"]),
+        r = [layer_name(k), _fmt_pm(rows_c[k]["aps_mean"], rows_c[k]["aps_std"]),
              _fmt_pm(rows_c[k]["norm_score_mean"], rows_c[k]["norm_score_std"]),
              _fmt_pm(rows_rc[k]["aps_mean"], rows_rc[k]["aps_std"])]
         if rows_b is not None:
             r += [_fmt_pm(rows_b[k]["aps_mean"], rows_b[k]["aps_std"]),
                   _fmt_pm(rows_b[k]["norm_score_mean"], rows_b[k]["norm_score_std"])]
         rows.append(r)
-    gap1 = theory_gap(causal["cosine"][1]) if K > 1 else float("nan")
-    readings = neighborhood_readings(rows_c, rows_b, gap1)
+    gap0 = theory_gap(causal["cosine"][1]) if K > 1 else float("nan")
     T = causal["cosine"].shape[-1]
-    return {
+    summary = {
         "experiment": "neighborhood", "paper": "neighborhood",
         "title": f"Adjacency of nearby embeddings ({pe} PE, {model_type}): APS per layer",
         "model_dir": str(cfg.model_dir) if cfg else None, "pe": pe, "model_type": model_type,
         "num_seqs": num_seqs, "seq_len": T, "source": source,
-        "modes": list(results), "layers": layers, "theory_gap_layer1": gap1,
-        "tables": [{"title": "APS and norm score per layer (mean ± std over sequences; layer 0 = embeddings)",
-                    "columns": cols, "rows": rows}],
-        "readings": readings,
+        "modes": list(results), "layers": layers, "layer_convention": LAYER_CONVENTION,
+        "theory_gap_layer0": gap0,
+        "tables": [{"title": "APS and norm score per layer (mean ± std over sequences; embeddings, then decoder "
+                             "layers from 0)", "columns": cols, "rows": rows, "note": LAYER_CONVENTION}],
     }
-
-
-def neighborhood_readings(rows_c: list[dict], rows_b: list[dict] | None, gap1: float) -> list[str]:
-    """Plain-language sentences computed from the per-layer numbers."""
-    out = []
-    K = len(rows_c)
-    if K < 2:
-        return out
-    a1 = rows_c[1]["aps_mean"]
-    best = max(range(1, K), key=lambda k: rows_c[k]["aps_mean"])
-    verdict = ("a clear adjacency pattern" if a1 >= 0.8 else "a weak adjacency pattern" if a1 >= 0.6
-               else "no adjacency pattern")
-    out.append(f"The first attention layer's head outputs have APS {a1:.3f} under the causal mask: {verdict} "
-               f"(0.5 = chance, 1 = every row rises towards the diagonal); layer 0 (embeddings) has "
-               f"{rows_c[0]['aps_mean']:.3f}.")
-    out.append(f"The highest APS is at layer {best} ({rows_c[best]['aps_mean']:.3f}); the last layer has "
-               f"{rows_c[-1]['aps_mean']:.3f}.")
-    if rows_b is not None:
-        b1 = rows_b[1]["aps_mean"]
-        diff = a1 - b1
-        out.append(f"Without the causal mask layer 1's APS is {b1:.3f}, {abs(diff):.3f} "
-                   f"{'lower' if diff > 0 else 'higher'} than causal: "
-                   + ("the mask is what creates the adjacency pattern." if diff > 0.1 and abs(b1 - 0.5) < 0.1
-                      else "the mask is not the only source of the difference." if diff > 0.1
-                      else "the mask makes little difference here."))
-    ns1 = rows_c[1]["norm_score_mean"]
-    out.append(f"Layer 1's norm score is {ns1:.3f}: norms "
-               + ("shrink with position, as a running mean's do." if ns1 >= 0.7
-                  else "do not shrink consistently with position." if ns1 > 0.3 else "grow with position."))
-    if math.isfinite(gap1):
-        out.append(f"Layer 1's mean cosine map differs from the uniform-attention theory sqrt(min(i,j)/max(i,j)) by "
-                   f"{gap1:.3f} on average over the lower triangle"
-                   + (" (close: attention is nearly uniform)." if gap1 < 0.05 else " (attention is far from uniform)."))
-    return out
+    summary["readings"] = neighborhood_command_readings(summary)
+    return summary
 
 
 def _pick_layers(K: int, max_panels: int = 7) -> list[int]:
@@ -390,21 +381,20 @@ def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tupl
 
     from poslens.report.plots import layer_grid
 
-
     figs = []
     for mode, r in results.items():
         K = r["cosine"].shape[0]
         sel = _pick_layers(K)
         maps = [causal_view(r["cosine"][k]) for k in sel]
-        titles = ["layer 0 (emb)" if k == 0 else f"layer {k}" for k in sel]
+        titles = [layer_title(k) for k in sel]
         fig = layer_grid(maps, titles=titles, suptitle=f"{title} mean self-cosine similarity ({mode})", cmap="rocket")
         name = "cosine_maps.png" if mode == "causal" else f"cosine_maps_{mode}.png"
         figs.append((name, fig, f"Mean over sequences of cos(h_i, h_j) per layer, {mode} attention "
-                                f"(layer 0 = embeddings, then head outputs; upper triangle blank)."))
+                                f"(the embeddings, then the head outputs of decoder layers from 0; upper triangle blank)."))
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for mode, r in results.items():
         K = r["aps"].shape[0]
-        x = list(range(K))
+        x = list(range(-1, K - 1))  # −1: the embeddings, then decoder layers from 0
         ls = "-" if mode == "causal" else "--"
         axes[0].errorbar(x, r["aps"].mean(1).tolist(), yerr=r["aps"].std(1).tolist() if r["aps"].shape[1] > 1 else None,
                          ls=ls, marker="o", capsize=3, label=f"head outputs, {mode}")
@@ -412,12 +402,13 @@ def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tupl
         axes[1].plot(x, r["norm_score"].mean(1).tolist(), ls=ls, marker="o", label=f"head outputs, {mode}")
     for ax, name in zip(axes, ("APS", "norm score")):
         ax.axhline(0.5, color="gray", lw=0.8, ls=":")
-        ax.set_xlabel("layer (0 = embeddings)")
+        ax.set_xlabel("decoder layer from 0 (−1: embeddings)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel(name)
         ax.set_ylim(-0.02, 1.02)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{title} adjacency probability and norm scores (mean ± std over sequences)", fontsize=10)
     fig.tight_layout()
-    figs.append(("aps_by_layer.png", fig, "APS (left) and norm score (right) per layer; 0.5 = chance, "
-                                          "error bars = std over sequences."))
+    figs.append(("aps_by_layer.png", fig, "APS (left) and norm score (right) per layer (decoder layers from 0; "
+                                          "−1 = the embeddings); 0.5 = chance, error bars = std over sequences."))
     return figs

@@ -30,16 +30,19 @@ from pathlib import Path
 import torch
 
 from poslens.capture.adapters import ADAPTERS
-from poslens.capture.attention import Capture, CaptureSpec
+from poslens.capture.attention import BlockMaps, Capture, CaptureSpec
 from poslens.capture.loop import hooked, run_batches
 from poslens.capture.model_source import source_record
-from poslens.capture.scan import attach, causal_view, load_model, load_tokenizer, open_model_config, window_view
+from poslens.capture.scan import (attach, causal_view, load_model, load_tokenizer, map_view, open_model_config,
+                                  SINK_COLUMNS, window_view)
 from poslens.capture.sources import make_source
 from poslens.capture.stats import MeanAccumulator
 from poslens.errors import PoslensError
-from poslens.metrics import diagonal_normalize, locality, relativity_index
-from poslens.rundir import (prepare_out_dir, read_json, read_tensors, save_figure, staged_dir, versions, write_json,
-                            write_summary, write_tensors)
+from poslens.metrics import diagonal_normalize, diagonal_trend, locality, relativity_index
+from poslens.metrics.slash import sink_weight
+from poslens.report.readings import panels_readings, score_maps_readings
+from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, read_json, read_tensors, save_figure, staged_dir,
+                            versions, write_json, write_summary, write_tensors)
 from poslens.runtime import parse_device, resolve_dtype
 
 PANELS = [
@@ -71,6 +74,7 @@ class PanelsConfig:
     dtype: str = "fp32"
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    figures: bool = True
 
 
 def _gram(x: torch.Tensor) -> torch.Tensor:
@@ -94,15 +98,23 @@ def panel_points(adapter, layer: int, accs: dict[str, MeanAccumulator]) -> dict:
     return {(pt, layer + off): adder(k) for k, (pt, off) in PANEL_POINTS.items()}
 
 
-def panel_metrics(m: torch.Tensor) -> dict:
-    """Relativity index, non-relativity and locality of one panel's causal lower triangle."""
+def panel_metrics(m: torch.Tensor, exclude_keys=None) -> dict:
+    """Relativity index, non-relativity, locality and signed diagonal trend of one panel's causal
+    lower triangle (the diagonal, a self-similarity, excluded). Sink-aware as ``poslens scan``: key
+    0 (the attention-sink / BOS column; ``exclude_keys``, default
+    :data:`poslens.capture.scan.SINK_COLUMNS`) is left out of the headline numbers, and the
+    values with it (``*_with_sink``) are given beside them."""
+    keys = tuple(SINK_COLUMNS if exclude_keys is None else exclude_keys)
     cv = causal_view(m.to(torch.float64), include_diagonal=True)
-    ri = relativity_index(cv)
-    lo = locality(cv)
+    ri = relativity_index(cv, exclude_keys=keys)
+    ri_s = relativity_index(cv)
     S = m.shape[-1]
     i = torch.arange(S)
     off = m[(i[:, None] > i[None, :])]
-    return {"relativity_index": ri, "non_relativity": None if ri is None else 1.0 - ri, "locality": lo,
+    return {"relativity_index": ri, "non_relativity": None if ri is None else 1.0 - ri,
+            "locality": locality(cv, exclude_keys=keys), "diagonal_trend": diagonal_trend(cv, exclude_keys=keys),
+            "relativity_index_with_sink": ri_s, "non_relativity_with_sink": None if ri_s is None else 1.0 - ri_s,
+            "locality_with_sink": locality(cv), "sink_columns": list(keys),
             "mean_offdiag": float(off.mean()) if off.numel() else None}
 
 
@@ -144,35 +156,13 @@ def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
 
     from poslens.report.plots import heatmap
 
-
     fig, axes = plt.subplots(3, 3, figsize=(11, 10.5))
     for ax, (k, desc), m in zip(axes.flat, PANELS, panels):
         heatmap(ax, causal_view(m, include_diagonal=True), title=f"({k}) {desc}", percentile=(1, 99))
-    fig.suptitle(title or f"layer {layer}: Gram decomposition (arXiv 2509.21042)", fontsize=11)
+    fig.suptitle(title or f"decoder layer {layer} (layers counted from 0): Gram decomposition (arXiv 2509.21042)",
+                 fontsize=11)
     fig.tight_layout()
     return fig
-
-
-def _readings(rows: list[dict], layer: int) -> list[str]:
-    out = []
-    loc = [(r["panel"], r["locality"]) for r in rows if r["locality"] is not None]
-    if loc:
-        hi = max(loc, key=lambda t: t[1])
-        lo = min(loc, key=lambda t: t[1])
-        n_pos = sum(1 for _, v in loc if v > 0)
-        out.append(f"{n_pos} of {len(loc)} panels of layer {layer} rise towards the diagonal (locality > 0); "
-                   f"strongest in ({hi[0]}) at {hi[1]:+.3f}, weakest in ({lo[0]}) at {lo[1]:+.3f}.")
-    byk = {r["panel"]: r for r in rows}
-    a, i = byk.get("a"), byk.get("i")
-    if a and i and a["non_relativity"] is not None and i["non_relativity"] is not None:
-        out.append(f"non-relativity (1 - relativity index) goes from {a['non_relativity']:.3f} in the layer's "
-                   f"normalised input (a) to {i['non_relativity']:.3f} in the next layer's scores (i).")
-    b = byk.get("b")
-    if b and b["locality"] is not None:
-        word = "favour nearby keys" if b["locality"] > 0.1 else ("favour distant keys" if b["locality"] < -0.1
-                                                               else "show little distance trend")
-        out.append(f"the layer's own attention scores (b) {word} (locality {b['locality']:+.3f}).")
-    return out
 
 
 def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
@@ -205,28 +195,36 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
     summary = {
         "experiment": "kim-panels",
-        "title": f"Gram decomposition of layer {cfg.layer} ({adapter.model_type}, {source.num_seqs} x {cfg.seq_len} tokens)",
+        "title": f"Gram decomposition of decoder layer {cfg.layer} ({adapter.model_type}, {source.num_seqs} x "
+                 f"{cfg.seq_len} tokens)",
         "paper": "kim",
         "model_dir": str(cfg.model_dir), "model_type": adapter.model_type, "layer": cfg.layer,
         "num_seqs": source.num_seqs, "seq_len": cfg.seq_len, "data": source.describe(),
         "rope": cfg.layer in adapter.rope_layers(config),
         "panels": rows,
-        "tables": [{"title": "panels: relativity and locality (lower triangle, diagonal excluded)",
-                    "columns": ["panel", "matrix", "relativity index", "non-relativity", "locality", "mean off-diagonal"],
+        "layer_convention": LAYER_CONVENTION,
+        "tables": [{"title": f"panels of decoder layer {cfg.layer} (from 0): relativity and locality (lower triangle, "
+                             "diagonal and key 0 excluded; non-relativity with key 0 beside it)",
+                    "columns": ["panel", "matrix", "relativity index", "non-relativity", "non-relativity with key 0",
+                                "locality", "diagonal trend", "mean off-diagonal"],
                     "rows": [[r["panel"], r["description"], fmt(r["relativity_index"]), fmt(r["non_relativity"]),
-                              fmt(r["locality"]), fmt(r["mean_offdiag"])] for r in rows]}],
-        "readings": _readings(rows, cfg.layer),
-        "figures": [{"file": "panels.png", "caption": f"The nine batch-averaged matrices of layer {cfg.layer} "
-                     "(upper triangle masked; colour range 1st-99th percentile)."}],
+                              fmt(r["non_relativity_with_sink"]), fmt(r["locality"]), fmt(r["diagonal_trend"]),
+                              fmt(r["mean_offdiag"])] for r in rows]}],
+        "figures": [{"file": "panels.png", "caption": f"The nine batch-averaged matrices of decoder layer {cfg.layer} "
+                     "(layers counted from 0; upper triangle masked; colour range 1st-99th percentile)."}] if cfg.figures else [],
         "wall_s": time.time() - t0,
     }
+    summary["readings"] = panels_readings(summary)
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "panels", **dataclasses.asdict(cfg),
                                            "model_source": source_record(cfg.model_dir), "versions": versions()})
         write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
                       metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
-        save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
-        write_summary(stage, summary, command="panels")
+        if cfg.figures:
+            save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
+        write_summary(stage, summary, command="panels",
+                      layers_describe=f"one decoder layer ({cfg.layer}) and the next one's input and scores (panels "
+                                      "h, i); per-panel numbers under 'panels'")
     return summary
 
 
@@ -257,7 +255,7 @@ def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
     return [panel_metrics(scores[l]) for l in range(scores.shape[0])]
 
 
-def run_score_maps(scan_dir: str, out: str) -> dict:
+def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
     from poslens.report.plots import layer_grid
 
@@ -266,49 +264,54 @@ def run_score_maps(scan_dir: str, out: str) -> dict:
     scores = maps["scores"]
     layer_ids = ssum["_meta"].get("layers") or list(range(scores.shape[0]))
     windows = (ssum.get("attention") or {}).get("windows")
-    if windows:  # keys outside a layer's sliding window are unseen (stored as 0): out of every metric
+    blocks = (ssum.get("map_size") or {}).get("block", 1)
+    if blocks > 1:  # a --map-size scan: block means; blocks without a visible entry are out of every metric
+
+        bm = BlockMaps(int(ssum["seq_len"]), scores.shape[-1])
+        scores = torch.stack([map_view(scores[i], (windows or {l: None for l in layer_ids})[l], bm)
+                              for i, l in enumerate(layer_ids)])
+    elif windows:  # keys outside a layer's sliding window are unseen (stored as 0): out of every metric
         scores = torch.stack([window_view(scores[i], windows[l]) for i, l in enumerate(layer_ids)])
     rows = layer_score_metrics(scores)
+    if "probs" in maps:  # the sink's own number beside the sink-excluded ones
+
+        for r, w in zip(rows, sink_weight(maps["probs"]).tolist()):
+            r["sink_weight"] = w
     fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
-    table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["locality"])]
-             for l, r in zip(layer_ids, rows)]
-    nr = [(l, r["non_relativity"]) for l, r in zip(layer_ids, rows) if r["non_relativity"] is not None]
-    readings = []
-    if nr:
-        worst = max(nr, key=lambda t: t[1])
-        best = min(nr, key=lambda t: t[1])
-        readings.append(f"non-relativity ranges from {best[1]:.3f} (layer {best[0]}) to {worst[1]:.3f} "
-                        f"(layer {worst[0]}): the diagonals explain {100 * (1 - worst[1]):.0f}-{100 * (1 - best[1]):.0f} % "
-                        "of the score maps' variation.")
-    loc = [r["locality"] for r in rows if r["locality"] is not None]
-    if loc:
-        readings.append(f"{sum(v > 0 for v in loc)} of {len(loc)} layers' mean scores rise as keys approach the query "
-                        f"(mean locality {sum(loc) / len(loc):+.3f}).")
-    figures, files = [], []
-    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)]
+    table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["non_relativity_with_sink"]),
+              fmt(r["locality"]), fmt(r["diagonal_trend"])] for l, r in zip(layer_ids, rows)]
+    draw, figures, files = figures, [], []
+    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)] if draw else []
     with staged_dir(out) as stage:
         for n, sel in enumerate(groups):
             suffix = "" if len(groups) == 1 else f"_{n}"
             titles = [f"layer {layer_ids[i]}" for i in sel]
             cv = [causal_view(scores[i], include_diagonal=True) for i in sel]
-            save_figure(layer_grid(cv, titles=titles, suptitle="mean pre-softmax scores", percentile=(1, 99)),
+            save_figure(layer_grid(cv, titles=titles, suptitle="mean pre-softmax scores (decoder layers from 0)",
+                                   percentile=(1, 99)),
                         stage / f"scores_raw{suffix}.png")
             save_figure(layer_grid([diagonal_normalize(c) for c in cv], titles=titles,
-                                   suptitle="diagonal-normalised scores", percentile=(1, 99)),
+                                   suptitle="diagonal-normalised scores (decoder layers from 0)", percentile=(1, 99)),
                         stage / f"scores_diagnorm{suffix}.png")
-            figures += [{"file": f"scores_raw{suffix}.png", "caption": "Mean pre-softmax scores per layer "
-                         "(mean over heads and sequences; 1st-99th percentile colour range)."},
+            figures += [{"file": f"scores_raw{suffix}.png", "caption": "Mean pre-softmax scores per decoder layer "
+                         "(counted from 0; mean over heads and sequences; 1st-99th percentile colour range"
+                         + (f"; block means of {blocks} x {blocks} positions, --map-size" if blocks > 1 else "")
+                         + ")."},
                         {"file": f"scores_diagnorm{suffix}.png", "caption": "The same maps, diagonal-normalised: "
                          "what remains is the non-relative (absolute-position) part."}]
         summary = {"experiment": "kim-score-maps", "paper": "kim",
                    "title": f"Per-layer score maps of {ssum.get('model_type', 'a model')} "
                             f"({ssum.get('num_seqs', '?')} x {ssum.get('seq_len', scores.shape[-1])} tokens)",
                    "scan_dir": str(scan_dir), "layers": [{"layer": l, **r} for l, r in zip(layer_ids, rows)],
-                   "tables": [{"title": "non-relativity per layer", "columns": ["layer", "relativity index",
-                                                                                 "non-relativity", "locality"],
+                   "layer_convention": LAYER_CONVENTION,
+                   "tables": [{"title": "non-relativity per decoder layer (from 0; key 0 excluded, with key 0 beside "
+                                        "it)", "columns": ["layer", "relativity index", "non-relativity",
+                                                           "non-relativity with key 0", "locality", "diagonal trend"],
                                "rows": table}],
-                   "readings": readings, "figures": figures}
+                   "figures": figures}
+        summary["readings"] = score_maps_readings(summary)
         write_json(stage / "config.json", {"command": "kim-maps", "scan_dir": str(scan_dir), "out": str(out),
                                            "scan_options": scfg.get("options"), "versions": versions()})
-        write_summary(stage, summary, command="kim-maps")
+        write_summary(stage, summary, command="kim-maps", layers_describe="mean pre-softmax attention scores of "
+                      "each scanned decoder layer (mean over heads and sequences)")
     return summary

@@ -1,7 +1,8 @@
 """Position probes of arXiv 2501.00073: which per-token quantity predicts position?
 
-Per layer (0 = token embeddings, l = concatenated head outputs of decoder layer l, as in
-:mod:`poslens.analysis.neighborhood`) three features are probed:
+Per layer (the token embeddings, named ``"embeddings"``, then the concatenated head outputs of
+each decoder layer counted from 0, as in :mod:`poslens.analysis.neighborhood`) three features are
+probed:
 
 - ``vector``: the vector ``h_i`` itself; target the absolute position ``i`` (0-indexed);
 - ``cosine``: the scalar ``cos(h_i, h_T)`` with the last position T; target ``T - i``
@@ -44,7 +45,9 @@ from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
-from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary
+from poslens.report.readings import probes_readings
+from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, save_figures, staged_dir, versions, write_json,
+                            write_summary)
 from poslens.runtime import no_hf_progress_bars, parse_device
 
 FEATURES = ("vector", "cosine", "norm")
@@ -173,7 +176,8 @@ def probe_features(h: torch.Tensor, skip_first: int = 0) -> dict[str, tuple[torc
 def probe_layers(train_vecs: list[torch.Tensor], test_vecs: list[torch.Tensor], *, mlp_steps: int = 300,
                  seed: int = 0, skip_first: int = 0, val_vecs: tuple[list, list] | None = None,
                  update=None) -> list[dict]:
-    """Every feature x probe for every layer: ``[{"layer", "feature", "probe", "r", "mse", "chance_mse"}]``.
+    """Every feature x probe for every layer: ``[{"layer", "feature", "probe", "r", "mse", "chance_mse"}]``
+    (``layer``: ``"embeddings"`` for index 0 of the vector lists, then decoder layers from 0).
 
     ``val_vecs = (vectors over training characters A1, vectors over A2)`` selects the linear
     probe's ridge per layer and feature (:func:`select_ridge`); without it the ridge is 1e-6.
@@ -188,7 +192,7 @@ def probe_layers(train_vecs: list[torch.Tensor], test_vecs: list[torch.Tensor], 
             ridge = select_ridge(*fva[0][feat], *fva[1][feat]) if fva else 1e-6
             for kind in PROBES:
                 res = evaluate_probe(kind, *ftr[feat], *fte[feat], mlp_steps=mlp_steps, seed=seed, ridge=ridge)
-                rows.append({"layer": k, "feature": feat, "probe": kind, **res,
+                rows.append({"layer": "embeddings" if k == 0 else k - 1, "feature": feat, "probe": kind, **res,
                              **({"ridge": ridge} if kind == "linear" else {})})
         if update is not None:
             update()
@@ -235,7 +239,7 @@ def _validate(cfg: ProbesConfig):
     if set(cfg.train_chars) & set(cfg.test_chars):
         raise PoslensError(f"--train-chars {cfg.train_chars!r} and --test-chars {cfg.test_chars!r} share "
                            f"{''.join(sorted(set(cfg.train_chars) & set(cfg.test_chars)))!r}; they must be disjoint.")
-    for flag, v in (("--num-train", cfg.num_train), ("--num-test", cfg.num_test), ("--batch-size", cfg.batch_size),
+    for flag, v in (("--num-train-seqs", cfg.num_train), ("--num-test-seqs", cfg.num_test), ("--batch-size", cfg.batch_size),
                     ("--mlp-steps", cfg.mlp_steps)):
         if v < 1:
             raise PoslensError(f"{flag} {v}: must be a positive integer.")
@@ -314,7 +318,8 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
         write_json(stage / "probes.json", records)
         summary["figures"] = save_figures(stage, [probe_figure(records)] if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
-        write_summary(stage, summary, command="probes")
+        write_summary(stage, summary, command="probes", layers_describe="per model, state, layer, feature and "
+                      "probe under 'records': layer 'embeddings' or a decoder layer from 0 (head outputs)")
     return summary
 
 
@@ -330,9 +335,9 @@ def _groups(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
 
 
 def compare_cosine_norm(rows: list[dict], probe: str = "mlp") -> dict:
-    """Over attention layers (>= 1): best test r and lowest MSE of the cosine and norm features."""
+    """Over decoder layers (not the embeddings): best test r and lowest MSE of the cosine and norm features."""
     def pick(feat):
-        rs = [r for r in rows if r["feature"] == feat and r["probe"] == probe and r["layer"] >= 1]
+        rs = [r for r in rows if r["feature"] == feat and r["probe"] == probe and isinstance(r["layer"], int)]
         rs_ok = [r for r in rs if r["r"] is not None and math.isfinite(r["r"])]
         best = max(rs_ok, key=lambda r: r["r"]) if rs_ok else None
         return best, {r["layer"]: r for r in rs}
@@ -348,17 +353,18 @@ def build_summary(cfg: ProbesConfig, records: list[dict]) -> dict:
     cols = ["model", "PE", "state", "layer"] + [f"{f} {p} r / MSE" for f in FEATURES for p in PROBES]
     rows = []
     for (model, state), rs in groups.items():
-        layers = sorted({r["layer"] for r in rs})
+        layers = ["embeddings"] * any(r["layer"] == "embeddings" for r in rs) + sorted(
+            {r["layer"] for r in rs if isinstance(r["layer"], int)})
         for k in layers:
             cells = []
             for f in FEATURES:
                 for p in PROBES:
                     r = next(x for x in rs if x["layer"] == k and x["feature"] == f and x["probe"] == p)
                     cells.append(f"{_f(r['r'])} / {_f(r['mse'], 1)}")
-            rows.append([model, rs[0]["pe"], state, k if k else "0 (emb)"] + cells)
+            rows.append([model, rs[0]["pe"], state, k] + cells)
     vcols = ["model", "PE", "state", "best cosine r (layer)", "best norm r (layer)",
              "layers where cosine MSE < norm MSE", "cosine beats norm?"]
-    vrows, readings, verdicts = [], [], []
+    vrows, verdicts = [], []
     for (model, state), rs in groups.items():
         c = compare_cosine_norm(rs)
         if c["cosine_best"] is None or c["norm_best"] is None:
@@ -375,35 +381,27 @@ def build_summary(cfg: ProbesConfig, records: list[dict]) -> dict:
                          "norm_best_layer": c["norm_best"]["layer"],
                          "cosine_lower_mse_layers": c["cosine_lower_mse_layers"],
                          "layers": c["layers"], "cosine_beats_norm": verdict})
-        readings.append(f"{model} ({rs[0]['pe']} PE, {state}): cos(h_i, h_T) predicts T − i with r up to {_f(cr)} "
-                        f"(layer {c['cosine_best']['layer']}), the norm with r up to {_f(nr)} "
-                        f"(layer {c['norm_best']['layer']}); the cosine has the lower test MSE in "
-                        f"{c['cosine_lower_mse_layers']} of {c['layers']} attention layers "
-                        "(MLP probes, held-out characters)"
-                        + {"yes": ": cosine beats the norm.", "no": ": cosine does not beat the norm.",
-                           "mixed": ": the two criteria disagree."}[verdict])
-        vec = [x for x in rs if x["feature"] == "vector" and x["probe"] == "linear" and x["layer"] >= 1
-               and x["r"] is not None and math.isfinite(x["r"])]
-        if vec:
-            bv = max(vec, key=lambda x: x["r"])
-            readings.append(f"{model} ({state}): a linear probe on the vector h_i recovers the absolute position with "
-                            f"r = {_f(bv['r'])} at layer {bv['layer']} on unseen characters.")
     T = cfg.seq_len
-    return {
-        "experiment": "probes", "paper": "neighborhood",
+    summary = {
+        "experiment": "probes", "paper": "neighborhood", "layer_convention": LAYER_CONVENTION,
         "title": "Position probes: vector, cos(h_i, h_T) and ‖h_i‖ as predictors of position",
         "seq_len": T, "train_chars": cfg.train_chars, "test_chars": cfg.test_chars,
         "chance_mse_uniform": (T * T - 1) / 12, "verdicts": verdicts, "records": records,
         "tables": [
-            {"title": "Does cos(h_i, h_T) beat ‖h_i‖ as a predictor of T − i? (MLP probes, attention layers, "
-                      "test set "
-                      "over held-out characters)", "columns": vcols, "rows": vrows},
+            {"title": "Does cos(h_i, h_T) beat ‖h_i‖ as a predictor of T − i? (MLP probes, decoder layers from 0, "
+                      "test set over held-out characters)", "columns": vcols, "rows": vrows},
             {"title": f"Test Pearson r / MSE (squared positions; chance ≈ {(T * T - 1) / 12:.0f}) per layer; "
                       f"probes fit on characters {cfg.train_chars!r}, tested on {cfg.test_chars!r}",
-             "columns": cols, "rows": rows},
+             "columns": cols, "rows": rows, "note": LAYER_CONVENTION},
         ],
-        "readings": readings,
     }
+    summary["readings"] = probes_readings(summary)
+    return summary
+
+
+def _x(r: dict) -> int:
+    """A record's position on a layer axis: −1 for the embeddings, else its decoder layer."""
+    return -1 if r["layer"] == "embeddings" else int(r["layer"])
 
 
 def probe_figure(records: list[dict]):
@@ -417,18 +415,20 @@ def probe_figure(records: list[dict]):
     for ax, ((model, state), rs) in zip(axes.flat, groups.items()):
         for c, feat in enumerate(FEATURES):
             for probe, ls in (("mlp", "-"), ("linear", "--")):
-                sel = sorted((r for r in rs if r["feature"] == feat and r["probe"] == probe), key=lambda r: r["layer"])
-                ax.plot([r["layer"] for r in sel], [r["r"] if r["r"] is not None else float("nan") for r in sel],
+                sel = sorted((r for r in rs if r["feature"] == feat and r["probe"] == probe), key=_x)
+                ax.plot([_x(r) for r in sel], [r["r"] if r["r"] is not None else float("nan") for r in sel],
                         ls=ls, marker="o", color=f"C{c}", label=f"{feat} {probe}")
         ax.set_title(f"{model} ({state})", fontsize=8)
         ax.set_ylim(-1.05, 1.05)
         ax.axhline(0, color="gray", lw=0.6, ls=":")
-        ax.set_xlabel("layer (0 = embeddings)")
+        ax.set_xlabel("decoder layer from 0 (−1: embeddings)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel("test Pearson r")
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=6)
     fig.suptitle("Position probes on held-out characters (solid MLP, dashed linear)", fontsize=10)
     fig.tight_layout()
-    return "probes_r.png", fig, ("Test Pearson r per layer of probes predicting position from the vector h_i "
-                                 "(target i), cos(h_i, h_T) and ‖h_i‖ (target T − i).")
+    return "probes_r.png", fig, ("Test Pearson r per layer (decoder layers from 0; −1 = the embeddings) of probes "
+                                 "predicting position from the vector h_i (target i), cos(h_i, h_T) and ‖h_i‖ "
+                                 "(target T − i).")

@@ -42,12 +42,15 @@ from poslens.capture.adapters import get_adapter, layer_rope
 from poslens.capture.model_source import model_directory
 from poslens.errors import PoslensError
 from poslens.metrics.rank import rank_measures
+from poslens.report.readings import slash_command_readings
 from poslens.rope import BANDS, frequency_bands, inv_freq
-from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_summary, write_tensors
+from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, save_figure, staged_dir, versions, write_json,
+                            write_summary, write_tensors)
 
 
 def _t(x) -> torch.Tensor:
-    return torch.as_tensor(x).to(torch.float64)
+    # dtype at creation: a Python list of floats (summary.json's inv_freq) must not pass through float32
+    return torch.as_tensor(x, dtype=torch.float64)
 
 
 def _check_slash(slash) -> torch.Tensor:
@@ -330,6 +333,7 @@ class SlashConfig:
     max_delta: int = 16
     model_dir: str | None = None  # where the scanned model's config.json is (default: the scan's model_dir)
     top: int = 20  # heads listed in the per-head table
+    figures: bool = True
 
 
 def model_rope_geometry(model_dir: str) -> dict:
@@ -400,54 +404,6 @@ def analyze_scans(maps: dict, geometry: dict, rope_flags: list[bool], layer_ids:
             "max_delta": hi}, tensors
 
 
-def _readings(parts: dict, S: int) -> list[str]:
-    out = []
-    kappas, heads = parts["kappas"], parts["heads"]
-    best = max(heads, key=lambda r: r["best_score"])
-    out.append(f"the most slash-dominant head (Δ >= {parts['by_delta'][0][0]}) is {best['layer']}.{best['head']} "
-               f"with SlashScore({best['best_delta']}) = {best['best_score']:.3f} (uniform causal attention would "
-               f"give about {sum(1 / (i + 1) for i in range(best['best_delta'], S)) / (S - best['best_delta']):.3f}).")
-    reached = [(k, sum(1 for r in heads if r["best_score"] >= k)) for k in kappas]
-    reached = [(k, n) for k, n in reached if n]
-    if reached:
-        k, n = reached[-1]
-        out.append(f"{n} of {len(heads)} heads are ({k:g}, Δ)-slash-dominant for some Δ in the range "
-                   f"(the largest κ of the grid that any head reaches); at κ = {reached[0][0]:g}: {reached[0][1]}.")
-    else:
-        out.append(f"no head reaches κ = {kappas[0]:g} at any Δ in the range.")
-    pers = parts["persistence"]
-    if pers is not None:
-        if pers:
-            kept = sum(p["persists"] for p in pers)
-            out.append(f"{kept} of {len(pers)} in-distribution ({parts['persist_kappa']:g}, Δ)-SDHs persist on "
-                       f"random-token prompts (median ratio random/in-distribution "
-                       f"{sorted(p['ratio'] or 0 for p in pers)[len(pers) // 2]:.2f}).")
-            d1 = [p for p in pers if p["delta"] == 1 and p["persists"]]
-            if d1:
-                p = d1[0]
-                out.append(f"previous-token head {p['layer']}.{p['head']}: SlashScore(1) {p['score_in']:.3f} "
-                           f"in distribution, {p['score_random']:.3f} on random tokens.")
-        else:
-            out.append(f"no head reaches κ = {parts['persist_kappa']:g} in distribution, so persistence is untested.")
-    dec = [r for r in heads if "predicted_peak" in r]
-    top = sorted(heads, key=lambda r: -r["best_score"])[: max(1, len(heads) // 10)]
-    top_dec = [r for r in top if "predicted_peak" in r]
-    if top_dec:
-        m = sum(r["peak_match"] for r in top_dec)
-        q1 = sum(r["q_top1_energy"] for r in top) / len(top)
-        rest = [r for r in heads if r not in top]
-        q1r = sum(r["q_top1_energy"] for r in rest) / len(rest) if rest else float("nan")
-        out.append(f"for the top {len(top)} slash heads the rank-one RoPE decomposition predicts the observed peak "
-                   f"offset in {m} of {len(top_dec)}; their pre-RoPE queries put {q1:.2f} of the energy in the top "
-                   f"singular direction (other heads: {q1r:.2f}).")
-        use = {b: sum(r["band_usage"][b] for r in top_dec) / len(top_dec) for b in BANDS}
-        out.append("band usage (share of Σ A_l) of the top slash heads: " +
-                   ", ".join(f"{b} {v:.2f}" for b, v in use.items()) + ".")
-    elif not dec:
-        out.append("the scanned layers apply no RoPE, so there is no RoPE decomposition.")
-    return out
-
-
 def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=None):
     import matplotlib.pyplot as plt
 
@@ -464,7 +420,7 @@ def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=
         pr = predicted[li, r["head"], : max_delta + 1]
         if bool(torch.isfinite(pr).all()):
             ax.plot(d, pr.tolist(), "-", color="k", lw=1, label="rank-one RoPE")
-        ax.set_title(f"head {r['layer']}.{r['head']}", fontsize=9)
+        ax.set_title(f"layer {r['layer']} head {r['head']} (layers from 0)", fontsize=9)
         ax.set_xlabel("Δ")
         ax.set_ylabel("SlashScore")
     for ax in list(axes.flat)[len(top):]:
@@ -524,14 +480,15 @@ def run_slash(cfg: SlashConfig) -> dict:
          "columns": ["Δ"] + [f"κ={k:g}" for k in parts["kappas"]] + [f"heads at κ={parts['kappas'][0]:g}"],
          "rows": parts["by_delta"]},
         {"title": f"top {len(top)} heads by SlashScore over Δ = {cfg.min_delta}..{parts['max_delta']}: rank-one "
-                  "measures of pre-RoPE q/k and the RoPE decomposition", "columns": head_cols, "rows": head_rows},
+                  "measures of pre-RoPE q/k and the RoPE decomposition (layer.head: decoder layers from 0)",
+         "columns": head_cols, "rows": head_rows},
     ]
     if parts["persistence"] is not None:
-        tables.append({"title": f"persistence on random-token prompts of the ({parts['persist_kappa']:g}, Δ)-SDHs",
+        tables.append({"title": f"persistence on random-token prompts of the ({parts['persist_kappa']:g}, Δ)-SDHs "
+                                "(layer.head: decoder layers from 0)",
                        "columns": ["layer.head", "Δ", "in-distribution", "random tokens", "ratio", "persists"],
                        "rows": [[f"{p['layer']}.{p['head']}", p["delta"], f(p["score_in"]), f(p["score_random"]),
                                  f(p["ratio"], 3), p["persists"]] for p in parts["persistence"]]})
-    readings = _readings(parts, S)
     summary = {
         "experiment": "slash", "paper": "slash",
         "title": f"Slash-dominant heads of {ssum.get('model_type', geom['model_type'])} "
@@ -539,16 +496,20 @@ def run_slash(cfg: SlashConfig) -> dict:
         "scan_dir": str(cfg.scan_dir), "random_scan": cfg.random_scan, "model_dir": str(model_dir),
         "geometry": geom, "kappas": parts["kappas"], "persist_kappa": parts["persist_kappa"],
         "delta_range": [cfg.min_delta, parts["max_delta"]],
-        "sdh_counts": parts["by_delta"], "persistence": parts["persistence"], "heads": heads,
-        "tables": tables, "readings": readings,
+        "seq_len": S, "sdh_counts": parts["by_delta"], "persistence": parts["persistence"], "heads": heads,
+        "layer_convention": LAYER_CONVENTION, "tables": tables,
         "figures": [{"file": "slash_profiles.png", "caption": "SlashScore(Δ) of the most slash-dominant heads: observed"
-                     + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}],
+                     + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}]
+        if cfg.figures else [],
     }
+    summary["readings"] = slash_command_readings(summary)
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "slash", **dataclasses.asdict(cfg), "versions": versions()})
         write_tensors(stage / "slash.safetensors", {k: v.to(torch.float32) for k, v in tensors.items()},
                       metadata={"layers": layer_ids})
-        save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
-                                     random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
-        write_summary(stage, summary, command="slash")
+        if cfg.figures:
+            save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
+                                         random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
+        write_summary(stage, summary, command="slash", layers_describe="per head under 'heads': each head's decoder "
+                      "layer (from 0) and head index; 'layer.head' in tables")
     return summary

@@ -25,11 +25,16 @@ import torch
 from poslens.analysis.neighborhood import measure_neighborhood, use_poslens_attention
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
+from poslens.fmt import fmt_pm
 from poslens.models.families import build_model
 from poslens.progress import task_progress
+from poslens.report.readings import sweep_readings
 from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
+from poslens.runtime import parse_device
 
 PAPER_SIGMAS = (0.0002, 0.002, 0.02, 0.08, 0.2, 2.0)
+#: how the per-layer lists of ``results`` (and the tensors' layer axis) count
+LAYER_INDEX = "index 0 = the token embeddings, index k = decoder layer k - 1 (decoder layers counted from 0)"
 DEFAULT_SHAPES = ("6x384", "2x384", "6x128")  # paper's 6 layers x d=384, then shallower, then narrower
 ASCII_LO, ASCII_HI = 32, 127  # printable ASCII: the token ids of a character-level model
 
@@ -48,6 +53,7 @@ class SweepConfig:
     bidirectional: bool = True  # also measure the non-causal control
     figures: bool = True
     overwrite: bool = False
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -115,7 +121,7 @@ def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
     done = 0
     with task_progress("sweep", total=total, enabled=progress) as update:
         for shape in cfg.shapes:
-            model = build_sweep_model(shape, cfg.seq_len, seed=cfg.seed)
+            model = build_sweep_model(shape, cfg.seq_len, seed=cfg.seed).to(parse_device(cfg.device))
             per_mode = {m: {"aps": [], "norm_score": []} for m in modes}
             for sigma in cfg.sigmas:
                 reinit_normal(model, sigma, seed=cfg.seed)
@@ -126,7 +132,7 @@ def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
                     per_mode[mode]["norm_score"].append(r["norm_score"])
                     done += 1
                     update(done, info=f"{shape} σ={sigma:g} {mode}")
-            out[shape] = {m: {k: torch.stack(v) for k, v in d.items()} for m, d in per_mode.items()}
+            out[shape] = {m: {k: torch.stack(v).cpu() for k, v in d.items()} for m, d in per_mode.items()}
             del model
     return out
 
@@ -146,53 +152,32 @@ def build_summary(cfg: SweepConfig, res: dict[str, dict]) -> dict:
                    "aps_causal_mean": c.mean(1).tolist(),
                    "aps_causal_std": c.std(1).tolist() if c.shape[1] > 1 else None,
                    "norm_score_causal_mean": ns.mean(1).tolist()}
-            row = [shape, f"{sigma:g}", f"{float(c[1].mean()):.3f} ± {_std(c[1]):.3f}",
-                   f"{float(c[1:].mean()):.3f}", f"{float(c[-1].mean()):.3f}", f"{float(ns[1].mean()):.3f}"]
+            row = [shape, sigma, fmt_pm(float(c[1].mean()), _std(c[1])), float(c[1:].mean()), float(c[-1].mean()),
+                   float(ns[1].mean())]
             if "bidirectional" in by_mode:
                 b = by_mode["bidirectional"]["aps"][si]
                 rec["aps_bidirectional_mean"] = b.mean(1).tolist()
                 rec["aps_bidirectional_std"] = b.std(1).tolist() if b.shape[1] > 1 else None
-                row += [f"{float(b[1].mean()):.3f} ± {_std(b[1]):.3f}", f"{float(b[1:].mean()):.3f}"]
+                row += [fmt_pm(float(b[1].mean()), _std(b[1])), float(b[1:].mean())]
             results.append(rec)
             rows.append(row)
     cols = ["shape (layers x width)", "σ", "APS layer 0 causal", "APS mean over layers, causal",
             "APS last layer, causal", "norm score layer 0, causal"]
     if cfg.bidirectional:
         cols += ["APS layer 0 bidirectional", "APS mean over layers, bidirectional"]
-    return {
+    summary = {
         "experiment": "sweep", "paper": "neighborhood",
         "title": "Random-init sweep: adjacency pattern (APS) of untrained NoPE models vs weight scale σ",
         "sigmas": list(cfg.sigmas), "shapes": list(cfg.shapes), "seq_len": cfg.seq_len, "num_seqs": cfg.num_seqs,
         "inputs": "i.i.d. uniform printable-ASCII character ids",
         "results": results,
+        "bidirectional": bool(cfg.bidirectional), "layer_index": LAYER_INDEX,
         "tables": [{"title": "APS by weight scale σ and shape (head outputs; mean ± std over sequences; "
-                             "0.5 = chance, 1 = perfect adjacency)", "columns": cols, "rows": rows}],
-        "readings": sweep_readings(cfg, res),
+                             "0.5 = chance, 1 = perfect adjacency; decoder layers from 0, means over decoder layers)",
+                    "columns": cols, "rows": rows, "note": LAYER_INDEX}],
     }
-
-
-def sweep_readings(cfg: SweepConfig, res: dict[str, dict]) -> list[str]:
-    out = []
-    sig = cfg.sigmas
-    for shape, by_mode in res.items():
-        a1 = by_mode["causal"]["aps"][:, 1].mean(-1)  # [S]
-        strong = [f"{s:g}" for s, a in zip(sig, a1.tolist()) if a >= 0.8]
-        text = (f"{shape}: layer-0 APS (causal, decoder layers from 0) ranges from {float(a1.min()):.3f} (σ={sig[int(a1.argmin())]:g}) to "
-                f"{float(a1.max()):.3f} (σ={sig[int(a1.argmax())]:g}); ")
-        text += (f"a clear adjacency pattern (APS ≥ 0.8) at σ ∈ {{{', '.join(strong)}}}." if strong
-                 else "no σ gives a clear adjacency pattern (APS ≥ 0.8).")
-        out.append(text)
-        deep = by_mode["causal"]["aps"][:, -1].mean(-1)
-        if deep.shape[0] and by_mode["causal"]["aps"].shape[1] > 2:
-            out.append(f"{shape}: in the last layer APS is {', '.join(f'{v:.2f}' for v in deep.tolist())} "
-                       f"for σ = {', '.join(f'{s:g}' for s in sig)}.")
-    if cfg.bidirectional:
-        dev = max(float((by_mode["bidirectional"]["aps"][:, 1:].mean(-1) - 0.5).abs().max())
-                  for by_mode in res.values())
-        out.append(f"Without the causal mask no attention layer of any model departs from chance (0.5) by more than "
-                   f"{dev:.3f} in mean APS" + (": the pattern comes from the mask." if dev < 0.1 else
-                                                "; something other than the mask orders the vectors."))
-    return out
+    summary["readings"] = sweep_readings(summary)
+    return summary
 
 
 def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, object, str]]:
@@ -211,7 +196,7 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
                              marker="o", capsize=3, label=f"{shape} {mode}")
             axes[1].plot(cfg.sigmas, a[:, 1:].mean(dim=(1, 2)).tolist(), color=color, ls=ls, marker="o",
                          label=f"{shape} {mode}")
-    for ax, t in zip(axes, ("first attention layer", "mean over attention layers")):
+    for ax, t in zip(axes, ("decoder layer 0 (the first attention layer)", "mean over decoder layers")):
         ax.set_xscale("log")
         ax.axhline(0.5, color="gray", lw=0.8, ls=":")
         ax.set_ylim(-0.02, 1.02)
@@ -229,7 +214,8 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
     im = ax.imshow(a.T.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
     ax.set_xticks(range(len(cfg.sigmas)), [f"{s:g}" for s in cfg.sigmas], fontsize=7)
     ax.set_xlabel("init σ")
-    ax.set_ylabel("layer (0 = embeddings)")
+    ax.set_ylabel("decoder layer from 0 (bottom row: embeddings)")
+    ax.set_yticks(range(a.shape[1]), ["emb."] + [str(k) for k in range(a.shape[1] - 1)], fontsize=7)
     for s in range(a.shape[0]):
         for k in range(a.shape[1]):
             v = float(a[s, k])
@@ -237,7 +223,8 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
     plt.colorbar(im, ax=ax)
     ax.set_title(f"{shape}: causal APS by layer and σ", fontsize=9)
     fig.tight_layout()
-    figs.append(("sweep_layers.png", fig, f"Causal APS of every layer of the {shape} model at each σ."))
+    figs.append(("sweep_layers.png", fig, f"Causal APS of the embeddings and every decoder layer (from 0) of the "
+                                          f"{shape} model at each σ."))
     return figs
 
 
@@ -252,8 +239,10 @@ def run_sweep(cfg: SweepConfig, progress: bool = True) -> dict:
         tensors = {f"{shape}.{mode}.{k}": v.to(torch.float32) for shape, by_mode in res.items()
                    for mode, d in by_mode.items() for k, v in d.items()}
         write_tensors(stage / "sweep.safetensors", tensors,
-                      metadata={"layout": "[sigma, layer (0 = embeddings), sequence]", "sigmas": list(cfg.sigmas)})
+                      metadata={"layout": "[sigma, layer index (0 = embeddings, k = decoder layer k - 1), sequence]",
+                                "sigmas": list(cfg.sigmas)})
         summary["figures"] = save_figures(stage, sweep_figures(cfg, res) if cfg.figures else [])
         summary["wall_s"] = time.time() - t0
-        write_summary(stage, summary, command="sweep")
+        write_summary(stage, summary, command="sweep", layers_describe="per shape and σ under 'results': lists "
+                      "over the embeddings and then decoder layers from 0 (head outputs)")
     return summary

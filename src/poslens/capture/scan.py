@@ -71,6 +71,7 @@ class ScanConfig:
     bidirectional: bool = False
     figures: bool = True
     resume: bool = False
+    overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
     checkpoint_every: int = 10  # batches
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -79,6 +80,8 @@ class ScanConfig:
     device_map: str | None = None  # accelerate device map ("auto"...): layers over several devices
     reservoir: int = 256  # token slots whose pre-RoPE q/k vectors are kept (0 = none)
     stats: list[str] | None = None  # statistics to accumulate (names of capture.attention.STATS); None = all
+    map_size: int = 0  # S x S maps as block means on an N x N grid (capture.attention.BlockMaps); 0 = full
+    keep_checkpoint: bool = False  # keep the checkpoint in a finished run directory
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,6 +244,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                       ("--checkpoint-every", cfg.checkpoint_every)):
         if val < 1:
             raise PoslensError(f"{flag} {val}: must be a positive integer.")
+    if cfg.map_size < 0:
+        raise PoslensError(f"--map-size {cfg.map_size}: must be 0 (full S x S maps) or a positive number of blocks.")
     if cfg.reservoir < 0:
         raise PoslensError(f"--reservoir {cfg.reservoir}: must be 0 (none) or a positive number of token slots.")
     layers = list(range(L)) if cfg.layers is None else sorted(set(cfg.layers))
@@ -270,7 +275,9 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
             raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
                                "--device-map to scan on the CPU).")
     dtype = resolve_dtype(cfg.dtype, device, config)
-    prepare_out_dir(cfg.out, must_be_new=not cfg.resume)
+    if cfg.resume and cfg.overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
     tokenizer = None
     if cfg.data != "random":
         tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
@@ -280,7 +287,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
                        chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats,
-                       aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout)
+                       aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout,
+                       map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 
@@ -317,6 +325,8 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
 def fingerprint(cfg: ScanConfig) -> str:
     d = {k: getattr(cfg, k) for k in _FINGERPRINT_FIELDS}
     d["stats"] = sorted(parse_stats(cfg.stats))
+    if cfg.map_size:  # only when set, so checkpoints of full-map scans keep their fingerprint
+        d["map_size"] = cfg.map_size
     d["model_dir"] = str(Path(cfg.model_dir).resolve())
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -541,6 +551,9 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                             layers_describe="each decoder layer's attention (scores, heads, pre-RoPE q/k); aps and "
                                             "norm_score: the residual stream after that layer (embedding_aps: the "
                                             "embeddings)")
+    if not cfg.keep_checkpoint:  # finished: the checkpoint (as large as the float64 sums) has done its job
+        for f in [out / CHECKPOINT, *_rank_checkpoints(out).values()]:
+            f.unlink(missing_ok=True)
     return summary
 
 
@@ -591,20 +604,28 @@ def _per_sequence(acc) -> tuple[list, list]:
 
 
 def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: torch.Tensor | None, grid: torch.Tensor,
-                      locality_positions: int, sink_columns=SINK_COLUMNS) -> dict:
+                      locality_positions: int, sink_columns=SINK_COLUMNS, grid_map: torch.Tensor | None = None) -> dict:
     """The score-map numbers of one layer: sink-excluded headline values on the full map (relativity
     index, locality on at most ``locality_positions`` positions, signed diagonal trend, within-diagonal
     RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
-    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`)."""
+    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`).
+    Where ``grid`` is coarser than the map, the same statistics of the grid map (``grid_*``, the ones
+    the p-values and standard error test) are given too, under ``noise_positions`` positions."""
     sub = _subsample(sc, locality_positions)
     out = describe_map(sc, exclude_keys=sink_columns, locality_map=sub)
     if groups is not None and groups.shape[0] >= 2:
         g = causal_view(groups, include_diagonal=True)
-        noise = describe_map(causal_view(sc[grid][:, grid]), g, counts, exclude_keys=sink_columns)
+        on_grid = sc[grid][:, grid] if grid_map is None else grid_map  # grid_map: the mean map on the grid
+        noise = describe_map(causal_view(on_grid), g, counts, exclude_keys=sink_columns)
         for key in ("flat_p", "nonrelative_p", "trend_p", "within_diag_rms_noise", "diagonal_trend_se", "noise_groups"):
             out[key] = noise.get(key)
         out["flat"] = bool(noise["flat"])
         out["noise_positions"] = int(grid.numel())
+        if grid.numel() < sc.shape[-1]:
+            # the p-values, noise floor and standard error belong to the statistics of the grid map: give
+            # those beside the full-map headline numbers, so each uncertainty sits next to its own statistic
+            for key in ("relativity_index", "diagonal_trend", "within_diag_rms", "locality"):
+                out[f"grid_{key}"] = noise.get(key)
         out.pop("noise", None)
         if noise.get("noise"):
             out["noise"] = noise["noise"]
@@ -617,6 +638,25 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     out["locality_with_sink"] = None if flat else _opt(locality(sub))
     out["sink_columns"] = list(sink_columns)
     return out
+
+
+def map_view(m: torch.Tensor, window: int | None, blocks=None, causal: bool = True) -> torch.Tensor:
+    """A stored score/weight map as the summary reads it: NaN where no query sees the entry (above the
+    diagonal, outside a sliding window); a block map (``--map-size``) NaN in the blocks without a
+    visible entry."""
+    if blocks is None:
+        return window_view(causal_view(m, include_diagonal=True), window)
+    empty = blocks.counts(causal, window) == 0
+    return m.masked_fill(empty.to(m.device), float("nan"))
+
+
+def _grid_mean(groups: torch.Tensor, counts: torch.Tensor | None, li: int) -> torch.Tensor | None:
+    """Layer ``li``'s mean score map on the noise grid, from the group means and their counts (what
+    ``scores[grid][:, grid]`` is for a full map; a block map has no grid entries)."""
+    if counts is None or not groups.shape[0]:
+        return None
+    w = counts.to(torch.float64)
+    return (groups[:, li].cpu() * w[:, None, None]).sum(0) / w.sum()
 
 
 def _grid_groups(groups: torch.Tensor, li: int, grid: torch.Tensor, window: int | None) -> torch.Tensor | None:
@@ -657,10 +697,11 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     attn_aps_mean, attn_aps_std = _per_sequence(capture.accs["attn_aps_seq"]) if has("attn_aps_seq") \
         else ([None] * nl,) * 2
     windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
+    blocks = capture.blocks  # --map-size: the S x S maps are block means
     layers = []
     for li, l in enumerate(spec.layers):
         # entries outside a sliding window are unseen (stored as 0, like above the diagonal): NaN here
-        sc = window_view(causal_view(mean("scores", li), include_diagonal=True), windows[l]) if has("scores") else None
+        sc = map_view(mean("scores", li), windows[l], blocks, causal=not spec.bidirectional) if has("scores") else None
         rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
         rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
         table = layer_rope(plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
@@ -671,9 +712,11 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
             "sliding_window": windows[l],
-            **(score_map_numbers(sc, _grid_groups(groups, li, grid, windows[l]), counts, grid, k)
+            **(score_map_numbers(sc, _grid_groups(groups, li, grid, windows[l]), counts, grid, k,
+                                 grid_map=None if blocks is None else _grid_mean(groups, counts, li))
                if sc is not None else {}),
-            "sink_weight": when("probs", lambda: float(sink_weight(mean("probs", li)))),
+            "sink_weight": when("probs", lambda: float(
+                sink_weight(mean("probs", li)) if blocks is None else mean("probs_key0", li)[1:].mean())),
             "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
             "aps_mean": aps_mean[li + 1],
             "aps_std": aps_std[li + 1],
@@ -701,6 +744,10 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         "seq_len": spec.seq_len,
         "layer_convention": LAYER_CONVENTION,
         "stats": sorted(spec.stats),
+        # --map-size: S x S maps stored as block means (n x n blocks of `block` positions; see docs/scan.md)
+        "map_size": {"blocks": blocks.n, "block": blocks.f,
+                     "masked": "blocks without a visible (causal, in-window) entry are NaN; others average "
+                               "their visible entries"} if blocks is not None else None,
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
         "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
         "embedding_aps": aps_mean[0],
@@ -728,6 +775,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
                             "rope": plan.rope, "attention": plan.attention,
                             "layer_convention": LAYER_CONVENTION,
+                            "map_block": blocks.f if blocks is not None else 1,
                             "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
                                             f"(n = {grid.numel()}); score_group_counts: sequences per group",
                             "aps_seq": "per-sequence APS, mean over sequences (index as cosine)"})
@@ -735,7 +783,8 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         from poslens.report.plots import ZOOM_POSITIONS, score_map_figures  # matplotlib: only when drawing
 
         summary["files"] += score_map_figures(causal_view(tensors["scores"]), out, layer_ids=spec.layers,
-                                              zoom=ZOOM_POSITIONS)
+                                              zoom=ZOOM_POSITIONS,
+                                              block=blocks.f if blocks is not None else 1)
     return summary
 
 

@@ -1,37 +1,109 @@
-"""Entry point of the ``poslens`` command: options -> config dataclass -> library call."""
+"""Entry point of the ``poslens`` command: options -> config dataclass -> library call.
+
+One module per command group attaches its commands to :data:`poslens.cli.app.app`;
+:func:`command` builds the click command (commands listed in the order of the flow) and
+:func:`main` runs it with one error convention: every bad input, whether typer rejects it (a
+typo'd number, an unknown option) or the library does (:class:`PoslensError`), becomes one
+``poslens: error: ...`` line on stderr and exit code 2. The conventions are in docs/cli.md.
+Nothing outside this package imports it.
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
+import types
 
-from poslens.cli.app import app
-from poslens.errors import PoslensError
+import typer
+import typer.main
 
-# Each import attaches its commands to `app` (one module per capability).
-from poslens.cli import theory as _theory  # noqa: F401,E402
-from poslens.cli import scan as _scan  # noqa: F401,E402
-from poslens.cli import train as _train  # noqa: F401,E402
+from poslens.runtime import configure_process
+
+configure_process()  # before anything imports torch: OpenMP threads sleep instead of spinning while they wait
+
+from poslens.cli.app import app  # noqa: E402
+from poslens.errors import PoslensError  # noqa: E402
+
+# Each import attaches its commands to `app` (one module per command group).
 from poslens.cli import simulate as _simulate  # noqa: F401,E402
-from poslens.cli import reproduce as _reproduce  # noqa: F401,E402
-from poslens.cli import demo as _demo  # noqa: F401,E402
-from poslens.cli import report as _report  # noqa: F401,E402
+from poslens.cli import theory as _theory  # noqa: F401,E402
+from poslens.cli import train as _train  # noqa: F401,E402
+from poslens.cli import models as _models  # noqa: F401,E402
+from poslens.cli import scan as _scan  # noqa: F401,E402
 from poslens.cli import neighborhood as _neighborhood  # noqa: F401,E402
 from poslens.cli import kim_slash as _kim_slash  # noqa: F401,E402
-from poslens.cli import models as _models  # noqa: F401,E402
+from poslens.cli import report as _report  # noqa: F401,E402
+from poslens.cli import reproduce as _reproduce  # noqa: F401,E402
+from poslens.cli import demo as _demo  # noqa: F401,E402
+
+#: ``poslens --help`` lists the commands in the order of the flow: source and model (simulate,
+#: theory, train, zoo, models) -> capture (scan) -> analyses -> report, then the end-to-end runs.
+FLOW_ORDER = ("simulate", "theory", "train", "zoo", "models", "scan", "neighborhood", "sweep", "probes", "panels",
+              "kim-maps", "slash", "slash-dynamics", "report", "reproduce", "demo")
+
+
+def command():
+    """The click command of ``poslens`` (a group), its commands in :data:`FLOW_ORDER`, usage lines
+    in the usual ``poslens scan [OPTIONS] MODEL_DIR`` form."""
+    group = typer.main.get_command(app)
+    missing = set(group.commands) ^ set(FLOW_ORDER)
+    if missing:  # a new command must be placed in the flow
+        raise RuntimeError(f"poslens.cli.FLOW_ORDER and the registered commands differ: {sorted(missing)}")
+    group.commands = {name: group.commands[name] for name in FLOW_ORDER}
+    for cmd in walk(group):
+        for param in cmd.params:
+            if param.param_type_name == "argument":
+                param.get_usage_pieces = types.MethodType(_argument_usage, param)
+    return group
+
+
+def walk(cmd):
+    """``cmd`` and every command below it (depth first, in listing order)."""
+    yield cmd
+    for sub in getattr(cmd, "commands", {}).values():
+        yield from walk(sub)
+
+
+def _argument_usage(param, ctx) -> list[str]:
+    """``MODEL_DIR``, ``RUN_DIR...``, ``[NAME]...`` (typer's default writes ``{model_dir}``)."""
+    name = param.metavar or param.name.upper()
+    more = "..." if param.nargs != 1 else ""
+    return [f"{name}{more}" if param.required else f"[{name}]{more}"]
+
+
+def _usage_error_line(e) -> str:
+    """One line for a click usage error, naming the command and where its help is."""
+    msg = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    where = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"poslens: error: {msg}{where}"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; a :class:`PoslensError` becomes one line on stderr and exit code 2."""
-    import signal
+    """Run the CLI; every error becomes one ``poslens: error:`` line on stderr and exit code 2."""
+    from typer._click.exceptions import NoArgsIsHelpError
 
     # SIGTERM (a killed job, a scheduler's timeout) becomes a normal exit, so `finally` blocks
     # run: staging directories are removed and checkpoints stay consistent.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        app(args=argv, standalone_mode=True)
+        rc = command().main(args=argv, prog_name="poslens", standalone_mode=False)
     except PoslensError as e:
         print(f"poslens: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except NoArgsIsHelpError as e:  # `poslens` or `poslens theory` alone: the help text
+        e.show()
+        sys.exit(e.exit_code)
+    except typer.TyperException as e:  # click's UsageError/BadParameter (typer vendors click)
+        print(_usage_error_line(e), file=sys.stderr)
+        sys.exit(2)
+    except typer.Abort:
+        print("poslens: interrupted", file=sys.stderr)
+        sys.exit(130)
+    if rc == 130:  # Ctrl-C (typer turns KeyboardInterrupt into exit code 130)
+        print("poslens: interrupted", file=sys.stderr)
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import typer
 
-from poslens.runtime import parse_device  # noqa: F401  (moved to poslens.runtime; re-exported until the CLI moves)
 
 app = typer.Typer(
     name="poslens",
@@ -19,4 +18,57 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
+
+
+# The CLI conventions of docs/cli.md, one definition each, so every command spells them alike.
+
+def quiet_option() -> bool:
+    return typer.Option(False, "--quiet", help="No progress bars and no result table (errors still print).")
+
+
+def device_option(extra: str = "") -> str:
+    return typer.Option("auto", "--device", help="auto (CUDA when visible, else CPU), cpu, cuda or cuda:N." + extra)
+
+
+def no_figures_option() -> bool:
+    return typer.Option(False, "--no-figures", help="Skip the PNG figures (tables and tensors are still written).")
+
+
+def overwrite_option(what: str = "the run directory --out", help: str | None = None) -> bool:
+    return typer.Option(False, "--overwrite", help=help or f"Replace {what} if it already exists (refused without it).")
+
+
+def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None) -> None:
+    """The existing-output convention for a run directory ``out``: a non-empty directory is refused
+    with a one-line error naming the fix unless ``overwrite`` (or ``resume``, where the command can
+    continue a run: pass ``resume`` only for such commands). Checked before any work starts."""
+    from pathlib import Path
+
+    from poslens.errors import PoslensError
+    from poslens.rundir import prepare_out_dir
+
+    path = Path(out)
+    if resume and overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(path)  # an existing file, an unwritable parent
+    if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
+        fix = "pass --resume to continue it or --overwrite to replace it" if resume is not None else \
+            "pass --overwrite to replace it"
+        raise PoslensError(f"--out {path} already exists and is not empty; {fix}, or choose a new directory.")
+
+
+def threads_option() -> int:
+    """The ``--threads`` option of every command that computes (see :mod:`poslens.runtime`)."""
+    return typer.Option(0, "--threads", min=0,
+                        help="CPU threads for torch. 0 (default): the CPUs not busy with other processes "
+                             "right now, at least 1 (a thread sharing a core with a busy process slows the "
+                             "others down).")
+
+
+def use_threads(threads: int) -> int:
+    """Apply ``--threads`` for the rest of the command; returns the count in force."""
+    from poslens.runtime import apply_threads
+
+    return apply_threads(threads)

@@ -6,25 +6,39 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import app, parse_device
+from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
+                             refuse_existing_out)
+from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", help="Where to write every step's results."),
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Where to write every step's results (must be new "
+                             "unless --overwrite)."),
     samples: int = typer.Option(20_000, help="Monte Carlo samples per simulation."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = device_option(),
     quick: bool = typer.Option(False, "--quick", help="Tiny sizes everywhere (a smoke test in seconds)."),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option("an earlier demo in --out"),
+    quiet: bool = typer.Option(False, "--quiet", help="Print nothing but errors (the results are in --out)."),
+    threads: int = threads_option(),
 ) -> None:
     """Run the whole poslens flow on the built-in data with no arguments needed.
 
     Closed-form theory, the parameter-free simulator (NoPE; RoPE causal vs non-causal), and —
     as they are available — small-model training, scans and the HTML report.
     """
+    threads = use_threads(threads)
+    from rich.console import Console
+
     from poslens.demo import DemoConfig, run_demo
     from poslens.errors import PoslensError
     from poslens.rundir import prepare_out_dir
 
     if samples < 1:
         raise PoslensError(f"--samples {samples}: must be a positive integer.")
-    run_demo(DemoConfig(out=prepare_out_dir(out), samples=samples, device=parse_device(device), quick=quick))
+    refuse_existing_out(out, overwrite=overwrite)
+    cfg = DemoConfig(out=prepare_out_dir(out), samples=samples, device=parse_device(device), quick=quick,
+                     figures=not no_figures, progress=not quiet)
+    run_demo(cfg, console=Console(quiet=quiet), show_progress=not quiet)

@@ -7,8 +7,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli.app import app
+from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
+                             refuse_existing_out)
+from poslens.runtime import parse_device
 from poslens.cli.parse import parse_floats
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
@@ -27,48 +30,60 @@ def _print(summary: dict, out: Path, quiet: bool) -> None:
 
 @app.command("panels")
 def panels(
-    model_dir: Path = typer.Argument(..., help="Local Llama-family model directory (config.json + *.safetensors), or a .gguf file."),
-    out: Path = typer.Option(..., "--out", help="Run directory to write."),
+    model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Llama-family model directory (config.json + *.safetensors), or a .gguf file."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     layer: int = typer.Option(0, "--layer", help="Layer whose nine Gram panels to compute (0-based; at most L-2)."),
     data: str = typer.Option("stdlib", "--data", help="stdlib | random | text file | directory | JSONL (as for scan)."),
     num_seqs: int = typer.Option(200, "--num-seqs", help="Sequences to average over."),
     seq_len: int = typer.Option(50, "--seq-len", help="Tokens per sequence (the paper uses 50)."),
     batch_size: int = typer.Option(10, "--batch-size", help="Sequences per forward pass."),
     seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
-    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda."),
+    device: str = device_option(),
     dtype: str = typer.Option("fp32", "--dtype", help="auto | bf16 | fp16 | fp32 (sums are float64 regardless)."),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option(),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Nine-panel Gram decomposition of one layer (arXiv 2509.21042): YYᵀ, QKᵀ/√d, (AV)(AV)ᵀ,
     (AVW_O)(AVW_O)ᵀ, OOᵀ, LN(O)LN(O)ᵀ, the layer output's Gram, the next layer's YYᵀ and QKᵀ/√d,
     batch-averaged, with relativity and locality per panel and a 3x3 figure."""
+    threads = use_threads(threads)
     from poslens.analysis.panels import PanelsConfig, run_panels
 
+    refuse_existing_out(out, overwrite=overwrite)
     s = run_panels(PanelsConfig(model_dir=str(model_dir), out=str(out), layer=layer, data=data, num_seqs=num_seqs,
                                 seq_len=seq_len, batch_size=batch_size, seed=seed, device=device, dtype=dtype,
-                                allow_pickle=allow_pickle, trust_remote_code=trust_remote_code), progress=not quiet)
+                                allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, figures=not no_figures),
+                   progress=not quiet)
     _print(s, out, quiet)
 
 
 @app.command("kim-maps")
 def kim_maps(
-    scan_dir: Path = typer.Argument(..., help="Run directory of a finished `poslens scan`."),
-    out: Path = typer.Option(..., "--out", help="Run directory to write."),
-    quiet: bool = typer.Option(False, "--quiet", help="No table."),
+    scan_dir: Path = typer.Argument(..., metavar="SCAN_DIR", help="Run directory of a finished `poslens scan`."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option(),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Per-layer raw and diagonal-normalised score maps of a scan (Figure 5 of arXiv 2509.21042 for any
     model), with the relativity index, non-relativity and locality of every layer."""
+    threads = use_threads(threads)
     from poslens.analysis.panels import run_score_maps
 
-    _print(run_score_maps(str(scan_dir), str(out)), out, quiet)
+    refuse_existing_out(out, overwrite=overwrite)
+    _print(run_score_maps(str(scan_dir), str(out), figures=not no_figures), out, quiet)
 
 
 @app.command("slash")
 def slash(
-    scan_dir: Path = typer.Argument(..., help="Run directory of a finished `poslens scan` (in-distribution prompts)."),
-    out: Path = typer.Option(..., "--out", help="Run directory to write."),
+    scan_dir: Path = typer.Argument(..., metavar="SCAN_DIR", help="Run directory of a finished `poslens scan` "
+                                    "(in-distribution prompts)."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     random_scan: Path = typer.Option(None, "--random-scan", help="A scan of the same model with --data random: tests "
                                      "whether each slash-dominant head persists on random tokens."),
     kappa: str = typer.Option("0.1,0.2,0.3,0.5,0.7,0.9", "--kappa", help="κ grid of the SDH table."),
@@ -78,46 +93,59 @@ def slash(
     max_delta: int = typer.Option(16, "--max-delta", help="Largest offset Δ considered."),
     model_dir: Path = typer.Option(None, "--model-dir", help="The scanned model's directory or .gguf file, if it moved since the scan."),
     top: int = typer.Option(20, "--top", help="Heads listed in the per-head table."),
-    quiet: bool = typer.Option(False, "--quiet", help="No table."),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option(),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Slash-dominant heads (arXiv 2601.08297): SlashScore profiles, the (κ, Δ)-SDH table, persistence on
     random tokens, rank-one measures of pre-RoPE q/k, and the RoPE frequency decomposition predicting
     each head's slash profile and peak offset."""
+    threads = use_threads(threads)
     from poslens.analysis.slash import SlashConfig, run_slash
 
+    refuse_existing_out(out, overwrite=overwrite)
     s = run_slash(SlashConfig(scan_dir=str(scan_dir), out=str(out), random_scan=str(random_scan) if random_scan else None,
                               kappa=tuple(parse_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
-                              max_delta=max_delta, model_dir=str(model_dir) if model_dir else None, top=top))
+                              max_delta=max_delta, model_dir=str(model_dir) if model_dir else None, top=top,
+                              figures=not no_figures))
     _print(s, out, quiet)
 
 
 @app.command("slash-dynamics")
 def slash_dynamics(
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new)."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     delta: int = typer.Option(1, "--delta", help="The offset task's Δ (the slash the model must learn)."),
     steps: int = typer.Option(300, "--steps", help="Training steps."),
     snapshots: str = typer.Option("0,20,50,100,200,300", "--snapshots", help="Steps at which to snapshot and scan."),
-    layers: int = typer.Option(1, "--layers", help="Layers of the shallow RoPE transformer."),
+    num_layers: int = typer.Option(1, "--num-layers", help="Layers of the shallow RoPE transformer."),
     hidden: int = typer.Option(64, "--hidden", help="Model width."),
-    heads: int = typer.Option(2, "--heads", help="Query heads."),
-    kv_heads: int = typer.Option(1, "--kv-heads", help="Key/value heads."),
+    num_heads: int = typer.Option(2, "--num-heads", help="Query heads."),
+    num_kv_heads: int = typer.Option(1, "--num-kv-heads", help="Key/value heads."),
     lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate."),
-    scan_seqs: int = typer.Option(32, "--scan-seqs", help="Sequences per scan (task prompts and random tokens)."),
+    num_seqs: int = typer.Option(32, "--num-seqs", help="Sequences per scan (task prompts and random tokens)."),
     seq_len: int = typer.Option(32, "--seq-len", help="Tokens per scanned sequence (at most 33)."),
     kappa: float = typer.Option(0.3, "--kappa", help="κ of the slash-dominance and persistence test."),
     seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and prompts."),
-    threads: int = typer.Option(1, "--threads", help="CPU threads."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    threads: int = threads_option(),
+    device: str = device_option(),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option(),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Training dynamics of slash-dominant heads (arXiv 2601.08297): train a shallow RoPE transformer on the
     offset task with `poslens train`'s trainer, snapshot it during training, scan every snapshot on task
     prompts and on random tokens, and tabulate SlashScore(Δ), rank-one-ness of pre-RoPE q/k and RoPE band
     usage per step. A few CPU minutes at the defaults."""
+    threads = use_threads(threads)
     from poslens.analysis.dynamics import DynamicsConfig, run_dynamics
     from poslens.capture.scan import parse_int_list
 
+    refuse_existing_out(out, overwrite=overwrite)
     s = run_dynamics(DynamicsConfig(out=str(out), delta=delta, steps=steps,
-                                    snapshots=parse_int_list(snapshots, "--snapshots") or [], layers=layers,
-                                    hidden=hidden, heads=heads, kv_heads=kv_heads, lr=lr, scan_seqs=scan_seqs,
-                                    seq_len=seq_len, kappa=kappa, seed=seed, threads=threads), progress=not quiet)
+                                    snapshots=parse_int_list(snapshots, "--snapshots") or [], layers=num_layers,
+                                    hidden=hidden, heads=num_heads, kv_heads=num_kv_heads, lr=lr, scan_seqs=num_seqs,
+                                    seq_len=seq_len, kappa=kappa, seed=seed, threads=threads,
+                                    device=parse_device(device), figures=not no_figures, overwrite=overwrite),
+                     progress=not quiet)
     _print(s, out, quiet)

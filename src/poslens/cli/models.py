@@ -14,7 +14,7 @@ app.add_typer(models_app, name="models")
 
 @models_app.command("fetch")
 def fetch(
-    names: list[str] = typer.Argument(None, help="Models to fetch: smollm2, gemma3 (default: both)."),
+    names: list[str] = typer.Argument(None, metavar="NAME", help="Models to fetch: smollm2, gemma3 (default: both)."),
     no_dequantise: bool = typer.Option(False, "--no-dequantise", help="Only fetch and verify the GGUF files; skip "
                                        "filling the dequantised-model cache."),
     quiet: bool = typer.Option(False, "--quiet", help="Only errors."),

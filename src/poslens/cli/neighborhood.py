@@ -7,7 +7,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli.app import app
+from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
+                             refuse_existing_out)
+from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:
@@ -26,7 +29,7 @@ def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> No
 
 @app.command("neighborhood")
 def neighborhood(
-    model_dir: Path = typer.Argument(..., help="Local Hugging Face model directory (config.json + *.safetensors), or a .gguf file."),
+    model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Hugging Face model directory (config.json + *.safetensors), or a .gguf file."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     data: str = typer.Option("random", "--data", help="random (i.i.d. token ids) | stdlib | text file | directory | "
                              "JSONL | datasets directory (as for `poslens scan`)."),
@@ -38,12 +41,13 @@ def neighborhood(
                               "characters (each one token; after BOS when the tokenizer has one), e.g. 0123456789."),
     bidirectional: bool = typer.Option(False, "--bidirectional", help="Also run the control without the causal "
                                        "mask and report it beside the causal numbers."),
-    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda."),
-    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG figures."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing run directory."),
+    device: str = device_option(),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option(),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Self-cosine maps, adjacency probability score and norm score per layer (arXiv 2501.00073).
 
@@ -53,8 +57,10 @@ def neighborhood(
     towards the diagonal, 0.5 = chance. Writes config.json, neighborhood.safetensors,
     summary.json and figures to OUT.
     """
+    threads = use_threads(threads)
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
 
+    refuse_existing_out(out, overwrite=overwrite)
     cfg = NeighborhoodConfig(model_dir=str(model_dir), out=str(out), data=data, seq_len=seq_len, num_seqs=num_seqs,
                              batch_size=batch_size, seed=seed, bidirectional=bidirectional, chars=chars, device=device,
                              figures=not no_figures, overwrite=overwrite, allow_pickle=allow_pickle,
@@ -76,9 +82,11 @@ def sweep(
     batch_size: int = typer.Option(16, "--batch-size", help="Sequences per forward pass."),
     seed: int = typer.Option(0, "--seed", help="Seed of the weights and the sequences."),
     no_bidirectional: bool = typer.Option(False, "--no-bidirectional", help="Skip the non-causal control."),
-    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG figures."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing run directory."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    device: str = device_option(),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option(),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Random-init sweep (arXiv 2501.00073): APS of untrained NoPE models over init σ, depth and width.
 
@@ -86,13 +94,15 @@ def sweep(
     every σ. APS is measured per layer on i.i.d. random printable-ASCII sequences, causal and
     bidirectional. The default (3 shapes x 6 σ x 2 modes) takes about a minute on one CPU core.
     """
+    threads = use_threads(threads)
     from poslens.analysis.sweep import SweepConfig, run_sweep
     from poslens.cli.parse import parse_floats
 
+    refuse_existing_out(out, overwrite=overwrite)
     cfg = SweepConfig(out=str(out), sigmas=parse_floats(sigmas, "--sigmas"),
                       shapes=[s.strip() for s in shapes.split(",") if s.strip()], seq_len=seq_len,
                       num_seqs=num_seqs, batch_size=batch_size, seed=seed, bidirectional=not no_bidirectional,
-                      figures=not no_figures, overwrite=overwrite)
+                      device=parse_device(device), figures=not no_figures, overwrite=overwrite)
     summary = run_sweep(cfg, progress=not quiet)
     if not quiet:
         _print_tables(summary, out)
@@ -100,7 +110,7 @@ def sweep(
 
 @app.command("probes")
 def probes(
-    model_dirs: list[Path] = typer.Argument(..., help="One or more local model directories or .gguf files (with tokenizer), e.g. a "
+    model_dirs: list[Path] = typer.Argument(..., metavar="MODEL_DIR", help="One or more local model directories or .gguf files (with tokenizer), e.g. a "
                                             "NoPE and a RoPE model."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     train_chars: str = typer.Option("01234", "--train-chars",
@@ -108,8 +118,8 @@ def probes(
     test_chars: str = typer.Option("56789", "--test-chars", help="Disjoint characters of the test sequences."),
     seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence T (a BOS token first when the "
                                 "tokenizer has one)."),
-    num_train: int = typer.Option(64, "--num-train", help="Training sequences."),
-    num_test: int = typer.Option(32, "--num-test", help="Test sequences."),
+    num_train_seqs: int = typer.Option(64, "--num-train-seqs", help="Sequences the probes are fit on."),
+    num_test_seqs: int = typer.Option(32, "--num-test-seqs", help="Sequences the probes are scored on."),
     batch_size: int = typer.Option(16, "--batch-size", help="Sequences per forward pass."),
     mlp_steps: int = typer.Option(300, "--mlp-steps", help="Full-batch Adam steps of each MLP probe."),
     no_random_init: bool = typer.Option(False, "--no-random-init", help="Skip the random-init copy of each model."),
@@ -117,12 +127,13 @@ def probes(
                                 "paper's); resid: residual stream after each layer."),
     labels: str = typer.Option(None, "--labels", help="Comma-separated display names, one per MODEL_DIR."),
     seed: int = typer.Option(0, "--seed", help="Seed of the sequences, the random-init copies and the MLP probes."),
-    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda."),
-    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG figure."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the files of an existing run directory."),
+    device: str = device_option(),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option(),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Position probes (arXiv 2501.00073): does cos(h_i, h_T) or ‖h_i‖ predict position better?
 
@@ -131,10 +142,12 @@ def probes(
     --train-chars and scored (Pearson r, MSE) on sequences over --test-chars; each model is
     compared with a random-init copy of its architecture.
     """
+    threads = use_threads(threads)
     from poslens.analysis.probes import ProbesConfig, run_probes
 
+    refuse_existing_out(out, overwrite=overwrite)
     cfg = ProbesConfig(model_dirs=[str(d) for d in model_dirs], out=str(out), train_chars=train_chars,
-                       test_chars=test_chars, seq_len=seq_len, num_train=num_train, num_test=num_test,
+                       test_chars=test_chars, seq_len=seq_len, num_train=num_train_seqs, num_test=num_test_seqs,
                        batch_size=batch_size, mlp_steps=mlp_steps, random_init=not no_random_init, vectors=vectors,
                        seed=seed, device=device, figures=not no_figures, overwrite=overwrite,
                        allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,

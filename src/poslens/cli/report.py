@@ -6,17 +6,20 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import app
+from poslens.cli.app import app, overwrite_option, quiet_option
 
 
 @app.command("report")
 def report(
-    run_dirs: list[Path] = typer.Argument(..., help="Run directories (simulate, scan, train, reproduce, analysis "
+    run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR", help="Run directories (simulate, scan, train, reproduce, analysis "
                                           "commands), or folders that hold them (a demo, zoo or reproduce output)."),
-    out: Path = typer.Option(Path("report.html"), "--out", help="HTML file to write (replaced atomically)."),
+    out: Path = typer.Option(Path("report.html"), "--out", help="HTML file to write (must be new unless "
+                             "--overwrite; written atomically)."),
     title: str = typer.Option("poslens report", "--title", help="Title at the top of the page."),
     all_runs: bool = typer.Option(False, "--all", help="Include every run found below a folder that is not itself a "
                                   "run, even more than 5 (without it such a search is refused as ambiguous)."),
+    overwrite: bool = overwrite_option("the HTML file --out"),
+    quiet: bool = typer.Option(False, "--quiet", help="Do not list the runs included (errors still print)."),
 ) -> None:
     """Write one self-contained HTML report: a section per paper, tables, readings, comparisons.
 
@@ -36,8 +39,10 @@ def report(
         raise PoslensError(f"--out {out}: the report is HTML; pass a file name ending in .html.")
     if out.exists() and out.is_dir():
         raise PoslensError(f"--out {out} is a directory; pass a file name such as {out / 'report.html'}.")
+    if out.exists() and not overwrite:
+        raise PoslensError(f"--out {out} already exists; pass --overwrite to replace it, or choose a new file name.")
     runs, skipped = collect(run_dirs, allow_many=all_runs)
-    console = Console(highlight=False)
+    console = Console(highlight=False, quiet=quiet)
     console.print(f"including {len(runs)} run director{'y' if len(runs) == 1 else 'ies'}:")
     for r in runs:
         console.print(f"  {r.path}  ({r.command})", soft_wrap=True)

@@ -6,18 +6,24 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import app, parse_device
+from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
+                             refuse_existing_out)
+from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
 def reproduce(
-    name: str = typer.Argument(..., help="Experiment name (see the list below), or all."),
-    out: Path = typer.Option(Path("runs/reproduce"), "--out", help="Directory for the figures, runs and index."),
+    name: str = typer.Argument(..., metavar="NAME", help="Experiment name (see the list below), or all."),
+    out: Path = typer.Option(Path("runs/reproduce"), "--out", help="Directory for the figures, runs and index (must "
+                             "be new unless --overwrite)."),
     samples: int = typer.Option(100_000, help="Monte Carlo samples per simulation (paper: 100,000)."),
     seed: int = typer.Option(0, help="Random seed."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    no_figures: bool = typer.Option(False, "--no-figures", help="Skip PNGs."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    device: str = device_option(),
+    no_figures: bool = no_figures_option(),
+    overwrite: bool = overwrite_option("the directory --out"),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Reproduce a paper figure (or all of them) and say, per figure, what the paper showed and what we measured.
 
@@ -27,6 +33,7 @@ def reproduce(
     `poslens models fetch`; part of all when they are present); all.
     Writes DIR/NAME/ run directories, DIR/index.json, DIR/index.md and DIR/index.html.
     """
+    threads = use_threads(threads)
     from rich.console import Console
 
     from poslens.errors import PoslensError
@@ -36,6 +43,7 @@ def reproduce(
 
     if name not in names():
         raise PoslensError(f"unknown experiment {name!r}; choose one of: {', '.join(names())}.")
+    refuse_existing_out(out, overwrite=overwrite)
     out = prepare_out_dir(out)
     with task_progress(f"reproduce {name}", samples, enabled=not quiet) as update:
         ctx = ReproContext(samples=samples, device=parse_device(device), seed=seed, figures=not no_figures,

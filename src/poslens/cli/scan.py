@@ -7,14 +7,16 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli.app import app
+from poslens.cli.app import app, device_option, no_figures_option, overwrite_option, quiet_option, refuse_existing_out
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command("scan")
 def scan(
-    model_dir: Path = typer.Argument(..., help="Local Hugging Face model directory (config.json + *.safetensors), "
+    model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Hugging Face model directory (config.json + *.safetensors), "
                                   "or a .gguf file (dequantised once into the cache, docs/models.md)."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --resume)."),
+    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --resume or "
+                             "--overwrite)."),
     data: str = typer.Option("stdlib", "--data", help="stdlib | random | text file | directory | JSONL (text or "
                              "input_ids) | datasets.save_to_disk directory."),
     seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence (at most the model's maximum)."),
@@ -23,7 +25,7 @@ def scan(
     seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
     dtype: str = typer.Option("auto", "--dtype", help="auto | bf16 | fp16 | fp32 (auto: fp32 on CPU, the checkpoint's "
                               "half precision on CUDA). Accumulators are float64 regardless."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda (under torchrun: cuda:LOCAL_RANK)."),
+    device: str = device_option(" Under torchrun: cuda:LOCAL_RANK."),
     device_map: str = typer.Option(None, "--device-map", help="auto | balanced | sequential: spread a model too large "
                                    "for one device over all visible devices (accelerate); accumulators stay on the "
                                    "first GPU (or the CPU)."),
@@ -37,12 +39,19 @@ def scan(
                               "cosine (residual stream), attn_cosine, qk (q/k second moments and the --reservoir sample), "
                               "dim_logit; or all. "
                               "Unrequested ones cost nothing; the summary reads them as null."),
-    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG score maps."),
+    map_size: int = typer.Option(0, "--map-size", help="Keep the S x S maps (scores, probs, cosine, attn_cosine, "
+                                 "--heads maps) as exact block means on an N x N grid (blocks of ceil(S/N) "
+                                 "positions) for long contexts; slash profiles and norms stay exact. 0 = full maps."),
+    keep_checkpoint: bool = typer.Option(False, "--keep-checkpoint", help="Keep OUT/checkpoint.safetensors after a "
+                                         "finished scan (default: deleted, it is as large as the accumulators)."),
+    no_figures: bool = no_figures_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
+    overwrite: bool = overwrite_option(),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code from MODEL_DIR."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Scan a causal LM for positional structure with memory bounded by the result.
 
@@ -56,15 +65,17 @@ def scan(
     Data-parallel: `torchrun --nproc-per-node N -m poslens scan ...` shards the sequences over the
     ranks and all-reduces the sums; rank 0 writes OUT (docs/distributed.md).
     """
+    threads = use_threads(threads)
     from poslens.capture.scan import ScanConfig, parse_heads, parse_int_list, run_scan
 
+    refuse_existing_out(out, overwrite=overwrite, resume=resume)
     cfg = ScanConfig(
         model_dir=str(model_dir), out=str(out), data=data, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
         seed=seed, dtype=dtype, device=device, layers=parse_int_list(layers, "--layers"), heads=parse_heads(heads),
         no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
-        figures=not no_figures, resume=resume, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
+        figures=not no_figures, resume=resume, overwrite=overwrite, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, reservoir=reservoir,
-        stats=[p.strip() for p in stats.split(",")],
+        stats=[p.strip() for p in stats.split(",")], map_size=map_size, keep_checkpoint=keep_checkpoint,
     )
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing

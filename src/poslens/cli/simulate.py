@@ -7,13 +7,16 @@ from typing import Optional
 
 import typer
 
-from poslens.cli.app import app, parse_device
+from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
+                             refuse_existing_out)
+from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
 def simulate(
     alpha: float = typer.Option(0.0, help="Mean pairwise inner product of the inputs, in [0, 1)."),
-    layers: int = typer.Option(4, help="Number of parameter-free layers."),
+    num_layers: int = typer.Option(4, "--num-layers", help="Number of parameter-free layers."),
     seq_len: int = typer.Option(50, "--seq-len", help="Sequence length."),
     dim: int = typer.Option(64, help="Model dimension d (also RoPE's head dimension)."),
     samples: int = typer.Option(100_000, help="Monte Carlo samples (sequences). Memory does not grow with it."),
@@ -23,13 +26,16 @@ def simulate(
     rope_theta: float = typer.Option(10000.0, "--rope-theta", help="RoPE base."),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask, or bidirectional control."),
     seed: int = typer.Option(0, help="Random seed; results depend on seed and samples only."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    device: str = device_option(),
     chunk_size: int = typer.Option(0, "--chunk-size", help="Sequences per compute chunk (0 = automatic)."),
     target_stderr: Optional[float] = typer.Option(None, "--target-stderr",
                                                   help="Stop early once every score's standard error is below this."),
-    no_figures: bool = typer.Option(False, "--no-figures", help="Skip the PNG heat maps."),
-    out: Path = typer.Option(Path("runs/simulate"), "--out", help="Run directory to write."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    no_figures: bool = no_figures_option(),
+    out: Path = typer.Option(Path("runs/simulate"), "--out", help="Run directory to write (must be new unless "
+                             "--overwrite)."),
+    overwrite: bool = overwrite_option(),
+    quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Simulate the parameter-free causal transformer and write mean score maps with standard errors.
 
@@ -39,6 +45,8 @@ def simulate(
     DIR/summary.json (per layer, counted from 0: relativity_index, locality, signed diagonal_trend,
     within_diag_rms with its noise floor, p-values from 16 independent sample groups) and PNG heat maps.
     """
+    workers = threads or None  # 0: one worker per CPU (the chunks never wait for each other)
+    threads = use_threads(threads)
     from rich.console import Console
 
     from poslens.progress import task_progress
@@ -46,12 +54,13 @@ def simulate(
     from poslens.rundir import prepare_out_dir
     from poslens.simulate import SimConfig, run_simulation, save_result
 
-    cfg = SimConfig(alpha=alpha, layers=layers, seq_len=seq_len, dim=dim, samples=samples, norm=norm,
+    cfg = SimConfig(alpha=alpha, layers=num_layers, seq_len=seq_len, dim=dim, samples=samples, norm=norm,
                     scale=scale, rope=rope, rope_theta=rope_theta, causal=causal, seed=seed,
                     device=parse_device(device), chunk_size=chunk_size, target_stderr=target_stderr).validate()
+    refuse_existing_out(out, overwrite=overwrite)
     out = prepare_out_dir(out)
     with task_progress(f"simulate ({cfg.label()})", cfg.samples, enabled=not quiet) as update:
-        res = run_simulation(cfg, progress=lambda done, total: update(done, total))
+        res = run_simulation(cfg, progress=lambda done, total: update(done, total), workers=workers)
     save_result(res, out, figures=not no_figures)
     if not quiet:
         print_simulation_summary(res.summary, Console())

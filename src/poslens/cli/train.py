@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from poslens.cli.app import app
+from poslens.cli.app import app, device_option, overwrite_option
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
@@ -25,10 +26,11 @@ def train(
                                        "standard library's sources), a text/JSONL file ('text' field) or a directory."),
     preset: Optional[str] = typer.Option(None, "--preset", help=_PRESET_HELP + " Default: tiny (the documented "
                                           "recipe)."),
-    layers: Optional[int] = typer.Option(None, "--layers", help="Override the preset's number of layers."),
+    num_layers: Optional[int] = typer.Option(None, "--num-layers", help="Override the preset's number of layers."),
     hidden: Optional[int] = typer.Option(None, "--hidden", help="Override the preset's width (MLP width scales with it)."),
-    heads: Optional[int] = typer.Option(None, "--heads", help="Override the number of query heads."),
-    kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="Override the number of key/value heads (not for learned)."),
+    num_heads: Optional[int] = typer.Option(None, "--num-heads", help="Override the number of query heads."),
+    num_kv_heads: Optional[int] = typer.Option(None, "--num-kv-heads", help="Override the number of key/value heads "
+                                               "(not for learned)."),
     intermediate: Optional[int] = typer.Option(None, "--intermediate", help="Override the MLP width."),
     rope_theta: float = typer.Option(10000.0, "--rope-theta", help="RoPE base (only used with --pe rope)."),
     init_std: float = typer.Option(0.02, "--init-std", help="Std of the normal weight initialisation (the random-init "
@@ -53,14 +55,14 @@ def train(
     eval_examples: int = typer.Option(500, "--eval-examples", help="Examples per evaluation split (tasks) / windows (corpus)."),
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="Write a resumable checkpoint every N steps."),
     seed: int = typer.Option(0, "--seed", help="Seed for initial weights and data; a run is deterministic for a seed."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda (bf16 autocast on CUDA)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
+    device: str = device_option(" bf16 autocast on CUDA."),
+    threads: int = threads_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint "
                                 "(same options required); the loss trajectory is identical to an uninterrupted run."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the training files in an existing --out."),
+    overwrite: bool = overwrite_option("the training files in --out"),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", help="Stop with a checkpoint once this many steps are "
                                              "done (for time-boxed jobs); --resume continues."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar and no summary table (--json still prints)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Train a small causal LM with NoPE, RoPE or learned positions, on a corpus or a positional task.
@@ -73,6 +75,7 @@ def train(
     (initial/final loss, exact-match accuracy in and beyond the training lengths, tokens/s),
     train_log.jsonl and train_config.json. Ctrl-C leaves a checkpoint; --resume continues it.
     """
+    threads = use_threads(threads)
     from poslens.models.train import TrainConfig, recipe, train_model
 
     # Unset size options take the measured recipe of docs/train.md (copy: 98 % NoPE, 100 % RoPE).
@@ -80,16 +83,17 @@ def train(
     r = {k: v if v is not None else recipe(task)[k] for k, v in given.items()}
     preset, steps, batch_size, lr = r["preset"], r["steps"], r["batch_size"], r["lr"]
     cfg = TrainConfig(
-        out=out, pe=pe, task=task, data=data, preset=preset, layers=layers, hidden=hidden, heads=heads,
-        kv_heads=kv_heads, intermediate=intermediate, rope_theta=rope_theta, init_std=init_std,
+        out=out, pe=pe, task=task, data=data, preset=preset, layers=num_layers, hidden=hidden,
+        heads=num_heads, kv_heads=num_kv_heads, intermediate=intermediate, rope_theta=rope_theta, init_std=init_std,
         vocab_size=vocab_size, max_len=max_len, delta=delta, seq_len=seq_len, corpus_files=corpus_files,
         steps=steps, batch_size=batch_size, lr=lr, min_lr_ratio=min_lr_ratio, warmup=warmup,
         weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every, eval_examples=eval_examples,
         checkpoint_every=checkpoint_every, seed=seed, device=device, threads=threads, resume=resume,
-        overwrite=overwrite, stop_after=stop_after, progress=not no_progress,
+        overwrite=overwrite, stop_after=stop_after, progress=not quiet,
     )
     summary = train_model(cfg)
-    _print_summary(summary, as_json)
+    if as_json or not quiet:
+        _print_summary(summary, as_json)
 
 
 def _print_summary(summary: dict, as_json: bool) -> None:
@@ -115,16 +119,22 @@ def zoo(
                               "gpu: small/base presets for a GPU; micro: a seconds-long smoke version."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated entry names to train (see --list)."),
     list_only: bool = typer.Option(False, "--list", help="Print the entries and their options, train nothing."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch."),
-    resume: bool = typer.Option(True, "--resume/--no-resume", help="Skip finished entries and continue unfinished ones."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bars."),
+    device: str = device_option(),
+    threads: int = threads_option(),
+    resume: bool = typer.Option(False, "--resume", help="Continue the zoo in --out: skip finished entries, continue "
+                                "unfinished ones from their checkpoints."),
+    overwrite: bool = overwrite_option(help="Retrain from scratch the entries already in --out (an existing zoo "
+                                       "is refused without --resume or --overwrite)."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bars and no result table."),
 ) -> None:
     """Train the standard model set used by the report: NoPE and RoPE on the default corpus and on
     two positional tasks (copy, reverse), plus untrained (random-init) NoPE/RoPE models.
 
-    Rerunning continues where it stopped; zoo.json lists every entry with its summary.
+    An existing zoo in --out is refused unless --resume (skip finished entries, continue the
+    others where they stopped) or --overwrite (retrain them). zoo.json lists every entry with its
+    summary.
     """
+    threads = use_threads(threads)
     from poslens.models.zoo import run_zoo, zoo_entries
 
     if list_only:
@@ -138,8 +148,18 @@ def zoo(
             table.add_row(name, " ".join(f"{k}={opts[k]}" for k in keys))
         Console().print(table)
         return
+    def entry_line(name: str, s: dict) -> None:  # replaces the entry's finished progress bar
+        from poslens.fmt import fmt
+
+        if not quiet:
+            acc = f", exact match {fmt(s['eval_accuracy'])}" if s.get("eval_accuracy") is not None else ""
+            Console(highlight=False).print(f"{name}: final loss {fmt(s.get('final_loss'))}{acc} "
+                                           f"({fmt(s.get('train_seconds'))} s)")
+
     results = run_zoo(out, scale=scale, only=only.split(",") if only else None, device=device, threads=threads,
-                      resume=resume, progress=not no_progress)
+                      resume=resume, overwrite=overwrite, progress=not quiet, on_entry=entry_line)
+    if quiet:
+        return
     from poslens.fmt import rich_table
 
     cols = ("final_loss", "eval_accuracy", "eval_accuracy_long", "train_seconds")

@@ -41,7 +41,7 @@ from poslens.metrics.neighborhood import ordered_pair_counts, rising_pair_fracti
 
 
 def _as64(m) -> torch.Tensor:
-    return torch.as_tensor(m).to(torch.float64)
+    return torch.as_tensor(m, dtype=torch.float64)  # not via float32 when m is a list
 
 
 def valid_mask(S: int, include_diagonal: bool = False, device=None) -> torch.Tensor:

@@ -70,13 +70,15 @@ def resolve_shape(preset: str, *, layers: int | None = None, hidden: int | None 
     if "hidden" in over and "intermediate" not in over:
         over["intermediate"] = max(1, round(base.intermediate * over["hidden"] / base.hidden))
     shape = dataclasses.replace(base, **over)
-    for name in ("layers", "hidden", "heads", "kv_heads", "intermediate", "max_positions"):
+    for name, flag in (("layers", "--num-layers"), ("hidden", "--hidden"), ("heads", "--num-heads"),
+                       ("kv_heads", "--num-kv-heads"), ("intermediate", "--intermediate"),
+                       ("max_positions", "--max-positions")):
         if getattr(shape, name) < 1:
-            raise PoslensError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(shape, name)}).")
+            raise PoslensError(f"{flag} must be >= 1 (got {getattr(shape, name)}).")
     if shape.hidden % shape.heads:
-        raise PoslensError(f"--hidden {shape.hidden} is not divisible by --heads {shape.heads}; pick sizes that divide.")
+        raise PoslensError(f"--hidden {shape.hidden} is not divisible by --num-heads {shape.heads}; pick sizes that divide.")
     if shape.heads % shape.kv_heads:
-        raise PoslensError(f"--heads {shape.heads} is not divisible by --kv-heads {shape.kv_heads}; "
+        raise PoslensError(f"--num-heads {shape.heads} is not divisible by --num-kv-heads {shape.kv_heads}; "
                            "the query heads must split evenly over the key/value heads.")
     if (shape.hidden // shape.heads) % 2:
         raise PoslensError(f"head dimension {shape.hidden // shape.heads} is odd; RoPE needs an even head dimension.")
@@ -104,8 +106,8 @@ def build_config(pe: str, preset: str = "micro", vocab_size: int = 256, *, rope_
         from transformers import GPT2Config
 
         if shape.kv_heads != shape.heads and overrides.get("kv_heads") is not None:
-            raise PoslensError("--kv-heads: the learned-PE family (GPT-2) has no grouped-query attention; "
-                               "leave --kv-heads unset or equal to --heads.")
+            raise PoslensError("--num-kv-heads: the learned-PE family (GPT-2) has no grouped-query attention; "
+                               "leave --num-kv-heads unset or equal to --num-heads.")
         return GPT2Config(
             vocab_size=vocab_size, n_positions=shape.max_positions, n_embd=shape.hidden, n_layer=shape.layers,
             n_head=shape.heads, n_inner=shape.intermediate, activation_function="gelu_new",

@@ -18,10 +18,11 @@ entries and skips finished ones; ``out/zoo.json`` lists the entries and their su
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from poslens.errors import PoslensError
-from poslens.rundir import prepare_out_dir, read_json, write_json
 from poslens.models.train import TrainConfig, train_model
+from poslens.rundir import prepare_out_dir, read_json, write_json
 
 SCALES = ("micro", "cpu", "gpu")
 
@@ -69,8 +70,13 @@ def zoo_entries(scale: str, out: str | Path) -> dict[str, TrainConfig]:
 
 
 def run_zoo(out: str | Path, *, scale: str = "cpu", only: list[str] | None = None, device: str = "auto",
-            threads: int | None = None, resume: bool = True, progress: bool = True) -> dict[str, dict]:
-    """Train every (or every ``only``) entry into ``out/<name>``; returns name -> summary."""
+            threads: int | None = None, resume: bool = False, overwrite: bool = False,
+            progress: bool = True, on_entry: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
+    """Train every (or every ``only``) entry into ``out/<name>``; returns name -> summary.
+    ``on_entry(name, summary)`` runs after each entry (the CLI prints its result line there).
+
+    Entries already in ``out`` are refused unless ``resume`` (finished ones are skipped,
+    unfinished ones continue from their checkpoints) or ``overwrite`` (retrained from scratch)."""
     entries = zoo_entries(scale, out)
     if only:
         unknown = [n for n in only if n not in entries]
@@ -78,10 +84,12 @@ def run_zoo(out: str | Path, *, scale: str = "cpu", only: list[str] | None = Non
             raise PoslensError(f"--only: unknown entries {', '.join(unknown)}; choose from {', '.join(entries)}.")
         entries = {n: entries[n] for n in only}
     root = prepare_out_dir(out)
-    if not resume:
-        busy = [n for n in entries if (root / n).is_dir() and any((root / n).iterdir())]
-        if busy:
-            raise PoslensError(f"--no-resume: {', '.join(busy)} already exist under {root}; remove them or use --resume.")
+    if resume and overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    if root.is_dir() and any(root.iterdir()) and not (resume or overwrite):
+        raise PoslensError(f"--out {root} already exists and is not empty; pass --resume to continue it or "
+                           "--overwrite to replace it, or choose a new directory.")
+    busy = [n for n in entries if (root / n).is_dir() and any((root / n).iterdir())]
     results: dict[str, dict] = {}
     index_path = root / "zoo.json"
     index = read_json(index_path) if index_path.is_file() else {"scale": scale, "entries": {}}
@@ -89,11 +97,14 @@ def run_zoo(out: str | Path, *, scale: str = "cpu", only: list[str] | None = Non
         raise PoslensError(f"{root} holds a zoo of scale {index.get('scale')!r}; use that scale or another --out.")
     for name, cfg in entries.items():
         cfg.device, cfg.threads, cfg.progress = device, threads, progress
-        cfg.resume = resume and (Path(cfg.out).is_dir() and any(Path(cfg.out).iterdir()))
+        cfg.resume = resume and name in busy
+        cfg.overwrite = overwrite and name in busy
         results[name] = train_model(cfg)
         # Re-read before writing so entries finished meanwhile by another `zoo --only` survive.
         if index_path.is_file():
             index = read_json(index_path)
         index["entries"][name] = {"config": cfg.trajectory_fields(), "summary": results[name]}
         write_json(index_path, index)
+        if on_entry is not None:
+            on_entry(name, results[name])
     return results

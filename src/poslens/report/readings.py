@@ -23,6 +23,8 @@ TREND = 0.3
 SLASH_MAX_DELTA = 16
 #: norm score at or above which norms shrink with position; at or below 1 − this, they grow
 NORM_SHRINK = 0.7
+#: p-value below which a sample-group test is called significant (as :data:`poslens.capture.stats.NOISE_P`)
+SIGNIFICANT = 0.01
 
 
 def num(v: Any) -> float | None:
@@ -83,6 +85,13 @@ def _series_short(vals: Iterable, max_items: int = 6) -> str:
     return f"{f2(vals[0])} → {f2(vals[1])} → … → {f2(vals[-1])}{rng}"
 
 
+def _decoder_layers(layers: list) -> tuple[dict | None, list[dict]]:
+    """``(embeddings entry or None, decoder-layer entries in order)`` of a summary's ``layers``."""
+    layers = [l for l in layers or [] if isinstance(l, dict)]
+    emb = next((l for l in layers if l.get("layer") == "embeddings"), None)
+    return emb, [l for l in layers if isinstance(l.get("layer"), int) and not isinstance(l.get("layer"), bool)]
+
+
 def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
     """Sentences on per-layer relativity index and locality (arXiv 2509.21042).
 
@@ -141,11 +150,29 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
     trend = [num(l.get("diagonal_trend")) for l in live]
     if any(t is not None for t in trend):
         fin = [t for t in trend if t is not None]
-        sign = ("rises to the right on every diagonal (left columns lower)" if min(fin) > 0 else
-                "falls to the right on every diagonal (left columns higher)" if max(fin) < 0 else
+        # with sample-group p-values, the sign is read only where the trend is beyond noise
+        tested = [(l, num(l.get("diagonal_trend"))) for l in live if num(l.get("trend_p")) is not None
+                  and num(l.get("diagonal_trend")) is not None]
+        where = "every diagonal"
+        if tested:
+            fin = [t for l, t in tested if num(l["trend_p"]) < SIGNIFICANT]
+            where = (f"every diagonal in the {len(fin)} layer(s) where the trend is significant (p < {SIGNIFICANT})"
+                     if len(fin) < len(tested) else where)
+        sign = ("shows no significant trend in any layer" if not fin else
+                f"rises to the right on {where} (left columns lower)" if min(fin) > 0 else
+                f"falls to the right on {where} (left columns higher)" if max(fin) < 0 else
                 "changes sign between layers")
         out.append(f"Signed trend along the diagonals (+1 = the entry further right on each diagonal is higher): "
                    f"{_series_short(trend)}; the score {sign}.")
+    grid = [l for l in live if num(l.get("grid_diagonal_trend")) is not None]
+    if grid:  # the p-values and standard errors describe the grid map's statistics, not the full map's
+        n = max(int(num(l.get("noise_positions")) or 0) for l in grid)
+        ps = [num(l.get("trend_p")) for l in grid if num(l.get("trend_p")) is not None]
+        sig = sum(p < SIGNIFICANT for p in ps)
+        out.append(f"The p-values and standard errors come from sample groups kept on a {n}-position grid of the map; "
+                   f"on that grid the trend reads {_series_short([l.get('grid_diagonal_trend') for l in grid])} and "
+                   f"the relativity index {_series_short([l.get('grid_relativity_index') for l in grid])}"
+                   + (f"; the trend is significant (p < {SIGNIFICANT}) in {sig} of {len(ps)} layers." if ps else "."))
     sinkw = [num(l.get("sink_weight")) for l in live if num(l.get("sink_weight")) is not None]
     if sinkw:
         out.append(f"Attention weight on key 0 (the sink), per layer: {_series_short(sinkw)}; the relativity index "
@@ -336,8 +363,6 @@ def _kim_finding(name: str, command: str, summary: dict) -> str | None:
 
 
 def _slash_finding(name: str, command: str, summary: dict) -> str | None:
-    if command != "scan":
-        return None
     t = slash_top(summary)
     n = int(num(summary.get("seq_len")) or 0)
     q = [max(v for v in (num(x) for x in l.get("q_top1_energy") or []) if v is not None)
@@ -355,20 +380,14 @@ def _slash_finding(name: str, command: str, summary: dict) -> str | None:
 
 
 def _neighborhood_finding(name: str, command: str, summary: dict) -> str | None:
-    layers = [l for l in summary.get("layers") or [] if isinstance(l, dict)]
-    if command == "scan":
-        vals = [layer_aps(l) for l in layers]
-        aps = [a for a, _ in vals if a is not None]
-        if not aps:
-            return None
-        if any(num(l.get("aps_mean")) is not None for l in layers):
-            return f"{name}: APS per sequence {_span(aps)} over {len(aps)} layers (0.5 = chance)."
-        return (f"{name}: mean-map APS {_span(aps)} over {len(aps)} layers (APS of the sequence-averaged cosine map; "
-                "not the paper's per-sequence APS, no chance level).")
-    aps = [l.get("aps_mean") for l in layers if num(l.get("aps_mean")) is not None]
-    if aps:
-        return f"{name}: APS per sequence {_span(aps)} over {len(aps)} entries (0.5 = chance)."
-    return None
+    _, dec = _decoder_layers(summary.get("layers"))
+    aps = [a for a, _ in (layer_aps(l) for l in dec) if a is not None]
+    if not aps:
+        return None
+    if any(num(l.get("aps_mean")) is not None for l in dec):
+        return f"{name}: APS per sequence {_span(aps)} over {len(aps)} decoder layers (0.5 = chance)."
+    return (f"{name}: mean-map APS {_span(aps)} over {len(aps)} decoder layers (APS of the sequence-averaged cosine "
+            "map; not the paper's per-sequence APS, no chance level).")
 
 
 def key_findings(runs: Iterable[tuple[str, str, list[str], dict]], max_per_paper: int = 4) -> dict[str, list[str]]:
@@ -384,7 +403,7 @@ def key_findings(runs: Iterable[tuple[str, str, list[str], dict]], max_per_paper
             if paper not in makers:
                 continue
             text = makers[paper](name, command, summary)
-            if text is None and command not in ("scan", "simulate"):
+            if text is None:  # no numbers this paper's finding is written from: the run's first reading
                 first = next((r for r in summary.get("readings") or [] if isinstance(r, str)), None)
                 text = f"{name}: {first}" if first else None
             if text is None:
@@ -397,3 +416,376 @@ def key_findings(runs: Iterable[tuple[str, str, list[str], dict]], max_per_paper
         if n:
             out[k].append(f"… and {n} more run(s) below.")
     return {k: v for k, v in out.items() if v}
+
+
+# --------------------------------------------------------------------------------------------
+# readings of the analysis commands, each written from the numbers its summary holds
+# --------------------------------------------------------------------------------------------
+#: APS at or above which an adjacency pattern is "clear" (and at or above ADJACENT_WEAK "weak")
+ADJACENT, ADJACENT_WEAK = 0.8, 0.6
+#: |locality| of a panel above which it is said to favour nearby (or distant) keys
+PANEL_TREND = 0.1
+#: a neighbourhood map's mean |cosine − theory| below which attention is called nearly uniform
+THEORY_CLOSE = 0.05
+
+
+def neighborhood_command_readings(summary: dict) -> list[str]:
+    """Sentences on a ``poslens neighborhood`` run (arXiv 2501.00073) from its per-layer numbers:
+    ``layers`` = the embeddings (``"layer": "embeddings"``) then decoder layers from 0, each with
+    ``aps_mean``, ``norm_score_mean`` and, for the control, ``bidirectional_aps_mean``;
+    ``theory_gap_layer0``: mean |cosine − theory| of the first decoder layer's mean map."""
+    out: list[str] = []
+    emb, dec = _decoder_layers(summary.get("layers"))
+    dec = [l for l in dec if num(l.get("aps_mean")) is not None]
+    if not dec:
+        return out
+    first, last = dec[0], dec[-1]
+    a1 = num(first["aps_mean"])
+    verdict = ("a clear adjacency pattern" if a1 >= ADJACENT else "a weak adjacency pattern" if a1 >= ADJACENT_WEAK
+               else "no adjacency pattern")
+    emb_aps = num(emb.get("aps_mean")) if emb else None
+    out.append(f"The head outputs of the first decoder layer (layer {first['layer']}) have APS {fmt(a1)} under the "
+               f"causal mask: {verdict} (0.5 = chance, 1 = every row rises towards the diagonal)"
+               + (f"; the embeddings have {fmt(emb_aps)}." if emb_aps is not None else "."))
+    if len(dec) > 1:
+        best = max(dec, key=lambda l: num(l["aps_mean"]))
+        out.append(f"The highest APS is in layer {best['layer']} ({fmt(num(best['aps_mean']))}); the last layer "
+                   f"({last['layer']}) has {fmt(num(last['aps_mean']))}.")
+    b1 = num(first.get("bidirectional_aps_mean"))
+    if b1 is not None:
+        diff = a1 - b1
+        out.append(f"Without the causal mask layer {first['layer']}'s APS is {fmt(b1)}, {fmt(abs(diff))} "
+                   f"{'lower' if diff > 0 else 'higher'} than causal: "
+                   + ("the mask is what creates the adjacency pattern." if diff > 0.1 and abs(b1 - 0.5) < 0.1
+                      else "the mask is not the only source of the difference." if diff > 0.1
+                      else "the mask makes little difference here."))
+    ns = num(first.get("norm_score_mean"))
+    if ns is not None:
+        out.append(f"Layer {first['layer']}'s norm score is {fmt(ns)}: {norm_phrase(ns)} (≥ {NORM_SHRINK} = shrink, "
+                   f"≤ {fmt(1 - NORM_SHRINK)} = grow).")
+    gap = num(summary.get("theory_gap_layer0"))
+    if gap is not None:
+        out.append(f"Layer {first['layer']}'s mean cosine map differs from the uniform-attention theory "
+                   f"sqrt(min(i, j) / max(i, j)) by {fmt(gap)} on average over the lower triangle"
+                   + (" (close: attention is nearly uniform)." if gap < THEORY_CLOSE
+                      else " (attention is far from uniform)."))
+    return out
+
+
+def panels_readings(summary: dict) -> list[str]:
+    """Sentences on a ``poslens panels`` run (arXiv 2509.21042's nine-panel Gram decomposition of
+    decoder layer ``summary["layer"]``) from ``summary["panels"]``: per panel ``panel``,
+    ``locality`` and ``non_relativity`` (key 0 excluded; ``non_relativity_with_sink`` beside it)."""
+    out: list[str] = []
+    rows = [r for r in summary.get("panels") or [] if isinstance(r, dict)]
+    layer = summary.get("layer")
+    loc = [(r["panel"], num(r.get("locality"))) for r in rows if num(r.get("locality")) is not None]
+    if loc:
+        hi = max(loc, key=lambda t: t[1])
+        lo = min(loc, key=lambda t: t[1])
+        n_pos = sum(1 for _, v in loc if v > 0)
+        out.append(f"{n_pos} of {len(loc)} panels of decoder layer {layer} rise towards the diagonal (locality > 0); "
+                   f"strongest in ({hi[0]}) at {fmt(hi[1])}, weakest in ({lo[0]}) at {fmt(lo[1])}.")
+    byk = {r.get("panel"): r for r in rows}
+    a, i = byk.get("a"), byk.get("i")
+    if a and i and num(a.get("non_relativity")) is not None and num(i.get("non_relativity")) is not None:
+        text = (f"Non-relativity (1 − relativity index, key 0 excluded) goes from {fmt(num(a['non_relativity']))} in "
+                f"the layer's normalised input (a) to {fmt(num(i['non_relativity']))} in the next layer's scores (i)")
+        ws = [num(r.get("non_relativity_with_sink")) for r in (a, i)]
+        if all(w is not None for w in ws):
+            text += f"; with key 0: {fmt(ws[0])} → {fmt(ws[1])}"
+        out.append(text + ".")
+    b = byk.get("b")
+    if b and num(b.get("locality")) is not None:
+        v = num(b["locality"])
+        word = ("favour nearby keys" if v > PANEL_TREND else "favour distant keys" if v < -PANEL_TREND
+                else "show little distance trend")
+        out.append(f"The layer's own attention scores (b) {word} (locality {fmt(v)}).")
+    return out
+
+
+def score_maps_readings(summary: dict) -> list[str]:
+    """Sentences on a ``poslens kim-maps`` run (per-layer score maps of a scan) from its layers'
+    ``non_relativity`` and ``locality`` (key 0 excluded; ``non_relativity_with_sink`` beside it)."""
+    out: list[str] = []
+    _, dec = _decoder_layers(summary.get("layers"))
+    nr = [(l["layer"], num(l.get("non_relativity"))) for l in dec if num(l.get("non_relativity")) is not None]
+    if nr:
+        worst = max(nr, key=lambda t: t[1])
+        best = min(nr, key=lambda t: t[1])
+        out.append(f"Non-relativity (key 0 excluded) ranges from {fmt(best[1])} (layer {best[0]}) to {fmt(worst[1])} "
+                   f"(layer {worst[0]}): the diagonals explain {fmt(100 * (1 - worst[1]))} … "
+                   f"{fmt(100 * (1 - best[1]))} % of the score maps' variation.")
+        ws = [num(l.get("non_relativity_with_sink")) for l in dec if num(l.get("non_relativity_with_sink")) is not None]
+        if ws:
+            out.append(f"With key 0 (the attention sink column) included, non-relativity reads {_span(ws)}.")
+    loc = [num(l.get("locality")) for l in dec if num(l.get("locality")) is not None]
+    if loc:
+        out.append(f"{sum(v > 0 for v in loc)} of {len(loc)} layers' mean scores rise as keys approach the query "
+                   f"(mean locality {fmt(sum(loc) / len(loc))}).")
+    sinkw = [num(l.get("sink_weight")) for l in dec if num(l.get("sink_weight")) is not None]
+    if sinkw:
+        out.append(f"Attention weight on key 0 (the sink), per layer: {_series_short(sinkw)}.")
+    return out
+
+
+def slash_command_readings(summary: dict) -> list[str]:
+    """Sentences on a ``poslens slash`` run (arXiv 2601.08297) from its summary: ``heads`` (per
+    head ``layer``, ``head``, ``best_delta``, ``best_score``, rank measures, decomposition),
+    ``kappas``, ``delta_range``, ``persistence``, ``persist_kappa``, ``seq_len``."""
+    out: list[str] = []
+    heads = [h for h in summary.get("heads") or [] if isinstance(h, dict) and num(h.get("best_score")) is not None]
+    kappas = [k for k in summary.get("kappas") or [] if num(k) is not None]
+    if not heads:
+        return out
+    lo = (summary.get("delta_range") or [1])[0]
+    S = int(num(summary.get("seq_len")) or 0)
+    best = max(heads, key=lambda r: r["best_score"])
+    base = uniform_slash(S, int(best["best_delta"])) if S else float("nan")
+    out.append(f"The most slash-dominant head (Δ ≥ {lo}) is layer {best['layer']} head {best['head']} with "
+               f"SlashScore({best['best_delta']}) = {fmt(best['best_score'])}"
+               + (f" (uniform causal attention would give about {fmt(base)})." if math.isfinite(base) else "."))
+    if kappas:
+        reached = [(k, sum(1 for r in heads if r["best_score"] >= k)) for k in kappas]
+        reached = [(k, n) for k, n in reached if n]
+        if reached:
+            k, n = reached[-1]
+            out.append(f"{n} of {len(heads)} heads are ({fmt(k)}, Δ)-slash-dominant for some Δ in the range (the "
+                       f"largest κ of the grid that any head reaches); at κ = {fmt(reached[0][0])}: {reached[0][1]}.")
+        else:
+            out.append(f"No head reaches κ = {fmt(kappas[0])} at any Δ in the range.")
+    pers = summary.get("persistence")
+    pk = summary.get("persist_kappa")
+    if isinstance(pers, list):
+        if pers:
+            kept = sum(bool(p.get("persists")) for p in pers)
+            ratios = sorted(num(p.get("ratio")) or 0.0 for p in pers)
+            out.append(f"{kept} of {len(pers)} in-distribution ({fmt(pk)}, Δ)-SDHs persist on random-token prompts "
+                       f"(median ratio random / in-distribution {fmt(ratios[len(ratios) // 2])}).")
+            d1 = [p for p in pers if p.get("delta") == 1 and p.get("persists")]
+            if d1:
+                p = d1[0]
+                out.append(f"Previous-token head: layer {p['layer']} head {p['head']}, SlashScore(1) "
+                           f"{fmt(num(p['score_in']))} in distribution, {fmt(num(p['score_random']))} on random tokens.")
+        else:
+            out.append(f"No head reaches κ = {fmt(pk)} in distribution, so persistence is untested.")
+    top = sorted(heads, key=lambda r: -r["best_score"])[: max(1, len(heads) // 10)]
+    top_dec = [r for r in top if "predicted_peak" in r]
+    if top_dec:
+        m = sum(bool(r.get("peak_match")) for r in top_dec)
+        q1 = sum(num(r.get("q_top1_energy")) or 0.0 for r in top) / len(top)
+        rest = [r for r in heads if r not in top]
+        q1r = sum(num(r.get("q_top1_energy")) or 0.0 for r in rest) / len(rest) if rest else None
+        out.append(f"For the top {len(top)} slash heads the rank-one RoPE decomposition predicts the observed peak "
+                   f"offset in {m} of {len(top_dec)}; their pre-RoPE queries put {fmt(q1)} of the energy in the top "
+                   f"singular direction (other heads: {fmt(q1r)}).")
+        bands = [b for b in (top_dec[0].get("band_usage") or {})]
+        if bands:
+            use = {b: sum(num((r.get("band_usage") or {}).get(b)) or 0.0 for r in top_dec) / len(top_dec)
+                   for b in bands}
+            out.append("Band usage (share of Σ A_l) of the top slash heads: "
+                       + ", ".join(f"{b} {fmt(v)}" for b, v in use.items()) + ".")
+    elif not any("predicted_peak" in r for r in heads):
+        out.append("The scanned layers apply no RoPE, so there is no RoPE decomposition.")
+    return out
+
+
+def dynamics_readings(summary: dict) -> list[str]:
+    """Sentences on a ``poslens slash-dynamics`` run from ``steps`` (per snapshot ``step``,
+    ``accuracy`` and ``best``: the most slash-dominant head with ``slash_in``, ``slash_random``,
+    ``q_top1``, ``k_top1``, ``band_usage``, ``predicted_peak``) and ``config`` (``delta``, ``kappa``)."""
+    recs = [r for r in summary.get("steps") or [] if isinstance(r, dict) and isinstance(r.get("best"), dict)]
+    if not recs:
+        return []
+    cfg = summary.get("config") or {}
+    delta, kappa = cfg.get("delta"), num(cfg.get("kappa"))
+    first, last = recs[0], recs[-1]
+    b0, b1 = first["best"], last["best"]
+    out = [f"SlashScore({delta}) of the best head rises from {fmt(num(b0['slash_in']))} at step {first['step']} to "
+           f"{fmt(num(b1['slash_in']))} at step {last['step']} (task accuracy {fmt(num(last.get('accuracy')))})."]
+    if kappa is not None:
+        emerge = next((r["step"] for r in recs if (num(r["best"].get("slash_in")) or 0.0) >= kappa), None)
+        out.append(f"A ({fmt(kappa)}, {delta})-slash-dominant head first appears at step {emerge}."
+                   if emerge is not None else f"No head reaches SlashScore({delta}) ≥ {fmt(kappa)} within "
+                   f"{last['step']} steps.")
+        verdict = "persists" if (num(b1.get("slash_random")) or 0.0) >= kappa else "does not persist"
+        out.append(f"On random-token prompts the final head (layer {b1['layer']} head {b1['head']}) scores "
+                   f"{fmt(num(b1['slash_random']))} at Δ = {delta}: the SDH {verdict} out of distribution "
+                   f"(κ = {fmt(kappa)}).")
+    out.append(f"Its pre-RoPE queries' top singular direction holds {fmt(num(b0.get('q_top1')))} of the energy at step "
+               f"{first['step']} and {fmt(num(b1.get('q_top1')))} at the end (keys: {fmt(num(b0.get('k_top1')))} → "
+               f"{fmt(num(b1.get('k_top1')))}).")
+    bu = {k: num(v) or 0.0 for k, v in (b1.get("band_usage") or {}).items()}
+    if bu:
+        top_band = max(bu, key=bu.get)
+        out.append(f"At the end the rank-one RoPE decomposition puts most amplitude in the {top_band}-frequency band "
+                   f"({', '.join(f'{b} {fmt(v)}' for b, v in bu.items())}) and predicts a peak at "
+                   f"Δ = {b1.get('predicted_peak')}.")
+    return out
+
+
+def sweep_readings(summary: dict) -> list[str]:
+    """Sentences on a ``poslens sweep`` run (random-init NoPE models against the init σ) from
+    ``results``: per shape and σ, ``aps_causal_mean`` (and ``aps_bidirectional_mean``), one value
+    per entry of ``layer_index`` (the embeddings, then decoder layers from 0)."""
+    out: list[str] = []
+    by_shape: dict[str, list[dict]] = {}
+    for r in summary.get("results") or []:
+        if isinstance(r, dict) and isinstance(r.get("aps_causal_mean"), list) and len(r["aps_causal_mean"]) > 1:
+            by_shape.setdefault(str(r.get("shape")), []).append(r)
+    for shape, recs in by_shape.items():
+        sig = [r.get("sigma") for r in recs]
+        a1 = [num(r["aps_causal_mean"][1]) for r in recs]
+        fin = [(s, a) for s, a in zip(sig, a1) if a is not None]
+        if not fin:
+            continue
+        lo, hi = min(fin, key=lambda t: t[1]), max(fin, key=lambda t: t[1])
+        strong = [fmt(s) for s, a in fin if a >= ADJACENT]
+        text = (f"{shape}: APS of decoder layer 0 (causal) ranges from {fmt(lo[1])} (σ = {fmt(lo[0])}) to "
+                f"{fmt(hi[1])} (σ = {fmt(hi[0])}); ")
+        text += (f"a clear adjacency pattern (APS ≥ {ADJACENT}) at σ ∈ {{{', '.join(strong)}}}." if strong
+                 else f"no σ gives a clear adjacency pattern (APS ≥ {ADJACENT}).")
+        out.append(text)
+        if len(recs[0]["aps_causal_mean"]) > 2:
+            deep = [num(r["aps_causal_mean"][-1]) for r in recs]
+            out.append(f"{shape}: in the last decoder layer ({len(recs[0]['aps_causal_mean']) - 2}) APS is "
+                       f"{', '.join(fmt(v) for v in deep)} for σ = {', '.join(fmt(s) for s in sig)}.")
+    bid = [num(v) for recs in by_shape.values() for r in recs for v in (r.get("aps_bidirectional_mean") or [])[1:]]
+    bid = [v for v in bid if v is not None]
+    if bid:
+        dev = max(abs(v - 0.5) for v in bid)
+        out.append(f"Without the causal mask no decoder layer of any model departs from chance (0.5) by more than "
+                   f"{fmt(dev)} in mean APS" + (": the pattern comes from the mask." if dev < 0.1 else
+                                                 "; something other than the mask orders the vectors."))
+    return out
+
+
+def probes_readings(summary: dict) -> list[str]:
+    """Sentences on a ``poslens probes`` run from ``verdicts`` (per model and state: best test r of
+    the cosine and norm probes, their layers, how many decoder layers the cosine wins on MSE) and
+    ``records`` (per layer, feature and probe: test ``r``)."""
+    out: list[str] = []
+    recs = [r for r in summary.get("records") or [] if isinstance(r, dict)]
+    for v in summary.get("verdicts") or []:
+        if not isinstance(v, dict):
+            continue
+        model, state, verdict = v.get("model"), v.get("state"), v.get("cosine_beats_norm")
+        out.append(f"{model} ({v.get('pe')} PE, {state}): cos(h_i, h_T) predicts T − i with r up to "
+                   f"{fmt(num(v.get('cosine_best_r')))} (layer {v.get('cosine_best_layer')}), the norm with r up to "
+                   f"{fmt(num(v.get('norm_best_r')))} (layer {v.get('norm_best_layer')}); the cosine has the lower "
+                   f"test MSE in {v.get('cosine_lower_mse_layers')} of {v.get('layers')} decoder layers (MLP probes, "
+                   "held-out characters)"
+                   + {"yes": ": cosine beats the norm.", "no": ": cosine does not beat the norm.",
+                      "mixed": ": the two criteria disagree."}.get(verdict, "."))
+        vec = [x for x in recs if x.get("model") == model and x.get("state") == state and x.get("feature") == "vector"
+               and x.get("probe") == "linear" and isinstance(x.get("layer"), int) and num(x.get("r")) is not None]
+        if vec:
+            bv = max(vec, key=lambda x: num(x["r"]))
+            out.append(f"{model} ({state}): a linear probe on the vector h_i recovers the absolute position with "
+                       f"r = {fmt(num(bv['r']))} at layer {bv['layer']} on unseen characters.")
+    return out
+
+
+#: the readings of each analysis command, from its summary (the report and the commands share them)
+COMMAND_READINGS = {
+    "neighborhood": neighborhood_command_readings,
+    "panels": panels_readings,
+    "kim-maps": score_maps_readings,
+    "slash": slash_command_readings,
+    "slash-dynamics": dynamics_readings,
+    "sweep": sweep_readings,
+    "probes": probes_readings,
+}
+
+
+def command_readings(command: str, summary: dict) -> list[str] | None:
+    """The readings of an analysis command's summary, or None for a command without its own."""
+    maker = COMMAND_READINGS.get(command)
+    return None if maker is None else maker(summary)
+
+
+# --------------------------------------------------------------------------------------------
+# one run's readings for one paper, whatever command wrote it
+# --------------------------------------------------------------------------------------------
+def noise_phrase(layers: list[dict]) -> str:
+    """What "flat" was judged against in these layers ("" where they carry no noise estimate)."""
+    layers = [l for l in layers if isinstance(l, dict)]
+    groups = [int(num(l.get("noise_groups"))) for l in layers if num(l.get("noise_groups")) is not None]
+    base = "Monte Carlo noise" if any(num(l.get("max_stderr")) is not None for l in layers) else ""
+    pos = [int(num(l.get("noise_positions"))) for l in layers if num(l.get("noise_positions")) is not None]
+    on = f", on a {max(pos)}-position grid" if pos and any(str(k).startswith("grid_") for l in layers for k in l) \
+        else ""
+    if groups and max(groups) >= 2:
+        return f"{base or 'sampling noise'} (the noise floor of {max(groups)} independent groups of samples{on})"
+    return base
+
+
+def run_readings(command: str, papers: list[str], summary: dict, paper: str) -> list[str]:
+    """The readings of one run for one paper: the sentences the run wrote (a one-paper run), else
+    its command's builder (:data:`COMMAND_READINGS`), else the paper's builder on its per-layer
+    numbers. Every run is read the same way, whichever command wrote it."""
+    own = [str(r) for r in summary.get("readings") or [] if isinstance(r, (str, int, float))]
+    if own and len(papers) <= 1:
+        return own
+    made = command_readings(command, summary)
+    if made:
+        return made
+    layers = [l for l in summary.get("layers") or [] if isinstance(l, dict)]
+    if paper == "kim":
+        return kim_readings(layers, noise=noise_phrase(layers)) if any("relativity_index" in l for l in layers) \
+            else own
+    if paper == "slash":
+        return slash_readings(summary) or own
+    if paper == "neighborhood":
+        return neighborhood_readings(summary) or own
+    return own
+
+
+# --------------------------------------------------------------------------------------------
+# the papers, in a sentence or three each (the report's section introductions)
+# --------------------------------------------------------------------------------------------
+PAPERS: dict[str, dict[str, str]] = {
+    "kim": {
+        "title": "Causal mask and RoPE: where attention scores get position",
+        "short": "Causal mask and RoPE",
+        "ref": "arXiv 2509.21042",
+        "intro": (
+            "The causal mask alone, with no parameters and inputs that carry no order, makes attention scores "
+            "depend on position from the second layer on, favouring nearby keys; combined with RoPE it turns "
+            "RoPE's purely relative pattern (a function of the distance i − j) into a non-relative one. Heat "
+            "maps have query positions as rows and key positions as columns; the blank upper triangle is "
+            "masked. Numbers: the relativity index (1 = the map depends on i − j alone; 'flat' = no "
+            "positional variation beyond noise; key 0, the attention sink, left out, the value with it beside), "
+            "the signed trend along the diagonals (+1 = the entry further right is higher) and the locality "
+            "(+1 = every query's scores rise as the key gets closer, 0 = no trend). Decoder layers count from 0."
+        ),
+    },
+    "slash": {
+        "title": "Slash-dominant heads and RoPE",
+        "short": "Slash-dominant heads",
+        "ref": "arXiv 2601.08297",
+        "intro": (
+            "Slash-dominant heads put most of their attention on one sub-diagonal: the token Δ positions back, "
+            "for every query. SlashScore(Δ) is the mean attention weight on that sub-diagonal; heads are sought "
+            f"at Δ = 1 … {SLASH_MAX_DELTA} (larger offsets reach the first tokens, where attention sinks put their "
+            "weight). The paper explains them by nearly rank-one pre-RoPE queries and keys combined with RoPE's "
+            "medium and high frequencies; the top-1 energy of the queries' singular values measures the first "
+            "condition (1 = rank one). Heads are named by decoder layer (from 0) and head index."
+        ),
+    },
+    "neighborhood": {
+        "title": "Position without positional encoding: similarity of nearby embeddings",
+        "short": "Similarity of nearby embeddings",
+        "ref": "arXiv 2501.00073",
+        "intro": (
+            "In causal transformers without positional encoding, hidden vectors of nearby tokens are more "
+            "cosine-similar than distant ones, already after the first attention layer and even at random "
+            "initialisation. The adjacency probability score (APS) is the fraction of position triples "
+            "j < k < i where token i is more similar to the nearer token k, computed per sequence and "
+            "averaged (0.5 = chance, 1 = similarity rises monotonically towards each token). A scan's "
+            "'mean-map APS' is the same count on the cosine map averaged over sequences: it tends to 1 for "
+            "any consistent trend as sequences are added and has no chance level. Layers: the embeddings by "
+            "name, then decoder layers from 0."
+        ),
+    },
+}

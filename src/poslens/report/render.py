@@ -26,63 +26,12 @@ from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.metrics.slash import top_slash_heads
 from poslens.report.collect import Run, classify, collect, expand, load_run
-from poslens.report.readings import (
-    SLASH_MAX_DELTA,
-    key_findings,
-    kim_readings,
-    model_readings,
-    neighborhood_readings,
-    num,
-    slash_readings,
-)
+from poslens.report.readings import PAPERS, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
 from poslens.rundir import _atomic_write_bytes, figure_caption
 
 #: the Content-Security-Policy of every report: no network, no scripts, images only from data: URIs
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'none'; base-uri 'none'; form-action 'none'"
 
-PAPERS: dict[str, dict[str, str]] = {
-    "kim": {
-        "title": "Causal mask and RoPE: where attention scores get position",
-        "short": "Causal mask and RoPE",
-        "ref": "arXiv 2509.21042",
-        "intro": (
-            "The causal mask alone, with no parameters and inputs that carry no order, makes attention scores "
-            "depend on position from the second layer on, favouring nearby keys; combined with RoPE it turns "
-            "RoPE's purely relative pattern (a function of the distance i − j) into a non-relative one. Heat "
-            "maps have query positions as rows and key positions as columns; the blank upper triangle is "
-            "masked. Numbers: the relativity index (1 = the map depends on i − j alone; 'flat' = no "
-            "positional variation beyond noise) and the locality (+1 = every query's scores rise as the key "
-            "gets closer, 0 = no trend)."
-        ),
-    },
-    "slash": {
-        "title": "Slash-dominant heads and RoPE",
-        "short": "Slash-dominant heads",
-        "ref": "arXiv 2601.08297",
-        "intro": (
-            "Slash-dominant heads put most of their attention on one sub-diagonal: the token Δ positions back, "
-            "for every query. SlashScore(Δ) is the mean attention weight on that sub-diagonal; heads are sought "
-            f"at Δ = 1 … {SLASH_MAX_DELTA} (larger offsets reach the first tokens, where attention sinks put their "
-            "weight). The paper explains them by nearly rank-one pre-RoPE queries and keys combined with RoPE's "
-            "medium and high frequencies; the top-1 energy of the queries' singular values measures the first "
-            "condition (1 = rank one)."
-        ),
-    },
-    "neighborhood": {
-        "title": "Position without positional encoding: similarity of nearby embeddings",
-        "short": "Similarity of nearby embeddings",
-        "ref": "arXiv 2501.00073",
-        "intro": (
-            "In causal transformers without positional encoding, hidden vectors of nearby tokens are more "
-            "cosine-similar than distant ones, already after the first attention layer and even at random "
-            "initialisation. The adjacency probability score (APS) is the fraction of position triples "
-            "j < k < i where token i is more similar to the nearer token k, computed per sequence and "
-            "averaged (0.5 = chance, 1 = similarity rises monotonically towards each token). A scan's "
-            "'mean-map APS' is the same count on the cosine map averaged over sequences: it tends to 1 for "
-            "any consistent trend as sequences are added and has no chance level."
-        ),
-    },
-}
 SECTION_ORDER = ["reproduction", "kim", "slash", "neighborhood", "models", "other"]
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
          ".svg": "image/svg+xml", ".webp": "image/webp"}
@@ -94,8 +43,8 @@ LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
     "locality": ("kim", "locality (+1 = nearer keys score higher)", 0.0),
     "diagonal_trend": ("kim", "signed trend along diagonals (+1 = right higher)", 0.0),
     "within_diag_rms": ("kim", "within-diagonal RMS (dashed: noise floor)", None),
-    "nonrelative_p": ("kim", "p, non-relative (sample-group test)", 0.05),
-    "trend_p": ("kim", "p, diagonal trend", 0.05),
+    "nonrelative_p": ("kim", "p, non-relative (sample-group test; noise grid)", 0.05),
+    "trend_p": ("kim", "p, diagonal trend (noise grid)", 0.05),
     "sink_weight": ("kim", "attention weight on key 0 (sink)", None),
     "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
     "locality_with_sink": ("kim", "locality with key 0", 0.0),
@@ -211,7 +160,7 @@ def png_width(uri: str) -> int | None:
 
 
 #: figures narrower than this (in pixels) sit two to a row on the page
-HALF_WIDTH_PX = 900
+HALF_WIDTH_PX = 1100
 
 
 def embed_bytes(data: bytes, mime: str = "image/png") -> str:
@@ -238,11 +187,31 @@ def _inside(base: Path, rel: str) -> Path | None:
     return p
 
 
-def run_figures(run: Run, notes: list[str] | None = None) -> list[dict]:
-    """The run's own figures (``summary["figures"]``, older runs' ``files`` or PNGs), embedded."""
-    out = []
+#: the zoom figure's window (positions); a zoom is shown only on maps more than twice as large
+ZOOM_POSITIONS = 64
+
+
+def _hidden(run: Run, role: str, per_layer_drawn: bool) -> bool:
+    """Whether a figure of this role stays in the run directory instead of on the page."""
+    if role == "detail":
+        return True
+    if role == "per-layer":
+        return per_layer_drawn  # the report draws the same numbers as line plots (or a table)
+    if role == "zoom":
+        n = num(run.summary.get("seq_len"))
+        return n is not None and n <= 2 * ZOOM_POSITIONS  # the full map already shows those positions large
+    return False
+
+
+def run_figures(run: Run, notes: list[str] | None = None, *, per_layer_drawn: bool = False) -> list[dict]:
+    """The run's own figures (``summary["figures"]``, older runs' ``files`` or PNGs), embedded; those
+    whose role keeps them off the page (:data:`poslens.rundir.FIGURE_ROLES`) are named in ``notes``."""
+    out, kept_back = [], []
     for f in run.figures:
         rel, cap = f["file"], f["caption"]
+        if _hidden(run, f.get("role", "main"), per_layer_drawn):
+            kept_back.append(rel)
+            continue
         p = _inside(run.path, rel)
         uri = embed_file(p) if p is not None else None
         if uri is None:
@@ -250,6 +219,8 @@ def run_figures(run: Run, notes: list[str] | None = None) -> list[dict]:
                 notes.append(f"figure {rel} is listed but missing or unreadable; not shown.")
             continue
         out.append({"src": uri, "caption": cap, "file": rel})
+    if kept_back and notes is not None:
+        notes.append(f"In the run directory, not shown here: {', '.join(kept_back)}.")
     return out
 
 
@@ -258,8 +229,8 @@ def _sized(figures) -> list[dict]:
     out = []
     for f in figures or []:
         w = png_width(f.get("src", ""))
-        own = str(f.get("file", "")).lower().endswith(".png")  # the run's own figures; plots drawn here stay wide
-        out.append({**f, "half": own and w is not None and w < HALF_WIDTH_PX})
+        own = str(f.get("file", "")).lower().endswith(".png") or f.get("half") is not None  # plots drawn here:
+        out.append({**f, "half": own and w is not None and w < HALF_WIDTH_PX})  # wide unless they say otherwise
     return out
 
 
@@ -275,7 +246,16 @@ def _card(run: Run, *, title: str | None = None, subtitle: str = "", badge: str 
 # per-layer and per-head quantities, drawn from the numbers
 # --------------------------------------------------------------------------------------------
 #: per-layer keys that are bookkeeping, not quantities to plot
-_NOT_PLOTTED = ("noise_groups", "noise_positions", "sink_columns", "sliding_window", "flat_p")
+_NOT_PLOTTED = ("noise_groups", "noise_positions", "sink_columns", "sliding_window", "flat_p", "paper_layer",
+                "max_stderr", "mean_score", "within_diag_rms_signal")
+#: companions drawn dashed in their key's panel (key ``k``): the noise floor, the same statistic with
+#: key 0 (the sink) or on a scan's noise grid, and the bidirectional control
+COMPANIONS = (("{k}_noise", "noise floor"), ("{k}_with_sink", "with key 0"), ("grid_{k}", "noise grid"),
+              ("bidirectional_{k}", "bidirectional control"))
+
+
+def _companion_keys(k: str) -> list[tuple[str, str]]:
+    return [(pat.format(k=k), label) for pat, label in COMPANIONS]
 
 
 def _error_key(layers: list[dict], key: str) -> str | None:
@@ -297,8 +277,9 @@ def layer_quantities(run: Run) -> dict[str, list[str]]:
                 continue
             keys.append(k)
     errs = {e for k in keys for e in [_error_key(layers, k)] if e}
+    companions = {c for k in keys for c, _ in _companion_keys(k)}  # drawn in their key's panel
     keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr", "_se", "_noise"))
-            and k not in _NOT_PLOTTED]
+            and k not in _NOT_PLOTTED and k not in companions]
     order = list(LAYER_QUANTITIES)
     keys.sort(key=lambda k: order.index(k) if k in order else len(order))  # known quantities first, in order
     # with the per-sequence APS present, ``aps`` is either the same number or the older mean-map one under
@@ -306,6 +287,8 @@ def layer_quantities(run: Run) -> dict[str, list[str]]:
     for per_seq, dup in (("aps_mean", "aps"), ("attn_aps_mean", "attn_aps")):
         if per_seq in keys:
             keys = [k for k in keys if k != dup]
+    if any(k.endswith("aps_mean") for k in keys):  # the paper's per-sequence APS is drawn; the mean-map one
+        keys = [k for k in keys if "mean_map" not in k]  # stays in summary.json (it has no chance level)
     keys = [k for k in keys if "mean_map" not in k] + [k for k in keys if "mean_map" in k]
     default = run.paper or "other"
     out: dict[str, list[str]] = {}
@@ -344,15 +327,26 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
             if not any(num(l.get(k)) is not None for l in layers):
                 continue
             xs, ys, es, _ = _layer_xy(layers, k)
+            grid = any(num(l.get(f"grid_{k}")) is not None for l in layers)
+            if grid:  # the standard error belongs to the statistic of the noise grid, drawn below
+                es = None
             emb = num(r.summary.get(f"embedding_{k}"))
             if emb is not None and -1 not in xs:  # a scan's embeddings value, drawn at x = −1
                 xs, ys = [-1] + xs, [emb] + ys
                 es = [num(r.summary.get(f"embedding_{k}_std"))] + es if es is not None else None
                 has_emb = True
-            series.append({"label": r.name, "layers": xs, "values": ys, "errors": es})
-            if any(num(l.get(f"{k}_noise")) is not None for l in layers):  # its noise floor, same panel
-                nx, ny, _, _ = _layer_xy(layers, f"{k}_noise")
-                series.append({"label": f"{r.name}: noise floor", "layers": nx, "values": ny, "errors": None,
+            series.append({"label": f"{r.name}: full map" if grid else r.name, "layers": xs, "values": ys,
+                           "errors": es})
+            for ck, what in _companion_keys(k):  # dashed, in the same panel
+                if not any(num(l.get(ck)) is not None for l in layers):
+                    continue
+                cx, cy, _, _ = _layer_xy(layers, ck)
+                errs = None
+                if ck == f"grid_{k}":  # the statistic its p-values, noise floor and error bars describe
+                    ek = _error_key(layers, k)
+                    errs = [num(l.get(ek)) for l in layers] if ek else None
+                    what = f"{max(int(num(l.get('noise_positions')) or 0) for l in layers)}-position {what}"
+                series.append({"label": f"{r.name}: {what}", "layers": cx, "values": cy, "errors": errs,
                                "dashed": True})
         if series:
             info = LAYER_QUANTITIES.get(k, (None, k.replace("_", " "), None))
@@ -360,11 +354,20 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
     if not panels:
         return None
     conv = (runs[0].summary.get("layer_info") or {}).get("convention") or "layer indices as the run wrote them"
-    fig = layer_lines(panels, suptitle=title, layer_label="layer (−1: embeddings)" if has_emb else "layer")
+    from0 = all("from 0" in str((r.summary.get("layer_info") or {}).get("convention", "from 0")) for r in runs)
+    label = "decoder layer (from 0)" if from0 else "layer"
+    fig = layer_lines(panels, suptitle=title, columns=4, layer_label=f"{label[:-1]}; −1: embeddings)" if has_emb and from0
+                      else f"{label} (−1: embeddings)" if has_emb else label)
     more = f" ({len(keys) - 9} more quantities in summary.json)" if len(keys) > 9 else ""
     emb = " Layer −1 on the axis: the embeddings." if has_emb else ""
+    grids = {int(num(l.get("noise_positions")) or 0) for r in runs for l in r.layers
+             if any(str(k).startswith("grid_") for k in l)}
+    grid = (f" Solid lines: statistics of the full score map; dashed 'noise grid' lines: the same statistics on "
+            f"the {'/'.join(str(g) for g in sorted(grids))}-position grid the sample groups were kept on, which is "
+            "what the p-values, noise floors and trend error bars describe." if grids else "")
     return {"src": embed_figure(fig), "caption": f"Per-layer quantities; {conv}.{emb} Error bars: the run's std / "
-                                                 f"standard error where it gives one.{more}", "file": "summary.json"}
+                                                 f"standard error where it gives one.{grid}{more}",
+            "file": "summary.json"}
 
 
 def _head_matrix(layers: list[dict], key: str):
@@ -443,14 +446,23 @@ def _layer_table(run: Run, keys: list[str]) -> dict | None:
         for k in keys:
             ek = _error_key(layers, k)
             v = l.get(k)
+            g = num(l.get(f"grid_{k}"))
             if k == "relativity_index" and v is None:
                 row.append("flat")
+            elif g is not None and num(v) is not None:  # the error belongs to the noise grid's statistic
+                se = f" ± {fmt(num(l.get(ek)))}" if ek and num(l.get(ek)) is not None else ""
+                row.append(f"{fmt(num(v))} (grid {fmt(g)}{se})")
             elif ek and num(l.get(ek)) is not None and num(v) is not None:
                 row.append(f"{fmt(num(v))} ± {fmt(num(l.get(ek)))}")
             else:
                 row.append(num(v) if not isinstance(v, str) else v)
         rows.append(row)
     conv = (run.summary.get("layer_info") or {}).get("convention", "")
+    n = max((int(num(l.get("noise_positions")) or 0) for l in layers if any(str(k).startswith("grid_") for k in l)),
+            default=0)
+    if n:
+        conv += (f"{'; ' if conv else ''}values on the full map, '(grid …)' the same statistic on the {n}-position "
+                 "grid the p-values and standard errors describe")
     return table("Per layer", cols, rows, note=conv)
 
 
@@ -475,7 +487,7 @@ def run_label(run: Run) -> str:
     src = (run.config.get("source") or {}).get("kind") if isinstance(run.config.get("source"), dict) else None
     if src:
         bits.append(f"data: {src}")
-    if s.get("experiment") and run.command not in ("scan", "simulate"):
+    if s.get("experiment"):
         bits.append(str(s["experiment"]))
     return ", ".join(b for b in bits if b)
 
@@ -484,19 +496,8 @@ scan_label = run_label  # older name
 
 
 def readings_for(run: Run, paper: str) -> list[str]:
-    """The run's readings for one paper: those it wrote, else written from its numbers."""
-    s = run.summary
-    own = [str(r) for r in s.get("readings") or [] if isinstance(r, (str, int, float))]
-    if own and len(run.papers) <= 1:
-        return own
-    if paper == "kim":
-        noise = "Monte Carlo noise" if run.command == "simulate" else ""
-        return kim_readings(run.layers, noise=noise) if any("relativity_index" in l for l in run.layers) else own
-    if paper == "slash":
-        return slash_readings(s)
-    if paper == "neighborhood":
-        return neighborhood_readings(s)
-    return own
+    """The run's readings for one paper (:func:`poslens.report.readings.run_readings`)."""
+    return run_readings(run.command, run.papers, run.summary, paper)
 
 
 def _meta(run: Run) -> list[tuple[str, str]]:
@@ -514,17 +515,19 @@ def _meta(run: Run) -> list[tuple[str, str]]:
     return meta
 
 
-def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, dict]]:
+def generic_cards(run: Run, slash_cache: dict | None = None, *, overlaid: bool = False) -> list[tuple[str, dict]]:
     """One card per paper the run measures: readings, line plots of its per-layer quantities,
-    head × layer maps, the short tables, its own figures (score maps with the first paper)."""
+    head × layer maps, the short tables, its own figures (score maps with the first paper).
+    ``overlaid``: the run's per-layer numbers are drawn in a comparison with like runs, so it gets
+    no per-layer table of its own."""
     papers = [p for p in run.papers if p in PAPERS] or ["other"]
     quantities = layer_quantities(run)
     head_keys = [k for k in HEAD_QUANTITIES if any(isinstance(l.get(k), list) for l in run.layers)]
-    slash = slash_matrix(run) if "slash" in papers and run.command == "scan" else None
+    slash = slash_matrix(run) if "slash" in papers else None
     if slash_cache is not None:
         slash_cache[id(run)] = slash
     notes: list[str] = []
-    own_figs = run_figures(run, notes)
+    own_figs = run_figures(run, notes, per_layer_drawn=any(quantities.values()))
     if run.summary.get("stopped_early"):
         notes.append("stopped early: every score's standard error fell below the target.")
     label = run_label(run)
@@ -541,7 +544,8 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
             hf = head_figure(run, head_keys, slash)
             if hf:
                 figs.append(hf)
-        tables = [_layer_table(run, keys)] if not run.tables else []  # a run's own tables already say it
+        # a run's own tables already say it; an overlaid run's numbers are in the comparison's line plots
+        tables = [_layer_table(run, keys)] if not run.tables and not overlaid else []
         if len(papers) == 1 or paper == run.paper:
             tables += [table(str(t.get("title") or ""), t["columns"], t["rows"], note=str(t.get("note") or ""))
                        for t in run.tables]
@@ -550,8 +554,7 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
         card_notes = list(notes) if i == 0 else []
         if said and (len(papers) == 1 or paper == run.paper):
             card_notes += [f"Not shown as a table: {x}." for x in said]
-        title = run.summary.get("title") if isinstance(run.summary.get("title"), str) and run.command not in (
-            "scan", "simulate") else None
+        title = run.summary.get("title") if isinstance(run.summary.get("title"), str) else None
         cards.append((paper, _card(run, title=title or run.name, subtitle=label if not title else run.name,
                                    badge=run.command, anchor=f"{_slug(paper)}-{_slug(run.name)}",
                                    readings=readings_for(run, paper), tables=tables,
@@ -560,25 +563,38 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
     return cards
 
 
-def cards_for(run: Run) -> list[tuple[str, dict]]:
+def cards_for(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
+    """The cards of one run; ``compared``: it is drawn beside like runs in a comparison block."""
     if run.kind == "model":
-        return model_cards(run)
-    return generic_cards(run)
+        return model_cards(run, compared=compared)
+    return generic_cards(run, overlaid=compared)
 
 
 # --------------------------------------------------------------------------------------------
 # comparisons: several runs of one command, overlaid
 # --------------------------------------------------------------------------------------------
-def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
-    """Section -> comparison blocks ({title, legend, readings, tables, figures}) for like runs."""
-    out: dict[str, list[dict]] = {}
+def overlaid_groups(runs: list[Run]) -> dict[str, list[Run]]:
+    """Command -> its runs whose per-layer numbers are overlaid in one set of line plots (two or
+    more runs of one command with more than one layer each)."""
     by_command: dict[str, list[Run]] = {}
     for r in runs:
         if r.kind == "command" and len(r.layers) > 1:
             by_command.setdefault(r.command, []).append(r)
+    return {c: g for c, g in by_command.items() if len(g) >= 2}
+
+
+def compared_ids(runs: list[Run]) -> set[int]:
+    """``id`` of every run drawn in a comparison block (overlaid runs; models beside other models)."""
+    ids = {id(r) for g in overlaid_groups(runs).values() for r in g}
+    models = [r for r in runs if r.kind == "model" and r.summary]
+    return ids | ({id(r) for r in models} if len(models) >= 2 else set())
+
+
+def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
+    """Section -> comparison blocks ({title, legend, readings, tables, figures}) for like runs."""
+    out: dict[str, list[dict]] = {}
+    by_command = overlaid_groups(runs)
     for command, group in by_command.items():
-        if len(group) < 2:
-            continue
         legend = "; ".join(f"{r.name}: {run_label(r)}" for r in group)
         per_paper: dict[str, list[str]] = {}
         for r in group:
@@ -586,6 +602,9 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
                 for k in ks:
                     if k not in per_paper.setdefault(p, []):
                         per_paper[p].append(k)
+        order = list(LAYER_QUANTITIES)  # known quantities first, in their order, whichever run has them
+        for ks in per_paper.values():
+            ks.sort(key=lambda k: order.index(k) if k in order else len(order))
         for paper, keys in per_paper.items():
             fig = layer_figure(group, keys, title=f"{len(group)} {command} runs")
             if fig is None:
@@ -596,9 +615,9 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
     # analysis runs of the same experiment: stack tables that share title and columns
     groups: dict[str, list[Run]] = {}
     for r in runs:
-        if r.kind == "command" and r.command not in ("simulate", "scan") and r.summary.get("experiment"):
+        if r.kind == "command" and r.summary.get("experiment"):
             groups.setdefault(str(r.summary["experiment"]), []).append(r)
-    overlaid = {id(r) for g in by_command.values() if len(g) >= 2 for r in g}
+    overlaid = {id(r) for g in by_command.values() for r in g}
     for exp, group in groups.items():
         if len(group) < 2 or all(id(r) in overlaid for r in group):  # their per-layer plots are overlaid above
             continue
@@ -623,8 +642,10 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
         rows = [[r.name] + [r.summary.get(k) for k in ("pe", "task", "data", "steps", "params", "initial_loss",
                                                        "final_loss", "eval_accuracy", "eval_accuracy_long")]
                 for r in models]
+        loss = _loss_figure(models)
         out.setdefault("models", []).append({
-            "title": f"Comparison of {len(models)} models", "legend": "", "readings": [], "figures": [],
+            "title": f"Comparison of {len(models)} models", "legend": "", "readings": [],
+            "figures": [loss] if loss else [],
             "tables": [table("Models side by side", ["model", "PE", "task", "data", "steps", "parameters",
                                                      "initial loss", "final loss", "accuracy", "accuracy (longer)"],
                              rows)]})
@@ -638,7 +659,7 @@ def findings(runs: list[Run]) -> list[dict]:
         if r.kind != "command":
             continue
         s = r.summary
-        if "slash" in r.papers and r.command == "scan" and not s.get("slash_heads"):
+        if "slash" in r.papers and not s.get("slash_heads"):  # older runs: the Δ-limited heads from the maps
             m = slash_matrix(r)
             if m is not None:
                 import torch
@@ -655,8 +676,8 @@ def findings(runs: list[Run]) -> list[dict]:
             for k, v in kf.items()]
 
 
-def _loss_curve(run: Run) -> dict | None:
-    """A loss-curve figure from ``train_log.jsonl`` (drawn here, embedded as PNG)."""
+def _loss_log(run: Run) -> tuple[list, list, list, list] | None:
+    """``(steps, losses, eval steps, eval losses)`` from the run's ``train_log.jsonl``, or None."""
     log = run.path / "train_log.jsonl"
     if not log.is_file():
         return None
@@ -677,41 +698,49 @@ def _loss_curve(run: Run) -> dict | None:
                 losses.append(num(r["loss"]))
     except OSError:
         return None
-    if len(steps) < 2:
+    return (steps, losses, ev_steps, ev_losses) if len(steps) >= 2 else None
+
+
+def _loss_figure(runs: list[Run]) -> dict | None:
+    """Loss curves of one or more training runs in one figure (drawn here, embedded as PNG)."""
+    logs = [(r, lg) for r in runs for lg in [_loss_log(r)] if lg]
+    if not logs:
         return None
-    import io
-
     import matplotlib
-
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.0, 3.0))
-    ax.plot(steps, losses, lw=1, label="training loss")
-    if ev_losses:
-        ax.plot(ev_steps, ev_losses, "o-", ms=3, label="evaluation loss")
+    for n, (r, (steps, losses, ev_steps, ev_losses)) in enumerate(logs):
+        name = f"{r.name}: " if len(logs) > 1 else ""
+        ax.plot(steps, losses, lw=1, color=f"C{n}", label=f"{name}training loss")
+        if ev_losses:
+            ax.plot(ev_steps, ev_losses, "o--", ms=3, color=f"C{n}", label=f"{name}evaluation loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return {"src": embed_bytes(buf.getvalue()), "caption": "Loss during training (from train_log.jsonl).",
+    return {"src": embed_figure(fig), "caption": "Loss during training (from train_log.jsonl).",
             "file": "train_log.jsonl"}
+
+
+def _loss_curve(run: Run) -> dict | None:
+    """The loss curve of one training run."""
+    return _loss_figure([run])
 
 
 _MODEL_KEYS = ("pe", "task", "data", "preset", "steps", "params", "params_non_embedding", "initial_loss", "final_loss",
                "eval_loss", "eval_accuracy", "eval_accuracy_long", "tokens_per_second", "device")
 
 
-def model_cards(run: Run) -> list[tuple[str, dict]]:
+def model_cards(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
+    """A model directory's card; ``compared``: its numbers and loss curve are in the side-by-side block."""
     s, c = run.summary, run.config
     arch = [(k, fmt(c.get(k))) for k in ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
                                          "num_key_value_heads", "n_layer", "n_embd", "n_head", "vocab_size") if k in c]
-    rows = [[k.replace("_", " "), s.get(k)] for k in _MODEL_KEYS if k in s and s.get(k) is not None]
-    figs = [f for f in [_loss_curve(run)] if f]
+    rows = [] if compared else [[k.replace("_", " "), s.get(k)] for k in _MODEL_KEYS if k in s and s.get(k) is not None]
+    figs = [] if compared else [f for f in [_loss_curve(run)] if f]
     notes = [] if s else ["no summary.json: a model directory not written by `poslens train`; architecture only."]
     card = _card(run, subtitle=f"{c.get('model_type', '')} model", badge="model", readings=model_readings(s, c),
                  tables=[table("Training summary", ["quantity", "value"], rows)] if rows else [], figures=figs,
@@ -795,11 +824,12 @@ def build_context(runs: list[Run], title: str, skipped: list[str] | None = None)
                                  "comparisons": [], "repro": []}
         return sections[key]
 
+    compared = compared_ids(runs)
     for run in runs:
         if run.kind == "reproduce":
             section("reproduction")["repro"].append(reproduction_block(run))
             continue
-        for key, card in cards_for(run):
+        for key, card in cards_for(run, compared=id(run) in compared):
             section(key)["cards"].append(card)
     for key, blocks in comparisons(runs).items():
         section(key)["comparisons"] += blocks
