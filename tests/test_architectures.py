@@ -319,7 +319,7 @@ def test_gemma3_scan_records_two_tables_and_windows(tmp_path):
 
 
 def test_rope_decomposition_uses_the_recorded_frequencies():
-    from poslens.analysis.slash import rope_decomposition
+    from poslens.metrics.ropefit import rope_decomposition
     from poslens.rope import inv_freq
 
     g = torch.Generator().manual_seed(0)

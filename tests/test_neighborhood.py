@@ -6,13 +6,8 @@ import math
 import pytest
 import torch
 
-from poslens.analysis.neighborhood import (
-    collect_vectors,
-    measure_neighborhood,
-    self_cosine,
-    theory_gap,
-    use_poslens_attention,
-)
+from poslens.analysis.neighborhood import collect_vectors, measure_neighborhood, use_poslens_attention
+from poslens.metrics.neighborhood import self_cosine, theory_gap
 from poslens.metrics import adjacency_probability_score, norm_score
 from poslens.theory import running_mean_cosine
 

@@ -22,10 +22,10 @@ from typing import Callable
 from rich.console import Console
 
 from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
-from poslens.analysis.slash import run_slash, SlashConfig
-from poslens.capture.scan import run_scan, ScanConfig
+from poslens.analysis.slash import SlashConfig, run_slash
+from poslens.capture.scan import ScanConfig, run_scan
 from poslens.errors import PoslensError
-from poslens.models.train import train_model, TrainConfig
+from poslens.models.train import TrainConfig, train_model
 from poslens.progress import live_display
 from poslens.report import write_report
 from poslens.report.terminal import print_simulation_summary

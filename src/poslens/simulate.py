@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
+from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
 from poslens.metrics.diagonal import describe_map
 from poslens.rope import apply_rope, cos_sin

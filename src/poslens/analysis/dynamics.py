@@ -22,12 +22,13 @@ from pathlib import Path
 
 import torch
 
-from poslens.analysis.slash import decompose_scan, model_rope_geometry, rank_table
-from poslens.capture.scan import run_scan, ScanConfig
+from poslens.analysis.slash import decompose_scan, model_rope_geometry
+from poslens.metrics.rank import rank_table
+from poslens.capture.scan import ScanConfig, run_scan
 from poslens.data.tasks import encode_example, evaluate_task, get_task
 from poslens.data.tokenizer import char_vocab
 from poslens.errors import PoslensError
-from poslens.models.train import load_trained, train_model, TrainConfig
+from poslens.models.train import TrainConfig, load_trained, train_model
 from poslens.progress import task_progress
 from poslens.report.readings import dynamics_readings
 from poslens.rope import BANDS

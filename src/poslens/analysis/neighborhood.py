@@ -24,7 +24,6 @@ bounded by one batch, never by the number of sequences.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +41,12 @@ from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 from poslens.fmt import fmt_pm
-from poslens.metrics import adjacency_probability_score, norm_score
+from poslens.metrics.neighborhood import adjacency_probability_score, norm_score, self_cosine, theory_gap
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
 from poslens.report.readings import neighborhood_command_readings
 from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 from poslens.runtime import no_hf_progress_bars, parse_device
-from poslens.theory import running_mean_cosine
 
 #: families of vectors measured per layer
 FAMILIES = ("attn", "resid")
@@ -110,13 +108,6 @@ def collect_vectors(model, input_ids: torch.Tensor, *, bidirectional: bool = Fal
         forward(model, input_ids, capture=capture)
     attn[0] = resid[0]
     return {"attn": attn, "resid": torch.stack(resid)}
-
-
-def self_cosine(x: torch.Tensor) -> torch.Tensor:
-    """``cos(h_i, h_j)`` of ``x [..., T, d]`` -> ``[..., T, T]`` in float64 (zero vectors give 0)."""
-    x = x.to(torch.float64)
-    xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-    return xn @ xn.transpose(-1, -2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,14 +172,6 @@ def layer_rows(measured: dict[str, torch.Tensor], prefix: str = "") -> list[dict
         return float(x.std(unbiased=True)) if n > 1 else float("nan")
     return [{"layer": k, "aps_mean": float(aps[k].mean()), "aps_std": std(aps[k]),
              "norm_score_mean": float(ns[k].mean()), "norm_score_std": std(ns[k])} for k in range(aps.shape[0])]
-
-
-def theory_gap(cosine_map: torch.Tensor) -> float:
-    """Mean |mean cosine - sqrt(min/max)| over the strict lower triangle (uniform-attention theory)."""
-    T = cosine_map.shape[-1]
-    th = running_mean_cosine(T)
-    low = torch.ones(T, T, dtype=torch.bool).tril(-1)
-    return float((cosine_map.to(torch.float64) - th)[low].abs().mean())
 
 
 # --------------------------------------------------------------------------------------------

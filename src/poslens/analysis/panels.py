@@ -33,8 +33,8 @@ from poslens.capture.adapters import ADAPTERS
 from poslens.capture.attention import BlockMaps, Capture, CaptureSpec
 from poslens.capture.loop import hooked, run_batches
 from poslens.capture.model_source import source_record
-from poslens.capture.scan import (attach, causal_view, load_model, load_tokenizer, map_view, open_model_config,
-                                  SINK_COLUMNS, window_view)
+from poslens.capture.scan import (SINK_COLUMNS, attach, causal_view, load_model, load_tokenizer, map_view,
+                                  open_model_config, window_view)
 from poslens.capture.sources import make_source
 from poslens.capture.stats import MeanAccumulator
 from poslens.errors import PoslensError

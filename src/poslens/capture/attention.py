@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from poslens.capture import cuda_maps
 from poslens.capture.reservoir import QKReservoir
-from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
+from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
 from poslens.metrics.neighborhood import per_sequence_aps
 

@@ -20,12 +20,12 @@ import os
 from pathlib import Path
 
 from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
-from poslens.analysis.panels import load_scan, panel_metrics, PanelsConfig, run_panels, run_score_maps
+from poslens.analysis.panels import PanelsConfig, load_scan, panel_metrics, run_panels, run_score_maps
 from poslens.analysis.probes import ProbesConfig, run_probes
-from poslens.analysis.slash import run_slash, SlashConfig
-from poslens.analysis.sweep import PAPER_SIGMAS, run_sweep, SweepConfig
+from poslens.analysis.slash import SlashConfig, run_slash
+from poslens.analysis.sweep import PAPER_SIGMAS, SweepConfig, run_sweep
 from poslens.capture.model_source import resolve_model
-from poslens.capture.scan import causal_view, load_tokenizer, run_scan, ScanConfig
+from poslens.capture.scan import ScanConfig, causal_view, load_tokenizer, run_scan
 from poslens.errors import PoslensError
 from poslens.metrics import diagonal_normalize
 from poslens.models import realmodels
