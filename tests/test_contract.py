@@ -336,7 +336,8 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     beside the full-map headline numbers, and the report and readings say which is which."""
     import torch
 
-    from poslens.capture.scan import causal_view, score_map_numbers
+    from poslens.capture.finalize import score_map_numbers
+    from poslens.metrics.diagonal import causal_view
     from poslens.metrics import diagonal_trend, relativity_index
     from poslens.report.readings import kim_readings
 

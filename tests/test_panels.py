@@ -136,7 +136,7 @@ def test_panels_read_the_adapters_capture_points(arch, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from poslens.capture.adapters import get_adapter
-    from poslens.capture.scan import load_model
+    from poslens.capture.load import load_model
     from poslens.capture.sources import make_source
     from poslens.analysis.panels import compute_panels
 

@@ -179,7 +179,7 @@ def test_data_sources(cli, tokenized_dir, tmp_path, kind):
 
 
 def test_packed_text_is_deterministic(tokenized_dir):
-    from poslens.capture.scan import load_tokenizer
+    from poslens.capture.load import load_tokenizer
     from poslens.capture.sources import make_source
 
     tok = load_tokenizer(str(tokenized_dir))
@@ -276,7 +276,7 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
 
 
 def test_pool_for_figure_block_means_skip_the_causal_triangle():
-    from poslens.capture.scan import causal_view
+    from poslens.metrics.diagonal import causal_view
     from poslens.report.plots import pool_for_figure
 
     S = 10

@@ -35,7 +35,8 @@ from poslens.capture.adapters import get_adapter
 from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
 from poslens.capture.loop import forward, hooked
 from poslens.capture.model_source import source_record
-from poslens.capture.scan import causal_view, load_model, load_tokenizer, open_model_config
+from poslens.capture.load import load_model, load_tokenizer, open_model_config
+from poslens.metrics.diagonal import causal_view
 from poslens.capture.sources import make_source
 from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens

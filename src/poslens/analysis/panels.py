@@ -33,8 +33,10 @@ from poslens.capture.adapters import ADAPTERS
 from poslens.capture.attention import BlockMaps, Capture, CaptureSpec
 from poslens.capture.loop import hooked, run_batches
 from poslens.capture.model_source import source_record
-from poslens.capture.scan import (SINK_COLUMNS, attach, causal_view, load_model, load_tokenizer, map_view,
-                                  open_model_config, window_view)
+from poslens.capture.finalize import SINK_COLUMNS, map_view
+from poslens.capture.load import load_model, load_tokenizer, open_model_config
+from poslens.capture.loop import attach
+from poslens.metrics.diagonal import causal_view, window_view
 from poslens.capture.sources import make_source
 from poslens.capture.stats import MeanAccumulator
 from poslens.errors import PoslensError
@@ -102,7 +104,7 @@ def panel_metrics(m: torch.Tensor, exclude_keys=None) -> dict:
     """Relativity index, non-relativity, locality and signed diagonal trend of one panel's causal
     lower triangle (the diagonal, a self-similarity, excluded). Sink-aware as ``poslens scan``: key
     0 (the attention-sink / BOS column; ``exclude_keys``, default
-    :data:`poslens.capture.scan.SINK_COLUMNS`) is left out of the headline numbers, and the
+    :data:`poslens.capture.finalize.SINK_COLUMNS`) is left out of the headline numbers, and the
     values with it (``*_with_sink``) are given beside them."""
     keys = tuple(SINK_COLUMNS if exclude_keys is None else exclude_keys)
     cv = causal_view(m.to(torch.float64), include_diagonal=True)

@@ -235,7 +235,7 @@ def _hook_qk(model, adapter: Adapter, point: str, layer: int, fn):
     attention function finds it (no module-level state)."""
     if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         raise PoslensError(f"capture point {point!r} needs the poslens attention (load the model with "
-                           f"attn_implementation={ATTN_NAME!r}, e.g. poslens.capture.scan.load_model).")
+                           f"attn_implementation={ATTN_NAME!r}, e.g. poslens.capture.load.load_model).")
     attn = adapter.attention_module(model, layer)
     rope = layer in adapter.rope_layers(model.config) and bool(adapter.rotary_modules(model))
     state = {"cos_sin": None, "layout": adapter.rope_layout, "rope": rope}

@@ -284,7 +284,7 @@ _RESOLVED: dict[tuple, ModelSource] = {}
 def resolve_model(model: str | os.PathLike) -> ModelSource:
     """Resolve a model argument. A ``.gguf`` file (or any file starting with the GGUF magic) is
     checked (:func:`check_gguf`) and hashed; anything else is taken as a model directory (its own
-    checks are in :func:`poslens.capture.scan.check_model_dir`). Loads and writes nothing."""
+    checks are in :func:`poslens.capture.load.check_model_dir`). Loads and writes nothing."""
     p = Path(model).expanduser()
     if not is_gguf_path(p):
         return ModelSource("dir", p)

@@ -318,3 +318,23 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
         out["noise"] = ("no noise estimate: fewer than two independent groups of samples "
                         f"({G} group{'s' if G != 1 else ''}); add samples for p-values and noise floors")
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# outputs
+# --------------------------------------------------------------------------------------------
+def causal_view(m: torch.Tensor, include_diagonal: bool = True) -> torch.Tensor:
+    """NaN above the diagonal (entries a causal query never sees)."""
+    S = m.shape[-1]
+    i = torch.arange(S)
+    keep = i[:, None] >= i[None, :] if include_diagonal else i[:, None] > i[None, :]
+    return torch.where(keep.to(m.device), m, torch.full_like(m, float("nan")))
+
+
+def window_view(m: torch.Tensor, window: int | None) -> torch.Tensor:
+    """NaN where the key is ``window`` or more positions before the query (outside a sliding window)."""
+    if not window or window >= m.shape[-1]:
+        return m
+    i = torch.arange(m.shape[-1], device=m.device)
+    far = (i[:, None] - i[None, :]) >= window
+    return m.masked_fill(far, float("nan"))

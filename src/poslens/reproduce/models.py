@@ -25,7 +25,9 @@ from poslens.analysis.probes import ProbesConfig, run_probes
 from poslens.analysis.slash import SlashConfig, run_slash
 from poslens.analysis.sweep import PAPER_SIGMAS, SweepConfig, run_sweep
 from poslens.capture.model_source import resolve_model
-from poslens.capture.scan import ScanConfig, causal_view, load_tokenizer, run_scan
+from poslens.capture.load import load_tokenizer
+from poslens.capture.scan import ScanConfig, run_scan
+from poslens.metrics.diagonal import causal_view
 from poslens.errors import PoslensError
 from poslens.metrics import diagonal_normalize
 from poslens.models import realmodels
