@@ -21,7 +21,7 @@ def test_slash_dominant_and_sdh_table_loop():
     s = slash(0)
     s[1, 2, 3] = 0.5  # exactly kappa: dominant
     L, H, S = s.shape
-    assert slash_dominant(s, 0.5, 3).tolist() == [[s[l, h, 3] >= 0.5 for h in range(H)] for l in range(L)]
+    assert slash_dominant(s, 0.5, 3).tolist() == [[bool(s[l, h, 3] >= 0.5) for h in range(H)] for l in range(L)]
     with pytest.raises(PoslensError):
         slash_dominant(s, 0.5, S)
     with pytest.raises(PoslensError):
