@@ -20,7 +20,7 @@ from poslens.capture.checkpoint import check_resume_layout
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.errors import PoslensError
 from poslens.rundir import read_tensors
-from tests.test_capture import save_tiny
+from tests.capture.test_capture import save_tiny
 
 # 5 batches of 2 sequences: rank 0 gets batches 0, 2, 4 and rank 1 gets 1, 3 (uneven on purpose)
 # a q/k reservoir of 50 of the 160 token slots: the ranks' samples must merge into the single-process one

@@ -15,7 +15,7 @@ import torch
 
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.rundir import read_tensors
-from tests.test_capture import V, save_tiny
+from tests.capture.test_capture import V, save_tiny
 
 NAMES = ["scores", "probs", "slash", "cosine", "norms", "attn_cosine", "attn_norms", "q_gram", "k_gram", "dim_logit"]
 
@@ -238,7 +238,7 @@ def test_bad_input(cli, llama_dir, tmp_path, case):
 def test_pickle_and_remote_code_are_refused(cli, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from tests.test_capture import tiny_config
+    from tests.capture.test_capture import tiny_config
 
     p = tmp_path / "pkl"
     model = AutoModelForCausalLM.from_config(tiny_config("gpt2"))

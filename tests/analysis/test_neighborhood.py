@@ -143,7 +143,7 @@ def test_collect_vectors_uses_the_adapters_capture_points(arch, tmp_path):
     """attn_z (head outputs before the output projection) rebuilds the layer output through the model's own
     modules: sequential GPT-2 and the parallel-residual GPT-NeoX and Cohere blocks."""
     from poslens.capture.load import load_model
-    from tests.test_capture import V, save_tiny
+    from tests.capture.test_capture import V, save_tiny
 
     path = save_tiny(arch, tmp_path / "m")
     model = load_model(str(path), dtype=torch.float32, device="cpu")

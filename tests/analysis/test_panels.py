@@ -10,7 +10,7 @@ import torch
 from poslens.analysis.panels import PANELS, PanelsConfig, panel_metrics, run_panels, run_score_maps
 from poslens.rope import apply_rope
 from poslens.rundir import read_tensors
-from tests.test_capture import V, save_tiny
+from tests.capture.test_capture import V, save_tiny
 
 
 @pytest.fixture(scope="module")
