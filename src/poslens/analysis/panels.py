@@ -40,7 +40,7 @@ from poslens.metrics.diagonal import causal_view, window_view
 from poslens.capture.sources import make_source
 from poslens.capture.stats import MeanAccumulator
 from poslens.errors import PoslensError
-from poslens.metrics import diagonal_normalize, diagonal_trend, locality, relativity_index
+from poslens.metrics import diagonal_trend, locality, relativity_index
 from poslens.metrics.slash import sink_weight
 from poslens.report.readings import panels_readings, score_maps_readings
 from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, read_json, read_tensors, save_figure, staged_dir,
@@ -259,7 +259,7 @@ def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
 
 def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
-    from poslens.report.plots import layer_grid
+    from poslens.report.plots import score_map_figures  # matplotlib: only when drawing
 
     maps, scfg, ssum = load_scan(scan_dir)
     prepare_out_dir(out)
@@ -268,7 +268,6 @@ def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     windows = (ssum.get("attention") or {}).get("windows")
     blocks = (ssum.get("map_size") or {}).get("block", 1)
     if blocks > 1:  # a --map-size scan: block means; blocks without a visible entry are out of every metric
-
         bm = BlockMaps(int(ssum["seq_len"]), scores.shape[-1])
         scores = torch.stack([map_view(scores[i], (windows or {l: None for l in layer_ids})[l], bm)
                               for i, l in enumerate(layer_ids)])
@@ -276,31 +275,20 @@ def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
         scores = torch.stack([window_view(scores[i], windows[l]) for i, l in enumerate(layer_ids)])
     rows = layer_score_metrics(scores)
     if "probs" in maps:  # the sink's own number beside the sink-excluded ones
-
         for r, w in zip(rows, sink_weight(maps["probs"]).tolist()):
             r["sink_weight"] = w
     fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
     table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["non_relativity_with_sink"]),
               fmt(r["locality"]), fmt(r["diagonal_trend"])] for l, r in zip(layer_ids, rows)]
-    draw, figures, files = figures, [], []
-    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)] if draw else []
+    draw = figures
+    raw_caption = ("Mean pre-softmax scores per decoder layer (counted from 0; mean over heads and sequences; "
+                   "1st-99th percentile colour range"
+                   + (f"; block means of {blocks} x {blocks} positions, --map-size" if blocks > 1 else "") + ").")
     with staged_dir(out) as stage:
-        for n, sel in enumerate(groups):
-            suffix = "" if len(groups) == 1 else f"_{n}"
-            titles = [f"layer {layer_ids[i]}" for i in sel]
-            cv = [causal_view(scores[i], include_diagonal=True) for i in sel]
-            save_figure(layer_grid(cv, titles=titles, suptitle="mean pre-softmax scores (decoder layers from 0)",
-                                   percentile=(1, 99)),
-                        stage / f"scores_raw{suffix}.png")
-            save_figure(layer_grid([diagonal_normalize(c) for c in cv], titles=titles,
-                                   suptitle="diagonal-normalised scores (decoder layers from 0)", percentile=(1, 99)),
-                        stage / f"scores_diagnorm{suffix}.png")
-            figures += [{"file": f"scores_raw{suffix}.png", "caption": "Mean pre-softmax scores per decoder layer "
-                         "(counted from 0; mean over heads and sequences; 1st-99th percentile colour range"
-                         + (f"; block means of {blocks} x {blocks} positions, --map-size" if blocks > 1 else "")
-                         + ")."},
-                        {"file": f"scores_diagnorm{suffix}.png", "caption": "The same maps, diagonal-normalised: "
-                         "what remains is the non-relative (absolute-position) part."}]
+        files = score_map_figures(causal_view(scores, include_diagonal=True), stage, layer_ids=layer_ids,
+                                  per_figure=8) if draw else []
+        figures = [{"file": f, "caption": raw_caption if f.endswith("_raw.png") else "The same maps, "
+                    "diagonal-normalised: what remains is the non-relative (absolute-position) part."} for f in files]
         summary = {"experiment": "kim-score-maps", "paper": "kim",
                    "title": f"Per-layer score maps of {ssum.get('model_type', 'a model')} "
                             f"({ssum.get('num_seqs', '?')} x {ssum.get('seq_len', scores.shape[-1])} tokens)",

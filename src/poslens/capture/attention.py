@@ -617,7 +617,6 @@ class Capture:
         self._next_seq = 0
         self.reservoir = None
         if spec.reservoir and "qk" in spec.stats:  # the sample of pre-RoPE q/k vectors belongs to the qk statistic
-
             self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
                                          spec.head_dim, spec.seq_len, seed=spec.seed, device=device)
 
