@@ -16,9 +16,6 @@ def parse_floats(text: str, flag: str) -> list[float]:
     return vals
 
 
-# --------------------------------------------------------------------------------------------
-# parsing helpers (shared with the CLI)
-# --------------------------------------------------------------------------------------------
 def parse_int_list(text: str | None, flag: str) -> list[int] | None:
     """``"0,2,5-7"`` -> ``[0, 2, 5, 6, 7]``; None/empty -> None."""
     if text is None or str(text).strip() in ("", "all"):
