@@ -22,6 +22,9 @@ def test_fmt_one_format():
     assert fmt(12) == "12" and fmt(150000) == "150,000" and fmt(0.0) == "0"
     assert fmt(None) == fmt(float("nan")) == fmt(float("inf")) == "–"
     assert fmt(True) == "yes"
+    # signed: the sign is the point (a trend), "+" only on positive numbers
+    assert fmt(0.96, signed=True) == "+0.96" and fmt(-0.831, signed=True) == "-0.831"
+    assert fmt(0.0, signed=True) == "0" and fmt(None, signed=True) == "–" and fmt(1234.5, signed=True) == "+1,234"
 
 
 def test_envelope_and_reader(tmp_path):
@@ -333,7 +336,8 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     beside the full-map headline numbers, and the report and readings say which is which."""
     import torch
 
-    from poslens.capture.scan import causal_view, score_map_numbers
+    from poslens.capture.finalize import score_map_numbers
+    from poslens.metrics.diagonal import causal_view
     from poslens.metrics import diagonal_trend, relativity_index
     from poslens.report.readings import kim_readings
 

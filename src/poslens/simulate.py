@@ -34,17 +34,21 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
-from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
+from poslens.metrics.diagonal import describe_map
 from poslens.rope import apply_rope, cos_sin
-from poslens.runtime import available_cpus, set_threads
+from poslens.rundir import (read_json, read_tensors, save_figure, staged_dir, versions, write_json, write_summary,
+                            write_tensors)
+from poslens.runtime import available_cpus, parse_device, set_threads
+from poslens.theory import kim_mean_field
 
 #: sequences drawn from one generator; fixes the sample stream independently of chunking.
 RNG_BLOCK = 250
@@ -63,7 +67,7 @@ class SimConfig:
     rope_theta: float = 10000.0
     causal: bool = True
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     chunk_size: int = 0  # sequences per compute chunk; 0 = automatic
     target_stderr: float | None = None
 
@@ -266,7 +270,7 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
     with another process slows the run by its share only (:mod:`poslens.runtime`). Chunk sums are
     folded in chunk order: the result does not depend on the number of workers.
     """
-    cfg.validate()
+    cfg = replace(cfg.validate(), device=parse_device(cfg.device))
     dev = torch.device(cfg.device)
     S = cfg.seq_len
     chunk = cfg.chunk_size or auto_chunk(cfg)
@@ -364,13 +368,9 @@ def summarize(res: SimResult) -> dict:
     """Per-layer numbers (:func:`poslens.metrics.diagonal.describe_map`: relativity index, locality,
     signed diagonal trend, within-diagonal RMS, with noise floors from the sample groups), per-entry
     standard error and the gap to the closed form."""
-    from poslens.metrics.diagonal import describe_map
-
     cfg = res.config
     theory = None
     if cfg.norm == "l2" and not cfg.rope and cfg.causal:
-        from poslens.theory import kim_mean_field
-
         theory = kim_mean_field(cfg.alpha, cfg.seq_len, cfg.layers)
     lower = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).tril(-1)
     layers = []
@@ -404,15 +404,11 @@ def summarize(res: SimResult) -> dict:
 
 def save_result(res: SimResult, out: Path, figures: bool = True) -> None:
     """Write the run-directory contract: config.json, maps.safetensors, summary.json, PNGs."""
-    from poslens.rundir import staged_dir
-
     with staged_dir(out) as stage:
         _write_result(res, stage, figures)
 
 
 def _write_result(res: SimResult, out: Path, figures: bool) -> None:
-    from poslens.rundir import versions, write_json, write_summary, write_tensors
-
     write_json(out / "config.json", {"command": "simulate", **asdict(res.config), "versions": versions()})
     tensors = {"scores": res.scores.float(), "scores_stderr": res.scores_stderr.float(), "probs": res.probs.float()}
     if res.score_groups is not None:
@@ -423,7 +419,6 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
                             "score_groups": "[G, L, S, S] means of independent sample groups (sample n in group n % G)"})
     if figures:
         from poslens.report.plots import layer_grid, score_map_figures
-        from poslens.rundir import save_figure
 
         files = score_map_figures(res.scores, out, label=res.config.label(), percentile=None)
         L = res.probs.shape[0]
@@ -443,8 +438,6 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
 
 def load_result(run_dir: str | Path) -> SimResult:
     """Load a simulate run directory back into a :class:`SimResult`."""
-    from poslens.rundir import read_json, read_tensors
-
     run_dir = Path(run_dir)
     cfg_d = read_json(run_dir / "config.json")
     fields = {k: v for k, v in cfg_d.items() if k in SimConfig.__dataclass_fields__}

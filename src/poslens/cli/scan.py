@@ -66,7 +66,8 @@ def scan(
     ranks and all-reduces the sums; rank 0 writes OUT (docs/distributed.md).
     """
     threads = use_threads(threads)
-    from poslens.capture.scan import ScanConfig, parse_heads, parse_int_list, run_scan
+    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.cli.parse import parse_heads, parse_int_list
 
     refuse_existing_out(out, overwrite=overwrite, resume=resume)
     cfg = ScanConfig(

@@ -21,11 +21,13 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from poslens import __version__ as version
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
+from poslens.metrics.slash import top_slash_heads
 from poslens.report.collect import Run, classify, collect, expand, load_run
 from poslens.report.readings import PAPERS, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
-from poslens.rundir import figure_caption
+from poslens.rundir import _atomic_write_bytes, figure_caption
 
 #: the Content-Security-Policy of every report: no network, no scripts, images only from data: URIs
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'none'; base-uri 'none'; form-action 'none'"
@@ -662,8 +664,6 @@ def findings(runs: list[Run]) -> list[dict]:
             if m is not None:
                 import torch
 
-                from poslens.metrics.slash import top_slash_heads
-
                 best, arg = m
                 full = torch.full((best.shape[0], best.shape[1], SLASH_MAX_DELTA + 1), float("nan"),
                                   dtype=torch.float64)
@@ -834,7 +834,6 @@ def build_context(runs: list[Run], title: str, skipped: list[str] | None = None)
     for key, blocks in comparisons(runs).items():
         section(key)["comparisons"] += blocks
     ordered = [sections[k] for k in SECTION_ORDER if k in sections]
-    from poslens import __version__ as version
 
     return {
         "title": title, "csp": CSP, "sections": ordered, "findings": findings(runs),
@@ -868,8 +867,6 @@ def render_report(run_dirs: list[str | Path], title: str = "poslens report", *, 
 def write_runs(runs: list[Run], out: str | Path, title: str = "poslens report",
                skipped: list[str] | None = None) -> Path:
     """Render loaded runs and atomically write the page to ``out``; returns the path."""
-    from poslens.rundir import _atomic_write_bytes
-
     out = Path(out)
     if out.exists() and out.is_dir():
         raise PoslensError(f"--out {out} is a directory; pass a file name such as {out / 'report.html'}.")
@@ -890,8 +887,6 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "posl
 
 def write_index_html(out_dir: str | Path, title: str = "poslens reproduction") -> Path:
     """Write ``out_dir/index.html``: the reproduction page of a folder holding ``index.json``."""
-    from poslens.rundir import _atomic_write_bytes
-
     out_dir = Path(out_dir)
     if classify(out_dir) != "reproduce":
         raise PoslensError(f"{out_dir} holds no reproduction index.json; run `poslens reproduce` first.")

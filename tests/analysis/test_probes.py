@@ -5,14 +5,8 @@ import json
 import pytest
 import torch
 
-from poslens.analysis.probes import (
-    compare_cosine_norm,
-    evaluate_probe,
-    fit_linear,
-    pearson_r,
-    predict_linear,
-    probe_features,
-)
+from poslens.metrics.probes import (compare_cosine_norm, evaluate_probe, fit_linear, pearson_r, predict_linear,
+                                    probe_features)
 
 
 def test_pearson_r_known_values():
@@ -139,7 +133,7 @@ def test_skip_first_removes_a_bos_marker():
 
 
 def test_select_ridge_prefers_shrinkage_under_shift_and_none_without():
-    from poslens.analysis.probes import select_ridge
+    from poslens.metrics.probes import select_ridge
 
     g = torch.Generator().manual_seed(5)
     n, d = 400, 40
