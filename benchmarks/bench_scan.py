@@ -140,7 +140,8 @@ def _run_poslens(model_dir, dtype, dev):
     import torch
     from transformers import AutoConfig
 
-    from poslens.capture import Capture, CaptureSpec, attach, load_model
+    from poslens.capture.attention import Capture, CaptureSpec
+    from poslens.capture.scan import attach, load_model
     from poslens.capture.adapters import get_adapter
 
     config = AutoConfig.from_pretrained(model_dir)

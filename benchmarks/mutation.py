@@ -1,188 +1,341 @@
-"""Mutation testing of the science modules: how many small wrong changes does the test suite catch?
+"""Mutation testing of the science modules with mutmut: how many small wrong changes do the tests catch?
 
-A small AST mutator of our own (mutmut and cosmic-ray want their own project layout and a cache
-of the whole suite; this one needs nothing but the standard library). For each target module it
-enumerates one-token mutants:
+A thin driver around `mutmut <https://pypi.org/project/mutmut/>`_ (3.x, ``pip install mutmut``; not
+a dependency of poslens, and not part of the default test run). For each target module it
 
-- comparison operators: ``<`` <-> ``<=``, ``>`` <-> ``>=``, ``==`` <-> ``!=``, ``is`` <-> ``is not``;
-- arithmetic: ``+`` <-> ``-``, ``*`` <-> ``/``, ``//`` -> ``/``, ``**`` -> ``*``;
-- numbers: ``n`` -> ``n + 1`` (``0`` -> ``1``, ``1`` -> ``2``, ``0.5`` -> ``1.5``);
-- ``and`` <-> ``or``, ``not x`` -> ``x``, ``True`` <-> ``False``, unary ``-x`` -> ``x``;
-- augmented assignment ``+=`` -> ``=`` (a running sum that keeps only its last term).
+1. refreshes a scratch project under ``build/mutation/<module>/`` (a copy of ``src/`` and ``tests/``
+   plus a ``pyproject.toml`` whose ``[tool.mutmut]`` section mutates only that module and runs only
+   the module's focused test selection, ``TARGETS`` below); mutmut's own cache (``mutants/``) is
+   kept between runs, so a rerun tests only the functions whose code changed, new tests, and the
+   mutants named with ``--rerun-survivors``;
+2. runs ``mutmut run --max-children N`` there (mutmut records which of the selected tests reach
+   each function and runs only those per mutant; torch is not fork-safe, so workers come from
+   mutmut's fork server);
+3. reads every mutant's status back and prints a per-module table: mutants, killed (a test failed
+   or the run timed out), survived, the survivors explained as equivalent (``EQUIVALENT``: a
+   mutant that changes no observable result, with the reason; ``docs/mutation.md`` lists them),
+   and the score = killed / (mutants - equivalent).
 
-Each mutant is written into a scratch copy of ``src/`` and the module's own fast test selection
-runs against it in a forked child of a process that has already imported torch, transformers and
-pytest (no per-mutant start-up cost; nothing of poslens is imported before the fork). A mutant is
-*killed* when a test fails or the run exceeds the time limit. Docstrings, log/error messages and
-``__all__`` are not mutated; lines marked ``# pragma: no mutate`` are skipped.
+Usage::
 
-Usage (not part of the default test run; minutes per module on one core)::
+    python benchmarks/mutation.py --list                    # targets and their test selections
+    python benchmarks/mutation.py metrics/rank.py           # one module (minutes on one core)
+    python benchmarks/mutation.py                           # every target, one after the other
+    python benchmarks/mutation.py metrics/rank.py --rerun-survivors   # after adding tests
+    python benchmarks/mutation.py --report                  # table + docs/mutation.md from the cache
 
-    python benchmarks/mutation.py                       # every target
-    python benchmarks/mutation.py metrics/diagonal.py   # one module
-    python benchmarks/mutation.py --list                # the targets and their tests
-
-Writes ``benchmarks/results_mutation.json`` (per module: mutants, killed, score, survivors with
-line and change) and prints the survivors.
+Writes ``benchmarks/results_mutation.json`` (per module: counts, score, every survivor with its
+diff and, where equivalent, the reason) and, with ``--doc``, ``docs/mutation.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import copy
+import fnmatch
 import json
 import os
+import random
+import re
 import shutil
-import signal
+import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "build" / "mutation"
+RESULTS = ROOT / "benchmarks" / "results_mutation.json"
+DOC = ROOT / "docs" / "mutation.md"
 
-#: module (under src/poslens) -> pytest arguments of its fast test selection
+#: module (path under src/poslens) -> pytest arguments of its fast, focused test selection
 TARGETS: dict[str, list[str]] = {
-    "capture/stats.py": ["tests/test_stats.py"],
-    "metrics/neighborhood.py": ["tests/test_references.py", "-k", "not scan_summary and not simulator",
-                                "tests/test_metrics.py"],
-    "metrics/diagonal.py": ["tests/test_references.py", "-k", "not scan_summary and not simulator",
-                            "tests/test_metrics.py", "tests/test_noise.py"],
-    # -k applies to every file given: keep it to excluding the slow scan test
-    "metrics/slash.py": ["tests/test_references.py", "tests/test_metrics.py", "tests/test_slash.py",
+    "metrics/diagonal.py": ["tests/test_diagonal_metrics.py", "tests/test_references.py", "tests/test_metrics.py", "tests/test_noise.py",
+                            "-k", "not scan_summary and not simulator"],
+    "metrics/neighborhood.py": ["tests/test_neighborhood_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
+                                "-k", "not scan_summary and not simulator"],
+    "metrics/slash.py": ["tests/test_slash_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
                          "-k", "not scan_summary"],
-    "metrics/rank.py": ["tests/test_references.py", "tests/test_metrics.py", "-k", "not scan_summary"],
-    "rope.py": ["tests/test_references.py", "tests/test_metrics.py", "-k", "not scan_summary"],
-    "report/readings.py": ["tests/test_references.py", "tests/test_report.py", "-k", "not scan_summary and not chromium"
-                           " and not screenshot"],
-    "theory.py": ["tests/test_theory.py"],
+    "metrics/rank.py": ["tests/test_rank.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "theory.py": ["tests/test_theory_direct.py", "tests/test_theory.py"],
+    "simulate.py": ["tests/test_simulate.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "analysis/slash.py": ["tests/test_slash_tables.py", "tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "analysis/neighborhood.py": ["tests/test_neighborhood.py", "tests/test_references.py",
+                                 "-k", "not scan_summary"],
+    "report/readings.py": ["tests/test_references.py", "tests/test_report.py",
+                           "-k", "not scan_summary and not chromium and not screenshot"],
 }
 
-CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
-BIN_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
-            ast.Pow: ast.Mult}
+#: lines never mutated: text for people (error and warning messages), not science
+DO_NOT_MUTATE_PATTERNS = [r"raise \w*Error\(", r"warnings\.warn\(", r"log\.\w+\("]
+
+#: Survivors explained: ``(module glob, function regex, original-line regex, mutated-line regex, kind, reason)``
+#: matched against ``mutmut show`` (first removed and first added line, whitespace stripped). Kinds:
+#: ``equivalent`` (no input can tell the mutant from the original), ``cpu`` (device placement only:
+#: identical on CPU, where the test suite runs; CI has no GPU), ``precision`` (a float32 instead of a
+#: float64 intermediate, or the reverse: the same result unless values agree to float32 precision).
+RULES: list[tuple[str, str, str, str, str, str]] = [
+    ("*", "", r'float\("[-+]?(inf|nan)"\)', r'float\("[-+]?(INF|NAN)"\)', "equivalent",
+     "float() reads 'inf' and 'nan' in any case"),
+    ("*", "", r"\.sum\(.*dtype=torch\.float64\)", r"\.sum\((?!.*dtype=torch\.float64)", "equivalent",
+     "a count of booleans or integers summed as int64 instead of float64, then added to a float64 "
+     "accumulator: integer sums are exact, the value is the same"),
+    ("metrics/neighborhood.py", "ordered_pair_counts", r"P = 1 << max\(1, \(T - 1\)", "", "equivalent",
+     "pads to a larger power of two: the extra -inf entries take part in no pair"),
+    ("metrics/neighborhood.py", "ordered_pair_counts", r"torch\.full\(\(N, P - T\)", r"dtype=None|^(?!.*dtype)",
+     "equivalent", "-inf padding made in float32 is promoted by torch.cat to the row's dtype: still -inf"),
+    ("metrics/neighborhood.py", "ordered_pair_counts", r"n = fin\.sum\(1\)\.to\(torch\.float64\)", r"to\(None\)",
+     "precision", "n (n - 1) / 2 of int64 counts in the default float32: exact below 2^24 pairs per row"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"(hits|total) = torch\.zeros",
+     r"dtype=None|^(?!.*dtype)", "precision", "float32 accumulators of counts: exact below 2^24 pairs per map"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"rows_per_chunk = max", "", "equivalent",
+     "changes the chunk size only (the counts do not depend on it; tests run several chunk sizes)"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"for start in range\(0, T", r"range\(1, T",
+     "equivalent", "row 0 sees at most one key, so it has no pair to count"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"K = min\(T, stop - 1 \+ extra\)", r"stop \+ 1",
+     "equivalent", "reads two more key columns, which the visibility mask then excludes"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"out = hits / total", r"- torch\.where", "equivalent",
+     "adds 0 or NaN; -NaN is NaN"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"m = m\.to\(torch\.float64\) if not", "", "equivalent",
+     "integer and float32 entries compare exactly as they are: the float64 copy changes no comparison"),
+    ("metrics/neighborhood.py", "adjacency_probability_score", r"m = m\.to\(torch\.float64\) if not",
+     r"or True", "equivalent", "float32 -> float64 is exact: the same order, the same counts"),
+    ("metrics/neighborhood.py", "adjacency_probability_score", r"if T >= 3 and|lower = torch\.ones",
+     r"T > 3|T >= 4|bool\(None\)|lower = None|tril\(\+1\)", "equivalent",
+     "only chooses between the merge count and the triple count, which give the same number "
+     "(the test suite checks both against a loop); the merge path is still taken only for a finite lower triangle"),
+    ("metrics/neighborhood.py", "adjacency_probability_score", r"return rising_pair_fraction", "", "equivalent",
+     "None and the omitted defaults mean what False and 0.0 mean"),
+    ("metrics/neighborhood.py", "rising_pair_fraction|adjacency_probability_score", r"T = m\.shape\[-1\]",
+     r"shape\[-2\]", "equivalent", "maps are square [..., T, T]"),
+    ("metrics/neighborhood.py", "aps_positions", r"if S <= max_positions", r"S < max_positions", "equivalent",
+     "at S == max_positions the evenly spaced positions are 0 .. S-1 themselves"),
+    ("metrics/neighborhood.py", "_rising_pairs_by_merge", r"total = float", r"\.to\(None\)", "equivalent",
+     "/ is true division: the integer product gives the same float"),
+    ("metrics/neighborhood.py", "norm_score", r"\.to\(torch\.float64\)", r"\.to\(None\)", "equivalent",
+     "the APS compares negated norms exactly in their own dtype"),
+    ("metrics/neighborhood.py", "per_sequence_aps", r"\.to\(torch\.float32\)", r"\.to\(None\)", "precision",
+     "cosines in the input's dtype instead of float32"),
+    ("metrics/neighborhood.py", "rising_pair_fraction", r"hits = torch\.zeros", r"dtype=None", "precision",
+     "float32 hit counts are exact below 2^24 pairs per map"),
+]
 
 
-def _skip_lines(source: str) -> set[int]:
-    return {i + 1 for i, line in enumerate(source.splitlines()) if "pragma: no mutate" in line}
+#: modules whose sentences are output: a mutant that only rewords one is counted apart ("text")
+PROSE = "report/readings.py"
+_STRING = re.compile(r"""(?P<q>["'])(?P<s>(?:\\.|(?!(?P=q)).)*)(?P=q)""")
 
 
-def _message_nodes(tree: ast.AST) -> set[int]:
-    """ids of nodes inside docstrings, raise statements, f-strings and warnings: text, not science."""
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Raise, ast.JoinedStr, ast.Assert)):
-            skip.update(id(n) for n in ast.walk(node))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                skip.update(id(n) for n in ast.walk(first))
-    return skip
+def _prose_only(minus: str, plus: str) -> bool:
+    """Whether ``plus`` differs from ``minus`` only inside string literals that hold a space."""
+    a, b = _STRING.split(minus), _STRING.split(plus)
+    if len(a) != len(b):
+        return False
+    changed = [(x, y) for x, y in zip(a, b) if x != y]
+    if not changed:
+        return False
+    lits_a = [m.group("s") for m in _STRING.finditer(minus)]
+    lits_b = [m.group("s") for m in _STRING.finditer(plus)]
+    code_a, code_b = _STRING.sub("S", minus), _STRING.sub("S", plus)
+    return code_a == code_b and all(" " in x for x, y in zip(lits_a, lits_b) if x != y)
 
 
-def mutation_sites(tree: ast.AST, source: str) -> list[tuple[int, str, object]]:
-    """``(node index in ast.walk order, description, mutation)`` for every mutant of ``tree``."""
-    skip_lines, skip_nodes = _skip_lines(source), _message_nodes(tree)
-    out = []
-    for idx, node in enumerate(ast.walk(tree)):
-        if id(node) in skip_nodes or getattr(node, "lineno", None) in skip_lines:
-            continue
-        line = getattr(node, "lineno", 0)
-        if isinstance(node, ast.Compare):
-            for k, op in enumerate(node.ops):
-                if type(op) in CMP_SWAP:
-                    out.append((idx, f"L{line}: {type(op).__name__} -> {CMP_SWAP[type(op)].__name__}", ("cmp", k)))
-        elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in BIN_SWAP:
-            out.append((idx, f"L{line}: {type(node.op).__name__} -> {BIN_SWAP[type(node.op)].__name__}", ("bin",)))
-        if isinstance(node, ast.AugAssign):
-            out.append((idx, f"L{line}: {type(node.op).__name__}= -> =", ("aug",)))
-        elif isinstance(node, ast.BoolOp):
-            other = "Or" if isinstance(node.op, ast.And) else "And"
-            out.append((idx, f"L{line}: {type(node.op).__name__} -> {other}", ("bool",)))
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-            out.append((idx, f"L{line}: drop {type(node.op).__name__}", ("unary",)))
-        elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(node.value, bool):
-            out.append((idx, f"L{line}: {node.value!r} -> {node.value + 1!r}", ("num",)))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
-            out.append((idx, f"L{line}: {node.value} -> {not node.value}", ("bool_const",)))
+def _without_device(line: str) -> str:
+    line = re.sub(r"device=(None|[\w.]+)", "", line)
+    line = re.sub(r"\.to\((None|[\w.]+\.device)\)", "", line)
+    return re.sub(r"[\s,]", "", line)
+
+
+def explain(module: str, func: str, minus: str, plus: str) -> tuple[str, str] | None:
+    """``(kind, reason)`` of the first rule matching a survivor, else None."""
+    if "device" in minus and _without_device(minus) == _without_device(plus):
+        return "cpu", "device placement only (a device argument dropped or set to None)"
+    if fnmatch.fnmatch(module, PROSE) and _prose_only(minus, plus):
+        return "text", "the wording of a sentence for people (a literal with a space in it), no number or branch"
+    for mod_glob, func_re, from_re, to_re, kind, reason in RULES:
+        if (fnmatch.fnmatch(module, mod_glob) and re.fullmatch(func_re or ".*", func)
+                and re.search(from_re, minus) and re.search(to_re, plus)):
+            return kind, reason
+    return None
+
+
+def slug(module: str) -> str:
+    return module.replace("/", "__").removesuffix(".py")
+
+
+def prepare(module: str) -> Path:
+    """Refresh the scratch project of ``module`` (keeping mutmut's cache of results)."""
+    work = WORK / slug(module)
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("src", "tests"):
+        shutil.rmtree(work / name, ignore_errors=True)
+        shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # mutmut copies the project into mutants/ only where a file is absent there: drop every copy but
+    # the target's own (whose results cache is the .meta beside it) so that changed code is seen
+    target = Path("src/poslens") / module
+    mutated = work / "mutants"
+    if (mutated / "src").exists():
+        for p in sorted((mutated / "src").rglob("*"), reverse=True):
+            rel = p.relative_to(mutated)
+            if p.is_file() and not str(rel).startswith(str(target)):
+                p.unlink()
+    shutil.rmtree(mutated / "tests", ignore_errors=True)
+    text = (ROOT / "pyproject.toml").read_text()
+    text += "\n[tool.mutmut]\n" + "\n".join([
+        'source_paths = ["src/"]',
+        f'only_mutate = ["{target}"]',
+        f"pytest_add_cli_args_test_selection = {json.dumps(TARGETS[module])}",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+        f"do_not_mutate_patterns = {json.dumps(DO_NOT_MUTATE_PATTERNS)}",
+        'process_isolation = "forkserver"',
+        "use_git_change_detection = false",
+        "timeout_multiplier = 10.0",
+    ]) + "\n"
+    (work / "pyproject.toml").write_text(text)
+    return work
+
+
+def mutmut(work: Path, *args: str, capture: bool = True) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTHONPATH", None)  # the mutated copy must be the only poslens on the path
+    r = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=work, env=env, text=True,
+                       stdout=subprocess.PIPE if capture else None, stderr=subprocess.STDOUT if capture else None)
+    if r.returncode != 0:
+        raise SystemExit(f"mutmut {' '.join(args)} failed in {work} (exit {r.returncode})"
+                         + (f":\n{r.stdout[-3000:]}" if capture else ""))
+    return r.stdout or ""
+
+
+def mutant_names(work: Path, module: str) -> list[str]:
+    """Every mutant mutmut makes of ``module`` (as ``poslens.<module>.x_<function>__mutmut_<n>``)."""
+    code = ("import json, sys; from mutmut.mutation.file_mutation import mutate_file_contents as m; "
+            "p = sys.argv[1]; print(json.dumps(list(m(p, open(p).read()).mutant_names)))")
+    r = subprocess.run([sys.executable, "-c", code, f"src/poslens/{module}"], cwd=work, text=True,
+                       capture_output=True, check=True)
+    prefix = "poslens." + module.removesuffix(".py").replace("/", ".") + "."
+    return [prefix + n.replace("__init__.", "") for n in json.loads(r.stdout.strip().splitlines()[-1])]
+
+
+def statuses(work: Path, module: str) -> dict[str, int]:
+    """mutant name -> mutmut exit code, from the target's .meta file."""
+    meta = work / "mutants" / "src" / "poslens" / (module + ".meta")
+    return json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
+
+
+def diffs_of(work: Path, module: str, names: list[str]) -> dict[str, tuple[str, str, str]]:
+    """mutant name -> ``(function, removed line, added line)`` (first changed line of each), read by
+    mutmut's own diff in one process."""
+    if not names:
+        return {}
+    code = ("import json, sys; from mutmut.mutation.diff_apply import get_diff_for_mutant as d; "
+            "p = sys.argv[1]; print(json.dumps({n: d(n, path=p) for n in sys.argv[2:]}))")
+    r = subprocess.run([sys.executable, "-c", code, f"src/poslens/{module}", *names], cwd=work, text=True,
+                       capture_output=True, check=True)
+    out = {}
+    for name, diff in json.loads(r.stdout.strip().splitlines()[-1]).items():
+        lines = diff.splitlines()
+        minus = next((ln[1:].strip() for ln in lines if ln.startswith("-") and not ln.startswith("---")), "")
+        plus = next((ln[1:].strip() for ln in lines if ln.startswith("+") and not ln.startswith("+++")), "")
+        func = re.sub(r"__mutmut_\d+$", "", name.rsplit(".", 1)[-1]).removeprefix("x_")
+        out[name] = (func.replace("ǁ", "."), minus, plus)  # methods are named x_Class_ǁmethod by mutmut
     return out
 
 
-def apply(tree: ast.AST, target: int, how: tuple) -> ast.AST:
-    """A mutated deep copy of ``tree``: node number ``target`` (ast.walk order) changed as ``how`` says."""
-    new = copy.deepcopy(tree)
-    nodes = list(ast.walk(new))
-    node = nodes[target]
-    kind = how[0]
-    if kind == "cmp":
-        node.ops[how[1]] = CMP_SWAP[type(node.ops[how[1]])]()
-    elif kind == "bin":
-        node.op = BIN_SWAP[type(node.op)]()
-    elif kind == "aug":
-        repl = ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno, col_offset=node.col_offset)
-        _replace(new, node, repl)
-    elif kind == "bool":
-        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-    elif kind == "unary":
-        _replace(new, node, node.operand)
-    elif kind == "num":
-        node.value = node.value + 1
-    elif kind == "bool_const":
-        node.value = not node.value
-    return ast.fix_missing_locations(new)
+# mutmut's exit codes of a mutant that no selected test noticed (survived; no test reaches it)
+SURVIVED = {0, 5}
+NO_TESTS = {33}
+#: statuses (mutmut.stats.status_by_exit_code) that count as caught: a test failed, the run ran past
+#: its time limit, or it crashed (SIGKILL after the CPU limit reads as "segfault")
+CAUGHT = ("killed", "timeout", "segfault")
 
 
-def _replace(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
-    for parent in ast.walk(tree):
-        for field, value in ast.iter_fields(parent):
-            if value is old:
-                setattr(parent, field, new)
-                return
-            if isinstance(value, list):
-                for k, v in enumerate(value):
-                    if v is old:
-                        value[k] = new
-                        return
-    raise RuntimeError("node not found")
+def summarize(module: str, work: Path, sampled_of: int = 0) -> dict:
+    from mutmut.stats import status_by_exit_code  # noqa: PLC0415 (only where mutmut is installed)
+
+    codes = {n: c for n, c in statuses(work, module).items() if c is not None}  # None: not run (sampled)
+    by_status: dict[str, list[str]] = {}
+    for name, code in codes.items():
+        by_status.setdefault(status_by_exit_code.get(code, f"exit {code}"), []).append(name)
+    survivors, equivalent = [], []
+    names = sorted(by_status.get("survived", []) + by_status.get("no tests", []),
+                   key=lambda n: (n.rsplit("__mutmut_", 1)[0], int(n.rsplit("_", 1)[1])))
+    diffs = diffs_of(work, module, names)
+    for name in names:
+        func, minus, plus = diffs[name]
+        why = explain(module, func, minus, plus)
+        entry = {"mutant": name, "function": func, "from": minus, "to": plus}
+        if why:
+            equivalent.append({**entry, "kind": why[0], "reason": why[1]})
+        else:
+            survivors.append(entry)
+    killed = sum(len(by_status.get(k, [])) for k in CAUGHT)
+    n = len(codes)
+    judged = n - len(equivalent)
+    return {"mutants": n, "killed": killed, "survived": len(survivors), "equivalent": len(equivalent),
+            "other": {k: len(v) for k, v in by_status.items() if k not in (*CAUGHT, "survived", "no tests")},
+            "score": killed / judged if judged else None, "raw_score": killed / n if n else None,
+            "tests": TARGETS[module], "survivors": survivors, "equivalent_survivors": equivalent,
+            "sampled_of": sampled_of if n < sampled_of else 0}
 
 
-def run_tests(scratch: Path, args: list[str], timeout: float) -> str:
-    """Run pytest on ``args`` in a forked child with ``scratch/src`` first on the path: 'killed',
-    'survived' or 'timeout'."""
-    pid = os.fork()
-    if pid == 0:  # child
-        try:
-            os.chdir(ROOT)
-            sys.path.insert(0, str(scratch / "src"))
-            sys.path.insert(0, str(ROOT / "tests"))
-            signal.alarm(int(timeout))
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            import pytest
+KINDS = ("equivalent", "cpu", "precision", "text")
 
-            code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", *args])
-            os._exit(int(code))
-        except BaseException:
-            os._exit(99)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return "timeout" if os.WTERMSIG(status) == signal.SIGALRM else "killed"
-    code = os.WEXITSTATUS(status)
-    return "survived" if code == 0 else "killed"
+
+def table(results: dict) -> str:
+    """Markdown table: per module the mutants run, killed, unexplained survivors, explained survivors
+    by kind, the score over the mutants that can be wrong (killed / (mutants - explained)) and the
+    raw score (killed / mutants)."""
+    head = "| module | mutants | killed | survived | " + " | ".join(KINDS) + " | score | raw |"
+    rows = [head, "|---|" + "---:|" * (5 + len(KINDS))]
+    tot = {k: 0 for k in ("mutants", "killed", "survived", *KINDS)}
+    for m, r in results.items():
+        kinds = {k: sum(e.get("kind", "equivalent") == k for e in r["equivalent_survivors"]) for k in KINDS}
+        vals = {"mutants": r["mutants"], "killed": r["killed"], "survived": r["survived"], **kinds}
+        tot = {k: tot[k] + vals[k] for k in tot}
+        sample = f" ({r['sampled_of']} in all, seeded sample)" if r.get("sampled_of") else ""
+        rows.append(f"| `{m}`{sample} | " + " | ".join(str(vals[k]) for k in tot)
+                    + f" | {100 * (r['score'] or 0):.1f} % | {100 * (r['raw_score'] or 0):.1f} % |")
+    judged = tot["mutants"] - sum(tot[k] for k in KINDS)
+    rows.append("| all | " + " | ".join(str(v) for v in tot.values())
+                + f" | {100 * tot['killed'] / max(judged, 1):.1f} % | {100 * tot['killed'] / max(tot['mutants'], 1):.1f} % |")
+    return "\n".join(rows)
+
+
+def _cell(code: str) -> str:
+    return code.replace("|", "\\|")
+
+
+def write_doc(results: dict) -> None:
+    lines = ["# Mutation testing", "",
+             "Generated by `python benchmarks/mutation.py --doc` (mutmut, one module at a time, each with its",
+             "focused test selection; see the script's docstring). Score = killed / (mutants - equivalent);",
+             "a mutant is *killed* when a selected test fails or times out.", "", table(results), ""]
+    for m, r in results.items():
+        if r["equivalent_survivors"]:
+            lines += [f"## `{m}`: equivalent mutants", "", "| function | original | mutated | kind | why it is not a wrong result |",
+                      "|---|---|---|---|---|"]
+            for e in r["equivalent_survivors"]:
+                lines.append(f"| `{e['function']}` | `{_cell(e['from'])}` | `{_cell(e['to'])}` | {e['kind']} | {e['reason']} |")
+            lines.append("")
+        if r["survivors"]:
+            lines += [f"## `{m}`: surviving mutants not (yet) explained", "", "| function | original | mutated |",
+                      "|---|---|---|"]
+            for e in r["survivors"]:
+                lines.append(f"| `{e['function']}` | `{_cell(e['from'])}` | `{_cell(e['to'])}` |")
+            lines.append("")
+    DOC.write_text("\n".join(lines))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("modules", nargs="*", help="targets (paths under src/poslens); default: all")
     ap.add_argument("--list", action="store_true", help="print the targets and their test selections")
-    ap.add_argument("--timeout", type=float, default=120, help="seconds per mutant run (a longer run is killed)")
-    ap.add_argument("--max-mutants", type=int, default=0, help="at most this many mutants per module (0 = all)")
+    ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (the machine is shared)")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="test the survivors of the last run again (after new tests were written)")
     ap.add_argument("--sample", type=int, default=0,
-                    help="a random sample of this many mutants per module (seed 0; 0 = all): an estimate of the score")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results_mutation.json"))
+                    help="run only a seeded random sample of this many mutants per module (0 = all): an estimate")
+    ap.add_argument("--report", action="store_true", help="only read the cached results back, run nothing")
+    ap.add_argument("--doc", action="store_true", help=f"also write {DOC.relative_to(ROOT)}")
     a = ap.parse_args(argv)
     if a.list:
         for m, t in TARGETS.items():
@@ -192,65 +345,32 @@ def main(argv=None) -> int:
     unknown = [m for m in modules if m not in TARGETS]
     if unknown:
         ap.error(f"unknown target(s) {unknown}; see --list")
-
-    os.environ.update({"PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                       "TRANSFORMERS_OFFLINE": "1", "MPLBACKEND": "Agg"})
-    sys.dont_write_bytecode = True  # a stale .pyc of the previous mutant must never be read
-    import numpy  # noqa: F401  (imported once, before any fork)
-    import pytest  # noqa: F401
-    import scipy.stats  # noqa: F401
-    import torch
-
-    torch.set_num_threads(1)
-    import transformers  # noqa: F401
-
-    results = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
-    scratch = Path(tempfile.mkdtemp(prefix="poslens_mut_"))
-    try:
-        shutil.copytree(ROOT / "src", scratch / "src", ignore=shutil.ignore_patterns("__pycache__"))
-        for mod in modules:
-            path = scratch / "src" / "poslens" / mod
-            source = path.read_text()
-            tree = ast.parse(source)
-            sites = mutation_sites(tree, source)
-            n_all = len(sites)
-            if a.max_mutants:
-                sites = sites[: a.max_mutants]
-            if a.sample and a.sample < len(sites):
-                import random
-
-                sites = sorted(random.Random(0).sample(sites, a.sample), key=lambda t: t[0])
-            base = run_tests(scratch, TARGETS[mod], a.timeout * 3)
-            if base != "survived":
-                print(f"{mod}: the unmutated tests do not pass ({base}); skipped", flush=True)
-                continue
-            t0, survivors, killed = time.time(), [], 0
-            for k, (idx, desc, how) in enumerate(sites):
-                try:
-                    path.write_text(ast.unparse(apply(tree, idx, how)))
-                except Exception as e:  # an invalid mutant (e.g. num on a tuple index): not counted
-                    print(f"  skip {desc}: {e}", flush=True)
-                    continue
-                outcome = run_tests(scratch, TARGETS[mod], a.timeout)
-                path.write_text(source)
-                if outcome == "survived":
-                    survivors.append(desc)
-                    print(f"  SURVIVED {mod} {desc}", flush=True)
-                else:
-                    killed += 1
-                print(f"  [{k + 1}/{len(sites)}] {mod}: {killed} killed, {len(survivors)} survived", end="\r",
-                      flush=True)
-            n = killed + len(survivors)
-            results[mod] = {"mutants": n, "killed": killed, "score": killed / n if n else None,
-                            "survivors": survivors, "tests": TARGETS[mod], "seconds": round(time.time() - t0),
-                            "all_mutants": n_all, "sampled": len(sites) < n_all}
-            print(f"\n{mod}: {killed}/{n} killed ({100 * killed / max(n, 1):.1f} %)", flush=True)
-            Path(a.out).write_text(json.dumps(results, indent=1))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    total = sum(r["mutants"] for r in results.values())
-    kill = sum(r["killed"] for r in results.values())
-    print(f"all: {kill}/{total} killed ({100 * kill / max(total, 1):.1f} %)")
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results = {m: r for m, r in results.items() if m in TARGETS and "equivalent" in r}
+    for mod in modules:
+        work = WORK / slug(mod)
+        if not a.report:
+            codes = statuses(work, mod)
+            work = prepare(mod)
+            names = mutant_names(work, mod)
+            if a.sample and a.sample < len(names):
+                names = sorted(random.Random(0).sample(names, a.sample))
+            todo = [n for n in names if codes.get(n) is None
+                    or (a.rerun_survivors and codes[n] in SURVIVED | NO_TESTS)]
+            print(f"== {mod}: {len(todo)} of {len(names)} mutants to run ({' '.join(TARGETS[mod])})", flush=True)
+            if todo:
+                mutmut(work, "run", "--max-children", str(a.max_children), *todo, capture=False)
+        if not statuses(work, mod):
+            print(f"{mod}: no results (run it first)")
+            continue
+        results[mod] = summarize(mod, work, len(statuses(work, mod)))
+        RESULTS.write_text(json.dumps({m: results[m] for m in TARGETS if m in results}, indent=1) + "\n")
+        for s in results[mod]["survivors"]:
+            print(f"  SURVIVED {mod} {s['function']}: {s['from']}  ->  {s['to']}")
+    results = {m: results[m] for m in TARGETS if m in results}
+    print(table(results))
+    if a.doc:
+        write_doc(results)
     return 0
 
 

@@ -118,3 +118,118 @@ def test_unrotate_equals_unapply_rope(D, r):
     ref = unapply_rope(x.double(), c, s)
     ref = torch.cat([ref[..., :r] / scale**2, ref[..., r:]], -1)
     assert (got.double() - ref).abs().max() <= 1e-5
+
+
+# --------------------------------------------------------------------------------------------
+# the layer output from the capture's own weights, and --map-size block maps
+# --------------------------------------------------------------------------------------------
+def _block_means(m: torch.Tensor, f: int, valid: torch.Tensor) -> torch.Tensor:
+    """Brute-force reference: mean of the ``valid`` entries of every ``f x f`` block of ``m [..., S, S]``
+    (0 where a block has none), by explicit loops over the blocks."""
+    S = m.shape[-1]
+    n = -(-S // f)
+    out = torch.zeros(m.shape[:-2] + (n, n), dtype=torch.float64)
+    for bi in range(n):
+        for bj in range(n):
+            rows, cols = slice(bi * f, (bi + 1) * f), slice(bj * f, (bj + 1) * f)
+            v = valid[rows, cols]
+            if v.any():
+                out[..., bi, bj] = m[..., rows, cols].double()[..., v].mean(-1)
+    return out
+
+
+@pytest.mark.parametrize("B,H,Hk,S,causal,window,softcap,chunk", [
+    (2, 4, 4, 40, True, None, None, 2 * 4 * 40 * 7),   # MHA, 7-row chunks
+    (2, 6, 2, 33, True, None, None, 10**9),            # GQA 3:1, one chunk
+    (1, 4, 1, 29, True, 9, None, 4 * 29 * 5),          # sliding window, MQA
+    (2, 4, 2, 21, False, None, None, 2 * 4 * 21 * 4),  # bidirectional control
+    (2, 4, 2, 25, True, None, 5.0, 2 * 4 * 25 * 6),    # soft-capped logits (Gemma 2)
+])
+def test_own_output_equals_eager_attention(B, H, Hk, S, causal, window, softcap, chunk):
+    """The output computed from the capture's chunk weights equals eager attention (float64 reference)
+    within float32 tolerance, and the statistics are those of a capture given the SDPA output."""
+    g = torch.Generator().manual_seed(7)
+    D = 16
+    q = torch.randn(B, H, S, D, generator=g) * 2
+    k = torch.randn(B, Hk, S, D, generator=g) * 2
+    v = torch.randn(B, Hk, S, D, generator=g)
+    scaling = 1 / math.sqrt(D)
+    cap = _capture(B, H, Hk, S, D, chunk, heads=[(0, 1)])
+    assert cap.computes_output(0, q, k, window, softcap)
+    cap.begin_batch(B)
+    got = cap.observe_attention(0, q, k, None, scaling, causal=causal, window=window, softcap=softcap, value=v)
+    cap.end_batch()
+    # eager reference in float64: capped logits, mask, softmax, p @ v with repeated KV heads
+    qd, kd, vd = q.double(), k.double().repeat_interleave(H // Hk, 1), v.double().repeat_interleave(H // Hk, 1)
+    s = qd @ kd.transpose(-1, -2) * scaling
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    allowed = torch.ones(S, S, dtype=torch.bool)
+    if causal:
+        allowed &= j <= i
+    if window is not None:
+        allowed &= (i - j) < window
+    ref = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ vd
+    assert got.shape == (B, H, S, D)
+    assert (got.double() - ref).abs().max() <= 1e-5
+    # same statistics as the capture that is handed an output (SDPA's) instead
+    other = _capture(B, H, Hk, S, D, chunk, heads=[(0, 1)])
+    other.spec.own_output = False
+    assert not other.computes_output(0, q, k, window, softcap)
+    other.begin_batch(B)
+    other.observe_attention(0, q, k, ref.float(), scaling, causal=causal, window=window, softcap=softcap)
+    other.end_batch()
+    a, b = cap.means(), other.means()
+    for name in b:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, equal_nan=True, msg=name)
+
+
+@pytest.mark.parametrize("S,N,window,causal,chunk", [
+    (48, 12, None, True, 4 * 48 * 5),    # f = 4 divides S; chunks of 5 rows straddle block rows
+    (50, 12, None, True, 4 * 50 * 3),    # f = 5, S = 50: 10 blocks (fewer than N)
+    (47, 10, None, True, 10**9),         # f = 5, ragged last block (2 positions), one chunk
+    (45, 9, 7, True, 4 * 45 * 4),        # sliding window: blocks outside it have no visible entry
+    (30, 7, None, False, 4 * 30 * 4),    # bidirectional: every entry visible
+])
+def test_block_maps_equal_block_means_of_full_maps(S, N, window, causal, chunk):
+    g = torch.Generator().manual_seed(S)
+    B, H, Hk, D = 1, 4, 2, 8
+    q = torch.randn(B, H, S, D, generator=g) * 2
+    k = torch.randn(B, Hk, S, D, generator=g) * 2
+    v = torch.randn(B, Hk, S, D, generator=g)
+    x = torch.randn(B, S, 24, generator=g)
+    res = {}
+    for map_size in (0, N):
+        spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+                               heads=[(0, 2)], chunk_elems=chunk, map_size=map_size)
+        cap = att.Capture(spec)
+        cap.begin_batch(B)
+        cap.observe_attention(0, q, k, None, 0.3, causal=causal, window=window, value=v)
+        cap.observe_hidden(0, x)
+        cap.end_batch()
+        res[map_size] = cap.means()
+    full, blk = res[0], res[N]
+    f = -(-S // N)
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    valid = (j <= i) if causal else torch.ones(S, S, dtype=torch.bool)
+    if window is not None:
+        valid = valid & ((i - j) < window)
+    n = -(-S // f)
+    assert blk["scores"].shape == (1, n, n) and blk["cosine"].shape == (2, n, n)
+    for name in ("scores", "probs", "head_scores", "head_probs"):
+        torch.testing.assert_close(blk[name], _block_means(full[name], f, valid), rtol=0, atol=1e-6, msg=name)
+    all_valid = torch.ones(S, S, dtype=torch.bool)  # cosine maps: symmetric, every entry defined
+    for name in ("cosine", "attn_cosine"):
+        torch.testing.assert_close(blk[name], _block_means(full[name], f, all_valid), rtol=0, atol=1e-6, msg=name)
+    for name in ("slash", "norms", "attn_norms", "dim_logit", "q_gram", "aps_seq", "score_groups"):
+        torch.testing.assert_close(blk[name], full[name], rtol=0, atol=1e-9, msg=name)  # O(S) statistics: exact
+    torch.testing.assert_close(blk["probs_key0"][0], full["probs"][0][:, 0], rtol=0, atol=1e-7)  # the sink column
+    # blocks without a visible entry are the zero blocks, and exactly those
+    empty = att.BlockMaps(S, N).counts(causal, window) == 0
+    assert bool((blk["scores"][0][empty] == 0).all())
+    if causal:
+        upper = torch.ones(n, n, dtype=torch.bool).triu(1)
+        assert bool(empty[upper].all()) and not bool(empty.diagonal().any())
+        if window is None:
+            assert torch.equal(empty, upper)

@@ -26,7 +26,9 @@ def test_fmt_one_format():
 
 def test_envelope_and_reader(tmp_path):
     s = write_summary(tmp_path, {"layers": [{"layer": 0, "x": float("nan")}, {"layer": 1, "x": 0.5}],
-                                 "figures": ["scores_raw.png", {"file": "a.png", "caption": "mine"}],
+                                 "figures": ["scores_raw.png", {"file": "a.png", "caption": "mine"},
+                                             {"file": "probs.png", "caption": "p", "role": "main"}, "probs.png",
+                                             "scores_zoom.png", {"file": "x.png", "role": "bogus"}],
                                  "tables": [{"title": "t", "columns": ["a"], "rows": [[1]]}, "junk"]},
                       command="scan", paper=["kim", "slash"], layers_describe="decoder layers")
     raw = json.loads((tmp_path / "summary.json").read_text())
@@ -35,13 +37,15 @@ def test_envelope_and_reader(tmp_path):
     assert raw["layer_info"]["indices"] == [0, 1] and "from 0" in raw["layer_info"]["convention"]
     assert raw["layer_info"]["describes"] == "decoder layers"
     assert raw["figures"][0]["file"] == "scores_raw.png" and "pre-softmax" in raw["figures"][0]["caption"]
-    assert raw["figures"][1] == {"file": "a.png", "caption": "mine"}
+    assert raw["figures"][1] == {"file": "a.png", "caption": "mine", "role": "main"}
+    # figure roles: a summary's own wins; else the standard one of the file name; unknown roles are ignored
+    assert [f["role"] for f in raw["figures"][2:]] == ["main", "detail", "zoom", "main"]
     assert raw["tables"] == [{"title": "t", "columns": ["a"], "rows": [[1]]}]
     assert s["readings"] == []
     write_json(tmp_path / "config.json", {"command": "scan"})
     run = load_run(tmp_path)
     assert run.command == "scan" and run.papers == ["kim", "slash"] and run.paper == "kim"
-    assert [l["layer"] for l in run.layers] == [0, 1] and len(run.tables) == 1 and len(run.figures) == 2
+    assert [l["layer"] for l in run.layers] == [0, 1] and len(run.tables) == 1 and len(run.figures) == 6
     # an older run without the envelope reads the same way (command from config, figures from files)
     old = tmp_path / "old"
     write_json(old / "config.json", {"command": "simulate"})
@@ -245,7 +249,9 @@ def test_newer_scan_keys_render(tmp_path):
     assert q["kim"][:3] == ["relativity_index", "locality", "diagonal_trend"]
     assert "within_diag_rms_noise" not in q["kim"] and "noise_groups" not in q["kim"]
     assert "aps" not in q["neighborhood"] and q["neighborhood"][0] == "aps_mean"
-    assert q["neighborhood"][-1] == "mean_map_aps"
+    # the mean-map APS stays in summary.json beside the per-sequence one; with-sink values, noise floors
+    # and grid statistics are companions drawn dashed in their key's panel, not panels of their own
+    assert "mean_map_aps" not in q["neighborhood"] and "relativity_index_with_sink" not in q["kim"]
     html = render_report([d])
     assert "<caption>Per layer</caption>" not in html  # 8 layers: plots, no per-layer table
     assert "(key 0 excluded)" in html and "APS per sequence 0.64" in html
@@ -356,3 +362,24 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
 
     text = " ".join(kim_readings([{"layer": 0, **out}], noise="x"))
     assert "20-position grid" in text and f"on that grid the trend reads {fmt(out['grid_diagonal_trend'])}" in text
+
+
+def test_figure_roles_keep_the_page_short(tmp_path):
+    """Details stay in the run directory (named), a figure of the per-layer numbers gives way to the
+    report's own line plots, a zoom is shown only on maps much larger than its 64 positions."""
+    from poslens.report.render import run_figures
+    from poslens.rundir import Run
+
+    figs = ["scores_raw.png", "probs.png", "aps_by_layer.png", "scores_zoom.png"]
+    for f in figs:
+        (tmp_path / f).write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+
+    def shown(seq_len, drawn):
+        notes: list[str] = []
+        run = Run(tmp_path, "command", "scan", summary={"seq_len": seq_len, "figures": figs})
+        return [f["file"] for f in run_figures(run, notes, per_layer_drawn=drawn)], notes
+
+    files, notes = shown(512, True)
+    assert files == ["scores_raw.png", "scores_zoom.png"]
+    assert notes == ["In the run directory, not shown here: probs.png, aps_by_layer.png."]
+    assert shown(128, False)[0] == ["scores_raw.png", "aps_by_layer.png"]  # no line plots of it: the figure stays

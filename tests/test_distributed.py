@@ -23,9 +23,10 @@ from tests.test_capture import save_tiny
 
 # 5 batches of 2 sequences: rank 0 gets batches 0, 2, 4 and rank 1 gets 1, 3 (uneven on purpose)
 # a q/k reservoir of 50 of the 160 token slots: the ranks' samples must merge into the single-process one
-OPTS = dict(data="random", seq_len=16, num_seqs=10, batch_size=2, seed=5, checkpoint_every=1, reservoir=50)
+OPTS = dict(data="random", seq_len=16, num_seqs=10, batch_size=2, seed=5, checkpoint_every=1, reservoir=50,
+            keep_checkpoint=True)
 ARGS = ["--data", "random", "--seq-len", "16", "--num-seqs", "10", "--batch-size", "2", "--seed", "5",
-        "--checkpoint-every", "1", "--reservoir", "50", "--no-figures", "--quiet"]
+        "--checkpoint-every", "1", "--reservoir", "50", "--no-figures", "--quiet", "--keep-checkpoint"]
 
 
 @pytest.fixture(scope="module")

@@ -109,8 +109,9 @@ def test_cli_probes_run_dir(cli, tmp_path, char_model_dir):
     assert all((out / f["file"]).exists() for f in s["figures"])
     rec = {(r["state"], r["layer"], r["feature"], r["probe"]): r for r in s["records"]}
     # near-zero-init NoPE decoder layer 0 is a running mean: cosine to the last token predicts T - i on unseen
-    # characters; the embeddings are named as such (decoder layers count from 0)
-    assert rec[("trained", 0, "cosine", "mlp")]["r"] > 0.9
+    # characters (r over seeds 0-5 at this size: 0.88-0.93, with either draw of the random sequences; chance is
+    # r ≈ 0); the embeddings are named as such (decoder layers count from 0)
+    assert rec[("trained", 0, "cosine", "mlp")]["r"] > 0.85
     assert {k[1] for k in rec} == {"embeddings", 0}
     assert [row[3] for row in s["tables"][1]["rows"][:2]] == ["embeddings", 0]
     assert {v["state"] for v in s["verdicts"]} == {"trained", "random init"}

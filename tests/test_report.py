@@ -34,7 +34,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
     from poslens.capture.scan import ScanConfig, run_scan
     from poslens.models.families import build_model
-    from poslens.reproduce.simulated import ReproContext, run_reproduction
+    from poslens.reproduce import ReproContext, run_reproduction
     from poslens.simulate import SimConfig, run_simulation, save_result
 
     root = tmp_path_factory.mktemp("runs")
@@ -95,11 +95,14 @@ def test_report_structure(runs):
     assert _sections(html) == ["sec-kim", "sec-slash", "sec-neighborhood", "sec-models"]
     for ref in ("arXiv 2509.21042", "arXiv 2601.08297", "arXiv 2501.00073"):
         assert ref in html
-    # every image embedded: sims 3 each, scans 2 each, analysis 1 (missing/escaping ones dropped), loss curve 1;
-    # drawn here: a head x layer map per scan, overlaid per-layer plots for the 2 sims (kim) and the 2 scans
-    # (kim, neighbourhood). Runs with <= 6 layers keep their per-layer table instead of a plot of their own.
+    # every image embedded: sims 2 each (raw, diagonal-normalised; probs.png is a detail kept in the run
+    # directory and named), scans 2 each (12 positions: no zoom), analysis 1 (missing/escaping ones dropped),
+    # loss curve 1; drawn here: a head x layer map per scan, overlaid per-layer plots for the 2 sims (kim) and
+    # the 2 scans (kim, neighbourhood). Overlaid runs get no per-layer table (the line plots carry it).
     imgs = _images(html)
-    assert len(imgs) == 3 + 3 + 2 + 2 + 1 + 1 + 2 + 3
+    assert len(imgs) == 2 + 2 + 2 + 2 + 1 + 1 + 2 + 3
+    assert html.count("In the run directory, not shown here: probs.png") == 2
+    assert "<caption>Per layer</caption>" not in html
     assert all(src.startswith("data:image/png;base64,") for src in imgs)
     assert "figure missing.png is listed but missing" in html
     assert "etc/passwd" in html and "root:" not in html  # named as missing, never read
@@ -128,10 +131,14 @@ def test_report_structure(runs):
     # the scans now write the paper's per-sequence APS: the reading says so
     assert "Adjacency probability score of the hidden states per sequence" in html
     assert "Training lowered the loss from 5.5 to 5.1 over 3 steps." in html
-    # integer layer labels in the per-layer tables, one number format
+    # one number format
     text = re.sub(r'src="[^"]*"|arXiv \d+\.\d+', "", html)
     too_precise = re.findall(r"(?<![\d.])(?:0\.0*[1-9]\d{3,}|[1-9]\d*\.\d{4,})", text)  # > 3 significant digits
-    assert "<td>1</td>" in html and not too_precise, too_precise
+    assert not too_precise, too_precise
+    # a run on its own (no like run to overlay) keeps its short per-layer table, integer layer labels
+    alone = render_report([runs["sim_nope"]], title="one")
+    assert "<caption>Per layer</caption>" in alone and "<td>1</td>" in alone
+    assert "Comparison of" not in alone
 
 
 def test_flat_and_relative_readings():
@@ -286,7 +293,7 @@ def test_trained_model_experiments_registered_and_run(tmp_path, monkeypatch):
     """The zoo-model experiments register into the reproduce registry and write a reproduction page."""
     import poslens.reproduce.models as rm
     from poslens.models.families import build_model
-    from poslens.reproduce.simulated import EXPERIMENTS, ReproContext, run_reproduction
+    from poslens.reproduce import EXPERIMENTS, ReproContext, run_reproduction
 
     assert {"zuo-adjacency", "kim-trained-panels", "slash-sdh"} <= set(EXPERIMENTS)
     zoo = tmp_path / "zoo"
@@ -302,7 +309,7 @@ def test_trained_model_experiments_registered_and_run(tmp_path, monkeypatch):
 
 
 def test_zuo_sweep_experiment_is_registered():
-    from poslens.reproduce.simulated import EXPERIMENTS
+    from poslens.reproduce import EXPERIMENTS
 
     assert "zuo-sweep" in EXPERIMENTS and "zuo-adjacency" in EXPERIMENTS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from poslens.reproduce.simulated import EXPERIMENTS
+from poslens.reproduce import EXPERIMENTS
 from poslens.reproduce.models import residual_agreement
 
 
@@ -23,7 +23,7 @@ def test_residual_agreement_known_cases():
 
 
 def test_real_is_registered_and_all_runs_it_only_when_models_are_present(monkeypatch, tmp_path):
-    import poslens.reproduce.simulated as R
+    import poslens.reproduce as R
 
     exp = EXPERIMENTS["real"]
     assert exp.available is not None

@@ -82,7 +82,7 @@ def test_layers_subset(cli, llama_dir, tmp_path):
 
 def test_resume_is_bit_identical(llama_dir, tmp_path):
     base = dict(model_dir=str(llama_dir), data="random", seq_len=10, num_seqs=7, batch_size=2, figures=False,
-                checkpoint_every=1)
+                checkpoint_every=1, keep_checkpoint=True)
     run_scan(ScanConfig(out=str(tmp_path / "a"), **base), progress=False)
     partial = run_scan(ScanConfig(out=str(tmp_path / "b"), **base), progress=False, stop_after_batches=2)
     assert partial == {"stopped_at": 4} and not (tmp_path / "b" / "maps.safetensors").exists()
@@ -276,7 +276,8 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
 
 
 def test_pool_for_figure_block_means_skip_the_causal_triangle():
-    from poslens.capture.scan import causal_view, pool_for_figure
+    from poslens.capture.scan import causal_view
+    from poslens.report.plots import pool_for_figure
 
     S = 10
     m = torch.arange(S * S, dtype=torch.float64).reshape(S, S)
@@ -362,3 +363,41 @@ def test_score_groups_partition_the_sequences(llama_dir, tmp_path):
     lower = torch.ones(len(grid), len(grid), dtype=torch.bool).tril()
     want = maps["scores"].double()[:, grid][:, :, grid]
     assert torch.allclose(total[:, lower], want[:, lower], atol=1e-5)
+
+
+def test_map_size_scan_equals_block_means_of_full_scan(cli, llama_dir, tmp_path):
+    """`--map-size` on the whole pipeline: block maps equal the block means of a full scan's maps, O(S)
+    statistics equal the full scan's, the sink weight is the exact key-0 column, the checkpoint of a
+    finished scan is gone (kept with --keep-checkpoint)."""
+    base = ("--data", "random", "--seq-len", 24, "--num-seqs", 3, "--batch-size", 2, "--heads", "1.2")
+    code, _, err = _scan(cli, llama_dir, tmp_path / "full", *base)
+    assert code == 0, err
+    code, _, err = _scan(cli, llama_dir, tmp_path / "blk", *base, "--map-size", 6, "--keep-checkpoint")
+    assert code == 0, err
+    assert not (tmp_path / "full" / "checkpoint.safetensors").exists()
+    assert (tmp_path / "blk" / "checkpoint.safetensors").exists()
+    full = read_tensors(tmp_path / "full" / "maps.safetensors")
+    blk = read_tensors(tmp_path / "blk" / "maps.safetensors")
+    f, S = 4, 24
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+
+    def block_means(m, valid):
+        m = m.double().masked_fill(~valid, 0).reshape(*m.shape[:-2], S // f, f, S // f, f).sum((-3, -1))
+        cnt = valid.double().reshape(S // f, f, S // f, f).sum((1, 3))
+        return torch.where(cnt > 0, m / cnt.clamp_min(1), 0.0)
+
+    for name in ("scores", "probs", "head_scores", "head_probs"):
+        assert blk[name].shape[-2:] == (6, 6)
+        torch.testing.assert_close(blk[name].double(), block_means(full[name], causal), rtol=0, atol=1e-5, msg=name)
+    for name in ("cosine", "attn_cosine"):
+        torch.testing.assert_close(blk[name].double(), block_means(full[name], torch.ones(S, S, dtype=torch.bool)),
+                                   rtol=0, atol=1e-5, msg=name)
+    for name in ("slash", "norms", "q_gram", "dim_logit", "score_groups"):
+        torch.testing.assert_close(blk[name], full[name], rtol=0, atol=1e-6, msg=name)
+    sf = json.loads((tmp_path / "full" / "summary.json").read_text())
+    sb = json.loads((tmp_path / "blk" / "summary.json").read_text())
+    assert sb["map_size"]["blocks"] == 6 and sb["map_size"]["block"] == 4 and sf["map_size"] is None
+    for lf, lb in zip(sf["layers"], sb["layers"]):
+        assert abs(lf["sink_weight"] - lb["sink_weight"]) < 1e-6  # exact: the key-0 column, not its block
+        assert lf["aps_mean"] == pytest.approx(lb["aps_mean"], abs=1e-6)  # per-sequence APS: same positions
+        assert lb["flat_p"] == pytest.approx(lf["flat_p"], abs=1e-9)  # the noise floor reads the grid maps

@@ -58,6 +58,119 @@ def test_chunking_does_not_change_results():
     torch.testing.assert_close(a.scores, b.scores, equal_nan=True, rtol=0, atol=1e-6)
 
 
+def _materialised_reference(cfg: SimConfig):
+    """Independent reference: every sample's every layer kept in float64, statistics at the end."""
+    from poslens.rope import apply_rope, cos_sin
+
+    n_blocks = -(-cfg.samples // RNG_BLOCK)
+    x = torch.cat([sample_inputs(cfg, b) for b in range(n_blocks)])[: cfg.samples].double()
+    S, d = cfg.seq_len, cfg.dim
+    upper = torch.ones(S, S, dtype=torch.bool).triu(1)
+    cs = cos_sin(torch.arange(S), d, cfg.rope_theta, dtype=torch.float64) if cfg.rope else None
+    scores, probs = [], []
+    for _ in range(cfg.layers):
+        if cfg.norm == "l2":
+            y = x / x.norm(dim=-1, keepdim=True)
+        else:
+            y = (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+        q = apply_rope(y, *cs) if cfg.rope else y
+        s = cfg.score_scale * q @ q.transpose(1, 2)
+        p = torch.softmax(s.masked_fill(upper, float("-inf")) if cfg.causal else s, -1)
+        x = x + p @ y
+        scores.append(s)
+        probs.append(p)
+    s = torch.stack(scores, 1)  # [n, L, S, S]
+    G = 16
+    groups = torch.stack([s[g::G].mean(0) for g in range(min(G, cfg.samples))])
+    return s.mean(0), s.std(0) / math.sqrt(cfg.samples), torch.stack(probs, 1).mean(0), groups
+
+
+@pytest.mark.parametrize("kw", [
+    dict(alpha=0.0, seq_len=12, dim=16, layers=3, samples=2 * RNG_BLOCK + 37, chunk_size=RNG_BLOCK),
+    dict(alpha=0.4, seq_len=9, dim=16, layers=2, samples=RNG_BLOCK + 5, chunk_size=2 * RNG_BLOCK),
+    dict(alpha=0.3, rope=True, rope_theta=100.0, seq_len=10, dim=8, layers=2, samples=300),
+    dict(alpha=0.2, norm="layernorm", scale="sqrt-d", seq_len=7, dim=16, layers=2, samples=260),
+    dict(alpha=0.1, causal=False, rope=True, seq_len=8, dim=8, layers=2, samples=270),
+])
+def test_streaming_statistics_equal_the_materialised_reference(kw):
+    """Same numbers as keeping every sample (float64) and averaging at the end: means, standard
+    errors, weights and each noise group's mean (sample n in group n % 16)."""
+    cfg = SimConfig(**kw)
+    r = run_simulation(cfg, workers=2)
+    mean, se, probs, groups = _materialised_reference(cfg)
+    S = cfg.seq_len
+    valid = torch.ones(S, S, dtype=torch.bool).tril(-1) if cfg.causal else ~torch.eye(S, dtype=torch.bool)
+    tol = dict(rtol=0, atol=2e-5 * cfg.score_scale * cfg.dim if cfg.norm == "layernorm" else 2e-5)
+    torch.testing.assert_close(r.scores[:, valid], mean[:, valid], **tol)
+    torch.testing.assert_close(r.scores_stderr[:, valid], se[:, valid], rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(r.probs, probs, rtol=0, atol=2e-6)
+    torch.testing.assert_close(r.score_groups[:, :, valid], groups[:, :, valid], **tol)
+    assert r.group_counts.tolist() == [len(range(g, cfg.samples, 16)) for g in range(16)]
+    if cfg.causal:
+        upper = torch.ones(S, S, dtype=torch.bool).triu(1)
+        assert r.scores[:, upper].isnan().all() and (r.probs[:, upper] == 0).all()
+
+
+def test_workers_give_identical_results():
+    """Chunk sums are folded in chunk order: any number of workers gives the same bits."""
+    base = SimConfig(alpha=0.3, seq_len=7, dim=16, layers=3, samples=5 * RNG_BLOCK + 17, chunk_size=RNG_BLOCK)
+    runs = [run_simulation(base, workers=w) for w in (1, 3)]
+    for name in ("scores", "scores_stderr", "probs", "score_groups"):
+        a, b = (getattr(r, name) for r in runs)
+        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0)) and torch.equal(a.isnan(), b.isnan()), name
+
+
+def test_workers_restore_torch_threads():
+    before = torch.get_num_threads()
+    run_simulation(SimConfig(seq_len=5, dim=8, layers=1, samples=2 * RNG_BLOCK), workers=2)
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("first,rows", [(0, 16), (0, 37), (5, 16), (13, 250), (7, 3), (15, 1), (3, 0)])
+def test_add_rows_to_groups_matches_per_row_loop(first, rows):
+    from poslens.simulate import _add_rows_to_groups
+
+    s = torch.randn(rows, 3, 4, generator=torch.Generator().manual_seed(first * 1000 + rows))
+    got = torch.zeros(16, 3, 4)
+    _add_rows_to_groups(got, s, first)
+    want = torch.zeros(16, 3, 4, dtype=torch.float64)
+    for i in range(rows):
+        want[(first + i) % 16] += s[i].double()
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(rope=True, causal=False), dict(norm="layernorm", scale="d")])
+def test_forward_layers_with_buffers_equals_without(kw):
+    from poslens.rope import cos_sin
+    from poslens.simulate import forward_layers, layer_buffers
+
+    cfg = SimConfig(seq_len=6, dim=8, layers=3, **kw).validate()
+    x = sample_inputs(cfg, 0)[:20]
+    cs = cos_sin(torch.arange(6), 8, cfg.rope_theta) if cfg.rope else None
+    neg = torch.zeros(6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf")) if cfg.causal else None
+    plain = [(s.clone(), p.clone()) for s, p in forward_layers(x, cfg, cs, neg)]
+    bufs = layer_buffers(cfg, 32, "cpu")
+    xb = bufs["x"][:20]
+    xb.copy_(x)
+    fast = [(s.clone(), p.clone()) for s, p in forward_layers(xb, cfg, cs, neg, buffers=bufs)]
+    for (s1, p1), (s2, p2) in zip(plain, fast):
+        torch.testing.assert_close(s2, s1, rtol=0, atol=1e-6)
+        torch.testing.assert_close(p2, p1, rtol=0, atol=1e-6)
+    assert torch.equal(x, sample_inputs(cfg, 0)[:20])  # without buffers the input is left as it was
+
+
+def test_sample_inputs_into_a_buffer_is_the_same_stream():
+    for alpha in (0.0, 0.5):
+        cfg = SimConfig(alpha=alpha, seq_len=5, dim=8)
+        buf = torch.empty(RNG_BLOCK, 5, 8)
+        assert torch.equal(sample_inputs(cfg, 7, out=buf), sample_inputs(cfg, 7))
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7)  # the documented stream
+        z = torch.randn(RNG_BLOCK, 5, 8, generator=g)
+        if alpha:
+            z = z + math.sqrt(alpha / (1 - alpha)) * torch.randn(RNG_BLOCK, 1, 8, generator=g)
+        torch.testing.assert_close(buf, torch.nn.functional.normalize(z, dim=-1), rtol=0, atol=1e-7)
+
+
 def test_rope_causal_breaks_relativity_noncausal_keeps_it():
     # arXiv 2509.21042, Fig. 4: with RoPE the non-causal control stays relative in every layer,
     # while causal attention makes layers >= 2 non-relative.
@@ -161,7 +274,7 @@ def test_reproduce_fig1_and_index(cli, tmp_path):
 
 
 def test_reproduce_fig4_small(tmp_path):
-    from poslens.reproduce.simulated import ReproContext, run_reproduction
+    from poslens.reproduce import ReproContext, run_reproduction
 
     rec = run_reproduction("kim-fig4", tmp_path / "r", ReproContext(samples=2000, figures=False))[0]
     assert rec["reproduced"], rec["measured"]
@@ -177,7 +290,7 @@ def test_reproduce_fig4_small(tmp_path):
 
 
 def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
-    from poslens.reproduce.simulated import EXPERIMENTS, ReproContext
+    from poslens.reproduce import EXPERIMENTS, ReproContext
 
     ctx = ReproContext(samples=2000, figures=False)
     rec = EXPERIMENTS["kim-layernorm"].run(ctx, tmp_path / "ln")
@@ -186,7 +299,7 @@ def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
 
 
 def test_reproduce_fig1_says_rounded_and_truncated(tmp_path):
-    from poslens.reproduce.simulated import EXPERIMENTS, ReproContext
+    from poslens.reproduce import EXPERIMENTS, ReproContext
 
     rec = EXPERIMENTS["kim-fig1"].run(ReproContext(figures=False), tmp_path / "f1")
     assert "0.1535 as 0.154 (rounded)" in rec["note"] and "0.1508 as 0.150 (truncated)" in rec["note"]

@@ -21,6 +21,7 @@ from typing import Callable
 
 from rich.console import Console
 
+from poslens.report.terminal import print_simulation_summary
 from poslens.simulate import SimConfig, run_simulation, save_result
 
 
@@ -35,7 +36,7 @@ class DemoConfig:
 
 
 def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.reproduce.simulated import ReproContext, run_reproduction
+    from poslens.reproduce import ReproContext, run_reproduction
 
     rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=cfg.figures))[0]
     console.print(f"closed form (arXiv 2509.21042, Fig. 1): {rec['measured']}")
@@ -43,8 +44,6 @@ def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.cli.simulate import print_summary
-
     samples = 1000 if cfg.quick else cfg.samples
     seq_len = 16 if cfg.quick else 50
     runs = {
@@ -56,7 +55,7 @@ def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
     for name, sc in runs.items():
         res = run_simulation(sc, progress=lambda d, t, n=name: progress(n, d, t))
         save_result(res, cfg.out / name, figures=cfg.figures)
-        print_summary(res.summary, console)
+        print_simulation_summary(res.summary, console)
     return {name: str(cfg.out / name) for name in runs}
 
 

@@ -11,6 +11,10 @@ starting a second one — rich allows one live display at a time — and removes
 A caller that prints results while its bars are live passes its console to ``live_display``:
 rich coordinates bars and prints only on one console (another console's prints would land on the
 bar's line and leave a frozen copy of it).
+
+A library function that runs long takes ``progress: bool`` and draws its bar with
+:func:`task_progress`; a caller that draws its own bar (the demo, ``reproduce``) passes a callback
+``progress(done, total)`` instead and the function stays silent.
 """
 
 from __future__ import annotations

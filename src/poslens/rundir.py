@@ -223,6 +223,24 @@ FIGURE_CAPTIONS = [
 ]
 _FIGURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp")
 
+#: what a figure is for, so the report can keep the page short (a summary's own ``role`` wins):
+#: ``main`` (shown), ``detail`` (kept in the run directory and named on the page, not shown),
+#: ``per-layer`` (the same numbers as the summary's per-layer list, which the report draws as line
+#: plots itself), ``zoom`` (a zoom on the first positions: shown only where the map is much larger)
+FIGURE_ROLES = [
+    (re.compile(r"^probs\.png$"), "detail"),
+    (re.compile(r"^cosine_maps_bidirectional\.png$"), "detail"),
+    (re.compile(r"^aps_by_layer\.png$"), "per-layer"),
+    (re.compile(r"^scores(_layers[\d-]+)?_zoom\.png$"), "zoom"),
+]
+ROLES = ("main", "detail", "per-layer", "zoom")
+
+
+def figure_role(name: str) -> str:
+    """The standard role of a figure file name (``main`` when none is known)."""
+    base = Path(name).name
+    return next((role for pat, role in FIGURE_ROLES if pat.match(base)), "main")
+
 
 def figure_caption(name: str) -> str:
     """The standard caption of a figure file name (its name when none is known)."""
@@ -234,17 +252,19 @@ def figure_caption(name: str) -> str:
 
 
 def normalize_figures(figures: Any = None, files: Any = None) -> list[dict]:
-    """``[{"file", "caption"}]`` from a list of names or dicts (or, without one, the image files
-    in a ``files`` list)."""
+    """``[{"file", "caption", "role"}]`` from a list of names or dicts (or, without one, the image
+    files in a ``files`` list); ``role`` as the dict gives it, else :func:`figure_role`."""
     out: list[dict] = []
     if isinstance(figures, list):
         for f in figures:
             if isinstance(f, str):
-                out.append({"file": f, "caption": figure_caption(f)})
+                out.append({"file": f, "caption": figure_caption(f), "role": figure_role(f)})
             elif isinstance(f, dict) and isinstance(f.get("file"), str):
-                out.append({"file": f["file"], "caption": str(f.get("caption") or figure_caption(f["file"]))})
+                role = f.get("role") if f.get("role") in ROLES else figure_role(f["file"])
+                out.append({"file": f["file"], "caption": str(f.get("caption") or figure_caption(f["file"])),
+                            "role": role})
     elif isinstance(files, list):
-        out = [{"file": f, "caption": figure_caption(f)} for f in files
+        out = [{"file": f, "caption": figure_caption(f), "role": figure_role(f)} for f in files
                if isinstance(f, str) and Path(f).suffix.lower() in _FIGURE_SUFFIXES]
     return out
 
@@ -258,7 +278,8 @@ def envelope(summary: Mapping, *, command: str, paper: str | list[str] | None = 
       (arXiv 2501.00073), a list of them (a scan measures all three), or None;
     - ``layers``: a list of per-layer dicts, each with its ``layer`` index (an int, or
       ``"embeddings"``); ``layer_info`` says how indices count and what vectors they describe;
-    - ``tables``: ``[{"title", "columns", "rows", "note"}]``; ``figures``: ``[{"file", "caption"}]``;
+    - ``tables``: ``[{"title", "columns", "rows", "note"}]``; ``figures``: ``[{"file", "caption",
+      "role"}]`` (:data:`FIGURE_ROLES`);
     - ``readings``: sentences (may be empty; the report derives them from the numbers);
     - NaN / masked entries as JSON null (every writer goes through :func:`write_json`).
     """
@@ -341,7 +362,8 @@ class Run:
         s = self.summary
         if isinstance(s.get("figures"), list) or isinstance(s.get("files"), list):
             return normalize_figures(s.get("figures"), s.get("files"))
-        return [{"file": p.name, "caption": figure_caption(p.name)} for p in sorted(self.path.glob("*.png"))]
+        return [{"file": p.name, "caption": figure_caption(p.name), "role": figure_role(p.name)}
+                for p in sorted(self.path.glob("*.png"))]
 
 
 def _read_json_dict(path: Path) -> dict:

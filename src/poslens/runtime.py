@@ -1,6 +1,35 @@
-"""Runtime settings shared by the library and the CLI: which device, which dtype."""
+"""Runtime settings shared by the library and the CLI: which device, which dtype, how many CPU
+threads, and process-wide switches (Hugging Face progress bars) set for one block and restored after it.
+
+Threads. torch runs each CPU operation on an OpenMP pool of ``torch.get_num_threads()`` threads
+that meet at a barrier when the operation ends. By default a thread that arrives first *spins*
+there (GNU OpenMP: up to ~300,000 polls) instead of sleeping. On an idle machine that saves a
+wake-up; when another busy process shares the cores, the spinning thread burns the core that the
+thread it waits for needs, and every operation waits for a scheduler time slice: a 2-core run
+with one competing busy process was measured 10-15x slower, not the 1.5-2x its share of the CPU
+predicts.
+
+The policy (:func:`configure_process`, :func:`default_threads`):
+
+- ``OMP_WAIT_POLICY=PASSIVE`` (unless the user set it): waiting threads sleep. OpenMP reads it
+  once, when torch is imported, so the CLI sets it before importing torch; a library user who
+  imported torch first keeps torch's behaviour.
+- threads = the CPUs this process may run on (``os.sched_getaffinity``) minus the busy threads of
+  other processes seen on them now (:func:`busy_elsewhere`), at least 1: a thread that would
+  only share a core with a busy process costs more in waiting than it adds.
+- ``--threads N`` on every command that computes overrides the policy.
+
+Work that splits into independent pieces (the simulator's chunks) runs them on separate threads,
+each single-threaded inside torch (:func:`set_threads` ``(1)``): no barrier at all.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from typing import Iterator
 
 from poslens.errors import PoslensError
 
@@ -34,3 +63,157 @@ def resolve_dtype(dtype: str, device: str, config) -> "torch.dtype":
             d = names.get(d.replace("torch.", ""), None)
         return d if isinstance(d, torch.dtype) and d != torch.float32 else torch.bfloat16
     return torch.float32  # CPU: half-precision matmuls are slow and bring nothing
+
+
+def torch_threads(n: int | None):
+    """torch's intra-op thread count set to ``n`` inside the block, restored after; ``None``/0 leaves
+    it unchanged (a library default: the policy of :func:`set_threads` is the CLI's)."""
+    return set_threads(n) if n else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def no_hf_progress_bars(active: bool = True) -> Iterator[None]:
+    """Hugging Face's own progress bars (weight loading, saving) off inside the block when ``active``
+    (e.g. ``--quiet``); the previous setting is restored after it."""
+    if not active:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU threads
+# ------------------------------------------------------------------------------------------------
+#: environment variable read by OpenMP at start-up; see the module docstring.
+_WAIT_ENV = "OMP_WAIT_POLICY"
+
+
+def configure_process() -> None:
+    """Make OpenMP threads sleep rather than spin while they wait (call before importing torch).
+
+    Does nothing when the user set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` themselves, or when
+    torch is already imported (the setting would not take effect).
+    """
+    if "torch" in sys.modules or _WAIT_ENV in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    os.environ[_WAIT_ENV] = "PASSIVE"
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def busy_elsewhere(samples: int = 3, interval: float = 0.005) -> float:
+    """Busy threads of other processes on this process's CPUs right now.
+
+    Linux: threads in state R (running or waiting for a CPU) whose last CPU is one this process
+    may use, counted from ``/proc`` ``samples`` times ``interval`` seconds apart (median: a
+    thread that runs for a millisecond is not a competitor). Elsewhere the 1-minute load average
+    (which lags: a competitor started a minute ago counts about 63 %); 0 where neither is known.
+    """
+    cpus = _affinity()
+    counts = []
+    for k in range(samples):
+        n = _runnable_others(cpus)
+        if n is None:
+            break
+        counts.append(n)
+        if k + 1 < samples:
+            time.sleep(interval)
+    if counts:
+        return float(sorted(counts)[len(counts) // 2])
+    try:
+        return max(0.0, os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def _affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _runnable_others(cpus: set[int] | None) -> int | None:
+    """Threads of other processes in state R last seen on one of ``cpus``; None without /proc."""
+    me = os.getpid()
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+    except OSError:
+        return None
+    n = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()  # the name before ")" may hold spaces
+            except (OSError, IndexError):
+                continue
+            # fields[0] is the state (stat field 3); fields[36] the CPU it last ran on (field 39)
+            if fields and fields[0] == b"R" and (cpus is None or len(fields) < 37 or int(fields[36]) in cpus):
+                n += 1
+    return n
+
+
+def default_threads(cpus: int | None = None, busy: float | None = None) -> int:
+    """The thread policy: available CPUs minus the busy processes elsewhere (rounded), at least 1.
+
+    ``cpus`` and ``busy`` default to :func:`available_cpus` and :func:`busy_elsewhere`.
+    """
+    cpus = available_cpus() if cpus is None else int(cpus)
+    busy = busy_elsewhere() if busy is None else float(busy)
+    return max(1, min(cpus, cpus - int(busy + 0.5)))
+
+
+def resolve_threads(threads: int | None) -> int:
+    """``--threads`` value to a count: ``None`` or 0 = the policy; a negative count is an error."""
+    if threads is None or threads == 0:
+        return default_threads()
+    if threads < 0:
+        raise PoslensError(f"--threads {threads}: must be a positive count (or 0 for the default policy).")
+    return int(threads)
+
+
+def apply_threads(threads: int | None) -> int:
+    """Set torch's intra-op thread count for the rest of the process (``None``/0: the policy);
+    returns it. For a command line; a library call should use :func:`set_threads`."""
+    import torch
+
+    n = resolve_threads(threads)
+    if n != torch.get_num_threads():
+        torch.set_num_threads(n)
+    return n
+
+
+@contextlib.contextmanager
+def set_threads(n: int | None) -> Iterator[int]:
+    """Run the block with ``n`` torch intra-op threads (``None``/0: :func:`default_threads`), then
+    restore the previous count. Yields the count in force."""
+    import torch
+
+    n = resolve_threads(n)
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -24,8 +24,12 @@ Layers count from 0 (the paper's layer 1 is our layer 0).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 
 from poslens.errors import PoslensError
 from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
+from poslens.runtime import available_cpus, set_threads
 
 #: sequences drawn from one generator; fixes the sample stream independently of chunking.
 RNG_BLOCK = 250
@@ -92,45 +97,78 @@ class SimConfig:
         return ", ".join(parts)
 
 
-def sample_inputs(cfg: SimConfig, block: int, device: str | torch.device = "cpu") -> torch.Tensor:
-    """RNG block ``block``: ``[RNG_BLOCK, S, d]`` float32 unit vectors with mean inner product alpha."""
+def sample_inputs(cfg: SimConfig, block: int, device: str | torch.device = "cpu",
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """RNG block ``block``: ``[RNG_BLOCK, S, d]`` float32 unit vectors with mean inner product alpha.
+
+    ``out`` (a contiguous float32 ``[RNG_BLOCK, S, d]`` tensor on ``device``) receives the block
+    instead of a new tensor; the numbers are the same either way.
+    """
     # Drawn on the device itself: on CUDA a host generator plus the copy bound the whole run (the
     # host draws ~10^8 normals/s, the GPU computes the layers faster). Same seed, other stream on CUDA.
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + block)
-    z = torch.randn(RNG_BLOCK, cfg.seq_len, cfg.dim, generator=g, device=dev)
-    c = torch.randn(RNG_BLOCK, 1, cfg.dim, generator=g, device=dev)
-    lam = math.sqrt(cfg.alpha / (1.0 - cfg.alpha))
-    return F.normalize(z + lam * c, dim=-1)
+    z = torch.empty(RNG_BLOCK, cfg.seq_len, cfg.dim, device=dev) if out is None else out
+    z.normal_(generator=g)  # the stream of torch.randn(..., generator=g)
+    if cfg.alpha > 0:  # at alpha = 0 the shared component has weight 0: skip drawing it
+        c = torch.randn(RNG_BLOCK, 1, cfg.dim, generator=g, device=dev)
+        z.add_(c.mul_(math.sqrt(cfg.alpha / (1.0 - cfg.alpha))))
+    return _l2_normalize(z, out=z)
 
 
-def _norm(x: torch.Tensor, cfg: SimConfig) -> torch.Tensor:
+def _l2_normalize(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.normalize(x, dim=-1)`` (same numbers), written into ``out`` (may be ``x``) without temporaries."""
+    n = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min_(1e-12)
+    return torch.div(x, n, out=out) if out is not None else x / n
+
+
+def _norm(x: torch.Tensor, cfg: SimConfig, out: torch.Tensor | None = None) -> torch.Tensor:
     if cfg.norm == "l2":
-        return F.normalize(x, dim=-1)
+        return _l2_normalize(x, out)
     return F.layer_norm(x, (x.shape[-1],))
 
 
-def forward_layers(x: torch.Tensor, cfg: SimConfig, rope_cs=None, neg_mask=None):
+def forward_layers(x: torch.Tensor, cfg: SimConfig, rope_cs=None, neg_mask=None, buffers: dict | None = None):
     """Run all layers on ``x`` [B, S, d]; yields ``(scores, probs)`` per layer.
 
     ``neg_mask`` is an additive [S, S] mask (0 / -inf); it is fused into the score matmul, so the
     yielded scores hold -inf at masked entries (callers blank those). Q = K = RoPE(Y), values Y.
+
+    ``buffers`` (from :func:`layer_buffers`) makes the pass allocation-free: ``x`` is then updated
+    in place and every layer yields the same two ``[B, S, S]`` tensors, overwritten by the next
+    layer (read them before asking for the next one). Without it ``x`` is left untouched.
     """
     from poslens.rope import apply_rope
 
     scale = cfg.score_scale
+    B = x.shape[0]
+    if buffers is None:
+        x = x.clone()
+        y_buf = s_buf = p_buf = None
+    else:
+        y_buf, s_buf, p_buf = (buffers[k][:B] for k in ("y", "s", "p"))
     for _ in range(cfg.layers):
-        y = _norm(x, cfg)
+        y = _norm(x, cfg, out=y_buf)
         q = apply_rope(y, *rope_cs) if rope_cs is not None else y
         if neg_mask is not None:
-            s = torch.baddbmm(neg_mask.expand(x.shape[0], -1, -1), q, q.transpose(-1, -2), alpha=scale)
+            s = torch.baddbmm(neg_mask.expand(B, -1, -1), q, q.transpose(-1, -2), alpha=scale, out=s_buf)
         else:
-            s = torch.bmm(q, q.transpose(-1, -2))
+            s = torch.bmm(q, q.transpose(-1, -2), out=s_buf)
             if scale != 1.0:
                 s.mul_(scale)
-        p = torch.softmax(s, dim=-1)
-        x = torch.baddbmm(x, p, y)  # residual: X + A Y
+        p = torch.softmax(s, dim=-1) if p_buf is None else torch._softmax(s, -1, False, out=p_buf)
+        x.baddbmm_(p, y)  # residual: X + A Y (values unrotated)
         yield s, p
+
+
+def layer_buffers(cfg: SimConfig, batch: int, device, dtype=torch.float32) -> dict:
+    """Work space of :func:`forward_layers` for ``batch`` sequences: inputs ``x``, ``y`` [B, S, d];
+    scores ``s``, weights ``p`` [B, S, S]."""
+    S, d = cfg.seq_len, cfg.dim
+    return {"x": torch.empty(batch, S, d, device=device, dtype=dtype),
+            "y": torch.empty(batch, S, d, device=device, dtype=dtype),
+            "s": torch.empty(batch, S, S, device=device, dtype=dtype),
+            "p": torch.empty(batch, S, S, device=device, dtype=dtype)}
 
 
 def _new_accumulators(cfg: SimConfig, device) -> AccumulatorSet:
@@ -162,15 +200,88 @@ def auto_chunk(cfg: SimConfig) -> int:
     return max(1, int(budget // (per_seq * RNG_BLOCK))) * RNG_BLOCK
 
 
-def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None = None) -> SimResult:
+@dataclass
+class _ChunkSums:
+    """One chunk's float32 sums: per-group score sums ``[L, G, S, S]`` (group of sample n: n % G),
+    score squares and weights ``[L, S, S]``, and the number of samples."""
+
+    groups: torch.Tensor
+    squares: torch.Tensor
+    probs: torch.Tensor
+    count: int
+
+
+def _add_rows_to_groups(g: torch.Tensor, s: torch.Tensor, first: int) -> None:
+    """``g[(first + i) % G] += s[i]`` for every row i of ``s``, as one strided sum over whole
+    rounds of G rows plus the leftover rows (no per-row indexing)."""
+    G = g.shape[0]
+    n = s.shape[0]
+    full = n - n % G
+    if full:
+        part = s[:full].view(full // G, G, *s.shape[1:]).sum(0)  # part[j] belongs to group (first + j) % G
+        r = first % G
+        if r:
+            g[r:] += part[: G - r]
+            g[:r] += part[G - r:]
+        else:
+            g += part
+    for i in range(full, n):
+        g[(first + i) % G] += s[i]
+
+
+def _chunk_sums(cfg: SimConfig, first_block: int, n_blocks: int, first_sample: int, take: int,
+                buffers: dict, rope_cs, neg_mask) -> _ChunkSums:
+    """Draw RNG blocks ``first_block ..`` into the buffers, run the layers, return float32 sums."""
+    S, L, G = cfg.seq_len, cfg.layers, NOISE_GROUPS
+    dev = buffers["x"].device
+    x = buffers["x"]
+    for i in range(n_blocks):
+        sample_inputs(cfg, first_block + i, dev, out=x[i * RNG_BLOCK:(i + 1) * RNG_BLOCK])
+    x = x[:take]
+    groups = torch.zeros(L, G, S, S, device=dev)
+    squares = torch.empty(L, S, S, device=dev)
+    probs = torch.empty(L, S, S, device=dev)
+    # Per-chunk sums in float32 (pairwise summation over <= a few thousand rows), folded into
+    # float64 accumulators in chunk order: as accurate as float64 sums here and ~20x cheaper.
+    for l, (s, p) in enumerate(forward_layers(x, cfg, rope_cs, neg_mask, buffers=buffers)):
+        _add_rows_to_groups(groups[l], s, first_sample)
+        torch.sum(p, 0, out=probs[l])
+        torch.sum(s.square_(), 0, out=squares[l])  # s is spent: square it in place
+    return _ChunkSums(groups, squares, probs, take)
+
+
+def _fold(acc: AccumulatorSet, c: _ChunkSums, first_sample: int) -> None:
+    G = acc["score_groups"].groups
+    total = c.groups.to(torch.float64).sum(1)
+    acc["scores"].add(total, c.count, c.squares)
+    acc["probs"].add(c.probs, c.count)
+    counts = [len(range(g, c.count, G)) for g in range(G)]  # rows i with (first + i) % G == group
+    for j in range(G):
+        if counts[j]:
+            acc["score_groups"].add((first_sample + j) % G, c.groups[:, (first_sample + j) % G], counts[j])
+
+
+def _workers(cfg: SimConfig, workers: int | None) -> int:
+    if str(cfg.device).startswith("cuda"):
+        return 1  # one stream: the GPU runs the chunks one after another anyway
+    return max(1, int(workers)) if workers else available_cpus()
+
+
+def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None = None,
+                   workers: int | None = None) -> SimResult:
     """Stream ``cfg.samples`` sequences through the parameter-free model; returns mean maps.
 
     ``progress(done, total)`` is called after every chunk. With ``target_stderr`` the run stops
     after the first chunk at which every valid score entry's standard error is below it.
+
+    On CPU the chunks run on ``workers`` threads (default: one per CPU this process may use), each
+    single-threaded inside torch: no thread waits for another inside an operation, so a core busy
+    with another process slows the run by its share only (:mod:`poslens.runtime`). Chunk sums are
+    folded in chunk order: the result does not depend on the number of workers.
     """
     cfg.validate()
     dev = torch.device(cfg.device)
-    S, L = cfg.seq_len, cfg.layers
+    S = cfg.seq_len
     chunk = cfg.chunk_size or auto_chunk(cfg)
     chunk = max(RNG_BLOCK, (chunk // RNG_BLOCK) * RNG_BLOCK)
     neg_mask = None
@@ -183,44 +294,48 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
         rope_cs = tuple(t.to(dev) for t in cos_sin(torch.arange(S), cfg.dim, cfg.rope_theta))
     acc = _new_accumulators(cfg, dev)
     n_blocks = math.ceil(cfg.samples / RNG_BLOCK)
+    per_chunk = chunk // RNG_BLOCK
+    jobs = [(b, min(per_chunk, n_blocks - b), b * RNG_BLOCK, min(chunk, cfg.samples - b * RNG_BLOCK))
+            for b in range(0, n_blocks, per_chunk)]
     valid = torch.ones(S, S, dtype=torch.bool, device=dev).tril(-1) if cfg.causal else ~torch.eye(S, dtype=torch.bool, device=dev)
+    n_workers = min(_workers(cfg, workers), len(jobs))
     t0 = time.perf_counter()
     done = 0
     stopped = False
-    block = 0
-    while block < n_blocks:
-        nb = min(chunk // RNG_BLOCK, n_blocks - block)
-        x = torch.cat([sample_inputs(cfg, b, dev) for b in range(block, block + nb)])
-        take = min(x.shape[0], cfg.samples - done)
-        x = x[:take]
-        s_sum = torch.empty(L, S, S, dtype=torch.float64, device=dev)
-        s_sq = torch.empty_like(s_sum)
-        p_sum = torch.empty_like(s_sum)
-        G = acc["score_groups"].groups
-        gid = torch.arange(done, done + take, device=dev) % G  # sample n -> group n % G
-        g_sum = torch.zeros(L, G, S, S, dtype=torch.float32, device=dev)
-        # Per-chunk sums in float32 (pairwise summation over <= a few thousand rows), folded
-        # into float64 accumulators: as accurate as float64 sums here and ~20x cheaper.
-        for l, (s, p) in enumerate(forward_layers(x, cfg, rope_cs, neg_mask)):
-            s_sum[l] = s.sum(0)
-            g_sum[l].index_add_(0, gid, s)
-            s_sq[l] = s.square_().sum(0)
-            p_sum[l] = p.sum(0)
-        acc["scores"].add(s_sum, take, s_sq)
-        acc["probs"].add(p_sum, take)
-        g_count = torch.bincount(gid.cpu(), minlength=G)
-        for g in range(G):
-            if g_count[g]:
-                acc["score_groups"].add(g, g_sum[:, g], int(g_count[g]))
-        done += take
-        block += nb
-        if progress:
-            progress(done, cfg.samples)
-        if cfg.target_stderr is not None and done >= 2 * RNG_BLOCK:
-            if float(acc["scores"].stderr[:, valid].max()) < cfg.target_stderr:
-                stopped = done < cfg.samples
-                break
-    seconds = time.perf_counter() - t0
+    local = threading.local()
+
+    def job(spec):
+        if not hasattr(local, "buffers"):
+            local.buffers = layer_buffers(cfg, chunk, dev)
+        return _chunk_sums(cfg, *spec, local.buffers, rope_cs, neg_mask)
+
+    with contextlib.ExitStack() as stack:
+        if dev.type == "cpu":
+            stack.enter_context(set_threads(1))  # each worker single-threaded inside torch
+        if n_workers > 1:
+            pool = stack.enter_context(ThreadPoolExecutor(n_workers, thread_name_prefix="poslens-sim"))
+            results = _ordered(pool, job, jobs, ahead=2 * n_workers)
+        else:
+            results = map(job, jobs)
+        for spec, sums in zip(jobs, results):
+            _fold(acc, sums, spec[2])
+            done += sums.count
+            if progress:
+                progress(done, cfg.samples)
+            if cfg.target_stderr is not None and done >= 2 * RNG_BLOCK:
+                if float(acc["scores"].stderr[:, valid].max()) < cfg.target_stderr:
+                    stopped = done < cfg.samples
+                    break
+        if n_workers > 1:
+            results.close()
+        seconds = time.perf_counter() - t0
+        res = _result(cfg, acc, done, seconds, stopped)
+        res.summary = summarize(res)  # still single-threaded: small tensors, no barrier to wait at
+    return res
+
+
+def _result(cfg: SimConfig, acc: AccumulatorSet, done: int, seconds: float, stopped: bool) -> SimResult:
+    S = cfg.seq_len
     scores = acc["scores"].mean.cpu()
     stderr = acc["scores"].stderr.cpu()
     if cfg.causal:
@@ -233,8 +348,28 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
         groups = groups.masked_fill(upper, float("nan"))
     res = SimResult(cfg, scores, stderr, acc["probs"].mean.cpu(), done, seconds, stopped,
                     score_groups=groups, group_counts=counts.cpu())
-    res.summary = summarize(res)
     return res
+
+
+def _ordered(pool: ThreadPoolExecutor, fn, items, ahead: int):
+    """``map(fn, items)`` on ``pool`` with at most ``ahead`` items in flight, results in order.
+    Closing the generator cancels what has not started."""
+    pending: deque = deque()
+    it = iter(items)
+    try:
+        for item in it:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= ahead:
+                break
+        while pending:
+            out = pending.popleft().result()
+            for item in it:
+                pending.append(pool.submit(fn, item))
+                break
+            yield out
+    finally:
+        for f in pending:
+            f.cancel()
 
 
 LAYER_CONVENTION = "layers from 0 (the paper's layer 1 is our layer 0)"
@@ -305,10 +440,9 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
         from poslens.report.plots import layer_grid, score_map_figures
         from poslens.rundir import save_figure
 
-        L = res.scores.shape[0]
-        titles = [f"layer {l}" for l in range(L)]
-        files = score_map_figures(res.scores, out, label=f"{res.config.label()} (layers from 0)", titles=titles)
+        files = score_map_figures(res.scores, out, label=res.config.label(), percentile=None)
         L = res.probs.shape[0]
+        titles = [f"layer {l}" for l in range(L)]
         probs = res.probs.masked_fill(torch.ones_like(res.probs[0], dtype=torch.bool).triu(1), float("nan")) \
             if res.config.causal else res.probs
         save_figure(layer_grid([probs[l] for l in range(L)], titles=titles,

@@ -32,7 +32,10 @@ from typing import Callable
 
 import torch
 
+from poslens.data.tokenizer import char_ids
+from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
+from poslens.runtime import no_hf_progress_bars
 
 #: families of vectors measured per layer
 FAMILIES = ("attn", "resid")
@@ -249,18 +252,16 @@ class CharSource:
     """I.i.d. uniform sequences over ``chars`` (one token each), after BOS when the tokenizer has one."""
 
     def __init__(self, tokenizer, chars: str, seq_len: int, num_seqs: int, seed: int):
-        from poslens.analysis.probes import char_ids, random_sequences
-
-        self.chars, self.seed = chars, seed
+        self.chars, self.seed, self.seq_len = chars, seed, seq_len
         self.bos = getattr(tokenizer, "bos_token_id", None)
         self.num_seqs = num_seqs
-        self.ids = random_sequences(char_ids(tokenizer, chars, "--chars"), num_seqs, seq_len, seed, self.bos)
+        self.pool = char_ids(tokenizer, chars, "--chars")
 
     def batch(self, start: int, stop: int) -> torch.Tensor:
-        return self.ids[start:stop].clone()
+        return random_tokens(start, stop, self.seq_len, pool=self.pool, seed=self.seed, bos=self.bos)
 
     def describe(self) -> dict:
-        return {"kind": "chars", "chars": self.chars, "bos": self.bos, "seq_len": self.ids.shape[1],
+        return {"kind": "chars", "chars": self.chars, "bos": self.bos, "seq_len": self.seq_len,
                 "num_seqs": self.num_seqs, "seed": self.seed}
 
 
@@ -278,12 +279,9 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
 
     t0 = time.time()
     config, adapter, source, device = _plan(cfg)
-    if not progress:  # --quiet: no weight-loading bars either
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    model = load_model(cfg.model_dir, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
-                       trust_remote_code=cfg.trust_remote_code)
+    with no_hf_progress_bars(not progress):  # --quiet: no weight-loading bars either
+        model = load_model(cfg.model_dir, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
+                           trust_remote_code=cfg.trust_remote_code)
     ids = source.batch(0, source.num_seqs)
     modes = ["causal"] + (["bidirectional"] if cfg.bidirectional else [])
     results = {}

@@ -11,7 +11,7 @@ layer, and per-layer score maps with their non-relativity numbers.
 
 Capture: the adapter's capture points (:data:`PANEL_POINTS`: ``attn_in``, ``attn_z``, ``attn_out``,
 ``resid_mid``, ``mlp_in``, ``resid_post`` and the next layer's ``attn_in``) and, for (b) and (i),
-poslens' registered attention function (:class:`poslens.capture.Capture` ``scores``). Nothing is
+poslens' registered attention function (:class:`poslens.capture.attention.Capture` ``scores``). Nothing is
 monkeypatched. Every architecture with a sequential block works (not Phi, GPT-NeoX, Cohere, whose
 attention and MLP run in parallel); in Gemma 2/3 (d) is the projection before the post-attention
 norm, and in OLMo 2 (f) equals (e) (the MLP reads the residual stream unnormalised). Sums are float64 over batches; memory is ``9 x S x S`` plus one batch.
@@ -277,7 +277,15 @@ def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     scores = maps["scores"]
     layer_ids = ssum["_meta"].get("layers") or list(range(scores.shape[0]))
     windows = (ssum.get("attention") or {}).get("windows")
-    if windows:  # keys outside a layer's sliding window are unseen (stored as 0): out of every metric
+    blocks = (ssum.get("map_size") or {}).get("block", 1)
+    if blocks > 1:  # a --map-size scan: block means; blocks without a visible entry are out of every metric
+        from poslens.capture.attention import BlockMaps
+        from poslens.capture.scan import map_view
+
+        bm = BlockMaps(int(ssum["seq_len"]), scores.shape[-1])
+        scores = torch.stack([map_view(scores[i], (windows or {l: None for l in layer_ids})[l], bm)
+                              for i, l in enumerate(layer_ids)])
+    elif windows:  # keys outside a layer's sliding window are unseen (stored as 0): out of every metric
         scores = torch.stack([window_view(scores[i], windows[l]) for i, l in enumerate(layer_ids)])
     rows = layer_score_metrics(scores)
     if "probs" in maps:  # the sink's own number beside the sink-excluded ones
@@ -302,7 +310,9 @@ def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
                                    suptitle="diagonal-normalised scores (decoder layers from 0)", percentile=(1, 99)),
                         stage / f"scores_diagnorm{suffix}.png")
             figures += [{"file": f"scores_raw{suffix}.png", "caption": "Mean pre-softmax scores per decoder layer "
-                         "(counted from 0; mean over heads and sequences; 1st-99th percentile colour range)."},
+                         "(counted from 0; mean over heads and sequences; 1st-99th percentile colour range"
+                         + (f"; block means of {blocks} x {blocks} positions, --map-size" if blocks > 1 else "")
+                         + ")."},
                         {"file": f"scores_diagnorm{suffix}.png", "caption": "The same maps, diagonal-normalised: "
                          "what remains is the non-relative (absolute-position) part."}]
         summary = {"experiment": "kim-score-maps", "paper": "kim",

@@ -36,9 +36,12 @@ from pathlib import Path
 
 import torch
 
+from poslens.data.tokenizer import char_ids
+from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 from poslens.report.readings import probes_readings
 from poslens.rundir import LAYER_CONVENTION
+from poslens.runtime import no_hf_progress_bars
 
 FEATURES = ("vector", "cosine", "norm")
 PROBES = ("linear", "mlp")
@@ -192,34 +195,6 @@ def probe_layers(train_vecs: list[torch.Tensor], test_vecs: list[torch.Tensor], 
 # --------------------------------------------------------------------------------------------
 # data: random sequences over two disjoint character sets
 # --------------------------------------------------------------------------------------------
-def char_ids(tokenizer, chars: str, flag: str) -> list[int]:
-    """One token id per character of ``chars``; a clear error if a character is not a single token."""
-    ids = []
-    for c in dict.fromkeys(chars):
-        try:
-            enc = tokenizer(c, add_special_tokens=False)["input_ids"]
-        except Exception:  # e.g. a character-level vocabulary without this character
-            enc = []
-        if len(enc) != 1:
-            raise PoslensError(f"{flag} {chars!r}: character {c!r} is not one token of this tokenizer ({len(enc)} "
-                               "tokens); pass characters that are single tokens.")
-        ids.append(int(enc[0]))
-    if len(ids) < 2:
-        raise PoslensError(f"{flag} {chars!r}: need at least 2 distinct characters.")
-    return ids
-
-
-def random_sequences(ids: list[int], num: int, seq_len: int, seed: int, bos: int | None) -> torch.Tensor:
-    """``[num, seq_len]`` i.i.d. uniform draws from ``ids`` (after a BOS token when given)."""
-    g = torch.Generator().manual_seed(seed)
-    pool = torch.tensor(ids)
-    n = seq_len - (1 if bos is not None else 0)
-    x = pool[torch.randint(0, len(ids), (num, n), generator=g)]
-    if bos is not None:
-        x = torch.cat([torch.full((num, 1), bos, dtype=x.dtype), x], 1)
-    return x
-
-
 # --------------------------------------------------------------------------------------------
 # the command
 # --------------------------------------------------------------------------------------------
@@ -304,10 +279,6 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
 
     t0 = time.time()
     plans = _validate(cfg)
-    if not progress:  # --quiet: no weight-loading bars either
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     device = parse_device(cfg.device)
     states = ["trained"] + (["random init"] if cfg.random_init else [])
     total = sum((getattr(c, "num_hidden_layers", None) or c.n_layer) + 1 for _, c, *_ in plans) * len(states)
@@ -315,19 +286,22 @@ def run_probes(cfg: ProbesConfig, progress: bool = True) -> dict:
     with task_progress("probes", total=total, enabled=progress) as update:
         for n, (d, config, adapter, tr_ids, te_ids, bos) in enumerate(plans):
             label = cfg.labels[n] if cfg.labels else Path(d).name
-            xtr = random_sequences(tr_ids, cfg.num_train, cfg.seq_len, cfg.seed, bos)
-            xte = random_sequences(te_ids, cfg.num_test, cfg.seq_len, cfg.seed + 1, bos)
+            xtr = random_tokens(0, cfg.num_train, cfg.seq_len, pool=tr_ids, seed=cfg.seed, bos=bos)
+            xte = random_tokens(0, cfg.num_test, cfg.seq_len, pool=te_ids, seed=cfg.seed + 1, bos=bos)
             half = len(tr_ids) // 2  # ridge selection: fit on one half of the training characters, score on the other
             nv = max(2, cfg.num_train // 2)
-            xva = (random_sequences(tr_ids[:half], nv, cfg.seq_len, cfg.seed + 2, bos),
-                   random_sequences(tr_ids[half:], nv, cfg.seq_len, cfg.seed + 3, bos))
+            xva = (random_tokens(0, nv, cfg.seq_len, pool=tr_ids[:half], seed=cfg.seed + 2, bos=bos),
+                   random_tokens(0, nv, cfg.seq_len, pool=tr_ids[half:], seed=cfg.seed + 3, bos=bos))
             for state in states:
                 if state == "trained":
-                    model = load_model(d, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
-                                       trust_remote_code=cfg.trust_remote_code)
+                    with no_hf_progress_bars(not progress):  # --quiet: no weight-loading bars either
+                        model = load_model(d, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
+                                           trust_remote_code=cfg.trust_remote_code)
                 else:
-                    torch.manual_seed(cfg.seed)
-                    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device).eval()
+                    with torch.random.fork_rng(devices=[]):  # seeded weights; the global RNG is left as it was
+                        torch.manual_seed(cfg.seed)
+                        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+                    model = model.to(device).eval()
                     use_poslens_attention(model)
                 with torch.no_grad():
                     vtr = _vectors(model, xtr.to(device), cfg, adapter)

@@ -45,7 +45,8 @@ from poslens.rope import BANDS, frequency_bands, inv_freq
 
 
 def _t(x) -> torch.Tensor:
-    return torch.as_tensor(x).to(torch.float64)
+    # dtype at creation: a Python list of floats (summary.json's inv_freq) must not pass through float32
+    return torch.as_tensor(x, dtype=torch.float64)
 
 
 def _check_slash(slash) -> torch.Tensor:
@@ -59,14 +60,6 @@ def _check_slash(slash) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 # profiles, SDH table, persistence
 # --------------------------------------------------------------------------------------------
-def sdh_mask(slash, kappa: float, delta: int) -> torch.Tensor:
-    """Bool ``[L, H]``: heads that are (κ, Δ)-slash-dominant (SlashScore(Δ) >= κ)."""
-    s = _check_slash(slash)
-    if not 0 <= delta < s.shape[-1]:
-        raise PoslensError(f"offset Δ={delta} outside 0..{s.shape[-1] - 1} (the scan's --seq-len).")
-    return s[..., delta] >= kappa
-
-
 def sdh_table(slash, kappas: list[float], max_delta: int, min_delta: int = 0,
               layer_ids: list[int] | None = None, max_listed: int = 6) -> dict:
     """Counts of (κ, Δ)-SDHs over the κ grid x Δ range, with the heads listed (up to ``max_listed``).

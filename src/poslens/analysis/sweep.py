@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 from poslens.fmt import fmt_pm
 from poslens.report.readings import sweep_readings
@@ -65,16 +66,6 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return layers, hidden, heads
 
 
-def parse_floats(text: str, flag: str) -> list[float]:
-    try:
-        vals = [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise PoslensError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.002,0.02,0.2.") from None
-    if not vals:
-        raise PoslensError(f"{flag}: give at least one value.")
-    return vals
-
-
 def reinit_normal(model, sigma: float, seed: int = 0):
     """Redraw every weight matrix and embedding from N(0, sigma^2) in place (gains 1, biases 0).
 
@@ -104,12 +95,6 @@ def build_sweep_model(shape: str, seq_len: int, vocab_size: int = 128, seed: int
     return use_poslens_attention(model)
 
 
-def random_ascii(num_seqs: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    """I.i.d. uniform printable-ASCII character ids ``[num_seqs, seq_len]``."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(ASCII_LO, ASCII_HI, (num_seqs, seq_len), generator=g)
-
-
 def validate(cfg: SweepConfig) -> None:
     from poslens.rundir import prepare_out_dir
 
@@ -133,7 +118,7 @@ def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
     from poslens.progress import task_progress
 
     modes = ["causal"] + (["bidirectional"] if cfg.bidirectional else [])
-    ids = random_ascii(cfg.num_seqs, cfg.seq_len, cfg.seed)
+    ids = random_tokens(0, cfg.num_seqs, cfg.seq_len, pool=range(ASCII_LO, ASCII_HI), seed=cfg.seed)  # printable ASCII
     total = len(cfg.shapes) * len(cfg.sigmas) * len(modes)
     out: dict[str, dict] = {}
     done = 0

@@ -1,17 +1,12 @@
-"""Capture engine: scan any Hugging Face causal LM for positional structure.
+"""Capture engine: run any Hugging Face causal LM and stream its attention internals into
+float64 accumulators. This package imports nothing; import the module you need:
 
-Public entry points:
-
-- :func:`poslens.capture.scan.run_scan` (``ScanConfig`` -> summary dict, writes a run directory);
-- :class:`poslens.capture.attention.Capture` / ``CaptureSpec`` and :func:`register` for callers that
-  drive their own forwards (e.g. a distributed driver that shards sequences and all-reduces
-  ``capture.accs``);
-- :func:`poslens.capture.sources.make_source` for deterministic, index-addressable sequences.
+- :mod:`poslens.capture.scan`: ``ScanConfig`` + ``run_scan`` (writes a run directory), ``plan_scan``,
+  ``attach``, ``load_model``;
+- :mod:`poslens.capture.attention`: ``Capture`` / ``CaptureSpec`` and ``register`` (the attention
+  function registered with transformers), for callers that drive their own forwards (e.g. a
+  distributed driver that shards sequences and all-reduces ``capture.accs``);
+- :mod:`poslens.capture.stats`: the mergeable accumulators and the noise-group statistics;
+- :mod:`poslens.capture.sources`: ``make_source``, deterministic index-addressable sequences;
+- :mod:`poslens.capture.loop`, ``adapters``, ``model_source``, ``reservoir``, ``distributed``, ``cuda_maps``.
 """
-
-from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, accumulator_shapes, register
-from poslens.capture.scan import ScanConfig, attach, load_model, plan_scan, run_scan
-from poslens.capture.sources import make_source
-
-__all__ = ["ATTN_NAME", "Capture", "CaptureSpec", "ScanConfig", "accumulator_shapes", "attach", "load_model",
-           "make_source", "plan_scan", "register", "run_scan"]

@@ -378,6 +378,16 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
                           padding, B, Sq, Sk, query.device)
         sdpa_causal = False
     softcap = kwargs.get("softcap")
+    captured = cap is not None and layer in cap.layer_pos
+    if captured and (padding is not None or Sq != Sk):
+        raise PoslensError("capture needs full, unpadded sequences without a KV cache; scan feeds packed "
+                           "sequences of exactly --seq-len tokens.")
+    softcap_f = float(softcap) if softcap else None
+    if captured and not (dropout and module.training) and cap.computes_output(layer, query, key, window, softcap_f):
+        # one pass: the capture's chunks compute the weights it accumulates and, from them, the output
+        out = cap.observe_attention(layer, query, key, None, scaling, causal=causal, window=window,
+                                    softcap=softcap_f, value=value)
+        return out.transpose(1, 2).contiguous(), None
     if softcap:  # SDPA cannot soft-cap the logits: compute as eager attention does
         out = _eager_softcap_attention(query, key, value, mask, sdpa_causal, scaling, float(softcap))
     else:
@@ -385,12 +395,8 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
             query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
             is_causal=sdpa_causal, scale=scaling, enable_gqa=key.shape[1] != H,
         )
-    if cap is not None and layer in cap.layer_pos:
-        if padding is not None or Sq != Sk:
-            raise PoslensError("capture needs full, unpadded sequences without a KV cache; scan feeds packed "
-                               "sequences of exactly --seq-len tokens.")
-        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window,
-                              softcap=float(softcap) if softcap else None)
+    if captured:
+        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap_f)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -437,6 +443,12 @@ class CaptureSpec:
     aps_max_positions: int = 256  # positions per sequence for the per-sequence APS (evenly spaced subsample)
     noise_groups: int = NOISE_GROUPS  # independent sequence groups whose score-map sums give the noise floor
     noise_max_positions: int = 128  # group maps are kept on a strided grid of at most this many positions
+    #: keep S x S maps (scores, probs, cosine, attn_cosine, per-head maps) as exact block means on an
+    #: N x N grid of blocks (:class:`BlockMaps`); 0 = full maps
+    map_size: int = 0
+    #: compute a captured layer's attention output from the capture's own weights (CPU) instead of a
+    #: second SDPA pass; False: SDPA output, statistics computed beside it (comparisons, benchmarks)
+    own_output: bool = True
 
 
 def noise_grid(S: int, max_positions: int) -> torch.Tensor:
@@ -445,16 +457,93 @@ def noise_grid(S: int, max_positions: int) -> torch.Tensor:
     return torch.arange(0, S, -(-S // max(1, max_positions)))
 
 
+class BlockMaps:
+    """Block means of ``S x S`` maps on the fly (``--map-size N``).
+
+    Blocks are ``f x f`` with ``f = ceil(S / N)`` (the last row/column of blocks is narrower when ``f``
+    does not divide ``S``), ``n = ceil(S / f)`` blocks per axis. A stored map entry ``[I, J]`` is the
+    mean of the entries ``(i, j)`` of block ``(I, J)`` that a query sees: ``j <= i`` for causal maps,
+    and inside the sliding window where there is one. Blocks without a visible entry (every block
+    right of the diagonal, in a causal map) are stored as 0, as the full maps store their upper
+    triangle, and read as NaN. Cosine maps (symmetric, every entry defined) average every entry.
+    The means are exact: chunk rows are summed into their blocks as they are computed and divided by
+    the count of visible entries once per layer and batch; no ``S x S`` map is ever materialised.
+    """
+
+    def __init__(self, seq_len: int, map_size: int):
+        if map_size < 1:
+            raise ValueError("map_size must be positive")
+        self.S = int(seq_len)
+        self.f = -(-self.S // int(map_size))
+        self.n = -(-self.S // self.f)
+        self._inv: dict = {}
+
+    def sizes(self) -> torch.Tensor:
+        """Positions per block ``[n]`` (float64)."""
+        return torch.full((self.n,), float(self.f), dtype=torch.float64).index_fill_(
+            0, torch.tensor([self.n - 1]), float(self.S - (self.n - 1) * self.f))
+
+    def counts(self, causal: bool, window: int | None) -> torch.Tensor:
+        """Visible entries per block ``[n, n]`` (float64) of a map with this mask."""
+        S, f = self.S, self.f
+        i = torch.arange(S, dtype=torch.int64)[:, None]
+        lo = (i - window + 1).clamp_min(0) if window else torch.zeros_like(i)  # keys i - j < window
+        hi = i if causal else torch.full_like(i, S - 1)
+        j0 = torch.arange(self.n, dtype=torch.int64)[None, :] * f  # block J covers keys [J f, J f + f - 1]
+        j1 = (j0 + f - 1).clamp_max(S - 1)
+        per_row = (torch.minimum(hi, j1) - torch.maximum(lo, j0) + 1).clamp_min(0).to(torch.float64)  # [S, n]
+        out = torch.zeros(self.n, self.n, dtype=torch.float64)
+        return out.index_add_(0, torch.arange(S) // f, per_row)
+
+    def inverse_counts(self, causal: bool, window: int | None, device) -> torch.Tensor:
+        """``1 / counts`` (0 where a block has no visible entry), float32, cached per mask and device."""
+        key = (bool(causal), window, str(device))
+        if key not in self._inv:
+            c = self.counts(causal, window)
+            self._inv[key] = torch.where(c > 0, 1.0 / c.clamp_min(1), 0.0).to(torch.float32).to(device)
+        return self._inv[key]
+
+    def add_rows(self, dst: torch.Tensor, part: torch.Tensor, start: int) -> None:
+        """Add a map's rows ``start .. start + c - 1`` (``part [c, nc]``, keys ``0 .. nc - 1``) to the
+        block sums ``dst [n, n]``."""
+        c, nc = part.shape
+        f = self.f
+        nb = -(-nc // f)
+        if nc != nb * f:
+            part = torch.nn.functional.pad(part, (0, nb * f - nc))
+        cols = part.reshape(c, nb, f).sum(-1)  # [c, nb]: column blocks
+        r0, r1 = start // f, (start + c - 1) // f
+        if r0 == r1:  # every row in one block row (the common case: chunks shorter than a block)
+            dst[r0, :nb] += cols.sum(0)
+        else:
+            idx = torch.arange(start, start + c, device=part.device) // f
+            dst[:, :nb].index_add_(0, idx, cols)
+
+    def gram_means(self, a: torch.Tensor) -> torch.Tensor:
+        """Block means ``[n, n]`` (float32) of ``a @ a.T`` for ``a [S, K]`` without the ``S x S`` product:
+        row blocks of the lower block triangle, reduced to block sums as they are computed, mirrored."""
+        S, f, n = self.S, self.f, self.n
+        R = f * max(1, GRAM_BLOCK_ROWS // f)
+        out = torch.zeros(n, n, dtype=torch.float32, device=a.device)
+        for r0 in range(0, S, R):
+            r1 = min(S, r0 + R)
+            self.add_rows(out, a[r0:r1] @ a[:r1].T, r0)
+        out = out.tril() + out.tril(-1).T  # blocks right of each computed row band: the mirrored ones
+        sz = self.sizes().to(torch.float32).to(a.device)
+        return out.div_(sz[:, None] * sz[None, :])
+
+
 def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
     """Names and shapes of every accumulated tensor (these are also the ``maps.safetensors`` names)."""
     L, H, Hk, D, S = len(spec.layers), spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.seq_len
+    M = BlockMaps(S, spec.map_size).n if spec.map_size else S  # side of the stored S x S maps
     shapes = {
-        "scores": (L, S, S),
-        "probs": (L, S, S),
+        "scores": (L, M, M),
+        "probs": (L, M, M),
         "slash": (L, H, S),
-        "cosine": (L + 1, S, S),
+        "cosine": (L + 1, M, M),
         "norms": (L + 1, S),
-        "attn_cosine": (L, S, S),
+        "attn_cosine": (L, M, M),
         "attn_norms": (L, S),
         "q_gram": (L, H, D, D),
         "k_gram": (L, Hk, D, D),
@@ -464,9 +553,11 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
     }
     wanted = {a for st in spec.stats for a in STATS[st]} - {"score_groups"}  # a GroupAccumulator, see Capture
     shapes = {k: v for k, v in shapes.items() if k in wanted}
+    if spec.map_size and "probs" in shapes:  # key 0's weight exactly: the sink is one column, not a block
+        shapes["probs_key0"] = (L, S)
     if spec.heads:
-        shapes["head_scores"] = (len(spec.heads), S, S)
-        shapes["head_probs"] = (len(spec.heads), S, S)
+        shapes["head_scores"] = (len(spec.heads), M, M)
+        shapes["head_probs"] = (len(spec.heads), M, M)
     return shapes
 
 
@@ -513,6 +604,8 @@ class Capture:
             n = self.grid.numel()
             self.accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
         self._seq0 = 0  # global index of the batch's first sequence (sequence n is in noise group n % G)
+        self.blocks = BlockMaps(spec.seq_len, spec.map_size) if spec.map_size else None
+        self._buffers: dict = {}  # reused chunk workspaces (CPU), see _buffer
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         #: per layer, the (cos, sin) its attention module received (Gemma 3: one table per layer type)
         self.rope_by_layer: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -630,10 +723,22 @@ class Capture:
         inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
         torch.mul(x.transpose(0, 1), inv, out=folded)
         folded = folded.reshape(S, -1)
-        self.accs[cos_name].sum[index] += _symmetric_gram(folded)
+        if self.blocks is not None:
+            self.accs[cos_name].sum[index] += self.blocks.gram_means(folded)
+        else:
+            self.accs[cos_name].sum[index] += _symmetric_gram(folded)
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
     # -- attention --------------------------------------------------------------------------
+    def _buffer(self, name: str, shape: tuple, device) -> torch.Tensor:
+        """A float32 workspace of ``shape``, reused across chunks and layers (grown when too small)."""
+        n = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < n or buf.device != torch.device(device):
+            buf = torch.empty(n, dtype=torch.float32, device=device)
+            self._buffers[name] = buf
+        return buf[:n].view(shape)
+
     def _half_perm(self, D: int, device) -> torch.Tensor:
         rot = self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D
         return half_layout_perm(D, rot, device)
@@ -654,14 +759,28 @@ class Capture:
             elems = CUDA_CHUNK_ELEMS
         return min(S, max(1, elems // max(1, B * H * S)))
 
+    def computes_output(self, layer, query, key, window, softcap) -> bool:
+        """Whether :meth:`observe_attention` computes ``layer``'s attention output itself (from the
+        weights its maps need anyway) when handed the values, so the model skips its own SDPA pass:
+        on the CPU, when the layer's maps are captured (``spec.own_output``)."""
+        if not self.spec.own_output or query.is_cuda or layer not in self.layer_pos:
+            return False
+        stats = self.spec.stats
+        return bool(stats & {"scores", "probs", "slash"}) or bool(self.head_pos.get(layer))
+
     @torch.no_grad()
     def observe_attention(self, layer, query, key, out, scaling, *, causal=True, window=None,
-                          softcap=None) -> None:
-        """Add one layer's attention statistics (only those in ``spec.stats``) for a batch."""
-        with _half_input_matmuls(query.is_cuda and query.dtype in _HALF):
-            self._observe_attention(layer, query, key, out, scaling, causal, window, softcap)
+                          softcap=None, value=None):
+        """Add one layer's attention statistics (only those in ``spec.stats``) for a batch.
 
-    def _observe_attention(self, layer, query, key, out, scaling, causal, window, softcap) -> None:
+        ``out`` is the layer's attention output ``[B, H, S, D]``; pass ``out=None`` and the ``value``
+        states instead (when :meth:`computes_output`) to have it computed from the chunks' own
+        weights. Returns the output ``[B, H, S, D]`` (a view of a ``[B, S, H, D]`` contiguous tensor
+        when computed here)."""
+        with _half_input_matmuls(query.is_cuda and query.dtype in _HALF):
+            return self._observe_attention(layer, query, key, out, scaling, causal, window, softcap, value)
+
+    def _observe_attention(self, layer, query, key, out, scaling, causal, window, softcap, value=None):
         spec, stats = self.spec, self.spec.stats
         li = self.layer_pos[layer]
         acc = self.accs
@@ -669,6 +788,8 @@ class Capture:
         heads_here = self.head_pos.get(layer, [])
         want_qk = "qk" in stats
         want_maps = bool(stats & {"scores", "probs", "slash"}) or bool(heads_here)
+        if out is None and not (value is not None and want_maps and not query.is_cuda):
+            raise ValueError("observe_attention: pass the layer output, or the values where computes_output()")
         fused = want_maps and softcap is None and _fused_ok(query, key, window)
         q = k = None
         if want_qk or "dim_logit" in stats or (want_maps and not fused):
@@ -718,8 +839,14 @@ class Capture:
                     q = query.to(torch.float32).contiguous()
                     k = key.to(torch.float32).contiguous()
             if maps is None:
+                v = None
+                if out is None:  # the output from the chunks' own weights (values in the maps' float32)
+                    v = value.to(torch.float32).contiguous()
                 maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here,
-                                            checked=not query.is_cuda)
+                                            checked=not query.is_cuda, v=v, out_dtype=query.dtype)
+                if v is not None:
+                    out = maps.pop("output").transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
+                    del v
             if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
                 maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
             if "scores" in stats:  # float32 per-call sums into the float64 sums, without a float64 temporary
@@ -727,6 +854,8 @@ class Capture:
                 self._add_score_groups(li, query, key, scaling, causal, softcap)
             if "probs" in stats:
                 acc["probs"].sum[li].add_(maps["probs"], alpha=1.0 / H)
+                if "probs_key0" in maps:
+                    acc["probs_key0"].sum[li].add_(maps["probs_key0"], alpha=1.0 / H)
             if "slash" in stats:
                 acc["slash"].sum[li] += maps["slash"].to(torch.float64) / (
                     S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))
@@ -739,6 +868,7 @@ class Capture:
         # sequence-major copy is made once, inside _add_cosine)
         if "attn_cosine" in stats:
             self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
+        return out
 
     def _add_score_groups(self, li, query, key, scaling, causal, softcap) -> None:
         """Head-summed scores of each sequence on the noise grid, added to its sequence group.
@@ -764,7 +894,8 @@ class Capture:
         acc = self.accs["score_groups"]
         acc.sum[:, li].index_add_(0, self._seq_groups(acc.sum.device), part.to(acc.sum.device))
 
-    def _attention_maps(self, layer, q, k, scaling, causal, window, softcap, heads_here, *, checked: bool):
+    def _attention_maps(self, layer, q, k, scaling, causal, window, softcap, heads_here, *, checked: bool,
+                        v: torch.Tensor | None = None, out_dtype=None):
         """Batch/head sums of one layer's scores, weights, slash profile and per-head maps (float32).
 
         Query-row chunks: only ``[B, H, c, S]`` logits live at a time. A causal row block
@@ -773,12 +904,24 @@ class Capture:
         Each entry of a sum is written once (row blocks are disjoint). ``checked``: test every chunk
         for non-finite logits at once (a host sync per chunk, free on the CPU); unchecked (CUDA) the
         test is one flag read after the loop, and ``None`` is returned when it fires.
+
+        ``v`` (float32 values ``[B, Hk, S, D]``): also compute the layer's attention output from each
+        chunk's own weights, ``softmax(logits) @ v`` as eager attention does, so the model needs no
+        second attention pass; returned as ``"output"`` ``[B, S, H, D]`` in ``out_dtype``.
+
+        On the CPU the chunk's logits, weights and products live in buffers reused from chunk to chunk
+        and layer to layer (:meth:`_buffer`): a fresh multi-megabyte temporary per chunk is a fresh
+        ``mmap`` whose pages fault in again, which showed up as sys time. With ``spec.map_size`` the
+        S x S maps are block sums reduced chunk by chunk (:class:`BlockMaps`), divided by each block's
+        count of valid entries at the end: exact block means, never a full map.
         """
         stats = self.spec.stats
         B, H, S, D = q.shape
         Hk = k.shape[1]
         g = H // Hk
         dev = q.device
+        cpu = dev.type == "cpu"
+        blocks = self.blocks
         want_s, want_p, want_sl = "scores" in stats, "probs" in stats, "slash" in stats
         rows = self._rows_per_chunk(B, H, S, dev)
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
@@ -787,71 +930,105 @@ class Capture:
         qs = (qg * scaling) if scaling != 1.0 else qg  # the scale folded into the (small) queries
         kT = k.transpose(2, 3)  # [B, Hk, D, S]
         f32 = dict(dtype=torch.float32, device=dev)
+        M = blocks.n if blocks is not None else S  # side of a stored map
         out = {}
         if want_s:
-            out["scores"] = torch.zeros(S, S, **f32)
+            out["scores"] = torch.zeros(M, M, **f32)
         if want_p:
-            out["probs"] = torch.zeros(S, S, **f32)
+            out["probs"] = torch.zeros(M, M, **f32)
+            if blocks is not None:  # the sink column exactly (block maps average key 0 with its block)
+                out["probs_key0"] = torch.zeros(S, **f32)
         if want_sl:
             out["slash"] = torch.zeros(H, S, **f32)
         if heads_here:
-            out["head_scores"] = torch.zeros(len(heads_here), S, S, **f32)
-            out["head_probs"] = torch.zeros(len(heads_here), S, S, **f32)
-        need_p = want_p or want_sl or bool(heads_here)
+            out["head_scores"] = torch.zeros(len(heads_here), M, M, **f32)
+            out["head_probs"] = torch.zeros(len(heads_here), M, M, **f32)
+        output = None
+        if v is not None:
+            output = torch.empty(B, S, H, D, dtype=out_dtype or v.dtype, device=dev)
+            out_groups = output.view(B, S, Hk, g, D)
+        need_p = want_p or want_sl or bool(heads_here) or v is not None
         bad = None if checked else torch.zeros((), dtype=torch.bool, device=dev)
         above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i inside a diagonal block
+
+        def put(name, part, start, index=None):
+            """Write a chunk's ``[c, nc]`` rows of map ``name`` (block sums with --map-size)."""
+            dst = out[name] if index is None else out[name][index]
+            if blocks is None:
+                dst[start:start + part.shape[0], :part.shape[1]] = part
+            else:
+                blocks.add_rows(dst, part, start)
+
         # Slash by offset without an index gather: each chunk's batch-summed weights are written into
         # a buffer whose rows start after `rows` zero columns; a view with row stride W + 1 then
         # lines up, in row r and column t, the entry A[i, i - d] with d = stop - 1 - t (i = start + r),
         # and reads a zero where i - d < 0 (see _slash_view). Its row sum is the chunk's slash sum.
         W = rows + S
-        zbuf = torch.empty(H, rows, W, **f32)
+        zbuf = self._buffer("slash", (H, rows, W), dev) if cpu else torch.empty(H, rows, W, **f32)
         zbuf[:, :, :rows] = 0.0
         for start in range(0, S, rows):
             stop = min(S, start + rows)
             c = stop - start
             nc = stop if causal else S  # keys a causal row block can see
-            if g == 1:
-                logits = torch.matmul(qs[:, :, 0, start:stop], kT[:, :, :, :nc])  # [B, H, c, nc]
+            qc = qs[:, :, 0, start:stop] if g == 1 else qs[:, :, :, start:stop].reshape(B, Hk, g * c, D)
+            if cpu:  # into the reused buffer
+                logits = self._buffer("logits", (B, Hk, g * c, nc), dev)
+                torch.matmul(qc, kT[:, :, :, :nc], out=logits)
+                logits = logits.view(B, H, c, nc)
             else:
-                qc = qs[:, :, :, start:stop].reshape(B, Hk, g * c, D)
-                logits = torch.matmul(qc, kT[:, :, :, :nc]).view(B, H, c, nc)
+                logits = torch.matmul(qc, kT[:, :, :, :nc]).view(B, H, c, nc)  # [B, H, c, nc]
             if softcap is not None:  # Gemma 2: the logits the softmax sees are capped, so are the captured ones
                 logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
+            allowed = None
+            if window is not None:
+                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
             if want_s:
-                block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
+                if cpu:  # the batch/head sum as one outer reduction into a reused buffer
+                    block_sum = self._buffer("block_sum", (c, nc), dev)
+                    torch.sum(logits.view(B * H, c * nc), dim=0, out=block_sum.view(c * nc))
+                else:
+                    block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
                 if checked and not bool(torch.isfinite(block_sum).all()):  # locate the head only on failure
-                    allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
                     bad_l = ~torch.isfinite(logits)
                     if allowed is not None:
                         bad_l &= allowed
+                    elif causal:
+                        bad_l[..., start:stop] &= ~above[:c, :c]
                     if bool(bad_l.any()):
                         raise _nonfinite_error(layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
                     block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
                 if causal:  # above the diagonal: not part of the causal scores, stored as 0
                     block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
-                if window is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
-                    allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
+                if allowed is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
                     block_sum.masked_fill_(~allowed, 0.0)
                 if bad is not None:
                     bad |= ~torch.isfinite(block_sum).all()
-                out["scores"][start:stop, :nc] = block_sum
-            if window is not None:
+                put("scores", block_sum, start)
+            if allowed is not None:
                 logits.masked_fill_(~allowed, float("-inf"))
             elif causal:
                 logits[..., start:stop].masked_fill_(above[:c, :c], float("-inf"))
             for m, (_n, h) in enumerate(heads_here):
                 lh = logits[:, h]
-                out["head_scores"][m, start:stop, :nc] = _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0))
+                put("head_scores", _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)), start, m)
             if not need_p:
                 del logits
                 continue
-            p = torch.softmax(logits, dim=-1)
+            if cpu:  # in place: the logits buffer becomes the weights
+                p = torch.softmax(logits, dim=-1, out=logits)
+            else:
+                p = torch.softmax(logits, dim=-1)
             del logits
+            if output is not None:  # this chunk's rows of the layer output: p @ v, per key head group
+                pv = self._buffer("pv", (B, Hk, g * c, D), dev)
+                torch.matmul(p.view(B, Hk, g * c, nc), v[:, :, :nc], out=pv)
+                out_groups[:, start:stop].copy_(pv.view(B, Hk, g, c, D).permute(0, 3, 1, 2, 4))
             for m, (_n, h) in enumerate(heads_here):
-                out["head_probs"][m, start:stop, :nc] = _sum_first(p[:, h])
+                put("head_probs", _sum_first(p[:, h]), start, m)
+            if not (want_p or want_sl):
+                continue
             pb = zbuf[:, :c, rows:rows + nc]  # [H, c, nc]: the batch sum, written into the slash buffer
-            if dev.type == "cpu":
+            if cpu:
                 pb.copy_(p[0])
                 for b in range(1, B):
                     pb.add_(p[b])
@@ -863,12 +1040,26 @@ class Capture:
             if bad is not None:
                 bad |= ~torch.isfinite(pb).all()
             if want_p:
-                out["probs"][start:stop, :nc] = pb.sum(0)
+                if cpu:
+                    head_sum = self._buffer("head_sum", (c, nc), dev)
+                    torch.sum(pb, dim=0, out=head_sum)
+                else:
+                    head_sum = pb.sum(0)
+                put("probs", head_sum, start)
+                if blocks is not None:
+                    out["probs_key0"][start:stop] = pb[:, :, 0].sum(0)
             if want_sl:
                 out["slash"][:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
             del pb
         if bad is not None and bool(bad):
             return None
+        if blocks is not None:  # block sums -> block means over each block's valid (seen) entries
+            inv = blocks.inverse_counts(causal, window, dev)
+            for name in ("scores", "probs", "head_scores", "head_probs"):
+                if name in out:
+                    out[name].mul_(inv)
+        if output is not None:
+            out["output"] = output
         return out
 
     # -- results ----------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poslens.errors import PoslensError
+from poslens.runtime import no_hf_progress_bars
 
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "poslens_source.json"
@@ -332,7 +333,6 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
     safe under concurrency (file lock + staging directory + rename)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     from poslens.rundir import versions, write_json
 
@@ -340,13 +340,12 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
     with _file_lock(target.parent / f".{src.sha256}.lock"):
         if (target / "config.json").is_file():  # another process finished it while we waited
             return target
-        if not progress:
-            hf_logging.disable_progress_bar()
         stage = Path(tempfile.mkdtemp(prefix=f".{src.sha256}.partial-", dir=target.parent))
         try:
             folder, name = str(src.path.parent), src.path.name
             try:
-                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+                with no_hf_progress_bars(not progress):
+                    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
             except (ValueError, KeyError, RuntimeError, NotImplementedError) as e:
                 raise PoslensError(f"{src.path}: transformers could not dequantise this GGUF file "
                                    f"({type(e).__name__}: {str(e).splitlines()[0][:200]}).") from None
@@ -358,7 +357,8 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
             if hasattr(model, "is_quantized"):
                 with contextlib.suppress(AttributeError):
                     model.is_quantized = False
-            model.save_pretrained(str(stage), safe_serialization=True)
+            with no_hf_progress_bars(not progress):
+                model.save_pretrained(str(stage), safe_serialization=True)
             del model
             try:
                 tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)

@@ -31,7 +31,8 @@ from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, parse_sta
 from poslens.capture.loop import forward, forward_kwargs
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError
-from poslens.runtime import resolve_dtype
+from poslens.progress import task_progress
+from poslens.runtime import no_hf_progress_bars, resolve_dtype
 
 CHECKPOINT = "checkpoint.safetensors"
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -71,6 +72,8 @@ class ScanConfig:
     device_map: str | None = None  # accelerate device map ("auto"...): layers over several devices
     reservoir: int = 256  # token slots whose pre-RoPE q/k vectors are kept (0 = none)
     stats: list[str] | None = None  # statistics to accumulate (names of capture.attention.STATS); None = all
+    map_size: int = 0  # S x S maps as block means on an N x N grid (capture.attention.BlockMaps); 0 = full
+    keep_checkpoint: bool = False  # keep the checkpoint in a finished run directory
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,6 +245,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                       ("--checkpoint-every", cfg.checkpoint_every)):
         if val < 1:
             raise PoslensError(f"{flag} {val}: must be a positive integer.")
+    if cfg.map_size < 0:
+        raise PoslensError(f"--map-size {cfg.map_size}: must be 0 (full S x S maps) or a positive number of blocks.")
     if cfg.reservoir < 0:
         raise PoslensError(f"--reservoir {cfg.reservoir}: must be 0 (none) or a positive number of token slots.")
     layers = list(range(L)) if cfg.layers is None else sorted(set(cfg.layers))
@@ -283,7 +288,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
                        chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats,
-                       aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout)
+                       aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout,
+                       map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 
@@ -323,6 +329,8 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
 def fingerprint(cfg: ScanConfig) -> str:
     d = {k: getattr(cfg, k) for k in _FINGERPRINT_FIELDS}
     d["stats"] = sorted(parse_stats(cfg.stats))
+    if cfg.map_size:  # only when set, so checkpoints of full-map scans keep their fingerprint
+        d["map_size"] = cfg.map_size
     d["model_dir"] = str(Path(cfg.model_dir).resolve())
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -453,12 +461,10 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     plan.device = device
     if ctx.is_main:
         create_out_dir(out)
-    if (ctx.enabled and not ctx.is_main) or not progress:  # one set of loading bars per job; none with --quiet
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
-                       trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
+    # one set of loading bars per job; none with --quiet
+    with no_hf_progress_bars((ctx.enabled and not ctx.is_main) or not progress):
+        model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
+                           trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
     try:  # every layer must dispatch through the registered attention (custom attention code: refused)
         plan.attention = check_dispatch(model, plan.adapter)
     except PoslensError:
@@ -512,7 +518,8 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     tokens = 0
     t_loop = time.time()
     try:
-        with _progress(progress and ctx.is_main, len(batches), already) as advance:
+        shown = already
+        with task_progress("scan", len(batches), enabled=progress and ctx.is_main, done=already) as update:
             for n_step, t in enumerate(range(first_step, steps), 1):
                 did = 0
                 if done <= t < len(mine):
@@ -526,7 +533,8 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                     D.die_hook(ctx, done)
                 # lockstep: the global count for the progress bar, and a dead peer is noticed at once
                 ctx.reach(t + 1)
-                advance(int(ctx.all_sum([did], device)[0]) if ctx.enabled else did)
+                shown += int(ctx.all_sum([did], device)[0]) if ctx.enabled else did
+                update(shown)
                 if stop_after_batches is not None and n_step >= stop_after_batches and t + 1 < steps:
                     checkpoint(done)
                     return {"stopped_at": mine[done - 1][1]} if not ctx.enabled else {
@@ -556,31 +564,10 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
                             layers_describe="each decoder layer's attention (scores, heads, pre-RoPE q/k); aps and "
                                             "norm_score: the residual stream after that layer (embedding_aps: the "
                                             "embeddings)")
+    if not cfg.keep_checkpoint:  # finished: the checkpoint (as large as the float64 sums) has done its job
+        for f in [out / CHECKPOINT, *_rank_checkpoints(out).values()]:
+            f.unlink(missing_ok=True)
     return summary
-
-
-class _progress:
-    def __init__(self, enabled: bool, total: int, done: int):
-        self.enabled, self.total, self.done = enabled, total, done
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda n=1: None
-        from poslens.progress import task_progress  # the one progress convention (nests in a caller's bar)
-
-        self.bar = task_progress("scan", self.total, done=self.done)
-        update = self.bar.__enter__()
-
-        def advance(n: int = 1) -> None:
-            self.done += n
-            update(self.done)
-
-        return advance
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.__exit__(*exc)
-        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -630,7 +617,7 @@ def _per_sequence(acc) -> tuple[list, list]:
 
 
 def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: torch.Tensor | None, grid: torch.Tensor,
-                      locality_positions: int, sink_columns=SINK_COLUMNS) -> dict:
+                      locality_positions: int, sink_columns=SINK_COLUMNS, grid_map: torch.Tensor | None = None) -> dict:
     """The score-map numbers of one layer: sink-excluded headline values on the full map (relativity
     index, locality on at most ``locality_positions`` positions, signed diagonal trend, within-diagonal
     RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
@@ -643,7 +630,8 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     out = describe_map(sc, exclude_keys=sink_columns, locality_map=sub)
     if groups is not None and groups.shape[0] >= 2:
         g = causal_view(groups, include_diagonal=True)
-        noise = describe_map(causal_view(sc[grid][:, grid]), g, counts, exclude_keys=sink_columns)
+        on_grid = sc[grid][:, grid] if grid_map is None else grid_map  # grid_map: the mean map on the grid
+        noise = describe_map(causal_view(on_grid), g, counts, exclude_keys=sink_columns)
         for key in ("flat_p", "nonrelative_p", "trend_p", "within_diag_rms_noise", "diagonal_trend_se", "noise_groups"):
             out[key] = noise.get(key)
         out["flat"] = bool(noise["flat"])
@@ -665,6 +653,25 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     out["locality_with_sink"] = None if flat else _opt(locality(sub))
     out["sink_columns"] = list(sink_columns)
     return out
+
+
+def map_view(m: torch.Tensor, window: int | None, blocks=None, causal: bool = True) -> torch.Tensor:
+    """A stored score/weight map as the summary reads it: NaN where no query sees the entry (above the
+    diagonal, outside a sliding window); a block map (``--map-size``) NaN in the blocks without a
+    visible entry."""
+    if blocks is None:
+        return window_view(causal_view(m, include_diagonal=True), window)
+    empty = blocks.counts(causal, window) == 0
+    return m.masked_fill(empty.to(m.device), float("nan"))
+
+
+def _grid_mean(groups: torch.Tensor, counts: torch.Tensor | None, li: int) -> torch.Tensor | None:
+    """Layer ``li``'s mean score map on the noise grid, from the group means and their counts (what
+    ``scores[grid][:, grid]`` is for a full map; a block map has no grid entries)."""
+    if counts is None or not groups.shape[0]:
+        return None
+    w = counts.to(torch.float64)
+    return (groups[:, li].cpu() * w[:, None, None]).sum(0) / w.sum()
 
 
 def _grid_groups(groups: torch.Tensor, li: int, grid: torch.Tensor, window: int | None) -> torch.Tensor | None:
@@ -711,10 +718,11 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     attn_aps_mean, attn_aps_std = _per_sequence(capture.accs["attn_aps_seq"]) if has("attn_aps_seq") \
         else ([None] * nl,) * 2
     windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
+    blocks = capture.blocks  # --map-size: the S x S maps are block means
     layers = []
     for li, l in enumerate(spec.layers):
         # entries outside a sliding window are unseen (stored as 0, like above the diagonal): NaN here
-        sc = window_view(causal_view(mean("scores", li), include_diagonal=True), windows[l]) if has("scores") else None
+        sc = map_view(mean("scores", li), windows[l], blocks, causal=not spec.bidirectional) if has("scores") else None
         rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
         rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
         table = layer_rope(plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
@@ -725,9 +733,11 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
             "layer": l,
             "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
             "sliding_window": windows[l],
-            **(score_map_numbers(sc, _grid_groups(groups, li, grid, windows[l]), counts, grid, k)
+            **(score_map_numbers(sc, _grid_groups(groups, li, grid, windows[l]), counts, grid, k,
+                                 grid_map=None if blocks is None else _grid_mean(groups, counts, li))
                if sc is not None else {}),
-            "sink_weight": when("probs", lambda: float(sink_weight(mean("probs", li)))),
+            "sink_weight": when("probs", lambda: float(
+                sink_weight(mean("probs", li)) if blocks is None else mean("probs_key0", li)[1:].mean())),
             "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
             "aps_mean": aps_mean[li + 1],
             "aps_std": aps_std[li + 1],
@@ -755,6 +765,10 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
         "seq_len": spec.seq_len,
         "layer_convention": LAYER_CONVENTION,
         "stats": sorted(spec.stats),
+        # --map-size: S x S maps stored as block means (n x n blocks of `block` positions; see docs/scan.md)
+        "map_size": {"blocks": blocks.n, "block": blocks.f,
+                     "masked": "blocks without a visible (causal, in-window) entry are NaN; others average "
+                               "their visible entries"} if blocks is not None else None,
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
         "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
         "embedding_aps": aps_mean[0],
@@ -782,74 +796,16 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
                             "rope": plan.rope, "attention": plan.attention,
                             "layer_convention": LAYER_CONVENTION,
+                            "map_block": blocks.f if blocks is not None else 1,
                             "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
                                             f"(n = {grid.numel()}); score_group_counts: sequences per group",
                             "aps_seq": "per-sequence APS, mean over sequences (index as cosine)"})
     if figures and "scores" in tensors:
-        summary["files"] += write_figures(out, tensors, spec)
+        from poslens.report.plots import ZOOM_POSITIONS, score_map_figures  # matplotlib: only when drawing
+
+        summary["files"] += score_map_figures(causal_view(tensors["scores"]), out, layer_ids=spec.layers,
+                                              zoom=ZOOM_POSITIONS,
+                                              block=blocks.f if blocks is not None else 1)
     return summary
 
 
-#: Figures show at most this many positions per axis; longer maps are block-averaged down to it
-#: (a 4,096-position map has 16 M pixels, far beyond a panel's resolution, and takes minutes to draw).
-FIGURE_MAX_POSITIONS = 1024
-
-
-def pool_for_figure(m: torch.Tensor, max_positions: int = FIGURE_MAX_POSITIONS) -> torch.Tensor:
-    """Block means of a ``[S, S]`` map over ``f x f`` blocks, ``f = ceil(S / max_positions)``; NaN
-    entries (the causal upper triangle) are left out of each mean, all-NaN blocks stay NaN."""
-    S = m.shape[-1]
-    f = -(-S // max_positions)
-    if f <= 1:
-        return m
-    pad = (-S) % f
-    x = torch.nn.functional.pad(m.to(torch.float64), (0, pad, 0, pad), value=float("nan"))
-    n = x.shape[-1] // f
-    x = x.reshape(n, f, n, f)
-    finite = torch.isfinite(x)
-    total = torch.where(finite, x, torch.zeros((), dtype=x.dtype)).sum(dim=(1, 3))
-    count = finite.sum(dim=(1, 3))
-    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
-
-
-#: the zoom figure's window: sinks (key 0) and slashes (small offsets) live in the first positions
-ZOOM_POSITIONS = 64
-
-
-def write_figures(out: Path, means: dict, spec: CaptureSpec, max_per_figure: int = 32) -> list[str]:
-    """Raw and diagonal-normalised score maps per layer (1-99 % colour range) and a zoom on the
-    first :data:`ZOOM_POSITIONS` positions, every layer in one grid (groups of ``max_per_figure``
-    layers beyond that; 6 panels per row for more than 12 layers).
-
-    Maps longer than :data:`FIGURE_MAX_POSITIONS` are diagonal-normalised at full resolution, then
-    shown block-averaged (:func:`pool_for_figure`); ``maps.safetensors`` keeps every position."""
-    from poslens.metrics import diagonal_normalize
-    from poslens.report.plots import layer_grid
-    from poslens.rundir import save_figure
-
-    files = []
-    scores = causal_view(means["scores"])
-    single = len(spec.layers) <= max_per_figure
-    columns = 6 if len(spec.layers) > 12 else 4
-    for g in range(0, len(spec.layers), max_per_figure):
-        sel = list(range(g, min(len(spec.layers), g + max_per_figure)))
-        ids = [spec.layers[i] for i in sel]
-        titles = [f"layer {l}" for l in ids]  # decoder layers from 0
-        prefix = "scores" if single else f"scores_layers{ids[0]}-{ids[-1]}"
-        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles,
-                         suptitle="mean pre-softmax scores (decoder layers from 0)", percentile=(1, 99),
-                         positions=spec.seq_len, columns=columns)
-        save_figure(raw, out / f"{prefix}_raw.png")
-        # per layer: diagonal_normalize on a stacked [n, S, S] NaN-masked map fails (see report)
-        dn = [pool_for_figure(diagonal_normalize(scores[i])) for i in sel]
-        fig = layer_grid(dn, titles=titles, suptitle="diagonal-normalised scores (decoder layers from 0)",
-                         percentile=(1, 99), positions=spec.seq_len, columns=columns)
-        save_figure(fig, out / f"{prefix}_diagnorm.png")
-        files += [f"{prefix}_raw.png", f"{prefix}_diagnorm.png"]
-        if spec.seq_len > ZOOM_POSITIONS:
-            z = ZOOM_POSITIONS
-            fig = layer_grid([scores[i, :z, :z] for i in sel], titles=titles, percentile=(1, 99), columns=columns,
-                             suptitle=f"pre-softmax scores, first {z} positions (key 0: the sink column)")
-            save_figure(fig, out / f"{prefix}_zoom.png")
-            files.append(f"{prefix}_zoom.png")
-    return files

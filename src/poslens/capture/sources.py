@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 
 
@@ -49,11 +50,7 @@ class RandomTokens(SequenceSource):
         self.seed = int(seed)
 
     def batch(self, start: int, stop: int) -> torch.Tensor:
-        rows = []
-        for n in range(start, stop):
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + n)
-            rows.append(torch.randint(0, self.vocab_size, (self.seq_len,), generator=g))
-        return torch.stack(rows)
+        return random_tokens(start, stop, self.seq_len, pool=self.vocab_size, seed=self.seed)
 
     def describe(self) -> dict:
         return {**super().describe(), "vocab_size": self.vocab_size, "seed": self.seed}

@@ -17,8 +17,12 @@ import types
 import typer
 import typer.main
 
-from poslens.cli.app import app
-from poslens.errors import PoslensError
+from poslens.runtime import configure_process
+
+configure_process()  # before anything imports torch: OpenMP threads sleep instead of spinning while they wait
+
+from poslens.cli.app import app  # noqa: E402
+from poslens.errors import PoslensError  # noqa: E402
 
 # Each import attaches its commands to `app` (one module per command group).
 from poslens.cli import simulate as _simulate  # noqa: F401,E402

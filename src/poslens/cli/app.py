@@ -57,3 +57,18 @@ def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None) -> 
         fix = "pass --resume to continue it or --overwrite to replace it" if resume is not None else \
             "pass --overwrite to replace it"
         raise PoslensError(f"--out {path} already exists and is not empty; {fix}, or choose a new directory.")
+
+
+def threads_option() -> int:
+    """The ``--threads`` option of every command that computes (see :mod:`poslens.runtime`)."""
+    return typer.Option(0, "--threads", min=0,
+                        help="CPU threads for torch. 0 (default): the CPUs not busy with other processes "
+                             "right now, at least 1 (a thread sharing a core with a busy process slows the "
+                             "others down).")
+
+
+def use_threads(threads: int) -> int:
+    """Apply ``--threads`` for the rest of the command; returns the count in force."""
+    from poslens.runtime import apply_threads
+
+    return apply_threads(threads)

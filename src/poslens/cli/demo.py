@@ -9,6 +9,7 @@ import typer
 from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
 from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
@@ -21,12 +22,14 @@ def demo(
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option("an earlier demo in --out"),
     quiet: bool = typer.Option(False, "--quiet", help="Print nothing but errors (the results are in --out)."),
+    threads: int = threads_option(),
 ) -> None:
     """Run the whole poslens flow on the built-in data with no arguments needed.
 
     Closed-form theory, the parameter-free simulator (NoPE; RoPE causal vs non-causal), and —
     as they are available — small-model training, scans and the HTML report.
     """
+    threads = use_threads(threads)
     from rich.console import Console
 
     from poslens.demo import DemoConfig, run_demo

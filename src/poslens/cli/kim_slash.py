@@ -10,6 +10,8 @@ from rich.console import Console
 from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
 from poslens.runtime import parse_device
+from poslens.cli.parse import parse_floats
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
@@ -24,15 +26,6 @@ def _print(summary: dict, out: Path, quiet: bool) -> None:
     for line in summary.get("readings", []):
         console.print(f"- {line}")
     console.print(f"wrote {out}/")
-
-
-def _floats(text: str, flag: str) -> list[float]:
-    from poslens.errors import PoslensError
-
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PoslensError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.1,0.3,0.5.") from None
 
 
 @app.command("panels")
@@ -52,10 +45,12 @@ def panels(
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Nine-panel Gram decomposition of one layer (arXiv 2509.21042): YYᵀ, QKᵀ/√d, (AV)(AV)ᵀ,
     (AVW_O)(AVW_O)ᵀ, OOᵀ, LN(O)LN(O)ᵀ, the layer output's Gram, the next layer's YYᵀ and QKᵀ/√d,
     batch-averaged, with relativity and locality per panel and a 3x3 figure."""
+    threads = use_threads(threads)
     from poslens.analysis.panels import PanelsConfig, run_panels
 
     refuse_existing_out(out, overwrite=overwrite)
@@ -73,9 +68,11 @@ def kim_maps(
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Per-layer raw and diagonal-normalised score maps of a scan (Figure 5 of arXiv 2509.21042 for any
     model), with the relativity index, non-relativity and locality of every layer."""
+    threads = use_threads(threads)
     from poslens.analysis.panels import run_score_maps
 
     refuse_existing_out(out, overwrite=overwrite)
@@ -99,15 +96,17 @@ def slash(
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Slash-dominant heads (arXiv 2601.08297): SlashScore profiles, the (κ, Δ)-SDH table, persistence on
     random tokens, rank-one measures of pre-RoPE q/k, and the RoPE frequency decomposition predicting
     each head's slash profile and peak offset."""
+    threads = use_threads(threads)
     from poslens.analysis.slash import SlashConfig, run_slash
 
     refuse_existing_out(out, overwrite=overwrite)
     s = run_slash(SlashConfig(scan_dir=str(scan_dir), out=str(out), random_scan=str(random_scan) if random_scan else None,
-                              kappa=tuple(_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
+                              kappa=tuple(parse_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
                               max_delta=max_delta, model_dir=str(model_dir) if model_dir else None, top=top,
                               figures=not no_figures))
     _print(s, out, quiet)
@@ -128,7 +127,7 @@ def slash_dynamics(
     seq_len: int = typer.Option(32, "--seq-len", help="Tokens per scanned sequence (at most 33)."),
     kappa: float = typer.Option(0.3, "--kappa", help="κ of the slash-dominance and persistence test."),
     seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and prompts."),
-    threads: int = typer.Option(1, "--threads", help="CPU threads."),
+    threads: int = threads_option(),
     device: str = device_option(),
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
@@ -138,6 +137,7 @@ def slash_dynamics(
     offset task with `poslens train`'s trainer, snapshot it during training, scan every snapshot on task
     prompts and on random tokens, and tabulate SlashScore(Δ), rank-one-ness of pre-RoPE q/k and RoPE band
     usage per step. A few CPU minutes at the defaults."""
+    threads = use_threads(threads)
     from poslens.analysis.dynamics import DynamicsConfig, run_dynamics
     from poslens.capture.scan import parse_int_list
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
 from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:
@@ -46,6 +47,7 @@ def neighborhood(
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Self-cosine maps, adjacency probability score and norm score per layer (arXiv 2501.00073).
 
@@ -55,6 +57,7 @@ def neighborhood(
     towards the diagonal, 0.5 = chance. Writes config.json, neighborhood.safetensors,
     summary.json and figures to OUT.
     """
+    threads = use_threads(threads)
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
 
     refuse_existing_out(out, overwrite=overwrite)
@@ -83,6 +86,7 @@ def sweep(
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Random-init sweep (arXiv 2501.00073): APS of untrained NoPE models over init σ, depth and width.
 
@@ -90,7 +94,9 @@ def sweep(
     every σ. APS is measured per layer on i.i.d. random printable-ASCII sequences, causal and
     bidirectional. The default (3 shapes x 6 σ x 2 modes) takes about a minute on one CPU core.
     """
-    from poslens.analysis.sweep import SweepConfig, parse_floats, run_sweep
+    threads = use_threads(threads)
+    from poslens.analysis.sweep import SweepConfig, run_sweep
+    from poslens.cli.parse import parse_floats
 
     refuse_existing_out(out, overwrite=overwrite)
     cfg = SweepConfig(out=str(out), sigmas=parse_floats(sigmas, "--sigmas"),
@@ -127,6 +133,7 @@ def probes(
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Position probes (arXiv 2501.00073): does cos(h_i, h_T) or ‖h_i‖ predict position better?
 
@@ -135,6 +142,7 @@ def probes(
     --train-chars and scored (Pearson r, MSE) on sequences over --test-chars; each model is
     compared with a random-init copy of its architecture.
     """
+    threads = use_threads(threads)
     from poslens.analysis.probes import ProbesConfig, run_probes
 
     refuse_existing_out(out, overwrite=overwrite)

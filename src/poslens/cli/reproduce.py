@@ -9,6 +9,7 @@ import typer
 from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
 from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
@@ -22,6 +23,7 @@ def reproduce(
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option("the directory --out"),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Reproduce a paper figure (or all of them) and say, per figure, what the paper showed and what we measured.
 
@@ -31,11 +33,12 @@ def reproduce(
     `poslens models fetch`; part of all when they are present); all.
     Writes DIR/NAME/ run directories, DIR/index.json, DIR/index.md and DIR/index.html.
     """
+    threads = use_threads(threads)
     from rich.console import Console
 
     from poslens.errors import PoslensError
     from poslens.progress import task_progress
-    from poslens.reproduce.simulated import ReproContext, names, run_reproduction
+    from poslens.reproduce import ReproContext, names, run_reproduction
     from poslens.rundir import prepare_out_dir
 
     if name not in names():

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from poslens.cli.app import app, device_option, no_figures_option, overwrite_option, quiet_option, refuse_existing_out
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command("scan")
@@ -38,6 +39,11 @@ def scan(
                               "cosine (residual stream), attn_cosine, qk (q/k second moments and the --reservoir sample), "
                               "dim_logit; or all. "
                               "Unrequested ones cost nothing; the summary reads them as null."),
+    map_size: int = typer.Option(0, "--map-size", help="Keep the S x S maps (scores, probs, cosine, attn_cosine, "
+                                 "--heads maps) as exact block means on an N x N grid (blocks of ceil(S/N) "
+                                 "positions) for long contexts; slash profiles and norms stay exact. 0 = full maps."),
+    keep_checkpoint: bool = typer.Option(False, "--keep-checkpoint", help="Keep OUT/checkpoint.safetensors after a "
+                                         "finished scan (default: deleted, it is as large as the accumulators)."),
     no_figures: bool = no_figures_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
     overwrite: bool = overwrite_option(),
@@ -45,6 +51,7 @@ def scan(
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code from MODEL_DIR."),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Scan a causal LM for positional structure with memory bounded by the result.
 
@@ -58,6 +65,7 @@ def scan(
     Data-parallel: `torchrun --nproc-per-node N -m poslens scan ...` shards the sequences over the
     ranks and all-reduces the sums; rank 0 writes OUT (docs/distributed.md).
     """
+    threads = use_threads(threads)
     from poslens.capture.scan import ScanConfig, parse_heads, parse_int_list, run_scan
 
     refuse_existing_out(out, overwrite=overwrite, resume=resume)
@@ -67,7 +75,7 @@ def scan(
         no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
         figures=not no_figures, resume=resume, overwrite=overwrite, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code, device_map=device_map, reservoir=reservoir,
-        stats=[p.strip() for p in stats.split(",")],
+        stats=[p.strip() for p in stats.split(",")], map_size=map_size, keep_checkpoint=keep_checkpoint,
     )
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing

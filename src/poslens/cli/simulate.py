@@ -10,6 +10,7 @@ import typer
 from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
                              refuse_existing_out)
 from poslens.runtime import parse_device
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command()
@@ -34,6 +35,7 @@ def simulate(
                              "--overwrite)."),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),
+    threads: int = threads_option(),
 ) -> None:
     """Simulate the parameter-free causal transformer and write mean score maps with standard errors.
 
@@ -43,9 +45,12 @@ def simulate(
     DIR/summary.json (per layer, counted from 0: relativity_index, locality, signed diagonal_trend,
     within_diag_rms with its noise floor, p-values from 16 independent sample groups) and PNG heat maps.
     """
+    workers = threads or None  # 0: one worker per CPU (the chunks never wait for each other)
+    threads = use_threads(threads)
     from rich.console import Console
 
     from poslens.progress import task_progress
+    from poslens.report.terminal import print_simulation_summary
     from poslens.rundir import prepare_out_dir
     from poslens.simulate import SimConfig, run_simulation, save_result
 
@@ -55,27 +60,8 @@ def simulate(
     refuse_existing_out(out, overwrite=overwrite)
     out = prepare_out_dir(out)
     with task_progress(f"simulate ({cfg.label()})", cfg.samples, enabled=not quiet) as update:
-        res = run_simulation(cfg, progress=lambda done, total: update(done, total))
+        res = run_simulation(cfg, progress=lambda done, total: update(done, total), workers=workers)
     save_result(res, out, figures=not no_figures)
     if not quiet:
-        print_summary(res.summary, Console())
+        print_simulation_summary(res.summary, Console())
         Console().print(f"wrote {out}/ (config.json, maps.safetensors, summary.json{'' if no_figures else ', PNGs'})")
-
-
-def print_summary(summary: dict, console) -> None:
-    from poslens.fmt import fmt, rich_table
-
-    has_theory = "theory_max_abs_diff" in summary["layers"][0]
-    cols = ["layer", "rel.", "loc.", "trend", "p non-rel", "RMS", "noise"] + (["|sim-th|"] if has_theory else [])
-    rows = [[l["layer"], "flat" if l["relativity_index"] is None else l["relativity_index"],
-             "flat" if l["locality"] is None else l["locality"], l.get("diagonal_trend"), l.get("nonrelative_p"),
-             l.get("within_diag_rms"), l.get("within_diag_rms_noise")]
-            + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
-    t = rich_table(f"{summary['label']}: {fmt(summary['samples'])} samples in {fmt(summary['seconds'])} s "
-                   f"({(summary.get('layer_info') or {}).get('convention', 'layers').split(',')[0]})", cols, rows)
-    console.print(t)
-    console.print("rel.: relativity index; loc.: locality; trend: +1 = the entry further right on each diagonal is "
-                  "higher; p non-rel: sign-flip test over sample groups; RMS: within-diagonal, beside its noise floor")
-    notes = {l["noise"] for l in summary["layers"] if l.get("noise")}
-    for n in notes:
-        console.print(f"note: {n}")

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poslens.cli.app import app, device_option, overwrite_option
+from poslens.cli.app import threads_option, use_threads  # --threads
 
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
@@ -55,7 +56,7 @@ def train(
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="Write a resumable checkpoint every N steps."),
     seed: int = typer.Option(0, "--seed", help="Seed for initial weights and data; a run is deterministic for a seed."),
     device: str = device_option(" bf16 autocast on CUDA."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice)."),
+    threads: int = threads_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint "
                                 "(same options required); the loss trajectory is identical to an uninterrupted run."),
     overwrite: bool = overwrite_option("the training files in --out"),
@@ -74,6 +75,7 @@ def train(
     (initial/final loss, exact-match accuracy in and beyond the training lengths, tokens/s),
     train_log.jsonl and train_config.json. Ctrl-C leaves a checkpoint; --resume continues it.
     """
+    threads = use_threads(threads)
     from poslens.models.train import TrainConfig, recipe, train_model
 
     # Unset size options take the measured recipe of docs/train.md (copy: 98 % NoPE, 100 % RoPE).
@@ -118,7 +120,7 @@ def zoo(
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated entry names to train (see --list)."),
     list_only: bool = typer.Option(False, "--list", help="Print the entries and their options, train nothing."),
     device: str = device_option(),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch."),
+    threads: int = threads_option(),
     resume: bool = typer.Option(False, "--resume", help="Continue the zoo in --out: skip finished entries, continue "
                                 "unfinished ones from their checkpoints."),
     overwrite: bool = overwrite_option(help="Retrain from scratch the entries already in --out (an existing zoo "
@@ -132,6 +134,7 @@ def zoo(
     others where they stopped) or --overwrite (retrain them). zoo.json lists every entry with its
     summary.
     """
+    threads = use_threads(threads)
     from poslens.models.zoo import run_zoo, zoo_entries
 
     if list_only:

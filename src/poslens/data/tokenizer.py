@@ -88,3 +88,20 @@ def char_tokenizer(alphabet: str = TASK_ALPHABET, *, model_max_length: int = 409
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return _wrap(tok, model_max_length)
+
+
+def char_ids(tokenizer, chars: str, flag: str) -> list[int]:
+    """One token id per character of ``chars``; a clear error if a character is not a single token."""
+    ids = []
+    for c in dict.fromkeys(chars):
+        try:
+            enc = tokenizer(c, add_special_tokens=False)["input_ids"]
+        except Exception:  # e.g. a character-level vocabulary without this character
+            enc = []
+        if len(enc) != 1:
+            raise PoslensError(f"{flag} {chars!r}: character {c!r} is not one token of this tokenizer ({len(enc)} "
+                               "tokens); pass characters that are single tokens.")
+        ids.append(int(enc[0]))
+    if len(ids) < 2:
+        raise PoslensError(f"{flag} {chars!r}: need at least 2 distinct characters.")
+    return ids

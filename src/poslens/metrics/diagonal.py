@@ -41,7 +41,7 @@ from poslens.capture.stats import NOISE_P, cross_mean_square, decisive, jackknif
 
 
 def _as64(m) -> torch.Tensor:
-    return torch.as_tensor(m).to(torch.float64)
+    return torch.as_tensor(m, dtype=torch.float64)  # not via float32 when m is a list
 
 
 def valid_mask(S: int, include_diagonal: bool = False, device=None) -> torch.Tensor:

@@ -132,16 +132,18 @@ def build_config(pe: str, preset: str = "micro", vocab_size: int = 256, *, rope_
 def build_model(pe: str, preset: str = "micro", vocab_size: int = 256, *, seed: int | None = 0, **kwargs):
     """A freshly initialised ``AutoModelForCausalLM`` for ``pe`` (see :func:`build_config`).
 
-    With ``seed`` set, the initial weights are a deterministic function of the seed.
+    With ``seed`` set, the initial weights are a deterministic function of the seed, and the global
+    torch RNG is left as it was (the weights are drawn from a forked one).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     config = build_config(pe, preset, vocab_size, **kwargs)
-    if seed is not None:
+    if seed is None:
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    return model
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
 
 def pe_of(config) -> str:

@@ -31,13 +31,27 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, load_model, save_model
+
+from poslens.data.corpus import load_texts
+from poslens.data.tasks import TaskSource, exact_match_flags
+from poslens.data.tokenizer import char_tokenizer, train_bpe_tokenizer
 from poslens.errors import PoslensError, require
+from poslens.fmt import fmt
+from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
+from poslens.progress import task_progress
 from poslens.rundir import (create_out_dir, prepare_out_dir, read_json, versions, write_json, write_summary,
                             write_tensors)
+from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
 
 # Options that may differ between a run and its --resume (they do not change the trajectory).
 RUNTIME_FIELDS = ("out", "device", "threads", "resume", "overwrite", "stop_after", "progress")
@@ -121,8 +135,6 @@ class CorpusSource:
     from a generator seeded by (seed, s)."""
 
     def __init__(self, stream, seq_len: int, seed: int):
-        import numpy as np
-
         self.seq_len, self.seed = seq_len, seed
         n = len(stream)
         n_val = max(int(0.02 * n), 4 * (seq_len + 1))
@@ -134,15 +146,10 @@ class CorpusSource:
         self.pad_id = -1
 
     def _windows(self, arr, starts):
-        import numpy as np
-        import torch
-
         x = torch.from_numpy(np.stack([arr[s: s + self.seq_len + 1] for s in starts]))
         return x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
     def train_batch(self, step: int, batch_size: int):
-        import numpy as np
-
         rng = np.random.default_rng([self.seed, step])
         starts = rng.integers(0, len(self.train) - self.seq_len - 1, size=batch_size)
         return self._windows(self.train, starts)
@@ -171,9 +178,6 @@ def tokenize_corpus(tokenizer, texts: list[str]) -> list[int]:
 
 def validate_config(cfg: TrainConfig) -> None:
     """Every check that does not need the data; raises :class:`PoslensError` naming the option."""
-    from poslens.models.families import PE_CHOICES, build_config
-    from poslens.data.tasks import TaskSource
-
     require(cfg.pe in PE_CHOICES, f"--pe {cfg.pe!r} is unknown; choose one of {', '.join(PE_CHOICES)}.")
     require(cfg.steps >= 0, f"--steps must be >= 0 (got {cfg.steps}); 0 saves the randomly initialised model.")
     require(cfg.batch_size >= 1, f"--batch-size must be >= 1 (got {cfg.batch_size}).")
@@ -203,8 +207,6 @@ def validate_config(cfg: TrainConfig) -> None:
 
 
 def _shape_overrides(cfg: TrainConfig, needed_positions: int) -> dict:
-    from poslens.models.families import get_preset
-
     return dict(layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
                 intermediate=cfg.intermediate,
                 max_positions=max(get_preset(cfg.preset).max_positions, needed_positions))
@@ -218,6 +220,13 @@ def _dir_state(out: Path) -> str:
 
 
 def _check_out_dir(cfg: TrainConfig) -> tuple[Path, str]:
+    """``(out, mode)``: what to do with the output directory, decided before anything is written.
+
+    ``fresh`` (missing or empty), ``overwrite`` (``--overwrite``: remove the run's own files),
+    ``resume`` (``--resume`` and a checkpoint), ``complete`` (``--resume`` of a finished run:
+    nothing to do), ``restart`` (``--resume`` of a run stopped before its first checkpoint).
+    Anything else is refused with the option that fixes it.
+    """
     out = prepare_out_dir(cfg.out)
     state = _dir_state(out)
     if state == "new":
@@ -264,14 +273,10 @@ def _move_into(tmp: Path, out: Path) -> None:
 
 
 def _save_pretrained_atomic(obj, out: Path) -> None:
-    import tempfile
-
-    from transformers.utils import logging as hf_logging
-
     tmp = Path(tempfile.mkdtemp(prefix=".save.", dir=out))
     try:
-        hf_logging.disable_progress_bar()
-        obj.save_pretrained(tmp)
+        with no_hf_progress_bars():
+            obj.save_pretrained(tmp)
         _move_into(tmp, out)
     finally:
         if tmp.exists():
@@ -284,11 +289,6 @@ def _save_pretrained_atomic(obj, out: Path) -> None:
 
 
 def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, state: dict) -> None:
-    import tempfile
-
-    import torch
-    from safetensors.torch import save_model
-
     tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=out))
     try:
         save_model(model, str(tmp / "model.safetensors"))
@@ -322,9 +322,6 @@ def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, state: d
 
 
 def _load_checkpoint(out: Path, model, optimizer, scheduler) -> dict:
-    import torch
-    from safetensors.torch import load_file, load_model
-
     ptr = read_json(out / "checkpoint.json")
     ck = out / ptr["dir"]
     if not ck.is_dir():
@@ -381,11 +378,6 @@ def _read_log(path: Path, upto_step: int) -> list[dict]:
 
 
 def _evaluate(model, source, cfg: TrainConfig, device: str, amp, *, final: bool) -> dict:
-    import torch
-    import torch.nn.functional as F
-
-    from poslens.data.tasks import exact_match_flags
-
     if cfg.task is not None:
         n = cfg.eval_examples if final else min(cfg.eval_examples, 256)
         res: dict = {}
@@ -415,57 +407,61 @@ def _evaluate(model, source, cfg: TrainConfig, device: str, amp, *, final: bool)
     return {"eval_loss": total / max(count, 1)}
 
 
-def train_model(cfg: TrainConfig) -> dict:
-    """Train (or resume) as ``cfg`` says and return the summary (also in ``out/summary.json``).
+@dataclass
+class _Session:
+    """What one training session carries between its parts: the model and optimiser, the data, and
+    the counters a checkpoint saves (``step``, ``tokens_seen``, seconds)."""
 
-    Every input is validated before the output directory is created or touched; an existing
-    directory is refused unless ``resume`` (continue it) or ``overwrite`` (replace the files a
-    run writes, and nothing else) is set.
-    """
-    import torch
+    cfg: TrainConfig
+    out: Path
+    device: str
+    amp: Any  # bf16 autocast dtype on CUDA, None on CPU
+    source: Any  # TaskSource | CorpusSource
+    tokenizer: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    step: int = 0
+    tokens_seen: int = 0
+    train_seconds: float = 0.0
+    train_cpu_seconds: float = 0.0
+    losses: dict = field(default_factory=dict)  # step -> training loss
+    pending: list = field(default_factory=list)  # log records not yet appended to train_log.jsonl
 
-    from poslens.runtime import parse_device
+    @property
+    def log_path(self) -> Path:
+        return self.out / "train_log.jsonl"
 
-    validate_config(cfg)
-    device = parse_device(cfg.device)
-    out, mode = _check_out_dir(cfg)
-    if mode == "complete":
-        return read_json(out / "summary.json")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    def flush_log(self) -> None:
+        if self.pending:
+            with open(self.log_path, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in self.pending))
+            self.pending.clear()
 
-    # Data and tokenizer (loading the corpus validates it) before anything is written.
-    from poslens.models.families import build_model, count_parameters
+    def checkpoint(self) -> None:
+        self.flush_log()
+        _save_checkpoint(self.out, self.step, self.model, self.optimizer, self.scheduler,
+                         {"tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
+                          "train_cpu_seconds": self.train_cpu_seconds})
 
-    t_setup = time.perf_counter()
+
+def _load_data(cfg: TrainConfig, out: Path, mode: str):
+    """``(source, tokenizer, positions needed)``; loading the corpus validates it. Writes nothing."""
     if cfg.task is not None:
-        from poslens.data.tasks import TaskSource
-        from poslens.data.tokenizer import char_tokenizer
-
         source = TaskSource(cfg.task, cfg.max_len, cfg.seed, cfg.delta)
-        tokenizer = char_tokenizer(model_max_length=source.max_tokens)
-        needed = source.max_tokens
+        return source, char_tokenizer(model_max_length=source.max_tokens), source.max_tokens
+    texts = load_texts(cfg.data or "stdlib", limit_files=cfg.corpus_files)
+    if mode == "resume" and (out / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(out)
     else:
-        from poslens.data.corpus import load_texts
+        tokenizer = train_bpe_tokenizer(texts, cfg.vocab_size, model_max_length=cfg.seq_len)
+    return CorpusSource(tokenize_corpus(tokenizer, texts), cfg.seq_len, cfg.seed), tokenizer, cfg.seq_len
 
-        texts = load_texts(cfg.data or "stdlib", limit_files=cfg.corpus_files)
-        if mode == "resume" and (out / "tokenizer.json").is_file():
-            from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(out)
-        else:
-            from poslens.data.tokenizer import train_bpe_tokenizer
-
-            tokenizer = train_bpe_tokenizer(texts, cfg.vocab_size, model_max_length=cfg.seq_len)
-        source = CorpusSource(tokenize_corpus(tokenizer, texts), cfg.seq_len, cfg.seed)
-        del texts
-        needed = cfg.seq_len
-
-    model = build_model(cfg.pe, cfg.preset, len(tokenizer), seed=cfg.seed, rope_theta=cfg.rope_theta,
-                        init_std=cfg.init_std, bos_token_id=tokenizer.bos_token_id,
-                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                        **_shape_overrides(cfg, needed)).to(device)
-    model.train()
+def _build_optimisation(cfg: TrainConfig, model):
+    """``(optimizer, scheduler, warmup steps)``: AdamW (decay on matrices only), warmup then cosine."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -474,114 +470,121 @@ def train_model(cfg: TrainConfig) -> dict:
     warmup = cfg.warmup if cfg.warmup is not None else max(1, round(0.05 * cfg.steps)) if cfg.steps else 0
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, cfg.steps, warmup, cfg.min_lr_ratio))
-    amp = torch.bfloat16 if device.startswith("cuda") else None
+    return optimizer, scheduler, warmup
+
+
+def _start_session(cfg: TrainConfig, out: Path, mode: str, device: str) -> _Session:
+    """Data, model and optimiser, then (only now) the directory: fresh files, or the checkpoint's state."""
+    source, tokenizer, needed = _load_data(cfg, out, mode)
+    model = build_model(cfg.pe, cfg.preset, len(tokenizer), seed=cfg.seed, rope_theta=cfg.rope_theta,
+                        init_std=cfg.init_std, bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                        **_shape_overrides(cfg, needed)).to(device)
+    model.train()
+    optimizer, scheduler, warmup = _build_optimisation(cfg, model)
+    s = _Session(cfg, out, device, torch.bfloat16 if device.startswith("cuda") else None, source, tokenizer, model,
+                 optimizer, scheduler)
 
     # From here on the directory is ours to write.
     create_out_dir(out)
-    log_path = out / "train_log.jsonl"
     if mode in ("overwrite", "restart"):
         _clear_own_files(out)
-    start_step, tokens_seen, train_seconds, train_cpu_seconds = 0, 0, 0.0, 0.0
     if mode == "resume":
         st = _load_checkpoint(out, model, optimizer, scheduler)
-        start_step, tokens_seen, train_seconds = st["step"], st["tokens_seen"], st["train_seconds"]
-        train_cpu_seconds = st.get("train_cpu_seconds", 0.0)
-        records = _read_log(log_path, start_step)
-        log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        s.step, s.tokens_seen, s.train_seconds = st["step"], st["tokens_seen"], st["train_seconds"]
+        s.train_cpu_seconds = st.get("train_cpu_seconds", 0.0)
+        records = _read_log(s.log_path, s.step)
+        s.log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
     else:
         records = []
         meta = {"versions": versions(), "params": count_parameters(model), "warmup_resolved": warmup}
         write_json(out / "train_config.json", {**dataclasses.asdict(cfg), "_meta": meta})
         _save_pretrained_atomic(tokenizer, out)
-        log_path.write_text("")
-    losses = {r["step"]: r["loss"] for r in records if r.get("kind") == "train"}
-    setup_seconds = time.perf_counter() - t_setup
+        s.log_path.write_text("")
+    s.losses = {r["step"]: r["loss"] for r in records if r.get("kind") == "train"}
+    return s
 
-    from poslens.progress import task_progress
 
-    stop_at = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    pending: list[dict] = []
+def _untrained_loss(s: _Session) -> None:
+    """A random-init run (``steps = 0``) records the loss of the first batch, untrained."""
+    x, y = s.source.train_batch(0, s.cfg.batch_size)
+    with torch.no_grad():
+        logits = s.model(input_ids=x.to(s.device)).logits.float()
+        loss0 = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(s.device).reshape(-1),
+                                      ignore_index=-100))
+    s.losses[0] = loss0
+    s.pending.append({"kind": "train", "step": 0, "loss": loss0, "lr": 0.0, "tokens": 0})
 
-    def flush_log():
-        if pending:
-            with open(log_path, "a") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in pending))
-            pending.clear()
 
-    def checkpoint(step):
-        flush_log()
-        _save_checkpoint(out, step, model, optimizer, scheduler,
-                         {"tokens_seen": tokens_seen, "train_seconds": train_seconds,
-                          "train_cpu_seconds": train_cpu_seconds})
+def _train_step(s: _Session) -> float:
+    """One optimiser step on the batch of step ``s.step``; advances the counters, returns the loss."""
+    cfg = s.cfg
+    t0, c0 = time.perf_counter(), time.process_time()
+    x, y = s.source.train_batch(s.step, cfg.batch_size)
+    n_tok = int((x != s.source.pad_id).sum())
+    x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
+    with (torch.autocast("cuda", dtype=s.amp) if s.amp else contextlib.nullcontext()):
+        logits = s.model(input_ids=x).logits
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), cfg.grad_clip)
+    lr = s.optimizer.param_groups[0]["lr"]
+    s.optimizer.step()
+    s.scheduler.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    loss_v = float(loss.detach())  # synchronises, so the timing below is real
+    s.step += 1
+    s.train_seconds += time.perf_counter() - t0
+    s.train_cpu_seconds += time.process_time() - c0
+    s.tokens_seen += n_tok
+    s.losses[s.step] = loss_v
+    s.pending.append({"kind": "train", "step": s.step, "loss": loss_v, "lr": lr,
+                      "grad_norm": float(grad_norm), "tokens": s.tokens_seen})
+    return loss_v
 
-    step = start_step
-    label = f"{cfg.pe}/{cfg.task or 'corpus'}/{cfg.preset}"
+
+def _train_loop(s: _Session, stop_at: int) -> None:
+    """Steps up to ``stop_at`` with evaluations, checkpoints and the progress bar; an interrupt
+    leaves a checkpoint and becomes a one-line error."""
+    cfg = s.cfg
+    label = f"train {cfg.pe}/{cfg.task or 'corpus'}/{cfg.preset}"
+    acc = ""
     try:
-        # one tick per optimiser step, inside whatever bar the caller shows (the demo's step bar)
-        with task_progress(f"train {label}", cfg.steps, enabled=cfg.progress, done=start_step) as update:
-            import torch.nn.functional as F
-
+        with task_progress(label, cfg.steps, enabled=cfg.progress, done=s.step) as update:
             if cfg.steps == 0:
-                # Random-init run: record the loss of the first batch, untrained.
-                x, y = source.train_batch(0, cfg.batch_size)
-                with torch.no_grad():
-                    logits = model(input_ids=x.to(device)).logits.float()
-                    loss0 = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(device).reshape(-1),
-                                                  ignore_index=-100))
-                losses[0] = loss0
-                pending.append({"kind": "train", "step": 0, "loss": loss0, "lr": 0.0, "tokens": 0})
-            while step < stop_at:
-                t0, c0 = time.perf_counter(), time.process_time()
-                x, y = source.train_batch(step, cfg.batch_size)
-                n_tok = int((x != source.pad_id).sum())
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with (torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext()):
-                    logits = model(input_ids=x).logits
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                lr = optimizer.param_groups[0]["lr"]
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                loss_v = float(loss.detach())  # synchronises, so the timing below is real
-                step += 1
-                train_seconds += time.perf_counter() - t0
-                train_cpu_seconds += time.process_time() - c0
-                tokens_seen += n_tok
-                losses[step] = loss_v
-                pending.append({"kind": "train", "step": step, "loss": loss_v, "lr": lr,
-                                "grad_norm": float(grad_norm), "tokens": tokens_seen})
-                if step % 10 == 0 or step == stop_at:
-                    update(step, info=f"loss {loss_v:.3f}")
+                _untrained_loss(s)
+            while s.step < stop_at:
+                loss_v = _train_step(s)
+                step = s.step
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                    ev = _evaluate(model, source, cfg, device, amp, final=False)
-                    pending.append({"kind": "eval", "step": step, **ev})
-                    if "eval_accuracy" in ev:
-                        update(step, info=f"acc {ev['eval_accuracy']:.3f}")
+                    ev = _evaluate(s.model, s.source, cfg, s.device, s.amp, final=False)
+                    s.pending.append({"kind": "eval", "step": step, **ev})
+                    acc = f" acc {fmt(ev['eval_accuracy'])}" if "eval_accuracy" in ev else acc
+                if step % 10 == 0 or step == stop_at:
+                    update(step, info=f"loss {fmt(loss_v)}{acc} {fmt(s.tokens_seen / max(s.train_seconds, 1e-9))} tok/s")
                 if step < stop_at and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    checkpoint(step)
-                elif len(pending) >= 200:
-                    flush_log()
+                    s.checkpoint()
+                elif len(s.pending) >= 200:
+                    s.flush_log()
     except KeyboardInterrupt:
-        checkpoint(step)
-        raise PoslensError(f"interrupted after step {step}; a checkpoint is saved in {out}; "
+        s.checkpoint()
+        raise PoslensError(f"interrupted after step {s.step}; a checkpoint is saved in {s.out}; "
                            "rerun the same command with --resume to continue.") from None
 
-    if step < cfg.steps:  # --stop-after: leave a checkpoint for --resume
-        checkpoint(step)
-        return {"stopped_at_step": step, "steps": cfg.steps, "out": str(out)}
 
-    ev = _evaluate(model, source, cfg, device, amp, final=True)
-    pending.append({"kind": "eval", "step": step, **ev})
-    flush_log()
-    _save_pretrained_atomic(model.to(torch.float32), out)
-    ordered = [losses[k] for k in sorted(losses)]
+def _finish(s: _Session, setup_seconds: float) -> dict:
+    """Final evaluation, the model's files and ``summary.json``; removes the checkpoints."""
+    cfg, source, out = s.cfg, s.source, s.out
+    ev = _evaluate(s.model, source, cfg, s.device, s.amp, final=True)
+    s.pending.append({"kind": "eval", "step": s.step, **ev})
+    s.flush_log()
+    _save_pretrained_atomic(s.model.to(torch.float32), out)
+    ordered = [s.losses[k] for k in sorted(s.losses)]
     tail = ordered[-min(20, len(ordered)):]
     summary = {
         "pe": cfg.pe, "task": cfg.task, "data": None if cfg.task else (cfg.data or "stdlib"), "preset": cfg.preset,
-        "steps": cfg.steps, "params": count_parameters(model),
-        "params_non_embedding": count_parameters(model, non_embedding=True),
+        "steps": cfg.steps, "params": count_parameters(s.model),
+        "params_non_embedding": count_parameters(s.model, non_embedding=True),
         "initial_loss": ordered[0] if ordered else None,
         "final_loss": sum(tail) / len(tail) if tail else None,
         "eval_loss": ev.get("eval_loss"),
@@ -589,13 +592,13 @@ def train_model(cfg: TrainConfig) -> dict:
         "eval_loss_long": ev.get("eval_loss_long"), "accuracy_by_length": ev.get("accuracy_by_length"),
         "train_lengths": [source.lo, source.L] if cfg.task else None,
         "long_lengths": [source.L + 1, 2 * source.L] if cfg.task else None,
-        "tokens_seen": tokens_seen, "train_seconds": train_seconds,
+        "tokens_seen": s.tokens_seen, "train_seconds": s.train_seconds,
         # CPU time of the process over the training steps, all threads: on a shared machine it
         # shows how much compute a run needed independently of how long it waited for a core.
-        "train_cpu_seconds": train_cpu_seconds,
-        "tokens_per_second": tokens_seen / train_seconds if train_seconds > 0 else None,
-        "setup_seconds_last_session": setup_seconds, "device": device, "threads": torch.get_num_threads(),
-        "vocab_size": len(tokenizer),
+        "train_cpu_seconds": s.train_cpu_seconds,
+        "tokens_per_second": s.tokens_seen / s.train_seconds if s.train_seconds > 0 else None,
+        "setup_seconds_last_session": setup_seconds, "device": s.device, "threads": torch.get_num_threads(),
+        "vocab_size": len(s.tokenizer),
     }
     summary = write_summary(out, summary, command="train")
     for old in out.glob("checkpoint-*"):
@@ -603,6 +606,33 @@ def train_model(cfg: TrainConfig) -> dict:
             shutil.rmtree(old)
     (out / "checkpoint.json").unlink(missing_ok=True)
     return summary
+
+
+def train_model(cfg: TrainConfig) -> dict:
+    """Train (or resume) as ``cfg`` says and return the summary (also in ``out/summary.json``).
+
+    Every input is validated before the output directory is created or touched; an existing
+    directory is refused unless ``resume`` (continue it) or ``overwrite`` (replace the files a
+    run writes, and nothing else) is set. The directory's mode (see :func:`_check_out_dir`):
+    ``fresh`` / ``overwrite`` / ``restart`` start at step 0, ``resume`` continues from the
+    checkpoint, ``complete`` returns the finished run's summary. ``cfg.threads`` applies inside
+    the call only.
+    """
+    validate_config(cfg)
+    device = parse_device(cfg.device)
+    out, mode = _check_out_dir(cfg)
+    if mode == "complete":
+        return read_json(out / "summary.json")
+    with torch_threads(cfg.threads or None):
+        t_setup = time.perf_counter()
+        s = _start_session(cfg, out, mode, device)
+        setup_seconds = time.perf_counter() - t_setup
+        stop_at = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+        _train_loop(s, stop_at)
+        if s.step < cfg.steps:  # --stop-after: leave a checkpoint for --resume
+            s.checkpoint()
+            return {"stopped_at_step": s.step, "steps": cfg.steps, "out": str(out)}
+        return _finish(s, setup_seconds)
 
 
 def load_trained(path: str | os.PathLike, device: str = "cpu"):

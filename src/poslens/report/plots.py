@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import textwrap
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")  # headless: poslens never opens windows
@@ -9,6 +12,9 @@ matplotlib.use("Agg")  # headless: poslens never opens windows
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+from poslens.metrics import diagonal_normalize  # noqa: E402
+from poslens.rundir import save_figure  # noqa: E402
 
 
 def _cmap(name: str):
@@ -119,18 +125,24 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
     nrow = -(-n // ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 2.7 * nrow), squeeze=False)
     for ax, p in zip(axes.flat, panels):
+        color = None  # a dashed companion (noise floor, control, ...) takes the colour of the line before it
         for s in p["series"]:
             x = np.asarray(s["layers"], dtype=float)
             y = np.asarray([np.nan if v is None else v for v in s["values"]], dtype=float)
             err = s.get("errors")
+            dashed = bool(s.get("dashed"))
+            style = {"color": color} if dashed and color is not None else {}
             if err is not None:
                 e = np.asarray([np.nan if v is None else v for v in err], dtype=float)
-                ax.errorbar(x, y, yerr=e, marker="o", ms=3, lw=1.0 if s.get("dashed") else 1.2, capsize=2,
-                            ls="--" if s.get("dashed") else "-", label=s["label"])
-            elif s.get("dashed"):
-                ax.plot(x, y, ls="--", lw=1.0, color="0.4", label=s["label"])
+                h = ax.errorbar(x, y, yerr=e, marker="o", ms=3, lw=1.0 if dashed else 1.2, capsize=2,
+                                ls="--" if dashed else "-", label=s["label"], **style)
+                line = h.lines[0]
+            elif dashed:
+                (line,) = ax.plot(x, y, ls="--", lw=1.0, label=s["label"], **({"color": "0.4"} | style))
             else:
-                ax.plot(x, y, marker="o", ms=3, lw=1.2, label=s["label"])
+                (line,) = ax.plot(x, y, marker="o", ms=3, lw=1.2, label=s["label"])
+            if not dashed:
+                color = line.get_color()
         if p.get("ref") is not None:
             ax.axhline(p["ref"], color="0.6", lw=0.8, ls="--")
         ax.set_title(p["title"], fontsize=9)
@@ -152,46 +164,89 @@ def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
     n = len(maps)
     L = len(layer_ids)
     H = max(np.asarray(m["values"]).shape[1] for m in maps)
-    w = min(6.0, 1.2 + 0.35 * H)
-    h = min(9.0, 1.4 + 0.22 * L)
+    w = min(6.0, max(3.2, 1.2 + 0.35 * H))  # wide enough for a two-line title even with few heads
+    h = min(9.0, max(2.4, 1.4 + 0.22 * L))  # room for the two-line titles of a model with few layers
     fig, axes = plt.subplots(1, n, figsize=(w * n, h), squeeze=False)
     for ax, m in zip(axes[0], maps):
         a = np.asarray(m["values"], dtype=float)
         cm = _cmap(m.get("cmap", "viridis")).with_extremes(bad=(0.9, 0.9, 0.9, 1.0))
         im = ax.imshow(np.ma.masked_invalid(a), aspect="auto", cmap=cm, interpolation="nearest",
                        vmin=m.get("vmin"), vmax=m.get("vmax"))
-        ax.set_title(m["title"], fontsize=9)
+        ax.set_title(textwrap.fill(m["title"], 30), fontsize=9)
         ax.set_xlabel("head", fontsize=8)
-        ax.set_ylabel("layer", fontsize=8)
+        ax.set_ylabel("decoder layer (from 0)", fontsize=8)
         step = max(1, -(-L // 16))
         ax.set_yticks(range(0, L, step))
         ax.set_yticklabels([str(layer_ids[i]) for i in range(0, L, step)], fontsize=7)
-        integer_axis(ax.xaxis)
+        ax.set_xticks(range(0, a.shape[1], max(1, -(-a.shape[1] // 16))))  # integer head ticks, even for one head
         ax.tick_params(labelsize=7)
         plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     return _finish_grid(fig, axes, n, suptitle)
 
 
-def score_map_figures(scores, out_dir, *, prefix: str = "scores", label: str = "", percentile=None,
-                      titles: list[str] | None = None) -> list[str]:
-    """Write ``{prefix}_raw.png`` and ``{prefix}_diagnorm.png`` (all layers side by side).
+#: Figures show at most this many positions per axis; longer maps are block-averaged down to it
+#: (a 4,096-position map has 16 M pixels, far beyond a panel's resolution, and takes minutes to draw).
+FIGURE_MAX_POSITIONS = 1024
+#: the zoom figure's window: sinks (key 0) and slashes (small offsets) live in the first positions
+ZOOM_POSITIONS = 64
 
-    ``titles`` names the panels (default ``layer 0..L-1``; pass them when ``scores`` holds a subset
-    of layers). Returns the file names written.
+
+def pool_for_figure(m: torch.Tensor, max_positions: int = FIGURE_MAX_POSITIONS) -> torch.Tensor:
+    """Block means of a ``[S, S]`` map over ``f x f`` blocks, ``f = ceil(S / max_positions)``; NaN
+    entries (the causal upper triangle) are left out of each mean, all-NaN blocks stay NaN."""
+    S = m.shape[-1]
+    f = -(-S // max_positions)
+    if f <= 1:
+        return m
+    pad = (-S) % f
+    x = torch.nn.functional.pad(m.to(torch.float64), (0, pad, 0, pad), value=float("nan"))
+    n = x.shape[-1] // f
+    x = x.reshape(n, f, n, f)
+    finite = torch.isfinite(x)
+    total = torch.where(finite, x, torch.zeros((), dtype=x.dtype)).sum(dim=(1, 3))
+    count = finite.sum(dim=(1, 3))
+    return torch.where(count > 0, total / count.clamp_min(1), torch.full_like(total, float("nan")))
+
+
+def score_map_figures(scores, out_dir, *, layer_ids: list | None = None, prefix: str = "scores", label: str = "",
+                      percentile: tuple[float, float] | None = (1, 99), per_figure: int = 32,
+                      zoom: int | None = None, block: int = 1) -> list[str]:
+    """The one writer of score-map figures: per group of at most ``per_figure`` layers,
+    ``{prefix}_raw.png`` (mean pre-softmax scores), ``{prefix}_diagnorm.png`` (each layer's map
+    diagonal-normalised: its non-relative part) and, with ``zoom`` shorter than the maps,
+    ``{prefix}_zoom.png`` (the first ``zoom`` positions). Returns the file names written.
+
+    ``scores`` ``[L, S, S]`` (NaN where a query never sees the key); ``layer_ids`` names the layers
+    (default 0..L-1: decoder layers count from 0). More than one group: the prefix gains
+    ``_layers{first}-{last}``. Maps longer than :data:`FIGURE_MAX_POSITIONS` are
+    diagonal-normalised at full resolution, then drawn block-averaged (:func:`pool_for_figure`).
+    Block maps (``scan --map-size``, ``block`` positions per block) are drawn as stored, without
+    the zoom.
     """
-    from pathlib import Path
-
-    from poslens.metrics import diagonal_normalize
-    from poslens.rundir import save_figure
-
     out_dir = Path(out_dir)
-    L = scores.shape[0]
-    titles = titles or [f"layer {l}" for l in range(L)]  # layers count from 0
-    raw = layer_grid([scores[l] for l in range(L)], titles=titles, suptitle=f"{label} pre-softmax scores".strip(),
-                     percentile=percentile)
-    save_figure(raw, out_dir / f"{prefix}_raw.png")
-    dn = diagonal_normalize(scores)
-    norm = layer_grid([dn[l] for l in range(L)], titles=titles,
-                      suptitle=f"{label} diagonal-normalised scores".strip(), percentile=percentile)
-    save_figure(norm, out_dir / f"{prefix}_diagnorm.png")
-    return [f"{prefix}_raw.png", f"{prefix}_diagnorm.png"]
+    L, S = scores.shape[0], scores.shape[-1]
+    layer_ids = list(range(L)) if layer_ids is None else list(layer_ids)
+    columns = 6 if L > 12 else GRID_COLUMNS
+    lead = f"{label} " if label else ""
+    unit = "" if block == 1 else f", blocks of {block} positions"
+    files = []
+    for g in range(0, L, per_figure):
+        sel = list(range(g, min(L, g + per_figure)))
+        titles = [f"layer {layer_ids[i]}" for i in sel]
+        name = prefix if L <= per_figure else f"{prefix}_layers{layer_ids[sel[0]]}-{layer_ids[sel[-1]]}"
+        raw = layer_grid([pool_for_figure(scores[i]) for i in sel], titles=titles, percentile=percentile,
+                         suptitle=f"{lead}mean pre-softmax scores (decoder layers from 0{unit})", positions=S, columns=columns)
+        save_figure(raw, out_dir / f"{name}_raw.png")
+        # per layer: diagonal_normalize on a stacked [n, S, S] NaN-masked map fails (see report)
+        dn = [pool_for_figure(diagonal_normalize(scores[i])) for i in sel]
+        fig = layer_grid(dn, titles=titles, percentile=percentile, positions=S, columns=columns,
+                         suptitle=f"{lead}diagonal-normalised scores (decoder layers from 0{unit})")
+        save_figure(fig, out_dir / f"{name}_diagnorm.png")
+        files += [f"{name}_raw.png", f"{name}_diagnorm.png"]
+        if zoom and S > zoom and block == 1:
+            fig = layer_grid([scores[i, :zoom, :zoom] for i in sel], titles=titles, percentile=percentile,
+                             columns=columns, suptitle=f"{lead}pre-softmax scores, first {zoom} positions "
+                                                       "(key 0: the sink column)")
+            save_figure(fig, out_dir / f"{name}_zoom.png")
+            files.append(f"{name}_zoom.png")
+    return files

@@ -150,8 +150,17 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
     trend = [num(l.get("diagonal_trend")) for l in live]
     if any(t is not None for t in trend):
         fin = [t for t in trend if t is not None]
-        sign = ("rises to the right on every diagonal (left columns lower)" if min(fin) > 0 else
-                "falls to the right on every diagonal (left columns higher)" if max(fin) < 0 else
+        # with sample-group p-values, the sign is read only where the trend is beyond noise
+        tested = [(l, num(l.get("diagonal_trend"))) for l in live if num(l.get("trend_p")) is not None
+                  and num(l.get("diagonal_trend")) is not None]
+        where = "every diagonal"
+        if tested:
+            fin = [t for l, t in tested if num(l["trend_p"]) < SIGNIFICANT]
+            where = (f"every diagonal in the {len(fin)} layer(s) where the trend is significant (p < {SIGNIFICANT})"
+                     if len(fin) < len(tested) else where)
+        sign = ("shows no significant trend in any layer" if not fin else
+                f"rises to the right on {where} (left columns lower)" if min(fin) > 0 else
+                f"falls to the right on {where} (left columns higher)" if max(fin) < 0 else
                 "changes sign between layers")
         out.append(f"Signed trend along the diagonals (+1 = the entry further right on each diagonal is higher): "
                    f"{_series_short(trend)}; the score {sign}.")

@@ -158,7 +158,7 @@ def png_width(uri: str) -> int | None:
 
 
 #: figures narrower than this (in pixels) sit two to a row on the page
-HALF_WIDTH_PX = 900
+HALF_WIDTH_PX = 1100
 
 
 def embed_bytes(data: bytes, mime: str = "image/png") -> str:
@@ -185,11 +185,31 @@ def _inside(base: Path, rel: str) -> Path | None:
     return p
 
 
-def run_figures(run: Run, notes: list[str] | None = None) -> list[dict]:
-    """The run's own figures (``summary["figures"]``, older runs' ``files`` or PNGs), embedded."""
-    out = []
+#: the zoom figure's window (positions); a zoom is shown only on maps more than twice as large
+ZOOM_POSITIONS = 64
+
+
+def _hidden(run: Run, role: str, per_layer_drawn: bool) -> bool:
+    """Whether a figure of this role stays in the run directory instead of on the page."""
+    if role == "detail":
+        return True
+    if role == "per-layer":
+        return per_layer_drawn  # the report draws the same numbers as line plots (or a table)
+    if role == "zoom":
+        n = num(run.summary.get("seq_len"))
+        return n is not None and n <= 2 * ZOOM_POSITIONS  # the full map already shows those positions large
+    return False
+
+
+def run_figures(run: Run, notes: list[str] | None = None, *, per_layer_drawn: bool = False) -> list[dict]:
+    """The run's own figures (``summary["figures"]``, older runs' ``files`` or PNGs), embedded; those
+    whose role keeps them off the page (:data:`poslens.rundir.FIGURE_ROLES`) are named in ``notes``."""
+    out, kept_back = [], []
     for f in run.figures:
         rel, cap = f["file"], f["caption"]
+        if _hidden(run, f.get("role", "main"), per_layer_drawn):
+            kept_back.append(rel)
+            continue
         p = _inside(run.path, rel)
         uri = embed_file(p) if p is not None else None
         if uri is None:
@@ -197,6 +217,8 @@ def run_figures(run: Run, notes: list[str] | None = None) -> list[dict]:
                 notes.append(f"figure {rel} is listed but missing or unreadable; not shown.")
             continue
         out.append({"src": uri, "caption": cap, "file": rel})
+    if kept_back and notes is not None:
+        notes.append(f"In the run directory, not shown here: {', '.join(kept_back)}.")
     return out
 
 
@@ -205,8 +227,8 @@ def _sized(figures) -> list[dict]:
     out = []
     for f in figures or []:
         w = png_width(f.get("src", ""))
-        own = str(f.get("file", "")).lower().endswith(".png")  # the run's own figures; plots drawn here stay wide
-        out.append({**f, "half": own and w is not None and w < HALF_WIDTH_PX})
+        own = str(f.get("file", "")).lower().endswith(".png") or f.get("half") is not None  # plots drawn here:
+        out.append({**f, "half": own and w is not None and w < HALF_WIDTH_PX})  # wide unless they say otherwise
     return out
 
 
@@ -222,7 +244,16 @@ def _card(run: Run, *, title: str | None = None, subtitle: str = "", badge: str 
 # per-layer and per-head quantities, drawn from the numbers
 # --------------------------------------------------------------------------------------------
 #: per-layer keys that are bookkeeping, not quantities to plot
-_NOT_PLOTTED = ("noise_groups", "noise_positions", "sink_columns", "sliding_window", "flat_p")
+_NOT_PLOTTED = ("noise_groups", "noise_positions", "sink_columns", "sliding_window", "flat_p", "paper_layer",
+                "max_stderr", "mean_score", "within_diag_rms_signal")
+#: companions drawn dashed in their key's panel (key ``k``): the noise floor, the same statistic with
+#: key 0 (the sink) or on a scan's noise grid, and the bidirectional control
+COMPANIONS = (("{k}_noise", "noise floor"), ("{k}_with_sink", "with key 0"), ("grid_{k}", "noise grid"),
+              ("bidirectional_{k}", "bidirectional control"))
+
+
+def _companion_keys(k: str) -> list[tuple[str, str]]:
+    return [(pat.format(k=k), label) for pat, label in COMPANIONS]
 
 
 def _error_key(layers: list[dict], key: str) -> str | None:
@@ -244,8 +275,9 @@ def layer_quantities(run: Run) -> dict[str, list[str]]:
                 continue
             keys.append(k)
     errs = {e for k in keys for e in [_error_key(layers, k)] if e}
+    companions = {c for k in keys for c, _ in _companion_keys(k)}  # drawn in their key's panel
     keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr", "_se", "_noise"))
-            and k not in _NOT_PLOTTED and not k.startswith("grid_")]  # grid_*: drawn beside their full-map key
+            and k not in _NOT_PLOTTED and k not in companions]
     order = list(LAYER_QUANTITIES)
     keys.sort(key=lambda k: order.index(k) if k in order else len(order))  # known quantities first, in order
     # with the per-sequence APS present, ``aps`` is either the same number or the older mean-map one under
@@ -253,6 +285,8 @@ def layer_quantities(run: Run) -> dict[str, list[str]]:
     for per_seq, dup in (("aps_mean", "aps"), ("attn_aps_mean", "attn_aps")):
         if per_seq in keys:
             keys = [k for k in keys if k != dup]
+    if any(k.endswith("aps_mean") for k in keys):  # the paper's per-sequence APS is drawn; the mean-map one
+        keys = [k for k in keys if "mean_map" not in k]  # stays in summary.json (it has no chance level)
     keys = [k for k in keys if "mean_map" not in k] + [k for k in keys if "mean_map" in k]
     default = run.paper or "other"
     out: dict[str, list[str]] = {}
@@ -301,15 +335,16 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
                 has_emb = True
             series.append({"label": f"{r.name}: full map" if grid else r.name, "layers": xs, "values": ys,
                            "errors": es})
-            if grid:  # the same statistic on the coarser grid its p-values, noise floor and error bars come from
-                gx, gy, _, _ = _layer_xy(layers, f"grid_{k}")
-                ek = _error_key(layers, k)
-                n = max((int(num(l.get("noise_positions")) or 0) for l in layers), default=0)
-                series.append({"label": f"{r.name}: {n}-position noise grid", "layers": gx, "values": gy,
-                               "errors": [num(l.get(ek)) for l in layers] if ek else None, "dashed": True})
-            if any(num(l.get(f"{k}_noise")) is not None for l in layers):  # its noise floor, same panel
-                nx, ny, _, _ = _layer_xy(layers, f"{k}_noise")
-                series.append({"label": f"{r.name}: noise floor", "layers": nx, "values": ny, "errors": None,
+            for ck, what in _companion_keys(k):  # dashed, in the same panel
+                if not any(num(l.get(ck)) is not None for l in layers):
+                    continue
+                cx, cy, _, _ = _layer_xy(layers, ck)
+                errs = None
+                if ck == f"grid_{k}":  # the statistic its p-values, noise floor and error bars describe
+                    ek = _error_key(layers, k)
+                    errs = [num(l.get(ek)) for l in layers] if ek else None
+                    what = f"{max(int(num(l.get('noise_positions')) or 0) for l in layers)}-position {what}"
+                series.append({"label": f"{r.name}: {what}", "layers": cx, "values": cy, "errors": errs,
                                "dashed": True})
         if series:
             info = LAYER_QUANTITIES.get(k, (None, k.replace("_", " "), None))
@@ -319,7 +354,7 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
     conv = (runs[0].summary.get("layer_info") or {}).get("convention") or "layer indices as the run wrote them"
     from0 = all("from 0" in str((r.summary.get("layer_info") or {}).get("convention", "from 0")) for r in runs)
     label = "decoder layer (from 0)" if from0 else "layer"
-    fig = layer_lines(panels, suptitle=title, layer_label=f"{label[:-1]}; −1: embeddings)" if has_emb and from0
+    fig = layer_lines(panels, suptitle=title, columns=4, layer_label=f"{label[:-1]}; −1: embeddings)" if has_emb and from0
                       else f"{label} (−1: embeddings)" if has_emb else label)
     more = f" ({len(keys) - 9} more quantities in summary.json)" if len(keys) > 9 else ""
     emb = " Layer −1 on the axis: the embeddings." if has_emb else ""
@@ -478,9 +513,11 @@ def _meta(run: Run) -> list[tuple[str, str]]:
     return meta
 
 
-def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, dict]]:
+def generic_cards(run: Run, slash_cache: dict | None = None, *, overlaid: bool = False) -> list[tuple[str, dict]]:
     """One card per paper the run measures: readings, line plots of its per-layer quantities,
-    head × layer maps, the short tables, its own figures (score maps with the first paper)."""
+    head × layer maps, the short tables, its own figures (score maps with the first paper).
+    ``overlaid``: the run's per-layer numbers are drawn in a comparison with like runs, so it gets
+    no per-layer table of its own."""
     papers = [p for p in run.papers if p in PAPERS] or ["other"]
     quantities = layer_quantities(run)
     head_keys = [k for k in HEAD_QUANTITIES if any(isinstance(l.get(k), list) for l in run.layers)]
@@ -488,7 +525,7 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
     if slash_cache is not None:
         slash_cache[id(run)] = slash
     notes: list[str] = []
-    own_figs = run_figures(run, notes)
+    own_figs = run_figures(run, notes, per_layer_drawn=any(quantities.values()))
     if run.summary.get("stopped_early"):
         notes.append("stopped early: every score's standard error fell below the target.")
     label = run_label(run)
@@ -505,7 +542,8 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
             hf = head_figure(run, head_keys, slash)
             if hf:
                 figs.append(hf)
-        tables = [_layer_table(run, keys)] if not run.tables else []  # a run's own tables already say it
+        # a run's own tables already say it; an overlaid run's numbers are in the comparison's line plots
+        tables = [_layer_table(run, keys)] if not run.tables and not overlaid else []
         if len(papers) == 1 or paper == run.paper:
             tables += [table(str(t.get("title") or ""), t["columns"], t["rows"], note=str(t.get("note") or ""))
                        for t in run.tables]
@@ -523,25 +561,38 @@ def generic_cards(run: Run, slash_cache: dict | None = None) -> list[tuple[str, 
     return cards
 
 
-def cards_for(run: Run) -> list[tuple[str, dict]]:
+def cards_for(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
+    """The cards of one run; ``compared``: it is drawn beside like runs in a comparison block."""
     if run.kind == "model":
-        return model_cards(run)
-    return generic_cards(run)
+        return model_cards(run, compared=compared)
+    return generic_cards(run, overlaid=compared)
 
 
 # --------------------------------------------------------------------------------------------
 # comparisons: several runs of one command, overlaid
 # --------------------------------------------------------------------------------------------
-def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
-    """Section -> comparison blocks ({title, legend, readings, tables, figures}) for like runs."""
-    out: dict[str, list[dict]] = {}
+def overlaid_groups(runs: list[Run]) -> dict[str, list[Run]]:
+    """Command -> its runs whose per-layer numbers are overlaid in one set of line plots (two or
+    more runs of one command with more than one layer each)."""
     by_command: dict[str, list[Run]] = {}
     for r in runs:
         if r.kind == "command" and len(r.layers) > 1:
             by_command.setdefault(r.command, []).append(r)
+    return {c: g for c, g in by_command.items() if len(g) >= 2}
+
+
+def compared_ids(runs: list[Run]) -> set[int]:
+    """``id`` of every run drawn in a comparison block (overlaid runs; models beside other models)."""
+    ids = {id(r) for g in overlaid_groups(runs).values() for r in g}
+    models = [r for r in runs if r.kind == "model" and r.summary]
+    return ids | ({id(r) for r in models} if len(models) >= 2 else set())
+
+
+def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
+    """Section -> comparison blocks ({title, legend, readings, tables, figures}) for like runs."""
+    out: dict[str, list[dict]] = {}
+    by_command = overlaid_groups(runs)
     for command, group in by_command.items():
-        if len(group) < 2:
-            continue
         legend = "; ".join(f"{r.name}: {run_label(r)}" for r in group)
         per_paper: dict[str, list[str]] = {}
         for r in group:
@@ -549,6 +600,9 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
                 for k in ks:
                     if k not in per_paper.setdefault(p, []):
                         per_paper[p].append(k)
+        order = list(LAYER_QUANTITIES)  # known quantities first, in their order, whichever run has them
+        for ks in per_paper.values():
+            ks.sort(key=lambda k: order.index(k) if k in order else len(order))
         for paper, keys in per_paper.items():
             fig = layer_figure(group, keys, title=f"{len(group)} {command} runs")
             if fig is None:
@@ -561,7 +615,7 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
     for r in runs:
         if r.kind == "command" and r.summary.get("experiment"):
             groups.setdefault(str(r.summary["experiment"]), []).append(r)
-    overlaid = {id(r) for g in by_command.values() if len(g) >= 2 for r in g}
+    overlaid = {id(r) for g in by_command.values() for r in g}
     for exp, group in groups.items():
         if len(group) < 2 or all(id(r) in overlaid for r in group):  # their per-layer plots are overlaid above
             continue
@@ -586,8 +640,10 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
         rows = [[r.name] + [r.summary.get(k) for k in ("pe", "task", "data", "steps", "params", "initial_loss",
                                                        "final_loss", "eval_accuracy", "eval_accuracy_long")]
                 for r in models]
+        loss = _loss_figure(models)
         out.setdefault("models", []).append({
-            "title": f"Comparison of {len(models)} models", "legend": "", "readings": [], "figures": [],
+            "title": f"Comparison of {len(models)} models", "legend": "", "readings": [],
+            "figures": [loss] if loss else [],
             "tables": [table("Models side by side", ["model", "PE", "task", "data", "steps", "parameters",
                                                      "initial loss", "final loss", "accuracy", "accuracy (longer)"],
                              rows)]})
@@ -620,8 +676,8 @@ def findings(runs: list[Run]) -> list[dict]:
             for k, v in kf.items()]
 
 
-def _loss_curve(run: Run) -> dict | None:
-    """A loss-curve figure from ``train_log.jsonl`` (drawn here, embedded as PNG)."""
+def _loss_log(run: Run) -> tuple[list, list, list, list] | None:
+    """``(steps, losses, eval steps, eval losses)`` from the run's ``train_log.jsonl``, or None."""
     log = run.path / "train_log.jsonl"
     if not log.is_file():
         return None
@@ -642,40 +698,49 @@ def _loss_curve(run: Run) -> dict | None:
                 losses.append(num(r["loss"]))
     except OSError:
         return None
-    if len(steps) < 2:
-        return None
-    import io
+    return (steps, losses, ev_steps, ev_losses) if len(steps) >= 2 else None
 
+
+def _loss_figure(runs: list[Run]) -> dict | None:
+    """Loss curves of one or more training runs in one figure (drawn here, embedded as PNG)."""
+    logs = [(r, lg) for r in runs for lg in [_loss_log(r)] if lg]
+    if not logs:
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.0, 3.0))
-    ax.plot(steps, losses, lw=1, label="training loss")
-    if ev_losses:
-        ax.plot(ev_steps, ev_losses, "o-", ms=3, label="evaluation loss")
+    for n, (r, (steps, losses, ev_steps, ev_losses)) in enumerate(logs):
+        name = f"{r.name}: " if len(logs) > 1 else ""
+        ax.plot(steps, losses, lw=1, color=f"C{n}", label=f"{name}training loss")
+        if ev_losses:
+            ax.plot(ev_steps, ev_losses, "o--", ms=3, color=f"C{n}", label=f"{name}evaluation loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return {"src": embed_bytes(buf.getvalue()), "caption": "Loss during training (from train_log.jsonl).",
+    return {"src": embed_figure(fig), "caption": "Loss during training (from train_log.jsonl).",
             "file": "train_log.jsonl"}
+
+
+def _loss_curve(run: Run) -> dict | None:
+    """The loss curve of one training run."""
+    return _loss_figure([run])
 
 
 _MODEL_KEYS = ("pe", "task", "data", "preset", "steps", "params", "params_non_embedding", "initial_loss", "final_loss",
                "eval_loss", "eval_accuracy", "eval_accuracy_long", "tokens_per_second", "device")
 
 
-def model_cards(run: Run) -> list[tuple[str, dict]]:
+def model_cards(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
+    """A model directory's card; ``compared``: its numbers and loss curve are in the side-by-side block."""
     s, c = run.summary, run.config
     arch = [(k, fmt(c.get(k))) for k in ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
                                          "num_key_value_heads", "n_layer", "n_embd", "n_head", "vocab_size") if k in c]
-    rows = [[k.replace("_", " "), s.get(k)] for k in _MODEL_KEYS if k in s and s.get(k) is not None]
-    figs = [f for f in [_loss_curve(run)] if f]
+    rows = [] if compared else [[k.replace("_", " "), s.get(k)] for k in _MODEL_KEYS if k in s and s.get(k) is not None]
+    figs = [] if compared else [f for f in [_loss_curve(run)] if f]
     notes = [] if s else ["no summary.json: a model directory not written by `poslens train`; architecture only."]
     card = _card(run, subtitle=f"{c.get('model_type', '')} model", badge="model", readings=model_readings(s, c),
                  tables=[table("Training summary", ["quantity", "value"], rows)] if rows else [], figures=figs,
@@ -759,11 +824,12 @@ def build_context(runs: list[Run], title: str, skipped: list[str] | None = None)
                                  "comparisons": [], "repro": []}
         return sections[key]
 
+    compared = compared_ids(runs)
     for run in runs:
         if run.kind == "reproduce":
             section("reproduction")["repro"].append(reproduction_block(run))
             continue
-        for key, card in cards_for(run):
+        for key, card in cards_for(run, compared=id(run) in compared):
             section(key)["cards"].append(card)
     for key, blocks in comparisons(runs).items():
         section(key)["comparisons"] += blocks

@@ -1,4 +1,4 @@
-"""Trained-model experiments of ``poslens reproduce``, registered into :data:`poslens.reproduce.simulated.EXPERIMENTS`.
+"""Trained- and real-model experiments of ``poslens reproduce`` (:data:`EXPERIMENTS`; the registry of all of them is :data:`poslens.reproduce.EXPERIMENTS`).
 
 The papers' trained checkpoints are unreleased (the 1.5B NoPE model of arXiv 2509.21042) or too
 large to fetch here, so these experiments run on small models standing in for them:
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from poslens.reproduce.simulated import EXPERIMENTS, Experiment, ReproContext
+from poslens.reproduce.simulated import Experiment, ReproContext
 
 ZUO = "Position without positional encodings (arXiv 2501.00073)"
 KIM = "Behind RoPE (arXiv 2509.21042)"
@@ -199,7 +199,8 @@ def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
                     + ("" if trained else "; some zoo copy models were missing")}
 
 
-NEW = {
+#: the trained-model experiments (``real`` is added below, after its helpers)
+EXPERIMENTS = {
     "zuo-adjacency": Experiment(
         "zuo-adjacency", ZUO + ", adjacency pattern",
         "In NoPE causal transformers, nearby hidden vectors are more cosine-similar than distant ones (APS near 1) "
@@ -224,10 +225,6 @@ NEW = {
         "RoPE LLMs have slash-dominant heads (attention concentrated on the Δ-th sub-diagonal) that persist on "
         "prompts of i.i.d. random tokens.", _slash_sdh),
 }
-
-for _name, _exp in NEW.items():
-    EXPERIMENTS.setdefault(_name, _exp)
-
 
 # --------------------------------------------------------------------------------------------
 # `real`: the three papers' analyses on the real pretrained models (poslens.models.realmodels)
@@ -398,10 +395,10 @@ def _real(ctx: ReproContext, out: Path) -> dict:
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs, "note": note}
 
 
-EXPERIMENTS.setdefault("real", Experiment(
+EXPERIMENTS["real"] = Experiment(
     "real", "all three papers, on real pretrained models (SmolLM2-135M, Gemma-3-270M; GGUF)",
     "On pretrained LMs: arXiv 2509.21042 — mean score maps are non-relative and favour nearby keys; Slash — slash-dominant heads "
     "exist and persist on random tokens, with nearly rank-one pre-RoPE q/k and offsets the RoPE decomposition "
     "predicts. (arXiv 2501.00073's adjacency claim is for NoPE models; its APS of the residual stream is reported for these RoPE "
     "models.)", _real,
-    available=lambda: bool(real_models_ready())))
+    available=lambda: bool(real_models_ready()))

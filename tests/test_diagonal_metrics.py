@@ -1,0 +1,240 @@
+"""metrics.diagonal against plain loops over the definitions (nested lists, no poslens code).
+
+Maps are [S, S], rows = queries, columns = keys; the valid entries are i > j (i >= j with the
+main diagonal); NaN entries and excluded key columns take part in nothing.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from poslens.metrics.diagonal import (diagonal_means, diagonal_normalize, diagonal_trend, is_flat, locality,
+                                      mask_keys, relativity_index, trend_pvalue, valid_mask, within_diagonal_rms)
+
+
+def fin(v):
+    return not (math.isnan(v) or math.isinf(v))
+
+
+def entries(m, include_diagonal=False, exclude=()):
+    S = len(m)
+    return [(i, j, m[i][j]) for i in range(S) for j in range(S)
+            if (i > j or (include_diagonal and i == j)) and j not in exclude and fin(m[i][j])]
+
+
+def by_offset(ents):
+    d = {}
+    for i, j, v in ents:
+        d.setdefault(i - j, []).append(v)
+    return {k: sum(v) / len(v) for k, v in d.items()}
+
+
+def rand_map(S, seed, nan=()):
+    gen = torch.Generator().manual_seed(seed)
+    m = torch.randn(S, S, generator=gen, dtype=torch.float64)
+    for i, j in nan:
+        m[i, j] = float("nan")
+    return m
+
+
+def test_valid_mask_loop():
+    for S in (1, 4):
+        for diag in (False, True):
+            want = [[i > j or (diag and i == j) for j in range(S)] for i in range(S)]
+            assert valid_mask(S, diag).tolist() == want
+
+
+def test_diagonal_means_and_normalize_loop_batched():
+    ms = torch.stack([rand_map(5, 1, nan=[(3, 1), (4, 0)]), rand_map(5, 2, nan=[(2, 2)])])
+    ms[0, 4, 0] = float("nan")  # diagonal 4 has one entry: all NaN -> its mean is NaN
+    ms[0, 0, 4] = 100.0  # above the diagonal: ignored
+    means = diagonal_means(ms)
+    normed = diagonal_normalize(ms)
+    assert means.shape == (2, 5) and normed.shape == (2, 5, 5)
+    for b in range(2):
+        m = ms[b].tolist()
+        mu = by_offset(entries(m, include_diagonal=True))
+        for k in range(5):
+            if k in mu:
+                assert float(means[b, k]) == pytest.approx(mu[k], rel=1e-12, abs=1e-14)
+            else:
+                assert math.isnan(float(means[b, k]))
+        for i in range(5):
+            for j in range(5):
+                got = float(normed[b, i, j])
+                if i < j or not fin(m[i][j]):
+                    assert math.isnan(got)
+                else:
+                    assert got == pytest.approx(m[i][j] - mu[i - j], rel=1e-12, abs=1e-14)
+    # integer maps are read as numbers
+    assert diagonal_means(torch.tensor([[1, 0], [3, 5]])).tolist() == [3.0, 3.0]
+
+
+def test_mask_keys_copies_and_ignores_out_of_range_keys():
+    m = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    out = mask_keys(m, (0, 2, 7, -1))
+    assert out.dtype == torch.float64 and not torch.isnan(m).any()
+    for j in range(4):
+        col = out[:, j]
+        assert bool(col.isnan().all()) == (j in (0, 2)) and bool(col.isnan().any()) == (j in (0, 2))
+    assert mask_keys(m).tolist() == m.double().tolist()
+
+
+def brute_rms(m, include_diagonal=False, exclude=()):
+    ents = entries(m, include_diagonal, exclude)
+    if not ents:
+        return float("nan")
+    mu = by_offset(ents)
+    return math.sqrt(sum((v - mu[i - j]) ** 2 for i, j, v in ents) / len(ents))
+
+
+def brute_ri(m, include_diagonal=False, exclude=()):
+    ents = entries(m, include_diagonal, exclude)
+    mean = sum(v for _, _, v in ents) / len(ents)
+    var = sum((v - mean) ** 2 for _, _, v in ents) / len(ents)
+    mu = by_offset(ents)
+    var_dn = sum((v - mu[i - j]) ** 2 for i, j, v in ents) / len(ents)
+    return min(max(1 - var_dn / var, 0.0), 1.0)
+
+
+@pytest.mark.parametrize("diag", [False, True])
+@pytest.mark.parametrize("exclude", [(), (0,), (1, 3)])
+def test_rms_and_relativity_index_loop(diag, exclude):
+    S = 7
+    i = torch.arange(S, dtype=torch.float64)
+    toeplitz = torch.cos(i[:, None] - i[None, :])
+    m = toeplitz + 0.3 * rand_map(S, 3, nan=[(5, 2)])
+    ml = m.tolist()
+    assert within_diagonal_rms(m, diag, exclude) == pytest.approx(brute_rms(ml, diag, exclude), rel=1e-12)
+    assert relativity_index(m, include_diagonal=diag, exclude_keys=exclude) == pytest.approx(
+        brute_ri(ml, diag, exclude), rel=1e-12)
+    assert math.isnan(within_diagonal_rms(torch.full((3, 3), float("nan"))))
+
+
+def test_relativity_index_edges():
+    S = 6
+    i = torch.arange(S, dtype=torch.float64)
+    toeplitz = (i[:, None] - i[None, :]) ** 2
+    assert relativity_index(toeplitz) == pytest.approx(1.0, abs=1e-12)
+    assert relativity_index(torch.full((S, S), 2.0)) is None  # flat
+    # a map whose diagonals explain nothing: rows alternate around a diagonal-constant mean
+    alt = torch.tensor([[(-1.0) ** (i + j) * (1 + j) for j in range(S)] for i in range(S)])
+    assert relativity_index(alt) == pytest.approx(brute_ri(alt.tolist()), rel=1e-12)
+    with pytest.raises(ValueError):
+        relativity_index(torch.zeros(2, S, S))
+
+
+def brute_trend(m, include_diagonal=False, exclude=()):
+    S = len(m)
+    up = down = total = 0
+    for k in range(0 if include_diagonal else 1, S):
+        diag = [m[t + k][t] for t in range(S - k) if t not in exclude and fin(m[t + k][t])]
+        for a, b in itertools.combinations(diag, 2):
+            total += 1
+            up += b > a
+            down += b < a
+    return None if total == 0 else (up - down) / total
+
+
+@pytest.mark.parametrize("diag", [False, True])
+@pytest.mark.parametrize("exclude", [(), (0,), (2,)])
+def test_diagonal_trend_loop(diag, exclude):
+    gen = torch.Generator().manual_seed(11)
+    m = torch.randint(0, 4, (8, 8), generator=gen).to(torch.float64)  # ties included
+    m[6, 3] = float("nan")
+    got = diagonal_trend(m, diag, exclude)
+    assert got == pytest.approx(brute_trend(m.tolist(), diag, exclude), abs=1e-12)
+
+
+def test_diagonal_trend_edges():
+    assert diagonal_trend(torch.zeros(2, 2)) is None  # diagonal 1 has a single entry: no pair
+    assert diagonal_trend(torch.zeros(3, 3)) == 0.0  # one tied pair on diagonal 1
+    assert diagonal_trend(torch.zeros(1, 1)) is None
+    assert diagonal_trend(torch.zeros(2, 2), include_diagonal=True) == 0.0
+    assert diagonal_trend(torch.zeros(1, 1), include_diagonal=True) is None
+    i = torch.arange(5, dtype=torch.float64)
+    rising = i[None, :].expand(5, 5).clone()  # later key higher along every diagonal
+    assert diagonal_trend(rising) == 1.0 and diagonal_trend(-rising) == -1.0
+    with pytest.raises(ValueError):
+        diagonal_trend(torch.zeros(2, 3, 3))
+
+
+def brute_slope_stat(m, include_diagonal=False):
+    """Mean over diagonals with >= 3 entries of the least-squares slope of the entries on the column."""
+    S = len(m)
+    slopes = []
+    for k in range(0 if include_diagonal else 1, S):
+        cols = list(range(S - k))
+        if len(cols) < 3:
+            continue
+        vals = [m[t + k][t] for t in cols]
+        slopes.append(np.polyfit(cols, vals, 1)[0])
+    return sum(slopes) / max(len(slopes), 1)
+
+
+def brute_signflip(stats, weights):
+    w = [x / sum(weights) for x in weights]
+    obs = sum(wi * a for wi, a in zip(w, stats)) ** 2
+    hits = n = 0
+    for eps in itertools.product((1, -1), repeat=len(stats)):
+        t = sum(e * wi * a for e, wi, a in zip(eps, w, stats)) ** 2
+        hits += t >= obs * (1 - 1e-12)
+        n += 1
+    return hits / n
+
+
+@pytest.mark.parametrize("diag", [False, True])
+def test_trend_pvalue_is_a_signflip_of_mean_diagonal_slopes(diag):
+    S, G = 7, 6
+    gen = torch.Generator().manual_seed(12)
+    i = torch.arange(S, dtype=torch.float64)
+    groups = 0.05 * i[None, None, :] + torch.randn(G, S, S, generator=gen, dtype=torch.float64)
+    weights = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 1.0])
+    stats = [brute_slope_stat(groups[g].tolist(), diag) for g in range(G)]
+    assert trend_pvalue(groups, weights, include_diagonal=diag) == pytest.approx(
+        brute_signflip(stats, weights.tolist()), abs=1e-12)
+    assert trend_pvalue(groups) == pytest.approx(brute_signflip(stats if not diag else
+                                                                [brute_slope_stat(groups[g].tolist()) for g in range(G)],
+                                                                [1.0] * G), abs=1e-12)
+
+
+def test_is_flat_without_groups_is_exact_constancy():
+    S = 5
+    c = torch.full((S, S), 3.0, dtype=torch.float64)
+    assert is_flat(c)
+    tiny = c.clone()
+    tiny[3, 1] += 3.0 * 1e-13  # within float64 rounding of the scale
+    assert is_flat(tiny)
+    small = c.clone()
+    small[3, 1] += 3.0 * 1e-9
+    assert not is_flat(small)
+    # the variation sits on the main diagonal only: flat unless the diagonal is included
+    d = c + torch.eye(S, dtype=torch.float64)
+    assert is_flat(d) and not is_flat(d, include_diagonal=True)
+    # the variation sits in an excluded column only
+    col = c.clone()
+    col[2:, 0] = 7.0
+    assert not is_flat(col) and is_flat(col, exclude_keys=(0,))
+    assert is_flat(torch.zeros(2, 2))  # one valid entry: nothing can vary
+    assert is_flat(torch.zeros(S, S))
+
+
+def test_locality_loop_and_flat():
+    S = 6
+    gen = torch.Generator().manual_seed(13)
+    m = torch.randint(0, 3, (S, S), generator=gen).to(torch.float64)
+    ml = m.tolist()
+    for diag in (False, True):
+        hits = total = 0.0
+        for i in range(S):
+            keys = range(i + 1) if diag else range(i)
+            for j, k in itertools.combinations(keys, 2):
+                total += 1
+                hits += 1.0 if ml[i][k] > ml[i][j] else (0.5 if ml[i][k] == ml[i][j] else 0.0)
+        assert locality(m, include_diagonal=diag) == pytest.approx(2 * hits / total - 1, abs=1e-12)
+    assert locality(torch.ones(S, S)) is None
+    with pytest.raises(ValueError):
+        locality(torch.zeros(2, S, S))

@@ -1,0 +1,198 @@
+"""The package layout as a checkable contract (issue 12): no import cycle between poslens modules,
+the library never imports the CLI, and the CLI starts without torch, transformers or matplotlib.
+
+The import graph is read from the source with :mod:`ast` (every import statement, at module top or
+inside a function: a cycle hidden in a function-local import is still a cycle)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "poslens"
+#: the CLI package (the typer app and one module per command group) and `python -m poslens`.
+CLI = ("poslens.cli", "poslens.__main__")
+HEAVY = ("torch", "transformers", "matplotlib")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _resolve(name: str, known: set[str]) -> str | None:
+    """The poslens module that ``name`` denotes: itself, or its longest known prefix (an attribute)."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(mod: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
+    """``(imported poslens module, line)`` for every import statement in the file."""
+    is_pkg = path.name == "__init__.py"
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = mod.split(".")
+                base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            # `from pkg import sub` imports the submodule when there is one, else an attribute of pkg
+            names = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in known else prefix for a in node.names]
+        else:
+            continue
+        for n in names:
+            target = _resolve(n, known) if n == "poslens" or n.startswith("poslens.") else None
+            if not target or target == mod:
+                continue
+            out.append((target, node.lineno))
+            # importing poslens.a.b first runs poslens/a/__init__.py: a dependency too (a cycle through a
+            # package's __init__ fails at import time), except for the importer's own packages
+            parts = target.split(".")
+            for k in range(2, len(parts)):
+                pkg = ".".join(parts[:k])
+                if pkg in known and not (mod == pkg or mod.startswith(pkg + ".")):
+                    out.append((pkg, node.lineno))
+    return out
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], int]]:
+    mods = modules()
+    known = set(mods)
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    where: dict[tuple[str, str], int] = {}
+    for m, p in mods.items():
+        for t, line in imports_of(m, p, known):
+            graph[m].add(t)
+            where.setdefault((m, t), line)
+    return graph, where
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def is_cli(mod: str) -> bool:
+    return any(mod == c or mod.startswith(c + ".") for c in CLI)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checker itself, on known graphs
+# ---------------------------------------------------------------------------------------------
+def test_cycle_finder_on_known_graphs():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    two = cycles({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}, "e": {"a", "c"}})
+    assert sorted(two) == [["a", "b"], ["c", "d"]]
+
+
+def test_import_reader_sees_local_relative_and_submodule_imports(tmp_path):
+    known = {"poslens", "poslens.a", "poslens.pkg", "poslens.pkg.sub", "poslens.pkg.other"}
+    f = tmp_path / "other.py"
+    f.write_text("import os\nfrom poslens.a import thing\n\ndef f():\n    from poslens.pkg import sub\n"
+                 "    from . import sub as s2\n    import poslens.pkg.sub.deeper\n")
+    got = sorted({t for t, _ in imports_of("poslens.pkg.other", f, known)})
+    assert got == ["poslens.a", "poslens.pkg.sub"]  # its own package's __init__ is not an edge
+    g = tmp_path / "a.py"
+    g.write_text("from poslens.pkg.sub import thing\n")
+    assert sorted({t for t, _ in imports_of("poslens.a", g, known)}) == ["poslens.pkg", "poslens.pkg.sub"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the contract on the real source tree
+# ---------------------------------------------------------------------------------------------
+def test_graph_is_read():
+    graph, _ = import_graph()
+    assert len(graph) > 40
+    assert "poslens.errors" in graph.get("poslens.rundir", set()) or any(graph.values())
+
+
+def test_no_import_cycle():
+    graph, where = import_graph()
+    found = cycles(graph)
+    detail = []
+    for comp in found:
+        s = set(comp)
+        detail += [f"{a} -> {b} (line {where[(a, b)]})" for a in comp for b in sorted(graph[a] & s)]
+    assert not found, "import cycles between poslens modules:\n" + "\n".join(detail)
+
+
+def test_library_never_imports_the_cli():
+    graph, where = import_graph()
+    bad = [f"{m} imports {t} (line {where[(m, t)]})" for m, ts in graph.items() if not is_cli(m)
+           for t in sorted(ts) if is_cli(t)]
+    assert not bad, "library modules import the CLI:\n" + "\n".join(bad)
+
+
+def test_cli_starts_without_heavy_modules_and_fast():
+    code = ("import sys, time; t = time.perf_counter(); import poslens.cli; dt = time.perf_counter() - t; "
+            f"print(dt, *[m for m in {HEAVY!r} if m in sys.modules])")
+    env_src = {"PYTHONPATH": str(SRC)}
+    import os
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env_src},
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    dt, *heavy = r.stdout.split()
+    assert heavy == [], f"`import poslens.cli` imports {heavy}: keep them lazy in the CLI's path"
+    # loose: the goal is < 0.5 s on an idle machine; a loaded CI machine gets slack
+    assert float(dt) < 3.0
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "poslens", "--help"], capture_output=True, text=True,
+                       env={**os.environ, **env_src}, timeout=120)
+    assert r.returncode == 0 and "Usage" in r.stdout
+    assert time.perf_counter() - t < 6.0
+
+
+def test_cli_membership():
+    assert is_cli("poslens.cli") and is_cli("poslens.cli.simulate") and is_cli("poslens.__main__")
+    assert not is_cli("poslens.client") and not is_cli("poslens.capture.scan")

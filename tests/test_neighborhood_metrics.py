@@ -1,0 +1,146 @@
+"""metrics.neighborhood against a pure-Python triple count (arXiv 2501.00073's APS definition).
+
+APS = #{(j, k, i): j < k < i, S[i, k] > S[i, j]} / #{such triples}; the expected values are
+counted here by plain loops over nested lists, never by poslens.metrics.neighborhood.
+"""
+
+import math
+
+import pytest
+import torch
+
+from poslens.metrics.neighborhood import (adjacency_probability_score, aps_positions, norm_score,
+                                          ordered_pair_counts, per_sequence_aps, rising_pair_fraction)
+
+
+def _fin(v):
+    return not (math.isnan(v) or math.isinf(v))
+
+
+def brute_aps(m, include_diagonal=False, ties=0.0):
+    T = len(m)
+    hits = total = 0.0
+    for i in range(T):
+        last = i if include_diagonal else i - 1
+        for j in range(T):
+            for k in range(j + 1, last + 1):
+                a, b = m[i][j], m[i][k]
+                if _fin(a) and _fin(b):
+                    total += 1
+                    hits += 1.0 if b > a else (ties if b == a else 0.0)
+    return hits / total if total else float("nan")
+
+
+def brute_cos_aps(x):
+    """Per-sequence APS of the self-cosine map of ``x [S, D]`` (plain Python)."""
+    rows = x.tolist()
+    norms = [math.sqrt(sum(v * v for v in r)) for r in rows]
+    cos = [[sum(a * b for a, b in zip(r, s)) / (norms[i] * norms[j]) for j, s in enumerate(rows)]
+           for i, r in enumerate(rows)]
+    return brute_aps(cos)
+
+
+def test_aps_positions_all_or_evenly_spaced():
+    assert aps_positions(5, 10).tolist() == [0, 1, 2, 3, 4]
+    assert aps_positions(5, 5).tolist() == [0, 1, 2, 3, 4]
+    assert aps_positions(10, 4).tolist() == [0, 3, 6, 9]
+    assert aps_positions(101, 3).tolist() == [0, 50, 100]
+
+
+def test_aps_of_an_integer_map():
+    gen = torch.Generator().manual_seed(4)
+    m = torch.randint(0, 5, (2, 7, 7), generator=gen)  # integer entries, many ties
+    got = adjacency_probability_score(m)
+    assert got.dtype == torch.float64
+    for b in range(2):
+        assert float(got[b]) == pytest.approx(brute_aps(m[b].tolist()), abs=1e-12)
+
+
+def test_aps_merge_path_not_taken_with_masked_subdiagonal():
+    gen = torch.Generator().manual_seed(5)
+    m = torch.randn(6, 6, generator=gen, dtype=torch.float64)
+    m[3, 2] = float("nan")  # only the first sub-diagonal is masked: must be skipped, not counted
+    m[5, 4] = float("nan")
+    assert float(adjacency_probability_score(m)) == pytest.approx(brute_aps(m.tolist()), abs=1e-12)
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 9])
+def test_aps_small_and_odd_sizes(T):
+    gen = torch.Generator().manual_seed(T)
+    m = torch.randn(3, T, T, generator=gen, dtype=torch.float64)
+    got = adjacency_probability_score(m)
+    for b in range(3):
+        want = brute_aps(m[b].tolist())
+        assert (math.isnan(want) and math.isnan(float(got[b]))) or float(got[b]) == pytest.approx(want, abs=1e-12)
+
+
+def test_ordered_pair_counts_loop():
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randint(0, 4, (5, 7), generator=gen).to(torch.float64)
+    x[1, 4:] = float("-inf")  # a finite prefix of 4
+    x[2, 1:] = float("-inf")
+    gt, eq, n = ordered_pair_counts(x)
+    for r in range(5):
+        v = [a for a in x[r].tolist() if a != float("-inf")]
+        pairs = [(v[j], v[k]) for j in range(len(v)) for k in range(j + 1, len(v))]
+        assert float(gt[r]) == sum(b > a for a, b in pairs)
+        assert float(eq[r]) == sum(b == a for a, b in pairs)
+        assert float(n[r]) == len(pairs)
+
+
+def test_rising_pair_fraction_ties_and_diagonal_loop():
+    gen = torch.Generator().manual_seed(7)
+    m = torch.randint(0, 3, (2, 6, 6), generator=gen).to(torch.float32)
+    m[0, 4, 1] = float("nan")
+    for diag in (False, True):
+        for ties in (0.0, 0.5):
+            got = rising_pair_fraction(m, include_diagonal=diag, ties=ties, chunk_elems=40)
+            for b in range(2):
+                assert float(got[b]) == pytest.approx(brute_aps(m[b].tolist(), diag, ties), abs=1e-12)
+
+
+def test_per_sequence_aps_is_the_cosine_map_count():
+    gen = torch.Generator().manual_seed(8)
+    x = 1e-3 * torch.randn(2, 9, 2, 3, generator=gen, dtype=torch.float64)  # norms far below 1, unequal
+    x[:, :, 0] *= torch.linspace(0.1, 3.0, 9, dtype=torch.float64)[None, :, None]
+    got = per_sequence_aps(x, max_positions=256)
+    assert got.shape == (2,)
+    for b in range(2):
+        assert float(got[b]) == pytest.approx(brute_cos_aps(x[b].reshape(9, 6)), abs=1e-12)
+    # longer than max_positions: the evenly spaced positions only
+    sub = per_sequence_aps(x, max_positions=5)
+    idx = [0, 2, 4, 6, 8]
+    for b in range(2):
+        assert float(sub[b]) == pytest.approx(brute_cos_aps(x[b, idx].reshape(5, 6)), abs=1e-12)
+
+
+def test_norm_score_batched_loop():
+    gen = torch.Generator().manual_seed(9)
+    norms = torch.rand(2, 3, 7, generator=gen, dtype=torch.float64)
+    got = norm_score(norms)
+    assert got.shape == (2, 3)
+    for a in range(2):
+        for b in range(3):
+            n = [-v for v in norms[a, b].tolist()]
+            sim = [n[:] for _ in n]  # row i of the map is -||h|| for every key
+            assert float(got[a, b]) == pytest.approx(brute_aps(sim), abs=1e-12)
+
+
+def test_aps_keeps_every_leading_dimension():
+    gen = torch.Generator().manual_seed(10)
+    m = torch.randn(2, 3, 5, 5, generator=gen, dtype=torch.float64)
+    got = adjacency_probability_score(m)
+    assert got.shape == (2, 3)
+    for a in range(2):
+        for b in range(3):
+            assert float(got[a, b]) == pytest.approx(brute_aps(m[a, b].tolist()), abs=1e-12)
+
+
+def test_documented_defaults():
+    # ties count 0 by default (the APS definition), the main diagonal is left out
+    m = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0], [2.0, 2.0, 2.0]])
+    assert float(rising_pair_fraction(m)) == brute_aps(m.tolist()) == 0.0
+    # per-sequence APS subsamples sequences longer than 256 positions
+    x = torch.randn(1, 257, 4, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    assert float(per_sequence_aps(x)) == float(per_sequence_aps(x, max_positions=256))
+    assert float(per_sequence_aps(x)) != float(per_sequence_aps(x, max_positions=257))

@@ -1,0 +1,164 @@
+"""The slash analysis' pure functions (SDH table, persistence, best offsets, rank table, rank-one
+RoPE logit, predicted profile) against plain loops over their definitions (arXiv 2601.08297)."""
+
+import cmath
+import math
+
+import pytest
+import torch
+
+from poslens.analysis.slash import (best_offsets, causal_pair_mean, kv_head_of, pair_polar, persistence,
+                                    predicted_slash_profile, rank_one_logit, rank_table, sdh_mask, sdh_table,
+                                    top_direction)
+from poslens.errors import PoslensError
+
+
+def slash(seed, L=3, H=4, S=6):
+    return torch.rand(L, H, S, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_sdh_mask_and_table_loop():
+    s = slash(0)
+    s[1, 2, 3] = 0.5  # exactly kappa: dominant
+    L, H, S = s.shape
+    assert sdh_mask(s, 0.5, 3).tolist() == [[s[l, h, 3] >= 0.5 for h in range(H)] for l in range(L)]
+    with pytest.raises(PoslensError):
+        sdh_mask(s, 0.5, S)
+    with pytest.raises(PoslensError):
+        sdh_mask(s, 0.5, -1)
+    with pytest.raises(PoslensError):
+        sdh_mask(s[0], 0.5, 1)
+    kappas = [0.3, 0.5, 0.9]
+    t = sdh_table(s, kappas, max_delta=10, min_delta=1, layer_ids=[2, 5, 7], max_listed=2)
+    rows = iter(t["rows"])
+    assert t["counts"].shape == (3, S - 1)
+    for a, kappa in enumerate(kappas):
+        for b, d in enumerate(range(1, S)):  # max_delta is capped at S - 1
+            heads = [(float(s[l, h, d]), f"{[2, 5, 7][l]}.{h}") for l in range(L) for h in range(H)
+                     if s[l, h, d] >= kappa]
+            heads.sort(reverse=True)
+            listed = " ".join(n for _, n in heads[:2]) + (" ..." if len(heads) > 2 else "")
+            assert next(rows) == [kappa, d, len(heads), len(heads) / (L * H), listed]
+            assert int(t["counts"][a, b]) == len(heads)
+    assert next(rows, None) is None
+    t0 = sdh_table(s, [0.9], max_delta=2)
+    assert [r[1] for r in t0["rows"]] == [0, 1, 2]
+    with pytest.raises(PoslensError):
+        sdh_table(s, [0.5], max_delta=1, min_delta=2)
+    assert sdh_table(s, [0.5], max_delta=2, min_delta=2)["counts"].shape == (1, 1)
+
+
+def test_persistence_loop():
+    a, b = slash(1), slash(2)
+    a[0, 1, 2] = 0.6
+    b[0, 1, 2] = 0.6  # random score exactly kappa: persists
+    a[2, 3, 1] = 0.0
+    kappa = 0.6
+    got = persistence(a, b, kappa, max_delta=4, min_delta=1, layer_ids=[3, 4, 8])
+    want = []
+    for d in range(1, 5):
+        for l in range(3):
+            for h in range(4):
+                if a[l, h, d] >= kappa:
+                    si, sr = float(a[l, h, d]), float(b[l, h, d])
+                    want.append({"layer": [3, 4, 8][l], "head": h, "delta": d, "score_in": si, "score_random": sr,
+                                 "ratio": sr / si, "persists": sr >= kappa})
+    want.sort(key=lambda r: -r["score_in"])
+    assert got == want
+    assert any(r["persists"] for r in got) and not all(r["persists"] for r in got)
+    # kappa 0 lists heads with score 0: their ratio is undefined
+    zero = [r for r in persistence(a, b, 0.0, max_delta=1) if r["score_in"] == 0.0]
+    assert zero and zero[0]["ratio"] is None
+    # the random scan may be shorter: offsets stop at the shorter one
+    assert max(r["delta"] for r in persistence(a, b[..., :3], 0.0, max_delta=10)) == 2
+    assert min(r["delta"] for r in persistence(a, b, 0.0, max_delta=10, min_delta=0)) == 0
+    with pytest.raises(PoslensError):
+        persistence(a, b[:, :2], kappa, 3)
+
+
+def test_best_offsets_loop():
+    s = slash(3)
+    s[0, 0, :] = float("nan")
+    for lo, hi in ((0, None), (1, 3), (2, 100)):
+        off, score = best_offsets(s, lo, hi)
+        top = s.shape[-1] - 1 if hi is None else min(hi, s.shape[-1] - 1)
+        for l in range(3):
+            for h in range(4):
+                vals = [(-1.0 if math.isnan(float(s[l, h, d])) else float(s[l, h, d]), d) for d in range(lo, top + 1)]
+                v, d = max(vals)
+                assert float(score[l, h]) == v
+                assert int(off[l, h]) == (lo if math.isnan(float(s[l, h, 0])) else d)
+
+
+def test_kv_head_of_grouping():
+    # 8 query heads over 2 KV heads: heads 0-3 read KV head 0, 4-7 read KV head 1
+    assert [kv_head_of(h, 8, 2) for h in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [kv_head_of(h, 6, 6) for h in range(6)] == list(range(6))
+
+
+def _diag(vals):
+    return torch.diag(torch.tensor(vals, dtype=torch.float64))
+
+
+def test_rank_table_maps_query_heads_to_their_kv_head():
+    L, H, Hk, D = 2, 4, 2, 3
+    q = torch.stack([torch.stack([_diag([1.0 + h, 1.0, 1.0]) for h in range(H)]) for _ in range(L)])
+    k = torch.stack([torch.stack([_diag([1.0, 0.0, 0.0]), _diag([1.0, 1.0, 1.0])]) for _ in range(L)])
+    t = rank_table(q, k)
+    assert set(t) == {f"{w}_{m}" for w in "qk" for m in ("top1_energy", "effective_rank", "n95")}
+    for l in range(L):
+        for h in range(H):
+            assert float(t["q_top1_energy"][l, h]) == pytest.approx((1.0 + h) / (3.0 + h))
+            kv = h // 2
+            assert float(t["k_top1_energy"][l, h]) == pytest.approx([1.0, 1 / 3][kv])
+            assert float(t["k_effective_rank"][l, h]) == pytest.approx([1.0, 3.0][kv])
+            assert int(t["k_n95"][l, h]) == [1, 3][kv]
+    for bad in ((q[0], k), (q, k[0]), (q, k[..., :2, :2]), (q, torch.cat([k, k[:, :1]], 1))):
+        with pytest.raises(PoslensError):
+            rank_table(*bad)
+
+
+def test_top_direction_and_pair_polar():
+    v = torch.tensor([3.0, 0.0, 4.0, 0.0], dtype=torch.float64) / 5
+    g = 7.0 * torch.outer(v, v) + 0.1 * torch.eye(4, dtype=torch.float64)
+    g[0, 1] += 0.05  # an antisymmetric part: ignored
+    g[1, 0] -= 0.05
+    u, lam = top_direction(g)
+    assert lam == pytest.approx(7.1, rel=1e-12)
+    assert abs(float(u @ v)) == pytest.approx(1.0, rel=1e-12)
+    assert top_direction(-torch.eye(2))[1] == 0.0  # eigenvalues clamped at 0
+    # pairs (l, l + r/2) of a rotary prefix r = 4 inside head_dim 6
+    w = torch.tensor([[1.0, -2.0, 0.0, 2.0, 9.0, 9.0]])
+    mag, ang = pair_polar(w, 4)
+    for l, (re_, im_) in enumerate([(1.0, 0.0), (-2.0, 2.0)]):
+        z = complex(re_, im_)
+        assert float(mag[0, l]) == pytest.approx(abs(z)) and float(ang[0, l]) == pytest.approx(cmath.phase(z))
+    assert mag.shape == (1, 2)
+
+
+def test_rank_one_logit_and_causal_pair_mean():
+    A, phi, theta = [2.0, 0.5], [0.3, -1.0], [1.0, 0.1]
+    offs = [0, 1, 5]
+    got = rank_one_logit(A, phi, theta, offs)
+    for n, d in enumerate(offs):
+        assert float(got[n]) == pytest.approx(sum(a * math.cos(t * d + p) for a, p, t in zip(A, phi, theta)))
+    S = 5
+    vals = torch.tensor([1.0, 2.0, 4.0, 8.0, 16.0], dtype=torch.float64)
+    pairs = [(i, j) for i in range(S) for j in range(i + 1)]
+    want = sum(float(vals[i - j]) for i, j in pairs) / len(pairs)
+    assert float(causal_pair_mean(vals, S)) == pytest.approx(want, rel=1e-14)
+    assert causal_pair_mean(torch.stack([vals, 2 * vals]), S).tolist() == pytest.approx([want, 2 * want])
+
+
+def test_predicted_profile_is_the_causal_softmax_loop():
+    z = [0.5, 2.0, -1.0, 0.0, 1.5, 0.2]
+    S = len(z)
+    A = [[0.0] * S for _ in range(S)]
+    for i in range(S):
+        e = [math.exp(z[i - j]) for j in range(i + 1)]
+        for j in range(i + 1):
+            A[i][j] = e[j] / sum(e)
+    want = [sum(A[i][i - d] for i in range(d, S)) / (S - d) for d in range(S)]
+    assert predicted_slash_profile(z).tolist() == pytest.approx(want, rel=1e-12)
+    assert predicted_slash_profile(z, 4).tolist() == pytest.approx(
+        [sum(A[i][i - d] for i in range(d, 4)) / (4 - d) for d in range(4)], rel=1e-12)
