@@ -24,7 +24,6 @@ bounded by one batch, never by the number of sequences.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
