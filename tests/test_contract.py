@@ -383,3 +383,15 @@ def test_figure_roles_keep_the_page_short(tmp_path):
     assert files == ["scores_raw.png", "scores_zoom.png"]
     assert notes == ["In the run directory, not shown here: probs.png, aps_by_layer.png."]
     assert shown(128, False)[0] == ["scores_raw.png", "aps_by_layer.png"]  # no line plots of it: the figure stays
+
+
+def test_kim_readings_say_from_layer_k_on_only_when_it_is_so():
+    from poslens.report.readings import kim_readings
+
+    live = {"relativity_index": 0.9, "locality": 0.2}
+    flat = {"relativity_index": None, "locality": None}
+    tail = [{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **live}]
+    assert "From layer 1 on the scores depend on position" in " ".join(kim_readings(tail, noise="noise"))
+    mixed = [{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **flat}, {"layer": 3, **live}]
+    text = " ".join(kim_readings(mixed, noise="noise"))
+    assert "In layers 1 and 3 the scores depend on position" in text and "on the scores" not in text

@@ -114,7 +114,10 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
         return out
     ri = [num(l.get("relativity_index")) for l in live]
     loc = [num(l.get("locality")) for l in live]
-    where = (f"from layer {live[0].get('layer')} on" if flat and len(live) > 1
+    # "from layer k on" only where every flat layer comes before every live one
+    first_live = layers.index(live[0])
+    tail = flat and len(live) > 1 and all(num(l.get("relativity_index")) is not None for l in layers[first_live:])
+    where = (f"from layer {live[0].get('layer')} on" if tail
              else f"in {_layers_phrase([l.get('layer') for l in live])}")
     claim = " the scores depend on position:" if noise else ""
     sink = any(num(l.get("relativity_index_with_sink")) is not None for l in live)
