@@ -395,3 +395,6 @@ def test_kim_readings_say_from_layer_k_on_only_when_it_is_so():
     mixed = [{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **flat}, {"layer": 3, **live}]
     text = " ".join(kim_readings(mixed, noise="noise"))
     assert "In layers 1 and 3 the scores depend on position" in text and "on the scores" not in text
+    many = [{"layer": l, **flat} for l in range(30)]
+    many[16], many[23] = {"layer": 16, **live}, {"layer": 23, **live}
+    assert kim_readings(many, noise="noise")[0].startswith("All 30 layers but 16 and 23 (28 of 30) are flat")

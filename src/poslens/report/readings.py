@@ -108,8 +108,15 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
     if flat:
         within = f" within {noise}" if noise else ""
         verb = "is" if len(flat) == 1 else "are"
-        out.append(f"{_layers_phrase([l.get('layer') for l in flat]).capitalize()} {verb} flat{within}: "
-                   "there the attention scores carry no information about position.")
+        ids = [l.get("layer") for l in flat]
+        if len(flat) > 6 and live and len(live) <= 3:  # many flat layers: name the few that are not
+            who = (f"All {len(layers)} layers but {_layers_phrase([l.get('layer') for l in live])[7:]} "
+                   f"({len(flat)} of {len(layers)})") if len(live) > 1 else \
+                f"All {len(layers)} layers but layer {live[0].get('layer')} ({len(flat)} of {len(layers)})"
+            verb = "are"
+        else:
+            who = _layers_phrase(ids).capitalize()
+        out.append(f"{who} {verb} flat{within}: there the attention scores carry no information about position.")
     if not live:
         return out
     ri = [num(l.get("relativity_index")) for l in live]
