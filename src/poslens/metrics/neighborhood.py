@@ -156,7 +156,7 @@ def norm_score(norms) -> torch.Tensor:
     ``norms`` is ``[..., T]``. Each pair j < k is counted once for every later row i > k, as in
     the APS count.
     """
-    n = -torch.as_tensor(norms).to(torch.float64)
+    n = -torch.as_tensor(norms, dtype=torch.float64)
     T = n.shape[-1]
     sim = n[..., None, :].expand(*n.shape[:-1], T, T)
     return adjacency_probability_score(sim)
