@@ -48,13 +48,16 @@ DOC = ROOT / "docs" / "mutation.md"
 
 #: module (path under src/poslens) -> pytest arguments of its fast, focused test selection
 TARGETS: dict[str, list[str]] = {
-    "metrics/diagonal.py": ["tests/test_diagonal_metrics.py", "tests/test_references.py", "tests/test_metrics.py", "tests/test_noise.py",
+    "metrics/diagonal.py": ["tests/metrics/test_diagonal_metrics.py", "tests/test_references.py", "tests/metrics/test_metrics.py", "tests/capture/test_noise.py",
                             "-k", "not scan_summary and not simulator"],
-    "metrics/neighborhood.py": ["tests/test_neighborhood_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
+    "metrics/neighborhood.py": ["tests/metrics/test_neighborhood_metrics.py", "tests/test_references.py", "tests/metrics/test_metrics.py",
                                 "-k", "not scan_summary and not simulator"],
-    "metrics/slash.py": ["tests/test_slash_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
-                         "-k", "not scan_summary"],
-    "metrics/rank.py": ["tests/test_rank.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "metrics/slash.py": ["tests/metrics/test_slash_metrics.py", "tests/metrics/test_slash_tables.py", "tests/test_references.py",
+                         "tests/metrics/test_metrics.py", "-k", "not scan_summary"],
+    "metrics/rank.py": ["tests/metrics/test_rank.py", "tests/metrics/test_slash_tables.py", "tests/test_references.py",
+                        "-k", "not scan_summary"],
+    "metrics/ropefit.py": ["tests/metrics/test_slash_tables.py", "tests/analysis/test_slash.py", "tests/test_references.py",
+                           "-k", "not scan_summary"],
     "theory.py": ["tests/test_theory_direct.py", "tests/test_theory.py"],
     "simulate.py": ["tests/test_simulate_reference.py", "tests/test_simulate.py", "tests/test_references.py",
                     "-k", "not scan_summary and not demo and not reproduce and not cli"],

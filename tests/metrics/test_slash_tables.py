@@ -7,22 +7,27 @@ import math
 import pytest
 import torch
 
-from poslens.analysis.slash import (best_offsets, causal_pair_mean, kv_head_of, pair_polar, persistence,
-                                    predicted_slash_profile, rank_one_logit, rank_table, sdh_table,
-                                    top_direction)
 from poslens.errors import PoslensError
+from poslens.metrics.rank import rank_table, top_direction
+from poslens.metrics.ropefit import causal_pair_mean, pair_polar, predicted_slash_profile, rank_one_logit
+from poslens.metrics.slash import best_offsets, kv_head_of, persistence, sdh_table, slash_dominant
 
 
 def slash(seed, L=3, H=4, S=6):
     return torch.rand(L, H, S, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def test_sdh_table_loop():
+def test_slash_dominant_and_sdh_table_loop():
     s = slash(0)
     s[1, 2, 3] = 0.5  # exactly kappa: dominant
     L, H, S = s.shape
+    assert slash_dominant(s, 0.5, 3).tolist() == [[bool(s[l, h, 3] >= 0.5) for h in range(H)] for l in range(L)]
     with pytest.raises(PoslensError):
-        sdh_table(s[0], [0.5], 3)
+        slash_dominant(s, 0.5, S)
+    with pytest.raises(PoslensError):
+        slash_dominant(s, 0.5, -1)
+    with pytest.raises(PoslensError):
+        sdh_table(s[0], [0.5], max_delta=3)  # the table needs [layers, heads, S]
     kappas = [0.3, 0.5, 0.9]
     t = sdh_table(s, kappas, max_delta=10, min_delta=1, layer_ids=[2, 5, 7], max_listed=2)
     rows = iter(t["rows"])
