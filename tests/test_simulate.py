@@ -125,19 +125,6 @@ def test_workers_restore_torch_threads():
     assert torch.get_num_threads() == before
 
 
-@pytest.mark.parametrize("first,rows", [(0, 16), (0, 37), (5, 16), (13, 250), (7, 3), (15, 1), (3, 0)])
-def test_add_rows_to_groups_matches_per_row_loop(first, rows):
-    from poslens.simulate import _add_rows_to_groups
-
-    s = torch.randn(rows, 3, 4, generator=torch.Generator().manual_seed(first * 1000 + rows))
-    got = torch.zeros(16, 3, 4)
-    _add_rows_to_groups(got, s, first)
-    want = torch.zeros(16, 3, 4, dtype=torch.float64)
-    for i in range(rows):
-        want[(first + i) % 16] += s[i].double()
-    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
-
-
 @pytest.mark.parametrize("kw", [dict(), dict(rope=True, causal=False), dict(norm="layernorm", scale="d")])
 def test_forward_layers_with_buffers_equals_without(kw):
     from poslens.rope import cos_sin

@@ -10,9 +10,13 @@ Inputs have mean pairwise inner product alpha: ``x_i = normalize(m z_i + l c)`` 
 
 Samples are drawn in fixed blocks of :data:`RNG_BLOCK` sequences, block ``b`` from its own
 generator seeded by ``(seed, b)``: results depend on the seed and the number of samples only,
-not on the compute chunk size or the device's batch size. Per-layer sums of the scores, their
-squares and the attention weights are accumulated in float64, so memory is bounded by one chunk
-and the result (``[L, S, S]``), never by the number of samples.
+not on the compute chunk size, the device's batch size or the number of CPU workers (up to
+float32 rounding for the chunk size; bit for bit for the workers). Per-layer sums of the scores,
+their squares and the attention weights are accumulated in float64, so memory is bounded by one
+chunk per worker and the result (``[L, S, S]``), never by the number of samples.
+
+On CPU, chunks run on single-threaded workers, each with its work space allocated once
+(:func:`layer_buffers`); their sums are folded in chunk order (see :func:`run_simulation`).
 
 Noise: sample n also adds its score map to group ``n % G`` (:data:`poslens.capture.stats.NOISE_GROUPS`
 groups); the spread of the group means is the noise floor of every statistic (entries of one
@@ -139,9 +143,10 @@ def forward_layers(x: torch.Tensor, cfg: SimConfig, rope_cs=None, neg_mask=None,
     ``neg_mask`` is an additive [S, S] mask (0 / -inf); it is fused into the score matmul, so the
     yielded scores hold -inf at masked entries (callers blank those). Q = K = RoPE(Y), values Y.
 
-    ``buffers`` (from :func:`layer_buffers`) makes the pass allocation-free: ``x`` is then updated
-    in place and every layer yields the same two ``[B, S, S]`` tensors, overwritten by the next
-    layer (read them before asking for the next one). Without it ``x`` is left untouched.
+    ``buffers`` (from :func:`layer_buffers`) reuses preallocated tensors (no allocation at all with
+    the L2 norm and no RoPE): ``x`` is then updated in place and every layer yields the same two
+    ``[B, S, S]`` tensors, overwritten by the next layer (read them before asking for the next
+    one). Without it ``x`` is left untouched.
     """
     scale = cfg.score_scale
     B = x.shape[0]
@@ -214,24 +219,6 @@ class _ChunkSums:
     count: int
 
 
-def _add_rows_to_groups(g: torch.Tensor, s: torch.Tensor, first: int) -> None:
-    """``g[(first + i) % G] += s[i]`` for every row i of ``s``, as one strided sum over whole
-    rounds of G rows plus the leftover rows (no per-row indexing)."""
-    G = g.shape[0]
-    n = s.shape[0]
-    full = n - n % G
-    if full:
-        part = s[:full].view(full // G, G, *s.shape[1:]).sum(0)  # part[j] belongs to group (first + j) % G
-        r = first % G
-        if r:
-            g[r:] += part[: G - r]
-            g[:r] += part[G - r:]
-        else:
-            g += part
-    for i in range(full, n):
-        g[(first + i) % G] += s[i]
-
-
 def _chunk_sums(cfg: SimConfig, first_block: int, n_blocks: int, first_sample: int, take: int,
                 buffers: dict, rope_cs, neg_mask) -> _ChunkSums:
     """Draw RNG blocks ``first_block ..`` into the buffers, run the layers, return float32 sums."""
@@ -241,13 +228,14 @@ def _chunk_sums(cfg: SimConfig, first_block: int, n_blocks: int, first_sample: i
     for i in range(n_blocks):
         sample_inputs(cfg, first_block + i, dev, out=x[i * RNG_BLOCK:(i + 1) * RNG_BLOCK])
     x = x[:take]
+    gid = torch.arange(first_sample, first_sample + take, device=dev) % G  # sample n -> group n % G
     groups = torch.zeros(L, G, S, S, device=dev)
     squares = torch.empty(L, S, S, device=dev)
     probs = torch.empty(L, S, S, device=dev)
     # Per-chunk sums in float32 (pairwise summation over <= a few thousand rows), folded into
     # float64 accumulators in chunk order: as accurate as float64 sums here and ~20x cheaper.
     for l, (s, p) in enumerate(forward_layers(x, cfg, rope_cs, neg_mask, buffers=buffers)):
-        _add_rows_to_groups(groups[l], s, first_sample)
+        groups[l].index_add_(0, gid, s)
         torch.sum(p, 0, out=probs[l])
         torch.sum(s.square_(), 0, out=squares[l])  # s is spent: square it in place
     return _ChunkSums(groups, squares, probs, take)

@@ -125,6 +125,10 @@ def test_resume_with_other_options_is_refused(cli, llama_dir, tmp_path):
     assert _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures")[0] == 0
     code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 3, "--resume")
     assert code == 2 and "different options" in err
+    # the same options: the finished scan's checkpoint is gone, so there is nothing to resume (not a rerun)
+    code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures",
+                         "--resume")
+    assert code == 2 and "finished scan" in err
     code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2)
     assert code == 2 and "not empty" in err
 

@@ -63,6 +63,22 @@ def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPO
     return int(meta["batches_done"]) if "batches_done" in meta else int(meta["next_seq"])
 
 
+def check_finished(out: Path, ck_name: str, fp: str) -> None:
+    """Refuse to resume a finished scan: its checkpoint is gone (deleted unless --keep-checkpoint), so a
+    resume would silently start again over its results."""
+    if (out / ck_name).exists() or not (out / "summary.json").exists():
+        return
+    try:
+        old = json.loads((out / "config.json").read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        old = None
+    if old is not None and old != fp:
+        raise PoslensError(f"--resume: {out} was written by a scan with different options; rerun with the original "
+                           "options or choose a new --out.")
+    raise PoslensError(f"--resume: {out} is a finished scan (summary.json written, checkpoint removed); there is "
+                       "nothing to resume. Choose a new --out to scan again.")
+
+
 def rank_checkpoints(out: Path) -> dict[int, Path]:
     found = {}
     for f in out.glob("checkpoint.rank*.safetensors"):

@@ -26,7 +26,7 @@ import torch
 from poslens.capture import distributed as D
 from poslens.capture.adapters import check_dispatch, rope_tables
 from poslens.capture.attention import Capture
-from poslens.capture.checkpoint import (CHECKPOINT, check_resume_layout, checkpoint_meta, rank_checkpoints,
+from poslens.capture.checkpoint import (CHECKPOINT, check_finished, check_resume_layout, checkpoint_meta, rank_checkpoints,
                                         fingerprint, load_checkpoint, save_checkpoint)
 from poslens.capture.finalize import finalize
 from poslens.capture.load import load_model
@@ -88,6 +88,7 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
             if (out / ck_name).exists() and checkpoint_meta(out / ck_name).get("fingerprint") != fp:
                 raise PoslensError(f"--resume: {out / ck_name} was written by a scan with different options; rerun "
                                    "with the original options or choose a new --out.")
+            check_finished(out, ck_name, fp)
     except PoslensError as e:
         err = e  # still join the group (same backend as the others) so every rank can be told
         device = f"cuda:{ctx.local_rank}" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"

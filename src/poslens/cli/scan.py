@@ -81,7 +81,7 @@ def scan(
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
         return
-    from poslens.report.render import slash_matrix
+    from poslens.report.cards import slash_matrix
     from poslens.rundir import load_run
 
     console = Console()

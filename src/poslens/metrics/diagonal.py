@@ -296,9 +296,13 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
         v = float(rising_pair_fraction(mask_keys(lm, exclude_keys), include_diagonal=include_diagonal, ties=0.5))
         out["locality"] = None if v != v else 2.0 * v - 1.0
     out["flat"] = flat
+    mask = None
     if G >= 2:
         g, w = _groups(groups, weights, exclude_keys)
         mask = _entries(g, include_diagonal) & _entries(mask_keys(m, exclude_keys), include_diagonal)
+    if mask is not None and not bool(mask.any()):  # e.g. a one-position map: nothing to estimate noise on
+        out["noise"] = "no valid entry (a map of one position, or every key excluded): no noise estimate"
+    elif G >= 2:
         sig, noise = cross_mean_square(_within(g, mask), w)
         out.update({
             "flat_p": signflip_pvalue(_centred(g, mask), w),

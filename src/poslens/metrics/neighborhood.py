@@ -63,6 +63,11 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
     return out.reshape(lead)
 
 
+#: block half-size up to which the rising count compares all pairs directly (b^2 comparisons per
+#: block beat a sort and a binary search per element for small b)
+_DIRECT_BLOCK = 16
+
+
 def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """For each row of ``x [N, T]`` whose finite entries form a prefix (the rest -inf): the number of
     pairs j < k of finite entries with ``x[k] > x[j]`` (rising), with ``x[k] == x[j]`` (tied), and the
@@ -84,6 +89,10 @@ def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch
     b = 1
     while b < P:
         blocks = x.reshape(N, P // (2 * b), 2 * b)
+        if not count_ties and b <= _DIRECT_BLOCK:  # small blocks: compare every left/right pair at once
+            gt += (blocks[..., None, b:] > blocks[..., :b, None]).sum(dim=(1, 2, 3), dtype=torch.float64)
+            b *= 2
+            continue
         left = blocks[..., :b].sort(dim=-1).values.contiguous()
         right = blocks[..., b:].contiguous()
         # a -inf right element finds no smaller left one (and a finite one has a finite left half,
@@ -147,7 +156,7 @@ def norm_score(norms) -> torch.Tensor:
     ``norms`` is ``[..., T]``. Each pair j < k is counted once for every later row i > k, as in
     the APS count.
     """
-    n = -torch.as_tensor(norms).to(torch.float64)
+    n = -torch.as_tensor(norms, dtype=torch.float64)
     T = n.shape[-1]
     sim = n[..., None, :].expand(*n.shape[:-1], T, T)
     return adjacency_probability_score(sim)

@@ -12,10 +12,11 @@ Both scalar features use positions i < T only: ``cos(h_T, h_T) = 1`` would other
 ``T - i = 0`` for any vectors at all (a probe on i.i.d. vectors then reaches r ≈ 0.3);
 ``skip_first`` leaves a BOS position out (its fixed identity marks position 0 in any model).
 
-Each feature gets a linear probe (closed-form ridge regression) and an MLP probe (in -> 64 -> 1,
-ReLU, Adam on the MSE, full batch), both on centred inputs divided by one overall scale. The
-linear probe's ridge is chosen by fitting on one set of sequences and scoring on another
-(:func:`select_ridge`); without it, a probe on the high-dimensional vector extrapolates wildly to
+Each feature gets a linear probe (scikit-learn's ``Ridge``) and an MLP probe (scikit-learn's
+``MLPRegressor``: in -> 64 -> 1, ReLU, Adam on the MSE, full batch, standardised targets), both on
+centred inputs divided by one overall scale. The linear probe's ridge is chosen by fitting on one
+set of sequences and scoring on another (:func:`select_ridge`: a predefined split searched with
+``GridSearchCV``); without it, a probe on the high-dimensional vector extrapolates wildly to
 unseen characters. Metrics on the test set: Pearson r between prediction and target, and MSE in
 squared positions (``chance_mse`` = predicting the training mean).
 """
@@ -57,51 +58,57 @@ def _standardise(Xtr: torch.Tensor, Xte: torch.Tensor):
     return (Xtr - mu) / sd, (Xte - mu) / sd
 
 
-def fit_linear(X: torch.Tensor, y: torch.Tensor, ridge: float = 1e-6) -> torch.Tensor:
-    """Least-squares weights ``[f + 1]`` (last = bias) of ``y ~ X w + b``; a tiny ridge keeps it stable."""
-    X = X.to(torch.float64)
-    A = torch.cat([X, torch.ones(X.shape[0], 1, dtype=torch.float64)], 1)
-    G = A.T @ A
-    reg = ridge * (float(G.diagonal()[:-1].mean()) if X.shape[1] else 1.0)
-    eye = torch.eye(G.shape[0], dtype=torch.float64)
-    eye[-1, -1] = 0  # the bias is not shrunk
-    return torch.linalg.solve(G + reg * eye, A.T @ y.to(torch.float64))
+def _np(x):
+    return x.detach().to(torch.float64).cpu().numpy() if isinstance(x, torch.Tensor) else x
 
 
-def predict_linear(w: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-    return X.to(torch.float64) @ w[:-1] + w[-1]
+def _ridge_alpha(X, ridge: float) -> float:
+    """sklearn's ``alpha`` for a ridge given relative to the mean diagonal of the centred ``XᵀX``
+    (so one ``ridge`` means the same shrinkage whatever the number of samples and the feature scale)."""
+    Xc = X - X.mean(0, keepdims=True)
+    return float(ridge * max((Xc * Xc).sum(0).mean(), 1e-300))
+
+
+def fit_linear(X: torch.Tensor, y: torch.Tensor, ridge: float = 1e-6):
+    """A fitted :class:`sklearn.linear_model.Ridge` of ``y ~ X w + b`` (the bias is not shrunk); the
+    ridge is relative to the mean diagonal of the centred ``XᵀX`` (a tiny one keeps it stable)."""
+    from sklearn.linear_model import Ridge
+
+    X, y = _np(X), _np(y)
+    return Ridge(alpha=_ridge_alpha(X, ridge), fit_intercept=True, solver="cholesky").fit(X, y)
+
+
+def predict_linear(model, X: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(model.predict(_np(X)), dtype=torch.float64)
 
 
 def fit_mlp(X: torch.Tensor, y: torch.Tensor, *, hidden: int = 64, steps: int = 300, lr: float = 1e-2,
-            seed: int = 0) -> torch.nn.Module:
-    """An ``in -> hidden -> 1`` ReLU MLP trained full-batch with Adam on the MSE (targets standardised)."""
-    g = torch.Generator().manual_seed(seed)
-    X = X.to(torch.float32)
-    ym, ys = float(y.mean()), float(y.std()) or 1.0
-    yt = ((y.to(torch.float32) - ym) / ys)[:, None]
-    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
-    with torch.no_grad():
-        for p in net.parameters():  # seeded init independent of the global RNG
-            bound = 1 / math.sqrt(p.shape[-1] if p.dim() > 1 else hidden)
-            p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * bound)
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    with torch.enable_grad():
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(net(X), yt)
-            loss.backward()
-            opt.step()
-    net.eval()
-    net.target_mean, net.target_std = ym, ys
-    return net
+            seed: int = 0):
+    """An ``in -> hidden -> 1`` ReLU MLP (:class:`sklearn.neural_network.MLPRegressor`) trained full
+    batch with Adam on the MSE for ``steps`` steps, on standardised targets
+    (:class:`sklearn.compose.TransformedTargetRegressor`); seeded, independent of global RNGs."""
+    import warnings
+
+    from sklearn.compose import TransformedTargetRegressor
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = _np(X), _np(y)
+    mlp = MLPRegressor(hidden_layer_sizes=(hidden,), activation="relu", solver="adam", learning_rate_init=lr,
+                       batch_size=X.shape[0], max_iter=steps, shuffle=False, alpha=0.0, tol=0.0,
+                       n_iter_no_change=steps + 1, random_state=seed)
+    model = TransformedTargetRegressor(regressor=mlp, transformer=StandardScaler())
+    with warnings.catch_warnings():  # a fixed number of steps is the design, not a failure to converge
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return model.fit(X, y)
 
 
-def predict_mlp(net, X: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return (net(X.to(torch.float32))[:, 0].to(torch.float64) * net.target_std + net.target_mean)
+def predict_mlp(model, X: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(model.predict(_np(X)), dtype=torch.float64).reshape(-1)
 
 
-#: ridge strengths (relative to the mean diagonal of X^T X) tried by :func:`select_ridge`
+#: ridge strengths (relative to the mean diagonal of the centred XᵀX) tried by :func:`select_ridge`
 RIDGES = (1e-6, 1e-4, 1e-2, 1e-1, 1.0, 10.0)
 
 
@@ -109,12 +116,24 @@ def select_ridge(Xa, ya, Xb, yb, ridges=RIDGES) -> float:
     """The ridge whose linear probe, fit on ``(Xa, ya)``, has the lowest MSE on ``(Xb, yb)``.
 
     Called with two disjoint halves of the *training* characters, so the choice is made under the
-    same kind of character shift as the test, without looking at the test characters.
+    same kind of character shift as the test, without looking at the test characters: one
+    predefined split (:class:`sklearn.model_selection.PredefinedSplit`) searched by
+    :class:`sklearn.model_selection.GridSearchCV`.
     """
+    import numpy as np
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import GridSearchCV, PredefinedSplit
+
     A, B = _standardise(Xa.to(torch.float64), Xb.to(torch.float64))
-    ya, yb = ya.to(torch.float64), yb.to(torch.float64)
-    mses = [float(((predict_linear(fit_linear(A, ya, ridge=lam), B) - yb) ** 2).mean()) for lam in ridges]
-    return float(ridges[min(range(len(ridges)), key=mses.__getitem__)])
+    A, B = _np(A), _np(B)
+    X = np.concatenate([A, B])
+    y = np.concatenate([_np(ya.to(torch.float64)), _np(yb.to(torch.float64))])
+    fold = np.r_[np.full(len(A), -1), np.zeros(len(B), dtype=int)]  # fit on A only, score on B only
+    scale = _ridge_alpha(A, 1.0)
+    search = GridSearchCV(Ridge(fit_intercept=True, solver="cholesky"), {"alpha": [lam * scale for lam in ridges]},
+                          cv=PredefinedSplit(fold), scoring="neg_mean_squared_error", refit=False)
+    search.fit(X, y)
+    return float(ridges[int(search.best_index_)])
 
 
 def evaluate_probe(kind: str, Xtr, ytr, Xte, yte, *, mlp_steps: int = 300, seed: int = 0,

@@ -21,7 +21,7 @@ from poslens.rope import frequency_bands
 
 def spectrum(gram) -> torch.Tensor:
     """Eigenvalues of symmetric PSD matrices ``[..., D, D]``, descending and clamped at 0."""
-    g = torch.as_tensor(gram).to(torch.float64)
+    g = torch.as_tensor(gram, dtype=torch.float64)
     g = 0.5 * (g + g.transpose(-1, -2))
     return torch.linalg.eigvalsh(g).flip(-1).clamp_min(0.0)
 
@@ -45,7 +45,7 @@ def band_contributions(dim_logit, rotary_dim: int | None, base: float | None, co
     Without RoPE everything is ``unrotated``. ``inv_freq`` (the model's own frequencies, as the scan
     records them) takes precedence over ``base^(-2l/r)`` recomputed from ``base``.
     """
-    x = torch.as_tensor(dim_logit).to(torch.float64)
+    x = torch.as_tensor(dim_logit, dtype=torch.float64)
     D = x.shape[-1]
     out: dict[str, torch.Tensor] = {}
     if inv_freq is not None:

@@ -35,7 +35,7 @@ def slash_profile(attn) -> torch.Tensor:
 
     Direct reference computation: the mean of each sub-diagonal.
     """
-    a = torch.as_tensor(attn).to(torch.float64)
+    a = torch.as_tensor(attn, dtype=torch.float64)
     S = a.shape[-1]
     return torch.stack([torch.diagonal(a, offset=-d, dim1=-2, dim2=-1).mean(-1) for d in range(S)], dim=-1)
 
@@ -49,7 +49,7 @@ def top_slash_heads(slash, k: int = 10, min_offset: int = SLASH_MIN_DELTA, max_o
     SlashScore at that offset of uniform causal attention, mean of 1/(i+1) over the queries).
     ``layer_ids`` maps row index to the model's layer number (decoder layers from 0).
     """
-    s = torch.as_tensor(slash).to(torch.float64)
+    s = torch.as_tensor(slash, dtype=torch.float64)
     L, H, S = s.shape
     offs = scored_offsets(S, min_offset, max_offset)
     if len(offs) == 0:
@@ -80,7 +80,7 @@ def slash_dominant(slash, kappa: float, offset: int) -> torch.Tensor:
 def sink_weight(probs) -> torch.Tensor:
     """Mean attention weight on key 0 over the queries i >= 1 (query 0 can only see key 0):
     ``probs`` ``[..., S, S]`` (rows = queries) -> ``[...]``. The attention sink's own number."""
-    p = torch.as_tensor(probs).to(torch.float64)
+    p = torch.as_tensor(probs, dtype=torch.float64)
     if p.shape[-1] < 2:
         return torch.full(p.shape[:-2], float("nan"), dtype=torch.float64)
     return p[..., 1:, 0].mean(-1)
