@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from poslens.cli.app import app, device_option, overwrite_option
 from poslens.cli.app import threads_option, use_threads  # --threads
@@ -138,15 +137,15 @@ def zoo(
     from poslens.models.zoo import run_zoo, zoo_entries
 
     if list_only:
-        table = Table(title=f"zoo entries ({scale})")
-        table.add_column("name")
-        table.add_column("options")
+        from poslens.fmt import rich_table
+
+        rows = []
         for name, cfg in zoo_entries(scale, out).items():
             keys = ("pe", "task", "preset", "steps", "batch_size", "lr") if cfg.task else \
                 ("pe", "data", "preset", "steps", "batch_size", "lr", "seq_len", "vocab_size")
             opts = cfg.trajectory_fields()
-            table.add_row(name, " ".join(f"{k}={opts[k]}" for k in keys))
-        Console().print(table)
+            rows.append([name, " ".join(f"{k}={opts[k]}" for k in keys)])
+        Console().print(rich_table(f"zoo entries ({scale})", ["name", "options"], rows))
         return
     def entry_line(name: str, s: dict) -> None:  # replaces the entry's finished progress bar
         from poslens.fmt import fmt
