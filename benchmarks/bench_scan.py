@@ -1,32 +1,33 @@
-"""Benchmark: poslens capture vs the papers' approach (eager attention with output_attentions=True).
+"""Benchmark: what capture costs over the forward it observes, and against the papers' approach.
 
-Same model, same data, same run. Each method runs in its own fresh subprocess so peak memory is
-its own (CPU: peak RSS from getrusage, and the increase over the RSS after loading the model;
-CUDA: torch.cuda.max_memory_allocated). Both methods compute the same results: mean
-pre-softmax scores and attention weights per layer, per-head slash profiles and hidden-state
-self-cosine maps.
+For each model, four methods run on the same random tokens, each in its own fresh subprocess (so
+its peak RSS is its own), one thread by default:
 
-- ``eager``: the papers' approach. Attention runs through transformers' eager code with
-  ``output_attentions=True`` (batch x heads x S^2 per layer kept) and, as their patched
-  ``eager_attention_forward`` did, the pre-softmax scores are kept too (a registered function that
-  runs the eager computation and stores the scores); means and slash profiles are taken afterwards.
-- ``poslens``: the registered poslens attention function with streaming accumulators.
-- ``sdpa``: the plain forward without capture, to report the fraction of forward cost capture adds.
+- ``sdpa``: the plain ``sdpa`` forward without capture: the floor no capture can beat;
+- ``poslens scores,probs``: ``--stats scores,probs`` (the mean score and weight maps);
+- ``poslens all``: every statistic, with the ``--reservoir 256`` sample, as a default ``poslens scan``;
+- ``eager``: the papers' approach: eager attention with ``output_attentions=True`` (``B x H x S^2``
+  per layer kept by the forward) and the pre-softmax scores kept as their patched
+  ``eager_attention_forward`` did, reduced per batch to the same maps with the same arithmetic.
 
-Usage::
+Models: the issue's benchmark model (random-init Llama: 4 layers, hidden 512, 8 heads x 64, MLP
+1,408, 40 x 1,024 tokens in batches of 20, fp32) and SmolLM2-135M (30 layers, 9 heads, 3 KV heads)
+at 4 x 1,024 tokens, from the dequantised GGUF cache (``--smollm DIR``; skipped when absent).
 
-    python benchmarks/bench_scan.py                 # 1,024-token comparison + 4,096-token run (CPU)
-    python benchmarks/bench_scan.py --device cuda   # the same on a GPU (tokens/s, capture overhead)
+Times are the process's CPU time (user + sys, ``getrusage``) over the timed batches, which on a
+one-thread run is the work done whatever else the machine runs; wall time is printed beside it.
+Overhead = CPU time over the ``sdpa`` row's minus 1; "vs eager" = eager's CPU time / the row's;
+sys share = sys / (user + sys). Usage::
 
-The 4,096-token part runs poslens under an address-space cap and the eager approach under the
-same cap (it must fail: its attention tensors alone exceed the cap; the script prints how much
-memory they need by construction). Ratios measured in the same run are what count: the machine
-may be shared.
+    python benchmarks/bench_scan.py                     # both models (about 5 minutes, idle 2-core CPU)
+    python benchmarks/bench_scan.py --no-smollm         # the benchmark model only
+    python benchmarks/bench_scan.py --json out.json     # also keep every number
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -34,42 +35,36 @@ import sys
 import tempfile
 import time
 
-PRESETS = {
-    # 1,024 tokens: a small Llama-architecture model (random weights)
-    "small": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=8, vocab_size=8192),
-    # more heads per layer (32 x head_dim 32): attention's share of the forward and eager's B x H x S^2 grow
-    "heads32": dict(hidden_size=1024, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=32,
-                    num_key_value_heads=8, vocab_size=8192),
-    # per-layer shapes of real models (few layers: throughput ratios are per layer; eager's memory grows with L)
-    "gpt2-shape": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=4, num_attention_heads=12,
-                       num_key_value_heads=12, vocab_size=8192),
-    "llama1b-shape": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=2, num_attention_heads=32,
-                          num_key_value_heads=8, vocab_size=8192),
-    # 4,096 tokens: few layers, many heads, so eager's B x H x S^2 tensors exceed the machine's memory
-    "wide": dict(hidden_size=2048, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=64,
-                 num_key_value_heads=16, vocab_size=8192),
-}
+BENCH = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=8, vocab_size=8192)
+METHODS = ("sdpa", "poslens:scores,probs", "poslens:all", "eager")
 
 
-def build_model(preset: str, path: str, max_pos: int) -> str:
+def build_bench_model(path: str) -> str:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(**PRESETS[preset], max_position_embeddings=max_pos)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    AutoModelForCausalLM.from_config(LlamaConfig(**BENCH, max_position_embeddings=4096)).save_pretrained(path)
     return path
+
+
+def find_smollm() -> str | None:
+    """The dequantised SmolLM2-135M directory in the GGUF cache (a llama config with 30 layers), if any."""
+    for d in sorted(glob.glob(os.path.expanduser("~/.cache/poslens/gguf/*/"))):
+        try:
+            with open(os.path.join(d, "config.json")) as f:
+                c = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if c.get("model_type") == "llama" and c.get("num_hidden_layers") == 30 and c.get("hidden_size") == 576:
+            return d
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
 # worker (one method, fresh process)
 # ------------------------------------------------------------------------------------------------
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _peak_rss_mb() -> float:
     import resource
 
@@ -81,41 +76,39 @@ def worker(args) -> dict:
 
     import torch
 
-    if args.cap_gb:
-        cap = int(args.cap_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     torch.set_num_threads(args.threads)
+    from transformers import AutoConfig
+
     from poslens.capture.sources import make_source
 
-    src = make_source("random", seq_len=args.seq_len, num_seqs=args.batch_size * (args.batches + 1), seed=0,
-                      vocab_size=PRESETS[args.preset]["vocab_size"])
+    vocab = AutoConfig.from_pretrained(args.model).vocab_size
+    B, nb = args.batch_size, args.batches
+    src = make_source("random", seq_len=args.seq_len, num_seqs=args.warmup + B * nb, seed=0, vocab_size=vocab)
     dev = args.device
     cuda = dev.startswith("cuda")
-    dtype = torch.float32 if not cuda else torch.bfloat16
-    out = {"method": args.method, "seq_len": args.seq_len, "batch_size": args.batch_size, "device": dev}
+    dtype = torch.bfloat16 if cuda else torch.float32
+    out = {"method": args.worker, "seq_len": args.seq_len, "batch_size": B, "batches": nb, "threads": args.threads}
     try:
-        run = {"eager": _run_eager, "poslens": _run_poslens, "sdpa": _run_sdpa}[args.method]
-        step, finish = run(args.model, dtype, dev)
-        step(src.batch(0, args.batch_size).to(dev))  # warm-up batch (not timed)
+        kind, _, stats = args.worker.partition(":")
+        run = {"eager": _run_eager, "poslens": _run_poslens, "sdpa": _run_sdpa}[kind]
+        step, finish = run(args.model, dtype, dev, stats or None)
+        step(src.batch(0, args.warmup).to(dev))  # warm-up (not timed): first-call costs, buffers
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        rss_loaded = _rss_mb()
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
-        for b in range(1, args.batches + 1):
-            step(src.batch(b * args.batch_size, (b + 1) * args.batch_size).to(dev))
+        for b in range(nb):
+            s = args.warmup + b * B
+            step(src.batch(s, s + B).to(dev))
         finish()
         if cuda:
             torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-        tokens = args.batches * args.batch_size * args.seq_len
-        # tokens per CPU-second: robust to other jobs on a shared machine (exact with --threads 1;
-        # with more threads it also counts the OpenMP workers' spin-waiting)
-        out.update(ok=True, seconds=dt, tokens_per_s=tokens / dt, cpu_seconds=cpu, tokens_per_cpu_s=tokens / cpu,
-                   peak_rss_mb=_peak_rss_mb(), rss_loaded_mb=rss_loaded)
+        user, sys_ = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
+        out.update(ok=True, wall_s=wall, cpu_s=user + sys_, user_s=user, sys_s=sys_, peak_rss_mb=_peak_rss_mb(),
+                   tokens=B * nb * args.seq_len)
         if cuda:
             out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     except (MemoryError, RuntimeError) as e:
@@ -123,7 +116,7 @@ def worker(args) -> dict:
     return out
 
 
-def _run_sdpa(model_dir, dtype, dev):
+def _run_sdpa(model_dir, dtype, dev, stats):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -136,47 +129,45 @@ def _run_sdpa(model_dir, dtype, dev):
     return step, lambda: None
 
 
-def _run_poslens(model_dir, dtype, dev):
-    import torch
+def _run_poslens(model_dir, dtype, dev, stats):
+    """As ``poslens scan --stats STATS`` drives it: the registered attention, the capture attached, one
+    forward per batch (the scan's own bookkeeping, checkpoints and summary are not timed)."""
     from transformers import AutoConfig
 
     from poslens.capture.attention import Capture, CaptureSpec
-    from poslens.capture.scan import attach, load_model
+    from poslens.capture.load import load_model
+    from poslens.capture.loop import attach
     from poslens.capture.adapters import get_adapter
+    from poslens.capture.attention import parse_stats
+    from poslens.capture.loop import forward, forward_kwargs
 
     config = AutoConfig.from_pretrained(model_dir)
     ad = get_adapter(config)
     model = load_model(model_dir, dtype=dtype, device=dev)
+    kw = forward_kwargs(model)
     state = {}
 
     def step(ids):
-        if "cap" not in state:
+        if "cap" not in state:  # the capture of the first (warm-up) batch is discarded
             L = ad.num_layers(config)
             spec = CaptureSpec(num_layers=L, num_heads=ad.num_heads(config), num_kv_heads=ad.num_kv_heads(config),
                                head_dim=ad.head_dim(config), seq_len=ids.shape[1], layers=list(range(L)),
-                               rope_layers=ad.rope_layers(config), reservoir=256)  # as `poslens scan`
+                               rope_layers=ad.rope_layers(config), reservoir=256, stats=parse_stats(stats),
+                               rope_layout=ad.rope_layout)
             state["cap"] = Capture(spec, device=dev)
             attach(model, ad, state["cap"])
-        cap = state["cap"]
-        cap.begin_batch(ids.shape[0], seq_start=state.setdefault("seen", 0))
-        state["seen"] += ids.shape[0]
-        with torch.no_grad(), cap.active():
-            model(input_ids=ids, use_cache=False, logits_to_keep=1)
-        cap.end_batch()
+        forward(model, ids, capture=state["cap"], kwargs=kw)
 
-    def finish():
-        state["cap"].means()
-
-    return step, finish
+    return step, lambda: state["cap"].means()
 
 
-def _run_eager(model_dir, dtype, dev):
+def _run_eager(model_dir, dtype, dev, stats):
     """The papers' approach: eager attention, output_attentions, the pre-softmax scores kept.
 
     The recording function is transformers' ``eager_attention_forward`` with one line added, as the
-    papers patched it: the scaled ``q k^T`` it computes anyway is kept (no second matmul). The
-    statistics are then reduced per batch with the same arithmetic poslens uses (float32 sums over
-    batch and heads, float64 accumulation; float32 Gram products), so the comparison measures the
+    papers patched it: the scaled ``q k^T`` it computes anyway is kept (no second matmul). The maps
+    (scores, probs, slash profiles, hidden-state cosine maps and norms) are then reduced per batch
+    with poslens's arithmetic (float32 sums, float64 accumulation), so the comparison measures the
     approach (``B x H x S^2`` tensors per layer kept by the forward), not a slower reduction.
     """
     import torch
@@ -233,57 +224,10 @@ def _run_eager(model_dir, dtype, dev):
 # ------------------------------------------------------------------------------------------------
 # driver
 # ------------------------------------------------------------------------------------------------
-def _ratios(rows: dict, device: str) -> dict | None:
-    e, p, s = rows["eager"], rows["poslens"], rows["sdpa"]
-    if not (e.get("ok") and p.get("ok")):
-        return None
-    r = {
-        "throughput_x": p["tokens_per_s"] / e["tokens_per_s"],
-        "peak_rss_x": e["peak_rss_mb"] / p["peak_rss_mb"],
-        "peak_rss_above_loaded_x": (e["peak_rss_mb"] - e["rss_loaded_mb"]) / max(1.0, p["peak_rss_mb"] - p["rss_loaded_mb"]),
-        "capture_overhead_vs_sdpa": (s["tokens_per_s"] / p["tokens_per_s"] - 1.0) if s.get("ok") else None,
-        "cpu_throughput_x": p["tokens_per_cpu_s"] / e["tokens_per_cpu_s"],
-        "cpu_capture_overhead_vs_sdpa": (s["tokens_per_cpu_s"] / p["tokens_per_cpu_s"] - 1.0) if s.get("ok") else None,
-        # the ceiling: even free capture cannot beat the plain forward it observes
-        "ceiling_throughput_x": (s["tokens_per_s"] / e["tokens_per_s"]) if s.get("ok") else None,
-        "ceiling_cpu_throughput_x": (s["tokens_per_cpu_s"] / e["tokens_per_cpu_s"]) if s.get("ok") else None,
-    }
-    if device.startswith("cuda"):
-        r["peak_cuda_x"] = e["peak_cuda_mb"] / p["peak_cuda_mb"]
-    return r
-
-
-def _table(results: dict) -> str:
-    """One line per model: the ratios that the targets are about."""
-    head = f"{'model':<15}{'heads':>6}{'poslens/eager':>15}{'ceiling':>9}{'capture':>9}{'peak mem':>10}{'above model':>13}"
-    lines = [head]
-    for name, entry in results.get("short", {}).items():
-        r = entry.get("ratios")
-        if not r:
-            lines.append(f"{name:<15}  (a run failed: see the JSON lines)")
-            continue
-        ov = r["capture_overhead_vs_sdpa"]
-        lines.append(f"{name:<15}{entry['preset']['num_attention_heads']:>6}{r['throughput_x']:>14.2f}x"
-                     f"{(r['ceiling_throughput_x'] or float('nan')):>8.2f}x{(ov or 0) * 100:>8.0f}%"
-                     f"{r['peak_rss_x']:>9.2f}x{r['peak_rss_above_loaded_x']:>12.1f}x")
-    lines.append("poslens/eager: tokens/s ratio; ceiling: plain sdpa forward / eager (no capture can exceed it); "
-                 "capture: time capture adds to the plain forward; peak mem: eager / poslens peak RSS, total and "
-                 "above the loaded model")
-    long = results.get("long")
-    if long:
-        for m in ("poslens", "eager"):
-            r = long[m]
-            state = (f"completed, peak RSS {r['peak_rss_mb'] / 1024:.1f} GiB" if r.get("ok")
-                     else f"failed ({r.get('error', '?')[:80]})")
-            lines.append(f"{results.get('long_seq_len', '')} tokens, wide model, {m}: {state}")
-    return "\n".join(lines)
-# ------------------------------------------------------------------------------------------------
-def run_worker(method, model, preset, seq_len, batch_size, batches, device, threads, cap_gb=None) -> dict:
-    cmd = [sys.executable, __file__, "--worker", method, "--model", model, "--preset", preset, "--seq-len",
-           str(seq_len), "--batch-size", str(batch_size), "--batches", str(batches), "--device", device,
+def run_worker(method, model, seq_len, batch_size, batches, warmup, device, threads) -> dict:
+    cmd = [sys.executable, __file__, "--worker", method, "--model", model, "--seq-len", str(seq_len),
+           "--batch-size", str(batch_size), "--batches", str(batches), "--warmup", str(warmup), "--device", device,
            "--threads", str(threads)]
-    if cap_gb:
-        cmd += ["--cap-gb", str(cap_gb)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -291,89 +235,96 @@ def run_worker(method, model, preset, seq_len, batch_size, batches, device, thre
     return json.loads(lines[-1])
 
 
+def table(results: list[dict]) -> str:
+    """One table: per model, the floor (sdpa), poslens with two statistic sets, and eager."""
+    head = (f"{'model':<22}{'method':<22}{'CPU s':>8}{'wall s':>8}{'over sdpa':>10}{'vs eager':>9}"
+            f"{'peak RSS':>10}{'sys/CPU':>8}")
+    lines = [head, "-" * len(head)]
+    for entry in results:
+        rows = {r["method"]: r for r in entry["runs"]}
+        floor, eager = rows.get("sdpa", {}), rows.get("eager", {})
+        for m in METHODS:
+            r = rows.get(m)
+            if r is None:
+                continue
+            name = {"sdpa": "sdpa (floor)", "eager": "eager attentions"}.get(m, m.replace(":", " "))
+            if not r.get("ok"):
+                lines.append(f"{entry['model']:<22}{name:<22}  failed: {r.get('error', '?')[:60]}")
+                continue
+            over = f"{100 * (r['cpu_s'] / floor['cpu_s'] - 1):+.0f} %" if floor.get("ok") else "-"
+            vs = f"{eager['cpu_s'] / r['cpu_s']:.2f}x" if eager.get("ok") else "-"
+            lines.append(f"{entry['model']:<22}{name:<22}{r['cpu_s']:>8.1f}{r['wall_s']:>8.1f}{over:>10}{vs:>9}"
+                         f"{r['peak_rss_mb'] / 1024:>8.2f} G{100 * r['sys_s'] / r['cpu_s']:>7.1f}%")
+    lines.append("CPU s: user + sys of the timed batches (threads: see header); over sdpa: CPU time over the plain "
+                 "forward's; vs eager: eager's CPU time / the row's (throughput ratio); peak RSS of the whole "
+                 "process; sys/CPU: share of CPU time spent in the kernel (page faults of large temporaries).")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worker", choices=["eager", "poslens", "sdpa"])
-    ap.add_argument("--model")
-    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--batches", type=int, default=2)
+    ap.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--warmup", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--batch-size", type=int, default=20, help=argparse.SUPPRESS)
+    ap.add_argument("--batches", type=int, default=2, help=argparse.SUPPRESS)
+    ap.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (both models)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cap-gb", type=float, default=None)
-    ap.add_argument("--long-seq-len", type=int, default=4096)
-    ap.add_argument("--long-cap-gb", type=float, default=12.0,
-                    help="address-space cap for the long-sequence runs (keeps the failing eager run from "
-                         "taking the whole machine)")
-    ap.add_argument("--skip-long", action="store_true")
-    ap.add_argument("--short-presets", default="heads32,gpt2-shape,llama1b-shape,small",
-                    help="comma-separated models for the three-way comparison at --seq-len (from: "
-                         + ", ".join(sorted(PRESETS)) + "); the first is also used for --sweep-batches")
-    ap.add_argument("--sweep-batches", default="",
-                    help="comma-separated batch sizes: also run poslens and eager at each (1 timed batch) and "
-                         "report peak RSS above the loaded model, to show how memory grows with batch x heads")
-    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1: CPU time is the work)")
+    ap.add_argument("--bench-batch", default="20x2", help="benchmark model: BATCHxBATCHES timed (default 20x2 = 40 seqs)")
+    ap.add_argument("--smollm", default=None, help="SmolLM2-135M model directory (default: found in the GGUF cache)")
+    ap.add_argument("--smollm-batch", default="4x1", help="SmolLM2: BATCHxBATCHES timed (default 4x1)")
+    ap.add_argument("--no-smollm", action="store_true", help="the benchmark model only")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
+    ap.add_argument("--json", help="also write every number here")
     args = ap.parse_args()
     if args.worker:
-        args.method = args.worker
         print(json.dumps(worker(args)))
         return
-
-    results = {"device": args.device, "threads": args.threads, "cpu_count": os.cpu_count()}
-    presets = [p.strip() for p in args.short_presets.split(",") if p.strip()]
-    unknown = [p for p in presets if p not in PRESETS]
-    if unknown:
-        ap.error(f"--short-presets: unknown {unknown}; choose from {sorted(PRESETS)}")
+    methods = [m.strip() for m in args.methods.split(";" if ";" in args.methods else ",")]
+    methods = _join_stats(methods)
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        ap.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
+    smollm = None if args.no_smollm else (args.smollm or find_smollm())
+    if not args.no_smollm and (smollm is None or not os.path.isfile(os.path.join(smollm, "config.json"))):
+        print(f"SmolLM2-135M not found ({smollm or '~/.cache/poslens/gguf'}); pass --smollm DIR or --no-smollm. "
+              "Running the benchmark model only.", file=sys.stderr)
+        smollm = None
+    results = []
+    t_start = time.time()
+    print(f"bench_scan: {args.threads} thread(s), {os.cpu_count()} CPUs, device {args.device}, seq_len {args.seq_len}",
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        results["short"] = {}
-        for sp in presets:
-            path = build_model(sp, os.path.join(tmp, sp), 8192)
-            rows = {}
-            for method in ("sdpa", "poslens", "eager"):
-                rows[method] = run_worker(method, path, sp, args.seq_len, args.batch_size, args.batches, args.device,
-                                          args.threads)
-                print(json.dumps({"preset": sp, **rows[method]}), flush=True)
-            entry = {"preset": dict(PRESETS[sp]), "runs": rows, "ratios": _ratios(rows, args.device)}
-            results["short"][sp] = entry
-            print(json.dumps({"preset": sp, "ratios": entry["ratios"]}), flush=True)
-        sp = presets[0]
-        first = os.path.join(tmp, sp)
-
-        if args.sweep_batches:
-            sweep = []
-            for bs in [int(b) for b in args.sweep_batches.split(",")]:
-                row = {"batch_size": bs}
-                for method in ("poslens", "eager"):
-                    r = run_worker(method, first, sp, args.seq_len, bs, 1, args.device, args.threads)
-                    row[method] = r
-                    print(json.dumps(r), flush=True)
-                if row["poslens"].get("ok") and row["eager"].get("ok"):
-                    pe, ee = row["poslens"], row["eager"]
-                    row["above_loaded_mb"] = {m: row[m]["peak_rss_mb"] - row[m]["rss_loaded_mb"] for m in ("poslens", "eager")}
-                    row["peak_rss_x"] = ee["peak_rss_mb"] / pe["peak_rss_mb"]
-                    row["throughput_x"] = pe["tokens_per_s"] / ee["tokens_per_s"]
-                    row["cpu_throughput_x"] = pe["tokens_per_cpu_s"] / ee["tokens_per_cpu_s"]
-                sweep.append(row)
-            results["sweep"] = sweep
-
-        if not args.skip_long:
-            wide = build_model("wide", os.path.join(tmp, "wide"), 8192)
-            cfgw = PRESETS["wide"]
-            need = cfgw["num_hidden_layers"] * cfgw["num_attention_heads"] * args.long_seq_len**2 * 4 * 2 / 2**30
-            results["long_eager_attention_tensors_gib"] = need
-            results["long_seq_len"] = args.long_seq_len
-            long = {}
-            for method in ("poslens", "eager"):
-                long[method] = run_worker(method, wide, "wide", args.long_seq_len, 1, 1, args.device, args.threads,
-                                          cap_gb=args.long_cap_gb if not args.device.startswith("cuda") else None)
-                print(json.dumps(long[method]), flush=True)
-            results["long"] = long
-    print(json.dumps(results, indent=1))
-    print(_table(results))
+        models = [("bench 4L h512 8x64", build_bench_model(os.path.join(tmp, "bench")), args.bench_batch, 2)]
+        if smollm:
+            models.append(("SmolLM2-135M", smollm, args.smollm_batch, 1))
+        for name, path, bb, warm in models:
+            B, nb = (int(x) for x in bb.lower().split("x"))
+            runs = []
+            for m in methods:
+                r = run_worker(m, path, args.seq_len, B, nb, warm, args.device, args.threads)
+                runs.append(r)
+                print(json.dumps({"model": name, **r}), flush=True)
+            results.append({"model": name, "model_dir": path if path == smollm else "random init (BENCH)",
+                            "batch_size": B, "batches": nb, "runs": runs})
+    print(f"\n{args.seq_len} tokens per sequence, {args.threads} thread(s); total {time.time() - t_start:.0f} s")
+    print(table(results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"threads": args.threads, "seq_len": args.seq_len, "device": args.device,
+                       "cpu_count": os.cpu_count(), "results": results}, f, indent=1)
+
+
+def _join_stats(parts: list[str]) -> list[str]:
+    """``poslens:scores,probs`` split at its comma by the method list: glue stat names back on."""
+    out: list[str] = []
+    for p in parts:
+        if out and out[-1].startswith("poslens:") and p and ":" not in p and p not in METHODS:
+            out[-1] += "," + p
+        elif p:
+            out.append(p)
+    return out
 
 
 if __name__ == "__main__":

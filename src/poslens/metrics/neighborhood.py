@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from poslens.theory import running_mean_cosine
+
 
 def aps_positions(S: int, max_positions: int) -> torch.Tensor:
     """The positions an APS is computed on when a sequence is longer than ``max_positions``:
@@ -61,6 +63,11 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
     return out.reshape(lead)
 
 
+#: block half-size up to which the rising count compares all pairs directly (b^2 comparisons per
+#: block beat a sort and a binary search per element for small b)
+_DIRECT_BLOCK = 16
+
+
 def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """For each row of ``x [N, T]`` whose finite entries form a prefix (the rest -inf): the number of
     pairs j < k of finite entries with ``x[k] > x[j]`` (rising), with ``x[k] == x[j]`` (tied), and the
@@ -82,6 +89,10 @@ def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch
     b = 1
     while b < P:
         blocks = x.reshape(N, P // (2 * b), 2 * b)
+        if not count_ties and b <= _DIRECT_BLOCK:  # small blocks: compare every left/right pair at once
+            gt += (blocks[..., None, b:] > blocks[..., :b, None]).sum(dim=(1, 2, 3), dtype=torch.float64)
+            b *= 2
+            continue
         left = blocks[..., :b].sort(dim=-1).values.contiguous()
         right = blocks[..., b:].contiguous()
         # a -inf right element finds no smaller left one (and a finite one has a finite left half,
@@ -145,7 +156,22 @@ def norm_score(norms) -> torch.Tensor:
     ``norms`` is ``[..., T]``. Each pair j < k is counted once for every later row i > k, as in
     the APS count.
     """
-    n = -torch.as_tensor(norms).to(torch.float64)
+    n = -torch.as_tensor(norms, dtype=torch.float64)
     T = n.shape[-1]
     sim = n[..., None, :].expand(*n.shape[:-1], T, T)
     return adjacency_probability_score(sim)
+
+
+def self_cosine(x: torch.Tensor) -> torch.Tensor:
+    """``cos(h_i, h_j)`` of ``x [..., T, d]`` -> ``[..., T, T]`` in float64 (zero vectors give 0)."""
+    x = x.to(torch.float64)
+    xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return xn @ xn.transpose(-1, -2)
+
+
+def theory_gap(cosine_map: torch.Tensor) -> float:
+    """Mean |mean cosine - sqrt(min/max)| over the strict lower triangle (uniform-attention theory)."""
+    T = cosine_map.shape[-1]
+    th = running_mean_cosine(T)
+    low = torch.ones(T, T, dtype=torch.bool).tril(-1)
+    return float((cosine_map.to(torch.float64) - th)[low].abs().mean())

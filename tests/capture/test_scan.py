@@ -15,7 +15,7 @@ import torch
 
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.rundir import read_tensors
-from tests.test_capture import V, save_tiny
+from tests.capture.test_capture import V, save_tiny
 
 NAMES = ["scores", "probs", "slash", "cosine", "norms", "attn_cosine", "attn_norms", "q_gram", "k_gram", "dim_logit"]
 
@@ -125,6 +125,10 @@ def test_resume_with_other_options_is_refused(cli, llama_dir, tmp_path):
     assert _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures")[0] == 0
     code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 3, "--resume")
     assert code == 2 and "different options" in err
+    # the same options: the finished scan's checkpoint is gone, so there is nothing to resume (not a rerun)
+    code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures",
+                         "--resume")
+    assert code == 2 and "finished scan" in err
     code, _, err = _scan(cli, llama_dir, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2)
     assert code == 2 and "not empty" in err
 
@@ -179,7 +183,7 @@ def test_data_sources(cli, tokenized_dir, tmp_path, kind):
 
 
 def test_packed_text_is_deterministic(tokenized_dir):
-    from poslens.capture.scan import load_tokenizer
+    from poslens.capture.load import load_tokenizer
     from poslens.capture.sources import make_source
 
     tok = load_tokenizer(str(tokenized_dir))
@@ -238,7 +242,7 @@ def test_bad_input(cli, llama_dir, tmp_path, case):
 def test_pickle_and_remote_code_are_refused(cli, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from tests.test_capture import tiny_config
+    from tests.capture.test_capture import tiny_config
 
     p = tmp_path / "pkl"
     model = AutoModelForCausalLM.from_config(tiny_config("gpt2"))
@@ -276,7 +280,7 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
 
 
 def test_pool_for_figure_block_means_skip_the_causal_triangle():
-    from poslens.capture.scan import causal_view
+    from poslens.metrics.diagonal import causal_view
     from poslens.report.plots import pool_for_figure
 
     S = 10
