@@ -100,6 +100,8 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "adds 0 or NaN; -NaN is NaN"),
     ("metrics/slash.py", "slash_profile|sink_weight", r"shape\[-1\]", r"shape\[-2\]", "equivalent",
      "attention maps are square [..., S, S]"),
+    ("metrics/diagonal.py", "_slope_functional", r"nk\.clamp_min\(1\)", r"clamp_min\(2\)", "equivalent",
+     "only diagonals with at least 3 entries get a weight; the clamp acts on counts 0 and 1 alone"),
     ("simulate.py", "auto_chunk", "", "", "equivalent",
      "sequences per compute chunk: speed and memory only (the results do not depend on chunking; tested)"),
     ("simulate.py", "run_simulation", r"chunk = (cfg\.chunk_size or|max\(RNG_BLOCK)", "", "equivalent",

@@ -327,3 +327,24 @@ def test_describe_map_without_groups_says_why():
     sub = m[:3, :3]
     d2 = describe_map(m, locality_map=sub)
     assert d2["locality"] == pytest.approx(locality(sub), abs=1e-12)
+
+
+def brute_locality(m, include_diagonal=False, exclude=()):
+    S = len(m)
+    hits = total = 0.0
+    for i in range(S):
+        keys = [k for k in (range(i + 1) if include_diagonal else range(i)) if k not in exclude and fin(m[i][k])]
+        for j, k in itertools.combinations(keys, 2):
+            total += 1
+            hits += 1.0 if m[i][k] > m[i][j] else (0.5 if m[i][k] == m[i][j] else 0.0)
+    return 2 * hits / total - 1
+
+
+@pytest.mark.parametrize("diag,exclude", [(True, ()), (False, (0,)), (True, (1,))])
+def test_describe_map_locality_options(diag, exclude):
+    from poslens.metrics.diagonal import describe_map
+
+    m = torch.randint(0, 4, (7, 7), generator=torch.Generator().manual_seed(31)).to(torch.float64)
+    m[:, 0] += 10.0  # a raised sink column: the locality changes when it is excluded
+    d = describe_map(m, include_diagonal=diag, exclude_keys=exclude)
+    assert d["locality"] == pytest.approx(brute_locality(m.tolist(), diag, exclude), abs=1e-12)

@@ -137,8 +137,10 @@ def rope_decomposition(q_gram, k_gram, dim_logit, *, rotary_dim: int, base: floa
     fit = float((obs * g).sum()) / gg if gg > 0 else 0.0
     sign = -1 if fit < 0 else 1
     denom = float(obs.norm() * g.norm())
-    pair_fit = float((obs * g).sum()) / denom if denom > 0 else None
-    coherence = fit / mag if mag > 0 else None
+    # both against the sign-folded prediction sign * g (the one the logit below uses): 1 for constant
+    # coefficients whatever the arbitrary signs of the two eigenvectors
+    pair_fit = sign * float((obs * g).sum()) / denom if denom > 0 else None
+    coherence = sign * fit / mag if mag > 0 else None
     A = mag * A_unit
     phi = phi + (math.pi if sign < 0 else 0.0)
     logit = rank_one_logit(A, phi, theta, offs)
