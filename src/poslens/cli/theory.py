@@ -11,10 +11,10 @@ from poslens.cli.app import app
 
 theory_app = typer.Typer(help="Closed-form predictions the simulations and scans are checked against.",
                          no_args_is_help=True)
-app.add_typer(theory_app, name="theory")
+app.add_typer(theory_app, name="theory", short_help="Closed forms the simulations are checked against.")
 
 
-@theory_app.command("kim")
+@theory_app.command("kim", short_help="Layer-1 g(i), h(i) and layer-2 scores (arXiv 2509.21042).")
 def kim(
     alpha: float = typer.Option(0.0, help="Pairwise inner product of the unit-norm inputs, in [0, 1)."),
     seq_len: int = typer.Option(8, "--seq-len", help="Sequence length N."),

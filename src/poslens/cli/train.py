@@ -14,7 +14,7 @@ from poslens.cli.app import threads_option, use_threads  # --threads
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
 
-@app.command("train")
+@app.command("train", short_help="Train a small NoPE / RoPE / learned-PE model.")
 def train(
     out: str = typer.Option(..., "--out", help="Model directory to write (loadable with AutoModelForCausalLM/AutoTokenizer)."),
     pe: str = typer.Option("rope", "--pe", help="Positional encoding: none (NoPE, SmolLM3 config with no_rope_layers all 0), "
@@ -111,7 +111,7 @@ def _print_summary(summary: dict, as_json: bool) -> None:
                                show_header=False))
 
 
-@app.command("zoo")
+@app.command("zoo", short_help="Train the standard model set the report uses.")
 def zoo(
     out: str = typer.Option(..., "--out", help="Directory that receives one model directory per zoo entry."),
     scale: str = typer.Option("cpu", "--scale", help="cpu: tiny presets within the CPU budget in docs/train.md; "
