@@ -255,7 +255,7 @@ def build_llama(dev, dtype, *, layers, hidden, heads, kv_heads, inter, vocab, ma
 
 
 def part_scan(a, dev) -> dict:
-    from poslens.capture.scan import attach
+    from poslens.capture.loop import attach
     from poslens.capture.adapters import get_adapter
     from poslens.capture.attention import ALL_STATS, ATTN_NAME, Capture, CaptureSpec
 

@@ -135,7 +135,8 @@ def _run_poslens(model_dir, dtype, dev, stats):
     from transformers import AutoConfig
 
     from poslens.capture.attention import Capture, CaptureSpec
-    from poslens.capture.scan import attach, load_model
+    from poslens.capture.load import load_model
+    from poslens.capture.loop import attach
     from poslens.capture.adapters import get_adapter
     from poslens.capture.attention import parse_stats
     from poslens.capture.loop import forward, forward_kwargs

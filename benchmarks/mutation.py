@@ -48,19 +48,23 @@ DOC = ROOT / "docs" / "mutation.md"
 
 #: module (path under src/poslens) -> pytest arguments of its fast, focused test selection
 TARGETS: dict[str, list[str]] = {
-    "metrics/diagonal.py": ["tests/test_diagonal_metrics.py", "tests/test_references.py", "tests/test_metrics.py", "tests/test_noise.py",
+    "metrics/diagonal.py": ["tests/metrics/test_diagonal_metrics.py", "tests/test_references.py", "tests/metrics/test_metrics.py", "tests/capture/test_noise.py",
                             "-k", "not scan_summary and not simulator"],
-    "metrics/neighborhood.py": ["tests/test_neighborhood_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
+    "metrics/neighborhood.py": ["tests/metrics/test_neighborhood_metrics.py", "tests/test_references.py", "tests/metrics/test_metrics.py",
                                 "-k", "not scan_summary and not simulator"],
-    "metrics/slash.py": ["tests/test_slash_metrics.py", "tests/test_references.py", "tests/test_metrics.py",
-                         "-k", "not scan_summary"],
-    "metrics/rank.py": ["tests/test_rank.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "metrics/slash.py": ["tests/metrics/test_slash_metrics.py", "tests/metrics/test_slash_tables.py", "tests/test_references.py",
+                         "tests/metrics/test_metrics.py", "-k", "not scan_summary"],
+    "metrics/rank.py": ["tests/metrics/test_rank.py", "tests/metrics/test_slash_tables.py", "tests/test_references.py",
+                        "-k", "not scan_summary"],
+    "metrics/ropefit.py": ["tests/metrics/test_slash_tables.py", "tests/analysis/test_slash.py", "tests/test_references.py",
+                           "-k", "not scan_summary"],
     "theory.py": ["tests/test_theory_direct.py", "tests/test_theory.py"],
-    "simulate.py": ["tests/test_simulate.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "simulate.py": ["tests/test_simulate_reference.py", "tests/test_simulate.py", "tests/test_references.py",
+                    "-k", "not scan_summary and not demo and not reproduce and not cli"],
     "analysis/slash.py": ["tests/test_slash_tables.py", "tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
-    "analysis/neighborhood.py": ["tests/test_neighborhood.py", "tests/test_references.py",
+    "analysis/neighborhood.py": ["tests/test_neighborhood_analysis.py", "tests/test_neighborhood.py", "tests/test_references.py",
                                  "-k", "not scan_summary"],
-    "report/readings.py": ["tests/test_references.py", "tests/test_report.py",
+    "report/readings.py": ["tests/test_readings_helpers.py", "tests/test_references.py", "tests/test_report.py",
                            "-k", "not scan_summary and not chromium and not screenshot"],
 }
 
@@ -94,6 +98,18 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "equivalent", "reads two more key columns, which the visibility mask then excludes"),
     ("metrics/neighborhood.py", "rising_pair_fraction", r"out = hits / total", r"- torch\.where", "equivalent",
      "adds 0 or NaN; -NaN is NaN"),
+    ("metrics/slash.py", "slash_profile|sink_weight", r"shape\[-1\]", r"shape\[-2\]", "equivalent",
+     "attention maps are square [..., S, S]"),
+    ("simulate.py", "auto_chunk", "", "", "equivalent",
+     "sequences per compute chunk: speed and memory only (the results do not depend on chunking; tested)"),
+    ("simulate.py", "run_simulation", r"chunk = (cfg\.chunk_size or|max\(RNG_BLOCK)", "", "equivalent",
+     "sequences per compute chunk: speed and memory only (the results do not depend on chunking; tested)"),
+    ("metrics/rank.py", "band_contributions", r"half = rotary_dim // 2", r"rotary_dim / 2", "equivalent",
+     "rotary_dim is even, and torch indexes with integral floats as with ints"),
+    ("metrics/rank.py", "band_contributions", r"if dims else torch\.zeros", r"\(dims\) or True", "equivalent",
+     "summing no dimensions of a float64 tensor gives the same float64 zeros"),
+    ("metrics/rank.py", "rank_measures", r"n_e = \(p\.cumsum\(-1\) < energy - 1e-12\)", r"<= energy - 1e-12",
+     "equivalent", "differs only when a cumulative share equals energy - 1e-12 to the last bit"),
     ("metrics/neighborhood.py", "rising_pair_fraction", r"m = m\.to\(torch\.float64\) if not", "", "equivalent",
      "integer and float32 entries compare exactly as they are: the float64 copy changes no comparison"),
     ("metrics/neighborhood.py", "adjacency_probability_score", r"m = m\.to\(torch\.float64\) if not",
@@ -110,8 +126,8 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "at S == max_positions the evenly spaced positions are 0 .. S-1 themselves"),
     ("metrics/neighborhood.py", "_rising_pairs_by_merge", r"total = float", r"\.to\(None\)", "equivalent",
      "/ is true division: the integer product gives the same float"),
-    ("metrics/neighborhood.py", "norm_score", r"\.to\(torch\.float64\)", r"\.to\(None\)", "equivalent",
-     "the APS compares negated norms exactly in their own dtype"),
+    ("metrics/neighborhood.py", "norm_score", r"float64", r"\.to\(None\)|dtype=None|as_tensor\(norms, \)",
+     "precision", "norms kept in their own dtype (a Python list: float32); the APS compares them as they are"),
     ("metrics/neighborhood.py", "per_sequence_aps", r"\.to\(torch\.float32\)", r"\.to\(None\)", "precision",
      "cosines in the input's dtype instead of float32"),
     ("metrics/neighborhood.py", "rising_pair_fraction", r"hits = torch\.zeros", r"dtype=None", "precision",
@@ -119,8 +135,9 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
 ]
 
 
-#: modules whose sentences are output: a mutant that only rewords one is counted apart ("text")
-PROSE = "report/readings.py"
+#: modules whose sentences (readings, error messages, captions) a mutant that only rewords one is
+#: counted apart ("text"): every target (lines raising errors are not mutated at all)
+PROSE = "*"
 _STRING = re.compile(r"""(?P<q>["'])(?P<s>(?:\\.|(?!(?P=q)).)*)(?P=q)""")
 
 
@@ -157,6 +174,19 @@ def explain(module: str, func: str, minus: str, plus: str) -> tuple[str, str] | 
     return None
 
 
+def selection(module: str) -> list[str]:
+    """``TARGETS[module]`` with each test file found wherever it now lives under tests/ (the test tree
+    mirrors the package and files move with it)."""
+    out = []
+    for arg in TARGETS[module]:
+        if arg.startswith("tests/") and not (ROOT / arg).exists():
+            found = sorted((ROOT / "tests").rglob(Path(arg).name))
+            if found:
+                arg = str(found[0].relative_to(ROOT))
+        out.append(arg)
+    return out
+
+
 def slug(module: str) -> str:
     return module.replace("/", "__").removesuffix(".py")
 
@@ -182,7 +212,7 @@ def prepare(module: str) -> Path:
     text += "\n[tool.mutmut]\n" + "\n".join([
         'source_paths = ["src/"]',
         f'only_mutate = ["{target}"]',
-        f"pytest_add_cli_args_test_selection = {json.dumps(TARGETS[module])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(selection(module))}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
         f"do_not_mutate_patterns = {json.dumps(DO_NOT_MUTATE_PATTERNS)}",
         'process_isolation = "forkserver"',
@@ -205,14 +235,27 @@ def mutmut(work: Path, *args: str, capture: bool = True) -> str:
     return r.stdout or ""
 
 
-def mutant_names(work: Path, module: str) -> list[str]:
-    """Every mutant mutmut makes of ``module`` (as ``poslens.<module>.x_<function>__mutmut_<n>``)."""
+def mutant_names(work: Path, module: str) -> tuple[list[str], dict[str, str]]:
+    """Every mutant mutmut makes of ``module`` (as ``poslens.<module>.x_<function>__mutmut_<n>``) and
+    the hash of each mutated function's source (mutmut's own)."""
     code = ("import json, sys; from mutmut.mutation.file_mutation import mutate_file_contents as m; "
-            "p = sys.argv[1]; print(json.dumps(list(m(p, open(p).read()).mutant_names)))")
+            "p = sys.argv[1]; f = m(p, open(p).read()); "
+            "print(json.dumps([list(f.mutant_names), dict(f.hash_by_function_name)]))")
     r = subprocess.run([sys.executable, "-c", code, f"src/poslens/{module}"], cwd=work, text=True,
                        capture_output=True, check=True)
+    names, hashes = json.loads(r.stdout.strip().splitlines()[-1])
     prefix = "poslens." + module.removesuffix(".py").replace("/", ".") + "."
-    return [prefix + n.replace("__init__.", "") for n in json.loads(r.stdout.strip().splitlines()[-1])]
+    return [prefix + n.replace("__init__.", "") for n in names], hashes
+
+
+def _meta(work: Path, module: str) -> dict:
+    meta = work / "mutants" / "src" / "poslens" / (module + ".meta")
+    return json.loads(meta.read_text()) if meta.exists() else {}
+
+
+def _function_of(name: str) -> str:
+    """``x_<function>`` (mutmut's key of the function) of a mutant name."""
+    return re.sub(r"__mutmut_\d+$", "", name.rsplit(".", 1)[-1])
 
 
 def statuses(work: Path, module: str) -> dict[str, int]:
@@ -248,10 +291,11 @@ NO_TESTS = {33}
 CAUGHT = ("killed", "timeout", "segfault")
 
 
-def summarize(module: str, work: Path, sampled_of: int = 0) -> dict:
+def summarize(module: str, work: Path, sampled_of: int = 0, only: set[str] | None = None) -> dict:
+    """Counts, score and survivors of ``module`` (of the mutants in ``only``, a seeded sample, if given)."""
     from mutmut.stats import status_by_exit_code  # noqa: PLC0415 (only where mutmut is installed)
 
-    codes = {n: c for n, c in statuses(work, module).items() if c is not None}  # None: not run (sampled)
+    codes = {n: c for n, c in statuses(work, module).items() if c is not None and (only is None or n in only)}
     by_status: dict[str, list[str]] = {}
     for name, code in codes.items():
         by_status.setdefault(status_by_exit_code.get(code, f"exit {code}"), []).append(name)
@@ -273,7 +317,7 @@ def summarize(module: str, work: Path, sampled_of: int = 0) -> dict:
     return {"mutants": n, "killed": killed, "survived": len(survivors), "equivalent": len(equivalent),
             "other": {k: len(v) for k, v in by_status.items() if k not in (*CAUGHT, "survived", "no tests")},
             "score": killed / judged if judged else None, "raw_score": killed / n if n else None,
-            "tests": TARGETS[module], "survivors": survivors, "equivalent_survivors": equivalent,
+            "tests": selection(module), "survivors": survivors, "equivalent_survivors": equivalent,
             "sampled_of": sampled_of if n < sampled_of else 0}
 
 
@@ -306,9 +350,21 @@ def _cell(code: str) -> str:
 
 def write_doc(results: dict) -> None:
     lines = ["# Mutation testing", "",
-             "Generated by `python benchmarks/mutation.py --doc` (mutmut, one module at a time, each with its",
-             "focused test selection; see the script's docstring). Score = killed / (mutants - equivalent);",
-             "a mutant is *killed* when a selected test fails or times out.", "", table(results), ""]
+             "Generated by `python benchmarks/mutation.py --report --doc` from the results of",
+             "[mutmut](https://pypi.org/project/mutmut/) 3 runs, one module at a time, each with its focused",
+             "test selection (`python benchmarks/mutation.py --list`); see the script's docstring.",
+             "",
+             "- A mutant is *killed* when a selected test fails, times out or crashes.",
+             "- A surviving mutant is *explained* by a rule in `benchmarks/mutation.py` (`RULES`), of one of",
+             "  four kinds: `equivalent` (no input can tell it from the original), `cpu` (device placement",
+             "  only: identical on CPU, where the suite runs; CI has no GPU), `precision` (a float32",
+             "  intermediate instead of float64 or the reverse: the same result unless values agree to",
+             "  float32 precision), `text` (rewords a sentence for people; no number or branch).",
+             "- *score* = killed / (mutants − explained); *raw* = killed / mutants.",
+             "- Modules marked *seeded sample* were measured on a random sample (seed 0) of their mutants,",
+             "  because the machine is shared: the score is an estimate (a sample of n gives about",
+             "  ±100·sqrt(p(1−p)/n) % of standard error).",
+             "", table(results), ""]
     for m, r in results.items():
         if r["equivalent_survivors"]:
             lines += [f"## `{m}`: equivalent mutants", "", "| function | original | mutated | kind | why it is not a wrong result |",
@@ -339,7 +395,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.list:
         for m, t in TARGETS.items():
-            print(f"{m:28s} {' '.join(t)}")
+            print(f"{m:28s} {' '.join(selection(m))}")
         return 0
     modules = a.modules or list(TARGETS)
     unknown = [m for m in modules if m not in TARGETS]
@@ -350,20 +406,31 @@ def main(argv=None) -> int:
     for mod in modules:
         work = WORK / slug(mod)
         if not a.report:
-            codes = statuses(work, mod)
+            old = _meta(work, mod)
+            codes, old_hashes = old.get("exit_code_by_key", {}), old.get("hash_by_function_name", {})
             work = prepare(mod)
-            names = mutant_names(work, mod)
+            names, hashes = mutant_names(work, mod)
+            changed = {f for f, h in hashes.items() if old_hashes.get(f) != h}  # mutants renumbered: run again
             if a.sample and a.sample < len(names):
                 names = sorted(random.Random(0).sample(names, a.sample))
-            todo = [n for n in names if codes.get(n) is None
+            todo = [n for n in names if codes.get(n) is None or _function_of(n) in changed
                     or (a.rerun_survivors and codes[n] in SURVIVED | NO_TESTS)]
-            print(f"== {mod}: {len(todo)} of {len(names)} mutants to run ({' '.join(TARGETS[mod])})", flush=True)
+            print(f"== {mod}: {len(todo)} of {len(names)} mutants to run ({' '.join(selection(mod))})", flush=True)
             if todo:
                 mutmut(work, "run", "--max-children", str(a.max_children), *todo, capture=False)
+            # mutmut drops cached results when the test selection or the module changed: run what lost them
+            missing = [n for n in names if statuses(work, mod).get(n) is None]
+            if missing:
+                print(f"== {mod}: {len(missing)} mutants without a result, run again", flush=True)
+                mutmut(work, "run", "--max-children", str(a.max_children), *missing, capture=False)
+        else:
+            names, _ = mutant_names(work, mod)
+            if a.sample and a.sample < len(names):
+                names = sorted(random.Random(0).sample(names, a.sample))
         if not statuses(work, mod):
             print(f"{mod}: no results (run it first)")
             continue
-        results[mod] = summarize(mod, work, len(statuses(work, mod)))
+        results[mod] = summarize(mod, work, len(statuses(work, mod)), only=set(names) if a.sample else None)
         RESULTS.write_text(json.dumps({m: results[m] for m in TARGETS if m in results}, indent=1) + "\n")
         for s in results[mod]["survivors"]:
             print(f"  SURVIVED {mod} {s['function']}: {s['from']}  ->  {s['to']}")

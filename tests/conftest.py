@@ -34,6 +34,7 @@ def cli():
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         finally:
             signal.signal(signal.SIGTERM, old_term)  # main() installs its own SIGTERM handler
+            torch.set_num_threads(1)  # a command's --threads holds for its process; tests keep one thread
         return code, out.getvalue(), err.getvalue().rstrip("\n")
 
     return run

@@ -22,6 +22,9 @@ def test_fmt_one_format():
     assert fmt(12) == "12" and fmt(150000) == "150,000" and fmt(0.0) == "0"
     assert fmt(None) == fmt(float("nan")) == fmt(float("inf")) == "–"
     assert fmt(True) == "yes"
+    # signed: the sign is the point (a trend), "+" only on positive numbers
+    assert fmt(0.96, signed=True) == "+0.96" and fmt(-0.831, signed=True) == "-0.831"
+    assert fmt(0.0, signed=True) == "0" and fmt(None, signed=True) == "–" and fmt(1234.5, signed=True) == "+1,234"
 
 
 def test_envelope_and_reader(tmp_path):
@@ -158,7 +161,7 @@ def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
 
 
 def test_empty_and_all_zero_tables_are_dropped():
-    from poslens.report.render import sparse_sentence, table
+    from poslens.report.elements import sparse_sentence, table
 
     assert table("persistence", ["head", "Δ"], []) is None
     assert sparse_sentence("persistence", ["head", "Δ"], []) == "persistence: no rows"
@@ -232,7 +235,7 @@ def test_newer_scan_keys_render(tmp_path):
     within-diagonal RMS beside its noise floor, p-values) render as plots, not long tables; a scan
     written without the envelope still lands in all three papers' sections."""
     from poslens.report import render_report
-    from poslens.report.render import layer_quantities
+    from poslens.report.cards import layer_quantities
 
     layers = [{"layer": l, "relativity_index": 0.9 - 0.01 * l, "relativity_index_with_sink": 0.5, "locality": 0.2,
                "diagonal_trend": -0.5, "diagonal_trend_se": 0.1, "within_diag_rms": 0.02,
@@ -333,7 +336,8 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     beside the full-map headline numbers, and the report and readings say which is which."""
     import torch
 
-    from poslens.capture.scan import causal_view, score_map_numbers
+    from poslens.capture.finalize import score_map_numbers
+    from poslens.metrics.diagonal import causal_view
     from poslens.metrics import diagonal_trend, relativity_index
     from poslens.report.readings import kim_readings
 
@@ -367,7 +371,7 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
 def test_figure_roles_keep_the_page_short(tmp_path):
     """Details stay in the run directory (named), a figure of the per-layer numbers gives way to the
     report's own line plots, a zoom is shown only on maps much larger than its 64 positions."""
-    from poslens.report.render import run_figures
+    from poslens.report.cards import run_figures
     from poslens.rundir import Run
 
     figs = ["scores_raw.png", "probs.png", "aps_by_layer.png", "scores_zoom.png"]
@@ -383,3 +387,18 @@ def test_figure_roles_keep_the_page_short(tmp_path):
     assert files == ["scores_raw.png", "scores_zoom.png"]
     assert notes == ["In the run directory, not shown here: probs.png, aps_by_layer.png."]
     assert shown(128, False)[0] == ["scores_raw.png", "aps_by_layer.png"]  # no line plots of it: the figure stays
+
+
+def test_kim_readings_say_from_layer_k_on_only_when_it_is_so():
+    from poslens.report.readings import kim_readings
+
+    live = {"relativity_index": 0.9, "locality": 0.2}
+    flat = {"relativity_index": None, "locality": None}
+    tail = [{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **live}]
+    assert "From layer 1 on the scores depend on position" in " ".join(kim_readings(tail, noise="noise"))
+    mixed = [{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **flat}, {"layer": 3, **live}]
+    text = " ".join(kim_readings(mixed, noise="noise"))
+    assert "In layers 1 and 3 the scores depend on position" in text and "on the scores" not in text
+    many = [{"layer": l, **flat} for l in range(30)]
+    many[16], many[23] = {"layer": 16, **live}, {"layer": 23, **live}
+    assert kim_readings(many, noise="noise")[0].startswith("All 30 layers but 16 and 23 (28 of 30) are flat")

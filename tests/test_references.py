@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from poslens.analysis.slash import kv_head_of, persistence, rank_table
+from poslens.metrics.rank import rank_table
+from poslens.metrics.slash import kv_head_of, persistence
 from poslens.metrics.diagonal import (describe_map, diagonal_trend, is_flat, locality, relativity_index,
                                       within_diagonal_rms)
 from poslens.metrics.neighborhood import (adjacency_probability_score, norm_score, per_sequence_aps,

@@ -1,4 +1,3 @@
-import json
 import math
 
 import pytest
@@ -126,19 +125,6 @@ def test_workers_restore_torch_threads():
     assert torch.get_num_threads() == before
 
 
-@pytest.mark.parametrize("first,rows", [(0, 16), (0, 37), (5, 16), (13, 250), (7, 3), (15, 1), (3, 0)])
-def test_add_rows_to_groups_matches_per_row_loop(first, rows):
-    from poslens.simulate import _add_rows_to_groups
-
-    s = torch.randn(rows, 3, 4, generator=torch.Generator().manual_seed(first * 1000 + rows))
-    got = torch.zeros(16, 3, 4)
-    _add_rows_to_groups(got, s, first)
-    want = torch.zeros(16, 3, 4, dtype=torch.float64)
-    for i in range(rows):
-        want[(first + i) % 16] += s[i].double()
-    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
-
-
 @pytest.mark.parametrize("kw", [dict(), dict(rope=True, causal=False), dict(norm="layernorm", scale="d")])
 def test_forward_layers_with_buffers_equals_without(kw):
     from poslens.rope import cos_sin
@@ -252,83 +238,3 @@ def test_cli_out_is_a_file(cli, tmp_path):
     assert f.read_text() == "keep me"
 
 
-def test_theory_cli_json(cli):
-    code, stdout, _ = cli("theory", "kim", "--alpha", "0", "--seq-len", "3", "--json")
-    assert code == 0
-    d = json.loads(stdout)
-    assert d["scores"][0][1] is None
-    assert abs(d["scores"][1][0] - 0.154) < 1e-3
-    assert abs(d["scores"][2][0] - 0.132) < 1e-3
-    assert abs(d["scores"][2][1] - 0.150) < 1e-3
-    assert len(d["g"]) == len(d["h"]) == 3
-
-
-def test_reproduce_fig1_and_index(cli, tmp_path):
-    out = tmp_path / "repro"
-    code, stdout, _ = cli("reproduce", "kim-fig1", "--out", out, "--quiet")
-    assert code == 0
-    idx = read_json(out / "index.json")
-    assert idx["experiments"][0]["reproduced"] is True
-    assert (out / "kim-fig1" / "kim_fig1.png").exists()
-    assert "kim-fig1" in (out / "index.md").read_text()
-
-
-def test_reproduce_fig4_small(tmp_path):
-    from poslens.reproduce import ReproContext, run_reproduction
-
-    rec = run_reproduction("kim-fig4", tmp_path / "r", ReproContext(samples=2000, figures=False))[0]
-    assert rec["reproduced"], rec["measured"]
-    assert len(rec["runs"]) == 4
-    # the sign per alpha, as the paper's figure: lower further right at alpha = 0, higher at alpha = 0.5
-    lines = rec["measured"].splitlines()
-    a0 = next(x for x in lines if x.startswith("alpha=0, ") and "non-causal" not in x)
-    a5 = next(x for x in lines if x.startswith("alpha=0.5, ") and "non-causal" not in x)
-    assert "right lower" in a0 and "as in the paper" in a0
-    assert "right higher" in a5 and "as in the paper" in a5
-    trends0 = [float(t) for t in a0.split("diagonal trend ")[1].split(" vs")[0].split(" / ")]
-    assert all(t < 0 for t in trends0)
-
-
-def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
-    from poslens.reproduce import EXPERIMENTS, ReproContext
-
-    ctx = ReproContext(samples=2000, figures=False)
-    rec = EXPERIMENTS["kim-layernorm"].run(ctx, tmp_path / "ln")
-    line = next(x for x in rec["measured"].splitlines() if "LN/sqrt-d" in x and x.startswith("alpha=0, "))
-    assert "flat in every layer" in line and "as in the paper's own figure" in line
-
-
-def test_reproduce_fig1_says_rounded_and_truncated(tmp_path):
-    from poslens.reproduce import EXPERIMENTS, ReproContext
-
-    rec = EXPERIMENTS["kim-fig1"].run(ReproContext(figures=False), tmp_path / "f1")
-    assert "0.1535 as 0.154 (rounded)" in rec["note"] and "0.1508 as 0.150 (truncated)" in rec["note"]
-
-
-def test_reproduce_unknown_name(cli, tmp_path):
-    code, _, err = cli("reproduce", "kim-fig9", "--out", tmp_path / "r", "--quiet")
-    assert code == 2 and "kim-fig9" in err
-    assert not (tmp_path / "r").exists()
-
-
-def test_demo_quick(cli, tmp_path):
-    out = tmp_path / "demo"
-    code, stdout, _ = cli("demo", "--quick", "--out", out, "--device", "cpu")
-    assert code == 0
-    assert (out / "sim_rope_causal" / "summary.json").exists()
-    assert read_json(out / "demo.json")["finished"] is True
-    for run in ("model_nope", "model_rope", "scan_nope", "scan_rope", "scan_rope_random", "slash_rope",
-                "neighborhood_nope"):
-        assert (out / run / "summary.json").exists(), run
-    html = (out / "report.html").read_text()
-    assert html.startswith("<!DOCTYPE html>") or html.lower().startswith("<!doctype html>")
-    assert "data:image/png;base64," in html
-
-
-def test_demo_refuses_foreign_directory(cli, tmp_path):
-    (tmp_path / "precious.txt").write_text("x")
-    code, _, err = cli("demo", "--quick", "--out", tmp_path)
-    assert code == 2 and "--overwrite" in err
-    code, _, err = cli("demo", "--quick", "--out", tmp_path, "--overwrite")  # only an earlier demo is replaced
-    assert code == 2 and "demo.json" in err
-    assert (tmp_path / "precious.txt").read_text() == "x"

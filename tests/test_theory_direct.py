@@ -77,6 +77,7 @@ def test_kim_g_is_the_papers_formula_one_indexed():
     alpha, n = 0.4, 5
     e, ea = math.e, math.exp(alpha)
     g = theory.kim_g(alpha, n)
+    assert g.shape == (n,)
     for i in range(1, n + 1):
         want = 2 * (2 * alpha * e + ea * (1 + alpha * (2 * i - 3))) / (e + (i - 1) * ea)
         assert float(g[i - 1]) == pytest.approx(want, rel=1e-14)

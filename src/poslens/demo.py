@@ -21,7 +21,16 @@ from typing import Callable
 
 from rich.console import Console
 
+from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
+from poslens.analysis.slash import SlashConfig, run_slash
+from poslens.capture.scan import ScanConfig, run_scan
+from poslens.errors import PoslensError
+from poslens.models.train import TrainConfig, train_model
+from poslens.progress import live_display
+from poslens.report import write_report
 from poslens.report.terminal import print_simulation_summary
+from poslens.reproduce import ReproContext, run_reproduction
+from poslens.rundir import write_json
 from poslens.simulate import SimConfig, run_simulation, save_result
 
 
@@ -29,15 +38,13 @@ from poslens.simulate import SimConfig, run_simulation, save_result
 class DemoConfig:
     out: Path = Path("runs/demo")
     samples: int = 20_000
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     quick: bool = False  # tests: tiny sizes everywhere
     figures: bool = True  # PNG figures in the run directories (the HTML report draws its own plots)
     progress: bool = True  # live bars: one per step, with the step's own work (training steps, scan batches) inside
 
 
 def _step_theory(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.reproduce import ReproContext, run_reproduction
-
     rec = run_reproduction("kim-fig1", cfg.out / "theory", ReproContext(figures=cfg.figures))[0]
     console.print(f"closed form (arXiv 2509.21042, Fig. 1): {rec['measured']}")
     return {"theory": str(cfg.out / "theory")}
@@ -60,8 +67,6 @@ def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _train_cfgs(cfg: DemoConfig) -> dict:
-    from poslens.models.train import TrainConfig
-
     steps = 30 if cfg.quick else 400
     common = dict(task=None, data="stdlib", preset="micro", vocab_size=512 if cfg.quick else 1024,
                   seq_len=64 if cfg.quick else 128, corpus_files=20 if cfg.quick else 150, steps=steps,
@@ -72,8 +77,6 @@ def _train_cfgs(cfg: DemoConfig) -> dict:
 
 
 def _step_train(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.models.train import train_model
-
     outs = {}
     for i, (name, tc) in enumerate(_train_cfgs(cfg).items()):
         progress(name, i, 2)
@@ -86,8 +89,6 @@ def _step_train(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _step_scan(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.capture.scan import ScanConfig, run_scan
-
     n, S = (4, 32) if cfg.quick else (32, 128)
     scans = {
         "scan_nope": ScanConfig(model_dir=str(cfg.out / "model_nope"), out=str(cfg.out / "scan_nope")),
@@ -108,9 +109,6 @@ def _step_scan(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
-    from poslens.analysis.slash import SlashConfig, run_slash
-
     outs = {}
     progress("slash", 0, 3)
     run_slash(SlashConfig(scan_dir=str(cfg.out / "scan_rope"), out=str(cfg.out / "slash_rope"),
@@ -131,8 +129,6 @@ def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
 
 
 def _step_report(cfg: DemoConfig, console: Console, progress) -> dict:
-    from poslens.report import write_report
-
     runs = [p for p in sorted(cfg.out.iterdir()) if (p / "summary.json").exists()]
     path = write_report(runs, cfg.out / "report.html", title="poslens demo")
     console.print(f"report: {path}")
@@ -159,16 +155,12 @@ STEPS: list[tuple[str, Callable]] = [
 
 def _check_demo_dir(out: Path) -> None:
     """The demo rewrites its own sub-folders; refuse a non-empty folder that is not a demo's."""
-    from poslens.errors import PoslensError
-
     if out.is_dir() and any(out.iterdir()) and not (out / "demo.json").exists():
         raise PoslensError(f"--out {out} is not empty and holds no earlier demo (no demo.json); "
                            "choose a new directory.")
 
 
 def run_demo(cfg: DemoConfig, console: Console | None = None, show_progress: bool = True) -> dict:
-    from poslens.rundir import write_json
-
     import time
 
     console = console or Console()
@@ -194,8 +186,6 @@ def run_demo(cfg: DemoConfig, console: Console | None = None, show_progress: boo
 
 def _run_steps(cfg: DemoConfig, console: Console, show_progress: bool, outputs: dict) -> None:
     import contextlib
-
-    from poslens.progress import live_display
 
     for i, (title, step) in enumerate(STEPS, 1):
         console.rule(f"[bold]{i}/{len(STEPS)} {title}")

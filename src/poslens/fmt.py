@@ -2,7 +2,8 @@
 
 ``fmt(0.98431) == "0.984"``, ``fmt(21651.977) == "21,652"``, ``fmt(0.000897) == "8.97e-4"``,
 ``fmt(None) == "–"``: three significant digits, thousands separators from 1,000 on, scientific
-notation only below 0.001, and a dash for missing or masked (NaN) entries.
+notation only below 0.001, and a dash for missing or masked (NaN) entries; ``fmt(0.96, signed=True)
+== "+0.96"`` where the sign is the point (trends).
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from typing import Any, Iterable
 MISSING = "–"
 
 
-def fmt(v: Any) -> str:
-    """A number (or anything) as text, in the one format used everywhere."""
+def fmt(v: Any, *, signed: bool = False) -> str:
+    """A number (or anything) as text, in the one format used everywhere (``signed``: a ``+`` on
+    positive numbers)."""
+    if signed:
+        text = fmt(v)
+        return "+" + text if text[:1].isdigit() and text != "0" else text
     if v is None:
         return MISSING
     if isinstance(v, bool):

@@ -31,12 +31,12 @@ _LIVE: list[Progress] = []
 
 
 def make_progress(transient: bool = True, console: Console | None = None) -> Progress:
-    """A progress display that fits 80 columns: description (<= 26), bar, done/total, info (<= 16),
+    """A progress display that fits 80 columns: description (<= 22), bar, done/total, info (<= 20),
     time remaining. On stderr unless ``console`` is given."""
     return Progress(
-        TextColumn("{task.description}", table_column=Column(max_width=26, no_wrap=True, overflow="ellipsis")),
+        TextColumn("{task.description}", table_column=Column(max_width=22, no_wrap=True, overflow="ellipsis")),
         BarColumn(bar_width=14), MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}", table_column=Column(max_width=16, no_wrap=True, overflow="ellipsis")),
+        TextColumn("{task.fields[info]}", table_column=Column(max_width=20, no_wrap=True, overflow="ellipsis")),
         TimeRemainingColumn(), transient=transient, console=console or Console(stderr=True),
     )
 

@@ -147,22 +147,22 @@ def _affinity() -> set[int] | None:
         return None
 
 
-def _runnable_others(cpus: set[int] | None) -> int | None:
-    """Threads of other processes in state R last seen on one of ``cpus``; None without /proc."""
+def _runnable_others(cpus: set[int] | None, proc: str = "/proc") -> int | None:
+    """Threads of other processes in state R last seen on one of ``cpus``; None without ``proc``."""
     me = os.getpid()
     try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != me]
+        pids = [p for p in os.listdir(proc) if p.isdigit() and int(p) != me]
     except OSError:
         return None
     n = 0
     for pid in pids:
         try:
-            tids = os.listdir(f"/proc/{pid}/task")
+            tids = os.listdir(f"{proc}/{pid}/task")
         except OSError:
             continue  # exited meanwhile, or not ours to read
         for tid in tids:
             try:
-                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                with open(f"{proc}/{pid}/task/{tid}/stat", "rb") as f:
                     fields = f.read().rsplit(b")", 1)[1].split()  # the name before ")" may hold spaces
             except (OSError, IndexError):
                 continue

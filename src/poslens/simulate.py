@@ -10,9 +10,13 @@ Inputs have mean pairwise inner product alpha: ``x_i = normalize(m z_i + l c)`` 
 
 Samples are drawn in fixed blocks of :data:`RNG_BLOCK` sequences, block ``b`` from its own
 generator seeded by ``(seed, b)``: results depend on the seed and the number of samples only,
-not on the compute chunk size or the device's batch size. Per-layer sums of the scores, their
-squares and the attention weights are accumulated in float64, so memory is bounded by one chunk
-and the result (``[L, S, S]``), never by the number of samples.
+not on the compute chunk size, the device's batch size or the number of CPU workers (up to
+float32 rounding for the chunk size; bit for bit for the workers). Per-layer sums of the scores,
+their squares and the attention weights are accumulated in float64, so memory is bounded by one
+chunk per worker and the result (``[L, S, S]``), never by the number of samples.
+
+On CPU, chunks run on single-threaded workers, each with its work space allocated once
+(:func:`layer_buffers`); their sums are folded in chunk order (see :func:`run_simulation`).
 
 Noise: sample n also adds its score map to group ``n % G`` (:data:`poslens.capture.stats.NOISE_GROUPS`
 groups); the spread of the group means is the noise floor of every statistic (entries of one
@@ -30,16 +34,21 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
-from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
-from poslens.runtime import available_cpus, set_threads
+from poslens.metrics.diagonal import describe_map
+from poslens.rope import apply_rope, cos_sin
+from poslens.rundir import (read_json, read_tensors, save_figure, staged_dir, versions, write_json, write_summary,
+                            write_tensors)
+from poslens.runtime import available_cpus, parse_device, set_threads
+from poslens.theory import kim_mean_field
 
 #: sequences drawn from one generator; fixes the sample stream independently of chunking.
 RNG_BLOCK = 250
@@ -58,7 +67,7 @@ class SimConfig:
     rope_theta: float = 10000.0
     causal: bool = True
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     chunk_size: int = 0  # sequences per compute chunk; 0 = automatic
     target_stderr: float | None = None
 
@@ -134,12 +143,11 @@ def forward_layers(x: torch.Tensor, cfg: SimConfig, rope_cs=None, neg_mask=None,
     ``neg_mask`` is an additive [S, S] mask (0 / -inf); it is fused into the score matmul, so the
     yielded scores hold -inf at masked entries (callers blank those). Q = K = RoPE(Y), values Y.
 
-    ``buffers`` (from :func:`layer_buffers`) makes the pass allocation-free: ``x`` is then updated
-    in place and every layer yields the same two ``[B, S, S]`` tensors, overwritten by the next
-    layer (read them before asking for the next one). Without it ``x`` is left untouched.
+    ``buffers`` (from :func:`layer_buffers`) reuses preallocated tensors (no allocation at all with
+    the L2 norm and no RoPE): ``x`` is then updated in place and every layer yields the same two
+    ``[B, S, S]`` tensors, overwritten by the next layer (read them before asking for the next
+    one). Without it ``x`` is left untouched.
     """
-    from poslens.rope import apply_rope
-
     scale = cfg.score_scale
     B = x.shape[0]
     if buffers is None:
@@ -211,24 +219,6 @@ class _ChunkSums:
     count: int
 
 
-def _add_rows_to_groups(g: torch.Tensor, s: torch.Tensor, first: int) -> None:
-    """``g[(first + i) % G] += s[i]`` for every row i of ``s``, as one strided sum over whole
-    rounds of G rows plus the leftover rows (no per-row indexing)."""
-    G = g.shape[0]
-    n = s.shape[0]
-    full = n - n % G
-    if full:
-        part = s[:full].view(full // G, G, *s.shape[1:]).sum(0)  # part[j] belongs to group (first + j) % G
-        r = first % G
-        if r:
-            g[r:] += part[: G - r]
-            g[:r] += part[G - r:]
-        else:
-            g += part
-    for i in range(full, n):
-        g[(first + i) % G] += s[i]
-
-
 def _chunk_sums(cfg: SimConfig, first_block: int, n_blocks: int, first_sample: int, take: int,
                 buffers: dict, rope_cs, neg_mask) -> _ChunkSums:
     """Draw RNG blocks ``first_block ..`` into the buffers, run the layers, return float32 sums."""
@@ -238,13 +228,14 @@ def _chunk_sums(cfg: SimConfig, first_block: int, n_blocks: int, first_sample: i
     for i in range(n_blocks):
         sample_inputs(cfg, first_block + i, dev, out=x[i * RNG_BLOCK:(i + 1) * RNG_BLOCK])
     x = x[:take]
+    gid = torch.arange(first_sample, first_sample + take, device=dev) % G  # sample n -> group n % G
     groups = torch.zeros(L, G, S, S, device=dev)
     squares = torch.empty(L, S, S, device=dev)
     probs = torch.empty(L, S, S, device=dev)
     # Per-chunk sums in float32 (pairwise summation over <= a few thousand rows), folded into
     # float64 accumulators in chunk order: as accurate as float64 sums here and ~20x cheaper.
     for l, (s, p) in enumerate(forward_layers(x, cfg, rope_cs, neg_mask, buffers=buffers)):
-        _add_rows_to_groups(groups[l], s, first_sample)
+        groups[l].index_add_(0, gid, s)
         torch.sum(p, 0, out=probs[l])
         torch.sum(s.square_(), 0, out=squares[l])  # s is spent: square it in place
     return _ChunkSums(groups, squares, probs, take)
@@ -279,7 +270,7 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
     with another process slows the run by its share only (:mod:`poslens.runtime`). Chunk sums are
     folded in chunk order: the result does not depend on the number of workers.
     """
-    cfg.validate()
+    cfg = replace(cfg.validate(), device=parse_device(cfg.device))
     dev = torch.device(cfg.device)
     S = cfg.seq_len
     chunk = cfg.chunk_size or auto_chunk(cfg)
@@ -289,8 +280,6 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
         neg_mask = torch.zeros(S, S, device=dev).masked_fill(torch.ones(S, S, dtype=torch.bool, device=dev).triu(1), float("-inf"))
     rope_cs = None
     if cfg.rope:
-        from poslens.rope import cos_sin
-
         rope_cs = tuple(t.to(dev) for t in cos_sin(torch.arange(S), cfg.dim, cfg.rope_theta))
     acc = _new_accumulators(cfg, dev)
     n_blocks = math.ceil(cfg.samples / RNG_BLOCK)
@@ -379,13 +368,9 @@ def summarize(res: SimResult) -> dict:
     """Per-layer numbers (:func:`poslens.metrics.diagonal.describe_map`: relativity index, locality,
     signed diagonal trend, within-diagonal RMS, with noise floors from the sample groups), per-entry
     standard error and the gap to the closed form."""
-    from poslens.metrics.diagonal import describe_map
-
     cfg = res.config
     theory = None
     if cfg.norm == "l2" and not cfg.rope and cfg.causal:
-        from poslens.theory import kim_mean_field
-
         theory = kim_mean_field(cfg.alpha, cfg.seq_len, cfg.layers)
     lower = torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).tril(-1)
     layers = []
@@ -419,15 +404,11 @@ def summarize(res: SimResult) -> dict:
 
 def save_result(res: SimResult, out: Path, figures: bool = True) -> None:
     """Write the run-directory contract: config.json, maps.safetensors, summary.json, PNGs."""
-    from poslens.rundir import staged_dir
-
     with staged_dir(out) as stage:
         _write_result(res, stage, figures)
 
 
 def _write_result(res: SimResult, out: Path, figures: bool) -> None:
-    from poslens.rundir import versions, write_json, write_summary, write_tensors
-
     write_json(out / "config.json", {"command": "simulate", **asdict(res.config), "versions": versions()})
     tensors = {"scores": res.scores.float(), "scores_stderr": res.scores_stderr.float(), "probs": res.probs.float()}
     if res.score_groups is not None:
@@ -438,7 +419,6 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
                             "score_groups": "[G, L, S, S] means of independent sample groups (sample n in group n % G)"})
     if figures:
         from poslens.report.plots import layer_grid, score_map_figures
-        from poslens.rundir import save_figure
 
         files = score_map_figures(res.scores, out, label=res.config.label(), percentile=None)
         L = res.probs.shape[0]
@@ -458,8 +438,6 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
 
 def load_result(run_dir: str | Path) -> SimResult:
     """Load a simulate run directory back into a :class:`SimResult`."""
-    from poslens.rundir import read_json, read_tensors
-
     run_dir = Path(run_dir)
     cfg_d = read_json(run_dir / "config.json")
     fields = {k: v for k, v in cfg_d.items() if k in SimConfig.__dataclass_fields__}

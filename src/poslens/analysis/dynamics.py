@@ -22,10 +22,18 @@ from pathlib import Path
 
 import torch
 
+from poslens.analysis.slash import decompose_scan, model_rope_geometry
+from poslens.metrics.rank import rank_table
+from poslens.capture.scan import ScanConfig, run_scan
+from poslens.data.tasks import encode_example, evaluate_task, get_task
+from poslens.data.tokenizer import char_vocab
 from poslens.errors import PoslensError
+from poslens.models.train import TrainConfig, load_trained, train_model
+from poslens.progress import task_progress
 from poslens.report.readings import dynamics_readings
 from poslens.rope import BANDS
-from poslens.rundir import LAYER_CONVENTION
+from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
+                            write_json, write_summary)
 
 
 @dataclass
@@ -46,7 +54,7 @@ class DynamicsConfig:
     kappa: float = 0.3
     seed: int = 0
     threads: int = 1
-    device: str = "cpu"  # a torch device string (the CLI resolves --device auto)
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     figures: bool = True
     overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
 
@@ -68,8 +76,6 @@ def _validate(cfg: DynamicsConfig) -> list[int]:
 
 
 def _train_config(cfg: DynamicsConfig, train_dir: Path, stop_after: int, resume: bool):
-    from poslens.models.train import TrainConfig
-
     return TrainConfig(out=str(train_dir), pe="rope", task="offset", delta=cfg.delta, preset="micro",
                        layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
                        rope_theta=cfg.rope_theta, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
@@ -80,8 +86,6 @@ def _train_config(cfg: DynamicsConfig, train_dir: Path, stop_after: int, resume:
 
 def _in_distribution_prompts(path: Path, cfg: DynamicsConfig, vocab: dict) -> None:
     """JSONL of ``input_ids``: ``<bos>`` + seq_len - 1 random letters, the offset task's own inputs."""
-    from poslens.data.tasks import encode_example, get_task
-
     task = get_task("offset")
     rng = random.Random(f"dynamics-scan/{cfg.seed}")
     lines = [json.dumps({"input_ids": encode_example(task, rng, cfg.seq_len - 1, vocab, cfg.delta)[0]})
@@ -102,8 +106,6 @@ def _snapshot(weights: Path, snap: Path, config) -> None:
 
 def step_metrics(maps: dict, maps_random: dict, geometry: dict, delta: int) -> list[dict]:
     """Per head of one snapshot: SlashScore(Δ) in/random, rank-one measures, band usage, predicted peak."""
-    from poslens.analysis.slash import decompose_scan, rank_table
-
     slash, slash_r = maps["slash"].double(), maps_random["slash"].double()
     L, H, S = slash.shape
     ranks = rank_table(maps["q_gram"], maps["k_gram"])
@@ -125,15 +127,6 @@ def step_metrics(maps: dict, maps_random: dict, geometry: dict, delta: int) -> l
 def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
     """Train, snapshot, scan and tabulate; writes the run directory ``cfg.out`` (see module doc)."""
     from transformers import AutoConfig
-
-    from poslens.analysis.slash import model_rope_geometry
-    from poslens.capture.scan import ScanConfig, run_scan
-    from poslens.progress import task_progress
-    from poslens.rundir import (prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
-                                write_json, write_summary)
-    from poslens.data.tasks import evaluate_task
-    from poslens.data.tokenizer import char_vocab
-    from poslens.models.train import load_trained, train_model
 
     snaps = _validate(cfg)
     prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)

@@ -24,7 +24,6 @@ bounded by one batch, never by the number of sequences.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +31,23 @@ from typing import Callable
 
 import torch
 
+from poslens.capture.adapters import get_adapter
+from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
+from poslens.capture.loop import forward, hooked
+from poslens.capture.model_source import source_record
+from poslens.capture.load import load_model, load_tokenizer, open_model_config
+from poslens.metrics.diagonal import causal_view
+from poslens.capture.sources import make_source
 from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
-from poslens.runtime import no_hf_progress_bars
+from poslens.fmt import fmt_pm
+from poslens.metrics.neighborhood import adjacency_probability_score, norm_score, self_cosine, theory_gap
+from poslens.models.families import pe_of
+from poslens.progress import task_progress
+from poslens.report.readings import neighborhood_command_readings
+from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
+from poslens.runtime import no_hf_progress_bars, parse_device
 
 #: families of vectors measured per layer
 FAMILIES = ("attn", "resid")
@@ -50,8 +62,6 @@ def use_poslens_attention(model):
     Outputs are those of the ``sdpa`` implementation; the switch is what makes the
     bidirectional control possible without editing the model.
     """
-    from poslens.capture.attention import ATTN_NAME, register
-
     register()
     if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         model.set_attn_implementation(ATTN_NAME)
@@ -60,8 +70,6 @@ def use_poslens_attention(model):
 
 def _bidirectional_capture(model, adapter, seq_len: int):
     """A capture with no layers to record and the causal mask switched off (the control)."""
-    from poslens.capture.attention import Capture, CaptureSpec
-
     cfg = model.config
     spec = CaptureSpec(num_layers=adapter.num_layers(cfg), num_heads=adapter.num_heads(cfg),
                        num_kv_heads=adapter.num_kv_heads(cfg), head_dim=adapter.head_dim(cfg), seq_len=seq_len,
@@ -80,10 +88,6 @@ def collect_vectors(model, input_ids: torch.Tensor, *, bidirectional: bool = Fal
     (embedding width vs heads x head_dim). The model must already use the
     poslens attention (:func:`use_poslens_attention`) when ``bidirectional`` is set.
     """
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.attention import ATTN_NAME
-    from poslens.capture.loop import forward, hooked
-
     adapter = adapter or get_adapter(model.config)
     L = len(adapter.decoder_layers(model))
     attn: list[torch.Tensor | None] = [None] * (L + 1)
@@ -105,13 +109,6 @@ def collect_vectors(model, input_ids: torch.Tensor, *, bidirectional: bool = Fal
         forward(model, input_ids, capture=capture)
     attn[0] = resid[0]
     return {"attn": attn, "resid": torch.stack(resid)}
-
-
-def self_cosine(x: torch.Tensor) -> torch.Tensor:
-    """``cos(h_i, h_j)`` of ``x [..., T, d]`` -> ``[..., T, T]`` in float64 (zero vectors give 0)."""
-    x = x.to(torch.float64)
-    xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-    return xn @ xn.transpose(-1, -2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,7 +135,6 @@ def measure_neighborhood(model, ids: torch.Tensor, *, bidirectional: bool = Fals
     acc: dict[str, list] = {}
     cos_sum: dict[str, torch.Tensor] = {}
     norm_sum: dict[str, torch.Tensor] = {}
-    from poslens.metrics import adjacency_probability_score, norm_score
 
     for s in range(0, N, batch_size):
         batch = ids[s: s + batch_size].to(device)
@@ -179,16 +175,6 @@ def layer_rows(measured: dict[str, torch.Tensor], prefix: str = "") -> list[dict
              "norm_score_mean": float(ns[k].mean()), "norm_score_std": std(ns[k])} for k in range(aps.shape[0])]
 
 
-def theory_gap(cosine_map: torch.Tensor) -> float:
-    """Mean |mean cosine - sqrt(min/max)| over the strict lower triangle (uniform-attention theory)."""
-    from poslens.theory import running_mean_cosine
-
-    T = cosine_map.shape[-1]
-    th = running_mean_cosine(T)
-    low = torch.ones(T, T, dtype=torch.bool).tril(-1)
-    return float((cosine_map.to(torch.float64) - th)[low].abs().mean())
-
-
 # --------------------------------------------------------------------------------------------
 # the command
 # --------------------------------------------------------------------------------------------
@@ -205,7 +191,7 @@ class NeighborhoodConfig:
     seed: int = 0
     bidirectional: bool = False  # also run the bidirectional control, side by side
     chars: str | None = None  # random sequences over these characters (after BOS) instead of --data
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     figures: bool = True
     overwrite: bool = False
     allow_pickle: bool = False
@@ -213,18 +199,11 @@ class NeighborhoodConfig:
 
 
 def _fmt_pm(m: float, s: float) -> str:
-    from poslens.fmt import fmt_pm  # the one number format of tables and the report
-
     return fmt_pm(m, s)
 
 
 def _plan(cfg: NeighborhoodConfig):
     """Validate every input and build the sequence source; writes nothing."""
-    from poslens.capture.scan import load_tokenizer, open_model_config
-    from poslens.capture.sources import make_source
-    from poslens.runtime import parse_device
-    from poslens.rundir import prepare_out_dir
-
     for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size)):
         if v < 1:
             raise PoslensError(f"{flag} {v}: must be a positive integer.")
@@ -271,12 +250,6 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
     Writes ``config.json``, ``neighborhood.safetensors``, ``summary.json`` and figures through a
     staging directory (nothing is half-written); returns the summary.
     """
-    from poslens.capture.model_source import source_record
-    from poslens.capture.scan import load_model
-    from poslens.models.families import pe_of
-    from poslens.progress import task_progress
-    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary, write_tensors
-
     t0 = time.time()
     config, adapter, source, device = _plan(cfg)
     with no_hf_progress_bars(not progress):  # --quiet: no weight-loading bars either
@@ -335,8 +308,6 @@ def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_ty
     """Tables, readings (:func:`poslens.report.readings.neighborhood_command_readings`, from the
     numbers) and per-layer values of a neighbourhood run. ``layers`` holds the embeddings
     (``"layer": "embeddings"``) and then decoder layers from 0."""
-    from poslens.report.readings import neighborhood_command_readings
-
     causal = results["causal"]
     bid = results.get("bidirectional")
     rows_c = layer_rows(causal)
@@ -392,7 +363,6 @@ def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tupl
     """``(file, figure, caption)`` for the cosine maps (per mode) and APS / norm score by layer."""
     import matplotlib.pyplot as plt
 
-    from poslens.capture.scan import causal_view
     from poslens.report.plots import layer_grid
 
     figs = []

@@ -30,10 +30,22 @@ from pathlib import Path
 import torch
 
 from poslens.capture.adapters import ADAPTERS
-from poslens.errors import PoslensError
+from poslens.capture.attention import BlockMaps, Capture, CaptureSpec
+from poslens.capture.loop import hooked, run_batches
+from poslens.capture.model_source import source_record
+from poslens.capture.finalize import SINK_COLUMNS, map_view
+from poslens.capture.load import load_model, load_tokenizer, open_model_config
+from poslens.capture.loop import attach
+from poslens.metrics.diagonal import causal_view, window_view
+from poslens.capture.sources import make_source
 from poslens.capture.stats import MeanAccumulator
+from poslens.errors import PoslensError
+from poslens.metrics import diagonal_trend, locality, relativity_index
+from poslens.metrics.slash import sink_weight
 from poslens.report.readings import panels_readings, score_maps_readings
-from poslens.rundir import LAYER_CONVENTION
+from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, read_json, read_tensors, save_figure, staged_dir,
+                            versions, write_json, write_summary, write_tensors)
+from poslens.runtime import parse_device, resolve_dtype
 
 PANELS = [
     ("a", "Y Yᵀ, Y = LN(X)"),
@@ -60,7 +72,7 @@ class PanelsConfig:
     seq_len: int = 50
     batch_size: int = 10
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     dtype: str = "fp32"
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -92,11 +104,8 @@ def panel_metrics(m: torch.Tensor, exclude_keys=None) -> dict:
     """Relativity index, non-relativity, locality and signed diagonal trend of one panel's causal
     lower triangle (the diagonal, a self-similarity, excluded). Sink-aware as ``poslens scan``: key
     0 (the attention-sink / BOS column; ``exclude_keys``, default
-    :data:`poslens.capture.scan.SINK_COLUMNS`) is left out of the headline numbers, and the
+    :data:`poslens.capture.finalize.SINK_COLUMNS`) is left out of the headline numbers, and the
     values with it (``*_with_sink``) are given beside them."""
-    from poslens.capture.scan import SINK_COLUMNS, causal_view
-    from poslens.metrics import diagonal_trend, locality, relativity_index
-
     keys = tuple(SINK_COLUMNS if exclude_keys is None else exclude_keys)
     cv = causal_view(m.to(torch.float64), include_diagonal=True)
     ri = relativity_index(cv, exclude_keys=keys)
@@ -114,10 +123,6 @@ def panel_metrics(m: torch.Tensor, exclude_keys=None) -> dict:
 def compute_panels(model, adapter, config, source, layer: int, *, batch_size: int, device: str,
                    progress: bool = True) -> torch.Tensor:
     """The nine mean panels ``[9, S, S]`` (float64) of ``layer`` over every sequence of ``source``."""
-    from poslens.capture.attention import Capture, CaptureSpec
-    from poslens.capture.loop import hooked, run_batches
-    from poslens.capture.scan import attach, causal_view
-
     if adapter.resid_mid_path is None:
         raise PoslensError(f"model type {adapter.model_type!r} runs attention and MLP in parallel, so panels (e) and "
                            "(f) (the residual stream between them) do not exist; panels need a sequential block.")
@@ -151,7 +156,6 @@ def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
     """3 x 3 heat maps (1-99 % colour range over the lower triangle), Gram panels masked above the diagonal."""
     import matplotlib.pyplot as plt
 
-    from poslens.capture.scan import causal_view
     from poslens.report.plots import heatmap
 
     fig, axes = plt.subplots(3, 3, figsize=(11, 10.5))
@@ -165,14 +169,6 @@ def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
 
 def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``."""
-    from poslens.capture.model_source import source_record
-    from poslens.capture.scan import load_model, load_tokenizer, open_model_config
-    from poslens.runtime import resolve_dtype
-    from poslens.capture.sources import make_source
-    from poslens.runtime import parse_device
-    from poslens.rundir import (prepare_out_dir, save_figure, staged_dir, versions, write_json,
-                                write_summary, write_tensors)
-
     t0 = time.time()
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
                                         trust_remote_code=cfg.trust_remote_code)
@@ -241,8 +237,6 @@ def load_scan(scan_dir: str | Path) -> tuple[dict, dict, dict]:
     """``(maps, scan_config, scan_summary)`` of a ``poslens scan`` run directory, with clear errors."""
     from safetensors import safe_open
 
-    from poslens.rundir import read_json, read_tensors
-
     p = Path(scan_dir)
     if not (p / "maps.safetensors").is_file():
         raise PoslensError(f"SCAN_DIR {p} has no maps.safetensors; pass the --out directory of a finished "
@@ -265,12 +259,7 @@ def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
 
 def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
-    from poslens.capture.scan import causal_view
-    from poslens.metrics import diagonal_normalize
-    from poslens.report.plots import layer_grid
-    from poslens.rundir import prepare_out_dir, save_figure, staged_dir, versions, write_json, write_summary
-
-    from poslens.capture.scan import window_view
+    from poslens.report.plots import score_map_figures  # matplotlib: only when drawing
 
     maps, scfg, ssum = load_scan(scan_dir)
     prepare_out_dir(out)
@@ -279,9 +268,6 @@ def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     windows = (ssum.get("attention") or {}).get("windows")
     blocks = (ssum.get("map_size") or {}).get("block", 1)
     if blocks > 1:  # a --map-size scan: block means; blocks without a visible entry are out of every metric
-        from poslens.capture.attention import BlockMaps
-        from poslens.capture.scan import map_view
-
         bm = BlockMaps(int(ssum["seq_len"]), scores.shape[-1])
         scores = torch.stack([map_view(scores[i], (windows or {l: None for l in layer_ids})[l], bm)
                               for i, l in enumerate(layer_ids)])
@@ -289,32 +275,20 @@ def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
         scores = torch.stack([window_view(scores[i], windows[l]) for i, l in enumerate(layer_ids)])
     rows = layer_score_metrics(scores)
     if "probs" in maps:  # the sink's own number beside the sink-excluded ones
-        from poslens.metrics.slash import sink_weight
-
         for r, w in zip(rows, sink_weight(maps["probs"]).tolist()):
             r["sink_weight"] = w
     fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
     table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["non_relativity_with_sink"]),
               fmt(r["locality"]), fmt(r["diagonal_trend"])] for l, r in zip(layer_ids, rows)]
-    draw, figures, files = figures, [], []
-    groups = [list(range(g, min(len(layer_ids), g + 8))) for g in range(0, len(layer_ids), 8)] if draw else []
+    draw = figures
+    raw_caption = ("Mean pre-softmax scores per decoder layer (counted from 0; mean over heads and sequences; "
+                   "1st-99th percentile colour range"
+                   + (f"; block means of {blocks} x {blocks} positions, --map-size" if blocks > 1 else "") + ").")
     with staged_dir(out) as stage:
-        for n, sel in enumerate(groups):
-            suffix = "" if len(groups) == 1 else f"_{n}"
-            titles = [f"layer {layer_ids[i]}" for i in sel]
-            cv = [causal_view(scores[i], include_diagonal=True) for i in sel]
-            save_figure(layer_grid(cv, titles=titles, suptitle="mean pre-softmax scores (decoder layers from 0)",
-                                   percentile=(1, 99)),
-                        stage / f"scores_raw{suffix}.png")
-            save_figure(layer_grid([diagonal_normalize(c) for c in cv], titles=titles,
-                                   suptitle="diagonal-normalised scores (decoder layers from 0)", percentile=(1, 99)),
-                        stage / f"scores_diagnorm{suffix}.png")
-            figures += [{"file": f"scores_raw{suffix}.png", "caption": "Mean pre-softmax scores per decoder layer "
-                         "(counted from 0; mean over heads and sequences; 1st-99th percentile colour range"
-                         + (f"; block means of {blocks} x {blocks} positions, --map-size" if blocks > 1 else "")
-                         + ")."},
-                        {"file": f"scores_diagnorm{suffix}.png", "caption": "The same maps, diagonal-normalised: "
-                         "what remains is the non-relative (absolute-position) part."}]
+        files = score_map_figures(causal_view(scores, include_diagonal=True), stage, layer_ids=layer_ids,
+                                  per_figure=8) if draw else []
+        figures = [{"file": f, "caption": raw_caption if f.endswith("_raw.png") else "The same maps, "
+                    "diagonal-normalised: what remains is the non-relative (absolute-position) part."} for f in files]
         summary = {"experiment": "kim-score-maps", "paper": "kim",
                    "title": f"Per-layer score maps of {ssum.get('model_type', 'a model')} "
                             f"({ssum.get('num_seqs', '?')} x {ssum.get('seq_len', scores.shape[-1])} tokens)",

@@ -1,267 +1,31 @@
-"""Slash-dominant heads and their RoPE explanation (arXiv 2601.08297), on a scan's tensors.
+"""``poslens slash``: slash-dominant heads and their RoPE explanation (arXiv 2601.08297), from a scan.
 
-Pure functions: a scan's ``maps.safetensors`` tensors in, numbers out. Inputs:
-
-- ``slash [L, H, S]``: SlashScore(Δ) per head (mean post-softmax weight on the Δ-th sub-diagonal);
-- ``q_gram [L, H, D, D]`` / ``k_gram [L, Hk, D, D]``: per-token second moments of pre-RoPE queries
-  and keys (eigenvalues = squared singular values of the tokens x head_dim matrix / tokens);
-- ``dim_logit [L, H, D]``: per-dimension mean post-RoPE logit contribution over causal pairs.
-
-**SDH table.** A head is (κ, Δ)-slash-dominant if SlashScore(Δ) >= κ; the table counts such heads
-over a κ grid and a Δ range. **Persistence**: an SDH found on in-distribution prompts persists if
-the same head is still (κ, Δ)-dominant on prompts of i.i.d. uniformly random tokens.
-
-**RoPE decomposition** (rank-one reading). With q_i ≈ a u and k_j ≈ b v (u, v the top eigenvectors
-of the pre-RoPE second moments) and pair l = dims (l, l + r/2) read as the complex number
-``u_l = u[l] + i u[l + r/2]``, Hugging Face's rotate_half rotation multiplies u_l by
-``exp(i θ_l p)`` at position p, so
-
-    logit(i - j) = Σ_l A_l cos(θ_l (i - j) + φ_l),   A_l = c |u_l| |v_l|,   φ_l = arg u_l - arg v_l
-
-with ``c = scaling · sqrt(λ_q λ_k)`` (λ the top eigenvalues: the rms coefficients a, b) and the
-sign of the product a·b taken from ``dim_logit`` (a negative sign adds π to every φ_l). The
-predicted slash profile is the causal softmax of that logit, row by row, averaged over rows
-exactly as SlashScore is; the predicted peak offset is its arg-max. Pairs are put into RoPE bands
-(:func:`poslens.rope.frequency_bands`); a band's *usage* is its share of Σ A_l and its
-*contribution to the peak* is ``Σ_{l in band} A_l cos(θ_l Δ* + φ_l)`` minus that sum's mean over
-all offsets (how much the band lifts the peak above the average offset). *(inferred: the paper
-gives no thresholds or shares.)*
+:func:`run_slash` reads a scan's ``maps.safetensors`` (``slash [L, H, S]``, ``q_gram``, ``k_gram``,
+``dim_logit``) and the model's RoPE geometry, and writes the SDH table, persistence on random-token
+prompts, rank-one measures and the RoPE decomposition of every head as a run directory. The
+numbers themselves are pure functions in :mod:`poslens.metrics.slash` (SDH tables, persistence,
+best offsets, ``kv_head_of``), :mod:`poslens.metrics.rank` (rank tables) and
+:mod:`poslens.metrics.ropefit` (the rank-one RoPE decomposition).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from poslens.analysis.panels import load_scan
+from poslens.capture.adapters import get_adapter, layer_rope
+from poslens.capture.model_source import model_directory
 from poslens.errors import PoslensError
-from poslens.metrics.rank import rank_measures
+from poslens.metrics.rank import rank_table
+from poslens.metrics.ropefit import rope_decomposition
+from poslens.metrics.slash import _check_slash, best_offsets, kv_head_of, persistence, sdh_table
 from poslens.report.readings import slash_command_readings
-from poslens.rundir import LAYER_CONVENTION
-from poslens.rope import BANDS, frequency_bands, inv_freq
-
-
-def _t(x) -> torch.Tensor:
-    # dtype at creation: a Python list of floats (summary.json's inv_freq) must not pass through float32
-    return torch.as_tensor(x, dtype=torch.float64)
-
-
-def _check_slash(slash) -> torch.Tensor:
-    s = _t(slash)
-    if s.ndim != 3:
-        raise PoslensError(f"slash tensor has shape {tuple(s.shape)}; expected [layers, heads, seq_len] "
-                           "(maps.safetensors of `poslens scan`).")
-    return s
-
-
-# --------------------------------------------------------------------------------------------
-# profiles, SDH table, persistence
-# --------------------------------------------------------------------------------------------
-def sdh_table(slash, kappas: list[float], max_delta: int, min_delta: int = 0,
-              layer_ids: list[int] | None = None, max_listed: int = 6) -> dict:
-    """Counts of (κ, Δ)-SDHs over the κ grid x Δ range, with the heads listed (up to ``max_listed``).
-
-    Returns ``{"columns": [...], "rows": [[κ, Δ, count, fraction, "l.h ..."], ...], "counts": [K, n_Δ]}``.
-    Rows with a zero count are kept, so the table is the whole grid.
-    """
-    s = _check_slash(slash)
-    L, H, S = s.shape
-    hi = min(max_delta, S - 1)
-    if min_delta > hi:
-        raise PoslensError(f"--max-delta {max_delta}: must be >= {min_delta} and below the scan's --seq-len {S}.")
-    ids = layer_ids or list(range(L))
-    rows, counts = [], torch.zeros(len(kappas), hi - min_delta + 1, dtype=torch.long)
-    for a, kappa in enumerate(kappas):
-        for b, d in enumerate(range(min_delta, hi + 1)):
-            m = s[..., d] >= kappa
-            n = int(m.sum())
-            counts[a, b] = n
-            heads = sorted(((float(s[l, h, d]), f"{ids[l]}.{h}") for l, h in m.nonzero().tolist()), reverse=True)
-            listed = " ".join(name for _, name in heads[:max_listed]) + (" ..." if n > max_listed else "")
-            rows.append([float(kappa), d, n, n / (L * H), listed])
-    return {"columns": ["kappa", "delta", "SDHs", "fraction of heads", "heads (layer.head, best first)"],
-            "rows": rows, "counts": counts}
-
-
-def persistence(slash_in, slash_random, kappa: float, max_delta: int, min_delta: int = 1,
-                layer_ids: list[int] | None = None) -> list[dict]:
-    """Every (κ, Δ)-SDH of the in-distribution scan (Δ in range), with its score on random tokens.
-
-    ``persists`` is True when the head is still (κ, Δ)-dominant on random tokens; ``ratio`` is
-    random / in-distribution SlashScore(Δ). Sorted by in-distribution score, descending.
-    """
-    a, b = _check_slash(slash_in), _check_slash(slash_random)
-    if a.shape[:2] != b.shape[:2]:
-        raise PoslensError(f"the two scans have different heads ({tuple(a.shape[:2])} vs {tuple(b.shape[:2])} "
-                           "layers x heads); scan the same model and --layers twice.")
-    hi = min(max_delta, a.shape[-1] - 1, b.shape[-1] - 1)
-    ids = layer_ids or list(range(a.shape[0]))
-    out = []
-    for d in range(min_delta, hi + 1):
-        for l, h in (a[..., d] >= kappa).nonzero().tolist():
-            si, sr = float(a[l, h, d]), float(b[l, h, d])
-            out.append({"layer": ids[l], "head": h, "delta": d, "score_in": si, "score_random": sr,
-                        "ratio": sr / si if si > 0 else None, "persists": sr >= kappa})
-    return sorted(out, key=lambda r: -r["score_in"])
-
-
-def best_offsets(slash, min_delta: int = 0, max_delta: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(offset [L, H], score [L, H])`` of each head's highest SlashScore over the Δ range."""
-    s = _check_slash(slash)
-    hi = s.shape[-1] - 1 if max_delta is None else min(max_delta, s.shape[-1] - 1)
-    window = torch.nan_to_num(s[..., min_delta: hi + 1], nan=-1.0)
-    score, arg = window.max(-1)
-    return arg + min_delta, score
-
-
-# --------------------------------------------------------------------------------------------
-# rank measures
-# --------------------------------------------------------------------------------------------
-def kv_head_of(h: int, num_heads: int, num_kv_heads: int) -> int:
-    """The KV head a query head reads (transformers' repeat_interleave grouping)."""
-    return h // (num_heads // num_kv_heads)
-
-
-def rank_table(q_gram, k_gram) -> dict[str, torch.Tensor]:
-    """Rank-one measures per head: ``q_*`` ``[L, H]`` and ``k_*`` ``[L, H]`` (the KV head each query head reads).
-
-    Keys: ``{q,k}_top1_energy`` (σ1²/Σσ²), ``{q,k}_effective_rank`` (exp entropy), ``{q,k}_n95``.
-    """
-    qg, kg = _t(q_gram), _t(k_gram)
-    if qg.ndim != 4 or kg.ndim != 4 or qg.shape[-1] != kg.shape[-1] or qg.shape[1] % kg.shape[1]:
-        raise PoslensError(f"q_gram {tuple(qg.shape)} / k_gram {tuple(kg.shape)}: expected [L, H, D, D] and "
-                           "[L, Hk, D, D] with Hk dividing H (maps.safetensors of `poslens scan`).")
-    H, Hk = qg.shape[1], kg.shape[1]
-    rq, rk = rank_measures(qg), rank_measures(kg)
-    idx = torch.tensor([kv_head_of(h, H, Hk) for h in range(H)])
-    out = {f"q_{k}": v for k, v in rq.items()}
-    out.update({f"k_{k}": v[:, idx] for k, v in rk.items()})
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# RoPE decomposition
-# --------------------------------------------------------------------------------------------
-def top_direction(gram) -> tuple[torch.Tensor, float]:
-    """Top eigenvector (unit, sign arbitrary) and eigenvalue of one symmetric ``[D, D]`` matrix."""
-    g = _t(gram)
-    g = 0.5 * (g + g.T)
-    ev, vec = torch.linalg.eigh(g)
-    return vec[:, -1], float(ev[-1].clamp_min(0.0))
-
-
-def pair_polar(u, rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(|u_l|, arg u_l)`` of the rotary pairs ``u_l = u[l] + i u[l + r/2]`` (rotate_half layout)."""
-    u = _t(u)
-    half = rotary_dim // 2
-    z = torch.complex(u[..., :half], u[..., half:rotary_dim])
-    return z.abs(), z.angle()
-
-
-def rank_one_logit(A, phi, theta, offsets) -> torch.Tensor:
-    """``Σ_l A_l cos(θ_l Δ + φ_l)`` for every Δ in ``offsets``; returns ``[len(offsets)]``."""
-    d = _t(offsets)
-    return (_t(A)[None, :] * torch.cos(d[:, None] * _t(theta)[None, :] + _t(phi)[None, :])).sum(-1)
-
-
-def causal_pair_mean(values_by_offset: torch.Tensor, S: int) -> torch.Tensor:
-    """Mean over causal pairs j <= i < S of a function of Δ = i - j given as ``[..., S]`` (Δ has S - Δ pairs)."""
-    w = (S - torch.arange(S, dtype=torch.float64))
-    return (values_by_offset * w).sum(-1) / w.sum()
-
-
-def predicted_slash_profile(logit_by_offset, S: int | None = None) -> torch.Tensor:
-    """SlashScore(Δ) of a head whose logit depends on Δ = i - j alone, under the causal softmax.
-
-    Row i attends to Δ = 0..i with weights softmax(logit[0..i]); SlashScore(Δ) is the mean of
-    row i's weight at Δ over rows i >= Δ, exactly as the scan accumulates it.
-    """
-    z = _t(logit_by_offset)
-    S = z.shape[-1] if S is None else S
-    z = z[:S]
-    lse = torch.logcumsumexp(z, 0)  # [S] row normalisers: row i sums over Δ = 0..i
-    p = torch.exp(z[None, :] - lse[:, None])  # [row i, Δ]
-    valid = torch.arange(S)[None, :] <= torch.arange(S)[:, None]
-    p = torch.where(valid, p, torch.zeros((), dtype=p.dtype))
-    return p.sum(0) / (S - torch.arange(S, dtype=torch.float64))
-
-
-@dataclass
-class RopeDecomposition:
-    """Rank-one RoPE reading of one head (see the module docstring)."""
-
-    A: torch.Tensor  # [r/2] amplitudes, logit units (sign folded into phi)
-    phi: torch.Tensor  # [r/2] phases
-    theta: torch.Tensor  # [r/2] frequencies
-    bands: list[str]  # [r/2] band labels
-    sign: int  # sign of the coefficient product a·b read from dim_logit
-    coherence: float | None  # fitted E[a b] / sqrt(E a² E b²) from dim_logit (1: constant coefficients)
-    pair_fit: float | None  # cosine between observed and rank-one per-pair logit contributions
-    logit: torch.Tensor  # [S] predicted logit by offset
-    profile: torch.Tensor  # [S] predicted SlashScore(Δ)
-
-    def band_usage(self) -> dict[str, float]:
-        tot = float(self.A.sum()) or 1.0
-        return {b: float(sum(a for a, lab in zip(self.A.tolist(), self.bands) if lab == b)) / tot for b in BANDS}
-
-    def band_peak_contribution(self, delta: int) -> dict[str, float]:
-        S = self.logit.shape[-1]
-        offs = torch.arange(S, dtype=torch.float64)
-        out = {}
-        for b in BANDS:
-            idx = [l for l, lab in enumerate(self.bands) if lab == b]
-            if not idx:
-                out[b] = 0.0
-                continue
-            c = rank_one_logit(self.A[idx], self.phi[idx], self.theta[idx], offs)
-            out[b] = float(c[delta] - c.mean())
-        return out
-
-
-def rope_decomposition(q_gram, k_gram, dim_logit, *, rotary_dim: int, base: float | None, scaling: float,
-                       seq_len: int, theta=None, attention_scaling: float = 1.0) -> RopeDecomposition:
-    """Rank-one RoPE decomposition of one head from its ``q_gram [D, D]``, its KV head's
-    ``k_gram [D, D]`` and its ``dim_logit [D]`` (see the module docstring).
-
-    ``theta`` is the model's own ``inv_freq`` (as the scan records it: scaled RoPE, Gemma 3's two
-    bases); without it ``base^(-2l/r)`` is recomputed. ``attention_scaling`` is the factor the model's
-    rotary module multiplies cos/sin by (YaRN, LongRoPE): the logit carries its square."""
-    if theta is not None:
-        rotary_dim = 2 * len(theta)
-    u, lam_q = top_direction(q_gram)
-    v, lam_k = top_direction(k_gram)
-    if rotary_dim < 2 or rotary_dim > u.shape[0] or rotary_dim % 2:
-        raise PoslensError(f"rotary dimension {rotary_dim} does not fit head_dim {u.shape[0]}.")
-    half = rotary_dim // 2
-    mu, au = pair_polar(u, rotary_dim)
-    mv, av = pair_polar(v, rotary_dim)
-    theta = inv_freq(rotary_dim, base) if theta is None else _t(theta)
-    mag = scaling * attention_scaling ** 2 * math.sqrt(lam_q * lam_k)
-    A_unit = mu * mv
-    phi = au - av
-    S = int(seq_len)
-    offs = torch.arange(S, dtype=torch.float64)
-    # Per-pair mean logit over causal pairs for unit coefficients: the rank-one prediction of
-    # dim_logit's pair sums, up to the scalar E[a b]·scaling. Its sign is the sign of a·b.
-    per_pair = A_unit[:, None] * torch.cos(offs[None, :] * theta[:, None] + phi[:, None])  # [half, S]
-    g = causal_pair_mean(per_pair, S)  # [half]
-    dl = _t(dim_logit)
-    obs = dl[:half] + dl[half:rotary_dim]
-    gg = float((g * g).sum())
-    fit = float((obs * g).sum()) / gg if gg > 0 else 0.0
-    sign = -1 if fit < 0 else 1
-    denom = float(obs.norm() * g.norm())
-    pair_fit = float((obs * g).sum()) / denom if denom > 0 else None
-    coherence = fit / mag if mag > 0 else None
-    A = mag * A_unit
-    phi = phi + (math.pi if sign < 0 else 0.0)
-    logit = rank_one_logit(A, phi, theta, offs)
-    bands = frequency_bands(rotary_dim, base, S, theta=theta)
-    return RopeDecomposition(A=A, phi=phi, theta=theta, bands=bands, sign=sign, coherence=coherence,
-                             pair_fit=pair_fit, logit=logit, profile=predicted_slash_profile(logit))
+from poslens.rope import BANDS
+from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, save_figure, staged_dir, versions, write_json,
+                            write_summary, write_tensors)
 
 
 def decompose_scan(maps: dict, *, rotary_dim: int | None, base: float | None, scaling: float,
@@ -283,7 +47,6 @@ def decompose_scan(maps: dict, *, rotary_dim: int | None, base: float | None, sc
     hi = S - 1 if max_delta is None else min(max_delta, S - 1)
     ids = layer_ids or list(range(L))
     out = []
-    from poslens.capture.adapters import layer_rope
 
     for li in range(L):
         if not rope_layers[li]:
@@ -336,9 +99,6 @@ class SlashConfig:
 def model_rope_geometry(model_dir: str) -> dict:
     """``rotary_dim``, ``base``, ``scaling`` (logit scale) and ``head_dim`` of a model directory's config."""
     from transformers import AutoConfig
-
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.model_source import model_directory
 
     p = model_directory(model_dir)  # a .gguf file: its dequantised cache directory
     if not (p / "config.json").is_file():
@@ -432,10 +192,6 @@ def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=
 
 def run_slash(cfg: SlashConfig) -> dict:
     """Analyse a scan (and optionally its random-token twin) and write the run directory ``cfg.out``."""
-    from poslens.analysis.panels import load_scan
-    from poslens.rundir import (prepare_out_dir, save_figure, staged_dir, versions, write_json,
-                                write_summary, write_tensors)
-
     maps, scfg, ssum = load_scan(cfg.scan_dir)
     for need in ("slash", "q_gram", "k_gram", "dim_logit"):
         if need not in maps:

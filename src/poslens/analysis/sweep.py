@@ -22,10 +22,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from poslens.analysis.neighborhood import measure_neighborhood, use_poslens_attention
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 from poslens.fmt import fmt_pm
+from poslens.models.families import build_model
+from poslens.progress import task_progress
 from poslens.report.readings import sweep_readings
+from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
+from poslens.runtime import parse_device
 
 PAPER_SIGMAS = (0.0002, 0.002, 0.02, 0.08, 0.2, 2.0)
 #: how the per-layer lists of ``results`` (and the tensors' layer axis) count
@@ -48,7 +53,7 @@ class SweepConfig:
     bidirectional: bool = True  # also measure the non-causal control
     figures: bool = True
     overwrite: bool = False
-    device: str = "cpu"  # a torch device string (the CLI resolves --device auto)
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -86,9 +91,6 @@ def reinit_normal(model, sigma: float, seed: int = 0):
 
 def build_sweep_model(shape: str, seq_len: int, vocab_size: int = 128, seed: int = 0):
     """An untrained NoPE model of ``shape`` (multi-head, MLP 8/3 x width) using the poslens attention."""
-    from poslens.analysis.neighborhood import use_poslens_attention
-    from poslens.models.families import build_model
-
     layers, hidden, heads = parse_shape(shape)
     model = build_model("none", "small", vocab_size, seed=seed, layers=layers, hidden=hidden, heads=heads,
                         kv_heads=heads, max_positions=max(seq_len, 64)).eval()
@@ -96,8 +98,6 @@ def build_sweep_model(shape: str, seq_len: int, vocab_size: int = 128, seed: int
 
 
 def validate(cfg: SweepConfig) -> None:
-    from poslens.rundir import prepare_out_dir
-
     if not cfg.sigmas or any(not (s > 0 and math.isfinite(s)) for s in cfg.sigmas):
         raise PoslensError(f"--sigmas {cfg.sigmas}: every sigma must be a positive number.")
     if not cfg.shapes:
@@ -114,9 +114,6 @@ def validate(cfg: SweepConfig) -> None:
 
 def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
     """``{shape: {"causal": {"aps": [S, K, N], "norm_score": [S, K, N]}, "bidirectional": ...}}``."""
-    from poslens.analysis.neighborhood import measure_neighborhood
-    from poslens.progress import task_progress
-
     modes = ["causal"] + (["bidirectional"] if cfg.bidirectional else [])
     ids = random_tokens(0, cfg.num_seqs, cfg.seq_len, pool=range(ASCII_LO, ASCII_HI), seed=cfg.seed)  # printable ASCII
     total = len(cfg.shapes) * len(cfg.sigmas) * len(modes)
@@ -124,7 +121,7 @@ def measure_sweep(cfg: SweepConfig, progress: bool = True) -> dict[str, dict]:
     done = 0
     with task_progress("sweep", total=total, enabled=progress) as update:
         for shape in cfg.shapes:
-            model = build_sweep_model(shape, cfg.seq_len, seed=cfg.seed).to(cfg.device)
+            model = build_sweep_model(shape, cfg.seq_len, seed=cfg.seed).to(parse_device(cfg.device))
             per_mode = {m: {"aps": [], "norm_score": []} for m in modes}
             for sigma in cfg.sigmas:
                 reinit_normal(model, sigma, seed=cfg.seed)
@@ -233,8 +230,6 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
 
 def run_sweep(cfg: SweepConfig, progress: bool = True) -> dict:
     """Run the sweep and write ``config.json``, ``sweep.safetensors``, ``summary.json`` and figures."""
-    from poslens.rundir import save_figures, staged_dir, versions, write_json, write_summary, write_tensors
-
     t0 = time.time()
     validate(cfg)
     res = measure_sweep(cfg, progress=progress)

@@ -1,12 +1,19 @@
 """Capture engine: run any Hugging Face causal LM and stream its attention internals into
-float64 accumulators. This package imports nothing; import the module you need:
+float64 accumulators. This package imports nothing; import the module you need. A scan, by job:
 
-- :mod:`poslens.capture.scan`: ``ScanConfig`` + ``run_scan`` (writes a run directory), ``plan_scan``,
-  ``attach``, ``load_model``;
-- :mod:`poslens.capture.attention`: ``Capture`` / ``CaptureSpec`` and ``register`` (the attention
-  function registered with transformers), for callers that drive their own forwards (e.g. a
-  distributed driver that shards sequences and all-reduces ``capture.accs``);
-- :mod:`poslens.capture.stats`: the mergeable accumulators and the noise-group statistics;
-- :mod:`poslens.capture.sources`: ``make_source``, deterministic index-addressable sequences;
-- :mod:`poslens.capture.loop`, ``adapters``, ``model_source``, ``reservoir``, ``distributed``, ``cuda_maps``.
+- :mod:`poslens.capture.plan`: ``ScanConfig`` (every option) and ``plan_scan`` (validates every
+  input, writes nothing) -> ``ScanPlan``;
+- :mod:`poslens.capture.load`: model-directory checks (pickle, remote code) and the loaders of
+  config, tokenizer and weights with the poslens attention function;
+- :mod:`poslens.capture.loop`: ``attach`` (the capture's hooks at named points), ``forward``,
+  ``run_batches``: the one loop that drives a model;
+- :mod:`poslens.capture.checkpoint`: atomic, fingerprinted checkpoints of the sums (per rank);
+- :mod:`poslens.capture.scan`: ``run_scan``, the scan loop (resume, ranks, progress);
+- :mod:`poslens.capture.finalize`: ``maps.safetensors``, ``summary.json`` and figures of a scan.
+
+Underneath: :mod:`.attention` (``Capture`` / ``CaptureSpec`` and the attention function registered
+with transformers), :mod:`.stats` (mergeable accumulators and noise-group statistics),
+:mod:`.sources` (``make_source``: deterministic, index-addressable sequences), :mod:`.adapters`
+(what each architecture keeps where), :mod:`.model_source` (GGUF / directory sources),
+:mod:`.reservoir`, :mod:`.distributed`, :mod:`.cuda_maps`.
 """

@@ -37,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec
 from poslens.errors import PoslensError
 
 class PoslensWarning(UserWarning):
@@ -232,11 +233,9 @@ class _QKHandle:
 def _hook_qk(model, adapter: Adapter, point: str, layer: int, fn):
     """q/k points: the callback list lives on the layer's attention module, where the registered
     attention function finds it (no module-level state)."""
-    from poslens.capture.attention import ATTN_NAME
-
     if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         raise PoslensError(f"capture point {point!r} needs the poslens attention (load the model with "
-                           f"attn_implementation={ATTN_NAME!r}, e.g. poslens.capture.scan.load_model).")
+                           f"attn_implementation={ATTN_NAME!r}, e.g. poslens.capture.load.load_model).")
     attn = adapter.attention_module(model, layer)
     rope = layer in adapter.rope_layers(model.config) and bool(adapter.rotary_modules(model))
     state = {"cos_sin": None, "layout": adapter.rope_layout, "rope": rope}
@@ -385,8 +384,6 @@ def check_dispatch(model, adapter: Adapter, *, seq_len: int = 4) -> dict:
     Raises :class:`PoslensError` naming the model type when the architecture bypasses
     ``AttentionInterface`` (custom attention code) or its layers cannot be found.
     """
-    from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec
-
     config = model.config
     try:
         layers = adapter.decoder_layers(model)

@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from poslens.capture import cuda_maps
+from poslens.capture.reservoir import QKReservoir
+from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
 from poslens.metrics.neighborhood import per_sequence_aps
-from poslens.capture.stats import NOISE_GROUPS, AccumulatorSet, GroupAccumulator, MeanAccumulator
 
 ATTN_NAME = "poslens"
 
@@ -263,7 +265,6 @@ def _fused_ok(query: torch.Tensor, key: torch.Tensor, window) -> bool:
     ``POSLENS_CAPTURE_KERNEL=torch`` forces the chunked torch path (benchmarks, comparisons)."""
     if not query.is_cuda or window is not None or os.environ.get("POSLENS_CAPTURE_KERNEL", "auto") == "torch":
         return False
-    from poslens.capture import cuda_maps
 
     return cuda_maps.supported(query, key)
 
@@ -616,8 +617,6 @@ class Capture:
         self._next_seq = 0
         self.reservoir = None
         if spec.reservoir and "qk" in spec.stats:  # the sample of pre-RoPE q/k vectors belongs to the qk statistic
-            from poslens.capture.reservoir import QKReservoir
-
             self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
                                          spec.head_dim, spec.seq_len, seed=spec.seed, device=device)
 
@@ -829,8 +828,6 @@ class Capture:
         if want_maps:
             maps = None
             if fused:
-                from poslens.capture import cuda_maps
-
                 maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="scores" in stats,
                                                 probs="probs" in stats, slash="slash" in stats,
                                                 heads=[h for _, h in heads_here])

@@ -16,7 +16,10 @@ from typing import Callable
 
 import torch
 
-from poslens.capture.adapters import Adapter, hook_point
+from poslens.capture import attention as _attn
+from poslens.capture.adapters import Adapter, hook_point, hook_position_embeddings
+from poslens.capture.attention import Capture
+from poslens.progress import task_progress
 
 
 def forward_kwargs(model) -> dict:
@@ -63,8 +66,6 @@ def run_batches(model, source, *, batch_size: int, device, capture=None,
     """Forward every sequence of ``source`` (``source.batch(start, stop)``, ``source.num_seqs``) in
     batches; ``on_batch(start, stop)`` runs after each forward (to reduce what hooks collected).
     Progress: one bar (or the caller's ``update(done)``). Returns the number of tokens seen."""
-    from poslens.progress import task_progress
-
     N = source.num_seqs
     kw = forward_kwargs(model)
     tokens = 0
@@ -91,3 +92,33 @@ class TensorSource:
 
     def batch(self, start: int, stop: int) -> torch.Tensor:
         return self.ids[start:stop]
+
+
+# --------------------------------------------------------------------------------------------
+# capture wiring
+# --------------------------------------------------------------------------------------------
+def attach(model, adapter: Adapter, capture: Capture) -> list:
+    """Hooks that feed the capture (only while it is active): the rotary cos/sin each layer's attention
+    receives, and the residual stream at the adapter's capture points (``resid_pre`` of layer 0 = the
+    embeddings, ``resid_post`` of every captured layer). Returns the handles (``h.remove()`` detaches)."""
+    handles = []
+    layers = adapter.decoder_layers(model)
+    if capture.spec.rope_layers:
+        def _rope(layer, cos_sin):
+            if _attn._ACTIVE is capture:
+                capture.rope_by_layer[layer] = (cos_sin[0], cos_sin[1])
+        handles += [hook_position_embeddings(model, adapter, l, _rope) for l in range(len(layers))]
+
+    if "cosine" not in capture.spec.stats:
+        return handles  # residual-stream vectors are read only for the cosine maps
+
+    def _emb(x):
+        if _attn._ACTIVE is capture:
+            capture.observe_hidden(0, x)
+    handles.append(hook_point(model, adapter, "resid_pre", 0, _emb))
+    for k, l in enumerate(capture.spec.layers):
+        def _post(x, index=k + 1):
+            if _attn._ACTIVE is capture:
+                capture.observe_hidden(index, x)
+        handles.append(hook_point(model, adapter, "resid_post", l, _post))
+    return handles

@@ -30,7 +30,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from poslens.capture.adapters import ADAPTERS
 from poslens.errors import PoslensError
+from poslens.rundir import versions, write_json
 from poslens.runtime import no_hf_progress_bars
 
 GGUF_MAGIC = b"GGUF"
@@ -195,8 +197,6 @@ def supported_gguf_architectures() -> list[str]:
     type has a poslens adapter (read at call time: adapters are added over time)."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    from poslens.capture.adapters import ADAPTERS
-
     out = []
     for arch in GGUF_SUPPORTED_ARCHITECTURES:
         if arch in ("general", "tokenizer"):
@@ -209,8 +209,6 @@ def supported_gguf_architectures() -> list[str]:
 def check_gguf(path: str | os.PathLike) -> GGUFHeader:
     """:func:`read_gguf_header` plus the architecture check; nothing is loaded or written."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    from poslens.capture.adapters import ADAPTERS
 
     p = Path(path)
     hdr = read_gguf_header(p)
@@ -286,7 +284,7 @@ _RESOLVED: dict[tuple, ModelSource] = {}
 def resolve_model(model: str | os.PathLike) -> ModelSource:
     """Resolve a model argument. A ``.gguf`` file (or any file starting with the GGUF magic) is
     checked (:func:`check_gguf`) and hashed; anything else is taken as a model directory (its own
-    checks are in :func:`poslens.capture.scan.check_model_dir`). Loads and writes nothing."""
+    checks are in :func:`poslens.capture.load.check_model_dir`). Loads and writes nothing."""
     p = Path(model).expanduser()
     if not is_gguf_path(p):
         return ModelSource("dir", p)
@@ -333,8 +331,6 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
     safe under concurrency (file lock + staging directory + rename)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from poslens.rundir import versions, write_json
 
     target = src.cache_dir
     with _file_lock(target.parent / f".{src.sha256}.lock"):

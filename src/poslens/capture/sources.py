@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from poslens.data.corpus import iter_jsonl, iter_texts
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 
@@ -93,8 +94,6 @@ def _pack(stream: Iterator[list[int]], seq_len: int, num_seqs: int, origin: str,
 
 
 def _jsonl_records(path: Path) -> Iterator[dict]:
-    from poslens.data.corpus import iter_jsonl
-
     yield from iter_jsonl(path, lambda o: isinstance(o.get("input_ids"), list) or isinstance(o.get("text"), str),
                           "an 'input_ids' list or a 'text' string field")
 
@@ -120,8 +119,6 @@ def _text_stream(texts: Iterator[str], tokenizer, origin: str) -> Iterator[list[
 def make_source(data: str, *, seq_len: int, num_seqs: int, seed: int = 0, tokenizer=None,
                 vocab_size: int | None = None) -> SequenceSource:
     """Build the source named by ``--data`` (see module docstring)."""
-    from poslens.data.corpus import iter_texts
-
     if seq_len < 2:
         raise PoslensError(f"--seq-len {seq_len}: need at least 2 tokens.")
     if num_seqs < 1:

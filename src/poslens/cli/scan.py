@@ -66,7 +66,8 @@ def scan(
     ranks and all-reduces the sums; rank 0 writes OUT (docs/distributed.md).
     """
     threads = use_threads(threads)
-    from poslens.capture.scan import ScanConfig, parse_heads, parse_int_list, run_scan
+    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.cli.parse import parse_heads, parse_int_list
 
     refuse_existing_out(out, overwrite=overwrite, resume=resume)
     cfg = ScanConfig(
@@ -80,7 +81,7 @@ def scan(
     summary = run_scan(cfg, progress=not quiet)
     if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
         return
-    from poslens.report.render import slash_matrix
+    from poslens.report.cards import slash_matrix
     from poslens.rundir import load_run
 
     console = Console()

@@ -36,12 +36,13 @@ from typing import Sequence
 
 import torch
 
-from poslens.metrics.neighborhood import rising_pair_fraction
 from poslens.capture.stats import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
+from poslens.metrics.neighborhood import ordered_pair_counts, rising_pair_fraction
 
 
-def _as64(m) -> torch.Tensor:
-    return torch.as_tensor(m, dtype=torch.float64)  # not via float32 when m is a list
+def as_float64(m) -> torch.Tensor:
+    """``m`` (tensor, array or nested list) as a float64 tensor; a list never passes through float32."""
+    return torch.as_tensor(m, dtype=torch.float64)
 
 
 def valid_mask(S: int, include_diagonal: bool = False, device=None) -> torch.Tensor:
@@ -57,7 +58,7 @@ def _offsets(S: int, device=None) -> torch.Tensor:
 
 def mask_keys(m, exclude_keys: Sequence[int] = ()) -> torch.Tensor:
     """A float64 copy of ``m`` with the key columns ``exclude_keys`` set to NaN."""
-    m = _as64(m).clone()
+    m = as_float64(m).clone()
     keys = [k for k in exclude_keys if 0 <= k < m.shape[-1]]
     if keys:
         m[..., keys] = float("nan")
@@ -66,7 +67,7 @@ def mask_keys(m, exclude_keys: Sequence[int] = ()) -> torch.Tensor:
 
 def diagonal_means(m) -> torch.Tensor:
     """Mean of each lower diagonal: ``out[..., k]`` = mean of the finite entries with ``i - j = k``."""
-    m = _as64(m)
+    m = as_float64(m)
     S = m.shape[-1]
     mask = valid_mask(S, include_diagonal=True, device=m.device)
     off = _offsets(S, m.device)
@@ -81,7 +82,7 @@ def diagonal_means(m) -> torch.Tensor:
 
 def diagonal_normalize(m) -> torch.Tensor:
     """Subtract from each lower diagonal its own mean; entries above the diagonal become NaN."""
-    m = _as64(m)
+    m = as_float64(m)
     S = m.shape[-1]
     means = diagonal_means(m)
     off = _offsets(S, m.device)
@@ -116,7 +117,7 @@ def _groups(groups, weights, exclude_keys):
     if groups is None:
         return None, None
     g = mask_keys(groups, exclude_keys)
-    w = torch.ones(g.shape[0], dtype=torch.float64) if weights is None else _as64(weights)
+    w = torch.ones(g.shape[0], dtype=torch.float64) if weights is None else as_float64(weights)
     return g, w
 
 
@@ -203,8 +204,6 @@ def diagonal_trend(m, include_diagonal: bool = False, exclude_keys: Sequence[int
     column index (the same pair count as :func:`locality`, along diagonals instead of rows).
     ``None`` when no diagonal has two valid entries.
     """
-    from poslens.metrics.neighborhood import ordered_pair_counts
-
     m = mask_keys(m, exclude_keys)
     if m.ndim != 2:
         raise ValueError("diagonal_trend takes one [S, S] map")
@@ -283,7 +282,7 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     ``diagonal_trend_se`` (jackknife over groups), ``noise_groups``. Without them ``noise`` says why.
     ``locality_map`` (optional) is a position subsample of ``m`` to compute the O(S^3) locality on.
     """
-    m = _as64(m)
+    m = as_float64(m)
     G = 0 if groups is None else int(groups.shape[0])
     out = {
         "relativity_index": relativity_index(m, groups, weights, include_diagonal, exclude_keys),
@@ -293,13 +292,17 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     }
     flat = is_flat(m, groups, weights, include_diagonal, exclude_keys)
     if not flat:
-        lm = m if locality_map is None else _as64(locality_map)
+        lm = m if locality_map is None else as_float64(locality_map)
         v = float(rising_pair_fraction(mask_keys(lm, exclude_keys), include_diagonal=include_diagonal, ties=0.5))
         out["locality"] = None if v != v else 2.0 * v - 1.0
     out["flat"] = flat
+    mask = None
     if G >= 2:
         g, w = _groups(groups, weights, exclude_keys)
         mask = _entries(g, include_diagonal) & _entries(mask_keys(m, exclude_keys), include_diagonal)
+    if mask is not None and not bool(mask.any()):  # e.g. a one-position map: nothing to estimate noise on
+        out["noise"] = "no valid entry (a map of one position, or every key excluded): no noise estimate"
+    elif G >= 2:
         sig, noise = cross_mean_square(_within(g, mask), w)
         out.update({
             "flat_p": signflip_pvalue(_centred(g, mask), w),
@@ -319,3 +322,23 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
         out["noise"] = ("no noise estimate: fewer than two independent groups of samples "
                         f"({G} group{'s' if G != 1 else ''}); add samples for p-values and noise floors")
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# outputs
+# --------------------------------------------------------------------------------------------
+def causal_view(m: torch.Tensor, include_diagonal: bool = True) -> torch.Tensor:
+    """NaN above the diagonal (entries a causal query never sees)."""
+    S = m.shape[-1]
+    i = torch.arange(S)
+    keep = i[:, None] >= i[None, :] if include_diagonal else i[:, None] > i[None, :]
+    return torch.where(keep.to(m.device), m, torch.full_like(m, float("nan")))
+
+
+def window_view(m: torch.Tensor, window: int | None) -> torch.Tensor:
+    """NaN where the key is ``window`` or more positions before the query (outside a sliding window)."""
+    if not window or window >= m.shape[-1]:
+        return m
+    i = torch.arange(m.shape[-1], device=m.device)
+    far = (i[:, None] - i[None, :]) >= window
+    return m.masked_fill(far, float("nan"))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from poslens.theory import running_mean_cosine
+
 
 def aps_positions(S: int, max_positions: int) -> torch.Tensor:
     """The positions an APS is computed on when a sequence is longer than ``max_positions``:
@@ -154,7 +156,22 @@ def norm_score(norms) -> torch.Tensor:
     ``norms`` is ``[..., T]``. Each pair j < k is counted once for every later row i > k, as in
     the APS count.
     """
-    n = -torch.as_tensor(norms).to(torch.float64)
+    n = -torch.as_tensor(norms, dtype=torch.float64)
     T = n.shape[-1]
     sim = n[..., None, :].expand(*n.shape[:-1], T, T)
     return adjacency_probability_score(sim)
+
+
+def self_cosine(x: torch.Tensor) -> torch.Tensor:
+    """``cos(h_i, h_j)`` of ``x [..., T, d]`` -> ``[..., T, T]`` in float64 (zero vectors give 0)."""
+    x = x.to(torch.float64)
+    xn = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return xn @ xn.transpose(-1, -2)
+
+
+def theory_gap(cosine_map: torch.Tensor) -> float:
+    """Mean |mean cosine - sqrt(min/max)| over the strict lower triangle (uniform-attention theory)."""
+    T = cosine_map.shape[-1]
+    th = running_mean_cosine(T)
+    low = torch.ones(T, T, dtype=torch.bool).tril(-1)
+    return float((cosine_map.to(torch.float64) - th)[low].abs().mean())

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import torch
 
+from poslens.errors import PoslensError
+from poslens.metrics.diagonal import as_float64
+from poslens.metrics.slash import kv_head_of
 from poslens.rope import frequency_bands
 
 
 def spectrum(gram) -> torch.Tensor:
     """Eigenvalues of symmetric PSD matrices ``[..., D, D]``, descending and clamped at 0."""
-    g = torch.as_tensor(gram).to(torch.float64)
+    g = torch.as_tensor(gram, dtype=torch.float64)
     g = 0.5 * (g + g.transpose(-1, -2))
     return torch.linalg.eigvalsh(g).flip(-1).clamp_min(0.0)
 
@@ -42,7 +45,7 @@ def band_contributions(dim_logit, rotary_dim: int | None, base: float | None, co
     Without RoPE everything is ``unrotated``. ``inv_freq`` (the model's own frequencies, as the scan
     records them) takes precedence over ``base^(-2l/r)`` recomputed from ``base``.
     """
-    x = torch.as_tensor(dim_logit).to(torch.float64)
+    x = torch.as_tensor(dim_logit, dtype=torch.float64)
     D = x.shape[-1]
     out: dict[str, torch.Tensor] = {}
     if inv_freq is not None:
@@ -58,3 +61,31 @@ def band_contributions(dim_logit, rotary_dim: int | None, base: float | None, co
     if rotary_dim < D:
         out["unrotated"] = x[..., rotary_dim:].sum(-1)
     return out
+
+
+def rank_table(q_gram, k_gram) -> dict[str, torch.Tensor]:
+    """Rank-one measures per head: ``q_*`` ``[L, H]`` and ``k_*`` ``[L, H]`` (the KV head each query head reads).
+
+    Keys: ``{q,k}_top1_energy`` (σ1²/Σσ²), ``{q,k}_effective_rank`` (exp entropy), ``{q,k}_n95``.
+    """
+    qg, kg = as_float64(q_gram), as_float64(k_gram)
+    if qg.ndim != 4 or kg.ndim != 4 or qg.shape[-1] != kg.shape[-1] or qg.shape[1] % kg.shape[1]:
+        raise PoslensError(f"q_gram {tuple(qg.shape)} / k_gram {tuple(kg.shape)}: expected [L, H, D, D] and "
+                           "[L, Hk, D, D] with Hk dividing H (maps.safetensors of `poslens scan`).")
+    H, Hk = qg.shape[1], kg.shape[1]
+    rq, rk = rank_measures(qg), rank_measures(kg)
+    idx = torch.tensor([kv_head_of(h, H, Hk) for h in range(H)])
+    out = {f"q_{k}": v for k, v in rq.items()}
+    out.update({f"k_{k}": v[:, idx] for k, v in rk.items()})
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE decomposition
+# --------------------------------------------------------------------------------------------
+def top_direction(gram) -> tuple[torch.Tensor, float]:
+    """Top eigenvector (unit, sign arbitrary) and eigenvalue of one symmetric ``[D, D]`` matrix."""
+    g = as_float64(gram)
+    g = 0.5 * (g + g.T)
+    ev, vec = torch.linalg.eigh(g)
+    return vec[:, -1], float(ev[-1].clamp_min(0.0))

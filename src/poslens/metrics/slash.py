@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from poslens.errors import PoslensError
+from poslens.metrics.diagonal import as_float64
+
 #: The offsets slash heads are sought over (as ``poslens slash``): the paper's slash-dominant heads
 #: have small offsets, and SlashScore at large offsets is the attention sink (SlashScore(S-1) is the
 #: single entry A[S-1, 0], the weight of the last query on key 0).
@@ -32,7 +35,7 @@ def slash_profile(attn) -> torch.Tensor:
 
     Direct reference computation: the mean of each sub-diagonal.
     """
-    a = torch.as_tensor(attn).to(torch.float64)
+    a = torch.as_tensor(attn, dtype=torch.float64)
     S = a.shape[-1]
     return torch.stack([torch.diagonal(a, offset=-d, dim1=-2, dim2=-1).mean(-1) for d in range(S)], dim=-1)
 
@@ -46,7 +49,7 @@ def top_slash_heads(slash, k: int = 10, min_offset: int = SLASH_MIN_DELTA, max_o
     SlashScore at that offset of uniform causal attention, mean of 1/(i+1) over the queries).
     ``layer_ids`` maps row index to the model's layer number (decoder layers from 0).
     """
-    s = torch.as_tensor(slash).to(torch.float64)
+    s = torch.as_tensor(slash, dtype=torch.float64)
     L, H, S = s.shape
     offs = scored_offsets(S, min_offset, max_offset)
     if len(offs) == 0:
@@ -66,14 +69,94 @@ def top_slash_heads(slash, k: int = 10, min_offset: int = SLASH_MIN_DELTA, max_o
 
 
 def slash_dominant(slash, kappa: float, offset: int) -> torch.Tensor:
-    """Bool ``[L, H]``: heads that are (kappa, offset)-slash-dominant."""
-    return torch.as_tensor(slash)[..., offset] >= kappa
+    """Bool ``[...]`` of profiles ``[..., S]`` (e.g. ``[L, H]`` heads): (kappa, offset)-slash-dominant,
+    i.e. SlashScore(offset) >= kappa."""
+    s = as_float64(slash)
+    if not 0 <= offset < s.shape[-1]:
+        raise PoslensError(f"offset Δ={offset} outside 0..{s.shape[-1] - 1} (the scan's --seq-len).")
+    return s[..., offset] >= kappa
 
 
 def sink_weight(probs) -> torch.Tensor:
     """Mean attention weight on key 0 over the queries i >= 1 (query 0 can only see key 0):
     ``probs`` ``[..., S, S]`` (rows = queries) -> ``[...]``. The attention sink's own number."""
-    p = torch.as_tensor(probs).to(torch.float64)
+    p = torch.as_tensor(probs, dtype=torch.float64)
     if p.shape[-1] < 2:
         return torch.full(p.shape[:-2], float("nan"), dtype=torch.float64)
     return p[..., 1:, 0].mean(-1)
+
+
+def _check_slash(slash) -> torch.Tensor:
+    s = as_float64(slash)
+    if s.ndim != 3:
+        raise PoslensError(f"slash tensor has shape {tuple(s.shape)}; expected [layers, heads, seq_len] "
+                           "(maps.safetensors of `poslens scan`).")
+    return s
+
+
+# --------------------------------------------------------------------------------------------
+# profiles, SDH table, persistence
+# --------------------------------------------------------------------------------------------
+def sdh_table(slash, kappas: list[float], max_delta: int, min_delta: int = 0,
+              layer_ids: list[int] | None = None, max_listed: int = 6) -> dict:
+    """Counts of (κ, Δ)-SDHs over the κ grid x Δ range, with the heads listed (up to ``max_listed``).
+
+    Returns ``{"columns": [...], "rows": [[κ, Δ, count, fraction, "l.h ..."], ...], "counts": [K, n_Δ]}``.
+    Rows with a zero count are kept, so the table is the whole grid.
+    """
+    s = _check_slash(slash)
+    L, H, S = s.shape
+    hi = min(max_delta, S - 1)
+    if min_delta > hi:
+        raise PoslensError(f"--max-delta {max_delta}: must be >= {min_delta} and below the scan's --seq-len {S}.")
+    ids = layer_ids or list(range(L))
+    rows, counts = [], torch.zeros(len(kappas), hi - min_delta + 1, dtype=torch.long)
+    for a, kappa in enumerate(kappas):
+        for b, d in enumerate(range(min_delta, hi + 1)):
+            m = s[..., d] >= kappa
+            n = int(m.sum())
+            counts[a, b] = n
+            heads = sorted(((float(s[l, h, d]), f"{ids[l]}.{h}") for l, h in m.nonzero().tolist()), reverse=True)
+            listed = " ".join(name for _, name in heads[:max_listed]) + (" ..." if n > max_listed else "")
+            rows.append([float(kappa), d, n, n / (L * H), listed])
+    return {"columns": ["kappa", "delta", "SDHs", "fraction of heads", "heads (layer.head, best first)"],
+            "rows": rows, "counts": counts}
+
+
+def persistence(slash_in, slash_random, kappa: float, max_delta: int, min_delta: int = 1,
+                layer_ids: list[int] | None = None) -> list[dict]:
+    """Every (κ, Δ)-SDH of the in-distribution scan (Δ in range), with its score on random tokens.
+
+    ``persists`` is True when the head is still (κ, Δ)-dominant on random tokens; ``ratio`` is
+    random / in-distribution SlashScore(Δ). Sorted by in-distribution score, descending.
+    """
+    a, b = _check_slash(slash_in), _check_slash(slash_random)
+    if a.shape[:2] != b.shape[:2]:
+        raise PoslensError(f"the two scans have different heads ({tuple(a.shape[:2])} vs {tuple(b.shape[:2])} "
+                           "layers x heads); scan the same model and --layers twice.")
+    hi = min(max_delta, a.shape[-1] - 1, b.shape[-1] - 1)
+    ids = layer_ids or list(range(a.shape[0]))
+    out = []
+    for d in range(min_delta, hi + 1):
+        for l, h in (a[..., d] >= kappa).nonzero().tolist():
+            si, sr = float(a[l, h, d]), float(b[l, h, d])
+            out.append({"layer": ids[l], "head": h, "delta": d, "score_in": si, "score_random": sr,
+                        "ratio": sr / si if si > 0 else None, "persists": sr >= kappa})
+    return sorted(out, key=lambda r: -r["score_in"])
+
+
+def best_offsets(slash, min_delta: int = 0, max_delta: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offset [L, H], score [L, H])`` of each head's highest SlashScore over the Δ range."""
+    s = _check_slash(slash)
+    hi = s.shape[-1] - 1 if max_delta is None else min(max_delta, s.shape[-1] - 1)
+    window = torch.nan_to_num(s[..., min_delta: hi + 1], nan=-1.0)
+    score, arg = window.max(-1)
+    return arg + min_delta, score
+
+
+# --------------------------------------------------------------------------------------------
+# rank measures
+# --------------------------------------------------------------------------------------------
+def kv_head_of(h: int, num_heads: int, num_kv_heads: int) -> int:
+    """The KV head a query head reads (transformers' repeat_interleave grouping)."""
+    return h // (num_heads // num_kv_heads)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from poslens.capture.model_source import cache_root, file_sha256, resolve_model
 from poslens.errors import PoslensError
 
 
@@ -55,8 +56,6 @@ MODELS: dict[str, RealModel] = {
 
 def models_dir() -> Path:
     """Where :func:`fetch` writes the GGUF files: ``$POSLENS_CACHE/models`` (default ``~/.cache/poslens/models``)."""
-    from poslens.capture.model_source import cache_root
-
     return cache_root() / "models"
 
 
@@ -79,8 +78,6 @@ def candidates(name: str) -> list[Path]:
 
 def verified(name: str, p: Path) -> bool:
     """``p`` exists and has the model's sha256."""
-    from poslens.capture.model_source import file_sha256
-
     try:
         return p.is_file() and file_sha256(p) == _get(name).sha256
     except OSError:
@@ -144,8 +141,6 @@ def fetch_one(name: str, *, quiet: bool = False, dequantise: bool = True,
     dequantised-model cache. Idempotent."""
     import shutil
 
-    from poslens.capture.model_source import file_sha256
-
     say = say or (lambda s: None)
     m = _get(name)
     found = path(name)
@@ -177,8 +172,6 @@ def fetch_one(name: str, *, quiet: bool = False, dequantise: bool = True,
     else:
         say(f"{name}: present at {found} (sha256 verified)")
     if dequantise:
-        from poslens.capture.model_source import resolve_model
-
         try:
             src = resolve_model(found)
         except PoslensError as e:  # e.g. no adapter for its architecture in this version: the file stays

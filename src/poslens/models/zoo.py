@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from poslens.errors import PoslensError
-from poslens.rundir import prepare_out_dir, read_json, write_json
 from poslens.models.train import TrainConfig, train_model
+from poslens.rundir import prepare_out_dir, read_json, write_json
 
 SCALES = ("micro", "cpu", "gpu")
 

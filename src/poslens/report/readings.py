@@ -5,6 +5,15 @@ figures show, quoting the numbers that support the sentence (in the one number f
 :mod:`poslens.fmt`). Thresholds are stated in the sentences' wording ("purely relative" =
 relativity index >= 0.98) so a reader can check them. :func:`key_findings` writes the page's
 summary, one entry per paper.
+
+- per paper, on any run's per-layer numbers: :func:`kim_readings`, :func:`slash_readings`,
+  :func:`neighborhood_readings` (scans and simulations), :func:`model_readings` (model directories);
+- per analysis command, on its summary (:data:`COMMAND_READINGS`): :func:`neighborhood_command_readings`,
+  :func:`panels_readings`, :func:`score_maps_readings` (kim-maps), :func:`slash_command_readings`,
+  :func:`dynamics_readings` (slash-dynamics), :func:`sweep_readings`, :func:`probes_readings`; the
+  commands write these into ``summary.json`` and the report uses the same functions;
+- :func:`run_readings`: one run's readings for one paper, whatever command wrote it;
+- :data:`PAPERS`: the papers' titles, references and introductions for the report's sections.
 """
 
 from __future__ import annotations
@@ -108,13 +117,23 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
     if flat:
         within = f" within {noise}" if noise else ""
         verb = "is" if len(flat) == 1 else "are"
-        out.append(f"{_layers_phrase([l.get('layer') for l in flat]).capitalize()} {verb} flat{within}: "
-                   "there the attention scores carry no information about position.")
+        ids = [l.get("layer") for l in flat]
+        if len(flat) > 6 and live and len(live) <= 3:  # many flat layers: name the few that are not
+            who = (f"All {len(layers)} layers but {_layers_phrase([l.get('layer') for l in live])[7:]} "
+                   f"({len(flat)} of {len(layers)})") if len(live) > 1 else \
+                f"All {len(layers)} layers but layer {live[0].get('layer')} ({len(flat)} of {len(layers)})"
+            verb = "are"
+        else:
+            who = _layers_phrase(ids).capitalize()
+        out.append(f"{who} {verb} flat{within}: there the attention scores carry no information about position.")
     if not live:
         return out
     ri = [num(l.get("relativity_index")) for l in live]
     loc = [num(l.get("locality")) for l in live]
-    where = (f"from layer {live[0].get('layer')} on" if flat and len(live) > 1
+    # "from layer k on" only where every flat layer comes before every live one
+    first_live = layers.index(live[0])
+    tail = flat and len(live) > 1 and all(num(l.get("relativity_index")) is not None for l in layers[first_live:])
+    where = (f"from layer {live[0].get('layer')} on" if tail
              else f"in {_layers_phrase([l.get('layer') for l in live])}")
     claim = " the scores depend on position:" if noise else ""
     sink = any(num(l.get("relativity_index_with_sink")) is not None for l in live)

@@ -19,6 +19,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
+from poslens.analysis.panels import PanelsConfig, load_scan, panel_metrics, run_panels, run_score_maps
+from poslens.analysis.probes import ProbesConfig, run_probes
+from poslens.analysis.slash import SlashConfig, run_slash
+from poslens.analysis.sweep import PAPER_SIGMAS, SweepConfig, run_sweep
+from poslens.capture.model_source import resolve_model
+from poslens.capture.load import load_tokenizer
+from poslens.capture.scan import ScanConfig, run_scan
+from poslens.metrics.diagonal import causal_view
+from poslens.errors import PoslensError
+from poslens.metrics import diagonal_normalize
+from poslens.models import realmodels
+from poslens.models.families import build_model
 from poslens.reproduce.simulated import Experiment, ReproContext
 
 ZUO = "Position without positional encodings (arXiv 2501.00073)"
@@ -43,7 +56,6 @@ def _model(name: str, pe: str, out: Path) -> tuple[Path, str]:
     z = zoo_dir() / name
     if _finished(z):
         return z, f"zoo model {name} ({z})"
-    from poslens.models.families import build_model
 
     target = out / "models" / f"{'nope' if pe == 'none' else 'rope'}-random-init"
     if not (target / "config.json").is_file():
@@ -53,8 +65,6 @@ def _model(name: str, pe: str, out: Path) -> tuple[Path, str]:
 
 
 def _data_for(model_dir: Path) -> str:
-    from poslens.capture.scan import load_tokenizer
-
     try:
         return "stdlib" if load_tokenizer(str(model_dir)) is not None else "random"
     except Exception:  # noqa: BLE001 - a broken tokenizer falls back to random tokens
@@ -62,8 +72,6 @@ def _data_for(model_dir: Path) -> str:
 
 
 def _zuo_adjacency(ctx: ReproContext, out: Path) -> dict:
-    from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
-
     out.mkdir(parents=True, exist_ok=True)
     runs, lines, ok = [], [], True
     for name in ("nope-random", "nope-stdlib"):
@@ -90,8 +98,6 @@ def _zuo_adjacency(ctx: ReproContext, out: Path) -> dict:
 
 
 def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
-    from poslens.analysis.panels import PanelsConfig, run_panels
-
     out.mkdir(parents=True, exist_ok=True)
     mdir, desc = _model("nope-stdlib", "none", out)
     s = run_panels(PanelsConfig(model_dir=str(mdir), out=str(out / "panels_layer0"), layer=0, data=_data_for(mdir),
@@ -114,9 +120,6 @@ def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
 
 
 def _slash_sdh(ctx: ReproContext, out: Path) -> dict:
-    from poslens.analysis.slash import SlashConfig, run_slash
-    from poslens.capture.scan import ScanConfig, run_scan
-
     out.mkdir(parents=True, exist_ok=True)
     mdir, desc = _model("rope-stdlib", "rope", out)
     data = _data_for(mdir)
@@ -144,8 +147,6 @@ def _slash_sdh(ctx: ReproContext, out: Path) -> dict:
 
 def _zuo_sweep(ctx: ReproContext, out: Path) -> dict:
     """The random-init sweep over the paper's sigmas on two shapes; claim: APS needs small weights."""
-    from poslens.analysis.sweep import PAPER_SIGMAS, SweepConfig, run_sweep
-
     s = run_sweep(SweepConfig(out=str(out / "sweep"), sigmas=list(PAPER_SIGMAS), shapes=["6x384", "2x128"],
                               seq_len=SEQ_LEN, num_seqs=8, seed=ctx.seed, figures=ctx.figures, overwrite=True),
                   progress=False)
@@ -168,8 +169,6 @@ def _zuo_sweep(ctx: ReproContext, out: Path) -> dict:
 
 def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
     """Position probes on the zoo's copy-task models (character tokenizers), trained vs random init."""
-    from poslens.analysis.probes import ProbesConfig, run_probes
-
     dirs, labels, trained = [], [], True
     for name, pe in (("nope-copy", "none"), ("rope-copy", "rope")):
         z = zoo_dir() / name
@@ -236,10 +235,6 @@ REAL_APS_SEQ_LEN, REAL_APS_NUM_SEQS = 128, 8
 
 def real_models_ready() -> dict:
     """Real models present (sha256-verified) whose architecture poslens can scan: name -> GGUF file."""
-    from poslens.models import realmodels
-    from poslens.capture.model_source import resolve_model
-    from poslens.errors import PoslensError
-
     ready = {}
     for name, f in realmodels.available().items():
         try:
@@ -263,9 +258,6 @@ def residual_agreement(a, b) -> float | None:
     non-relative pattern a value near 1 (the noise floor of the relativity index on real scans)."""
     import torch
 
-    from poslens.capture.scan import causal_view
-    from poslens.metrics import diagonal_normalize
-
     ra = diagonal_normalize(causal_view(a.double(), include_diagonal=True))
     rb = diagonal_normalize(causal_view(b.double(), include_diagonal=True))
     S = ra.shape[-1]
@@ -281,11 +273,6 @@ def residual_agreement(a, b) -> float | None:
 def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[str], dict, dict]:
     """Scans (stdlib and random tokens), kim-maps, slash and neighbourhood of one model."""
     import time
-
-    from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
-    from poslens.analysis.panels import load_scan, panel_metrics, run_score_maps
-    from poslens.analysis.slash import SlashConfig, run_slash
-    from poslens.capture.scan import ScanConfig, run_scan
 
     t0 = time.time()
 
@@ -371,8 +358,6 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
 
 
 def _real(ctx: ReproContext, out: Path) -> dict:
-    from poslens.models import realmodels
-
     ready = real_models_ready()
     if not ready:
         return {"measured": "no real model present (run `poslens models fetch`, or set POSLENS_REAL_MODELS); "

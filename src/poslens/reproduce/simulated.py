@@ -12,9 +12,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from poslens.errors import PoslensError
-from poslens.simulate import SimConfig, run_simulation, save_result
 from poslens.capture.stats import NOISE_P
+from poslens.fmt import fmt
+from poslens.rundir import save_figure, write_json
+from poslens.simulate import SimConfig, run_simulation, save_result
+from poslens.theory import kim_theory
 
 PAPER_SETTING = SimConfig(alpha=0.0, layers=4, seq_len=50, dim=64, samples=100_000)
 
@@ -31,7 +33,7 @@ class Experiment:
 @dataclass
 class ReproContext:
     samples: int = PAPER_SETTING.samples
-    device: str = "cpu"
+    device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     seed: int = 0
     figures: bool = True
     progress: Callable[[str, int, int], None] | None = None
@@ -39,11 +41,11 @@ class ReproContext:
 
 
 def _fmt(v) -> str:
-    return "flat" if v is None else f"{v:.3f}"
+    return "flat" if v is None else fmt(v)  # a relativity index or locality is None on a flat map
 
 
 def _signed(v) -> str:
-    return "n/a" if v is None else f"{v:+.2f}"
+    return "n/a" if v is None else fmt(v, signed=True)
 
 
 def _sig(p) -> bool:
@@ -68,8 +70,6 @@ def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
     import torch
 
     from poslens.report.plots import heatmap
-    from poslens.rundir import save_figure, write_json
-    from poslens.theory import kim_theory
 
     t = kim_theory(0.0, 3)
     out.mkdir(parents=True, exist_ok=True)

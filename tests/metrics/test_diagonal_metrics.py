@@ -238,3 +238,92 @@ def test_locality_loop_and_flat():
     assert locality(torch.ones(S, S)) is None
     with pytest.raises(ValueError):
         locality(torch.zeros(2, S, S))
+
+
+# --------------------------------------------------------------------------------------------
+# noise from independent groups: describe_map against loops over the definitions
+# --------------------------------------------------------------------------------------------
+def _group_vectors(groups, mask_entries, within):
+    out = []
+    for g in groups:
+        vals = [(i, j, g[i][j]) for i, j in mask_entries]
+        if within:
+            mu = by_offset(vals)
+            out.append([v - mu[i - j] for i, j, v in vals])
+        else:
+            mean = sum(v for _, _, v in vals) / len(vals)
+            out.append([v - mean for _, _, v in vals])
+    return out
+
+
+def _signflip_vec(vecs, w):
+    w = [x / sum(w) for x in w]
+    n = len(vecs[0])
+
+    def stat(eps):
+        return sum(sum(e * wi * a[k] for e, wi, a in zip(eps, w, vecs)) ** 2 for k in range(n))
+
+    obs = stat([1] * len(vecs))
+    pats = list(itertools.product((1, -1), repeat=len(vecs)))
+    return sum(stat(e) >= obs * (1 - 1e-12) for e in pats) / len(pats)
+
+
+def _cross(vecs, w):
+    w = [x / sum(w) for x in w]
+    n, G = len(vecs[0]), len(vecs)
+    K = [[sum(a * b for a, b in zip(vecs[g], vecs[h])) / n for h in range(G)] for g in range(G)]
+    off = sum(w[g] * w[h] * K[g][h] for g in range(G) for h in range(G) if g != h)
+    woff = sum(w[g] * w[h] for g in range(G) for h in range(G) if g != h)
+    obs = sum(w[g] * w[h] * K[g][h] for g in range(G) for h in range(G))
+    return off / woff, obs - off / woff
+
+
+@pytest.mark.parametrize("G", [8, 3])
+def test_describe_map_noise_numbers_against_loops(G):
+    from poslens.metrics.diagonal import describe_map
+
+    S = 5
+    gen = torch.Generator().manual_seed(20 + G)
+    i = torch.arange(S, dtype=torch.float64)
+    signal = 0.3 * torch.cos(i[:, None] - i[None, :]) + 0.2 * (i[None, :] / S)  # relative + a column trend
+    groups = signal + 0.3 * torch.randn(G, S, S, generator=gen, dtype=torch.float64)
+    groups[:, 2, 0] = 5.0  # key 0 raised: excluded below
+    weights = torch.arange(1, G + 1, dtype=torch.float64)
+    m = (groups * weights[:, None, None]).sum(0) / weights.sum()
+    d = describe_map(m, groups, weights, exclude_keys=(0,))
+    ents = [(a, b) for a in range(S) for b in range(a) if b != 0]
+    gl = groups.tolist()
+    w = weights.tolist()
+    cen, wit = _group_vectors(gl, ents, False), _group_vectors(gl, ents, True)
+    assert d["flat_p"] == pytest.approx(_signflip_vec(cen, w), abs=1e-12)
+    assert d["nonrelative_p"] == pytest.approx(_signflip_vec(wit, w), abs=1e-12)
+    sig, noise = _cross(wit, w)
+    assert d["within_diag_rms_signal"] == pytest.approx(math.sqrt(max(sig, 0.0)), rel=1e-9, abs=1e-12)
+    assert d["within_diag_rms_noise"] == pytest.approx(math.sqrt(max(noise, 0.0)), rel=1e-9, abs=1e-12)
+    assert d["noise_groups"] == G
+    assert d["flat"] is False  # G = 8: p < 0.01 (the map varies); G = 3: too few groups to call anything flat
+    if G >= 8:
+        assert d["flat_p"] < 0.01
+    vm, vd = _cross(cen, w)[0], _cross(wit, w)[0]
+    assert d["relativity_index"] == pytest.approx(min(max(1 - max(vd, 0.0) / vm, 0.0), 1.0), rel=1e-9)
+    assert ("noise" in d) is (G < 8)
+    if G < 8:
+        assert f"only {G} independent groups" in d["noise"]
+
+
+def test_describe_map_without_groups_says_why():
+    from poslens.metrics.diagonal import describe_map
+
+    m = rand_map(5, 30)
+    d = describe_map(m)
+    assert "flat_p" not in d and "noise_groups" not in d
+    assert "fewer than two independent groups of samples (0 groups)" in d["noise"]
+    d1 = describe_map(m, m[None])
+    assert "(1 group)" in d1["noise"]
+    assert d["relativity_index"] == pytest.approx(brute_ri(m.tolist()), rel=1e-12)
+    assert d["within_diag_rms"] == pytest.approx(brute_rms(m.tolist()), rel=1e-12)
+    assert d["diagonal_trend"] == pytest.approx(brute_trend(m.tolist()), abs=1e-12)
+    # locality on a position subsample, when given one
+    sub = m[:3, :3]
+    d2 = describe_map(m, locality_map=sub)
+    assert d2["locality"] == pytest.approx(locality(sub), abs=1e-12)

@@ -15,7 +15,7 @@ import torch
 
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.rundir import read_tensors
-from tests.test_capture import V, save_tiny
+from tests.capture.test_capture import V, save_tiny
 
 NAMES = ["scores", "probs", "slash", "cosine", "norms", "attn_cosine", "attn_norms", "q_gram", "k_gram", "dim_logit"]
 
@@ -183,7 +183,7 @@ def test_data_sources(cli, tokenized_dir, tmp_path, kind):
 
 
 def test_packed_text_is_deterministic(tokenized_dir):
-    from poslens.capture.scan import load_tokenizer
+    from poslens.capture.load import load_tokenizer
     from poslens.capture.sources import make_source
 
     tok = load_tokenizer(str(tokenized_dir))
@@ -242,7 +242,7 @@ def test_bad_input(cli, llama_dir, tmp_path, case):
 def test_pickle_and_remote_code_are_refused(cli, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from tests.test_capture import tiny_config
+    from tests.capture.test_capture import tiny_config
 
     p = tmp_path / "pkl"
     model = AutoModelForCausalLM.from_config(tiny_config("gpt2"))
@@ -280,7 +280,7 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
 
 
 def test_pool_for_figure_block_means_skip_the_causal_triangle():
-    from poslens.capture.scan import causal_view
+    from poslens.metrics.diagonal import causal_view
     from poslens.report.plots import pool_for_figure
 
     S = 10

@@ -14,7 +14,8 @@ import torch
 
 from poslens.capture.adapters import get_adapter
 from poslens.capture.attention import Capture, CaptureSpec, register
-from poslens.capture.scan import attach, load_model
+from poslens.capture.load import load_model
+from poslens.capture.loop import attach
 from poslens.metrics.rank import rank_measures
 from poslens.metrics.slash import slash_profile, top_slash_heads
 

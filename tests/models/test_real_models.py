@@ -60,7 +60,8 @@ def eager_reference(model_dir, ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def _scan_vs_eager(name: str, tmp_path_factory, seq_len: int = SEQ_LEN, num_seqs: int = NUM_SEQS):
     from poslens.capture.model_source import model_directory
-    from poslens.capture.scan import ScanConfig, load_tokenizer, run_scan
+    from poslens.capture.load import load_tokenizer
+    from poslens.capture.scan import ScanConfig, run_scan
     from poslens.capture.sources import make_source
     from poslens.rundir import read_tensors
 

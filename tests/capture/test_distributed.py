@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from poslens.capture import distributed as D
-from poslens.capture.scan import ScanConfig, _check_resume_layout, run_scan
+from poslens.capture.checkpoint import check_resume_layout
+from poslens.capture.scan import ScanConfig, run_scan
 from poslens.errors import PoslensError
 from poslens.rundir import read_tensors
-from tests.test_capture import save_tiny
+from tests.capture.test_capture import save_tiny
 
 # 5 batches of 2 sequences: rank 0 gets batches 0, 2, 4 and rank 1 gets 1, 3 (uneven on purpose)
 # a q/k reservoir of 50 of the 160 token slots: the ranks' samples must merge into the single-process one
@@ -119,7 +120,7 @@ def test_killed_rank_fails_naming_it_and_resume_matches_single_process(llama_dir
         run_scan(ScanConfig(model_dir=str(llama_dir), out=str(out), resume=True, figures=False, **OPTS),
                  progress=False)
     with pytest.raises(PoslensError, match="relaunch with 2 processes"):
-        _check_resume_layout(out, 3)
+        check_resume_layout(out, 3)
     res = torchrun(llama_dir, out, "--resume")
     assert res.returncode == 0, res.stderr[-3000:]
     assert_maps_close(reference, out)

@@ -211,8 +211,8 @@ def test_cli_writes_atomically_and_validates(cli, runs, tmp_path):
     assert code == 0 and out.is_file() and "<title>T</title>" in out.read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left
     before = out.read_bytes()
-    code, _, err = cli("report", runs["sim_nope"], "--out", out)
-    assert code == 2 and "--overwrite" in err  # never replaced silently
+    code, _, err = cli("report", runs["sim_nope"], "--out", out)  # an existing page is replaced only when asked
+    assert code == 2 and "--overwrite" in err
     code, _, err = cli("report", tmp_path / "missing", "--out", out, "--overwrite")
     assert code == 2 and "missing does not exist" in err
     assert out.read_bytes() == before  # a failed run leaves the previous report intact

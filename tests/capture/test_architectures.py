@@ -17,7 +17,8 @@ from archs import ARCHS, V, WINDOW, save_tiny
 
 from poslens.capture.adapters import ADAPTERS, check_dispatch, get_adapter, hook_point, rope_tables
 from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, poslens_attention, register
-from poslens.capture.scan import attach, load_model
+from poslens.capture.load import load_model
+from poslens.capture.loop import attach
 from poslens.errors import PoslensError
 
 S, B = 24, 2
@@ -295,7 +296,8 @@ def test_gemma3_scan_records_two_tables_and_windows(tmp_path):
     without the unseen entries, bands of each layer from its own table."""
     import json
 
-    from poslens.capture.scan import ScanConfig, causal_view, run_scan, window_view
+    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.metrics.diagonal import causal_view, window_view
     from poslens.metrics import relativity_index
     from poslens.metrics.rank import band_contributions
     from poslens.rundir import read_tensors
@@ -319,7 +321,7 @@ def test_gemma3_scan_records_two_tables_and_windows(tmp_path):
 
 
 def test_rope_decomposition_uses_the_recorded_frequencies():
-    from poslens.analysis.slash import rope_decomposition
+    from poslens.metrics.ropefit import rope_decomposition
     from poslens.rope import inv_freq
 
     g = torch.Generator().manual_seed(0)

@@ -7,11 +7,10 @@ import math
 import pytest
 import torch
 
-from poslens.analysis.slash import (best_offsets, causal_pair_mean, kv_head_of, pair_polar, persistence,
-                                    predicted_slash_profile, rank_one_logit, rank_table, sdh_table,
-                                    top_direction)
 from poslens.errors import PoslensError
-from poslens.metrics.slash import slash_dominant
+from poslens.metrics.rank import rank_table, top_direction
+from poslens.metrics.ropefit import causal_pair_mean, pair_polar, predicted_slash_profile, rank_one_logit
+from poslens.metrics.slash import best_offsets, kv_head_of, persistence, sdh_table, slash_dominant
 
 
 def slash(seed, L=3, H=4, S=6):
@@ -23,6 +22,12 @@ def test_slash_dominant_and_sdh_table_loop():
     s[1, 2, 3] = 0.5  # exactly kappa: dominant
     L, H, S = s.shape
     assert slash_dominant(s, 0.5, 3).tolist() == [[bool(s[l, h, 3] >= 0.5) for h in range(H)] for l in range(L)]
+    with pytest.raises(PoslensError):
+        slash_dominant(s, 0.5, S)
+    with pytest.raises(PoslensError):
+        slash_dominant(s, 0.5, -1)
+    with pytest.raises(PoslensError):
+        sdh_table(s[0], [0.5], max_delta=3)  # the table needs [layers, heads, S]
     kappas = [0.3, 0.5, 0.9]
     t = sdh_table(s, kappas, max_delta=10, min_delta=1, layer_ids=[2, 5, 7], max_listed=2)
     rows = iter(t["rows"])
@@ -157,3 +162,63 @@ def test_predicted_profile_is_the_causal_softmax_loop():
     assert predicted_slash_profile(z).tolist() == pytest.approx(want, rel=1e-12)
     assert predicted_slash_profile(z, 4).tolist() == pytest.approx(
         [sum(A[i][i - d] for i in range(d, 4)) / (4 - d) for d in range(4)], rel=1e-12)
+
+
+def _rotate(x, p, theta):
+    """Explicit rotate_half RoPE of one vector at position p: pair (l, l + r/2) turned by theta_l p."""
+    h = len(theta)
+    out = list(x)
+    for l in range(h):
+        c, s = math.cos(theta[l] * p), math.sin(theta[l] * p)
+        out[l], out[l + h] = x[l] * c - x[l + h] * s, x[l] * s + x[l + h] * c
+    return out
+
+
+@pytest.mark.parametrize("coef", [1.7, -0.6])
+def test_rope_decomposition_of_an_exactly_rank_one_head(coef):
+    """q_i = u, k_j = coef * v at every position: the logit depends on i - j alone and is known
+    exactly from explicit rotations; the decomposition must reproduce it (sign included), coherence 1,
+    pair fit 1, and the causal-softmax profile of that logit."""
+    from poslens.analysis.slash import rope_decomposition
+
+    D, S, base, scaling = 8, 12, 10.0, 0.5
+    gen = torch.Generator().manual_seed(6)
+    u = torch.randn(D, generator=gen, dtype=torch.float64)
+    v = torch.randn(D, generator=gen, dtype=torch.float64)
+    k = coef * v
+    theta = [base ** (-2 * l / D) for l in range(D // 2)]
+    q_rot = [_rotate(u.tolist(), p, theta) for p in range(S)]
+    k_rot = [_rotate(k.tolist(), p, theta) for p in range(S)]
+    true_logit = [scaling * sum(a * b for a, b in zip(q_rot[d], k_rot[0])) for d in range(S)]
+    pairs = [(i, j) for i in range(S) for j in range(i + 1)]
+    dim_logit = torch.tensor([sum(scaling * q_rot[i][c] * k_rot[j][c] for i, j in pairs) / len(pairs)
+                              for c in range(D)], dtype=torch.float64)
+    dec = rope_decomposition(torch.outer(u, u), torch.outer(k, k), dim_logit, rotary_dim=D, base=base,
+                             scaling=scaling, seq_len=S)
+    assert dec.logit.tolist() == pytest.approx(true_logit, rel=1e-9, abs=1e-12)
+    # the sign is that of a·b relative to the (arbitrary) signs of the two eigenvectors: the logit above
+    # already checks it; flipping the observed dim_logit must flip it
+    flipped = rope_decomposition(torch.outer(u, u), torch.outer(k, k), -dim_logit, rotary_dim=D, base=base,
+                                 scaling=scaling, seq_len=S)
+    assert flipped.sign == -dec.sign and flipped.logit.tolist() == pytest.approx([-x for x in true_logit], rel=1e-9)
+    # constant coefficients: coherence = pair fit = 1 (against the sign-folded prediction), whatever the
+    # arbitrary signs of the eigenvectors
+    assert dec.coherence == pytest.approx(1.0, rel=1e-9) and dec.pair_fit == pytest.approx(1.0, rel=1e-9)
+    assert flipped.coherence == pytest.approx(1.0, rel=1e-9) and flipped.pair_fit == pytest.approx(1.0, rel=1e-9)
+    A = [[0.0] * S for _ in range(S)]
+    for i in range(S):
+        e = [math.exp(true_logit[i - j]) for j in range(i + 1)]
+        for j in range(i + 1):
+            A[i][j] = e[j] / sum(e)
+    want = [sum(A[i][i - d] for i in range(d, S)) / (S - d) for d in range(S)]
+    assert dec.profile.tolist() == pytest.approx(want, rel=1e-9)
+    # band shares of sum A_l and each band's lift of the peak above its own mean over offsets
+    amp = [scaling * abs(coef) * math.hypot(u[l], u[l + D // 2]) * math.hypot(v[l], v[l + D // 2])
+           for l in range(D // 2)]
+    assert dec.A.tolist() == pytest.approx(amp, rel=1e-9)
+    usage = dec.band_usage()
+    for b in ("high", "medium", "low"):
+        assert usage[b] == pytest.approx(sum(a for a, lab in zip(amp, dec.bands) if lab == b) / sum(amp), abs=1e-12)
+    peak = int(max(range(S), key=lambda d: want[d]))
+    contrib = dec.band_peak_contribution(peak)
+    assert sum(contrib.values()) == pytest.approx(true_logit[peak] - sum(true_logit) / S, rel=1e-9, abs=1e-12)

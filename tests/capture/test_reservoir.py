@@ -14,7 +14,7 @@ L, H, HK, D, S = 2, 4, 2, 8, 12
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    from tests.test_capture import save_tiny
+    from tests.capture.test_capture import save_tiny
 
     return save_tiny("llama", tmp_path_factory.mktemp("llama") / "m")
 

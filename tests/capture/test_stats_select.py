@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from poslens.capture import attention as att
-from poslens.capture.scan import ScanConfig, fingerprint, run_scan
+from poslens.capture.checkpoint import fingerprint
+from poslens.capture.scan import ScanConfig, run_scan
 from poslens.errors import PoslensError
 from poslens.rundir import read_tensors
-from tests.test_capture import save_tiny
+from tests.capture.test_capture import save_tiny
 
 
 def _spec(stats, S=40, heads=()):

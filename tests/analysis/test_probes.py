@@ -5,14 +5,8 @@ import json
 import pytest
 import torch
 
-from poslens.analysis.probes import (
-    compare_cosine_norm,
-    evaluate_probe,
-    fit_linear,
-    pearson_r,
-    predict_linear,
-    probe_features,
-)
+from poslens.metrics.probes import (compare_cosine_norm, evaluate_probe, fit_linear, pearson_r, predict_linear,
+                                    probe_features)
 
 
 def test_pearson_r_known_values():
@@ -34,6 +28,26 @@ def test_linear_probe_recovers_planted_position_exactly():
     assert torch.allclose(predict_linear(w, X), y, atol=1e-5)
     res = evaluate_probe("linear", X[: 10 * T], y[: 10 * T], X[10 * T:], y[10 * T:])
     assert res["r"] > 0.9999 and res["mse"] < 1e-6 and res["chance_mse"] > 10
+
+
+def test_linear_probe_equals_least_squares_and_shrinks_with_the_ridge():
+    """The linear probe against an independent reference: with a negligible ridge it is ordinary least
+    squares with an intercept (torch.linalg.lstsq); with a ridge it is the closed-form ridge solution on
+    centred data, the ridge given relative to the mean diagonal of the centred XᵀX."""
+    g = torch.Generator().manual_seed(6)
+    X = torch.randn(300, 5, generator=g, dtype=torch.float64) * torch.tensor([1.0, 2, 3, 4, 5], dtype=torch.float64)
+    y = X @ torch.tensor([0.5, -1.0, 2.0, 0.0, 0.3], dtype=torch.float64) + 7 + 0.1 * torch.randn(300, generator=g,
+                                                                                                  dtype=torch.float64)
+    A = torch.cat([X, torch.ones(300, 1, dtype=torch.float64)], 1)
+    ref = torch.linalg.lstsq(A, y[:, None]).solution[:, 0]
+    m = fit_linear(X, y, ridge=1e-12)
+    assert torch.allclose(torch.as_tensor(m.coef_), ref[:5], atol=1e-8) and abs(m.intercept_ - float(ref[5])) < 1e-8
+    Xc, yc = X - X.mean(0), y - y.mean()
+    lam = 0.5 * float((Xc * Xc).sum(0).mean())
+    w = torch.linalg.solve(Xc.T @ Xc + lam * torch.eye(5, dtype=torch.float64), Xc.T @ yc)
+    m = fit_linear(X, y, ridge=0.5)
+    assert torch.allclose(torch.as_tensor(m.coef_), w, atol=1e-10)
+    assert torch.allclose(predict_linear(m, X), Xc @ w + y.mean(), atol=1e-9)
 
 
 def test_shuffled_targets_give_r_near_zero():
@@ -139,7 +153,7 @@ def test_skip_first_removes_a_bos_marker():
 
 
 def test_select_ridge_prefers_shrinkage_under_shift_and_none_without():
-    from poslens.analysis.probes import select_ridge
+    from poslens.metrics.probes import select_ridge
 
     g = torch.Generator().manual_seed(5)
     n, d = 400, 40

@@ -6,13 +6,8 @@ import math
 import pytest
 import torch
 
-from poslens.analysis.neighborhood import (
-    collect_vectors,
-    measure_neighborhood,
-    self_cosine,
-    theory_gap,
-    use_poslens_attention,
-)
+from poslens.analysis.neighborhood import collect_vectors, measure_neighborhood, use_poslens_attention
+from poslens.metrics.neighborhood import self_cosine, theory_gap
 from poslens.metrics import adjacency_probability_score, norm_score
 from poslens.theory import running_mean_cosine
 
@@ -147,8 +142,8 @@ def test_cli_chars_source(cli, tmp_path):
 def test_collect_vectors_uses_the_adapters_capture_points(arch, tmp_path):
     """attn_z (head outputs before the output projection) rebuilds the layer output through the model's own
     modules: sequential GPT-2 and the parallel-residual GPT-NeoX and Cohere blocks."""
-    from poslens.capture.scan import load_model
-    from tests.test_capture import V, save_tiny
+    from poslens.capture.load import load_model
+    from tests.capture.test_capture import V, save_tiny
 
     path = save_tiny(arch, tmp_path / "m")
     model = load_model(str(path), dtype=torch.float32, device="cpu")

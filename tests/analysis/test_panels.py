@@ -10,7 +10,7 @@ import torch
 from poslens.analysis.panels import PANELS, PanelsConfig, panel_metrics, run_panels, run_score_maps
 from poslens.rope import apply_rope
 from poslens.rundir import read_tensors
-from tests.test_capture import V, save_tiny
+from tests.capture.test_capture import V, save_tiny
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_panels_read_the_adapters_capture_points(arch, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from poslens.capture.adapters import get_adapter
-    from poslens.capture.scan import load_model
+    from poslens.capture.load import load_model
     from poslens.capture.sources import make_source
     from poslens.analysis.panels import compute_panels
 

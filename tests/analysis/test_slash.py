@@ -13,18 +13,11 @@ import math
 import pytest
 import torch
 
-from poslens.analysis.slash import (
-    decompose_scan,
-    pair_polar,
-    persistence,
-    predicted_slash_profile,
-    rank_one_logit,
-    rank_table,
-    rope_decomposition,
-    sdh_table,
-)
+from poslens.analysis.slash import decompose_scan
 from poslens.errors import PoslensError
-from poslens.metrics.slash import slash_profile
+from poslens.metrics.rank import rank_table
+from poslens.metrics.ropefit import pair_polar, predicted_slash_profile, rank_one_logit, rope_decomposition
+from poslens.metrics.slash import persistence, sdh_table, slash_profile
 from poslens.rope import apply_rope, cos_sin, inv_freq
 
 V, HID, H, HK, D, S, BASE = 40, 16, 2, 1, 8, 16, 100.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 # (id, argv after `python -m poslens`, text the error line must contain); {out} = the run's --out
 CASES = [

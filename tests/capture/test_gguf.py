@@ -126,7 +126,7 @@ def test_header_reader_matches_the_gguf_package(tiny):
 # ------------------------------------------------------------------------------------------------
 def test_gguf_loads_exactly_and_is_cached_once(tiny, cache):
     from poslens.capture.model_source import SOURCE_FILE, resolve_model
-    from poslens.capture.scan import load_model, open_model_config
+    from poslens.capture.load import load_model, open_model_config
 
     model, _, f = tiny
     config, adapter = open_model_config(str(f), seq_len=64)

@@ -119,3 +119,25 @@ def test_sink_weight_loop():
     assert sink_weight(torch.ones(3, 2, 2)).tolist() == [1.0, 1.0, 1.0]
     one = sink_weight(torch.ones(4, 1, 1))
     assert one.shape == (4,) and bool(one.isnan().all())
+
+
+def test_lists_are_read_as_float64_and_defaults():
+    # a Python list of scores is read in float64 directly (0.1 stays 0.1, not float32's 0.100000001)
+    s = [[[0.0, 0.1, 0.3, 0.2, 0.0, 0.0, 0.0, 0.0]]]
+    (top,) = top_slash_heads(s, k=1)
+    assert top["score"] == 0.3 and top["offset"] == 2
+    assert slash_profile([[0.1, 0.0], [0.3, 0.7]]).tolist() == [(0.1 + 0.7) / 2, 0.3]
+    assert sink_weight([[1.0, 0.0], [0.1, 0.9]]).tolist() == 0.1
+    # k = 10 heads by default
+    many = torch.rand(3, 5, 40, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    assert len(top_slash_heads(many)) == 10
+
+
+def test_sink_weight_keeps_every_leading_dimension():
+    p = torch.rand(2, 1, 3, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = sink_weight(p)
+    assert got.shape == (2, 1)
+    for b in range(2):
+        assert float(got[b, 0]) == pytest.approx((float(p[b, 0, 1, 0]) + float(p[b, 0, 2, 0])) / 2)
+    short = sink_weight(torch.ones(2, 3, 1, 1))
+    assert short.dtype == torch.float64 and short.shape == (2, 3) and bool(short.isnan().all())

@@ -21,7 +21,7 @@ import pytest
 
 from poslens.cli import FLOW_ORDER, command, walk
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 # What each command does (by its description, not by its flags).
 COMPUTES = {"simulate", "train", "zoo", "scan", "neighborhood", "sweep", "probes", "panels", "slash-dynamics",
@@ -114,7 +114,7 @@ def test_flags_follow_the_convention(name):
 def _tiny_model(path: Path) -> Path:
     import sys as _sys
 
-    _sys.path.insert(0, str(Path(__file__).parent))
+    _sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: archs.py
     from archs import save_tiny
 
     return save_tiny("llama", path)

@@ -1,0 +1,229 @@
+"""A finished scan into its run directory: ``maps.safetensors``, ``summary.json`` (per-layer score-map
+numbers with their noise floors, APS, norm score, slash heads, rank-one measures) and figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from poslens.capture.adapters import layer_rope
+from poslens.capture.attention import Capture, noise_grid
+from poslens.capture.plan import ScanPlan
+from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
+from poslens.metrics.diagonal import causal_view, window_view
+from poslens.metrics.rank import band_contributions, rank_measures
+from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, top_slash_heads
+from poslens.rundir import write_tensors
+
+
+def _subsample(m: torch.Tensor, k: int) -> torch.Tensor:
+    S = m.shape[-1]
+    if S <= k:
+        return m
+    idx = torch.linspace(0, S - 1, k).round().long()
+    return m[..., idx, :][..., idx] if m.ndim >= 2 and m.shape[-2] == S else m[..., idx]
+
+
+def _opt(x):
+    return None if x is None else float(x)
+
+
+#: key columns left out of whole-map statistics by default: real models put most attention on key 0
+#: (the attention sink, the BOS position), which otherwise dominates relativity and locality
+SINK_COLUMNS = (0,)
+
+
+LAYER_CONVENTION = "decoder layers from 0; 'embeddings' = the input of decoder layer 0"
+
+
+def _per_sequence(acc) -> tuple[list, list]:
+    """Mean and standard deviation over sequences of a per-sequence statistic's accumulator."""
+    mean = acc.mean.tolist()
+    std = acc.var.sqrt().tolist() if acc.count >= 2 else [None] * len(mean)
+    return mean, std
+
+
+def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: torch.Tensor | None, grid: torch.Tensor,
+                      locality_positions: int, sink_columns=SINK_COLUMNS, grid_map: torch.Tensor | None = None) -> dict:
+    """The score-map numbers of one layer: sink-excluded headline values on the full map (relativity
+    index, locality on at most ``locality_positions`` positions, signed diagonal trend, within-diagonal
+    RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
+    (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`).
+    Where ``grid`` is coarser than the map, the same statistics of the grid map (``grid_*``, the ones
+    the p-values and standard error test) are given too, under ``noise_positions`` positions."""
+    sub = _subsample(sc, locality_positions)
+    out = describe_map(sc, exclude_keys=sink_columns, locality_map=sub)
+    if groups is not None and groups.shape[0] >= 2:
+        g = causal_view(groups, include_diagonal=True)
+        on_grid = sc[grid][:, grid] if grid_map is None else grid_map  # grid_map: the mean map on the grid
+        noise = describe_map(causal_view(on_grid), g, counts, exclude_keys=sink_columns)
+        for key in ("flat_p", "nonrelative_p", "trend_p", "within_diag_rms_noise", "diagonal_trend_se", "noise_groups"):
+            out[key] = noise.get(key)
+        out["flat"] = bool(noise["flat"])
+        out["noise_positions"] = int(grid.numel())
+        if grid.numel() < sc.shape[-1]:
+            # the p-values, noise floor and standard error belong to the statistics of the grid map: give
+            # those beside the full-map headline numbers, so each uncertainty sits next to its own statistic
+            for key in ("relativity_index", "diagonal_trend", "within_diag_rms", "locality"):
+                out[f"grid_{key}"] = noise.get(key)
+        out.pop("noise", None)
+        if noise.get("noise"):
+            out["noise"] = noise["noise"]
+        if out["flat"]:
+            out["relativity_index"] = out["locality"] = None
+    else:
+        out["noise"] = "no noise estimate: fewer than two sequence groups (scan at least 2 sequences)"
+    flat = out["flat"] and groups is not None and groups.shape[0] >= 2
+    out["relativity_index_with_sink"] = None if flat else _opt(relativity_index(sc))
+    out["locality_with_sink"] = None if flat else _opt(locality(sub))
+    out["sink_columns"] = list(sink_columns)
+    return out
+
+
+def map_view(m: torch.Tensor, window: int | None, blocks=None, causal: bool = True) -> torch.Tensor:
+    """A stored score/weight map as the summary reads it: NaN where no query sees the entry (above the
+    diagonal, outside a sliding window); a block map (``--map-size``) NaN in the blocks without a
+    visible entry."""
+    if blocks is None:
+        return window_view(causal_view(m, include_diagonal=True), window)
+    empty = blocks.counts(causal, window) == 0
+    return m.masked_fill(empty.to(m.device), float("nan"))
+
+
+def _grid_mean(groups: torch.Tensor, counts: torch.Tensor | None, li: int) -> torch.Tensor | None:
+    """Layer ``li``'s mean score map on the noise grid, from the group means and their counts (what
+    ``scores[grid][:, grid]`` is for a full map; a block map has no grid entries)."""
+    if counts is None or not groups.shape[0]:
+        return None
+    w = counts.to(torch.float64)
+    return (groups[:, li].cpu() * w[:, None, None]).sum(0) / w.sum()
+
+
+def _grid_groups(groups: torch.Tensor, li: int, grid: torch.Tensor, window: int | None) -> torch.Tensor | None:
+    """Layer ``li``'s group maps on the noise grid, NaN outside a sliding window (as the full map)."""
+    if not groups.shape[0]:
+        return None
+    g = groups[:, li].cpu()
+    if window and window < int(grid[-1]) + 1:
+        far = (grid[:, None] - grid[None, :]) >= window
+        g = g.masked_fill(far, float("nan"))
+    return g
+
+
+def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) -> dict:
+    """Write ``maps.safetensors`` (float32 means) and figures; return the summary dict.
+
+    Decoder layers count from 0. Score-map statistics leave out the sink column (key 0) by default
+    and give the with-sink values beside them; the APS is the paper's per-sequence APS (mean and
+    std over sequences), the APS of the mean map is ``mean_map_aps``.
+    """
+    cfg, spec, adapter, config = plan.cfg, plan.spec, plan.adapter, plan.config
+    n_seqs = next(iter(capture.accs.values())).count
+    has = capture.accs.__contains__  # statistics not asked for (--stats) read as None in the summary
+
+    def mean(name: str, idx=slice(None)) -> torch.Tensor:
+        """float64 mean of one accumulator at ``idx``: the summary reads layer by layer, before the sums are freed."""
+        return capture.accs[name].mean_at(idx)
+
+    def when(name: str, fn):
+        return fn() if has(name) else None
+
+    k = cfg.aps_max_positions
+    rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
+    groups, counts = capture.accs["score_groups"].group_means() if has("score_groups") else (torch.zeros(0), None)
+    grid = noise_grid(spec.seq_len, spec.noise_max_positions)
+    nl = len(spec.layers)
+    aps_mean, aps_std = _per_sequence(capture.accs["aps_seq"]) if has("aps_seq") else ([None] * (nl + 1),) * 2
+    attn_aps_mean, attn_aps_std = _per_sequence(capture.accs["attn_aps_seq"]) if has("attn_aps_seq") \
+        else ([None] * nl,) * 2
+    windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
+    blocks = capture.blocks  # --map-size: the S x S maps are block means
+    layers = []
+    for li, l in enumerate(spec.layers):
+        # entries outside a sliding window are unseen (stored as 0, like above the diagonal): NaN here
+        sc = map_view(mean("scores", li), windows[l], blocks, causal=not spec.bidirectional) if has("scores") else None
+        rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
+        rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
+        table = layer_rope(plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
+        bands = when("dim_logit", lambda: band_contributions(
+            mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len,
+            inv_freq=table["inv_freq"] if table else None))
+        layers.append({
+            "layer": l,
+            "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
+            "sliding_window": windows[l],
+            **(score_map_numbers(sc, _grid_groups(groups, li, grid, windows[l]), counts, grid, k,
+                                 grid_map=None if blocks is None else _grid_mean(groups, counts, li))
+               if sc is not None else {}),
+            "sink_weight": when("probs", lambda: float(
+                sink_weight(mean("probs", li)) if blocks is None else mean("probs_key0", li)[1:].mean())),
+            "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
+            "aps_mean": aps_mean[li + 1],
+            "aps_std": aps_std[li + 1],
+            "attn_aps": attn_aps_mean[li],
+            "attn_aps_mean": attn_aps_mean[li],
+            "attn_aps_std": attn_aps_std[li],
+            "mean_map_aps": when("cosine", lambda: float(adjacency_probability_score(
+                _subsample(mean("cosine", li + 1), k)))),
+            "attn_mean_map_aps": when("attn_cosine", lambda: float(adjacency_probability_score(
+                _subsample(mean("attn_cosine", li), k)))),
+            "norm_score": when("norms", lambda: float(norm_score(_subsample(mean("norms", li + 1), k)))),
+            "top_slash_heads": when("slash", lambda: top_slash_heads(mean("slash", slice(li, li + 1)), k=3,
+                                                                     layer_ids=[l])) or [],
+            "q_top1_energy": rm_q["top1_energy"].tolist() if rm_q else None,
+            "k_top1_energy": rm_k["top1_energy"].tolist() if rm_k else None,
+            "q_effective_rank": rm_q["effective_rank"].tolist() if rm_q else None,
+            "k_effective_rank": rm_k["effective_rank"].tolist() if rm_k else None,
+            "band_logit": {b: v.tolist() for b, v in bands.items()} if bands is not None else None,
+        })
+    offs = scored_offsets(spec.seq_len, SLASH_MIN_DELTA, SLASH_MAX_DELTA)
+    summary = {
+        "model_dir": str(cfg.model_dir),
+        "model_type": adapter.model_type,
+        "num_seqs": n_seqs,
+        "seq_len": spec.seq_len,
+        "layer_convention": LAYER_CONVENTION,
+        "stats": sorted(spec.stats),
+        # --map-size: S x S maps stored as block means (n x n blocks of `block` positions; see docs/scan.md)
+        "map_size": {"blocks": blocks.n, "block": blocks.f,
+                     "masked": "blocks without a visible (causal, in-window) entry are NaN; others average "
+                               "their visible entries"} if blocks is not None else None,
+        "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
+        "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
+        "embedding_aps": aps_mean[0],
+        "embedding_aps_mean": aps_mean[0],
+        "embedding_aps_std": aps_std[0],
+        "embedding_mean_map_aps": when("cosine", lambda: float(adjacency_probability_score(
+            _subsample(mean("cosine", 0), k)))),
+        "aps_positions": min(k, spec.seq_len),
+        "sink_columns": list(SINK_COLUMNS),
+        "noise": {"groups": int(groups.shape[0]), "grid_positions": int(grid.numel()),
+                  "group_rule": "sequence n in group n % " + str(spec.noise_groups)},
+        "layers": layers,
+        "slash_offsets": [offs.start, offs.stop - 1] if len(offs) else None,
+        "slash_top_heads": when("slash", lambda: top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers)) or [],
+        "files": ["config.json", "maps.safetensors", "summary.json"],
+        "rope": plan.rope,
+        "attention": plan.attention,
+    }
+    # float32 means for the file, converted in place one accumulator at a time (the capture is spent)
+    tensors = capture.release_means(torch.float32)
+    if capture.reservoir is not None:
+        tensors.update(capture.reservoir.result())
+    write_tensors(out / "maps.safetensors", tensors,
+                  metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
+                            "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
+                            "rope": plan.rope, "attention": plan.attention,
+                            "layer_convention": LAYER_CONVENTION,
+                            "map_block": blocks.f if blocks is not None else 1,
+                            "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
+                                            f"(n = {grid.numel()}); score_group_counts: sequences per group",
+                            "aps_seq": "per-sequence APS, mean over sequences (index as cosine)"})
+    if figures and "scores" in tensors:
+        from poslens.report.plots import ZOOM_POSITIONS, score_map_figures  # matplotlib: only when drawing
+
+        summary["files"] += score_map_figures(causal_view(tensors["scores"]), out, layer_ids=spec.layers,
+                                              zoom=ZOOM_POSITIONS,
+                                              block=blocks.f if blocks is not None else 1)
+    return summary

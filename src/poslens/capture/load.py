@@ -1,0 +1,116 @@
+"""Model directories for a scan: the checks that refuse unsafe or unusable inputs before anything is
+loaded (pickle weights, remote code, custom attention), and the loaders of config, tokenizer and
+weights with the poslens attention function registered."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from poslens.capture.adapters import get_adapter
+from poslens.capture.attention import ATTN_NAME, register
+from poslens.capture.model_source import model_directory
+from poslens.errors import PoslensError
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+# --------------------------------------------------------------------------------------------
+# validation and loading
+# --------------------------------------------------------------------------------------------
+def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bool) -> dict:
+    """Refuse missing directories, missing configs, remote code and pickle weights; returns config.json."""
+    path = Path(model_dir)
+    if not path.exists():
+        raise PoslensError(f"MODEL_DIR {path} does not exist; pass a local directory holding config.json and weights, "
+                           "or a .gguf file.")
+    if not path.is_dir():
+        raise PoslensError(f"MODEL_DIR {path} is a file but not a GGUF model; pass the directory holding config.json "
+                           "and weights, or a .gguf file.")
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise PoslensError(f"MODEL_DIR {path} has no config.json; pass a Hugging Face model directory "
+                           "(save_pretrained output).")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise PoslensError(f"{cfg_path}: not valid JSON ({e.msg}).") from None
+    if raw.get("auto_map") and not trust_remote_code:
+        raise PoslensError(f"{path} needs custom Python code from the model directory (config.json has auto_map), "
+                           "which runs arbitrary code; pass --trust-remote-code only if you trust its source.")
+    files = [p for p in path.iterdir() if p.is_file()]
+    has_st = any(p.suffix == ".safetensors" for p in files)
+    has_pickle = any(p.suffix in PICKLE_SUFFIXES for p in files)
+    if not has_st:
+        if has_pickle and not allow_pickle:
+            raise PoslensError(f"{path} holds only pickle weights (.bin/.pt), which can run arbitrary code when "
+                               "loaded; convert them to safetensors, or pass --allow-pickle if you trust them.")
+        if not has_pickle:
+            raise PoslensError(f"{path} has no weights (*.safetensors); pass a directory written by save_pretrained.")
+    return raw
+
+
+def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickle: bool = False,
+                      trust_remote_code: bool = False):
+    """Check a model directory or ``.gguf`` file (safety, config present), read its config and
+    adapter, and check that ``seq_len`` fits the model's positions. Returns ``(config, adapter)``;
+    loads no weights (a GGUF file is dequantised into the cache on first use,
+    :mod:`poslens.capture.model_source`)."""
+    from transformers import AutoConfig
+
+    model_dir = str(model_directory(model_dir))  # a .gguf file: checked, dequantised once into the cache
+    check_model_dir(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise PoslensError(f"{model_dir}/config.json: {str(e).splitlines()[0]}") from None
+    adapter = get_adapter(config)
+    try:  # an architecture without attention geometry (e.g. a state-space model) fails here, in one line
+        adapter.num_layers(config), adapter.num_heads(config), adapter.head_dim(config)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
+        from poslens.capture.adapters import ADAPTERS
+
+        raise PoslensError(f"{model_dir}: model type {getattr(config, 'model_type', None)!r} has no attention "
+                           f"geometry poslens can read ({str(e).splitlines()[0][:120]}); supported: "
+                           f"{', '.join(sorted(ADAPTERS))}.") from None
+    maxpos = adapter.max_positions(config)
+    if seq_len is not None and maxpos is not None and seq_len > maxpos:
+        raise PoslensError(f"--seq-len {seq_len} exceeds the model's maximum of {maxpos} positions ({model_dir}); "
+                           f"pass --seq-len {maxpos} or less.")
+    return config, adapter
+
+
+def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
+    """The model's tokenizer (directory or ``.gguf`` file), or None when it has none."""
+    p = model_directory(model_dir)
+    if not any((p / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(p), trust_remote_code=trust_remote_code)
+    except Exception as e:  # a broken tokenizer is a data problem, not a crash
+        raise PoslensError(f"{p}: could not load the tokenizer ({type(e).__name__}: {e}); "
+                           "pass --data random or pre-tokenised JSONL.") from None
+
+
+def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle: bool = False,
+               trust_remote_code: bool = False, device_map: str | None = None):
+    """``AutoModelForCausalLM.from_pretrained`` with the poslens attention, eval mode, on ``device``;
+    ``model_dir`` may be a ``.gguf`` file (its dequantised cache directory is loaded).
+
+    With ``device_map`` (``auto``, ``balanced``, ``sequential``...) accelerate places the layers over
+    the visible devices instead (and offloads to the CPU what does not fit); ``device`` is then unused.
+    """
+    from transformers import AutoModelForCausalLM
+
+    register()
+    extra = {"device_map": device_map} if device_map else {}
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_directory(model_dir)), dtype=dtype, attn_implementation=ATTN_NAME,
+        use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code, **extra,
+    )
+    return model.eval() if device_map else model.to(device).eval()

@@ -1,0 +1,126 @@
+"""A scan before it runs: ``ScanConfig`` (every option) and ``plan_scan``, which validates every input
+without writing anything and returns the ``ScanPlan`` the loop runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from poslens.capture.adapters import Adapter
+from poslens.capture.attention import CaptureSpec, parse_stats
+from poslens.capture.load import load_tokenizer, open_model_config
+from poslens.capture.sources import SequenceSource, make_source
+from poslens.errors import PoslensError
+from poslens.rundir import prepare_out_dir
+from poslens.runtime import parse_device, resolve_dtype
+
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+@dataclass
+class ScanConfig:
+    """Every option of a scan (the CLI maps its flags one to one onto these fields)."""
+
+    model_dir: str
+    out: str
+    data: str = "stdlib"
+    seq_len: int = 256
+    num_seqs: int = 64
+    batch_size: int = 4
+    seed: int = 0
+    dtype: str = "auto"  # auto | bf16 | fp16 | fp32
+    device: str = "auto"  # auto | cpu | cuda[:n]
+    layers: list[int] | None = None  # None = all
+    heads: list[tuple[int, int]] = field(default_factory=list)  # (layer, head) with per-head S x S maps
+    no_rope_layers: list[int] = field(default_factory=list)
+    bidirectional: bool = False
+    figures: bool = True
+    resume: bool = False
+    overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
+    checkpoint_every: int = 10  # batches
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    chunk_elems: int = 0  # logits per capture chunk; 0 = per device (CPU cache-sized, CUDA 2^28)
+    aps_max_positions: int = 256
+    device_map: str | None = None  # accelerate device map ("auto"...): layers over several devices
+    reservoir: int = 256  # token slots whose pre-RoPE q/k vectors are kept (0 = none)
+    stats: list[str] | None = None  # statistics to accumulate (names of capture.attention.STATS); None = all
+    map_size: int = 0  # S x S maps as block means on an N x N grid (capture.attention.BlockMaps); 0 = full
+    keep_checkpoint: bool = False  # keep the checkpoint in a finished run directory
+
+
+@dataclass
+class ScanPlan:
+    """Everything validated and loaded; nothing written yet."""
+
+    cfg: ScanConfig
+    config: object
+    adapter: Adapter
+    spec: CaptureSpec
+    source: SequenceSource
+    device: str
+    dtype: torch.dtype
+    #: set once the model is loaded: the dry run's per-layer windows / logit scales, the RoPE tables
+    attention: dict | None = None
+    rope: dict | None = None
+
+
+def plan_scan(cfg: ScanConfig) -> ScanPlan:
+    """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing."""
+    stats = parse_stats(cfg.stats)
+    config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                        trust_remote_code=cfg.trust_remote_code)
+    L = adapter.num_layers(config)
+    H = adapter.num_heads(config)
+    for flag, val in (("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
+                      ("--checkpoint-every", cfg.checkpoint_every)):
+        if val < 1:
+            raise PoslensError(f"{flag} {val}: must be a positive integer.")
+    if cfg.map_size < 0:
+        raise PoslensError(f"--map-size {cfg.map_size}: must be 0 (full S x S maps) or a positive number of blocks.")
+    if cfg.reservoir < 0:
+        raise PoslensError(f"--reservoir {cfg.reservoir}: must be 0 (none) or a positive number of token slots.")
+    layers = list(range(L)) if cfg.layers is None else sorted(set(cfg.layers))
+    bad = [l for l in layers if not 0 <= l < L]
+    if bad or not layers:
+        raise PoslensError(f"--layers {bad or layers}: the model has layers 0..{L - 1}.")
+    bad = [l for l in cfg.no_rope_layers if not 0 <= l < L]
+    if bad:
+        raise PoslensError(f"--no-rope-layers {bad}: the model has layers 0..{L - 1}.")
+    rope_layers = adapter.rope_layers(config)
+    if cfg.no_rope_layers and not rope_layers:
+        raise PoslensError(f"--no-rope-layers: model type {adapter.model_type} has no RoPE to remove.")
+    for l, h in cfg.heads:
+        if l not in layers:
+            raise PoslensError(f"--heads {l}.{h}: layer {l} is not scanned (--layers); add it or drop the head.")
+        if not 0 <= h < H:
+            raise PoslensError(f"--heads {l}.{h}: the model has heads 0..{H - 1} per layer.")
+    device = parse_device(cfg.device)
+    if cfg.device_map is not None:
+        if cfg.device_map not in DEVICE_MAPS:
+            raise PoslensError(f"--device-map {cfg.device_map!r} is not one of {', '.join(DEVICE_MAPS)}.")
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise PoslensError("--device-map needs the accelerate package: pip install accelerate.") from None
+        if cfg.device == "cpu" and torch.cuda.is_available():
+            raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
+                               "--device-map to scan on the CPU).")
+    dtype = resolve_dtype(cfg.dtype, device, config)
+    if cfg.resume and cfg.overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
+    tokenizer = None
+    if cfg.data != "random":
+        tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+    source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
+                         vocab_size=getattr(config, "vocab_size", None))
+    spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
+                       head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
+                       heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
+                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats,
+                       aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout,
+                       map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0)
+    return ScanPlan(cfg, config, adapter, spec, source, device, dtype)

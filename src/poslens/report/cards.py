@@ -1,0 +1,670 @@
+"""The report's cards, built the same way for every run from the common summary shape
+(:func:`poslens.rundir.envelope`): one card per paper a run measures (its readings from
+:mod:`poslens.report.readings`, per-layer quantities as line plots with error bars, per-head
+quantities as head × layer maps, its own figures by role, the short tables a reader quotes),
+comparison blocks that overlay like runs, the key findings, model cards and the reproduction page."""
+
+from __future__ import annotations
+
+import json
+
+from poslens.errors import PoslensError
+from poslens.fmt import fmt
+from poslens.report.collect import Run, expand, load_run
+from poslens.report.elements import (_MIME, HALF_WIDTH_PX, _inside, _slug, embed_figure, embed_file,
+                                     png_width, sparse_sentence, table)
+from poslens.report.readings import PAPERS, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
+from poslens.rundir import figure_caption
+
+#: per-layer quantities: key -> (paper, panel title, reference line). Keys not listed are plotted
+#: under the run's first paper with their own name.
+LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
+    "relativity_index": ("kim", "relativity index (1 = relative)", None),
+    "locality": ("kim", "locality (+1 = nearer keys score higher)", 0.0),
+    "diagonal_trend": ("kim", "signed trend along diagonals (+1 = right higher)", 0.0),
+    "within_diag_rms": ("kim", "within-diagonal RMS (dashed: noise floor)", None),
+    "nonrelative_p": ("kim", "p, non-relative (sample-group test; noise grid)", 0.05),
+    "trend_p": ("kim", "p, diagonal trend (noise grid)", 0.05),
+    "sink_weight": ("kim", "attention weight on key 0 (sink)", None),
+    "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
+    "locality_with_sink": ("kim", "locality with key 0", 0.0),
+    "max_stderr": ("kim", "largest standard error of a score", None),
+    "theory_max_abs_diff": ("kim", "max |simulation − theory|", None),
+    "aps_mean": ("neighborhood", "APS per sequence (mean ± std)", 0.5),
+    "aps": ("neighborhood", "mean-map APS (sequence-averaged map)", None),
+    "mean_map_aps": ("neighborhood", "mean-map APS (sequence-averaged map)", None),
+    "attn_aps_mean": ("neighborhood", "APS of attention outputs per sequence", 0.5),
+    "attn_aps": ("neighborhood", "mean-map APS of attention outputs", None),
+    "attn_mean_map_aps": ("neighborhood", "mean-map APS of attention outputs", None),
+    "resid_aps_mean": ("neighborhood", "APS of the residual stream per sequence", 0.5),
+    "norm_score_mean": ("neighborhood", "norm score (1 = norms shrink)", 0.5),
+    "norm_score": ("neighborhood", "norm score (1 = norms shrink)", 0.5),
+    "resid_norm_score_mean": ("neighborhood", "norm score of the residual stream", 0.5),
+    "bidirectional_aps_mean": ("neighborhood", "APS, bidirectional control", 0.5),
+    "bidirectional_norm_score_mean": ("neighborhood", "norm score, bidirectional control", 0.5),
+}
+#: per-head lists (one value per head per layer): key -> (paper, map title)
+HEAD_QUANTITIES: dict[str, tuple[str, str]] = {
+    "q_top1_energy": ("slash", "pre-RoPE query top-1 energy (1 = rank one)"),
+    "k_top1_energy": ("slash", "pre-RoPE key top-1 energy"),
+    "q_effective_rank": ("slash", "query effective rank"),
+}
+#: per-layer tables are kept up to this many layers; beyond, the line plots carry them
+MAX_TABLE_LAYERS = 6
+
+
+#: the zoom figure's window (positions); a zoom is shown only on maps more than twice as large
+ZOOM_POSITIONS = 64
+
+
+def _hidden(run: Run, role: str, per_layer_drawn: bool) -> bool:
+    """Whether a figure of this role stays in the run directory instead of on the page."""
+    if role == "detail":
+        return True
+    if role == "per-layer":
+        return per_layer_drawn  # the report draws the same numbers as line plots (or a table)
+    if role == "zoom":
+        n = num(run.summary.get("seq_len"))
+        return n is not None and n <= 2 * ZOOM_POSITIONS  # the full map already shows those positions large
+    return False
+
+
+def run_figures(run: Run, notes: list[str] | None = None, *, per_layer_drawn: bool = False) -> list[dict]:
+    """The run's own figures (``summary["figures"]``, older runs' ``files`` or PNGs), embedded; those
+    whose role keeps them off the page (:data:`poslens.rundir.FIGURE_ROLES`) are named in ``notes``."""
+    out, kept_back = [], []
+    for f in run.figures:
+        rel, cap = f["file"], f["caption"]
+        if _hidden(run, f.get("role", "main"), per_layer_drawn):
+            kept_back.append(rel)
+            continue
+        p = _inside(run.path, rel)
+        uri = embed_file(p) if p is not None else None
+        if uri is None:
+            if notes is not None:
+                notes.append(f"figure {rel} is listed but missing or unreadable; not shown.")
+            continue
+        out.append({"src": uri, "caption": cap, "file": rel})
+    if kept_back and notes is not None:
+        notes.append(f"In the run directory, not shown here: {', '.join(kept_back)}.")
+    return out
+
+
+def _sized(figures) -> list[dict]:
+    """Figures with ``half``: narrow ones (a few panels) are laid out two to a row."""
+    out = []
+    for f in figures or []:
+        w = png_width(f.get("src", ""))
+        own = str(f.get("file", "")).lower().endswith(".png") or f.get("half") is not None  # plots drawn here:
+        out.append({**f, "half": own and w is not None and w < HALF_WIDTH_PX})  # wide unless they say otherwise
+    return out
+
+
+def _card(run: Run, *, title: str | None = None, subtitle: str = "", badge: str = "", readings=None, tables=None,
+          figures=None, meta=None, notes=None, anchor: str = "") -> dict:
+    return {"id": anchor or f"run-{_slug(run.name)}", "title": title or run.name, "subtitle": subtitle,
+            "badge": badge or run.command, "path": str(run.display_path if run.display_path is not None else run.path),
+            "readings": list(readings or []), "tables": [t for t in tables or [] if t],
+            "figures": _sized(figures), "meta": list(meta or []), "notes": list(notes or [])}
+
+
+# --------------------------------------------------------------------------------------------
+# per-layer and per-head quantities, drawn from the numbers
+# --------------------------------------------------------------------------------------------
+#: per-layer keys that are bookkeeping, not quantities to plot
+_NOT_PLOTTED = ("noise_groups", "noise_positions", "sink_columns", "sliding_window", "flat_p", "paper_layer",
+                "max_stderr", "mean_score", "within_diag_rms_signal")
+#: companions drawn dashed in their key's panel (key ``k``): the noise floor, the same statistic with
+#: key 0 (the sink) or on a scan's noise grid, and the bidirectional control
+COMPANIONS = (("{k}_noise", "noise floor"), ("{k}_with_sink", "with key 0"), ("grid_{k}", "noise grid"),
+              ("bidirectional_{k}", "bidirectional control"))
+
+
+def _companion_keys(k: str) -> list[tuple[str, str]]:
+    return [(pat.format(k=k), label) for pat, label in COMPANIONS]
+
+
+def _error_key(layers: list[dict], key: str) -> str | None:
+    base = key[:-5] if key.endswith("_mean") else key
+    for cand in (f"{base}_std", f"{key}_std", f"{key}_stderr", f"{key}_se"):
+        if any(num(l.get(cand)) is not None for l in layers):
+            return cand
+    return None
+
+
+def layer_quantities(run: Run) -> dict[str, list[str]]:
+    """Paper -> the per-layer scalar keys of ``run`` worth a line (finite in at least one layer,
+    not an error-bar companion, not the index)."""
+    layers = run.layers
+    keys: list[str] = []
+    for l in layers:
+        for k, v in l.items():
+            if k in keys or k == "layer" or isinstance(v, bool) or num(v) is None:
+                continue
+            keys.append(k)
+    errs = {e for k in keys for e in [_error_key(layers, k)] if e}
+    companions = {c for k in keys for c, _ in _companion_keys(k)}  # drawn in their key's panel
+    keys = [k for k in keys if k not in errs and not k.endswith(("_std", "_stderr", "_se", "_noise"))
+            and k not in _NOT_PLOTTED and k not in companions]
+    order = list(LAYER_QUANTITIES)
+    keys.sort(key=lambda k: order.index(k) if k in order else len(order))  # known quantities first, in order
+    # with the per-sequence APS present, ``aps`` is either the same number or the older mean-map one under
+    # the old name: plot the per-sequence one and, last, the one explicitly named ``mean_map_aps``
+    for per_seq, dup in (("aps_mean", "aps"), ("attn_aps_mean", "attn_aps")):
+        if per_seq in keys:
+            keys = [k for k in keys if k != dup]
+    if any(k.endswith("aps_mean") for k in keys):  # the paper's per-sequence APS is drawn; the mean-map one
+        keys = [k for k in keys if "mean_map" not in k]  # stays in summary.json (it has no chance level)
+    keys = [k for k in keys if "mean_map" not in k] + [k for k in keys if "mean_map" in k]
+    default = run.paper or "other"
+    out: dict[str, list[str]] = {}
+    for k in keys:
+        paper = LAYER_QUANTITIES.get(k, (default,))[0]
+        if paper not in run.papers:
+            paper = default
+        out.setdefault(paper, []).append(k)
+    return out
+
+
+def _layer_xy(layers: list[dict], key: str) -> tuple[list, list, list | None, list]:
+    """(x positions, values, errors, tick labels) with 'embeddings' drawn at x = −1."""
+    xs, ys, es, labels = [], [], [], []
+    ek = _error_key(layers, key)
+    for i, l in enumerate(layers):
+        lid = l.get("layer")
+        x = lid if isinstance(lid, int) else (-1 if lid == "embeddings" else i)
+        xs.append(x)
+        ys.append(num(l.get(key)))
+        es.append(num(l.get(ek)) if ek else None)
+        labels.append(str(lid))
+    return xs, ys, (es if ek else None), labels
+
+
+def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None:
+    """Line plots (with error bars) of ``keys`` against layer, one line per run; embedded."""
+    from poslens.report.plots import layer_lines
+
+    panels = []
+    has_emb = any(l.get("layer") == "embeddings" for r in runs for l in r.layers)
+    for k in keys[:9]:
+        series = []
+        for r in runs:
+            layers = r.layers
+            if not any(num(l.get(k)) is not None for l in layers):
+                continue
+            xs, ys, es, _ = _layer_xy(layers, k)
+            grid = any(num(l.get(f"grid_{k}")) is not None for l in layers)
+            if grid:  # the standard error belongs to the statistic of the noise grid, drawn below
+                es = None
+            emb = num(r.summary.get(f"embedding_{k}"))
+            if emb is not None and -1 not in xs:  # a scan's embeddings value, drawn at x = −1
+                xs, ys = [-1] + xs, [emb] + ys
+                es = [num(r.summary.get(f"embedding_{k}_std"))] + es if es is not None else None
+                has_emb = True
+            series.append({"label": f"{r.name}: full map" if grid else r.name, "layers": xs, "values": ys,
+                           "errors": es})
+            for ck, what in _companion_keys(k):  # dashed, in the same panel
+                if not any(num(l.get(ck)) is not None for l in layers):
+                    continue
+                cx, cy, _, _ = _layer_xy(layers, ck)
+                errs = None
+                if ck == f"grid_{k}":  # the statistic its p-values, noise floor and error bars describe
+                    ek = _error_key(layers, k)
+                    errs = [num(l.get(ek)) for l in layers] if ek else None
+                    what = f"{max(int(num(l.get('noise_positions')) or 0) for l in layers)}-position {what}"
+                series.append({"label": f"{r.name}: {what}", "layers": cx, "values": cy, "errors": errs,
+                               "dashed": True})
+        if series:
+            info = LAYER_QUANTITIES.get(k, (None, k.replace("_", " "), None))
+            panels.append({"title": info[1], "series": series, "ref": info[2]})
+    if not panels:
+        return None
+    conv = (runs[0].summary.get("layer_info") or {}).get("convention") or "layer indices as the run wrote them"
+    from0 = all("from 0" in str((r.summary.get("layer_info") or {}).get("convention", "from 0")) for r in runs)
+    label = "decoder layer (from 0)" if from0 else "layer"
+    fig = layer_lines(panels, suptitle=title, columns=4, layer_label=f"{label[:-1]}; −1: embeddings)" if has_emb and from0
+                      else f"{label} (−1: embeddings)" if has_emb else label)
+    more = f" ({len(keys) - 9} more quantities in summary.json)" if len(keys) > 9 else ""
+    emb = " Layer −1 on the axis: the embeddings." if has_emb else ""
+    grids = {int(num(l.get("noise_positions")) or 0) for r in runs for l in r.layers
+             if any(str(k).startswith("grid_") for k in l)}
+    grid = (f" Solid lines: statistics of the full score map; dashed 'noise grid' lines: the same statistics on "
+            f"the {'/'.join(str(g) for g in sorted(grids))}-position grid the sample groups were kept on, which is "
+            "what the p-values, noise floors and trend error bars describe." if grids else "")
+    return {"src": embed_figure(fig), "caption": f"Per-layer quantities; {conv}.{emb} Error bars: the run's std / "
+                                                 f"standard error where it gives one.{grid}{more}",
+            "file": "summary.json"}
+
+
+def _head_matrix(layers: list[dict], key: str):
+    import numpy as np
+
+    rows = [l.get(key) if isinstance(l.get(key), list) else [] for l in layers]
+    H = max((len(r) for r in rows), default=0)
+    if H == 0:
+        return None
+    m = np.full((len(rows), H), np.nan)
+    for i, r in enumerate(rows):
+        for h, v in enumerate(r):
+            f = num(v)
+            if f is not None:
+                m[i, h] = f
+    return m
+
+
+def slash_matrix(run: Run, max_delta: int = SLASH_MAX_DELTA):
+    """``(best SlashScore over Δ = 1..max_delta, its Δ)`` per ``[layer, head]`` from the run's
+    ``maps.safetensors`` (key ``slash``, ``[L, H, S]``), or None where the run has none."""
+    path = run.path / "maps.safetensors"
+    if not path.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            if "slash" not in f.keys():
+                return None
+            s = f.get_slice("slash")
+            L, H, S = s.get_shape()
+            hi = min(max_delta, S - 1)
+            if hi < 1:
+                return None
+            window = s[:, :, 1: hi + 1].double()
+    except Exception:  # a damaged tensor file: the report shows the summary's numbers only
+        return None
+    import torch
+
+    best, arg = torch.nan_to_num(window, nan=-1.0).max(dim=-1)
+    best = torch.where(best < 0, torch.full_like(best, float("nan")), best)
+    return best.numpy(), (arg + 1).numpy()
+
+
+def head_figure(run: Run, keys: list[str], slash=None) -> dict | None:
+    """Head × layer heat maps of SlashScore (Δ-limited) and the per-head lists in ``keys``."""
+    from poslens.report.plots import head_layer_maps
+
+    layers = run.layers
+    maps = []
+    if slash is not None:
+        maps.append({"title": f"best SlashScore, Δ = 1 … {SLASH_MAX_DELTA}", "values": slash[0], "cmap": "viridis"})
+    for k in keys:
+        m = _head_matrix(layers, k)
+        if m is not None:
+            maps.append({"title": HEAD_QUANTITIES[k][1], "values": m, "cmap": "mako",
+                         **({"vmin": 0.0, "vmax": 1.0} if "energy" in k else {})})
+    if not maps:
+        return None
+    ids = [l.get("layer") for l in layers] or list(range(len(slash[0])))
+    fig = head_layer_maps(maps[:3], layer_ids=ids)
+    return {"src": embed_figure(fig), "caption": "Head × layer maps (rows: decoder layers from 0; columns: heads). "
+                                                 "Grey: no value (e.g. no RoPE in that layer).",
+            "file": "maps.safetensors / summary.json"}
+
+
+def _layer_table(run: Run, keys: list[str]) -> dict | None:
+    layers = run.layers
+    if not layers or len(layers) > MAX_TABLE_LAYERS or not keys:
+        return None
+    cols = ["layer"] + [LAYER_QUANTITIES.get(k, (None, k.replace("_", " ")))[1] for k in keys]
+    rows = []
+    for l in layers:
+        row = [l.get("layer")]
+        for k in keys:
+            ek = _error_key(layers, k)
+            v = l.get(k)
+            g = num(l.get(f"grid_{k}"))
+            if k == "relativity_index" and v is None:
+                row.append("flat")
+            elif g is not None and num(v) is not None:  # the error belongs to the noise grid's statistic
+                se = f" ± {fmt(num(l.get(ek)))}" if ek and num(l.get(ek)) is not None else ""
+                row.append(f"{fmt(num(v))} (grid {fmt(g)}{se})")
+            elif ek and num(l.get(ek)) is not None and num(v) is not None:
+                row.append(f"{fmt(num(v))} ± {fmt(num(l.get(ek)))}")
+            else:
+                row.append(num(v) if not isinstance(v, str) else v)
+        rows.append(row)
+    conv = (run.summary.get("layer_info") or {}).get("convention", "")
+    n = max((int(num(l.get("noise_positions")) or 0) for l in layers if any(str(k).startswith("grid_") for k in l)),
+            default=0)
+    if n:
+        conv += (f"{'; ' if conv else ''}values on the full map, '(grid …)' the same statistic on the {n}-position "
+                 "grid the p-values and standard errors describe")
+    return table("Per layer", cols, rows, note=conv)
+
+
+# --------------------------------------------------------------------------------------------
+# one card per (run, paper), the same way for every command
+# --------------------------------------------------------------------------------------------
+def run_label(run: Run) -> str:
+    s = run.summary
+    if isinstance(s.get("label"), str):
+        return s["label"]
+    layers = run.layers
+    ropes = {bool(l.get("rope")) for l in layers if "rope" in l}
+    pe = "RoPE" if ropes == {True} else "NoPE" if ropes == {False} else "partly RoPE" if ropes else ""
+    ctrl = s.get("controls") or {}
+    bits = [str(s.get("model_type") or ""), pe]
+    if ctrl.get("bidirectional"):
+        bits.append("bidirectional control")
+    if ctrl.get("no_rope_layers"):
+        bits.append(f"RoPE removed in layers {fmt(ctrl['no_rope_layers'])}")
+    if s.get("num_seqs") is not None:
+        bits.append(f"{fmt(s.get('num_seqs'))} sequences × {fmt(s.get('seq_len'))} tokens")
+    src = (run.config.get("source") or {}).get("kind") if isinstance(run.config.get("source"), dict) else None
+    if src:
+        bits.append(f"data: {src}")
+    if s.get("experiment"):
+        bits.append(str(s["experiment"]))
+    return ", ".join(b for b in bits if b)
+
+
+scan_label = run_label  # older name
+
+
+def readings_for(run: Run, paper: str) -> list[str]:
+    """The run's readings for one paper (:func:`poslens.report.readings.run_readings`)."""
+    return run_readings(run.command, run.papers, run.summary, paper)
+
+
+def _meta(run: Run) -> list[tuple[str, str]]:
+    s, c = run.summary, run.config
+    opts = c.get("options") if isinstance(c.get("options"), dict) else c
+    meta = [(k.replace("_", " "), fmt(opts.get(k))) for k in ("model_dir", "alpha", "layers", "seq_len", "dim", "norm",
+                                                             "scale", "rope", "causal", "num_seqs", "data", "seed")
+            if k in opts and opts.get(k) is not None and not isinstance(opts.get(k), (dict, list))]
+    for k in ("samples", "seconds", "wall_s"):
+        if num(s.get(k)) is not None:
+            meta.append((k.replace("_", " "), fmt(num(s[k]))))
+    tp = s.get("throughput") or {}
+    if isinstance(tp, dict) and num(tp.get("tokens_per_s")) is not None:
+        meta.append(("tokens / s", fmt(num(tp.get("tokens_per_s")))))
+    return meta
+
+
+def generic_cards(run: Run, slash_cache: dict | None = None, *, overlaid: bool = False) -> list[tuple[str, dict]]:
+    """One card per paper the run measures: readings, line plots of its per-layer quantities,
+    head × layer maps, the short tables, its own figures (score maps with the first paper).
+    ``overlaid``: the run's per-layer numbers are drawn in a comparison with like runs, so it gets
+    no per-layer table of its own."""
+    papers = [p for p in run.papers if p in PAPERS] or ["other"]
+    quantities = layer_quantities(run)
+    head_keys = [k for k in HEAD_QUANTITIES if any(isinstance(l.get(k), list) for l in run.layers)]
+    slash = slash_matrix(run) if "slash" in papers else None
+    if slash_cache is not None:
+        slash_cache[id(run)] = slash
+    notes: list[str] = []
+    own_figs = run_figures(run, notes, per_layer_drawn=any(quantities.values()))
+    if run.summary.get("stopped_early"):
+        notes.append("stopped early: every score's standard error fell below the target.")
+    label = run_label(run)
+    cards = []
+    for i, paper in enumerate(papers):
+        keys = quantities.get(paper, []) + ([k for p, ks in quantities.items() if p not in papers for k in ks]
+                                            if i == 0 else [])
+        figs = []
+        # few layers: the short table says it all; many layers: line plots instead of a long table
+        lf = layer_figure([run], keys, title=f"{run.name}: per layer") if len(run.layers) > MAX_TABLE_LAYERS else None
+        if lf:
+            figs.append(lf)
+        if paper == "slash":
+            hf = head_figure(run, head_keys, slash)
+            if hf:
+                figs.append(hf)
+        # a run's own tables already say it; an overlaid run's numbers are in the comparison's line plots
+        tables = [_layer_table(run, keys)] if not run.tables and not overlaid else []
+        if len(papers) == 1 or paper == run.paper:
+            tables += [table(str(t.get("title") or ""), t["columns"], t["rows"], note=str(t.get("note") or ""))
+                       for t in run.tables]
+        said = [x for x in (sparse_sentence(str(t.get("title") or ""), t["columns"], t["rows"]) for t in run.tables)
+                if x]
+        card_notes = list(notes) if i == 0 else []
+        if said and (len(papers) == 1 or paper == run.paper):
+            card_notes += [f"Not shown as a table: {x}." for x in said]
+        title = run.summary.get("title") if isinstance(run.summary.get("title"), str) else None
+        cards.append((paper, _card(run, title=title or run.name, subtitle=label if not title else run.name,
+                                   badge=run.command, anchor=f"{_slug(paper)}-{_slug(run.name)}",
+                                   readings=readings_for(run, paper), tables=tables,
+                                   figures=figs + (own_figs if i == 0 else []),
+                                   meta=_meta(run) if i == 0 else [], notes=card_notes)))
+    return cards
+
+
+def cards_for(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
+    """The cards of one run; ``compared``: it is drawn beside like runs in a comparison block."""
+    if run.kind == "model":
+        return model_cards(run, compared=compared)
+    return generic_cards(run, overlaid=compared)
+
+
+# --------------------------------------------------------------------------------------------
+# comparisons: several runs of one command, overlaid
+# --------------------------------------------------------------------------------------------
+def overlaid_groups(runs: list[Run]) -> dict[str, list[Run]]:
+    """Command -> its runs whose per-layer numbers are overlaid in one set of line plots (two or
+    more runs of one command with more than one layer each)."""
+    by_command: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.kind == "command" and len(r.layers) > 1:
+            by_command.setdefault(r.command, []).append(r)
+    return {c: g for c, g in by_command.items() if len(g) >= 2}
+
+
+def compared_ids(runs: list[Run]) -> set[int]:
+    """``id`` of every run drawn in a comparison block (overlaid runs; models beside other models)."""
+    ids = {id(r) for g in overlaid_groups(runs).values() for r in g}
+    models = [r for r in runs if r.kind == "model" and r.summary]
+    return ids | ({id(r) for r in models} if len(models) >= 2 else set())
+
+
+def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
+    """Section -> comparison blocks ({title, legend, readings, tables, figures}) for like runs."""
+    out: dict[str, list[dict]] = {}
+    by_command = overlaid_groups(runs)
+    for command, group in by_command.items():
+        legend = "; ".join(f"{r.name}: {run_label(r)}" for r in group)
+        per_paper: dict[str, list[str]] = {}
+        for r in group:
+            for p, ks in layer_quantities(r).items():
+                for k in ks:
+                    if k not in per_paper.setdefault(p, []):
+                        per_paper[p].append(k)
+        order = list(LAYER_QUANTITIES)  # known quantities first, in their order, whichever run has them
+        for ks in per_paper.values():
+            ks.sort(key=lambda k: order.index(k) if k in order else len(order))
+        for paper, keys in per_paper.items():
+            fig = layer_figure(group, keys, title=f"{len(group)} {command} runs")
+            if fig is None:
+                continue
+            out.setdefault(paper if paper in PAPERS else "other", []).append({
+                "title": f"Comparison of {len(group)} {command} runs", "legend": legend, "readings": [],
+                "tables": [], "figures": [fig]})
+    # analysis runs of the same experiment: stack tables that share title and columns
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.kind == "command" and r.summary.get("experiment"):
+            groups.setdefault(str(r.summary["experiment"]), []).append(r)
+    overlaid = {id(r) for g in by_command.values() for r in g}
+    for exp, group in groups.items():
+        if len(group) < 2 or all(id(r) in overlaid for r in group):  # their per-layer plots are overlaid above
+            continue
+        tabs = []
+        for t in group[0].tables:
+            rows = []
+            for r in group:
+                match = next((u for u in r.tables if u.get("title") == t.get("title")
+                              and u.get("columns") == t.get("columns")), None)
+                if match is None:
+                    rows = []
+                    break
+                rows += [[r.name] + (row if isinstance(row, list) else [row]) for row in match["rows"]]
+            tabs.append(table(f"{t.get('title') or ''} (all runs)", ["run"] + list(t["columns"]), rows))
+        tabs = [t for t in tabs if t]
+        if tabs:
+            paper = group[0].paper if group[0].paper in PAPERS else "other"
+            out.setdefault(paper, []).append({"title": f"Comparison: {exp} ({len(group)} runs)", "legend": "",
+                                              "readings": [], "tables": tabs, "figures": []})
+    models = [r for r in runs if r.kind == "model" and r.summary]
+    if len(models) >= 2:
+        rows = [[r.name] + [r.summary.get(k) for k in ("pe", "task", "data", "steps", "params", "initial_loss",
+                                                       "final_loss", "eval_accuracy", "eval_accuracy_long")]
+                for r in models]
+        loss = _loss_figure(models)
+        out.setdefault("models", []).append({
+            "title": f"Comparison of {len(models)} models", "legend": "", "readings": [],
+            "figures": [loss] if loss else [],
+            "tables": [table("Models side by side", ["model", "PE", "task", "data", "steps", "parameters",
+                                                     "initial loss", "final loss", "accuracy", "accuracy (longer)"],
+                             rows)]})
+    return out
+
+
+def findings(runs: list[Run]) -> list[dict]:
+    """The page's key findings: one block per paper, from every run's numbers."""
+    items = []
+    for r in runs:
+        if r.kind != "command":
+            continue
+        s = r.summary
+        if "slash" in r.papers and not s.get("slash_heads"):  # older runs: the Δ-limited heads from the maps
+            m = slash_matrix(r)
+            if m is not None:
+                import torch
+
+                from poslens.metrics.slash import top_slash_heads
+
+                best, arg = m
+                full = torch.full((best.shape[0], best.shape[1], SLASH_MAX_DELTA + 1), float("nan"),
+                                  dtype=torch.float64)
+                full.scatter_(-1, torch.as_tensor(arg).long()[..., None], torch.as_tensor(best)[..., None])
+                ids = [l.get("layer") for l in r.layers] or None
+                s = {**s, "slash_heads": top_slash_heads(full, k=10, min_offset=1, layer_ids=ids)}
+        items.append((r.name, r.command, r.papers, s))
+    kf = key_findings(items)
+    return [{"paper": k, "title": PAPERS[k]["short"], "ref": PAPERS[k]["ref"], "items": v, "anchor": f"sec-{k}"}
+            for k, v in kf.items()]
+
+
+def _loss_log(run: Run) -> tuple[list, list, list, list] | None:
+    """``(steps, losses, eval steps, eval losses)`` from the run's ``train_log.jsonl``, or None."""
+    log = run.path / "train_log.jsonl"
+    if not log.is_file():
+        return None
+    steps, losses, ev_steps, ev_losses = [], [], [], []
+    try:
+        for line in log.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(r, dict):
+                continue
+            if r.get("kind") == "eval" and num(r.get("eval_loss")) is not None:
+                ev_steps.append(r.get("step"))
+                ev_losses.append(num(r["eval_loss"]))
+            elif num(r.get("loss")) is not None and num(r.get("step")) is not None:
+                steps.append(num(r["step"]))
+                losses.append(num(r["loss"]))
+    except OSError:
+        return None
+    return (steps, losses, ev_steps, ev_losses) if len(steps) >= 2 else None
+
+
+def _loss_figure(runs: list[Run]) -> dict | None:
+    """Loss curves of one or more training runs in one figure (drawn here, embedded as PNG)."""
+    logs = [(r, lg) for r in runs for lg in [_loss_log(r)] if lg]
+    if not logs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.0))
+    for n, (r, (steps, losses, ev_steps, ev_losses)) in enumerate(logs):
+        name = f"{r.name}: " if len(logs) > 1 else ""
+        ax.plot(steps, losses, lw=1, color=f"C{n}", label=f"{name}training loss")
+        if ev_losses:
+            ax.plot(ev_steps, ev_losses, "o--", ms=3, color=f"C{n}", label=f"{name}evaluation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return {"src": embed_figure(fig), "caption": "Loss during training (from train_log.jsonl).",
+            "file": "train_log.jsonl"}
+
+
+def _loss_curve(run: Run) -> dict | None:
+    """The loss curve of one training run."""
+    return _loss_figure([run])
+
+
+_MODEL_KEYS = ("pe", "task", "data", "preset", "steps", "params", "params_non_embedding", "initial_loss", "final_loss",
+               "eval_loss", "eval_accuracy", "eval_accuracy_long", "tokens_per_second", "device")
+
+
+def model_cards(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
+    """A model directory's card; ``compared``: its numbers and loss curve are in the side-by-side block."""
+    s, c = run.summary, run.config
+    arch = [(k, fmt(c.get(k))) for k in ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                                         "num_key_value_heads", "n_layer", "n_embd", "n_head", "vocab_size") if k in c]
+    rows = [] if compared else [[k.replace("_", " "), s.get(k)] for k in _MODEL_KEYS if k in s and s.get(k) is not None]
+    figs = [] if compared else [f for f in [_loss_curve(run)] if f]
+    notes = [] if s else ["no summary.json: a model directory not written by `poslens train`; architecture only."]
+    card = _card(run, subtitle=f"{c.get('model_type', '')} model", badge="model", readings=model_readings(s, c),
+                 tables=[table("Training summary", ["quantity", "value"], rows)] if rows else [], figures=figs,
+                 meta=arch, notes=notes)
+    return [("models", card)]
+
+
+
+# --------------------------------------------------------------------------------------------
+# the reproduction page
+# --------------------------------------------------------------------------------------------
+def reproduction_block(run: Run) -> dict:
+    idx = run.index
+    exps = []
+    summary_rows = []
+    for e in idx.get("experiments") or []:
+        if not isinstance(e, dict):
+            continue
+        name = str(e.get("name") or "?")
+        rep = e.get("reproduced")
+        verdict = "reproduced" if rep is True else "not reproduced" if rep is False else "not decided"
+        edir = _inside(run.path, name) if name != "?" else None
+        figs, nested = [], []
+        if edir is not None and edir.is_dir():
+            for p in sorted(edir.glob("*")):
+                if p.suffix.lower() in _MIME:
+                    uri = embed_file(p)
+                    if uri:
+                        figs.append({"src": uri, "caption": figure_caption(p.name), "file": f"{name}/{p.name}"})
+            paths, _ = expand(edir, depth=3)
+            for rp in paths:
+                if rp.resolve() == run.path.resolve():
+                    continue
+                try:
+                    sub = load_run(rp)
+                except PoslensError:
+                    continue
+                sub.name = str(rp.resolve().relative_to(run.path.resolve()))
+                for _sec, c in cards_for(sub):
+                    c["id"] = f"repro-{_slug(sub.name)}-{_sec}"
+                    c["path"] = sub.name  # relative: the folder may be a staging copy or move later
+                    nested.append(c)
+        measured = e.get("measured")
+        lines = measured if isinstance(measured, list) else str(measured if measured is not None else "").splitlines()
+        exps.append({"id": f"exp-{_slug(name)}", "name": name, "paper": str(e.get("paper") or ""),
+                     "claim": str(e.get("claim") or ""), "measured": [str(x) for x in lines if str(x).strip()],
+                     "verdict": verdict, "ok": rep, "note": str(e.get("note") or ""), "figures": figs,
+                     "cards": nested})
+        summary_rows.append([name, str(e.get("paper") or ""), verdict])
+    n_ok = sum(1 for e in exps if e["ok"] is True)
+    setting = []
+    if idx.get("samples") is not None:
+        setting.append(f"Monte Carlo samples per simulation: {fmt(idx.get('samples'))}")
+    if idx.get("seed") is not None:
+        setting.append(f"seed {idx.get('seed')}")
+    shown = run.display_path if run.display_path is not None else str(run.path)
+    return {"id": f"repro-{_slug(run.name)}", "name": run.name, "path": shown, "experiments": exps,
+            "n_ok": n_ok, "n": len(exps), "setting": ", ".join(setting),
+            "table": table("Verdicts", ["experiment", "paper", "verdict"], summary_rows)}

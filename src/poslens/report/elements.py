@@ -1,0 +1,129 @@
+"""Page elements of the report: short tables in the one number format (empty and all-zero tables
+said in a sentence instead), and figures embedded as ``data:`` URIs."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from poslens.fmt import fmt
+
+_MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+         ".svg": "image/svg+xml", ".webp": "image/webp"}
+
+
+# --------------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------------
+_NUMERIC = re.compile(r"^[-+−–]?[\d.,]+(e[-+]?\d+)?( ± [\d.,e+-]+)?$|^(–|flat|yes|no)$")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "x"
+
+
+#: a numeric table with at least this many entries, this fraction of them 0, is said in a sentence
+SPARSE_MIN_ENTRIES, SPARSE_ZERO_FRACTION = 8, 0.9
+
+
+def _numeric_body(rows: list[list]) -> list[tuple[int, int, float]] | None:
+    """``(row, column, value)`` of a table whose cells after the first column are all numbers."""
+    out = []
+    for i, r in enumerate(rows):
+        for j, c in enumerate(r[1:], 1):
+            if c is None:
+                continue
+            if isinstance(c, bool) or not isinstance(c, (int, float)):
+                return None
+            out.append((i, j, float(c)))
+    return out
+
+
+def sparse_sentence(title: str, columns: list, rows: list) -> str | None:
+    """One sentence for a numeric table that is (almost) all zeros, or None for any other table:
+    "t: every entry 0" / "t: all 40 entries 0 except κ 0.3, Δ 1: 2"."""
+    rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
+    if not rows:
+        return f"{title or 'a table'}: no rows"
+    body = _numeric_body(rows)
+    if not body or len(body) < SPARSE_MIN_ENTRIES:
+        return None
+    nonzero = [(i, j, v) for i, j, v in body if v != 0]
+    if len(nonzero) > (1 - SPARSE_ZERO_FRACTION) * len(body):
+        return None
+    if not nonzero:
+        return f"{title or 'a table'}: all {len(body)} entries 0"
+    name = lambda i, j: f"{columns[0]} {fmt(rows[i][0])}, {columns[j] if j < len(columns) else j}"  # noqa: E731
+    return (f"{title or 'a table'}: all {len(body)} entries 0 except "
+            + "; ".join(f"{name(i, j)}: {fmt(v)}" for i, j, v in nonzero))
+
+
+def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: str = "") -> dict | None:
+    """A table for the page, or None when it would say nothing: no rows, or a numeric table that
+    is (almost) all zeros (a κ × Δ count table; :func:`sparse_sentence` says it in words)."""
+    def cell(c):
+        text = fmt(c)
+        return {"v": text, "num": bool(_NUMERIC.match(text))}
+
+    rows = [list(r) if isinstance(r, (list, tuple)) else [r] for r in rows]
+    if sparse_sentence(title, list(columns), rows) is not None:
+        return None
+    return {"title": title, "columns": [str(c) for c in columns], "rows": [[cell(c) for c in r] for r in rows],
+            "note": note}
+
+
+def embed_file(path: Path) -> str | None:
+    """``data:`` URI of an image file, or None if it is missing or not an image."""
+    mime = _MIME.get(path.suffix.lower())
+    if mime is None or not path.is_file():
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data:
+        return None
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def png_width(uri: str) -> int | None:
+    """Pixel width of a ``data:image/png`` URI (from its IHDR chunk), else None."""
+    head = "data:image/png;base64,"
+    if not uri.startswith(head):
+        return None
+    try:
+        raw = base64.b64decode(uri[len(head): len(head) + 44])
+    except ValueError:
+        return None
+    return int.from_bytes(raw[16:20], "big") if raw[12:16] == b"IHDR" else None
+
+
+#: figures narrower than this (in pixels) sit two to a row on the page
+HALF_WIDTH_PX = 1100
+
+
+def embed_bytes(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def embed_figure(fig, dpi: int = 100) -> str:
+    """A matplotlib figure as a ``data:`` PNG URI (the figure is closed)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    return embed_bytes(buf.getvalue())
+
+
+def _inside(base: Path, rel: str) -> Path | None:
+    """``base / rel`` if it stays inside ``base`` (summary files never point elsewhere)."""
+    try:
+        p = (base / rel).resolve()
+        p.relative_to(base.resolve())
+    except (ValueError, OSError):
+        return None
+    return p

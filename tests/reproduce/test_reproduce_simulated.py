@@ -1,0 +1,51 @@
+"""The simulator experiments of ``poslens reproduce`` (arXiv 2509.21042 figures) and its index."""
+
+from poslens.rundir import read_json
+
+
+def test_reproduce_fig1_and_index(cli, tmp_path):
+    out = tmp_path / "repro"
+    code, stdout, _ = cli("reproduce", "kim-fig1", "--out", out, "--quiet")
+    assert code == 0
+    idx = read_json(out / "index.json")
+    assert idx["experiments"][0]["reproduced"] is True
+    assert (out / "kim-fig1" / "kim_fig1.png").exists()
+    assert "kim-fig1" in (out / "index.md").read_text()
+
+
+def test_reproduce_fig4_small(tmp_path):
+    from poslens.reproduce import ReproContext, run_reproduction
+
+    rec = run_reproduction("kim-fig4", tmp_path / "r", ReproContext(samples=2000, figures=False))[0]
+    assert rec["reproduced"], rec["measured"]
+    assert len(rec["runs"]) == 4
+    # the sign per alpha, as the paper's figure: lower further right at alpha = 0, higher at alpha = 0.5
+    lines = rec["measured"].splitlines()
+    a0 = next(x for x in lines if x.startswith("alpha=0, ") and "non-causal" not in x)
+    a5 = next(x for x in lines if x.startswith("alpha=0.5, ") and "non-causal" not in x)
+    assert "right lower" in a0 and "as in the paper" in a0
+    assert "right higher" in a5 and "as in the paper" in a5
+    trends0 = [float(t) for t in a0.split("diagonal trend ")[1].split(" vs")[0].split(" / ")]
+    assert all(t < 0 for t in trends0)
+
+
+def test_reproduce_layernorm_sqrt_d_alpha0_is_flat_as_in_the_paper(tmp_path):
+    from poslens.reproduce import EXPERIMENTS, ReproContext
+
+    ctx = ReproContext(samples=2000, figures=False)
+    rec = EXPERIMENTS["kim-layernorm"].run(ctx, tmp_path / "ln")
+    line = next(x for x in rec["measured"].splitlines() if "LN/sqrt-d" in x and x.startswith("alpha=0, "))
+    assert "flat in every layer" in line and "as in the paper's own figure" in line
+
+
+def test_reproduce_fig1_says_rounded_and_truncated(tmp_path):
+    from poslens.reproduce import EXPERIMENTS, ReproContext
+
+    rec = EXPERIMENTS["kim-fig1"].run(ReproContext(figures=False), tmp_path / "f1")
+    assert "0.1535 as 0.154 (rounded)" in rec["note"] and "0.1508 as 0.150 (truncated)" in rec["note"]
+
+
+def test_reproduce_unknown_name(cli, tmp_path):
+    code, _, err = cli("reproduce", "kim-fig9", "--out", tmp_path / "r", "--quiet")
+    assert code == 2 and "kim-fig9" in err
+    assert not (tmp_path / "r").exists()
