@@ -42,10 +42,13 @@ _ACTIVE: "Capture | None" = None
 # --------------------------------------------------------------------------------------------
 # kernels
 # --------------------------------------------------------------------------------------------
-#: Logits per chunk on CPU (float32: 16 MiB): small enough to stay cache-resident across a chunk's
-#: several passes, large enough that a layer is a few chunks (every op is a parallel region; on a
-#: shared machine each one risks a stall while a worker thread is descheduled).
-CPU_CHUNK_ELEMS = 2**22
+#: Logits per chunk on CPU (float32: 4 MiB): small enough to stay cache-resident across a chunk's
+#: several passes (matmul, mask, softmax in place, p @ v, batch and head sums), large enough that a
+#: layer is a few dozen chunks (every op is a parallel region; on a shared machine each one risks a
+#: stall while a worker thread is descheduled). 16 MiB chunks (half this CPU's shared L3) made
+#: SmolLM2-135M's capture at 1 x 1,024 tokens cost +40-64 % over the forward instead of +23-27 %
+#: (one thread, A/B in one process, taken under load); the benchmark model was unchanged within noise.
+CPU_CHUNK_ELEMS = 2**20
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 256
