@@ -50,6 +50,11 @@ _ACTIVE: "Capture | None" = None
 #: (one thread, A/B in one process, taken under load); the benchmark model was unchanged within noise.
 CPU_CHUNK_ELEMS = 2**20
 
+#: Fewest query rows per CPU chunk by default (large batches, many heads, long sequences): below it
+#: the per-(batch, head) products get too thin to run at GEMM speed and a layer becomes thousands of
+#: chunks; 32 rows keep the benchmark model's batch of 20 near the 25-row chunks it was tuned with.
+CPU_MIN_ROWS = 32
+
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 256
 
@@ -755,11 +760,14 @@ class Capture:
         closer to the diagonal. On CUDA launches, not caches, are the cost: large chunks.
         """
         elems = self.spec.chunk_elems
+        floor = 1
         if torch.device(device).type == "cpu":
+            if not elems:  # the default: at least CPU_MIN_ROWS rows, so each (batch, head) product stays a real GEMM
+                floor = CPU_MIN_ROWS
             elems = min(elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
         elif not elems:
             elems = CUDA_CHUNK_ELEMS
-        return min(S, max(1, elems // max(1, B * H * S)))
+        return min(S, max(floor, elems // max(1, B * H * S)))
 
     def computes_output(self, layer, query, key, window, softcap) -> bool:
         """Whether :meth:`observe_attention` computes ``layer``'s attention output itself (from the
