@@ -102,6 +102,12 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "attention maps are square [..., S, S]"),
     ("metrics/diagonal.py", "_slope_functional", r"nk\.clamp_min\(1\)", r"clamp_min\(2\)", "equivalent",
      "only diagonals with at least 3 entries get a weight; the clamp acts on counts 0 and 1 alone"),
+    ("metrics/diagonal.py", "_groups", r"torch\.ones\(g\.shape\[0\], dtype=torch\.float64\)",
+     r"torch\.ones\(g\.shape\[0\], \)|dtype=None", "equivalent",
+     "all-one weights are exact in float32, and every user converts them to float64"),
+    ("metrics/diagonal.py", "", r"S = m\.shape\[-1\]", r"shape\[-2\]", "equivalent", "score maps are square [S, S]"),
+    ("metrics/diagonal.py", "diagonal_trend", r"\(~fin\)\.to\(torch\.int8\)", r"\.to\(None\)", "equivalent",
+     "a stable sort of the booleans themselves gives the same order as of their int8 copy"),
     ("simulate.py", "auto_chunk", "", "", "equivalent",
      "sequences per compute chunk: speed and memory only (the results do not depend on chunking; tested)"),
     ("simulate.py", "run_simulation", r"chunk = (cfg\.chunk_size or|max\(RNG_BLOCK)", "", "equivalent",
@@ -159,6 +165,7 @@ def _prose_only(minus: str, plus: str) -> bool:
 
 def _without_device(line: str) -> str:
     line = re.sub(r"device=(None|[\w.]+)", "", line)
+    line = re.sub(r"\b\w+\.device\b", "", line)  # a positional device argument
     line = re.sub(r"\.to\((None|[\w.]+\.device)\)", "", line)
     return re.sub(r"[\s,]", "", line)
 

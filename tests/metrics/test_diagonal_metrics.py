@@ -348,3 +348,25 @@ def test_describe_map_locality_options(diag, exclude):
     m[:, 0] += 10.0  # a raised sink column: the locality changes when it is excluded
     d = describe_map(m, include_diagonal=diag, exclude_keys=exclude)
     assert d["locality"] == pytest.approx(brute_locality(m.tolist(), diag, exclude), abs=1e-12)
+
+
+def test_flatness_with_groups_uses_weights_diagonal_and_excluded_keys():
+    from poslens.metrics.diagonal import flat_pvalue
+
+    S, G = 5, 8
+    gen = torch.Generator().manual_seed(40)
+    noise = 0.05 * torch.randn(G, S, S, generator=gen, dtype=torch.float64)
+    # (a) the main diagonal alone varies: flat unless the diagonal is included
+    diag_only = noise + 3.0 * torch.eye(S, dtype=torch.float64) * torch.arange(S, dtype=torch.float64)
+    ents = [(i, j) for i in range(S) for j in range(i + 1)]
+    want = _signflip_vec(_group_vectors(diag_only.tolist(), ents, False), [1.0] * G)
+    assert flat_pvalue(diag_only, include_diagonal=True) == pytest.approx(want, abs=1e-12)
+    assert want < 0.01
+    # (b) the sink column alone varies: flat once key 0 is excluded, with decisive groups
+    sink = noise.clone()
+    sink[:, 1:, 0] += torch.arange(1, S, dtype=torch.float64)
+    m = sink.mean(0)
+    ents = [(i, j) for i in range(S) for j in range(i) if j != 0]
+    p_excl = _signflip_vec(_group_vectors(sink.tolist(), ents, False), [1.0] * G)
+    assert p_excl >= 0.01 and is_flat(m, sink, exclude_keys=(0,))
+    assert not is_flat(m, sink)
