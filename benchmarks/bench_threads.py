@@ -62,7 +62,7 @@ def _simulate(args, threads: int) -> dict:
 
     from poslens.simulate import SimConfig, run_simulation
 
-    cfg = SimConfig(samples=args.samples, seq_len=50, dim=64, layers=4)
+    cfg = SimConfig(samples=args.samples, seq_len=50, dim=64, layers=4, device="cpu")
     if args.policy == "poslens":
         t0 = time.perf_counter()
         run_simulation(cfg)  # workers: one per CPU, single-threaded inside torch

@@ -150,4 +150,7 @@ def test_summary_numbers_per_layer(tmp_path):
     back = load_result(tmp_path / "r")
     torch.testing.assert_close(back.scores, res.scores.float().double(), equal_nan=True)
     torch.testing.assert_close(back.score_groups, res.score_groups.float().double(), equal_nan=True)
-    assert back.samples == 300 and back.config == cfg
+    # the run records the device it ran on ('auto' resolved), and loads back to that config
+    from poslens.runtime import parse_device
+
+    assert res.config.device == parse_device("auto") and back.samples == 300 and back.config == res.config

@@ -29,9 +29,12 @@ import contextlib
 import os
 import sys
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from poslens.errors import PoslensError
+
+if TYPE_CHECKING:  # annotations only: torch is imported where a function needs it (CLI start-up)
+    import torch
 
 
 def parse_device(device: str) -> str:

@@ -71,6 +71,10 @@ def test_top_level_help_lists_the_flow_in_order(cli):
     assert code == 0
     listed = [line.split()[0] for line in out.split("Commands:")[1].splitlines() if line.strip()]
     assert listed == list(FLOW_ORDER)
+    assert "..." not in out.split("Commands:")[1]  # each one-line summary is shown whole at 80 columns
+    for group in ("theory", "models"):
+        code, sub, _ = cli(group, "--help")
+        assert code == 0 and "..." not in sub.split("Commands:")[1], sub
     assert FLOW_ORDER.index("simulate") < FLOW_ORDER.index("scan") < FLOW_ORDER.index("report") \
         < FLOW_ORDER.index("demo")
 

@@ -198,10 +198,6 @@ class NeighborhoodConfig:
     trust_remote_code: bool = False
 
 
-def _fmt_pm(m: float, s: float) -> str:
-    return fmt_pm(m, s)
-
-
 def _plan(cfg: NeighborhoodConfig):
     """Validate every input and build the sequence source; writes nothing."""
     for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size)):
@@ -330,12 +326,12 @@ def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_ty
         cols += ["APS bidirectional", "norm score bidirectional"]
     rows = []
     for k in range(K):
-        r = [layer_name(k), _fmt_pm(rows_c[k]["aps_mean"], rows_c[k]["aps_std"]),
-             _fmt_pm(rows_c[k]["norm_score_mean"], rows_c[k]["norm_score_std"]),
-             _fmt_pm(rows_rc[k]["aps_mean"], rows_rc[k]["aps_std"])]
+        r = [layer_name(k), fmt_pm(rows_c[k]["aps_mean"], rows_c[k]["aps_std"]),
+             fmt_pm(rows_c[k]["norm_score_mean"], rows_c[k]["norm_score_std"]),
+             fmt_pm(rows_rc[k]["aps_mean"], rows_rc[k]["aps_std"])]
         if rows_b is not None:
-            r += [_fmt_pm(rows_b[k]["aps_mean"], rows_b[k]["aps_std"]),
-                  _fmt_pm(rows_b[k]["norm_score_mean"], rows_b[k]["norm_score_std"])]
+            r += [fmt_pm(rows_b[k]["aps_mean"], rows_b[k]["aps_std"]),
+                  fmt_pm(rows_b[k]["norm_score_mean"], rows_b[k]["norm_score_std"])]
         rows.append(r)
     gap0 = theory_gap(causal["cosine"][1]) if K > 1 else float("nan")
     T = causal["cosine"].shape[-1]

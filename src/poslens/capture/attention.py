@@ -42,10 +42,18 @@ _ACTIVE: "Capture | None" = None
 # --------------------------------------------------------------------------------------------
 # kernels
 # --------------------------------------------------------------------------------------------
-#: Logits per chunk on CPU (float32: 16 MiB): small enough to stay cache-resident across a chunk's
-#: several passes, large enough that a layer is a few chunks (every op is a parallel region; on a
-#: shared machine each one risks a stall while a worker thread is descheduled).
-CPU_CHUNK_ELEMS = 2**22
+#: Logits per chunk on CPU (float32: 4 MiB): small enough to stay cache-resident across a chunk's
+#: several passes (matmul, mask, softmax in place, p @ v, batch and head sums), large enough that a
+#: layer is a few dozen chunks (every op is a parallel region; on a shared machine each one risks a
+#: stall while a worker thread is descheduled). 16 MiB chunks (half this CPU's shared L3) made
+#: SmolLM2-135M's capture at 1 x 1,024 tokens cost +40-64 % over the forward instead of +23-27 %
+#: (one thread, A/B in one process, taken under load); the benchmark model was unchanged within noise.
+CPU_CHUNK_ELEMS = 2**20
+
+#: Fewest query rows per CPU chunk by default (large batches, many heads, long sequences): below it
+#: the per-(batch, head) products get too thin to run at GEMM speed and a layer becomes thousands of
+#: chunks; 32 rows keep the benchmark model's batch of 20 near the 25-row chunks it was tuned with.
+CPU_MIN_ROWS = 32
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 256
@@ -752,11 +760,14 @@ class Capture:
         closer to the diagonal. On CUDA launches, not caches, are the cost: large chunks.
         """
         elems = self.spec.chunk_elems
+        floor = 1
         if torch.device(device).type == "cpu":
+            if not elems:  # the default: at least CPU_MIN_ROWS rows, so each (batch, head) product stays a real GEMM
+                floor = CPU_MIN_ROWS
             elems = min(elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
         elif not elems:
             elems = CUDA_CHUNK_ELEMS
-        return min(S, max(1, elems // max(1, B * H * S)))
+        return min(S, max(floor, elems // max(1, B * H * S)))
 
     def computes_output(self, layer, query, key, window, softcap) -> bool:
         """Whether :meth:`observe_attention` computes ``layer``'s attention output itself (from the

@@ -12,7 +12,7 @@ from poslens.runtime import parse_device
 from poslens.cli.app import threads_option, use_threads  # --threads
 
 
-@app.command()
+@app.command(short_help="The whole flow on built-in data, in a few CPU minutes.")
 def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Where to write every step's results (must be new "
                              "unless --overwrite)."),

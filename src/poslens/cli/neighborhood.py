@@ -27,7 +27,7 @@ def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> No
     console.print(f"wrote {out}/")
 
 
-@app.command("neighborhood")
+@app.command("neighborhood", short_help="Similarity of nearby hidden states (APS), per layer.")
 def neighborhood(
     model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Hugging Face model directory (config.json + *.safetensors), or a .gguf file."),
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
@@ -70,7 +70,7 @@ def neighborhood(
         _print_tables(summary, out)
 
 
-@app.command("sweep")
+@app.command("sweep", short_help="APS of untrained models over init scale and shape.")
 def sweep(
     out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
     sigmas: str = typer.Option("0.0002,0.002,0.02,0.08,0.2,2", "--sigmas", help="Init standard deviations σ "
@@ -108,7 +108,7 @@ def sweep(
         _print_tables(summary, out)
 
 
-@app.command("probes")
+@app.command("probes", short_help="Position probes: cosine to the last token vs norm.")
 def probes(
     model_dirs: list[Path] = typer.Argument(..., metavar="MODEL_DIR", help="One or more local model directories or .gguf files (with tokenizer), e.g. a "
                                             "NoPE and a RoPE model."),

@@ -9,7 +9,7 @@ import typer
 from poslens.cli.app import app, overwrite_option, quiet_option
 
 
-@app.command("report")
+@app.command("report", short_help="One self-contained HTML report over run directories.")
 def report(
     run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR", help="Run directories (simulate, scan, train, reproduce, analysis "
                                           "commands), or folders that hold them (a demo, zoo or reproduce output)."),

@@ -12,7 +12,7 @@ from poslens.runtime import parse_device
 from poslens.cli.app import threads_option, use_threads  # --threads
 
 
-@app.command()
+@app.command(short_help="The papers' figures: what they showed, what we measure.")
 def reproduce(
     name: str = typer.Argument(..., metavar="NAME", help="Experiment name (see the list below), or all."),
     out: Path = typer.Option(Path("runs/reproduce"), "--out", help="Directory for the figures, runs and index (must "

@@ -11,7 +11,7 @@ from poslens.cli.app import app, device_option, no_figures_option, overwrite_opt
 from poslens.cli.app import threads_option, use_threads  # --threads
 
 
-@app.command("scan")
+@app.command("scan", short_help="Capture averaged attention structure of a causal LM.")
 def scan(
     model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Hugging Face model directory (config.json + *.safetensors), "
                                   "or a .gguf file (dequantised once into the cache, docs/models.md)."),

@@ -13,7 +13,7 @@ from poslens.runtime import parse_device
 from poslens.cli.app import threads_option, use_threads  # --threads
 
 
-@app.command()
+@app.command(short_help="The parameter-free transformer: mean score maps.")
 def simulate(
     alpha: float = typer.Option(0.0, help="Mean pairwise inner product of the inputs, in [0, 1)."),
     num_layers: int = typer.Option(4, "--num-layers", help="Number of parameter-free layers."),

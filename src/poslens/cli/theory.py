@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import math
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from poslens.cli.app import app
 
 theory_app = typer.Typer(help="Closed-form predictions the simulations and scans are checked against.",
                          no_args_is_help=True)
-app.add_typer(theory_app, name="theory")
+app.add_typer(theory_app, name="theory", short_help="Closed forms the simulations are checked against.")
 
 
-@theory_app.command("kim")
+@theory_app.command("kim", short_help="Layer-1 g(i), h(i) and layer-2 scores (arXiv 2509.21042).")
 def kim(
     alpha: float = typer.Option(0.0, help="Pairwise inner product of the unit-norm inputs, in [0, 1)."),
     seq_len: int = typer.Option(8, "--seq-len", help="Sequence length N."),
@@ -33,14 +31,11 @@ def kim(
     if as_json:
         typer.echo(json.dumps(t.to_json()))
         return
+    from poslens.fmt import rich_table
+
     console = Console()
-    table = Table(title=f"Layer-2 pre-softmax scores, alpha={alpha}, N={seq_len} (rows: query, cols: key)")
-    table.add_column("q\\k", justify="right")
-    for j in range(seq_len):
-        table.add_column(str(j), justify="right")
-    for i in range(seq_len):
-        vals = [f"{float(v):.3f}" if math.isfinite(float(v)) else "" for v in t.scores[i]]
-        table.add_row(str(i), *vals)
-    console.print(table)
+    rows = [[i, *[float(v) for v in t.scores[i]]] for i in range(seq_len)]  # NaN above the diagonal reads "–"
+    console.print(rich_table(f"Layer-2 pre-softmax scores, alpha={alpha}, N={seq_len} (rows: query, cols: key)",
+                             ["q\\k", *[str(j) for j in range(seq_len)]], rows))
     console.print("g(i): " + " ".join(f"{float(v):.4f}" for v in t.g))
     console.print("h(i): " + " ".join(f"{float(v):.4f}" for v in t.h))

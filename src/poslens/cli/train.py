@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from poslens.cli.app import app, device_option, overwrite_option
 from poslens.cli.app import threads_option, use_threads  # --threads
@@ -15,7 +14,7 @@ from poslens.cli.app import threads_option, use_threads  # --threads
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
 
-@app.command("train")
+@app.command("train", short_help="Train a small NoPE / RoPE / learned-PE model.")
 def train(
     out: str = typer.Option(..., "--out", help="Model directory to write (loadable with AutoModelForCausalLM/AutoTokenizer)."),
     pe: str = typer.Option("rope", "--pe", help="Positional encoding: none (NoPE, SmolLM3 config with no_rope_layers all 0), "
@@ -112,7 +111,7 @@ def _print_summary(summary: dict, as_json: bool) -> None:
                                show_header=False))
 
 
-@app.command("zoo")
+@app.command("zoo", short_help="Train the standard model set the report uses.")
 def zoo(
     out: str = typer.Option(..., "--out", help="Directory that receives one model directory per zoo entry."),
     scale: str = typer.Option("cpu", "--scale", help="cpu: tiny presets within the CPU budget in docs/train.md; "
@@ -138,15 +137,15 @@ def zoo(
     from poslens.models.zoo import run_zoo, zoo_entries
 
     if list_only:
-        table = Table(title=f"zoo entries ({scale})")
-        table.add_column("name")
-        table.add_column("options")
+        from poslens.fmt import rich_table
+
+        rows = []
         for name, cfg in zoo_entries(scale, out).items():
             keys = ("pe", "task", "preset", "steps", "batch_size", "lr") if cfg.task else \
                 ("pe", "data", "preset", "steps", "batch_size", "lr", "seq_len", "vocab_size")
             opts = cfg.trajectory_fields()
-            table.add_row(name, " ".join(f"{k}={opts[k]}" for k in keys))
-        Console().print(table)
+            rows.append([name, " ".join(f"{k}={opts[k]}" for k in keys)])
+        Console().print(rich_table(f"zoo entries ({scale})", ["name", "options"], rows))
         return
     def entry_line(name: str, s: dict) -> None:  # replaces the entry's finished progress bar
         from poslens.fmt import fmt
