@@ -36,6 +36,14 @@ def no_figures_option() -> bool:
     return typer.Option(False, "--no-figures", help="Skip the PNG figures (tables and tensors are still written).")
 
 
+def allow_pickle_option() -> bool:
+    return typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code.")
+
+
+def trust_remote_code_option(help: str = "Allow custom model code.") -> bool:
+    return typer.Option(False, "--trust-remote-code", help=help)
+
+
 def overwrite_option(what: str = "the run directory --out", help: str | None = None) -> bool:
     return typer.Option(False, "--overwrite", help=help or f"Replace {what} if it already exists (refused without it).")
 

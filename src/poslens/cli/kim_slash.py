@@ -7,11 +7,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
-                             refuse_existing_out)
-from poslens.runtime import parse_device
+from poslens.cli.app import (allow_pickle_option, app, device_option, no_figures_option, overwrite_option,
+                             quiet_option, refuse_existing_out, threads_option, trust_remote_code_option,
+                             use_threads)
 from poslens.cli.parse import parse_floats
-from poslens.cli.app import threads_option, use_threads  # --threads
+from poslens.runtime import parse_device
 
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
@@ -40,8 +40,8 @@ def panels(
     seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
     device: str = device_option(),
     dtype: str = typer.Option("fp32", "--dtype", help="auto | bf16 | fp16 | fp32 (sums are float64 regardless)."),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
+    allow_pickle: bool = allow_pickle_option(),
+    trust_remote_code: bool = trust_remote_code_option(),
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),

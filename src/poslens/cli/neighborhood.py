@@ -7,10 +7,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
-                             refuse_existing_out)
+from poslens.cli.app import (allow_pickle_option, app, device_option, no_figures_option, overwrite_option,
+                             quiet_option, refuse_existing_out, threads_option, trust_remote_code_option,
+                             use_threads)
 from poslens.runtime import parse_device
-from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:
@@ -44,15 +44,15 @@ def neighborhood(
     device: str = device_option(),
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
+    allow_pickle: bool = allow_pickle_option(),
+    trust_remote_code: bool = trust_remote_code_option(),
     quiet: bool = quiet_option(),
     threads: int = threads_option(),
 ) -> None:
     """Self-cosine maps, adjacency probability score and norm score per layer (arXiv 2501.00073).
 
-    Layer 0 is the token embeddings; layer l the concatenated head outputs of decoder layer l
-    before the output projection (the residual stream is measured too). APS counts, over
+    Layers: the token embeddings, then decoder layers counted from 0 (layer l: the concatenated head
+    outputs of decoder layer l before the output projection; the residual stream is measured too). APS counts, over
     position triples j < k < i, how often cos(h_i, h_k) > cos(h_i, h_j): 1 = similarity rises
     towards the diagonal, 0.5 = chance. Writes config.json, neighborhood.safetensors,
     summary.json and figures to OUT.
@@ -130,8 +130,8 @@ def probes(
     device: str = device_option(),
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code."),
+    allow_pickle: bool = allow_pickle_option(),
+    trust_remote_code: bool = trust_remote_code_option(),
     quiet: bool = quiet_option(),
     threads: int = threads_option(),
 ) -> None:

@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli.app import app, device_option, no_figures_option, overwrite_option, quiet_option, refuse_existing_out
-from poslens.cli.app import threads_option, use_threads  # --threads
+from poslens.cli.app import (allow_pickle_option, app, device_option, no_figures_option, overwrite_option,
+                             quiet_option, refuse_existing_out, threads_option, trust_remote_code_option,
+                             use_threads)
 
 
 @app.command("scan", short_help="Capture averaged attention structure of a causal LM.")
@@ -48,8 +49,8 @@ def scan(
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
     overwrite: bool = overwrite_option(),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
-    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow custom model code from MODEL_DIR."),
+    allow_pickle: bool = allow_pickle_option(),
+    trust_remote_code: bool = trust_remote_code_option("Allow custom model code from MODEL_DIR."),
     quiet: bool = quiet_option(),
     threads: int = threads_option(),
 ) -> None:
