@@ -61,7 +61,7 @@ TARGETS: dict[str, list[str]] = {
     "theory.py": ["tests/test_theory_direct.py", "tests/test_theory.py"],
     "simulate.py": ["tests/test_simulate_reference.py", "tests/test_simulate.py", "tests/test_references.py",
                     "-k", "not scan_summary and not demo and not reproduce and not cli"],
-    "analysis/slash.py": ["tests/test_slash_tables.py", "tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
+    "analysis/slash.py": ["tests/analysis/test_slash.py", "tests/test_slash_tables.py", "-k", "not dynamics"],
     "analysis/neighborhood.py": ["tests/test_neighborhood_analysis.py", "tests/test_neighborhood.py", "tests/test_references.py",
                                  "-k", "not scan_summary"],
     "report/readings.py": ["tests/test_readings_kim.py", "tests/test_readings_commands.py", "tests/test_readings_helpers.py",

@@ -417,3 +417,42 @@ def test_run_slash_input_errors(tmp_path):
     fails("lacks 'dim_logit'", scan_dir=str(part / "scan"), model_dir=str(model))
     with pytest.raises(PoslensError, match="no config.json"):
         model_rope_geometry(str(tmp_path))
+
+
+def test_profiles_figure_draws_the_top_heads_data():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from poslens.analysis.slash import _profiles_figure
+
+    g = torch.Generator().manual_seed(0)
+    slash = torch.rand(2, 3, 8, generator=g, dtype=torch.float64)
+    rand = slash * 0.5
+    pred = torch.full_like(slash, float("nan"))
+    pred[1] = slash[1] * 2
+    heads = [{"layer": l, "head": h, "best_score": float(slash[i, h].max())} for i, l in enumerate((4, 6))
+             for h in range(3)]
+    top = sorted(heads, key=lambda r: -r["best_score"])[:5]
+    fig = _profiles_figure(slash, pred, heads, [4, 6], 5, n=5, random=rand)
+    axes = fig.axes
+    assert len(axes) == 8 and fig.get_size_inches() == pytest.approx([3.4 * 4, 2.6 * 2])
+    for ax, r in zip(axes, top):
+        li = [4, 6].index(r["layer"])
+        lines = ax.get_lines()
+        assert ax.get_title() == f"layer {r['layer']} head {r['head']} (layers from 0)"
+        assert ax.get_xlabel() == "Δ" and ax.get_ylabel() == "SlashScore"
+        assert list(lines[0].get_xdata()) == list(range(6))
+        assert list(lines[0].get_ydata()) == slash[li, r["head"], :6].tolist()
+        assert list(lines[1].get_ydata()) == rand[li, r["head"], :6].tolist()
+        assert len(lines) == (3 if li == 1 else 2)
+        if li == 1:
+            assert list(lines[2].get_ydata()) == pred[li, r["head"], :6].tolist()
+        assert [ln.get_label() for ln in lines] == ["observed", "random tokens", "rank-one RoPE"][: len(lines)]
+    assert axes[0].get_legend() is not None and all(ax.get_legend() is None for ax in axes[1:])
+    assert all(not ax.axison for ax in axes[5:]) and all(ax.axison for ax in axes[:5])
+    plt.close(fig)
+    fig = _profiles_figure(slash, pred, heads[:2], [4, 6], 3)
+    assert len(fig.axes) == 2 and [len(ax.get_lines()) for ax in fig.axes] == [1, 1]
+    plt.close(fig)
