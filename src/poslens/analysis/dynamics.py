@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from poslens.analysis.slash import decompose_scan, model_rope_geometry
 from poslens.metrics.rank import rank_table
 from poslens.capture.scan import ScanConfig, run_scan
@@ -98,9 +100,9 @@ def _snapshot(weights: Path, snap: Path, config) -> None:
     from safetensors.torch import load_model
     from transformers import AutoModelForCausalLM
 
-    ck = weights
-    model = AutoModelForCausalLM.from_config(config)
-    load_model(model, str(ck))
+    with torch.random.fork_rng(devices=[]):  # the random init is overwritten; the global RNG is left alone
+        model = AutoModelForCausalLM.from_config(config)
+    load_model(model, str(weights))
     model.save_pretrained(str(snap))
 
 

@@ -128,8 +128,43 @@ def threads_option() -> int:
                              "others down).")
 
 
+#: torch's thread count before the first ``--threads`` took effect (restored by :func:`restore_threads`)
+_threads_before: list[int] = []
+
+
 def use_threads(threads: int) -> int:
-    """Apply ``--threads`` for the rest of the command; returns the count in force."""
+    """Apply ``--threads`` for the rest of the command; returns the count in force.
+    :func:`poslens.cli.main` restores the previous count when the command ends."""
+    import torch
+
     from poslens.runtime import apply_threads
 
+    if not _threads_before:
+        _threads_before.append(torch.get_num_threads())
     return apply_threads(threads)
+
+
+def restore_threads() -> None:
+    """torch's thread count as it was before :func:`use_threads` (nothing if no command set it)."""
+    if _threads_before:
+        import torch
+
+        torch.set_num_threads(_threads_before.pop())
+
+
+def print_run(summary: dict, out, *, max_tables: int | None = None, max_rows: int | None = None) -> None:
+    """The terminal result of an analysis command: its summary's tables (the first ``max_tables``,
+    each cut to ``max_rows`` rows), its readings, and where it wrote them."""
+    from rich.console import Console
+
+    from poslens.fmt import rich_table
+
+    console = Console()
+    tables = [t for t in summary.get("tables", []) if t["rows"]]
+    for t in tables[:max_tables]:
+        console.print(rich_table(t["title"], t["columns"], t["rows"][:max_rows]))
+    for line in summary.get("readings", []):
+        console.print(f"- {line}")
+    if max_tables is not None and len(tables) > max_tables:
+        console.print(f"({len(tables) - max_tables} more table(s) in {out}/summary.json)")
+    console.print(f"wrote {out}/")

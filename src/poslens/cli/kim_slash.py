@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from poslens.cli.app import (allow_pickle_option, app, batch_size_option, data_option, device_option, dtype_option,
-                             model_dir_argument, no_figures_option, num_seqs_option, out_option, overwrite_option,
+                             model_dir_argument, no_figures_option, print_run, num_seqs_option, out_option, overwrite_option,
                              quiet_option, refuse_existing_out, scan_dir_argument, seed_option, seq_len_option,
                              threads_option, trust_remote_code_option, use_threads)
 from poslens.cli.parse import parse_floats
@@ -16,17 +15,8 @@ from poslens.runtime import parse_device
 
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
-    if quiet:
-        return
-    from poslens.fmt import rich_table
-
-    console = Console()
-    for t in summary.get("tables", [])[:3]:
-        if t["rows"]:
-            console.print(rich_table(t["title"], t["columns"], t["rows"][:25]))
-    for line in summary.get("readings", []):
-        console.print(f"- {line}")
-    console.print(f"wrote {out}/")
+    if not quiet:
+        print_run(summary, out, max_tables=3, max_rows=25)
 
 
 @app.command("panels", short_help="Nine-panel Gram decomposition of one layer.")

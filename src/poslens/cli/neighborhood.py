@@ -5,27 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
 from poslens.cli.app import (allow_pickle_option, app, batch_size_option, data_option, device_option,
-                             model_dir_argument, no_figures_option, num_seqs_option, out_option, overwrite_option,
+                             model_dir_argument, no_figures_option, print_run, num_seqs_option, out_option, overwrite_option,
                              quiet_option, refuse_existing_out, seed_option, seq_len_option, threads_option,
                              trust_remote_code_option, use_threads)
 from poslens.runtime import parse_device
-
-
-def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:
-    from poslens.fmt import rich_table
-
-    console = Console()
-    tables = summary.get("tables", [])
-    for t in tables[:max_tables]:
-        console.print(rich_table(t["title"], t["columns"], t["rows"]))
-    for line in summary.get("readings", []):
-        console.print(f"- {line}")
-    if max_tables is not None and len(tables) > max_tables:
-        console.print(f"({len(tables) - max_tables} more table(s) in {out}/summary.json)")
-    console.print(f"wrote {out}/")
 
 
 @app.command("neighborhood", short_help="Similarity of nearby hidden states (APS), per layer.")
@@ -67,7 +52,7 @@ def neighborhood(
                              trust_remote_code=trust_remote_code)
     summary = run_neighborhood(cfg, progress=not quiet)
     if not quiet:
-        _print_tables(summary, out)
+        print_run(summary, out)
 
 
 @app.command("sweep", short_help="APS of untrained models over init scale and shape.")
@@ -105,7 +90,7 @@ def sweep(
                       device=parse_device(device), figures=not no_figures, overwrite=overwrite)
     summary = run_sweep(cfg, progress=not quiet)
     if not quiet:
-        _print_tables(summary, out)
+        print_run(summary, out)
 
 
 @app.command("probes", short_help="Position probes: cosine to the last token vs norm.")
@@ -153,4 +138,4 @@ def probes(
                        labels=[s.strip() for s in labels.split(",")] if labels else [])
     summary = run_probes(cfg, progress=not quiet)
     if not quiet:
-        _print_tables(summary, out, max_tables=1)
+        print_run(summary, out, max_tables=1)

@@ -61,8 +61,6 @@ def _sim(ctx: ReproContext, out: Path, name: str, **kw) -> dict:
 
 
 def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
-    import torch
-
     from poslens.report.plots import heatmap
 
     t = kim_theory(0.0, 3)
