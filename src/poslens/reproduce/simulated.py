@@ -129,7 +129,7 @@ def _kim_layernorm(ctx: ReproContext, out: Path) -> dict:
             flat = all(l["relativity_index"] is None for l in r["layers"])
             ok &= flat
             lines.append(f"{r['label']}: {'flat in every layer' if flat else 'NOT flat'} (flat p by layer "
-                         + " / ".join("n/a" if l.get("flat_p") is None else f"{l['flat_p']:.2g}" for l in r["layers"])
+                         + " / ".join(fmt(l.get("flat_p"), missing="n/a") for l in r["layers"])
                          + "), as in the paper's own figure for this setting")
         else:
             text, good = _locality_line(r)
