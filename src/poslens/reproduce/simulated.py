@@ -81,6 +81,7 @@ def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
             return "rounded"
         return "truncated" if math.floor(v * 1000) / 1000 == w else "differs"
 
+    # four decimals on purpose (not fmt's three digits): the fourth says whether the paper rounded or truncated
     note = ("the paper prints " + ", ".join(f"{got[k]:.4f} as {want[k]:.3f} ({how(got[k], want[k])})" for k in want)
             if ok else "values differ from the paper")
     return {"measured": ", ".join(f"{k} = {v:.4f}" for k, v in got.items()), "reproduced": ok, "note": note}
