@@ -238,3 +238,51 @@ def test_cli_out_is_a_file(cli, tmp_path):
     assert f.read_text() == "keep me"
 
 
+
+
+def test_workers_bound_the_threads_and_their_buffers():
+    """``workers=2`` runs the chunks on two threads (each holds one chunk's buffers: memory is bounded
+    by the workers), however many chunks are in flight."""
+    import threading
+
+    seen: set[str] = set()
+
+    def progress(done, total):
+        seen.update(t.name for t in threading.enumerate() if t.name.startswith("poslens-sim"))
+
+    run_simulation(SimConfig(seq_len=4, dim=4, layers=1, samples=8 * RNG_BLOCK, chunk_size=RNG_BLOCK),
+                   progress=progress, workers=2)
+    assert len(seen) == 2, seen
+
+
+def test_saved_run_directory_with_figures(tmp_path, monkeypatch):
+    """The run directory written with figures: every figure the summary names exists as a PNG, the
+    weights figure titles its panels by layer from 0, and the tensors' metadata says so."""
+    import json
+
+    from safetensors import safe_open
+
+    from poslens.report import plots
+    from poslens.simulate import save_result
+
+    drawn = {}
+    real = plots.layer_grid
+
+    def spy(maps, *, titles, suptitle="", **kw):
+        drawn[suptitle] = list(titles)
+        return real(maps, titles=titles, suptitle=suptitle, **kw)
+
+    monkeypatch.setattr(plots, "layer_grid", spy)
+    res = run_simulation(SimConfig(alpha=0.2, layers=2, seq_len=4, dim=8, samples=40))
+    save_result(res, tmp_path / "run")
+    figures = json.loads((tmp_path / "run" / "summary.json").read_text())["figures"]
+    names = [f if isinstance(f, str) else f["file"] for f in figures]
+    assert "probs.png" in names and len(names) >= 3
+    for name in names:
+        assert (tmp_path / "run" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    weights = [v for k, v in drawn.items() if "attention weights" in k]
+    assert weights == [["layer 0", "layer 1"]]
+    with safe_open(str(tmp_path / "run" / "maps.safetensors"), "pt") as f:
+        meta = {k: json.loads(v) for k, v in f.metadata().items()}
+    assert meta["layers"] == "from 0" and meta["samples"] == 40 and meta["label"] == res.config.label()
+    assert "n % G" in meta["score_groups"]
