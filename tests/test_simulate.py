@@ -286,3 +286,26 @@ def test_saved_run_directory_with_figures(tmp_path, monkeypatch):
         meta = {k: json.loads(v) for k, v in f.metadata().items()}
     assert meta["layers"] == "from 0" and meta["samples"] == 40 and meta["label"] == res.config.label()
     assert "n % G" in meta["score_groups"]
+
+
+def test_run_directory_round_trip(tmp_path):
+    """config.json names the command and the versions; the noise groups' sample counts and an early
+    stop load back; a summary written before ``stopped_early`` existed loads as a full run."""
+    from poslens.rundir import write_json
+    from poslens.simulate import save_result
+
+    res = run_simulation(SimConfig(alpha=0.3, layers=2, seq_len=5, dim=6, samples=5 * RNG_BLOCK, chunk_size=RNG_BLOCK,
+                                   target_stderr=10.0))  # met at once: stops after two blocks
+    save_result(res, tmp_path / "r", figures=False)
+    cfg = read_json(tmp_path / "r" / "config.json")
+    assert cfg["command"] == "simulate" and cfg["samples"] == 5 * RNG_BLOCK and "torch" in cfg["versions"]
+    assert read_tensors(tmp_path / "r" / "maps.safetensors")["group_counts"].tolist() == [
+        len(range(g, 2 * RNG_BLOCK, 16)) for g in range(16)]
+    back = load_result(tmp_path / "r")
+    assert back.stopped_early is True and back.samples == 2 * RNG_BLOCK
+    assert back.group_counts.tolist() == res.group_counts.tolist()
+    assert back.summary["command"] == "simulate" and back.summary["layers"] == res.summary["layers"]
+    summary = read_json(tmp_path / "r" / "summary.json")
+    del summary["stopped_early"]
+    write_json(tmp_path / "r" / "summary.json", summary)
+    assert load_result(tmp_path / "r").stopped_early is False
