@@ -305,6 +305,11 @@ def test_run_directory_round_trip(tmp_path):
     assert back.stopped_early is True and back.samples == 2 * RNG_BLOCK
     assert back.group_counts.tolist() == res.group_counts.tolist()
     assert back.summary["command"] == "simulate" and back.summary["layers"] == res.summary["layers"]
+    assert "layers from 0" in back.summary["layer_info"]["convention"]  # the simulator's own convention
+    # a summary whose layers count from 1 (as the paper's do) says so in its convention instead
+    res.summary = dict(res.summary, layers=[dict(l, layer=l["layer"] + 1) for l in res.summary["layers"]])
+    save_result(res, tmp_path / "from1", figures=False)
+    assert "counted from 1" in read_json(tmp_path / "from1" / "summary.json")["layer_info"]["convention"]
     summary = read_json(tmp_path / "r" / "summary.json")
     del summary["stopped_early"]
     write_json(tmp_path / "r" / "summary.json", summary)
