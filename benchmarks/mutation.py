@@ -147,6 +147,10 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "cosines in the input's dtype instead of float32"),
     ("metrics/neighborhood.py", "rising_pair_fraction", r"hits = torch\.zeros", r"dtype=None", "precision",
      "float32 hit counts are exact below 2^24 pairs per map"),
+    # readings / analysis-slash
+    ("report/readings.py", "slash_readings|_slash_finding", r"if math\.isfinite\(base\) and base > 0",
+     r"isfinite\(base\) or base > 0|base >= 0", "equivalent",
+     "uniform_slash is NaN (no row reaches the offset) or positive, never 0: the guards agree on every value"),
     # simulate / theory / metrics / analysis-neighborhood
     ("simulate.py", "run_simulation", r"acc = _new_accumulators\(cfg, dev\)", r"_new_accumulators\(cfg, None\)", "cpu",
      "accumulators on the default device (CPU) instead of the run's: the same tensors on CPU"),

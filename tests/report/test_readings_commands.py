@@ -8,7 +8,7 @@ from poslens.report.readings import (ADJACENT, ADJACENT_WEAK, COMMAND_READINGS, 
                                      command_readings, comparison_readings, dynamics_readings, key_findings,
                                      model_readings, neighborhood_command_readings, neighborhood_readings,
                                      panels_readings, probes_readings, run_readings, score_maps_readings,
-                                     slash_command_readings, sweep_readings, uniform_slash)
+                                     slash_command_readings, slash_readings, sweep_readings, uniform_slash)
 
 
 def J(out):
@@ -335,5 +335,7 @@ def test_command_readings_dispatch():
     assert run_readings("scan", ["slash", "kim"], {"readings": ["own"]}, "slash") == ["own"]
     assert run_readings("scan", ["slash", "kim"], {"readings": ["own"]}, "neighborhood") == ["own"]
     assert run_readings("scan", ["slash", "kim"], {"readings": ["own"]}, "other") == ["own"]
+    sl = {"seq_len": 10, "slash_heads": [{"layer": 1, "head": 0, "offset": 1, "score": 0.5}], "readings": ["own"]}
+    assert run_readings("scan", ["kim", "slash"], sl, "slash") == slash_readings(sl) != ["own"]
     nb = {"layers": [{"layer": 0, "aps_mean": 0.9}]}
     assert run_readings("scan", ["kim", "neighborhood"], nb, "neighborhood") == neighborhood_readings(nb)

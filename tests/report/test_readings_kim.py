@@ -183,6 +183,7 @@ def test_noise_phrase():
     assert noise_phrase([]) == "" and noise_phrase([{"max_stderr": 0.1}]) == "Monte Carlo noise"
     assert noise_phrase([{"noise_groups": 16}]) == "sampling noise (the noise floor of 16 independent groups of samples)"
     assert noise_phrase([{"noise_groups": 1}]) == ""
+    assert noise_phrase([{"noise_groups": 2}]) == "sampling noise (the noise floor of 2 independent groups of samples)"
     assert noise_phrase([{"noise_groups": 4, "max_stderr": 0.1}, {"noise_groups": 8}]).startswith(
         "Monte Carlo noise (the noise floor of 8 independent")
     grid = noise_phrase([{"noise_groups": 16, "noise_positions": 64, "grid_relativity_index": 0.9},
