@@ -456,3 +456,19 @@ def test_profiles_figure_draws_the_top_heads_data():
     fig = _profiles_figure(slash, pred, heads[:2], [4, 6], 3)
     assert len(fig.axes) == 2 and [len(ax.get_lines()) for ax in fig.axes] == [1, 1]
     plt.close(fig)
+
+
+def test_model_rope_geometry_reads_the_query_scalar_and_the_scan_its_rope_tables(tmp_path):
+    from transformers import Gemma3TextConfig
+
+    from poslens.analysis.slash import SlashConfig, model_rope_geometry, run_slash
+
+    gem = tmp_path / "gemma"
+    Gemma3TextConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=4, query_pre_attn_scalar=64).save_pretrained(str(gem))
+    g = model_rope_geometry(str(gem))
+    assert g["scaling"] == 64 ** -0.5 and g["head_dim"] == 4 and g["num_kv_heads"] == 2  # not head_dim ** -0.5
+    rope = {"layer_kind": ["full", "full"], "kinds": {"full": {"inv_freq": [1.0, 0.5], "attention_scaling": 1.0}}}
+    scan, _ = _fake_scan(tmp_path / "r", _fake_maps(Dh=8), rope=rope, attention={"scaling": [0.25, 0.5]})
+    s = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "o"), figures=False))
+    assert s["geometry"]["rope"] == rope and s["geometry"]["scaling"] == 0.5  # two scales: the model's own
