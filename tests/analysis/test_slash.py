@@ -333,7 +333,7 @@ def test_slash_tables_store_numbers():
     assert t[1]["title"].startswith("top 8 heads by SlashScore over Δ = 1..")
 
 
-def _fake_scan(root, maps, layers_rope=(True, True), **summary):
+def _fake_scan(root, maps, layers_rope=(True, True), layer_ids=(0, 1), **summary):
     import json
 
     from poslens.models.families import build_config
@@ -345,7 +345,7 @@ def _fake_scan(root, maps, layers_rope=(True, True), **summary):
                  intermediate=32).save_pretrained(str(model))
     scan = root / "scan"
     scan.mkdir(parents=True, exist_ok=True)
-    write_tensors(scan / "maps.safetensors", {k: v.float() for k, v in maps.items()}, metadata={"layers": [0, 1]})
+    write_tensors(scan / "maps.safetensors", {k: v.float() for k, v in maps.items()}, metadata={"layers": list(layer_ids)})
     (scan / "config.json").write_text(json.dumps({"options": {"model_dir": str(model)}, "source": {"kind": "stdlib"}}))
     (scan / "summary.json").write_text(json.dumps({"model_type": "smollm3", "num_seqs": 4,
                                                    "layers": [{"rope": r} for r in layers_rope], **summary}))
@@ -359,7 +359,7 @@ def test_run_slash_on_a_hand_made_scan(tmp_path):
     from poslens.rundir import read_tensors
 
     maps = {k: v.float().double() for k, v in _fake_maps(Dh=8).items()}
-    scan, model = _fake_scan(tmp_path, maps, (True, False), attention={"scaling": [0.25, 0.25]})
+    scan, model = _fake_scan(tmp_path, maps, (True, False), (4, 6), attention={"scaling": [0.25, 0.25]})
     geom = model_rope_geometry(str(model))
     assert geom["head_dim"] == 4 and geom["scaling"] == 0.5 and geom["num_kv_heads"] == 2 and geom["rotary_dim"] == 4
     out = tmp_path / "out"
@@ -370,20 +370,41 @@ def test_run_slash_on_a_hand_made_scan(tmp_path):
     assert s["seq_len"] == 8 and s["model_dir"] == str(model) and s["figures"] == [] and s["paper"] == "slash"
     assert len(s["heads"]) == 8 and len(s["tables"]) == 2 and s["readings"][0].startswith("The most slash-dominant")
     assert [("predicted_peak" in r) for r in s["heads"]] == [True] * 4 + [False] * 4  # layer 1: no RoPE
+    assert [r["layer"] for r in s["heads"]] == [4] * 4 + [6] * 4  # the scan's own layer indices
     saved = json.loads((out / "summary.json").read_text())
+    assert saved["command"] == "slash" and saved["tables"][1]["rows"][0][0] == "4.1"
     assert saved["tables"][1]["rows"][0][2] == pytest.approx(0.9, abs=1e-7)  # stored as a number
     assert json.loads((out / "config.json").read_text())["command"] == "slash"
     t = read_tensors(out / "slash.safetensors")
     assert set(t) >= {"slash", "slash_predicted", "rank_q_top1_energy"} and not (out / "slash_profiles.png").exists()
+    assert all(v.dtype == torch.float32 for v in t.values())
+    from safetensors import safe_open
+
+    with safe_open(str(out / "slash.safetensors"), "pt") as f:
+        assert json.loads(f.metadata()["layers"]) == [4, 6]
     # with the random-token twin, figures, and a model directory given
     rscan = tmp_path / "rand"
     _fake_scan(rscan, {**maps, "slash": maps["slash"] * 0.5})
     cfgj = json.loads((rscan / "scan" / "config.json").read_text())
     (rscan / "scan" / "config.json").write_text(json.dumps({**cfgj, "source": {"kind": "random"}}))
-    s2 = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "o2"), random_scan=str(rscan / "scan"),
-                               kappa=(0.4,), model_dir=str(model)))
+    import poslens.analysis.slash as mod
+
+    drawn = []
+    real = mod._profiles_figure
+
+    def spy(*a, **kw):
+        drawn.append(kw.get("random"))
+        return real(*a, **kw)
+
+    mod._profiles_figure = spy
+    try:
+        s2 = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "o2"), random_scan=str(rscan / "scan"),
+                                   kappa=(0.4,), model_dir=str(model)))
+    finally:
+        mod._profiles_figure = real
+    assert len(drawn) == 1 and torch.equal(drawn[0], (maps["slash"] * 0.5).float().double())
     assert s2["title"].endswith("(4 x 8 tokens, with random-token control)") and len(s2["tables"]) == 3
-    assert [(p["layer"], p["head"], p["persists"]) for p in s2["persistence"]] == [(0, 1, True), (1, 3, False)]
+    assert [(p["layer"], p["head"], p["persists"]) for p in s2["persistence"]] == [(4, 1, True), (6, 3, False)]
     assert (tmp_path / "o2" / "slash_profiles.png").is_file() and "on random tokens" in s2["figures"][0]["caption"]
     assert "slash_random" in read_tensors(tmp_path / "o2" / "slash.safetensors")
 
@@ -470,5 +491,6 @@ def test_model_rope_geometry_reads_the_query_scalar_and_the_scan_its_rope_tables
     assert g["scaling"] == 64 ** -0.5 and g["head_dim"] == 4 and g["num_kv_heads"] == 2  # not head_dim ** -0.5
     rope = {"layer_kind": ["full", "full"], "kinds": {"full": {"inv_freq": [1.0, 0.5], "attention_scaling": 1.0}}}
     scan, _ = _fake_scan(tmp_path / "r", _fake_maps(Dh=8), rope=rope, attention={"scaling": [0.25, 0.5]})
-    s = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "o"), figures=False))
+    s = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "o")))  # figures without a random scan
+    assert (tmp_path / "o" / "slash_profiles.png").is_file() and "random" not in s["figures"][0]["caption"]
     assert s["geometry"]["rope"] == rope and s["geometry"]["scaling"] == 0.5  # two scales: the model's own
