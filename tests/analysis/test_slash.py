@@ -371,6 +371,8 @@ def test_run_slash_on_a_hand_made_scan(tmp_path):
     assert len(s["heads"]) == 8 and len(s["tables"]) == 2 and s["readings"][0].startswith("The most slash-dominant")
     assert [("predicted_peak" in r) for r in s["heads"]] == [True] * 4 + [False] * 4  # layer 1: no RoPE
     assert [r["layer"] for r in s["heads"]] == [4] * 4 + [6] * 4  # the scan's own layer indices
+    assert s["experiment"] == "slash" and s["scan_dir"] == str(scan) and s["random_scan"] is None
+    assert s["sdh_counts"] == s["tables"][0]["rows"] and s["tables"][0]["title"].endswith("(of 8)")
     saved = json.loads((out / "summary.json").read_text())
     assert saved["command"] == "slash" and saved["tables"][1]["rows"][0][0] == "4.1"
     assert saved["tables"][1]["rows"][0][2] == pytest.approx(0.9, abs=1e-7)  # stored as a number
@@ -402,6 +404,7 @@ def test_run_slash_on_a_hand_made_scan(tmp_path):
                                    kappa=(0.4,), model_dir=str(model)))
     finally:
         mod._profiles_figure = real
+    assert s2["random_scan"] == str(rscan / "scan") and s2["figures"][0]["file"] == "slash_profiles.png"
     assert len(drawn) == 1 and torch.equal(drawn[0], (maps["slash"] * 0.5).float().double())
     assert s2["title"].endswith("(4 x 8 tokens, with random-token control)") and len(s2["tables"]) == 3
     assert [(p["layer"], p["head"], p["persists"]) for p in s2["persistence"]] == [(4, 1, True), (6, 3, False)]
@@ -415,7 +418,7 @@ def test_run_slash_input_errors(tmp_path):
     from poslens.analysis.slash import SlashConfig, model_rope_geometry, run_slash
 
     maps = _fake_maps(Dh=8)
-    scan, model = _fake_scan(tmp_path, maps)
+    scan, model = _fake_scan(tmp_path, maps, layers_rope=())  # no per-layer record: RoPE where the model has it
 
     def fails(match, **kw):
         with pytest.raises(PoslensError, match=match):
@@ -425,7 +428,8 @@ def test_run_slash_input_errors(tmp_path):
     fails("--kappa", kappa=(0.5, 1.5))
     fails("--kappa", kappa=(0.0,))
     fails("--kappa", kappa=())
-    assert run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "k1"), kappa=(1.0,), figures=False))
+    k1 = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "k1"), kappa=(1.0,), figures=False))
+    assert len(k1["heads"]) == 8 and all("predicted_peak" in r for r in k1["heads"])
     fails("no maps.safetensors", scan_dir=str(tmp_path))
     fails("not random tokens", random_scan=str(scan))
     small = tmp_path / "small"

@@ -225,6 +225,7 @@ def test_slash_command_best_head_and_kappas():
     assert edge[1].startswith("1 of 3 heads are (0.75, Δ)")
     assert slash_command_readings({"heads": [], "kappas": [0.5]}) == []
     assert "(Δ ≥ 2)" in slash_command_readings({"heads": heads, "delta_range": [2, 5]})[0]
+    assert "(Δ ≥ 1)" in slash_command_readings({"heads": heads})[0]
 
 
 def test_slash_command_persistence():
@@ -254,6 +255,9 @@ def test_slash_command_decomposition():
     assert "For the top 2 slash heads" in t and "peak offset in 1 of 2" in t
     assert "put 0.5 of the energy in the top singular direction (other heads: 0.146)" in t
     assert "Band usage (share of Σ A_l) of the top slash heads: high 0.375, low 0.625." in t
+    q_none = J(slash_command_readings({"heads": [_head(0, 0, 1, 0.9, predicted_peak=2, q_top1_energy=None),
+                                                 _head(1, 0, 1, 0.1, predicted_peak=2, q_top1_energy=0.5)]}))
+    assert "put 0 of the energy" in q_none and "(other heads: 0.5)" in q_none
     nb = J(slash_command_readings({"heads": [_head(0, 0, 1, 0.9, predicted_peak=2)]}))
     assert "top 1 slash heads" in nb and "other heads: –" in nb and "Band usage" not in nb
     nope = slash_command_readings({"heads": [_head(0, 0, 1, 0.9)]})
@@ -281,6 +285,12 @@ def test_dynamics_readings():
     assert "peak at Δ = 3" in out[4]
     hard = dynamics_readings({**s, "config": {"delta": 2, "kappa": 0.8}})
     assert hard[1] == "No head reaches SlashScore(2) ≥ 0.8 within 200 steps." and "does not persist" in hard[2]
+    no_rand = dict(steps[-1], best={k: v for k, v in steps[-1]["best"].items() if k != "slash_random"})
+    missing = dynamics_readings({"steps": [steps[0], no_rand], "config": {"delta": 2, "kappa": 0.5}})
+    assert "(layer 1 head 2) has no random-token score" in missing[2] and "persists" not in missing[2]
+    edge = dynamics_readings({**s, "config": {"delta": 2, "kappa": 0.5}, "steps": [steps[0], dict(
+        steps[-1], best={**steps[-1]["best"], "slash_random": 0.5})]})
+    assert "the SDH persists" in edge[2]  # a score equal to κ reaches it
     nok = dynamics_readings({**s, "config": {"delta": 2}})
     assert len(nok) == 3 and "persist" not in J(nok)
     assert dynamics_readings({"steps": [{"step": 0, "best": None}]}) == [] and dynamics_readings({}) == []
@@ -289,12 +299,12 @@ def test_dynamics_readings():
 def test_sweep_readings():
     res = [{"shape": "tiny", "sigma": 0.5, "aps_causal_mean": [0.5, 0.75, 0.875], "aps_bidirectional_mean": [0.5, 0.55]},
            {"shape": "tiny", "sigma": 2.0, "aps_causal_mean": [0.5, 0.875, 0.625]},
-           {"shape": "tiny", "sigma": 1.0, "aps_causal_mean": [0.5, 0.8, 0.5]},
+           {"shape": "tiny", "sigma": 1.0, "aps_causal_mean": [0.5, 0.9, 0.5]},
            {"shape": "wide", "sigma": 1.0, "aps_causal_mean": [0.5, 0.5]},
            {"shape": "bad", "sigma": 1.0, "aps_causal_mean": [0.5]},
            {"shape": "none", "sigma": 1.0, "aps_causal_mean": [0.5, None]}]
     out = sweep_readings({"results": res})
-    assert "tiny: APS of decoder layer 0 (causal) ranges from 0.75 (σ = 0.5) to 0.875 (σ = 2)" in out[0]
+    assert "tiny: APS of decoder layer 0 (causal) ranges from 0.75 (σ = 0.5) to 0.9 (σ = 1)" in out[0]
     assert "a clear adjacency pattern (APS ≥ 0.8) at σ ∈ {2, 1}." in out[0]
     assert "in the last decoder layer (1) APS is 0.875, 0.625, 0.5 for σ = 0.5, 2, 1." in out[1]
     assert "wide: APS of decoder layer 0 (causal) ranges from 0.5 (σ = 1) to 0.5" in out[2]

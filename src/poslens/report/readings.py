@@ -754,10 +754,14 @@ def dynamics_readings(summary: dict) -> list[str]:
         out.append(f"A ({fmt(kappa)}, {delta})-slash-dominant head first appears at step {emerge}."
                    if emerge is not None else f"No head reaches SlashScore({delta}) ≥ {fmt(kappa)} within "
                    f"{last['step']} steps.")
-        verdict = "persists" if (num(b1.get("slash_random")) or 0.0) >= kappa else "does not persist"
-        out.append(f"On random-token prompts the final head (layer {b1['layer']} head {b1['head']}) scores "
-                   f"{fmt(num(b1['slash_random']))} at Δ = {delta}: the SDH {verdict} out of distribution "
-                   f"(κ = {fmt(kappa)}).")
+        rand = num(b1.get("slash_random"))
+        if rand is None:
+            out.append(f"The final head (layer {b1['layer']} head {b1['head']}) has no random-token score: "
+                       "persistence out of distribution is untested.")
+        else:
+            verdict = "persists" if rand >= kappa else "does not persist"
+            out.append(f"On random-token prompts the final head (layer {b1['layer']} head {b1['head']}) scores "
+                       f"{fmt(rand)} at Δ = {delta}: the SDH {verdict} out of distribution (κ = {fmt(kappa)}).")
     out.append(f"Its pre-RoPE queries' top singular direction holds {fmt(num(b0.get('q_top1')))} of the energy at step "
                f"{first['step']} and {fmt(num(b1.get('q_top1')))} at the end (keys: {fmt(num(b0.get('k_top1')))} → "
                f"{fmt(num(b1.get('k_top1')))}).")
