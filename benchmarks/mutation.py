@@ -151,6 +151,8 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
     ("report/readings.py", "slash_readings|_slash_finding", r"if math\.isfinite\(base\) and base > 0",
      r"isfinite\(base\) or base > 0|base >= 0", "equivalent",
      "uniform_slash is NaN (no row reaches the offset) or positive, never 0: the guards agree on every value"),
+    ("analysis/slash.py", "analyze_scans", r'if k not in \("layer", "head", "profile"\)', r"XXlayerXX|XXheadXX",
+     "equivalent", "a decomposition row's layer and head are the head's own: copying them over changes nothing"),
     # simulate / theory / metrics / analysis-neighborhood
     ("simulate.py", "run_simulation", r"acc = _new_accumulators\(cfg, dev\)", r"_new_accumulators\(cfg, None\)", "cpu",
      "accumulators on the default device (CPU) instead of the run's: the same tensors on CPU"),

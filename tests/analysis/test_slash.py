@@ -237,8 +237,10 @@ def test_decompose_scan_reads_each_heads_kv_head_and_its_window():
     # the scan's own RoPE table (per layer kind) replaces rotary_dim / base; a layer without one is skipped
     theta = [1.0, 0.25]
     rope = {"layer_kind": ["full", None], "kinds": {"full": {"inv_freq": theta, "attention_scaling": 2.0}}}
+    maps["slash"][0, 2, 7] = 0.95  # a peak at the last offset, S - 1
     own = decompose_scan(maps, rotary_dim=None, base=None, scaling=0.5, rope_layers=[True, True], max_delta=None,
                          rope=rope)
+    assert own[2]["observed_peak"] == 7 and own[2]["observed_score"] == pytest.approx(0.95)
     assert [(r["layer"], r["head"]) for r in own] == [(0, h) for h in range(4)]
     dec = rope_decomposition(maps["q_gram"][0, 3], maps["k_gram"][0, 1], maps["dim_logit"][0, 3], rotary_dim=None,
                              base=None, scaling=0.5, seq_len=8, theta=theta, attention_scaling=2.0)
@@ -291,6 +293,10 @@ def test_analyze_scans_counts_best_offsets_and_persistence():
     assert plain["persistence"] is None and plain["persist_kappa"] == 0.15 and "slash_random" not in t2
     assert torch.isnan(t2["slash_predicted"]).all() and all("predicted_peak" not in r for r in plain["heads"])
     assert analyze_scans(maps, geom, [True, True], [0, 1], _cfg(kappa=(0.1, 0.2)))[0]["persist_kappa"] == 0.2
+    rope = {"layer_kind": ["full", None], "kinds": {"full": {"inv_freq": [1.0, 0.5], "attention_scaling": 1.0}}}
+    own = analyze_scans(maps, {"rotary_dim": None, "base": None, "scaling": 0.5, "rope": rope}, [True, True], [0, 1],
+                        _cfg(kappa=(0.5,)))[0]["heads"]  # the scan's own RoPE tables, no rotary_dim
+    assert [("predicted_peak" in r) for r in own] == [True] * 4 + [False] * 4
     none_on = analyze_scans(maps, geom, [False, False], [0, 1], _cfg(kappa=(0.5,)))[0]["heads"]
     assert all("predicted_peak" not in r for r in none_on)
     zero = analyze_scans(maps, geom, [True, True], [0, 1], _cfg(kappa=(0.5,), min_delta=0, max_delta=40))[0]
