@@ -300,13 +300,14 @@ def test_sweep_readings():
     res = [{"shape": "tiny", "sigma": 0.5, "aps_causal_mean": [0.5, 0.75, 0.875], "aps_bidirectional_mean": [0.5, 0.55]},
            {"shape": "tiny", "sigma": 2.0, "aps_causal_mean": [0.5, 0.875, 0.625]},
            {"shape": "tiny", "sigma": 1.0, "aps_causal_mean": [0.5, 0.9, 0.5]},
+           {"shape": "tiny", "sigma": 0.25, "aps_causal_mean": [0.5, 0.8, 0.7]},  # the smallest σ: not the lowest APS
            {"shape": "wide", "sigma": 1.0, "aps_causal_mean": [0.5, 0.5]},
            {"shape": "bad", "sigma": 1.0, "aps_causal_mean": [0.5]},
            {"shape": "none", "sigma": 1.0, "aps_causal_mean": [0.5, None]}]
     out = sweep_readings({"results": res})
     assert "tiny: APS of decoder layer 0 (causal) ranges from 0.75 (σ = 0.5) to 0.9 (σ = 1)" in out[0]
-    assert "a clear adjacency pattern (APS ≥ 0.8) at σ ∈ {2, 1}." in out[0]
-    assert "in the last decoder layer (1) APS is 0.875, 0.625, 0.5 for σ = 0.5, 2, 1." in out[1]
+    assert "a clear adjacency pattern (APS ≥ 0.8) at σ ∈ {2, 1, 0.25}." in out[0]
+    assert "in the last decoder layer (1) APS is 0.875, 0.625, 0.5, 0.7 for σ = 0.5, 2, 1, 0.25." in out[1]
     assert "wide: APS of decoder layer 0 (causal) ranges from 0.5 (σ = 1) to 0.5" in out[2]
     assert "no σ gives a clear adjacency pattern (APS ≥ 0.8)" in out[2]
     assert "departs from chance (0.5) by more than 0.05 in mean APS: the pattern comes from the mask." in out[3]
