@@ -93,10 +93,28 @@ def test_relativity_thresholds():
     assert "Up to 0.4 of" in text([L(0, 0.6), L(1, 0.95)])  # the lowest layer, not the first
 
 
+def test_relativity_is_read_from_the_noise_corrected_grid_index_where_every_layer_has_one():
+    grid = [L(0, 0.888, grid_relativity_index=0.991, nonrelative_p=0.2),
+            L(1, 0.383, grid_relativity_index=0.635, nonrelative_p=0.001), L(2, 0.9, grid_relativity_index=0.95)]
+    t = text(grid)
+    assert "Layer 0 is purely relative (noise-corrected relativity 0.991); later layers drop to 0.635 (layer 1)" in t
+    assert "0.383" not in t.split("later layers drop")[1].split(".")[0]
+    part = text([grid[0], L(1, 0.383, nonrelative_p=0.001)])  # one layer without a grid index: the full map's
+    assert "Layer 0 is purely relative (relativity 0.888" not in part and "Up to 0.617 of the variation" in part
+    assert "(relativity index 0.383)" in part
+    low = text([L(0, 0.5, grid_relativity_index=0.8, nonrelative_p=0.001), L(1, 0.5, grid_relativity_index=0.95)])
+    assert "Up to 0.2 of the variation is not explained by the distance alone (noise-corrected relativity index 0.8)" in low
+    allrel = text([L(0, 0.5, grid_relativity_index=0.99), L(1, 0.5, grid_relativity_index=0.98)])
+    assert "All of them are purely relative (noise-corrected relativity ≥ 0.98)" in allrel
+    noisy = text([L(0, 0.5, grid_relativity_index=0.9, nonrelative_p=0.5), L(1, 0.5, grid_relativity_index=0.95,
+                                                                            nonrelative_p=0.5)])
+    assert "The noise-corrected relativity index is as low as 0.9 (layer 0)" in noisy
+
+
 def test_relativity_without_significance_says_noise():
     layers = [L(0, 0.99, nonrelative_p=0.5), L(1, 0.4, nonrelative_p=0.02), L(2, 0.9, nonrelative_p=0.011)]
     out = text(layers)
-    assert "as low as 0.4 (layer 1)" in out and "beyond sampling noise" in out and "in all 3" in out
+    assert "The relativity index is as low as 0.4 (layer 1)" in out and "beyond sampling noise" in out and "in all 3" in out
     assert "later layers drop" not in out and "Up to" not in out
     sig = [L(0, 0.99, nonrelative_p=0.5), L(1, 0.4, nonrelative_p=0.0099)]  # one layer significant
     assert "as low as" not in text(sig) and "later layers drop to 0.4 (layer 1)" in text(sig)

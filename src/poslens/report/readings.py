@@ -168,23 +168,27 @@ def _tested(live: list[dict], key: str) -> tuple[int, int]:
 def _kim_relativity(live: list[dict]) -> list[str]:
     """What the relativity index says: purely relative layers, and how much depends on absolute
     position; where p-values of "purely relative" exist and none is significant, that the lower
-    values are not beyond sampling noise."""
-    ri = [num(l.get("relativity_index")) for l in live]
+    values are not beyond sampling noise. Read from the noise-corrected grid index where every layer
+    has one (a scan's full-map index is not noise-corrected)."""
+    grid = all(num(l.get("grid_relativity_index")) is not None for l in live)
+    ri = [num(l.get("grid_relativity_index" if grid else "relativity_index")) for l in live]
+    which = "noise-corrected relativity" if grid else "relativity"
     sig, tested = _tested(live, "nonrelative_p")
     if tested and not sig and min(ri) < RELATIVE:
-        return [f"The index is as low as {f2(min(ri))} (layer {live[ri.index(min(ri))].get('layer')}), but in no "
+        return [f"The {which} index is as low as {f2(min(ri))} (layer {live[ri.index(min(ri))].get('layer')}), but in no "
                 f"layer is the departure from a purely relative map beyond sampling noise (p of \"purely "
                 f"relative\" ≥ {SIGNIFICANT} in all {tested}): the data do not show a non-relative pattern."]
     if ri[0] >= RELATIVE and len(ri) > 1 and min(ri[1:]) < RELATIVE - 0.03:
         k = min(range(1, len(ri)), key=lambda i: ri[i])
-        return [f"Layer {live[0].get('layer')} is purely relative (relativity {f2(ri[0])}); later layers drop "
+        return [f"Layer {live[0].get('layer')} is purely relative ({which} {f2(ri[0])}); later layers drop "
                 f"to {f2(ri[k])} (layer {live[k].get('layer')}): position matters beyond the distance i − j, "
                 "a non-relative pattern that the diagonal-normalised figure makes visible."]
     if min(ri) >= RELATIVE:
-        return [f"All of them are purely relative (relativity ≥ {RELATIVE}): each diagonal is constant and the "
+        return [f"All of them are purely relative ({which} ≥ {RELATIVE}): each diagonal is constant and the "
                 "diagonal-normalised maps are flat."]
     if min(ri) < 0.9:
-        return [f"Up to {f2(1 - min(ri))} of the variation is not explained by the distance alone: the maps also "
+        return [f"Up to {f2(1 - min(ri))} of the variation is not explained by the distance alone ({which} index "
+                f"{f2(min(ri))}): the maps also "
                 "depend on absolute position (diagonal-normalised figure: what remains after removing each "
                 "diagonal's mean)."]
     return []
