@@ -5,6 +5,8 @@ import math
 
 import pytest
 
+from poslens.fmt import fmt
+
 from poslens.report.readings import (NORM_SHRINK, _decoder_layers, _layers_phrase, _series_short, layer_aps,
                                      layer_slash_head, norm_phrase, num, slash_readings, slash_top, uniform_slash)
 
@@ -90,6 +92,10 @@ def test_slash_reading_ratio_against_uniform_attention():
     strong = slash_readings(_slash_summary(2.5 * base, d, n))
     assert "layer 3 head 2" in strong[0] and "ratio 2.5" in strong[0]
     assert "2.5× more concentrated" in strong[1] and len(strong) == 2
+    # the numbers inside the sentence: the head's score, its offset and the uniform baseline
+    assert f"puts {fmt(2.5 * base)} of its attention on the token 1 position(s) back" in strong[0]
+    assert f"uniform causal attention would put {fmt(base)} there" in strong[0]
+    assert "token 3 position(s) back" in slash_readings(_slash_summary(0.5, 3, n))[0]
     weak = slash_readings(_slash_summary(1.5 * base, d, n))
     assert "ratio 1.5" in weak[0] and weak[1].startswith("No head is clearly slash-dominant")
     edge = slash_readings(_slash_summary(2.0 * base, d, n))  # exactly twice: a slash
