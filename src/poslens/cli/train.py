@@ -31,6 +31,9 @@ def train(
     num_kv_heads: Optional[int] = typer.Option(None, "--num-kv-heads", help="Override the number of key/value heads "
                                                "(not for learned)."),
     intermediate: Optional[int] = typer.Option(None, "--intermediate", help="Override the MLP width."),
+    max_positions: Optional[int] = typer.Option(None, "--max-positions", help="The model's position limit "
+                                                "(max_position_embeddings). Default: the preset's (1b: 4096), raised "
+                                                "to the training length. A 16,384-token scan needs 16384."),
     rope_theta: float = typer.Option(10000.0, "--rope-theta", help="RoPE base (only used with --pe rope)."),
     init_std: float = typer.Option(0.02, "--init-std", help="Std of the normal weight initialisation (the random-init "
                                    "sweep of arXiv 2501.00073 uses 0.0002 to 2)."),
@@ -40,8 +43,9 @@ def train(
     delta: int = typer.Option(1, "--delta", help="The offset task's Δ: output the token Δ positions back."),
     seq_len: int = seq_len_option(128, "Corpus runs: tokens per training sequence."),
     corpus_files: Optional[int] = typer.Option(None, "--corpus-files", help="Corpus runs: use only the first N files."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimiser steps; 0 saves the randomly initialised model. "
-                                        "Default: 1500."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimiser steps. Default: 1500. 0 trains nothing: it "
+                                        "saves the randomly initialised model (a random-initialisation control) with "
+                                        "its loss on one batch, evaluated on one batch (quick even for --preset 1b)."),
     batch_size: Optional[int] = batch_size_option(None, "Sequences per step. Default: 64 for --task runs, 16 for "
                                                   "language-model runs."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate (AdamW). Default: 3e-3 for --task runs, "
@@ -51,7 +55,8 @@ def train(
     weight_decay: float = typer.Option(0.1, "--weight-decay", help="AdamW weight decay on weight matrices."),
     grad_clip: float = typer.Option(1.0, "--grad-clip", help="Clip the global gradient norm to this value."),
     eval_every: int = typer.Option(250, "--eval-every", help="Evaluate every N steps (0: only at the end)."),
-    eval_examples: int = typer.Option(500, "--eval-examples", help="Examples per evaluation split (tasks) / windows (corpus)."),
+    eval_examples: Optional[int] = typer.Option(None, "--eval-examples", help="Examples per evaluation split (tasks) / "
+                                                "windows (corpus). Default: 500; one batch with --steps 0."),
     checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="Write a resumable checkpoint every N steps."),
     seed: int = seed_option("Seed for initial weights and data; a run is deterministic for a seed."),
     device: str = device_option(" bf16 autocast on CUDA."),
@@ -75,12 +80,15 @@ def train(
     train_log.jsonl and train_config.json. Ctrl-C leaves a checkpoint; --resume continues it.
     """
     threads = use_threads(threads)
-    from poslens.models.train import TrainConfig, train_model
+    from poslens.models.train import TrainConfig, default_eval_examples, train_model
 
     preset, steps, batch_size, lr = _recipe_defaults(task, preset=preset, steps=steps, batch_size=batch_size, lr=lr)
+    if eval_examples is None:
+        eval_examples = default_eval_examples(steps, batch_size)
     cfg = TrainConfig(
         out=out, pe=pe, task=task, data=data, preset=preset, layers=num_layers, hidden=hidden,
         heads=num_heads, kv_heads=num_kv_heads, intermediate=intermediate, rope_theta=rope_theta, init_std=init_std,
+        max_positions=max_positions,
         vocab_size=vocab_size, max_len=max_len, delta=delta, seq_len=seq_len, corpus_files=corpus_files,
         steps=steps, batch_size=batch_size, lr=lr, min_lr_ratio=min_lr_ratio, warmup=warmup,
         weight_decay=weight_decay, grad_clip=grad_clip, eval_every=eval_every, eval_examples=eval_examples,
