@@ -153,6 +153,11 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "uniform_slash is NaN (no row reaches the offset) or positive, never 0: the guards agree on every value"),
     ("analysis/slash.py", "analyze_scans", r'if k not in \("layer", "head", "profile"\)', r"XXlayerXX|XXheadXX",
      "equivalent", "a decomposition row's layer and head are the head's own: copying them over changes nothing"),
+    ("analysis/slash.py", "_profiles_figure", r"ax\.plot\(d, ", r"ax\.plot\((?!d, )", "equivalent",
+     "matplotlib's default x is 0 .. n-1, which is d"),
+    ("analysis/slash.py", "_profiles_figure", r"ax\.plot|set_title|legend\(",
+     r'color=None|lw=None|ms=None|fontsize=None|\(layers from 0\)", \)|color="k", label=|\.tolist\(\), ms=3',
+     "equivalent", "figure styling only (marker, colour, line width, font size): the same data drawn, no number stored"),
     # simulate / theory / metrics / analysis-neighborhood
     ("simulate.py", "run_simulation", r"acc = _new_accumulators\(cfg, dev\)", r"_new_accumulators\(cfg, None\)", "cpu",
      "accumulators on the default device (CPU) instead of the run's: the same tensors on CPU"),

@@ -249,6 +249,9 @@ def test_decompose_scan_reads_each_heads_kv_head_and_its_window():
     assert own[3]["predicted_peak"] == 1 + pred.index(max(pred))
     flat = {**maps, "slash": torch.full((2, 4, 8), 0.125, dtype=torch.float64)}
     assert decompose_scan(flat, rotary_dim=4, base=BASE, scaling=0.5, rope_layers=[True, False])[0]["profile_corr"] is None
+    two = decompose_scan(maps, rotary_dim=4, base=BASE, scaling=0.5, rope_layers=[True, False], min_delta=1,
+                         max_delta=2)
+    assert all(abs(r["profile_corr"]) == pytest.approx(1.0) for r in two)  # two offsets: a correlation of ±1
     one = decompose_scan(maps, rotary_dim=4, base=BASE, scaling=0.5, rope_layers=[True, False], min_delta=3,
                          max_delta=3)
     assert one[0]["profile_corr"] is None and one[0]["observed_peak"] == 3
@@ -483,6 +486,9 @@ def test_profiles_figure_draws_the_top_heads_data():
         assert [ln.get_label() for ln in lines] == ["observed", "random tokens", "rank-one RoPE"][: len(lines)]
     assert axes[0].get_legend() is not None and all(ax.get_legend() is None for ax in axes[1:])
     assert all(not ax.axison for ax in axes[5:]) and all(ax.axison for ax in axes[:5])
+    plt.close(fig)
+    fig = _profiles_figure(slash, pred, heads[:1], [4, 6], 3)  # one head: one panel
+    assert len(fig.axes) == 1 and fig.axes[0].get_legend() is not None
     plt.close(fig)
     fig = _profiles_figure(slash, pred, heads[:2], [4, 6], 3)
     assert len(fig.axes) == 2 and [len(ax.get_lines()) for ax in fig.axes] == [1, 1]
