@@ -156,7 +156,7 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
     ("analysis/slash.py", "_profiles_figure", r"ax\.plot\(d, ", r"ax\.plot\((?!d, )", "equivalent",
      "matplotlib's default x is 0 .. n-1, which is d"),
     ("analysis/slash.py", "_profiles_figure", r"ax\.plot|set_title|legend\(",
-     r'color=None|lw=None|ms=None|fontsize=None|\(layers from 0\)", \)|color="k", label=|\.tolist\(\), ms=3',
+     r'color=None|lw=None|ms=None|fontsize=None|\(layers from 0\)", \)|color="k", label=|"-", lw=1|\.tolist\(\), ms=3',
      "equivalent", "figure styling only (marker, colour, line width, font size): the same data drawn, no number stored"),
     # simulate / theory / metrics / analysis-neighborhood
     ("simulate.py", "run_simulation", r"acc = _new_accumulators\(cfg, dev\)", r"_new_accumulators\(cfg, None\)", "cpu",
