@@ -52,15 +52,19 @@ def test_neighborhood_readings_mean_map_and_controls():
     assert "bidirectional control" in bid[1] and "measured maximum 0.9" in bid[1]
     sparse = neighborhood_readings({"layers": [{"layer": i, "mean_map_aps": 0.7} for i in (0, 2, 4, 6, 8)]})
     assert "after layers 0 … 8" in sparse[0]
+    four = neighborhood_readings({"layers": [{"layer": i, "mean_map_aps": 0.7} for i in (0, 2, 4, 6)]})
+    assert "after layers 0, 2, 4 and 6" in four[0]
 
 
 def test_neighborhood_readings_attention_and_norms():
     s = {"layers": [{"layer": 0, "aps_mean": 0.9, "attn_aps_mean": 0.5, "norm_score_mean": 0.25},
                     {"layer": 1, "aps_mean": 0.9, "attn_aps": 0.75, "norm_score": 0.75},
-                    {"layer": 2, "aps_mean": 0.9, "norm_score_mean": 0.875}]}
+                    {"layer": 2, "aps_mean": 0.9, "norm_score_mean": 0.875},
+                    {"layer": 3, "aps_mean": 0.9, "norm_score_mean": 0.5}]}
     t = J(neighborhood_readings(s))
     assert "Attention outputs alone reach APS 0.75" in t
-    assert "Norm score 0.25 → 0.75 → 0.875 (median 0.75: norms shrink" in t and "≤ 0.3 = grow" in t
+    # four norms: the median is the upper middle one, sorted [0.25, 0.5, 0.75, 0.875][2]
+    assert "Norm score 0.25 → 0.75 → 0.875 → 0.5 (median 0.75: norms shrink" in t and "≤ 0.3 = grow" in t
     assert "Attention outputs" not in J(neighborhood_readings({"layers": [{"layer": 0, "aps_mean": 0.9}]}))
 
 
@@ -125,6 +129,7 @@ def test_key_findings_fallback_and_limit():
     assert [f.split(":")[0] for f in out["kim"][:4]] == ["r0", "r1", "r2", "r3"]
     assert out["kim"][4] == "… and 2 more run(s) below." and len(out["kim"]) == 5 and set(out) == {"kim"}
     assert len(key_findings(runs[:4], max_per_paper=4)["kim"]) == 4
+    assert key_findings(runs[:5])["kim"][4] == "… and 1 more run(s) below."  # four per paper by default
     first = key_findings([("p", "panels", ["kim"], {"readings": [3, "First reading.", "Second."]})])
     assert first == {"kim": ["p: First reading."]}
     assert key_findings([("p", "panels", ["kim"], {"readings": []})]) == {}
@@ -270,6 +275,7 @@ def test_dynamics_readings():
     steps = [{"step": 0, "accuracy": 0.1, "best": {"slash_in": 0.125, "q_top1": 0.25, "k_top1": 0.5, "layer": 0,
                                                   "head": 1}},
              {"step": 50, "best": None},
+             {"step": 75, "best": {"slash_in": None, "layer": 1, "head": 0}},  # no score: not an emergence
              {"step": 100, "accuracy": 0.5, "best": {"slash_in": 0.5, "layer": 1, "head": 0}},
              {"step": 200, "accuracy": 0.875, "best": {"slash_in": 0.75, "slash_random": 0.5, "q_top1": 0.875,
                                                       "k_top1": 0.625, "layer": 1, "head": 2, "predicted_peak": 3,

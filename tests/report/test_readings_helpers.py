@@ -95,7 +95,9 @@ def test_slash_reading_ratio_against_uniform_attention():
     # the numbers inside the sentence: the head's score, its offset and the uniform baseline
     assert f"puts {fmt(2.5 * base)} of its attention on the token 1 position(s) back" in strong[0]
     assert f"uniform causal attention would put {fmt(base)} there" in strong[0]
-    assert "token 3 position(s) back" in slash_readings(_slash_summary(0.5, 3, n))[0]
+    three = sum(1.0 / i for i in range(4, n + 1)) / (n - 3)  # uniform attention at Δ = 3, by hand
+    assert "token 3 position(s) back" in slash_readings(_slash_summary(2.5 * three, 3, n))[0]
+    assert "ratio 2.5)" in slash_readings(_slash_summary(2.5 * three, 3, n))[0]
     weak = slash_readings(_slash_summary(1.5 * base, d, n))
     assert "ratio 1.5" in weak[0] and weak[1].startswith("No head is clearly slash-dominant")
     edge = slash_readings(_slash_summary(2.0 * base, d, n))  # exactly twice: a slash

@@ -223,6 +223,7 @@ def test_kim_finding_plain():
     assert "; 1 flat layer(s)" in f and f.endswith(".") and "trend" not in f and "noise" not in f
     assert "(key 0 excluded)" in finding([L(0, relativity_index_with_sink=None)])
     assert "flat layer" not in finding([L(0)])
+    assert "; locality –." in finding([L(0, loc=None)])  # no locality: a dash, not a number
     assert finding([L(0, None, None), L(1, None, None)]) == "run: every one of 2 layers is flat (no positional " \
                                                           "information in the scores)."
     assert key_findings([("run", "scan", ["kim"], {"layers": [{"layer": 0}]})]) == {}
