@@ -4,6 +4,8 @@ numbers on both sides of each threshold; the numbers and the words that carry ea
 
 import pytest
 
+from poslens.fmt import fmt
+
 from poslens.report.readings import (ADJACENT, ADJACENT_WEAK, COMMAND_READINGS, PANEL_TREND, THEORY_CLOSE,
                                      command_readings, comparison_readings, dynamics_readings, key_findings,
                                      model_readings, neighborhood_command_readings, neighborhood_readings,
@@ -114,7 +116,7 @@ def test_slash_finding():
          "layers": [{"layer": 0, "q_top1_energy": [0.25, None, 0.5]}, {"layer": 1, "q_top1_energy": [0.75]},
                     {"layer": 2, "q_top1_energy": [None]}, {"layer": 3}]}
     f = key_findings([("r", "scan", ["slash"], s)])["slash"][0]
-    assert "layer 3 head 1, Δ = 2, SlashScore" in f and "4× uniform" in f
+    assert f"layer 3 head 1, Δ = 2, SlashScore {fmt(4 * base)}, 4× uniform" in f
     assert "query top-1 energy (most rank-one head per layer) 0.5 … 0.75" in f
     nolen = key_findings([("r", "scan", ["slash"], {**s, "seq_len": None, "layers": []})])["slash"][0]
     assert "uniform" not in nolen and "energy" not in nolen
