@@ -356,65 +356,56 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
     """
     cap = _ACTIVE
     layer = getattr(module, "layer_idx", None)
-    B, H, Sq, D = query.shape
-    Sk = key.shape[2]
     if scaling is None:
-        scaling = 1.0 / math.sqrt(D)
-    causal = True if is_causal is None else bool(is_causal)
-    causal = causal and getattr(module, "is_causal", True)
+        scaling = 1.0 / math.sqrt(query.shape[-1])
+    causal = (True if is_causal is None else bool(is_causal)) and getattr(module, "is_causal", True)
     if cap is not None and cap.spec.bidirectional:
         causal = False
-
     if sliding_window is None:  # Qwen2-MoE keeps its window on the module and passes it only in the mask
         sliding_window = getattr(module, "sliding_window", None)
     qk_hooks = getattr(module, "_poslens_qk_hooks", None)
     if qk_hooks:  # q/k capture points: the layer's queries and keys before and after RoPE
         _run_qk_hooks(qk_hooks, query, key)
-    if cap is not None:  # what the dry run checks (every layer dispatches here) and each layer's window
-        cap.seen_layers.add(layer)
-        cap.windows[layer] = int(sliding_window) if sliding_window else None
-        cap.scalings[layer] = float(scaling)
-        cap.use_layer_rope(layer)
-
-    # Inference-time control: attend with the un-rotated queries and keys in chosen layers.
-    if cap is not None and layer in cap.spec.no_rope_layers and layer in cap.spec.rope_layers:
-        query, key = cap.unrotate(query, key)
-
-    window = int(sliding_window) if sliding_window else None
-    if window is not None and window >= Sk:
-        window = None
+    if cap is not None:
+        query, key = cap.enter_layer(layer, query, key, sliding_window, scaling)
+    Sq, Sk = query.shape[2], key.shape[2]
+    window = int(sliding_window) if sliding_window and int(sliding_window) < Sk else None
     padding = attention_mask
     if padding is not None and padding.ndim == 2 and bool(padding.all()):
         padding = None
-    q_offset = Sk - Sq
-    if padding is None and window is None and (not causal or Sq == Sk):
-        mask, sdpa_causal = None, causal and Sq > 1
-    else:
-        mask = _full_mask(_structure_mask(Sq, Sk, causal=causal, window=window, device=query.device,
-                                           q_offset=q_offset),
-                          padding, B, Sq, Sk, query.device)
-        sdpa_causal = False
-    softcap = kwargs.get("softcap")
+    softcap = float(kwargs["softcap"]) if kwargs.get("softcap") else None
     captured = cap is not None and layer in cap.layer_pos
     if captured and (padding is not None or Sq != Sk):
         raise PoslensError("capture needs full, unpadded sequences without a KV cache; scan feeds packed "
                            "sequences of exactly --seq-len tokens.")
-    softcap_f = float(softcap) if softcap else None
-    if captured and not (dropout and module.training) and cap.computes_output(layer, query, key, window, softcap_f):
+    if captured and not (dropout and module.training) and cap.computes_output(layer, query, key, window, softcap):
         # one pass: the capture's chunks compute the weights it accumulates and, from them, the output
         out = cap.observe_attention(layer, query, key, None, scaling, causal=causal, window=window,
-                                    softcap=softcap_f, value=value)
+                                    softcap=softcap, value=value)
         return out.transpose(1, 2).contiguous(), None
-    if softcap:  # SDPA cannot soft-cap the logits: compute as eager attention does
-        out = _eager_softcap_attention(query, key, value, mask, sdpa_causal, scaling, float(softcap))
-    else:
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
-            is_causal=sdpa_causal, scale=scaling, enable_gqa=key.shape[1] != H,
-        )
+    out = _plain_attention(query, key, value, padding, causal=causal, window=window, scaling=scaling,
+                           softcap=softcap, dropout=dropout if module.training else 0.0)
     if captured:
-        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap_f)
+        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _plain_attention(query, key, value, padding, *, causal, window, scaling, softcap, dropout):
+    """The layer's attention output ``[B, H, Sq, D]`` without capture: SDPA with the structure and
+    padding masks (``is_causal`` where no explicit mask is needed), or eager soft-capped attention."""
+    B, H, Sq = query.shape[:3]
+    Sk = key.shape[2]
+    if padding is None and window is None and (not causal or Sq == Sk):
+        mask, sdpa_causal = None, causal and Sq > 1
+    else:
+        mask = _full_mask(_structure_mask(Sq, Sk, causal=causal, window=window, device=query.device,
+                                          q_offset=Sk - Sq),
+                          padding, B, Sq, Sk, query.device)
+        sdpa_causal = False
+    if softcap:  # SDPA cannot soft-cap the logits: compute as eager attention does
+        return _eager_softcap_attention(query, key, value, mask, sdpa_causal, scaling, softcap)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                          is_causal=sdpa_causal, scale=scaling, enable_gqa=key.shape[1] != H)
 
 
 def _eager_softcap_attention(query, key, value, mask, causal, scaling, softcap):
@@ -720,6 +711,18 @@ class Capture:
             self.reservoir.all_gather_merge(group)
 
     # -- RoPE -------------------------------------------------------------------------------
+    def enter_layer(self, layer, query, key, sliding_window, scaling):
+        """Note what a layer's attention call brings (what the dry run checks: every layer dispatches
+        here; its window and logit scale), make its cos/sin current, and apply the no-RoPE control:
+        returns the queries and keys the layer attends with."""
+        self.seen_layers.add(layer)
+        self.windows[layer] = int(sliding_window) if sliding_window else None
+        self.scalings[layer] = float(scaling)
+        self.use_layer_rope(layer)
+        if layer in self.spec.no_rope_layers and layer in self.spec.rope_layers:  # inference-time control
+            return self.unrotate(query, key)
+        return query, key
+
     def use_layer_rope(self, layer) -> None:
         """Make the cos/sin that ``layer``'s attention received the current ones (for :meth:`unrotate`)."""
         cs = self.rope_by_layer.get(layer)
