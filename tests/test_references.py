@@ -24,31 +24,12 @@ from poslens.metrics.rank import band_contributions
 from poslens.metrics.slash import slash_profile
 from poslens.report.readings import kim_readings, slash_readings, uniform_slash
 from poslens.rope import frequency_bands
+from references import brute_cos_aps, brute_rising
 
 
 # --------------------------------------------------------------------------------------------
 # brute-force references (pure Python over nested lists)
 # --------------------------------------------------------------------------------------------
-def _fin(v):
-    return v == v and v not in (float("inf"), float("-inf"))
-
-
-def brute_rising(m, include_diagonal=False, ties=0.0):
-    """Fraction of triples j < k < i (k <= i with the diagonal) with m[i][k] > m[i][j]; NaN entries skipped."""
-    T = len(m)
-    hits = total = 0.0
-    for i in range(T):
-        last = i if include_diagonal else i - 1
-        for j in range(T):
-            for k in range(j + 1, last + 1):
-                a, b = m[i][j], m[i][k]
-                if not (_fin(a) and _fin(b)):
-                    continue
-                total += 1
-                hits += 1.0 if b > a else (ties if b == a else 0.0)
-    return hits / total if total else float("nan")
-
-
 def brute_relativity(m, exclude_keys=()):
     """1 - var(entries minus their diagonal's mean) / var(entries) over i > j, excluded keys left out."""
     S = len(m)
@@ -131,10 +112,7 @@ def test_per_sequence_aps_matches_cosine_and_triple_count():
     idx = [round(i * (S - 1) / 8) for i in range(9)]
     want = []
     for b in range(B):
-        v = [x[b, p].reshape(-1).tolist() for p in idx]
-        cos = [[sum(a * c for a, c in zip(u, w)) / math.sqrt(sum(a * a for a in u) * sum(c * c for c in w))
-                for w in v] for u in v]
-        want.append(brute_rising(cos))
+        want.append(brute_cos_aps([x[b, p].reshape(-1).tolist() for p in idx]))
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-12)
 
 

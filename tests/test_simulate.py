@@ -238,3 +238,79 @@ def test_cli_out_is_a_file(cli, tmp_path):
     assert f.read_text() == "keep me"
 
 
+
+
+def test_workers_bound_the_threads_and_their_buffers():
+    """``workers=2`` runs the chunks on two threads (each holds one chunk's buffers: memory is bounded
+    by the workers), however many chunks are in flight."""
+    import threading
+
+    seen: set[str] = set()
+
+    def progress(done, total):
+        seen.update(t.name for t in threading.enumerate() if t.name.startswith("poslens-sim"))
+
+    run_simulation(SimConfig(seq_len=4, dim=4, layers=1, samples=8 * RNG_BLOCK, chunk_size=RNG_BLOCK),
+                   progress=progress, workers=2)
+    assert len(seen) == 2, seen
+
+
+def test_saved_run_directory_with_figures(tmp_path, monkeypatch):
+    """The run directory written with figures: every figure the summary names exists as a PNG, the
+    weights figure titles its panels by layer from 0, and the tensors' metadata says so."""
+    import json
+
+    from safetensors import safe_open
+
+    from poslens.report import plots
+    from poslens.simulate import save_result
+
+    drawn = {}
+    real = plots.layer_grid
+
+    def spy(maps, *, titles, suptitle="", **kw):
+        drawn[suptitle] = list(titles)
+        return real(maps, titles=titles, suptitle=suptitle, **kw)
+
+    monkeypatch.setattr(plots, "layer_grid", spy)
+    res = run_simulation(SimConfig(alpha=0.2, layers=2, seq_len=4, dim=8, samples=40))
+    save_result(res, tmp_path / "run")
+    figures = json.loads((tmp_path / "run" / "summary.json").read_text())["figures"]
+    names = [f if isinstance(f, str) else f["file"] for f in figures]
+    assert "probs.png" in names and len(names) >= 3
+    for name in names:
+        assert (tmp_path / "run" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    weights = [v for k, v in drawn.items() if "attention weights" in k]
+    assert weights == [["layer 0", "layer 1"]]
+    with safe_open(str(tmp_path / "run" / "maps.safetensors"), "pt") as f:
+        meta = {k: json.loads(v) for k, v in f.metadata().items()}
+    assert meta["layers"] == "from 0" and meta["samples"] == 40 and meta["label"] == res.config.label()
+    assert "n % G" in meta["score_groups"]
+
+
+def test_run_directory_round_trip(tmp_path):
+    """config.json names the command and the versions; the noise groups' sample counts and an early
+    stop load back; a summary written before ``stopped_early`` existed loads as a full run."""
+    from poslens.rundir import write_json
+    from poslens.simulate import save_result
+
+    res = run_simulation(SimConfig(alpha=0.3, layers=2, seq_len=5, dim=6, samples=5 * RNG_BLOCK, chunk_size=RNG_BLOCK,
+                                   target_stderr=10.0))  # met at once: stops after two blocks
+    save_result(res, tmp_path / "r", figures=False)
+    cfg = read_json(tmp_path / "r" / "config.json")
+    assert cfg["command"] == "simulate" and cfg["samples"] == 5 * RNG_BLOCK and "torch" in cfg["versions"]
+    assert read_tensors(tmp_path / "r" / "maps.safetensors")["group_counts"].tolist() == [
+        len(range(g, 2 * RNG_BLOCK, 16)) for g in range(16)]
+    back = load_result(tmp_path / "r")
+    assert back.stopped_early is True and back.samples == 2 * RNG_BLOCK
+    assert back.group_counts.tolist() == res.group_counts.tolist()
+    assert back.summary["command"] == "simulate" and back.summary["layers"] == res.summary["layers"]
+    assert "layers from 0" in back.summary["layer_info"]["convention"]  # the simulator's own convention
+    # a summary whose layers count from 1 (as the paper's do) says so in its convention instead
+    res.summary = dict(res.summary, layers=[dict(l, layer=l["layer"] + 1) for l in res.summary["layers"]])
+    save_result(res, tmp_path / "from1", figures=False)
+    assert "counted from 1" in read_json(tmp_path / "from1" / "summary.json")["layer_info"]["convention"]
+    summary = read_json(tmp_path / "r" / "summary.json")
+    del summary["stopped_early"]
+    write_json(tmp_path / "r" / "summary.json", summary)
+    assert load_result(tmp_path / "r").stopped_early is False

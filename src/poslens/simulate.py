@@ -258,39 +258,38 @@ def _workers(cfg: SimConfig, workers: int | None) -> int:
     return max(1, int(workers)) if workers else available_cpus()
 
 
-def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None = None,
-                   workers: int | None = None) -> SimResult:
-    """Stream ``cfg.samples`` sequences through the parameter-free model; returns mean maps.
-
-    ``progress(done, total)`` is called after every chunk. With ``target_stderr`` the run stops
-    after the first chunk at which every valid score entry's standard error is below it.
-
-    On CPU the chunks run on ``workers`` threads (default: one per CPU this process may use), each
-    single-threaded inside torch: no thread waits for another inside an operation, so a core busy
-    with another process slows the run by its share only (:mod:`poslens.runtime`). Chunk sums are
-    folded in chunk order: the result does not depend on the number of workers.
-    """
-    cfg = replace(cfg.validate(), device=parse_device(cfg.device))
-    dev = torch.device(cfg.device)
-    S = cfg.seq_len
+def _chunk_jobs(cfg: SimConfig) -> tuple[int, list[tuple[int, int, int, int]]]:
+    """Sequences per chunk (whole RNG blocks) and the chunks' jobs in sample order, each
+    ``(first block, blocks, first sample, samples)``: the last chunk takes what is left."""
     chunk = cfg.chunk_size or auto_chunk(cfg)
     chunk = max(RNG_BLOCK, (chunk // RNG_BLOCK) * RNG_BLOCK)
+    n_blocks = math.ceil(cfg.samples / RNG_BLOCK)
+    per_chunk = chunk // RNG_BLOCK
+    jobs = [(b, min(per_chunk, n_blocks - b), b * RNG_BLOCK, min(chunk, cfg.samples - b * RNG_BLOCK))
+            for b in range(0, n_blocks, per_chunk)]
+    return chunk, jobs
+
+
+def _masks(cfg: SimConfig, dev: torch.device):
+    """``(neg_mask, rope_cs, valid)``: the additive causal mask (None without the mask), RoPE's cos and
+    sin (None without RoPE) and the entries whose standard error the early stop checks."""
+    S = cfg.seq_len
     neg_mask = None
     if cfg.causal:
         neg_mask = torch.zeros(S, S, device=dev).masked_fill(torch.ones(S, S, dtype=torch.bool, device=dev).triu(1), float("-inf"))
     rope_cs = None
     if cfg.rope:
         rope_cs = tuple(t.to(dev) for t in cos_sin(torch.arange(S), cfg.dim, cfg.rope_theta))
-    acc = _new_accumulators(cfg, dev)
-    n_blocks = math.ceil(cfg.samples / RNG_BLOCK)
-    per_chunk = chunk // RNG_BLOCK
-    jobs = [(b, min(per_chunk, n_blocks - b), b * RNG_BLOCK, min(chunk, cfg.samples - b * RNG_BLOCK))
-            for b in range(0, n_blocks, per_chunk)]
     valid = torch.ones(S, S, dtype=torch.bool, device=dev).tril(-1) if cfg.causal else ~torch.eye(S, dtype=torch.bool, device=dev)
-    n_workers = min(_workers(cfg, workers), len(jobs))
-    t0 = time.perf_counter()
-    done = 0
-    stopped = False
+    return neg_mask, rope_cs, valid
+
+
+@contextlib.contextmanager
+def _chunk_sums_in_order(cfg: SimConfig, dev: torch.device, chunk: int, jobs: list, rope_cs, neg_mask,
+                         n_workers: int):
+    """Yields a generator of every job's :class:`_ChunkSums`, in job order, computed on ``n_workers``
+    threads (each with its own buffers; torch single-threaded on CPU for the whole block). Closing
+    the generator (an early stop) cancels the chunks not yet started."""
     local = threading.local()
 
     def job(spec):
@@ -305,7 +304,33 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
             pool = stack.enter_context(ThreadPoolExecutor(n_workers, thread_name_prefix="poslens-sim"))
             results = _ordered(pool, job, jobs, ahead=2 * n_workers)
         else:
-            results = map(job, jobs)
+            results = (job(spec) for spec in jobs)
+        stack.callback(results.close)  # before the pool waits for its threads
+        yield results
+
+
+def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None = None,
+                   workers: int | None = None) -> SimResult:
+    """Stream ``cfg.samples`` sequences through the parameter-free model; returns mean maps.
+
+    ``progress(done, total)`` is called after every chunk. With ``target_stderr`` the run stops
+    after the first chunk at which every valid score entry's standard error is below it.
+
+    On CPU the chunks run on ``workers`` threads (default: one per CPU this process may use), each
+    single-threaded inside torch: no thread waits for another inside an operation, so a core busy
+    with another process slows the run by its share only (:mod:`poslens.runtime`). Chunk sums are
+    folded in chunk order: the result does not depend on the number of workers.
+    """
+    cfg = replace(cfg.validate(), device=parse_device(cfg.device))
+    dev = torch.device(cfg.device)
+    chunk, jobs = _chunk_jobs(cfg)
+    neg_mask, rope_cs, valid = _masks(cfg, dev)
+    acc = _new_accumulators(cfg, dev)
+    n_workers = min(_workers(cfg, workers), len(jobs))
+    t0 = time.perf_counter()
+    done = 0
+    stopped = False
+    with _chunk_sums_in_order(cfg, dev, chunk, jobs, rope_cs, neg_mask, n_workers) as results:
         for spec, sums in zip(jobs, results):
             _fold(acc, sums, spec[2])
             done += sums.count
@@ -315,8 +340,7 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
                 if float(acc["scores"].stderr[:, valid].max()) < cfg.target_stderr:
                     stopped = done < cfg.samples
                     break
-        if n_workers > 1:
-            results.close()
+        results.close()
         seconds = time.perf_counter() - t0
         res = _result(cfg, acc, done, seconds, stopped)
         res.summary = summarize(res)  # still single-threaded: small tensors, no barrier to wait at

@@ -15,23 +15,7 @@ from poslens.analysis.neighborhood import (_pick_layers, build_summary, collect_
                                            layer_title, measure_neighborhood, self_cosine, theory_gap,
                                            use_poslens_attention)
 from poslens.errors import PoslensError
-
-
-def brute_aps(m):
-    T = len(m)
-    hits = total = 0
-    for i in range(T):
-        for j in range(i):
-            for k in range(j + 1, i):
-                total += 1
-                hits += m[i][k] > m[i][j]
-    return hits / total
-
-
-def brute_cos(rows):
-    n = [math.sqrt(sum(v * v for v in r)) for r in rows]
-    return [[(sum(a * b for a, b in zip(r, s)) / (n[i] * n[j])) if n[i] and n[j] else 0.0
-             for j, s in enumerate(rows)] for i, r in enumerate(rows)]
+from references import brute_aps, brute_cos
 
 
 def test_self_cosine_loop_and_zero_vectors():

@@ -370,3 +370,20 @@ def test_flatness_with_groups_uses_weights_diagonal_and_excluded_keys():
     p_excl = _signflip_vec(_group_vectors(sink.tolist(), ents, False), [1.0] * G)
     assert p_excl >= 0.01 and is_flat(m, sink, exclude_keys=(0,))
     assert not is_flat(m, sink)
+
+
+def test_relativity_index_judges_flatness_with_the_groups_weights():
+    """Eight identical group maps: every sign flip but the two global ones lowers ||sum_g w_g a_g||^2,
+    so the unweighted sign-flip p-value is 2/256 < 0.01 (not flat). With weight 0 on one group,
+    flipping that group changes nothing: 4 of 256 patterns reach the observed value, p = 4/256 >= 0.01,
+    and the weighted map is flat (no relativity index)."""
+    from poslens.metrics.diagonal import flat_pvalue
+
+    S, G = 5, 8
+    m = torch.tensor([[float(i * i + 3 * j) for j in range(S)] for i in range(S)], dtype=torch.float64)
+    groups = m.expand(G, S, S).clone()
+    equal, one_empty = torch.ones(G, dtype=torch.float64), torch.tensor([1.0] * (G - 1) + [0.0], dtype=torch.float64)
+    assert flat_pvalue(groups, equal) == pytest.approx(2 / 256) and flat_pvalue(groups, one_empty) == pytest.approx(4 / 256)
+    assert not is_flat(m, groups, equal) and is_flat(m, groups, one_empty)
+    assert relativity_index(m, groups, equal) is not None
+    assert relativity_index(m, groups, one_empty) is None

@@ -11,33 +11,7 @@ import torch
 
 from poslens.metrics.neighborhood import (adjacency_probability_score, aps_positions, norm_score,
                                           ordered_pair_counts, per_sequence_aps, rising_pair_fraction)
-
-
-def _fin(v):
-    return not (math.isnan(v) or math.isinf(v))
-
-
-def brute_aps(m, include_diagonal=False, ties=0.0):
-    T = len(m)
-    hits = total = 0.0
-    for i in range(T):
-        last = i if include_diagonal else i - 1
-        for j in range(T):
-            for k in range(j + 1, last + 1):
-                a, b = m[i][j], m[i][k]
-                if _fin(a) and _fin(b):
-                    total += 1
-                    hits += 1.0 if b > a else (ties if b == a else 0.0)
-    return hits / total if total else float("nan")
-
-
-def brute_cos_aps(x):
-    """Per-sequence APS of the self-cosine map of ``x [S, D]`` (plain Python)."""
-    rows = x.tolist()
-    norms = [math.sqrt(sum(v * v for v in r)) for r in rows]
-    cos = [[sum(a * b for a, b in zip(r, s)) / (norms[i] * norms[j]) for j, s in enumerate(rows)]
-           for i, r in enumerate(rows)]
-    return brute_aps(cos)
+from references import brute_aps, brute_cos_aps, brute_rising
 
 
 def test_aps_positions_all_or_evenly_spaced():
@@ -96,7 +70,7 @@ def test_rising_pair_fraction_ties_and_diagonal_loop():
         for ties in (0.0, 0.5):
             got = rising_pair_fraction(m, include_diagonal=diag, ties=ties, chunk_elems=40)
             for b in range(2):
-                assert float(got[b]) == pytest.approx(brute_aps(m[b].tolist(), diag, ties), abs=1e-12)
+                assert float(got[b]) == pytest.approx(brute_rising(m[b].tolist(), diag, ties), abs=1e-12)
 
 
 def test_per_sequence_aps_is_the_cosine_map_count():
