@@ -50,10 +50,13 @@ _ACTIVE: "Capture | None" = None
 #: (one thread, A/B in one process, taken under load); the benchmark model was unchanged within noise.
 CPU_CHUNK_ELEMS = 2**20
 
-#: Fewest query rows per CPU chunk by default (large batches, many heads, long sequences): below it
-#: the per-(batch, head) products get too thin to run at GEMM speed and a layer becomes thousands of
-#: chunks; 32 rows keep the benchmark model's batch of 20 near the 25-row chunks it was tuned with.
-CPU_MIN_ROWS = 32
+#: Fewest rows per CPU chunk of each (batch, key head) logit product (``g`` query heads of a key head
+#: times ``c`` query rows: ``c >= CPU_MIN_ROWS / g``) by default: below it the products get too thin to
+#: run at GEMM speed and a layer becomes thousands of chunks. Measured (one thread, under load) on
+#: the benchmark model's layer (8 heads x 64, 1,024 tokens, scores, probs and slash with the output):
+#: 32 rows 161 ms at batch 4 and 702 ms at batch 20, 64 rows 126 and 645 ms, 128 rows 133 and 635 ms
+#: (SDPA 100 and 500 ms); SmolLM2's 3 query heads per key head already get 56 rows from the logit cap.
+CPU_MIN_ROWS = 64
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 256
@@ -793,7 +796,7 @@ class Capture:
         rot = self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D
         return half_layout_perm(D, rot, device)
 
-    def _rows_per_chunk(self, B: int, H: int, S: int, device) -> int:
+    def _rows_per_chunk(self, B: int, H: int, S: int, device, g: int = 1) -> int:
         """Query rows per chunk: ``spec.chunk_elems`` logits at most (0: per device); on CPU also a
         cache-sized block.
 
@@ -805,8 +808,8 @@ class Capture:
         elems = self.spec.chunk_elems
         floor = 1
         if torch.device(device).type == "cpu":
-            if not elems:  # the default: at least CPU_MIN_ROWS rows, so each (batch, head) product stays a real GEMM
-                floor = CPU_MIN_ROWS
+            if not elems:  # the default: CPU_MIN_ROWS rows per (batch, key head) product, a real GEMM
+                floor = -(-CPU_MIN_ROWS // max(1, g))
             elems = min(elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
         elif not elems:
             elems = CUDA_CHUNK_ELEMS
@@ -1019,7 +1022,7 @@ class Capture:
         g = H // Hk
         dev = q.device
         cpu = dev.type == "cpu"
-        rows = self._rows_per_chunk(B, H, S, dev)
+        rows = self._rows_per_chunk(B, H, S, dev, g)
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
         qg = q.view(B, Hk, g, S, D)
