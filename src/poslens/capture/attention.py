@@ -768,7 +768,9 @@ class Capture:
         B, S = x.shape[:2]
         x = x.to(torch.float32)
         n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
-        cpu = x.device.type == "cpu"  # on the CPU into reused buffers (no fresh pages to fault in)
+        # on the CPU with full maps into reused buffers (no fresh pages to fault in); with --map-size
+        # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
+        cpu = x.device.type == "cpu" and self.blocks is None
         shape = (S, B) + tuple(x.shape[2:])
         folded = self._buffer("folded", shape, x.device) if cpu else torch.empty(shape, dtype=torch.float32,
                                                                                    device=x.device)
