@@ -240,10 +240,9 @@ def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor
 
 
 def _head_gram(x: torch.Tensor) -> torch.Tensor:
-    """``sum_{b,s} x[b,h,s] x[b,h,s]^T`` per head, float64 ``[H, D, D]`` (float32 products)."""
-    B, H, S, D = x.shape
-    xh = x.transpose(0, 1).reshape(H, B * S, D)
-    return torch.bmm(xh.transpose(1, 2), xh).to(torch.float64)
+    """``sum_{b,s} x[b,h,s] x[b,h,s]^T`` per head, float64 ``[H, D, D]``: float32 products per sequence
+    and head, summed in float64 (no head-major copy of ``x``, tens of megabytes at batch 20)."""
+    return torch.matmul(x.transpose(-1, -2), x).sum(0, dtype=torch.float64)
 
 
 def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -794,6 +793,13 @@ class Capture:
             self._buffers[name] = buf
         return buf[:n].view(shape)
 
+    def _f32(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as a contiguous float32 tensor; on the CPU a copy into a reused buffer (a layer's q, k
+        and v are tens of megabytes at batch 20, and a fresh one is a fresh mmap whose pages fault in)."""
+        if x.device.type != "cpu":
+            return x.to(torch.float32).contiguous()
+        return self._buffer(name, tuple(x.shape), x.device).copy_(x)
+
     def _half_perm(self, D: int, device) -> torch.Tensor:
         rot = self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D
         return half_layout_perm(D, rot, device)
@@ -850,8 +856,7 @@ class Capture:
         if "qk" in stats or "dim_logit" in stats or (want_maps and not fused):
             # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
             # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
-            q = query.to(torch.float32).contiguous()
-            k = key.to(torch.float32).contiguous()
+            q, k = self._f32("q", query), self._f32("k", key)
         if "qk" in stats:
             self._add_qk_grams(layer, li, q, k)
         if q is not None and self.spec.rope_layout == "interleaved":  # dim_logit by pair; logits are unchanged
@@ -910,7 +915,7 @@ class Capture:
                 k = key.to(torch.float32).contiguous()
         if maps is None:
             # the output from the chunks' own weights (values in the maps' float32)
-            v = value.to(torch.float32).contiguous() if out is None else None
+            v = self._f32("v", value) if out is None else None
             maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here,
                                         checked=not query.is_cuda, v=v, out_dtype=query.dtype)
             if v is not None:
