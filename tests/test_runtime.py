@@ -206,16 +206,16 @@ def _global_state() -> dict:
             "torch_rng": torch.get_rng_state()}
 
 
-@pytest.fixture(params=[True, False], ids=["hf-bars-on", "hf-bars-off"])
-def odd_global_state(request):
-    """Switches set to values no poslens default has (3 threads, transformers at ERROR), with
-    Hugging Face's progress bars on and off; the test's own settings are undone afterwards."""
+@pytest.fixture
+def odd_global_state():
+    """Switches set to values no poslens default has (3 threads, transformers at ERROR, Hugging
+    Face's progress bars on); the test's own settings are undone afterwards."""
     from transformers.utils import logging as hf_logging
 
     before = (torch.get_num_threads(), hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
     torch.set_num_threads(3)
     hf_logging.set_verbosity(hf_logging.ERROR)
-    (hf_logging.enable_progress_bar if request.param else hf_logging.disable_progress_bar)()
+    hf_logging.enable_progress_bar()
     yield
     torch.set_num_threads(before[0])
     hf_logging.set_verbosity(before[1])
@@ -249,7 +249,7 @@ def test_library_calls_restore_global_state(odd_global_state, tmp_path):
                                                        figures=False), progress=True),
         "scan (quiet)": lambda: run_scan(ScanConfig(model_dir=str(model), out=str(tmp_path / "s2"), data="random",
                                                     seq_len=8, num_seqs=2, batch_size=2, device="cpu",
-                                                    figures=False), progress=False),
+                                                    figures=False, overwrite=True), progress=False),
         "train": lambda: train_model(TrainConfig(out=str(tmp_path / "t"), pe="rope", task="copy", preset="micro",
                                                  steps=2, batch_size=4, eval_every=0, eval_examples=4,
                                                  checkpoint_every=0, device="cpu", threads=1, progress=True)),
@@ -264,6 +264,12 @@ def test_library_calls_restore_global_state(odd_global_state, tmp_path):
         before = _global_state()
         call()
         _assert_unchanged(before, _global_state(), name)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a caller's own "off" stays off too
+    before = _global_state()
+    calls["scan (quiet)"]()
+    _assert_unchanged(before, _global_state(), "scan (quiet), bars off")
 
 
 def test_cli_main_in_process_restores_threads_and_sigterm(tmp_path):
