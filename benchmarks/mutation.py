@@ -145,6 +145,14 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
     # simulate / theory / metrics / analysis-neighborhood
     ("simulate.py", "run_simulation", r"acc = _new_accumulators\(cfg, dev\)", r"_new_accumulators\(cfg, None\)", "cpu",
      "accumulators on the default device (CPU) instead of the run's: the same tensors on CPU"),
+    ("simulate.py", "_chunk_sums", r"sample_inputs\(cfg, first_block \+ i, dev, out=", r"first_block \+ i, out=", "cpu",
+     "inputs drawn on the default device (CPU) instead of the run's: the same numbers on CPU"),
+    ("simulate.py", "_masks", r"valid = torch\.ones\(S, S, dtype=torch\.bool, device=dev\)\.tril\(-1\) if cfg\.causal",
+     r"\(cfg\.causal\) or True", "precision",
+     "the early stop then checks only the lower triangle of a non-causal map: its scores are symmetric "
+     "(Q = K) up to float32 rounding, so the largest standard error there is the whole map's to ~1e-6 relative"),
+    ("simulate.py", "run_simulation", r"\.max\(\)\) < cfg\.target_stderr", r"<= cfg\.target_stderr", "equivalent",
+     "differs only when the largest standard error equals the target to the last bit"),
 ]
 
 

@@ -241,8 +241,8 @@ def test_cli_out_is_a_file(cli, tmp_path):
 
 
 def test_workers_bound_the_threads_and_their_buffers():
-    """``workers=2`` runs the chunks on two threads (each holds one chunk's buffers: memory is bounded
-    by the workers), however many chunks are in flight."""
+    """``workers=3`` runs the chunks on three threads (each holds one chunk's buffers: memory is bounded
+    by the workers), however many chunks are in flight, whatever the number of CPUs."""
     import threading
 
     seen: set[str] = set()
@@ -251,8 +251,8 @@ def test_workers_bound_the_threads_and_their_buffers():
         seen.update(t.name for t in threading.enumerate() if t.name.startswith("poslens-sim"))
 
     run_simulation(SimConfig(seq_len=4, dim=4, layers=1, samples=8 * RNG_BLOCK, chunk_size=RNG_BLOCK),
-                   progress=progress, workers=2)
-    assert len(seen) == 2, seen
+                   progress=progress, workers=3)
+    assert len(seen) == 3, seen
 
 
 def test_saved_run_directory_with_figures(tmp_path, monkeypatch):
