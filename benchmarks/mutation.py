@@ -153,6 +153,10 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "(Q = K) up to float32 rounding, so the largest standard error there is the whole map's to ~1e-6 relative"),
     ("simulate.py", "run_simulation", r"\.max\(\)\) < cfg\.target_stderr", r"<= cfg\.target_stderr", "equivalent",
      "differs only when the largest standard error equals the target to the last bit"),
+    ("simulate.py", "forward_layers", r"if scale != 1\.0", r"scale != 2\.0", "equivalent",
+     "multiplying by a scale of 1.0 is exact, and score_scale is 1, 1/sqrt(d) or 1/d, never 2"),
+    ("simulate.py", "layer_buffers", r"dtype=dtype", r"dtype=None", "equivalent",
+     "torch's default dtype is float32, the one dtype every caller asks for"),
 ]
 
 
