@@ -157,6 +157,14 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "multiplying by a scale of 1.0 is exact, and score_scale is 1, 1/sqrt(d) or 1/d, never 2"),
     ("simulate.py", "layer_buffers", r"dtype=dtype", r"dtype=None", "equivalent",
      "torch's default dtype is float32, the one dtype every caller asks for"),
+    ("theory.py", "input_gram", r"alpha \* torch\.ones\(seq_len, seq_len", r"alpha / torch\.ones\(seq_len, seq_len",
+     "equivalent", "alpha / 1 is alpha * 1"),
+    ("theory.py", "input_gram", r"torch\.ones\(seq_len, seq_len,", r"torch\.ones\(seq_len, dtype", "equivalent",
+     "a row of ones broadcast against the [N, N] identity gives the same [N, N] matrix"),
+    ("theory.py", "_causal", r"n = S\.shape\[-1\]", r"shape\[(\+1|-2)\]", "equivalent",
+     "the score matrices are square [N, N]"),
+    ("theory.py", "kim_mean_field", r"torch\.softmax\(logits, dim=-1\)", r"dim=\+1", "equivalent",
+     "the logits are one [N, N] matrix: dimension 1 is the last"),
 ]
 
 
@@ -350,6 +358,15 @@ def summarize(module: str, work: Path, sampled_of: int = 0, only: set[str] | Non
 KINDS = ("equivalent", "cpu", "precision", "text")
 
 
+def _score_cell(r: dict, judged: int) -> str:
+    """The score, with its binomial standard error ``sqrt(p (1 - p) / n)`` (n = the sampled mutants
+    that can be wrong) where the module was measured on a random sample."""
+    p = r["score"] or 0.0
+    if not r.get("sampled_of") or judged <= 0:
+        return f"{100 * p:.1f} %"
+    return f"{100 * p:.1f} % ± {100 * (p * (1 - p) / judged) ** 0.5:.1f}"
+
+
 def table(results: dict) -> str:
     """Markdown table: per module the mutants run, killed, unexplained survivors, explained survivors
     by kind, the score over the mutants that can be wrong (killed / (mutants - explained)) and the
@@ -363,7 +380,7 @@ def table(results: dict) -> str:
         tot = {k: tot[k] + vals[k] for k in tot}
         sample = f" (of {r['sampled_of']})" if r.get("sampled_of") else ""
         rows.append(f"| `{m}`{sample} | " + " | ".join(str(vals[k]) for k in tot)
-                    + f" | {100 * (r['score'] or 0):.1f} % | {100 * (r['raw_score'] or 0):.1f} % |")
+                    + f" | {_score_cell(r, r['mutants'] - sum(kinds.values()))} | {100 * (r['raw_score'] or 0):.1f} % |")
     judged = tot["mutants"] - sum(tot[k] for k in KINDS)
     rows.append("| all | " + " | ".join(str(v) for v in tot.values())
                 + f" | {100 * tot['killed'] / max(judged, 1):.1f} % | {100 * tot['killed'] / max(tot['mutants'], 1):.1f} % |")
@@ -413,8 +430,9 @@ def write_doc(results: dict) -> None:
              "  float32 precision), `text` (rewords a sentence for people; no number or branch).",
              "- *score* = killed / (mutants − explained); *raw* = killed / mutants.",
              "- A module marked *(of N)* was measured on part of its N mutants: a random sample (seed 0,",
-             "  `--sample`) because the machine is shared, so the score is an estimate (a sample of n gives",
-             "  about ±100·sqrt(p(1−p)/n) % of standard error), unless its note says otherwise.",
+             "  `--sample`) because the machine is shared, so the score is an estimate; its cell gives the",
+             "  binomial standard error ±100·sqrt(p(1−p)/n) % (n = sampled mutants less the explained ones),",
+             "  unless its note says otherwise (a rerun of chosen mutants is no random sample).",
              "", table(results), ""]
     notes = [f"- `{m}`: {NOTES[m]}" for m in results if m in NOTES]
     if notes:
