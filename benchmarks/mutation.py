@@ -66,7 +66,8 @@ TARGETS: dict[str, list[str]] = {
     "analysis/slash.py": ["tests/test_slash_tables.py", "tests/test_slash.py", "tests/test_references.py", "-k", "not scan_summary"],
     "analysis/neighborhood.py": ["tests/test_neighborhood_analysis.py", "tests/test_neighborhood.py", "tests/test_references.py",
                                  "-k", "not scan_summary"],
-    "report/readings.py": ["tests/test_readings_helpers.py", "tests/test_references.py", "tests/test_report.py",
+    "report/readings.py": ["tests/test_readings_kim.py", "tests/test_readings_commands.py", "tests/test_readings_helpers.py",
+                           "tests/test_references.py", "tests/test_report.py",
                            "-k", "not scan_summary and not chromium and not screenshot"],
 }
 

@@ -187,3 +187,99 @@ def test_cli_threads_option_reaches_torch(cli, tmp_path, monkeypatch):
     assert seen[1][0] == 0 and 1 <= seen[1][1] <= runtime.available_cpus() and seen[1][2] == seen[1][1]
     code, _, err = cli("simulate", "--samples", 30, "--seq-len", 4, "--out", tmp_path / "bad", "--threads", -1)
     assert code != 0 and "--threads" in err and not (tmp_path / "bad").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# library calls leave process-wide state as they found it
+# ------------------------------------------------------------------------------------------------
+def _global_state() -> dict:
+    """Every process-wide switch poslens touches somewhere: torch threads, transformers' verbosity
+    and progress-bar switch, warnings filters, the environment, the SIGTERM handler, the RNG."""
+    import signal
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    return {"threads": torch.get_num_threads(), "hf_verbosity": hf_logging.get_verbosity(),
+            "hf_progress_bars": hf_logging.is_progress_bar_enabled(), "warnings": list(warnings.filters),
+            "environ": dict(os.environ), "sigterm": signal.getsignal(signal.SIGTERM),
+            "torch_rng": torch.get_rng_state()}
+
+
+@pytest.fixture(params=[True, False], ids=["hf-bars-on", "hf-bars-off"])
+def odd_global_state(request):
+    """Switches set to values no poslens default has (3 threads, transformers at ERROR), with
+    Hugging Face's progress bars on and off; the test's own settings are undone afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    before = (torch.get_num_threads(), hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
+    torch.set_num_threads(3)
+    hf_logging.set_verbosity(hf_logging.ERROR)
+    (hf_logging.enable_progress_bar if request.param else hf_logging.disable_progress_bar)()
+    yield
+    torch.set_num_threads(before[0])
+    hf_logging.set_verbosity(before[1])
+    (hf_logging.enable_progress_bar if before[2] else hf_logging.disable_progress_bar)()
+
+
+def _assert_unchanged(before: dict, after: dict, call: str) -> None:
+    for k in before:
+        same = torch.equal(before[k], after[k]) if k == "torch_rng" else before[k] == after[k]
+        assert same, f"{call} changed {k}: {before[k]!r} -> {after[k]!r}"
+
+
+def test_library_calls_restore_global_state(odd_global_state, tmp_path):
+    """A tiny simulate, scan (with and without its bars), train, neighbourhood and slash-dynamics run from Python
+    leave torch's threads, transformers' verbosity and progress-bar switch, the warnings filters,
+    the environment and the global RNG as they were (each sets some of them inside its block)."""
+    from archs import save_tiny
+
+    from poslens.analysis.dynamics import DynamicsConfig, run_dynamics
+    from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
+    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.models.train import TrainConfig, train_model
+    from poslens.simulate import SimConfig, run_simulation, save_result
+
+    model = save_tiny("llama", tmp_path / "model", layers=2, hidden=32, heads=2, kv=1, positions=32)
+    calls = {
+        "simulate": lambda: save_result(run_simulation(SimConfig(samples=64, seq_len=6, dim=8, layers=1, device="cpu")),
+                                        tmp_path / "sim", figures=True),
+        "scan (progress)": lambda: run_scan(ScanConfig(model_dir=str(model), out=str(tmp_path / "s1"), data="random",
+                                                       seq_len=8, num_seqs=2, batch_size=2, device="cpu",
+                                                       figures=False), progress=True),
+        "scan (quiet)": lambda: run_scan(ScanConfig(model_dir=str(model), out=str(tmp_path / "s2"), data="random",
+                                                    seq_len=8, num_seqs=2, batch_size=2, device="cpu",
+                                                    figures=False), progress=False),
+        "train": lambda: train_model(TrainConfig(out=str(tmp_path / "t"), pe="rope", task="copy", preset="micro",
+                                                 steps=2, batch_size=4, eval_every=0, eval_examples=4,
+                                                 checkpoint_every=0, device="cpu", threads=1, progress=True)),
+        "neighborhood": lambda: run_neighborhood(NeighborhoodConfig(model_dir=str(model), out=str(tmp_path / "n"),
+                                                                    data="random", seq_len=8, num_seqs=2, batch_size=2,
+                                                                    device="cpu", figures=False), progress=False),
+        "slash-dynamics": lambda: run_dynamics(DynamicsConfig(out=str(tmp_path / "d"), steps=2, snapshots=[0], hidden=16,
+                                                              scan_seqs=2, seq_len=6, threads=1, device="cpu",
+                                                              figures=False), progress=True),
+    }
+    for name, call in calls.items():
+        before = _global_state()
+        call()
+        _assert_unchanged(before, _global_state(), name)
+
+
+def test_cli_main_in_process_restores_threads_and_sigterm(tmp_path):
+    """``poslens.cli.main`` called from Python (a notebook, a test) restores what a command sets for
+    its process: torch's thread count (``--threads``) and the SIGTERM handler."""
+    from poslens.cli import main
+
+    torch.set_num_threads(3)
+    try:
+        before = _global_state()
+        main(["simulate", "--samples", "30", "--seq-len", "4", "--dim", "8", "--num-layers", "1", "--no-figures",
+              "--quiet", "--threads", "1", "--out", str(tmp_path / "r")])
+        assert (tmp_path / "r" / "summary.json").is_file()
+        _assert_unchanged(before, _global_state(), "poslens simulate --threads 1")
+        with pytest.raises(SystemExit):  # an error exit restores them too
+            main(["simulate", "--samples", "30", "--seq-len", "4", "--threads", "2", "--out", str(tmp_path / "r")])
+        _assert_unchanged(before, _global_state(), "a failed poslens simulate")
+    finally:
+        torch.set_num_threads(1)

@@ -25,12 +25,14 @@ from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
 from poslens.analysis.slash import SlashConfig, run_slash
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.errors import PoslensError
+from poslens.fmt import fmt
 from poslens.models.train import TrainConfig, train_model
 from poslens.progress import live_display
 from poslens.report import write_report
 from poslens.report.terminal import print_simulation_summary
 from poslens.reproduce import ReproContext, run_reproduction
 from poslens.rundir import write_json
+from poslens.runtime import no_hf_progress_bars
 from poslens.simulate import SimConfig, run_simulation, save_result
 
 
@@ -60,7 +62,7 @@ def _step_simulate(cfg: DemoConfig, console: Console, progress) -> dict:
                                         device=cfg.device),
     }
     for name, sc in runs.items():
-        res = run_simulation(sc, progress=lambda d, t, n=name: progress(n, d, t))
+        res = run_simulation(sc, progress=lambda d, t, n=name: progress(d, t, n))
         save_result(res, cfg.out / name, figures=cfg.figures)
         print_simulation_summary(res.summary, console)
     return {name: str(cfg.out / name) for name in runs}
@@ -79,11 +81,11 @@ def _train_cfgs(cfg: DemoConfig) -> dict:
 def _step_train(cfg: DemoConfig, console: Console, progress) -> dict:
     outs = {}
     for i, (name, tc) in enumerate(_train_cfgs(cfg).items()):
-        progress(name, i, 2)
+        progress(i, 2, name)
         tc.progress = cfg.progress  # its per-step bar nests under the demo's step bar
         s = train_model(tc)
-        console.print(f"{name}: {s['params']:,} parameters, loss {s['initial_loss']:.2f} -> "
-                      f"{s['final_loss']:.2f} in {tc.steps} steps ({s['tokens_per_second']:,.0f} tokens/s)")
+        console.print(f"{name}: {fmt(s['params'])} parameters, loss {fmt(s['initial_loss'])} -> "
+                      f"{fmt(s['final_loss'])} in {tc.steps} steps ({fmt(s['tokens_per_second'])} tokens/s)")
         outs[name] = tc.out
     return outs
 
@@ -99,24 +101,23 @@ def _step_scan(cfg: DemoConfig, console: Console, progress) -> dict:
     for i, (name, sc) in enumerate(scans.items()):
         sc.seq_len, sc.num_seqs, sc.batch_size, sc.device, sc.dtype = S, n, 4, cfg.device, "fp32"
         sc.figures = cfg.figures
-        progress(name, i, len(scans))
+        progress(i, len(scans), name)
         _clear(Path(sc.out))
         summ = run_scan(sc, progress=cfg.progress)
-        ri = " / ".join("flat" if l.get("relativity_index") is None else f"{l['relativity_index']:.2f}"
-                        for l in summ["layers"])
+        ri = " / ".join(fmt(l.get("relativity_index"), missing="flat") for l in summ["layers"])
         console.print(f"{name}: relativity index by layer {ri}")
     return {name: sc.out for name, sc in scans.items()}
 
 
 def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
     outs = {}
-    progress("slash", 0, 3)
+    progress(0, 3, "slash")
     run_slash(SlashConfig(scan_dir=str(cfg.out / "scan_rope"), out=str(cfg.out / "slash_rope"),
                           random_scan=str(cfg.out / "scan_rope_random"), max_delta=8,
                           figures=cfg.figures))
     outs["slash_rope"] = str(cfg.out / "slash_rope")
     for i, pe in enumerate(("nope", "rope"), 1):
-        progress(f"neighborhood {pe}", i, 3)
+        progress(i, 3, f"neighborhood {pe}")
         name = f"neighborhood_{pe}"
         run_neighborhood(NeighborhoodConfig(model_dir=str(cfg.out / f"model_{pe}"), out=str(cfg.out / name),
                                             data="random", seq_len=32 if cfg.quick else 64,
@@ -169,18 +170,11 @@ def run_demo(cfg: DemoConfig, console: Console | None = None, show_progress: boo
     write_json(cfg.out / "demo.json", {"outputs": {}, "finished": False})
     outputs: dict = {}
     t0 = time.perf_counter()
-    from transformers.utils import logging as hf_logging
-
-    hf_bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # transformers' own loading bars would tear the live display
-    try:
+    with no_hf_progress_bars():  # transformers' own loading bars would tear the live display
         _run_steps(cfg, console, show_progress, outputs)
-    finally:
-        if hf_bars:
-            hf_logging.enable_progress_bar()
     seconds = time.perf_counter() - t0
     write_json(cfg.out / "demo.json", {"outputs": outputs, "finished": True, "seconds": seconds})
-    console.print(f"[bold green]demo finished[/] in {seconds / 60:.1f} min: open {cfg.out / 'report.html'}")
+    console.print(f"[bold green]demo finished[/] in {fmt(seconds / 60)} min: open {cfg.out / 'report.html'}")
     return outputs
 
 
@@ -192,8 +186,10 @@ def _run_steps(cfg: DemoConfig, console: Console, show_progress: bool, outputs: 
         with live_display(console) if show_progress else contextlib.nullcontext() as prog:
             tid = prog.add_task(title, total=None, info="") if prog else None
 
-            def progress(name, done, total):
+            def progress(done: int, total: int | None = None, info: str = "") -> None:
+                # the convention of poslens.progress; the bar's label names the run in progress
                 if prog:
-                    prog.update(tid, description=name, completed=done, total=total)
+                    prog.update(tid, description=info or title, completed=done,
+                                **({} if total is None else {"total": total}))
 
             outputs.update(step(cfg, console, progress))

@@ -3,7 +3,11 @@
 ``fmt(0.98431) == "0.984"``, ``fmt(21651.977) == "21,652"``, ``fmt(0.000897) == "8.97e-4"``,
 ``fmt(None) == "–"``: three significant digits, thousands separators from 1,000 on, scientific
 notation only below 0.001, and a dash for missing or masked (NaN) entries; ``fmt(0.96, signed=True)
-== "+0.96"`` where the sign is the point (trends).
+== "+0.96"`` where the sign is the point (trends); ``fmt(None, missing="flat") == "flat"`` where a
+missing value has a meaning (the relativity index of a flat map).
+
+This is the only number formatter for display. Numbers that are stored (``summary.json``
+tables, records) stay numbers at full precision: the terminal and the report format them.
 """
 
 from __future__ import annotations
@@ -16,14 +20,14 @@ from typing import Any, Iterable
 MISSING = "–"
 
 
-def fmt(v: Any, *, signed: bool = False) -> str:
+def fmt(v: Any, *, signed: bool = False, missing: str = MISSING) -> str:
     """A number (or anything) as text, in the one format used everywhere (``signed``: a ``+`` on
-    positive numbers)."""
+    positive numbers; ``missing``: the text of None, NaN and infinities)."""
     if signed:
-        text = fmt(v)
+        text = fmt(v, missing=missing)
         return "+" + text if text[:1].isdigit() and text != "0" else text
     if v is None:
-        return MISSING
+        return missing
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, int):
@@ -34,7 +38,7 @@ def fmt(v: Any, *, signed: bool = False) -> str:
         except (TypeError, ValueError):
             return str(v)
         if not math.isfinite(f):
-            return MISSING
+            return missing
         if f == 0:
             return "0"
         a = abs(f)
@@ -46,7 +50,7 @@ def fmt(v: Any, *, signed: bool = False) -> str:
         mant, exp = f"{f:.2e}".split("e")
         return f"{mant}e{int(exp)}"
     if isinstance(v, (list, tuple)):
-        return ", ".join(fmt(x) for x in v)
+        return ", ".join(fmt(x, missing=missing) for x in v)
     if isinstance(v, dict):
         return json.dumps(v, default=str)
     return str(v)

@@ -14,7 +14,10 @@ bar's line and leave a frozen copy of it).
 
 A library function that runs long takes ``progress: bool`` and draws its bar with
 :func:`task_progress`; a caller that draws its own bar (the demo, ``reproduce``) passes a callback
-``progress(done, total)`` instead and the function stays silent.
+instead and the function stays silent. A callback has the signature of ``update`` above,
+``(done, total=None, info="")`` (``info``: what runs now, e.g. the experiment's name), so the
+``update`` of a :func:`task_progress` block can be passed as it is; a function may call it with
+``(done, total)`` alone (:func:`poslens.simulate.run_simulation`).
 """
 
 from __future__ import annotations

@@ -80,6 +80,10 @@ def test_panels_equal_direct_computation(llama_dir, tmp_path):
     assert summary["paper"] == "kim" and len(summary["tables"][0]["rows"]) == 9 and summary["readings"]
     assert "decoder layer 1" in summary["title"] and "key 0" in summary["tables"][0]["title"]
     assert "non-relativity with key 0" in summary["tables"][0]["columns"]
+    # stored numbers stay numbers at full precision (the terminal and the report format them)
+    for r, row in zip(summary["panels"], summary["tables"][0]["rows"]):
+        assert row[2:] == [r["relativity_index"], r["non_relativity"], r["non_relativity_with_sink"], r["locality"],
+                           r["diagonal_trend"], r["mean_offdiag"]]
 
 
 def test_panel_metrics_known_maps():
@@ -119,6 +123,9 @@ def test_score_maps_of_a_scan(llama_dir, tmp_path):
     s = run_score_maps(str(tmp_path / "scan"), str(tmp_path / "maps"))
     assert len(s["tables"][0]["rows"]) == 3 and s["paper"] == "kim"
     assert [l["layer"] for l in s["layers"]] == [0, 1, 2] and "from 0" in s["tables"][0]["title"]
+    assert [row[1:] for row in s["tables"][0]["rows"]] == [
+        [l["relativity_index"], l["non_relativity"], l["non_relativity_with_sink"], l["locality"], l["diagonal_trend"]]
+        for l in s["layers"]]  # unrounded numbers, as in "layers"
     # key 0 is out of the headline numbers; the sink's weight is its own number, from the scan's probabilities
     probs = read_tensors(tmp_path / "scan" / "maps.safetensors")["probs"].double()
     for li, l in enumerate(s["layers"]):

@@ -15,6 +15,7 @@ import torch
 
 from poslens.analysis.slash import decompose_scan
 from poslens.errors import PoslensError
+from poslens.fmt import fmt
 from poslens.metrics.rank import rank_table
 from poslens.metrics.ropefit import pair_polar, predicted_slash_profile, rank_one_logit, rope_decomposition
 from poslens.metrics.slash import persistence, sdh_table, slash_profile
@@ -190,3 +191,229 @@ def test_slash_dynamics_small_run(tmp_path, cli):
     assert not torch.equal(w0[k], w3[k])
     code, _, err = cli("slash-dynamics", "--out", tmp_path / "bad", "--steps", 5, "--snapshots", "9", "--quiet")
     assert code == 2 and "--snapshots" in err and not (tmp_path / "bad").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# `poslens slash` on a hand-made scan: the numbers of the run against explicit loops
+# --------------------------------------------------------------------------------------------
+def _fake_maps(L=2, Hq=4, Hkv=2, Dh=4, n=8, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    slash = torch.rand(L, Hq, n, generator=g, dtype=torch.float64) * 0.2
+    slash[0, 1, 2] = 0.9  # a Δ = 2 slash head
+    slash[1, 3, 1] = 0.45  # a previous-token head, weaker
+    slash[1, 0, 0] = 0.99  # Δ = 0: outside the default range 1..
+    a = torch.randn(L, Hq, Dh, Dh, generator=g, dtype=torch.float64)
+    b = torch.randn(L, Hkv, Dh, Dh, generator=g, dtype=torch.float64)
+    return {"slash": slash, "q_gram": a @ a.transpose(-1, -2), "k_gram": b @ b.transpose(-1, -2),
+            "dim_logit": torch.randn(L, Hq, Dh, generator=g, dtype=torch.float64)}
+
+
+def test_decompose_scan_reads_each_heads_kv_head_and_its_window():
+    maps = _fake_maps()
+    rows = decompose_scan(maps, rotary_dim=4, base=BASE, scaling=0.5, rope_layers=[True, False], min_delta=1,
+                          max_delta=5, layer_ids=[7, 9])
+    assert [(r["layer"], r["head"]) for r in rows] == [(7, h) for h in range(4)]  # layer 9 applies no RoPE
+    for r in rows:
+        h = r["head"]
+        dec = rope_decomposition(maps["q_gram"][0, h], maps["k_gram"][0, h // 2], maps["dim_logit"][0, h],
+                                 rotary_dim=4, base=BASE, scaling=0.5, seq_len=8)
+        obs = [float(maps["slash"][0, h, d]) for d in range(1, 6)]
+        pred = [float(dec.profile[d]) for d in range(1, 6)]
+        d_obs, d_pred = 1 + obs.index(max(obs)), 1 + pred.index(max(pred))
+        assert (r["observed_peak"], r["predicted_peak"]) == (d_obs, d_pred)
+        assert r["observed_score"] == float(maps["slash"][0, h, d_obs])
+        assert r["predicted_score"] == pytest.approx(float(dec.profile[d_pred]), abs=1e-12)
+        assert r["predicted_score_at_observed_peak"] == pytest.approx(float(dec.profile[d_obs]), abs=1e-12)
+        assert r["peak_match"] == (d_obs == d_pred)
+        mo, mp = sum(obs) / 5, sum(pred) / 5
+        cov = sum((x - mo) * (y - mp) for x, y in zip(obs, pred))
+        corr = cov / math.sqrt(sum((x - mo) ** 2 for x in obs) * sum((y - mp) ** 2 for y in pred))
+        assert r["profile_corr"] == pytest.approx(corr, abs=1e-9)
+        assert r["band_usage"] == pytest.approx(dec.band_usage())
+        assert r["band_peak_contribution"] == pytest.approx(dec.band_peak_contribution(d_pred))
+        assert (r["sign"], r["coherence"], r["pair_fit"]) == (dec.sign, dec.coherence, dec.pair_fit)
+        assert torch.equal(r["profile"], dec.profile)
+    assert decompose_scan(maps, rotary_dim=None, base=None, scaling=0.5, rope_layers=[True, True]) == []
+    # the scan's own RoPE table (per layer kind) replaces rotary_dim / base; a layer without one is skipped
+    theta = [1.0, 0.25]
+    rope = {"layer_kind": ["full", None], "kinds": {"full": {"inv_freq": theta, "attention_scaling": 2.0}}}
+    own = decompose_scan(maps, rotary_dim=None, base=None, scaling=0.5, rope_layers=[True, True], max_delta=None,
+                         rope=rope)
+    assert [(r["layer"], r["head"]) for r in own] == [(0, h) for h in range(4)]
+    dec = rope_decomposition(maps["q_gram"][0, 3], maps["k_gram"][0, 1], maps["dim_logit"][0, 3], rotary_dim=None,
+                             base=None, scaling=0.5, seq_len=8, theta=theta, attention_scaling=2.0)
+    assert torch.equal(own[3]["profile"], dec.profile)
+    pred = [float(dec.profile[d]) for d in range(1, 8)]  # max_delta None: up to S - 1
+    assert own[3]["predicted_peak"] == 1 + pred.index(max(pred))
+    flat = {**maps, "slash": torch.full((2, 4, 8), 0.125, dtype=torch.float64)}
+    assert decompose_scan(flat, rotary_dim=4, base=BASE, scaling=0.5, rope_layers=[True, False])[0]["profile_corr"] is None
+    one = decompose_scan(maps, rotary_dim=4, base=BASE, scaling=0.5, rope_layers=[True, False], min_delta=3,
+                         max_delta=3)
+    assert one[0]["profile_corr"] is None and one[0]["observed_peak"] == 3
+
+
+def _cfg(**kw):
+    from poslens.analysis.slash import SlashConfig
+
+    return SlashConfig(scan_dir="scan", out="out", **kw)
+
+
+def test_analyze_scans_counts_best_offsets_and_persistence():
+    from poslens.analysis.slash import analyze_scans
+
+    maps = _fake_maps()
+    rand = {**maps, "slash": maps["slash"] * 0.5}
+    geom = {"rotary_dim": 4, "base": BASE, "scaling": 0.5}
+    parts, tensors = analyze_scans(maps, geom, [False, True], [3, 5], _cfg(kappa=(0.4, 0.2, 0.8), max_delta=6), rand)
+    sl = maps["slash"]
+    assert parts["kappas"] == [0.2, 0.4, 0.8] and parts["max_delta"] == 6 and parts["persist_kappa"] == 0.4
+    for row in parts["by_delta"]:
+        d = row[0]
+        assert row[1:4] == [int((sl[..., d] >= k).sum()) for k in (0.2, 0.4, 0.8)]
+    assert [r[0] for r in parts["by_delta"]] == [1, 2, 3, 4, 5, 6]
+    assert parts["by_delta"][1][4] == "3.1" and parts["by_delta"][0][4] == "5.3"  # heads listed at the first κ
+    ranks = rank_table(maps["q_gram"], maps["k_gram"])
+    assert len(parts["heads"]) == 8
+    for r in parts["heads"]:
+        li = [3, 5].index(r["layer"])
+        window = [float(sl[li, r["head"], d]) for d in range(1, 7)]
+        assert r["best_score"] == max(window) and r["best_delta"] == 1 + window.index(max(window))
+        assert r["q_top1_energy"] == float(ranks["q_top1_energy"][li, r["head"]])
+        assert ("predicted_peak" in r) == (r["layer"] == 5) and "profile" not in r
+    assert torch.isnan(tensors["slash_predicted"][0]).all() and not torch.isnan(tensors["slash_predicted"][1]).any()
+    assert torch.equal(tensors["slash"], sl) and torch.equal(tensors["slash_random"], rand["slash"])
+    assert torch.equal(tensors["rank_k_n95"], ranks["k_n95"])
+    # persistence at κ = 0.4: the two heads at Δ 1..6 reaching it, both halved on "random tokens"
+    assert [(p["layer"], p["head"], p["delta"], p["persists"]) for p in parts["persistence"]] == [
+        (3, 1, 2, True), (5, 3, 1, False)]
+    plain, t2 = analyze_scans(maps, {"rotary_dim": None, "base": None, "scaling": 1.0}, [True, True], [0, 1],
+                              _cfg(kappa=(0.1, 0.2), persist_kappa=0.15))
+    assert plain["persistence"] is None and plain["persist_kappa"] == 0.15 and "slash_random" not in t2
+    assert torch.isnan(t2["slash_predicted"]).all() and all("predicted_peak" not in r for r in plain["heads"])
+    assert analyze_scans(maps, geom, [True, True], [0, 1], _cfg(kappa=(0.1, 0.2)))[0]["persist_kappa"] == 0.2
+    none_on = analyze_scans(maps, geom, [False, False], [0, 1], _cfg(kappa=(0.5,)))[0]["heads"]
+    assert all("predicted_peak" not in r for r in none_on)
+    zero = analyze_scans(maps, geom, [True, True], [0, 1], _cfg(kappa=(0.5,), min_delta=0, max_delta=40))[0]
+    assert zero["max_delta"] == 7 and max(zero["heads"], key=lambda r: r["best_score"])["best_delta"] == 0
+    for bad in (dict(min_delta=-1), dict(min_delta=8, max_delta=9), dict(min_delta=4, max_delta=3)):
+        with pytest.raises(PoslensError, match="--min-delta"):
+            analyze_scans(maps, geom, [True, True], [0, 1], _cfg(**bad))
+    assert analyze_scans(maps, geom, [True, True], [0, 1], _cfg(min_delta=7, max_delta=7))[0]["max_delta"] == 7
+
+
+def test_slash_tables_store_numbers():
+    from poslens.analysis.slash import HEAD_COLUMNS, analyze_scans, slash_tables
+
+    maps = _fake_maps()
+    parts, _ = analyze_scans(maps, {"rotary_dim": 4, "base": BASE, "scaling": 0.5}, [True, True], [0, 1],
+                             _cfg(kappa=(0.3, 0.5)), {**maps})
+    tables = slash_tables(parts, _cfg(kappa=(0.3, 0.5), top=3), 8)
+    counts, heads, pers = tables
+    assert counts["title"] == "number of (κ, Δ)-slash-dominant heads (of 8)"
+    assert counts["columns"] == ["Δ", "κ=0.3", "κ=0.5", "heads at κ=0.3"] and counts["rows"] == parts["by_delta"]
+    assert heads["columns"] == HEAD_COLUMNS and len(heads["columns"]) == 13 and heads["title"].startswith("top 3 heads")
+    assert "Δ = 1..16" in heads["title"] or "Δ = 1..7" in heads["title"]
+    top = sorted(parts["heads"], key=lambda r: -r["best_score"])[:3]
+    assert [r[0] for r in heads["rows"]] == [f"{r['layer']}.{r['head']}" for r in top] == ["0.1", "1.3", "0.0"][:1] + \
+        [f"{r['layer']}.{r['head']}" for r in top[1:]]
+    for row, r in zip(heads["rows"], top):
+        assert row[1:4] == [r["best_delta"], r["best_score"], r["q_top1_energy"]]  # unrounded numbers
+        assert row[4:7] == [r["k_top1_energy"], r["q_effective_rank"], r["k_effective_rank"]]
+        assert row[7:9] == [int(r["q_n95"]), int(r["k_n95"])] and isinstance(row[7], int)
+        assert row[9:12] == [r["predicted_peak"], r["profile_corr"], r["coherence"]]
+        assert row[12] == "/".join(fmt(r["band_usage"][b]) for b in ("high", "medium", "low"))
+    assert pers["columns"] == ["layer.head", "Δ", "in-distribution", "random tokens", "ratio", "persists"]
+    assert "(0.3, Δ)-SDHs" in pers["title"]
+    assert pers["rows"] == [[f"{p['layer']}.{p['head']}", p["delta"], p["score_in"], p["score_random"], p["ratio"],
+                             p["persists"]] for p in parts["persistence"]]
+    bare = dict(parts, persistence=None, heads=[{**h, "band_usage": None, "profile_corr": None}
+                                                for h in parts["heads"]])
+    t = slash_tables(bare, _cfg(top=20), 8)
+    assert len(t) == 2 and len(t[1]["rows"]) == 8 and t[1]["rows"][0][12] is None and t[1]["rows"][0][10] is None
+    assert t[1]["title"].startswith("top 8 heads by SlashScore over Δ = 1..")
+
+
+def _fake_scan(root, maps, layers_rope=(True, True), **summary):
+    import json
+
+    from poslens.models.families import build_config
+    from poslens.rundir import write_tensors
+
+    model = root / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    build_config("rope", "micro", V, rope_theta=BASE, layers=2, hidden=16, heads=4, kv_heads=2,
+                 intermediate=32).save_pretrained(str(model))
+    scan = root / "scan"
+    scan.mkdir(parents=True, exist_ok=True)
+    write_tensors(scan / "maps.safetensors", {k: v.float() for k, v in maps.items()}, metadata={"layers": [0, 1]})
+    (scan / "config.json").write_text(json.dumps({"options": {"model_dir": str(model)}, "source": {"kind": "stdlib"}}))
+    (scan / "summary.json").write_text(json.dumps({"model_type": "smollm3", "num_seqs": 4,
+                                                   "layers": [{"rope": r} for r in layers_rope], **summary}))
+    return scan, model
+
+
+def test_run_slash_on_a_hand_made_scan(tmp_path):
+    import json
+
+    from poslens.analysis.slash import SlashConfig, model_rope_geometry, run_slash
+    from poslens.rundir import read_tensors
+
+    maps = {k: v.float().double() for k, v in _fake_maps(Dh=8).items()}
+    scan, model = _fake_scan(tmp_path, maps, (True, False), attention={"scaling": [0.25, 0.25]})
+    geom = model_rope_geometry(str(model))
+    assert geom["head_dim"] == 4 and geom["scaling"] == 0.5 and geom["num_kv_heads"] == 2 and geom["rotary_dim"] == 4
+    out = tmp_path / "out"
+    s = run_slash(SlashConfig(scan_dir=str(scan), out=str(out), kappa=(0.5, 0.3), max_delta=5, figures=False))
+    assert s["geometry"]["scaling"] == 0.25 and s["geometry"]["base"] == BASE  # the scan's own logit scale
+    assert s["title"] == "Slash-dominant heads of smollm3 (4 x 8 tokens)" and s["delta_range"] == [1, 5]
+    assert s["kappas"] == [0.3, 0.5] and s["persist_kappa"] == 0.3 and s["persistence"] is None
+    assert s["seq_len"] == 8 and s["model_dir"] == str(model) and s["figures"] == [] and s["paper"] == "slash"
+    assert len(s["heads"]) == 8 and len(s["tables"]) == 2 and s["readings"][0].startswith("The most slash-dominant")
+    assert [("predicted_peak" in r) for r in s["heads"]] == [True] * 4 + [False] * 4  # layer 1: no RoPE
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["tables"][1]["rows"][0][2] == pytest.approx(0.9, abs=1e-7)  # stored as a number
+    assert json.loads((out / "config.json").read_text())["command"] == "slash"
+    t = read_tensors(out / "slash.safetensors")
+    assert set(t) >= {"slash", "slash_predicted", "rank_q_top1_energy"} and not (out / "slash_profiles.png").exists()
+    # with the random-token twin, figures, and a model directory given
+    rscan = tmp_path / "rand"
+    _fake_scan(rscan, {**maps, "slash": maps["slash"] * 0.5})
+    cfgj = json.loads((rscan / "scan" / "config.json").read_text())
+    (rscan / "scan" / "config.json").write_text(json.dumps({**cfgj, "source": {"kind": "random"}}))
+    s2 = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "o2"), random_scan=str(rscan / "scan"),
+                               kappa=(0.4,), model_dir=str(model)))
+    assert s2["title"].endswith("(4 x 8 tokens, with random-token control)") and len(s2["tables"]) == 3
+    assert [(p["layer"], p["head"], p["persists"]) for p in s2["persistence"]] == [(0, 1, True), (1, 3, False)]
+    assert (tmp_path / "o2" / "slash_profiles.png").is_file() and "on random tokens" in s2["figures"][0]["caption"]
+    assert "slash_random" in read_tensors(tmp_path / "o2" / "slash.safetensors")
+
+
+def test_run_slash_input_errors(tmp_path):
+    import json
+
+    from poslens.analysis.slash import SlashConfig, model_rope_geometry, run_slash
+
+    maps = _fake_maps(Dh=8)
+    scan, model = _fake_scan(tmp_path, maps)
+
+    def fails(match, **kw):
+        with pytest.raises(PoslensError, match=match):
+            run_slash(SlashConfig(**{"scan_dir": str(scan), "out": str(tmp_path / "x"), "figures": False, **kw}))
+        assert not (tmp_path / "x").exists()
+
+    fails("--kappa", kappa=(0.5, 1.5))
+    fails("--kappa", kappa=(0.0,))
+    fails("--kappa", kappa=())
+    assert run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "k1"), kappa=(1.0,), figures=False))
+    fails("no maps.safetensors", scan_dir=str(tmp_path))
+    fails("not random tokens", random_scan=str(scan))
+    small = tmp_path / "small"
+    _fake_scan(small, {k: v[:1] for k, v in maps.items()})
+    fails("does not match", random_scan=str(small / "scan"))
+    (scan / "config.json").write_text(json.dumps({}))
+    fails("does not name the model")
+    part = tmp_path / "part"
+    _fake_scan(part, {k: v for k, v in maps.items() if k != "dim_logit"})
+    fails("lacks 'dim_logit'", scan_dir=str(part / "scan"), model_dir=str(model))
+    with pytest.raises(PoslensError, match="no config.json"):
+        model_rope_geometry(str(tmp_path))

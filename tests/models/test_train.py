@@ -94,10 +94,15 @@ def test_steps_zero_saves_the_initial_model(tmp_path):
     assert summary["initial_loss"] == s["initial_loss"]
 
 
-def test_corpus_language_model(tmp_path):
+def _small_corpus(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     lines = [json.dumps({"text": f"def f{i}(x):\n    return x * {i} + {i % 7}\n"}) for i in range(400)]
     corpus.write_text("\n".join(lines))
+    return corpus
+
+
+def test_corpus_language_model(tmp_path):
+    corpus = _small_corpus(tmp_path)
     s = train_model(TrainConfig(out=str(tmp_path / "lm"), pe="none", data=str(corpus), vocab_size=300, seq_len=32,
                                 steps=5, **{**FAST, "eval_examples": 8}))
     assert s["eval_accuracy"] is None and s["eval_loss"] is not None
@@ -105,6 +110,39 @@ def test_corpus_language_model(tmp_path):
     text = "def f3(x):\n    return x"
     assert tok.decode(tok(text, add_special_tokens=False).input_ids) == text
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "lm").config.no_rope_layers == [0, 0]
+
+
+def test_cli_steps_zero_is_a_quick_random_init_control(cli, tmp_path):
+    """``--steps 0`` on a preset: the initial weights, a position limit set by --max-positions, and
+    one batch of evaluation (not 500 windows) whose loss is that of an untrained model, ~ln(V)."""
+    import math
+
+    from poslens.models.families import build_model
+
+    out = tmp_path / "r"
+    code, stdout, err = cli("train", "--out", out, "--preset", "tiny", "--steps", "0", "--data", _small_corpus(tmp_path),
+                            "--vocab-size", "300", "--seq-len", "32", "--batch-size", "4", "--max-positions", "1024",
+                            "--threads", "1", "--quiet", "--json")
+    assert code == 0, err
+    s = json.loads(stdout)
+    assert s["steps"] == 0 and s["eval_examples"] == 4 and s["tokens_seen"] == 0
+    records = [json.loads(r) for r in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in records] == ["train", "eval"] and records[0]["step"] == records[1]["step"] == 0
+    model, tok, _ = load_trained(out)
+    assert model.config.max_position_embeddings == 1024 and model.config.num_hidden_layers == 3
+    ref = build_model("rope", "tiny", len(tok), seed=0, max_positions=1024, pad_token_id=tok.pad_token_id)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, model.state_dict()[k]), k
+    # std-0.02 weights give near-uniform predictions: cross-entropy close to ln(vocabulary)
+    for key in ("initial_loss", "eval_loss"):
+        assert abs(s[key] - math.log(len(tok))) < 0.3, (key, s[key], len(tok))
+
+    # without --max-positions the limit is the preset's (tiny: 512), raised to the training length
+    code, stdout, err = cli("train", "--out", tmp_path / "r2", "--preset", "tiny", "--steps", "0", "--data",
+                            _small_corpus(tmp_path), "--vocab-size", "300", "--seq-len", "600", "--batch-size", "1",
+                            "--threads", "1", "--quiet")
+    assert code == 0, err
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "r2").config.max_position_embeddings == 600
 
 
 def test_stdlib_default_corpus(tmp_path):
@@ -129,6 +167,8 @@ def test_lr_schedule():
     (["--pe", "alibi"], "--pe"),
     (["--data", "/nonexistent/corpus.txt"], "does not exist"),
     (["--task", "copy", "--max-len", "0"], "--max-len"),
+    (["--max-positions", "0"], "--max-positions"),
+    (["--seq-len", "64", "--max-positions", "32"], "--max-positions 32 is below the 64 positions"),
 ])
 def test_cli_bad_input(cli, tmp_path, args, msg):
     out = tmp_path / "out"

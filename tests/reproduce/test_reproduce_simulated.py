@@ -49,3 +49,21 @@ def test_reproduce_unknown_name(cli, tmp_path):
     code, _, err = cli("reproduce", "kim-fig9", "--out", tmp_path / "r", "--quiet")
     assert code == 2 and "kim-fig9" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_repro_progress_follows_the_progress_convention(tmp_path):
+    """``ReproContext.progress`` is called as ``update(done, total=None, info="")`` (poslens.progress):
+    the callable a ``task_progress`` block yields can be passed as it is, ``info`` naming the run."""
+    from poslens.progress import task_progress
+    from poslens.reproduce import EXPERIMENTS, ReproContext
+
+    calls = []
+
+    def update(done, total=None, info=""):
+        calls.append((done, total, info))
+
+    EXPERIMENTS["kim-layernorm"].run(ReproContext(samples=500, figures=False, progress=update), tmp_path / "a")
+    assert calls and all(isinstance(d, int) and t == 500 and isinstance(i, str) and i for d, t, i in calls)
+    assert {d for d, _, _ in calls} >= {500}  # every simulation ends at its total
+    with task_progress("reproduce", 500, enabled=False) as bar:  # the convention's own callable fits
+        EXPERIMENTS["kim-layernorm"].run(ReproContext(samples=500, figures=False, progress=bar), tmp_path / "b")

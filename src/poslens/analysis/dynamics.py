@@ -28,12 +28,14 @@ from poslens.capture.scan import ScanConfig, run_scan
 from poslens.data.tasks import encode_example, evaluate_task, get_task
 from poslens.data.tokenizer import char_vocab
 from poslens.errors import PoslensError
+from poslens.fmt import fmt
 from poslens.models.train import TrainConfig, load_trained, train_model
 from poslens.progress import task_progress
 from poslens.report.readings import dynamics_readings
 from poslens.rope import BANDS
 from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
                             write_json, write_summary)
+from poslens.runtime import set_threads
 
 
 @dataclass
@@ -98,9 +100,9 @@ def _snapshot(weights: Path, snap: Path, config) -> None:
     from safetensors.torch import load_model
     from transformers import AutoModelForCausalLM
 
-    ck = weights
-    model = AutoModelForCausalLM.from_config(config)
-    load_model(model, str(ck))
+    with torch.random.fork_rng(devices=[]):  # the random init is overwritten; the global RNG is left alone
+        model = AutoModelForCausalLM.from_config(config)
+    load_model(model, str(weights))
     model.save_pretrained(str(snap))
 
 
@@ -126,91 +128,116 @@ def step_metrics(maps: dict, maps_random: dict, geometry: dict, delta: int) -> l
 
 def run_dynamics(cfg: DynamicsConfig, progress: bool = True) -> dict:
     """Train, snapshot, scan and tabulate; writes the run directory ``cfg.out`` (see module doc)."""
-    from transformers import AutoConfig
-
     snaps = _validate(cfg)
     prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
-    prev_threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
     t0 = time.time()
-    try:
-        with staged_dir(cfg.out) as stage, task_progress("slash-dynamics", 2 * len(snaps), enabled=progress) as update:
-            train_dir, snap_root = stage / "train", stage / "snapshots"
-            snap_root.mkdir()
-            # 1. train, stopping at each snapshot step (the trainer leaves checkpoint-<step>)
-            for n, s in enumerate(snaps):
-                train_model(_train_config(cfg, train_dir, s, resume=n > 0))
-                if s < cfg.steps:
-                    keep = snap_root / f".ck-{s}"
-                    shutil.copytree(train_dir / f"checkpoint-{s:08d}", keep)
-                update(n + 1, info=f"trained to step {s}")
-            config = AutoConfig.from_pretrained(str(train_dir))
-            prompts = stage / "prompts_in_distribution.jsonl"
-            _in_distribution_prompts(prompts, cfg, char_vocab())
-            log = [json.loads(x) for x in (train_dir / "train_log.jsonl").read_text().splitlines() if x.strip()]
-            loss_at = {r["step"]: r["loss"] for r in log if r.get("kind") == "train"}
-            geom = model_rope_geometry(str(train_dir))
-            records = []
-            for n, s in enumerate(snaps):
-                snap = snap_root / f"step-{s:06d}"
-                if s < cfg.steps:
-                    ck = snap_root / f".ck-{s}"
-                    _snapshot(ck / "model.safetensors", snap, config)
-                    shutil.rmtree(ck)
-                else:
-                    snap.mkdir()
-                    for f in ("config.json", "model.safetensors"):
-                        shutil.copy(train_dir / f, snap / f)
-                for f in ("tokenizer.json", "tokenizer_config.json"):
-                    if (train_dir / f).is_file():
-                        shutil.copy(train_dir / f, snap / f)
-                scans = {}
-                for kind, data in (("in", str(prompts)), ("random", "random")):
-                    sd = snap / f"scan-{kind}"
-                    run_scan(ScanConfig(model_dir=str(snap), out=str(sd), data=data, seq_len=cfg.seq_len,
-                                        num_seqs=cfg.scan_seqs, batch_size=8, seed=cfg.seed, device=cfg.device, dtype="fp32",
-                                        figures=False), progress=False)
-                    scans[kind] = read_tensors(sd / "maps.safetensors")
-                model, _, _ = load_trained(snap)
-                acc = evaluate_task(model, "offset", count=200, seed=cfg.seed, delta=cfg.delta)
-                heads = step_metrics(scans["in"], scans["random"], geom, cfg.delta)
-                best = max(heads, key=lambda r: r["slash_in"])
-                records.append({"step": s, "loss": loss_at.get(s), "accuracy": acc.get("eval_accuracy"),
-                                "accuracy_long": acc.get("eval_accuracy_long"), "heads": heads, "best": best})
-                update(len(snaps) + n + 1, info=f"scanned step {s}")
-            final = records[-1]["best"]
-            rows = [[r["step"], None if r["loss"] is None else round(r["loss"], 4),
-                     None if r["accuracy"] is None else round(r["accuracy"], 3),
-                     f"{r['best']['layer']}.{r['best']['head']}", round(r["best"]["slash_in"], 4),
-                     round(r["best"]["slash_random"], 4), round(r["best"]["q_top1"], 3), round(r["best"]["k_top1"], 3),
-                     "/".join(f"{r['best']['band_usage'][b]:.2f}" for b in BANDS), r["best"]["predicted_peak"]]
-                    for r in records]
-            if cfg.figures:
-                save_figure(_figure(records, cfg), stage / "dynamics.png")
-            summary = {
-                "experiment": "slash-dynamics", "paper": "slash",
-                "title": f"Training dynamics of a {cfg.layers}-layer RoPE transformer on the offset task (Δ = {cfg.delta})",
-                "config": dataclasses.asdict(cfg), "geometry": geom, "steps": records,
-                "final_sdh": {**final, "persists": final["slash_random"] >= cfg.kappa and final["slash_in"] >= cfg.kappa},
-                "tables": [{"title": f"the most slash-dominant head at Δ = {cfg.delta} per training step (head = "
-                                     "layer.head, decoder layers from 0)",
-                            "columns": ["step", "train loss", "task accuracy", "head", f"SlashScore({cfg.delta}) in-dist.",
-                                        f"SlashScore({cfg.delta}) random", "q σ1²/Σσ²", "k σ1²/Σσ²",
-                                        "band use high/med/low", "predicted peak Δ"], "rows": rows}],
-                "layer_convention": LAYER_CONVENTION,
-                "figures": [{"file": "dynamics.png", "caption": f"Over training: SlashScore({cfg.delta}) of the "
-                             "best head on task prompts and on random tokens, rank-one-ness of its pre-RoPE q/k, and "
-                             "its RoPE band usage."}] if cfg.figures else [],
-                "wall_s": time.time() - t0,
-            }
-            summary["readings"] = dynamics_readings(summary)
-            write_json(stage / "config.json", {"command": "slash-dynamics", **dataclasses.asdict(cfg),
-                                               "versions": versions()})
-            write_summary(stage, summary, command="slash-dynamics",
-                          layers_describe="per training step under 'steps': heads named by decoder layer (from 0) "
-                                          "and head index")
-    finally:
-        torch.set_num_threads(prev_threads)
+    with set_threads(cfg.threads), staged_dir(cfg.out) as stage, \
+            task_progress("slash-dynamics", 2 * len(snaps), enabled=progress) as update:
+        train_dir, snap_root = stage / "train", stage / "snapshots"
+        snap_root.mkdir()
+        _train_to_snapshots(cfg, snaps, train_dir, snap_root, update)
+        geom = model_rope_geometry(str(train_dir))
+        records = _scan_snapshots(cfg, snaps, geom, stage, train_dir, snap_root, update)
+        if cfg.figures:
+            save_figure(_figure(records, cfg), stage / "dynamics.png")
+        summary = _summary(cfg, records, geom, wall_s=time.time() - t0)
+        write_json(stage / "config.json", {"command": "slash-dynamics", **dataclasses.asdict(cfg),
+                                           "versions": versions()})
+        write_summary(stage, summary, command="slash-dynamics",
+                      layers_describe="per training step under 'steps': heads named by decoder layer (from 0) "
+                                      "and head index")
+    return summary
+
+
+def _train_to_snapshots(cfg: DynamicsConfig, snaps: list[int], train_dir: Path, snap_root: Path, update) -> None:
+    """Train, stopping at each snapshot step; the trainer's ``checkpoint-<step>`` of every step before
+    the last is kept as ``snap_root/.ck-<step>`` (progress ticks 1..len(snaps))."""
+    for n, s in enumerate(snaps):
+        train_model(_train_config(cfg, train_dir, s, resume=n > 0))
+        if s < cfg.steps:
+            shutil.copytree(train_dir / f"checkpoint-{s:08d}", snap_root / f".ck-{s}")
+        update(n + 1, info=f"trained to step {s}")
+
+
+def _snapshot_dir(cfg: DynamicsConfig, s: int, train_dir: Path, snap_root: Path, config) -> Path:
+    """The loadable model directory of step ``s`` (from its kept checkpoint, or the final model), with
+    the tokenizer files."""
+    snap = snap_root / f"step-{s:06d}"
+    if s < cfg.steps:
+        ck = snap_root / f".ck-{s}"
+        _snapshot(ck / "model.safetensors", snap, config)
+        shutil.rmtree(ck)
+    else:
+        snap.mkdir()
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy(train_dir / f, snap / f)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        if (train_dir / f).is_file():
+            shutil.copy(train_dir / f, snap / f)
+    return snap
+
+
+def _scan_pair(cfg: DynamicsConfig, snap: Path, prompts: Path) -> dict:
+    """The maps of two scans of one snapshot: ``in`` (the task's prompts) and ``random`` (i.i.d. tokens)."""
+    scans = {}
+    for kind, data in (("in", str(prompts)), ("random", "random")):
+        sd = snap / f"scan-{kind}"
+        run_scan(ScanConfig(model_dir=str(snap), out=str(sd), data=data, seq_len=cfg.seq_len, num_seqs=cfg.scan_seqs,
+                            batch_size=8, seed=cfg.seed, device=cfg.device, dtype="fp32", figures=False),
+                 progress=False)
+        scans[kind] = read_tensors(sd / "maps.safetensors")
+    return scans
+
+
+def _scan_snapshots(cfg: DynamicsConfig, snaps: list[int], geom: dict, stage: Path, train_dir: Path,
+                    snap_root: Path, update) -> list[dict]:
+    """One record per snapshot step: train loss, task accuracy, per-head metrics and the best head
+    (progress ticks len(snaps)+1..2 len(snaps))."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(train_dir))
+    prompts = stage / "prompts_in_distribution.jsonl"
+    _in_distribution_prompts(prompts, cfg, char_vocab())
+    log = [json.loads(x) for x in (train_dir / "train_log.jsonl").read_text().splitlines() if x.strip()]
+    loss_at = {r["step"]: r["loss"] for r in log if r.get("kind") == "train"}
+    records = []
+    for n, s in enumerate(snaps):
+        snap = _snapshot_dir(cfg, s, train_dir, snap_root, config)
+        scans = _scan_pair(cfg, snap, prompts)
+        model, _, _ = load_trained(snap)
+        acc = evaluate_task(model, "offset", count=200, seed=cfg.seed, delta=cfg.delta)
+        heads = step_metrics(scans["in"], scans["random"], geom, cfg.delta)
+        best = max(heads, key=lambda r: r["slash_in"])
+        records.append({"step": s, "loss": loss_at.get(s), "accuracy": acc.get("eval_accuracy"),
+                        "accuracy_long": acc.get("eval_accuracy_long"), "heads": heads, "best": best})
+        update(len(snaps) + n + 1, info=f"scanned step {s}")
+    return records
+
+
+def _summary(cfg: DynamicsConfig, records: list[dict], geom: dict, wall_s: float) -> dict:
+    """The run's summary: per-step records, the final slash-dominant head, the table and readings."""
+    final = records[-1]["best"]
+    rows = [[r["step"], r["loss"], r["accuracy"], f"{r['best']['layer']}.{r['best']['head']}", r["best"]["slash_in"],
+             r["best"]["slash_random"], r["best"]["q_top1"], r["best"]["k_top1"],
+             " / ".join(fmt(r["best"]["band_usage"][b]) for b in BANDS), r["best"]["predicted_peak"]]
+            for r in records]
+    summary = {
+        "experiment": "slash-dynamics", "paper": "slash",
+        "title": f"Training dynamics of a {cfg.layers}-layer RoPE transformer on the offset task (Δ = {cfg.delta})",
+        "config": dataclasses.asdict(cfg), "geometry": geom, "steps": records,
+        "final_sdh": {**final, "persists": final["slash_random"] >= cfg.kappa and final["slash_in"] >= cfg.kappa},
+        "tables": [{"title": f"the most slash-dominant head at Δ = {cfg.delta} per training step (head = "
+                             "layer.head, decoder layers from 0)",
+                    "columns": ["step", "train loss", "task accuracy", "head", f"SlashScore({cfg.delta}) in-dist.",
+                                f"SlashScore({cfg.delta}) random", "q σ1²/Σσ²", "k σ1²/Σσ²",
+                                "band use high/med/low", "predicted peak Δ"], "rows": rows}],
+        "layer_convention": LAYER_CONVENTION,
+        "figures": [{"file": "dynamics.png", "caption": f"Over training: SlashScore({cfg.delta}) of the "
+                     "best head on task prompts and on random tokens, rank-one-ness of its pre-RoPE q/k, and "
+                     "its RoPE band usage."}] if cfg.figures else [],
+        "wall_s": wall_s,
+    }
+    summary["readings"] = dynamics_readings(summary)
     return summary
 
 

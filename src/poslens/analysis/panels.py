@@ -170,6 +170,33 @@ def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
 def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``."""
     t0 = time.time()
+    config, adapter = _check_panels(cfg)
+    device = parse_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device, config)
+    prepare_out_dir(cfg.out)
+    tokenizer = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+    source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
+                         vocab_size=getattr(config, "vocab_size", None))
+    model = load_model(cfg.model_dir, dtype=dtype, device=device, allow_pickle=cfg.allow_pickle,
+                       trust_remote_code=cfg.trust_remote_code)
+    panels = compute_panels(model, adapter, config, source, cfg.layer, batch_size=cfg.batch_size, device=device,
+                            progress=progress)
+    summary = _panels_summary(cfg, adapter, config, source, panels, wall_s=time.time() - t0)
+    with staged_dir(cfg.out) as stage:
+        write_json(stage / "config.json", {"command": "panels", **dataclasses.asdict(cfg),
+                                           "model_source": source_record(cfg.model_dir), "versions": versions()})
+        write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
+                      metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
+        if cfg.figures:
+            save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
+        write_summary(stage, summary, command="panels",
+                      layers_describe=f"one decoder layer ({cfg.layer}) and the next one's input and scores (panels "
+                                      "h, i); per-panel numbers under 'panels'")
+    return summary
+
+
+def _check_panels(cfg: PanelsConfig):
+    """``(config, adapter)`` of ``cfg.model_dir`` once every option is valid for panels (writes nothing)."""
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
                                         trust_remote_code=cfg.trust_remote_code)
     if adapter.resid_mid_path is None:
@@ -183,18 +210,13 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len)):
         if v < 1:
             raise PoslensError(f"{flag} {v}: must be a positive integer.")
-    device = parse_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device, config)
-    prepare_out_dir(cfg.out)
-    tokenizer = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
-    source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
-                         vocab_size=getattr(config, "vocab_size", None))
-    model = load_model(cfg.model_dir, dtype=dtype, device=device, allow_pickle=cfg.allow_pickle,
-                       trust_remote_code=cfg.trust_remote_code)
-    panels = compute_panels(model, adapter, config, source, cfg.layer, batch_size=cfg.batch_size, device=device,
-                            progress=progress)
+    return config, adapter
+
+
+def _panels_summary(cfg: PanelsConfig, adapter, config, source, panels: torch.Tensor, wall_s: float) -> dict:
+    """The summary of a panels run: per-panel metrics, the table (numbers as numbers: the report and
+    the terminal format them), figure captions and readings."""
     rows = [{"panel": k, "description": desc, **panel_metrics(m)} for (k, desc), m in zip(PANELS, panels)]
-    fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
     summary = {
         "experiment": "kim-panels",
         "title": f"Gram decomposition of decoder layer {cfg.layer} ({adapter.model_type}, {source.num_seqs} x "
@@ -209,24 +231,14 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
                              "diagonal and key 0 excluded; non-relativity with key 0 beside it)",
                     "columns": ["panel", "matrix", "relativity index", "non-relativity", "non-relativity with key 0",
                                 "locality", "diagonal trend", "mean off-diagonal"],
-                    "rows": [[r["panel"], r["description"], fmt(r["relativity_index"]), fmt(r["non_relativity"]),
-                              fmt(r["non_relativity_with_sink"]), fmt(r["locality"]), fmt(r["diagonal_trend"]),
-                              fmt(r["mean_offdiag"])] for r in rows]}],
+                    "rows": [[r["panel"], r["description"], r["relativity_index"], r["non_relativity"],
+                              r["non_relativity_with_sink"], r["locality"], r["diagonal_trend"],
+                              r["mean_offdiag"]] for r in rows]}],
         "figures": [{"file": "panels.png", "caption": f"The nine batch-averaged matrices of decoder layer {cfg.layer} "
                      "(layers counted from 0; upper triangle masked; colour range 1st-99th percentile)."}] if cfg.figures else [],
-        "wall_s": time.time() - t0,
+        "wall_s": wall_s,
     }
     summary["readings"] = panels_readings(summary)
-    with staged_dir(cfg.out) as stage:
-        write_json(stage / "config.json", {"command": "panels", **dataclasses.asdict(cfg),
-                                           "model_source": source_record(cfg.model_dir), "versions": versions()})
-        write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
-                      metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
-        if cfg.figures:
-            save_figure(panels_figure(panels, cfg.layer), stage / "panels.png")
-        write_summary(stage, summary, command="panels",
-                      layers_describe=f"one decoder layer ({cfg.layer}) and the next one's input and scores (panels "
-                                      "h, i); per-panel numbers under 'panels'")
     return summary
 
 
@@ -277,9 +289,8 @@ def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     if "probs" in maps:  # the sink's own number beside the sink-excluded ones
         for r, w in zip(rows, sink_weight(maps["probs"]).tolist()):
             r["sink_weight"] = w
-    fmt = lambda v: None if v is None else round(float(v), 4)  # noqa: E731
-    table = [[l, fmt(r["relativity_index"]), fmt(r["non_relativity"]), fmt(r["non_relativity_with_sink"]),
-              fmt(r["locality"]), fmt(r["diagonal_trend"])] for l, r in zip(layer_ids, rows)]
+    table = [[l, r["relativity_index"], r["non_relativity"], r["non_relativity_with_sink"], r["locality"],
+              r["diagonal_trend"]] for l, r in zip(layer_ids, rows)]  # numbers: the report and terminal format them
     draw = figures
     raw_caption = ("Mean pre-softmax scores per decoder layer (counted from 0; mean over heads and sequences; "
                    "1st-99th percentile colour range"

@@ -209,7 +209,7 @@ def build_summary(cfg: ProbesConfig, records: list[dict]) -> dict:
         "tables": [
             {"title": "Does cos(h_i, h_T) beat ‖h_i‖ as a predictor of T − i? (MLP probes, decoder layers from 0, "
                       "test set over held-out characters)", "columns": vcols, "rows": vrows},
-            {"title": f"Test Pearson r / MSE (squared positions; chance ≈ {(T * T - 1) / 12:.0f}) per layer; "
+            {"title": f"Test Pearson r / MSE (squared positions; chance ≈ {fmt((T * T - 1) / 12)}) per layer; "
                       f"probes fit on characters {cfg.train_chars!r}, tested on {cfg.test_chars!r}",
              "columns": cols, "rows": rows, "note": LAYER_CONVENTION},
         ],

@@ -19,6 +19,7 @@ from poslens.analysis.panels import load_scan
 from poslens.capture.adapters import get_adapter, layer_rope
 from poslens.capture.model_source import model_directory
 from poslens.errors import PoslensError
+from poslens.fmt import fmt
 from poslens.metrics.rank import rank_table
 from poslens.metrics.ropefit import rope_decomposition
 from poslens.metrics.slash import _check_slash, best_offsets, kv_head_of, persistence, sdh_table
@@ -113,10 +114,6 @@ def model_rope_geometry(model_dir: str) -> dict:
             "num_kv_heads": ad.num_kv_heads(config)}
 
 
-def _fmt(v, nd=4):
-    return None if v is None else round(float(v), nd)
-
-
 def analyze_scans(maps: dict, geometry: dict, rope_flags: list[bool], layer_ids: list[int], cfg: SlashConfig,
                   maps_random: dict | None = None) -> tuple[dict, dict]:
     """All slash numbers of one scan (and its random-token twin): ``(summary parts, tensors)``."""
@@ -190,8 +187,8 @@ def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=
     return fig
 
 
-def run_slash(cfg: SlashConfig) -> dict:
-    """Analyse a scan (and optionally its random-token twin) and write the run directory ``cfg.out``."""
+def _load_inputs(cfg: SlashConfig) -> tuple[dict, dict, dict, dict | None]:
+    """``(maps, scan config, scan summary, random-token maps or None)``, each input checked."""
     maps, scfg, ssum = load_scan(cfg.scan_dir)
     for need in ("slash", "q_gram", "k_gram", "dim_logit"):
         if need not in maps:
@@ -208,6 +205,12 @@ def run_slash(cfg: SlashConfig) -> dict:
                                "rescan with --data random.")
     if not cfg.kappa or any(not 0 < k <= 1 for k in cfg.kappa):
         raise PoslensError(f"--kappa {list(cfg.kappa)}: give thresholds in (0, 1], e.g. 0.1,0.3,0.5.")
+    return maps, scfg, ssum, maps_r
+
+
+def _scan_geometry(cfg: SlashConfig, scfg: dict, ssum: dict) -> tuple[str, dict]:
+    """``(model directory, RoPE geometry)``: the model's config, with the RoPE tables and logit scale
+    the scan recorded (what the scanned model actually used) where it has them."""
     model_dir = cfg.model_dir or (scfg.get("options") or {}).get("model_dir")
     if not model_dir:
         raise PoslensError(f"SCAN_DIR {cfg.scan_dir}: config.json does not name the model; pass --model-dir.")
@@ -217,38 +220,71 @@ def run_slash(cfg: SlashConfig) -> dict:
     used = [x for x in ((ssum.get("attention") or {}).get("scaling") or []) if x]
     if used and len(set(used)) == 1:  # the logit scale the layers used (Granite's multiplier, Gemma's scalar)
         geom["scaling"] = used[0]
-    prepare_out_dir(cfg.out)
-    L, H, S = maps["slash"].shape
-    layer_ids = ssum["_meta"].get("layers") or list(range(L))
-    rope_flags = [bool(r.get("rope", True)) for r in ssum.get("layers", [])] or [geom["rotary_dim"] is not None] * L
-    parts, tensors = analyze_scans(maps, geom, rope_flags, layer_ids, cfg, maps_r)
-    heads = parts["heads"]
-    top = sorted(heads, key=lambda r: -r["best_score"])[: cfg.top]
-    f = _fmt
-    head_cols = ["layer.head", "best Δ", "SlashScore", "q σ1²/Σσ²", "k σ1²/Σσ²", "q eff. rank", "k eff. rank",
-                 "q n95", "k n95", "predicted Δ", "profile corr", "coherence", "band use high/med/low"]
+    return model_dir, geom
+
+
+def _num(v) -> float | None:
+    """A table cell's number, unrounded (tables store numbers; the report and terminal format them)."""
+    return None if v is None else float(v)
+
+
+HEAD_COLUMNS = ["layer.head", "best Δ", "SlashScore", "q σ1²/Σσ²", "k σ1²/Σσ²", "q eff. rank", "k eff. rank",
+                "q n95", "k n95", "predicted Δ", "profile corr", "coherence", "band use high/med/low"]
+
+
+def slash_tables(parts: dict, cfg: SlashConfig, n_heads: int) -> list[dict]:
+    """The run's tables from :func:`analyze_scans`' parts: (κ, Δ) counts, the top ``cfg.top`` heads
+    and, with a random-token scan, persistence. Cells hold numbers (unrounded) or labels."""
+    top = sorted(parts["heads"], key=lambda r: -r["best_score"])[: cfg.top]
     head_rows = []
     for r in top:
         bu = r.get("band_usage")
-        head_rows.append([f"{r['layer']}.{r['head']}", r["best_delta"], f(r["best_score"]), f(r["q_top1_energy"], 3),
-                          f(r["k_top1_energy"], 3), f(r["q_effective_rank"], 2), f(r["k_effective_rank"], 2),
-                          int(r["q_n95"]), int(r["k_n95"]), r.get("predicted_peak"), f(r.get("profile_corr"), 3),
-                          f(r.get("coherence"), 3),
-                          "/".join(f"{bu[b]:.2f}" for b in BANDS) if bu else None])
+        head_rows.append([f"{r['layer']}.{r['head']}", r["best_delta"], _num(r["best_score"]),
+                          _num(r["q_top1_energy"]), _num(r["k_top1_energy"]), _num(r["q_effective_rank"]),
+                          _num(r["k_effective_rank"]), int(r["q_n95"]), int(r["k_n95"]), r.get("predicted_peak"),
+                          _num(r.get("profile_corr")), _num(r.get("coherence")),
+                          "/".join(fmt(bu[b]) for b in BANDS) if bu else None])
+    kappas = parts["kappas"]
     tables = [
-        {"title": f"number of (κ, Δ)-slash-dominant heads (of {L * H})",
-         "columns": ["Δ"] + [f"κ={k:g}" for k in parts["kappas"]] + [f"heads at κ={parts['kappas'][0]:g}"],
-         "rows": parts["by_delta"]},
+        {"title": f"number of (κ, Δ)-slash-dominant heads (of {n_heads})",
+         "columns": ["Δ"] + [f"κ={k:g}" for k in kappas] + [f"heads at κ={kappas[0]:g}"], "rows": parts["by_delta"]},
         {"title": f"top {len(top)} heads by SlashScore over Δ = {cfg.min_delta}..{parts['max_delta']}: rank-one "
                   "measures of pre-RoPE q/k and the RoPE decomposition (layer.head: decoder layers from 0)",
-         "columns": head_cols, "rows": head_rows},
+         "columns": HEAD_COLUMNS, "rows": head_rows},
     ]
     if parts["persistence"] is not None:
         tables.append({"title": f"persistence on random-token prompts of the ({parts['persist_kappa']:g}, Δ)-SDHs "
                                 "(layer.head: decoder layers from 0)",
                        "columns": ["layer.head", "Δ", "in-distribution", "random tokens", "ratio", "persists"],
-                       "rows": [[f"{p['layer']}.{p['head']}", p["delta"], f(p["score_in"]), f(p["score_random"]),
-                                 f(p["ratio"], 3), p["persists"]] for p in parts["persistence"]]})
+                       "rows": [[f"{p['layer']}.{p['head']}", p["delta"], _num(p["score_in"]), _num(p["score_random"]),
+                                 _num(p["ratio"]), p["persists"]] for p in parts["persistence"]]})
+    return tables
+
+
+def _write_run(cfg: SlashConfig, summary: dict, tensors: dict, layer_ids: list[int], maps: dict,
+               maps_r: dict | None) -> None:
+    """The run directory, staged and moved into place whole."""
+    with staged_dir(cfg.out) as stage:
+        write_json(stage / "config.json", {"command": "slash", **dataclasses.asdict(cfg), "versions": versions()})
+        write_tensors(stage / "slash.safetensors", {k: v.to(torch.float32) for k, v in tensors.items()},
+                      metadata={"layers": layer_ids})
+        if cfg.figures:
+            save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], summary["heads"], layer_ids,
+                                         summary["delta_range"][1], random=maps_r["slash"] if maps_r else None),
+                        stage / "slash_profiles.png")
+        write_summary(stage, summary, command="slash", layers_describe="per head under 'heads': each head's decoder "
+                      "layer (from 0) and head index; 'layer.head' in tables")
+
+
+def run_slash(cfg: SlashConfig) -> dict:
+    """Analyse a scan (and optionally its random-token twin) and write the run directory ``cfg.out``."""
+    maps, scfg, ssum, maps_r = _load_inputs(cfg)
+    model_dir, geom = _scan_geometry(cfg, scfg, ssum)
+    prepare_out_dir(cfg.out)
+    L, H, S = maps["slash"].shape
+    layer_ids = ssum["_meta"].get("layers") or list(range(L))
+    rope_flags = [bool(r.get("rope", True)) for r in ssum.get("layers", [])] or [geom["rotary_dim"] is not None] * L
+    parts, tensors = analyze_scans(maps, geom, rope_flags, layer_ids, cfg, maps_r)
     summary = {
         "experiment": "slash", "paper": "slash",
         "title": f"Slash-dominant heads of {ssum.get('model_type', geom['model_type'])} "
@@ -256,20 +292,12 @@ def run_slash(cfg: SlashConfig) -> dict:
         "scan_dir": str(cfg.scan_dir), "random_scan": cfg.random_scan, "model_dir": str(model_dir),
         "geometry": geom, "kappas": parts["kappas"], "persist_kappa": parts["persist_kappa"],
         "delta_range": [cfg.min_delta, parts["max_delta"]],
-        "seq_len": S, "sdh_counts": parts["by_delta"], "persistence": parts["persistence"], "heads": heads,
-        "layer_convention": LAYER_CONVENTION, "tables": tables,
+        "seq_len": S, "sdh_counts": parts["by_delta"], "persistence": parts["persistence"], "heads": parts["heads"],
+        "layer_convention": LAYER_CONVENTION, "tables": slash_tables(parts, cfg, L * H),
         "figures": [{"file": "slash_profiles.png", "caption": "SlashScore(Δ) of the most slash-dominant heads: observed"
                      + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}]
         if cfg.figures else [],
     }
     summary["readings"] = slash_command_readings(summary)
-    with staged_dir(cfg.out) as stage:
-        write_json(stage / "config.json", {"command": "slash", **dataclasses.asdict(cfg), "versions": versions()})
-        write_tensors(stage / "slash.safetensors", {k: v.to(torch.float32) for k, v in tensors.items()},
-                      metadata={"layers": layer_ids})
-        if cfg.figures:
-            save_figure(_profiles_figure(maps["slash"], tensors["slash_predicted"], heads, layer_ids, parts["max_delta"],
-                                         random=maps_r["slash"] if maps_r else None), stage / "slash_profiles.png")
-        write_summary(stage, summary, command="slash", layers_describe="per head under 'heads': each head's decoder "
-                      "layer (from 0) and head index; 'layer.head' in tables")
+    _write_run(cfg, summary, tensors, layer_ids, maps, maps_r)
     return summary

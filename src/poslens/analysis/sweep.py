@@ -25,7 +25,7 @@ import torch
 from poslens.analysis.neighborhood import measure_neighborhood, use_poslens_attention
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
-from poslens.fmt import fmt_pm
+from poslens.fmt import fmt, fmt_pm
 from poslens.models.families import build_model
 from poslens.progress import task_progress
 from poslens.report.readings import sweep_readings
@@ -219,7 +219,7 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
     for s in range(a.shape[0]):
         for k in range(a.shape[1]):
             v = float(a[s, k])
-            ax.text(s, k, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
+            ax.text(s, k, fmt(v), ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
     plt.colorbar(im, ax=ax)
     ax.set_title(f"{shape}: causal APS by layer and σ", fontsize=9)
     fig.tight_layout()

@@ -111,77 +111,96 @@ def _grid_groups(groups: torch.Tensor, li: int, grid: torch.Tensor, window: int 
     return g
 
 
-def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) -> dict:
-    """Write ``maps.safetensors`` (float32 means) and figures; return the summary dict.
+class _Reader:
+    """A finished capture as the summary reads it: float64 means layer by layer (before the sums are
+    freed), what was not asked for (--stats) as None, and what every layer's numbers share (the
+    noise grid and groups, per-sequence APS, sliding windows, the --map-size blocks)."""
 
-    Decoder layers count from 0. Score-map statistics leave out the sink column (key 0) by default
-    and give the with-sink values beside them; the APS is the paper's per-sequence APS (mean and
-    std over sequences), the APS of the mean map is ``mean_map_aps``.
-    """
-    cfg, spec, adapter, config = plan.cfg, plan.spec, plan.adapter, plan.config
-    n_seqs = next(iter(capture.accs.values())).count
-    has = capture.accs.__contains__  # statistics not asked for (--stats) read as None in the summary
+    def __init__(self, capture: Capture, plan: ScanPlan):
+        self.capture, self.plan, self.spec = capture, plan, plan.spec
+        spec, has = plan.spec, self.has
+        self.n_seqs = next(iter(capture.accs.values())).count
+        self.k = plan.cfg.aps_max_positions
+        self.rot_dim, self.base = plan.adapter.rotary_dim(plan.config), plan.adapter.rope_base(plan.config)
+        self.groups, self.counts = capture.accs["score_groups"].group_means() if has("score_groups") \
+            else (torch.zeros(0), None)
+        self.grid = noise_grid(spec.seq_len, spec.noise_max_positions)
+        nl = len(spec.layers)
+        self.aps = _per_sequence(capture.accs["aps_seq"]) if has("aps_seq") else ([None] * (nl + 1),) * 2
+        self.attn_aps = _per_sequence(capture.accs["attn_aps_seq"]) if has("attn_aps_seq") else ([None] * nl,) * 2
+        self.windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
+        self.blocks = capture.blocks  # --map-size: the S x S maps are block means
 
-    def mean(name: str, idx=slice(None)) -> torch.Tensor:
-        """float64 mean of one accumulator at ``idx``: the summary reads layer by layer, before the sums are freed."""
-        return capture.accs[name].mean_at(idx)
+    def has(self, name: str) -> bool:
+        return name in self.capture.accs
 
-    def when(name: str, fn):
-        return fn() if has(name) else None
+    def mean(self, name: str, idx=slice(None)) -> torch.Tensor:
+        """float64 mean of one accumulator at ``idx``."""
+        return self.capture.accs[name].mean_at(idx)
 
-    k = cfg.aps_max_positions
-    rot_dim, base = adapter.rotary_dim(config), adapter.rope_base(config)
-    groups, counts = capture.accs["score_groups"].group_means() if has("score_groups") else (torch.zeros(0), None)
-    grid = noise_grid(spec.seq_len, spec.noise_max_positions)
-    nl = len(spec.layers)
-    aps_mean, aps_std = _per_sequence(capture.accs["aps_seq"]) if has("aps_seq") else ([None] * (nl + 1),) * 2
-    attn_aps_mean, attn_aps_std = _per_sequence(capture.accs["attn_aps_seq"]) if has("attn_aps_seq") \
-        else ([None] * nl,) * 2
-    windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
-    blocks = capture.blocks  # --map-size: the S x S maps are block means
-    layers = []
-    for li, l in enumerate(spec.layers):
-        # entries outside a sliding window are unseen (stored as 0, like above the diagonal): NaN here
-        sc = map_view(mean("scores", li), windows[l], blocks, causal=not spec.bidirectional) if has("scores") else None
-        rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
-        rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
-        table = layer_rope(plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
-        bands = when("dim_logit", lambda: band_contributions(
-            mean("dim_logit", li), rot_dim if l in spec.rope_layers else None, base, spec.seq_len,
-            inv_freq=table["inv_freq"] if table else None))
-        layers.append({
-            "layer": l,
-            "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
-            "sliding_window": windows[l],
-            **(score_map_numbers(sc, _grid_groups(groups, li, grid, windows[l]), counts, grid, k,
-                                 grid_map=None if blocks is None else _grid_mean(groups, counts, li))
-               if sc is not None else {}),
-            "sink_weight": when("probs", lambda: float(
-                sink_weight(mean("probs", li)) if blocks is None else mean("probs_key0", li)[1:].mean())),
-            "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
-            "aps_mean": aps_mean[li + 1],
-            "aps_std": aps_std[li + 1],
-            "attn_aps": attn_aps_mean[li],
-            "attn_aps_mean": attn_aps_mean[li],
-            "attn_aps_std": attn_aps_std[li],
-            "mean_map_aps": when("cosine", lambda: float(adjacency_probability_score(
-                _subsample(mean("cosine", li + 1), k)))),
-            "attn_mean_map_aps": when("attn_cosine", lambda: float(adjacency_probability_score(
-                _subsample(mean("attn_cosine", li), k)))),
-            "norm_score": when("norms", lambda: float(norm_score(_subsample(mean("norms", li + 1), k)))),
-            "top_slash_heads": when("slash", lambda: top_slash_heads(mean("slash", slice(li, li + 1)), k=3,
-                                                                     layer_ids=[l])) or [],
-            "q_top1_energy": rm_q["top1_energy"].tolist() if rm_q else None,
-            "k_top1_energy": rm_k["top1_energy"].tolist() if rm_k else None,
-            "q_effective_rank": rm_q["effective_rank"].tolist() if rm_q else None,
-            "k_effective_rank": rm_k["effective_rank"].tolist() if rm_k else None,
-            "band_logit": {b: v.tolist() for b, v in bands.items()} if bands is not None else None,
-        })
+    def when(self, name: str, fn):
+        return fn() if self.has(name) else None
+
+
+def _score_map_layer(r: _Reader, li: int, l: int) -> dict:
+    """Layer ``l``'s score-map numbers (empty without ``scores``). Entries outside a sliding window
+    are unseen (stored as 0, like above the diagonal): NaN here."""
+    spec, blocks, window = r.spec, r.blocks, r.windows[l]
+    if not r.has("scores"):
+        return {}
+    sc = map_view(r.mean("scores", li), window, blocks, causal=not spec.bidirectional)
+    return score_map_numbers(sc, _grid_groups(r.groups, li, r.grid, window), r.counts, r.grid, r.k,
+                             grid_map=None if blocks is None else _grid_mean(r.groups, r.counts, li))
+
+
+def _layer_record(r: _Reader, li: int, l: int) -> dict:
+    """One entry of the summary's ``layers``: the ``li``-th captured layer, decoder layer ``l``."""
+    spec, mean, when, k = r.spec, r.mean, r.when, r.k
+    rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
+    rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
+    table = layer_rope(r.plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
+    bands = when("dim_logit", lambda: band_contributions(
+        mean("dim_logit", li), r.rot_dim if l in spec.rope_layers else None, r.base, spec.seq_len,
+        inv_freq=table["inv_freq"] if table else None))
+    (aps_mean, aps_std), (attn_aps_mean, attn_aps_std) = r.aps, r.attn_aps
+    return {
+        "layer": l,
+        "rope": l in spec.rope_layers and l not in spec.no_rope_layers,
+        "sliding_window": r.windows[l],
+        **_score_map_layer(r, li, l),
+        "sink_weight": when("probs", lambda: float(
+            sink_weight(mean("probs", li)) if r.blocks is None else mean("probs_key0", li)[1:].mean())),
+        "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
+        "aps_mean": aps_mean[li + 1],
+        "aps_std": aps_std[li + 1],
+        "attn_aps": attn_aps_mean[li],
+        "attn_aps_mean": attn_aps_mean[li],
+        "attn_aps_std": attn_aps_std[li],
+        "mean_map_aps": when("cosine", lambda: float(adjacency_probability_score(
+            _subsample(mean("cosine", li + 1), k)))),
+        "attn_mean_map_aps": when("attn_cosine", lambda: float(adjacency_probability_score(
+            _subsample(mean("attn_cosine", li), k)))),
+        "norm_score": when("norms", lambda: float(norm_score(_subsample(mean("norms", li + 1), k)))),
+        "top_slash_heads": when("slash", lambda: top_slash_heads(mean("slash", slice(li, li + 1)), k=3,
+                                                                 layer_ids=[l])) or [],
+        "q_top1_energy": rm_q["top1_energy"].tolist() if rm_q else None,
+        "k_top1_energy": rm_k["top1_energy"].tolist() if rm_k else None,
+        "q_effective_rank": rm_q["effective_rank"].tolist() if rm_q else None,
+        "k_effective_rank": rm_k["effective_rank"].tolist() if rm_k else None,
+        "band_logit": {b: v.tolist() for b, v in bands.items()} if bands is not None else None,
+    }
+
+
+def _summary(r: _Reader, layers: list) -> dict:
+    """The scan's summary around its per-layer records (whole-model numbers, controls, the noise
+    design, the slash table)."""
+    cfg, spec, blocks, k = r.plan.cfg, r.spec, r.blocks, r.k
     offs = scored_offsets(spec.seq_len, SLASH_MIN_DELTA, SLASH_MAX_DELTA)
-    summary = {
+    aps_mean, aps_std = r.aps
+    return {
         "model_dir": str(cfg.model_dir),
-        "model_type": adapter.model_type,
-        "num_seqs": n_seqs,
+        "model_type": r.plan.adapter.model_type,
+        "num_seqs": r.n_seqs,
         "seq_len": spec.seq_len,
         "layer_convention": LAYER_CONVENTION,
         "stats": sorted(spec.stats),
@@ -190,40 +209,59 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
                      "masked": "blocks without a visible (causal, in-window) entry are NaN; others average "
                                "their visible entries"} if blocks is not None else None,
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
-        "reservoir_slots": capture.reservoir.filled if capture.reservoir is not None else 0,
+        "reservoir_slots": r.capture.reservoir.filled if r.capture.reservoir is not None else 0,
         "embedding_aps": aps_mean[0],
         "embedding_aps_mean": aps_mean[0],
         "embedding_aps_std": aps_std[0],
-        "embedding_mean_map_aps": when("cosine", lambda: float(adjacency_probability_score(
-            _subsample(mean("cosine", 0), k)))),
+        "embedding_mean_map_aps": r.when("cosine", lambda: float(adjacency_probability_score(
+            _subsample(r.mean("cosine", 0), k)))),
         "aps_positions": min(k, spec.seq_len),
         "sink_columns": list(SINK_COLUMNS),
-        "noise": {"groups": int(groups.shape[0]), "grid_positions": int(grid.numel()),
+        "noise": {"groups": int(r.groups.shape[0]), "grid_positions": int(r.grid.numel()),
                   "group_rule": "sequence n in group n % " + str(spec.noise_groups)},
         "layers": layers,
         "slash_offsets": [offs.start, offs.stop - 1] if len(offs) else None,
-        "slash_top_heads": when("slash", lambda: top_slash_heads(mean("slash"), k=10, layer_ids=spec.layers)) or [],
+        "slash_top_heads": r.when("slash", lambda: top_slash_heads(r.mean("slash"), k=10,
+                                                                   layer_ids=spec.layers)) or [],
         "files": ["config.json", "maps.safetensors", "summary.json"],
-        "rope": plan.rope,
-        "attention": plan.attention,
+        "rope": r.plan.rope,
+        "attention": r.plan.attention,
     }
-    # float32 means for the file, converted in place one accumulator at a time (the capture is spent)
-    tensors = capture.release_means(torch.float32)
-    if capture.reservoir is not None:
-        tensors.update(capture.reservoir.result())
+
+
+def _write_maps(out: Path, r: _Reader) -> dict:
+    """``maps.safetensors``: float32 means, converted in place one accumulator at a time (the capture
+    is spent afterwards), and the reservoir sample; returns the tensors written."""
+    spec, plan, blocks = r.spec, r.plan, r.blocks
+    tensors = r.capture.release_means(torch.float32)
+    if r.capture.reservoir is not None:
+        tensors.update(r.capture.reservoir.result())
     write_tensors(out / "maps.safetensors", tensors,
-                  metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": n_seqs,
+                  metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": r.n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
                             "rope": plan.rope, "attention": plan.attention,
                             "layer_convention": LAYER_CONVENTION,
                             "map_block": blocks.f if blocks is not None else 1,
                             "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
-                                            f"(n = {grid.numel()}); score_group_counts: sequences per group",
+                                            f"(n = {r.grid.numel()}); score_group_counts: sequences per group",
                             "aps_seq": "per-sequence APS, mean over sequences (index as cosine)"})
+    return tensors
+
+
+def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) -> dict:
+    """Write ``maps.safetensors`` (float32 means) and figures; return the summary dict.
+
+    Decoder layers count from 0. Score-map statistics leave out the sink column (key 0) by default
+    and give the with-sink values beside them; the APS is the paper's per-sequence APS (mean and
+    std over sequences), the APS of the mean map is ``mean_map_aps``.
+    """
+    r = _Reader(capture, plan)
+    summary = _summary(r, [_layer_record(r, li, l) for li, l in enumerate(r.spec.layers)])
+    tensors = _write_maps(out, r)
     if figures and "scores" in tensors:
         from poslens.report.plots import ZOOM_POSITIONS, score_map_figures  # matplotlib: only when drawing
 
-        summary["files"] += score_map_figures(causal_view(tensors["scores"]), out, layer_ids=spec.layers,
+        summary["files"] += score_map_figures(causal_view(tensors["scores"]), out, layer_ids=r.spec.layers,
                                               zoom=ZOOM_POSITIONS,
-                                              block=blocks.f if blocks is not None else 1)
+                                              block=r.blocks.f if r.blocks is not None else 1)
     return summary

@@ -19,7 +19,9 @@ import dataclasses
 import gc
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -70,39 +72,108 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
         ctx.shutdown()
 
 
+@dataclass
+class _Job:
+    """What the steps of one scan share: its options, plan, process context and output."""
+
+    cfg: ScanConfig
+    ctx: Any  # poslens.capture.distributed context (a single process: disabled)
+    plan: Any  # ScanPlan
+    device: str
+    out: Path
+    fp: str  # the options' fingerprint, stored in every checkpoint
+    ck_name: str  # this rank's checkpoint file
+
+
+@dataclass
+class _Shard:
+    """The batches of the scan and this rank's share: ``mine[t]`` is its ``t``-th batch, ``done`` of
+    them are in the accumulators (a resumed run), ``steps`` the lockstep count of every rank."""
+
+    batches: list
+    mine: list
+    done: int
+    steps: int
+    first_step: int
+    already: int  # batches done by all ranks together (where the progress bar starts)
+
+
 def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx) -> dict:
     t_start = time.time()
-    # every rank validates before any rank creates --out (else a fast rank 0 makes it "not empty")
-    err = None
+    job = _validate(cfg, ctx)
+    if ctx.is_main:
+        create_out_dir(job.out)
+    model = _load(job, progress)
+    capture = _make_capture(job, model)
+    if ctx.is_main:
+        _write_config(job, model)
+    ctx.barrier(job.device)
+    if not job.out.is_dir():
+        raise PoslensError(f"--out {job.out} is not visible from this rank's host; a multi-node scan needs --out on a "
+                           "filesystem shared by every node.")
+    shard = _shard(job, capture)
+    handles = attach(model, job.plan.adapter, capture)
     try:
-        plan = plan_scan(cfg)
-        if ctx.enabled and cfg.device_map and ctx.local_world_size > 1:
-            raise PoslensError(f"--device-map spreads one model over this node's devices; launch one process per "
-                               f"node (--nproc-per-node 1), not {ctx.local_world_size}.")
-        device = D.resolve_device(ctx, plan.device)
-        ck_name = D.checkpoint_name(ctx.rank) if ctx.enabled else CHECKPOINT
-        out = Path(cfg.out)
-        fp = fingerprint(cfg)
-        if cfg.resume and out.is_dir():  # refuse a mismatched resume before anything is loaded or written
-            check_resume_layout(out, ctx.world_size)
-            if (out / ck_name).exists() and checkpoint_meta(out / ck_name).get("fingerprint") != fp:
-                raise PoslensError(f"--resume: {out / ck_name} was written by a scan with different options; rerun "
-                                   "with the original options or choose a new --out.")
-            check_finished(out, ck_name, fp)
+        result = _scan_batches(job, model, capture, shard, progress, stop_after_batches)
+    finally:
+        for h in handles:
+            h.remove()
+    if isinstance(result, dict):  # stopped early (stop_after_batches), checkpoint written
+        return result
+    tokens, elapsed = result
+    del model  # free the weights before the results are merged and written (sums and maps are as large)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return _merge_and_write(job, capture, tokens, elapsed, t_start)
+
+
+def _validate(cfg: ScanConfig, ctx) -> _Job:
+    """Every check before anything is written, then the process group. Every rank validates before
+    any rank creates --out (else a fast rank 0 makes it "not empty"); a rank whose inputs fail
+    still joins the group (same backend as the others) so that every rank can be told."""
+    err, job = None, None
+    try:
+        job = _check_inputs(cfg, ctx)
+        device = job.device
     except PoslensError as e:
-        err = e  # still join the group (same backend as the others) so every rank can be told
+        err = e
         device = f"cuda:{ctx.local_rank}" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
     D.init(ctx, device)
     if not ctx.all_ok(err is None, device):
         raise err or PoslensError("another rank rejected the inputs (its error is printed above).")
-    plan.device = device
-    if ctx.is_main:
-        create_out_dir(out)
+    job.plan.device = device
+    return job
+
+
+def _check_inputs(cfg: ScanConfig, ctx) -> _Job:
+    """The plan and this rank's device; a --resume whose checkpoint was written with other options
+    is refused here, before anything is loaded or written."""
+    plan = plan_scan(cfg)
+    if ctx.enabled and cfg.device_map and ctx.local_world_size > 1:
+        raise PoslensError(f"--device-map spreads one model over this node's devices; launch one process per "
+                           f"node (--nproc-per-node 1), not {ctx.local_world_size}.")
+    job = _Job(cfg, ctx, plan, D.resolve_device(ctx, plan.device), Path(cfg.out), fingerprint(cfg),
+               D.checkpoint_name(ctx.rank) if ctx.enabled else CHECKPOINT)
+    out, ck = job.out, job.out / job.ck_name
+    if cfg.resume and out.is_dir():
+        check_resume_layout(out, ctx.world_size)
+        if ck.exists() and checkpoint_meta(ck).get("fingerprint") != job.fp:
+            raise PoslensError(f"--resume: {ck} was written by a scan with different options; rerun "
+                               "with the original options or choose a new --out.")
+        check_finished(out, job.ck_name, job.fp)
+    return job
+
+
+def _load(job: _Job, progress: bool):
+    """The model, checked to dispatch every layer through the registered attention function (custom
+    attention code is refused, leaving a still-empty --out removed), with its RoPE tables."""
+    cfg, ctx, plan, out = job.cfg, job.ctx, job.plan, job.out
     # one set of loading bars per job; none with --quiet
     with no_hf_progress_bars((ctx.enabled and not ctx.is_main) or not progress):
         model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
                            trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
-    try:  # every layer must dispatch through the registered attention (custom attention code: refused)
+    try:
         plan.attention = check_dispatch(model, plan.adapter)
     except PoslensError:
         if ctx.is_main and out.is_dir() and not any(out.iterdir()):
@@ -111,81 +182,94 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
     plan.rope = rope_tables(model, plan.adapter, plan.config)
     if plan.adapter.generic and plan.rope is None:  # an unlisted architecture without a rotary module: no RoPE
         plan.spec.rope_layers = set()
-    if cfg.device_map:
+    return model
+
+
+def _make_capture(job: _Job, model) -> Capture:
+    """The accumulators, on the device that holds them (a --device-map model: its first device)."""
+    plan = job.plan
+    if job.cfg.device_map:
         plan.device = D.main_device(model)
-        capture = D.DeviceMapCapture(plan.spec, device=plan.device)
-    else:
-        capture = Capture(plan.spec, device=plan.device)
-    if ctx.is_main:
-        write_json(out / "config.json", {"command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": fp,
-                                         "model_source": source_record(cfg.model_dir),
-                                         "source": plan.source.describe(), "model_type": plan.adapter.model_type,
-                                         "dtype": str(plan.dtype), "device": plan.device,
-                                         "world_size": ctx.world_size,
-                                         "device_map": (getattr(model, "hf_device_map", None) or {"": plan.device})
-                                         if cfg.device_map else None,
-                                         "versions": versions()})
-    ctx.barrier(device)
-    if not out.is_dir():
-        raise PoslensError(f"--out {out} is not visible from this rank's host; a multi-node scan needs --out on a "
-                           "filesystem shared by every node.")
-    N, Bsz = plan.source.num_seqs, cfg.batch_size
+        return D.DeviceMapCapture(plan.spec, device=plan.device)
+    return Capture(plan.spec, device=plan.device)
+
+
+def _write_config(job: _Job, model) -> None:
+    cfg, plan = job.cfg, job.plan
+    write_json(job.out / "config.json", {
+        "command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": job.fp,
+        "model_source": source_record(cfg.model_dir), "source": plan.source.describe(),
+        "model_type": plan.adapter.model_type, "dtype": str(plan.dtype), "device": plan.device,
+        "world_size": job.ctx.world_size,
+        "device_map": (getattr(model, "hf_device_map", None) or {"": plan.device}) if cfg.device_map else None,
+        "versions": versions()})
+
+
+def _shard(job: _Job, capture: Capture) -> _Shard:
+    """Batches of ``batch_size`` sequences, this rank's share, and where a --resume starts (the
+    checkpoint is loaded into ``capture`` here)."""
+    cfg, ctx, device = job.cfg, job.ctx, job.device
+    N, Bsz = job.plan.source.num_seqs, cfg.batch_size
     batches = [(s, min(N, s + Bsz)) for s in range(0, N, Bsz)]
     mine = [batches[b] for b in D.shard(len(batches), ctx.rank, ctx.world_size)]
     if ctx.enabled:
-        done = load_checkpoint(out, capture, fp, name=ck_name) if cfg.resume else 0
-        ck_extra = {"rank": ctx.rank, "world_size": ctx.world_size}
+        done = load_checkpoint(job.out, capture, job.fp, name=job.ck_name) if cfg.resume else 0
     else:
-        start = load_checkpoint(out, capture, fp) if cfg.resume else 0
+        start = load_checkpoint(job.out, capture, job.fp) if cfg.resume else 0
         done = sum(1 for b in batches if b[0] < start)
-        ck_extra = {}
     steps = len(D.shard(len(batches), 0, ctx.world_size))  # rank 0 has the most batches
-    first_step = ctx.all_min([done], device)[0]
-    already = int(ctx.all_sum([done], device)[0])
+    return _Shard(batches, mine, done, steps, first_step=ctx.all_min([done], device)[0],
+                  already=int(ctx.all_sum([done], device)[0]))
 
-    def checkpoint(n_done: int) -> None:
-        if ctx.enabled:
-            save_checkpoint(out, capture, mine[n_done - 1][1] if n_done else 0, fp, name=ck_name,
-                            extra={**ck_extra, "batches_done": n_done})
-        else:
-            save_checkpoint(out, capture, mine[n_done - 1][1] if n_done else 0, fp)
 
-    handles = attach(model, plan.adapter, capture)
+def _checkpoint(job: _Job, capture: Capture, shard: _Shard, n_done: int) -> None:
+    """This rank's accumulators after its first ``n_done`` batches, atomically."""
+    seqs_done = shard.mine[n_done - 1][1] if n_done else 0
+    if job.ctx.enabled:
+        save_checkpoint(job.out, capture, seqs_done, job.fp, name=job.ck_name,
+                        extra={"rank": job.ctx.rank, "world_size": job.ctx.world_size, "batches_done": n_done})
+    else:
+        save_checkpoint(job.out, capture, seqs_done, job.fp)
+
+
+def _scan_batches(job: _Job, model, capture: Capture, shard: _Shard, progress: bool,
+                  stop_after_batches: int | None):
+    """The forward passes of this rank's batches, checkpointing every ``checkpoint_every``; returns
+    ``(tokens, seconds)``, or the stop record when ``stop_after_batches`` ends the loop early."""
+    cfg, ctx, plan, device = job.cfg, job.ctx, job.plan, job.device
     fwd_kwargs = forward_kwargs(model)  # no cache; logits_to_keep=1: the LM head's [B, S, vocab] logits are unused
-    tokens = 0
+    tokens, done, mine = 0, shard.done, shard.mine
     t_loop = time.time()
-    try:
-        shown = already
-        with task_progress("scan", len(batches), enabled=progress and ctx.is_main, done=already) as update:
-            for n_step, t in enumerate(range(first_step, steps), 1):
-                did = 0
-                if done <= t < len(mine):
-                    s, e = mine[t]
-                    ids = plan.source.batch(s, e).to(plan.device)
-                    forward(model, ids, capture=capture, kwargs=fwd_kwargs, seq_start=s)
-                    tokens += ids.numel()
-                    done, did = t + 1, 1
-                    if done == len(mine) or done % cfg.checkpoint_every == 0:
-                        checkpoint(done)
-                    D.die_hook(ctx, done)
-                # lockstep: the global count for the progress bar, and a dead peer is noticed at once
-                ctx.reach(t + 1)
-                shown += int(ctx.all_sum([did], device)[0]) if ctx.enabled else did
-                update(shown)
-                if stop_after_batches is not None and n_step >= stop_after_batches and t + 1 < steps:
-                    checkpoint(done)
-                    return {"stopped_at": mine[done - 1][1]} if not ctx.enabled else {
-                        "stopped_at_step": t + 1, "rank": ctx.rank, "world_size": ctx.world_size}
-            if ctx.enabled and done == len(mine) and len(mine) == 0:
-                checkpoint(0)  # a rank without batches still marks its (empty) shard as done
-    finally:
-        for h in handles:
-            h.remove()
-    elapsed = time.time() - t_loop
-    del model  # free the weights before the results are merged and written (sums and maps are as large)
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    shown = shard.already
+    with task_progress("scan", len(shard.batches), enabled=progress and ctx.is_main, done=shard.already) as update:
+        for n_step, t in enumerate(range(shard.first_step, shard.steps), 1):
+            did = 0
+            if done <= t < len(mine):
+                s, e = mine[t]
+                ids = plan.source.batch(s, e).to(plan.device)
+                forward(model, ids, capture=capture, kwargs=fwd_kwargs, seq_start=s)
+                tokens += ids.numel()
+                done, did = t + 1, 1
+                if done == len(mine) or done % cfg.checkpoint_every == 0:
+                    _checkpoint(job, capture, shard, done)
+                D.die_hook(ctx, done)
+            # lockstep: the global count for the progress bar, and a dead peer is noticed at once
+            ctx.reach(t + 1)
+            shown += int(ctx.all_sum([did], device)[0]) if ctx.enabled else did
+            update(shown)
+            if stop_after_batches is not None and n_step >= stop_after_batches and t + 1 < shard.steps:
+                _checkpoint(job, capture, shard, done)
+                return {"stopped_at": mine[done - 1][1]} if not ctx.enabled else {
+                    "stopped_at_step": t + 1, "rank": ctx.rank, "world_size": ctx.world_size}
+        if ctx.enabled and done == len(mine) and len(mine) == 0:
+            _checkpoint(job, capture, shard, 0)  # a rank without batches still marks its (empty) shard as done
+    return tokens, time.time() - t_loop
+
+
+def _merge_and_write(job: _Job, capture: Capture, tokens: int, elapsed: float, t_start: float) -> dict:
+    """All-reduce the ranks' sums, then (rank 0) the run directory: tensors, summary, figures; the
+    checkpoint is removed unless --keep-checkpoint."""
+    cfg, ctx, device, out = job.cfg, job.ctx, job.device, job.out
     if ctx.enabled:
         ctx.guard(lambda: capture.all_reduce())
         tokens = int(ctx.all_sum([tokens], device)[0])
@@ -193,8 +277,9 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         if not ctx.is_main:
             return {"rank": ctx.rank, "world_size": ctx.world_size}
         # the merged float64 sums, as a single-process run leaves them
-        save_checkpoint(out, capture, N, fp, extra={"world_size": ctx.world_size, "merged": True})
-    summary = finalize(out, capture, plan, figures=cfg.figures)
+        save_checkpoint(out, capture, job.plan.source.num_seqs, job.fp,
+                        extra={"world_size": ctx.world_size, "merged": True})
+    summary = finalize(out, capture, job.plan, figures=cfg.figures)
     summary["throughput"] = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed else None,
                              "wall_s": time.time() - t_start, "processes": ctx.world_size}
     summary = write_summary(out, summary, command="scan", paper=["kim", "slash", "neighborhood"],
@@ -205,5 +290,3 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         for f in [out / CHECKPOINT, *rank_checkpoints(out).values()]:
             f.unlink(missing_ok=True)
     return summary
-
-

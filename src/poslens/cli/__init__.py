@@ -21,7 +21,7 @@ from poslens.runtime import configure_process
 
 configure_process()  # before anything imports torch: OpenMP threads sleep instead of spinning while they wait
 
-from poslens.cli.app import app  # noqa: E402
+from poslens.cli.app import app, restore_threads  # noqa: E402
 from poslens.errors import PoslensError  # noqa: E402
 
 # Each import attaches its commands to `app` (one module per command group).
@@ -80,12 +80,23 @@ def _usage_error_line(e) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; every error becomes one ``poslens: error:`` line on stderr and exit code 2."""
-    from typer._click.exceptions import NoArgsIsHelpError
+    """Run the CLI; every error becomes one ``poslens: error:`` line on stderr and exit code 2.
 
+    Called in-process (tests, a notebook), it leaves the process as it found it: the SIGTERM
+    handler and torch's thread count (``--threads``) are restored when the command ends."""
     # SIGTERM (a killed job, a scheduler's timeout) becomes a normal exit, so `finally` blocks
     # run: staging directories are removed and checkpoints stay consistent.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        _run(argv)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        restore_threads()
+
+
+def _run(argv: list[str] | None) -> None:
+    from typer._click.exceptions import NoArgsIsHelpError
+
     try:
         rc = command().main(args=argv, prog_name="poslens", standalone_mode=False)
     except PoslensError as e:

@@ -24,8 +24,8 @@ app = typer.Typer(
 
 # The CLI conventions of docs/cli.md, one definition each, so every command spells them alike.
 
-def quiet_option() -> bool:
-    return typer.Option(False, "--quiet", help="No progress bars and no result table (errors still print).")
+def quiet_option(help: str = "No progress bars and no result table (errors still print).") -> bool:
+    return typer.Option(False, "--quiet", help=help)
 
 
 def device_option(extra: str = "") -> str:
@@ -46,6 +46,59 @@ def trust_remote_code_option(help: str = "Allow custom model code.") -> bool:
 
 def overwrite_option(what: str = "the run directory --out", help: str | None = None) -> bool:
     return typer.Option(False, "--overwrite", help=help or f"Replace {what} if it already exists (refused without it).")
+
+
+def resume_option(help: str) -> bool:
+    """``--resume`` (docs/cli.md): ``help`` says what is continued and from where."""
+    return typer.Option(False, "--resume", help=help)
+
+
+#: the model directory of every command that loads a model
+MODEL_DIR_HELP = "Local Hugging Face model directory (config.json + *.safetensors), or a .gguf file."
+
+
+def model_dir_argument(help: str = MODEL_DIR_HELP):
+    """The ``MODEL_DIR`` argument."""
+    return typer.Argument(..., metavar="MODEL_DIR", help=help)
+
+
+def scan_dir_argument(help: str = "Run directory of a finished `poslens scan`."):
+    """The ``SCAN_DIR`` argument of the analyses that read a scan."""
+    return typer.Argument(..., metavar="SCAN_DIR", help=help)
+
+
+def out_option(help: str = "Run directory to create (must be new unless --overwrite).", default=...):
+    """``--out`` (required unless ``default`` is given)."""
+    return typer.Option(default, "--out", help=help)
+
+
+#: what --data accepts wherever a model reads sequences (capture/sources.py)
+DATA_HELP = "stdlib | random | text file | directory | JSONL (text or input_ids) | datasets.save_to_disk directory."
+
+
+def data_option(default: str, help: str = DATA_HELP) -> str:
+    return typer.Option(default, "--data", help=help)
+
+
+def seq_len_option(default: int, help: str = "Tokens per sequence.") -> int:
+    return typer.Option(default, "--seq-len", help=help)
+
+
+def num_seqs_option(default: int, help: str = "Sequences to average over.") -> int:
+    """``--num-seqs``: the one name of a sequence count (docs/cli.md)."""
+    return typer.Option(default, "--num-seqs", help=help)
+
+
+def batch_size_option(default, help: str = "Sequences per forward pass."):
+    return typer.Option(default, "--batch-size", help=help)
+
+
+def seed_option(help: str = "Seed of --data random.") -> int:
+    return typer.Option(0, "--seed", help=help)
+
+
+def dtype_option(default: str, help: str = "auto | bf16 | fp16 | fp32 (sums are float64 regardless).") -> str:
+    return typer.Option(default, "--dtype", help=help)
 
 
 def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None) -> None:
@@ -75,8 +128,43 @@ def threads_option() -> int:
                              "others down).")
 
 
+#: torch's thread count before the first ``--threads`` took effect (restored by :func:`restore_threads`)
+_threads_before: list[int] = []
+
+
 def use_threads(threads: int) -> int:
-    """Apply ``--threads`` for the rest of the command; returns the count in force."""
+    """Apply ``--threads`` for the rest of the command; returns the count in force.
+    :func:`poslens.cli.main` restores the previous count when the command ends."""
+    import torch
+
     from poslens.runtime import apply_threads
 
+    if not _threads_before:
+        _threads_before.append(torch.get_num_threads())
     return apply_threads(threads)
+
+
+def restore_threads() -> None:
+    """torch's thread count as it was before :func:`use_threads` (nothing if no command set it)."""
+    if _threads_before:
+        import torch
+
+        torch.set_num_threads(_threads_before.pop())
+
+
+def print_run(summary: dict, out, *, max_tables: int | None = None, max_rows: int | None = None) -> None:
+    """The terminal result of an analysis command: its summary's tables (the first ``max_tables``,
+    each cut to ``max_rows`` rows), its readings, and where it wrote them."""
+    from rich.console import Console
+
+    from poslens.fmt import rich_table
+
+    console = Console()
+    tables = [t for t in summary.get("tables", []) if t["rows"]]
+    for t in tables[:max_tables]:
+        console.print(rich_table(t["title"], t["columns"], t["rows"][:max_rows]))
+    for line in summary.get("readings", []):
+        console.print(f"- {line}")
+    if max_tables is not None and len(tables) > max_tables:
+        console.print(f"({len(tables) - max_tables} more table(s) in {out}/summary.json)")
+    console.print(f"wrote {out}/")

@@ -6,22 +6,21 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
-                             refuse_existing_out)
+from poslens.cli.app import (app, device_option, no_figures_option, out_option, overwrite_option, quiet_option,
+                             refuse_existing_out, threads_option, use_threads)
 from poslens.runtime import parse_device
-from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command(short_help="The whole flow on built-in data, in a few CPU minutes.")
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", help="Where to write every step's results (must be new "
-                             "unless --overwrite)."),
+    out: Path = out_option("Where to write every step's results (must be new unless --overwrite).",
+                           default=Path("runs/demo")),
     samples: int = typer.Option(20_000, help="Monte Carlo samples per simulation."),
     device: str = device_option(),
     quick: bool = typer.Option(False, "--quick", help="Tiny sizes everywhere (a smoke test in seconds)."),
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option("an earlier demo in --out"),
-    quiet: bool = typer.Option(False, "--quiet", help="Print nothing but errors (the results are in --out)."),
+    quiet: bool = quiet_option("Print nothing but errors (the results are in --out)."),
     threads: int = threads_option(),
 ) -> None:
     """Run the whole poslens flow on the built-in data with no arguments needed.

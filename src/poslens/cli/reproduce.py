@@ -6,19 +6,18 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
-                             refuse_existing_out)
+from poslens.cli.app import (app, device_option, no_figures_option, out_option, overwrite_option, quiet_option,
+                             refuse_existing_out, seed_option, threads_option, use_threads)
 from poslens.runtime import parse_device
-from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command(short_help="The papers' figures: what they showed, what we measure.")
 def reproduce(
     name: str = typer.Argument(..., metavar="NAME", help="Experiment name (see the list below), or all."),
-    out: Path = typer.Option(Path("runs/reproduce"), "--out", help="Directory for the figures, runs and index (must "
-                             "be new unless --overwrite)."),
+    out: Path = out_option("Directory for the figures, runs and index (must be new unless --overwrite).",
+                           default=Path("runs/reproduce")),
     samples: int = typer.Option(100_000, help="Monte Carlo samples per simulation (paper: 100,000)."),
-    seed: int = typer.Option(0, help="Random seed."),
+    seed: int = seed_option("Random seed."),
     device: str = device_option(),
     no_figures: bool = no_figures_option(),
     overwrite: bool = overwrite_option("the directory --out"),
@@ -47,7 +46,7 @@ def reproduce(
     out = prepare_out_dir(out)
     with task_progress(f"reproduce {name}", samples, enabled=not quiet) as update:
         ctx = ReproContext(samples=samples, device=parse_device(device), seed=seed, figures=not no_figures,
-                           progress=lambda run, d, t: update(d, t, run))
+                           progress=update)
         records = run_reproduction(name, out, ctx)
     if not quiet:
         c = Console()

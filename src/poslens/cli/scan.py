@@ -7,25 +7,23 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.cli.app import (allow_pickle_option, app, device_option, no_figures_option, overwrite_option,
-                             quiet_option, refuse_existing_out, threads_option, trust_remote_code_option,
-                             use_threads)
+from poslens.cli.app import (MODEL_DIR_HELP, allow_pickle_option, app, batch_size_option, data_option,
+                             device_option, dtype_option, model_dir_argument, no_figures_option, num_seqs_option,
+                             out_option, overwrite_option, quiet_option, refuse_existing_out, resume_option,
+                             seed_option, seq_len_option, threads_option, trust_remote_code_option, use_threads)
 
 
 @app.command("scan", short_help="Capture averaged attention structure of a causal LM.")
 def scan(
-    model_dir: Path = typer.Argument(..., metavar="MODEL_DIR", help="Local Hugging Face model directory (config.json + *.safetensors), "
-                                  "or a .gguf file (dequantised once into the cache, docs/models.md)."),
-    out: Path = typer.Option(..., "--out", help="Run directory to create (must be new unless --resume or "
-                             "--overwrite)."),
-    data: str = typer.Option("stdlib", "--data", help="stdlib | random | text file | directory | JSONL (text or "
-                             "input_ids) | datasets.save_to_disk directory."),
-    seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence (at most the model's maximum)."),
-    num_seqs: int = typer.Option(64, "--num-seqs", help="Number of sequences to average over."),
-    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per forward pass."),
-    seed: int = typer.Option(0, "--seed", help="Seed of --data random."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto | bf16 | fp16 | fp32 (auto: fp32 on CPU, the checkpoint's "
-                              "half precision on CUDA). Accumulators are float64 regardless."),
+    model_dir: Path = model_dir_argument(MODEL_DIR_HELP[:-1] + " (dequantised once into the cache, docs/models.md)."),
+    out: Path = out_option("Run directory to create (must be new unless --resume or --overwrite)."),
+    data: str = data_option("stdlib"),
+    seq_len: int = seq_len_option(256, "Tokens per sequence (at most the model's maximum)."),
+    num_seqs: int = num_seqs_option(64),
+    batch_size: int = batch_size_option(4),
+    seed: int = seed_option(),
+    dtype: str = dtype_option("auto", "auto | bf16 | fp16 | fp32 (auto: fp32 on CPU, the checkpoint's half precision "
+                              "on CUDA). Accumulators are float64 regardless."),
     device: str = device_option(" Under torchrun: cuda:LOCAL_RANK."),
     device_map: str = typer.Option(None, "--device-map", help="auto | balanced | sequential: spread a model too large "
                                    "for one device over all visible devices (accelerate); accumulators stay on the "
@@ -46,7 +44,7 @@ def scan(
     keep_checkpoint: bool = typer.Option(False, "--keep-checkpoint", help="Keep OUT/checkpoint.safetensors after a "
                                          "finished scan (default: deleted, it is as large as the accumulators)."),
     no_figures: bool = no_figures_option(),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT/checkpoint.safetensors (same options)."),
+    resume: bool = resume_option("Continue from OUT/checkpoint.safetensors (same options)."),
     overwrite: bool = overwrite_option(),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
     allow_pickle: bool = allow_pickle_option(),
@@ -80,8 +78,11 @@ def scan(
         stats=[p.strip() for p in stats.split(",")], map_size=map_size, keep_checkpoint=keep_checkpoint,
     )
     summary = run_scan(cfg, progress=not quiet)
-    if quiet or "layers" not in summary:  # ranks other than 0 of a distributed scan write and print nothing
-        return
+    if not quiet and "layers" in summary:  # ranks other than 0 of a distributed scan write and print nothing
+        _print_scan(summary, out)
+
+
+def _print_scan(summary: dict, out: Path) -> None:
     from poslens.report.cards import slash_matrix
     from poslens.rundir import load_run
 

@@ -7,17 +7,16 @@ from typing import Optional
 
 import typer
 
-from poslens.cli.app import (app, device_option, no_figures_option, overwrite_option, quiet_option,
-                             refuse_existing_out)
+from poslens.cli.app import (app, device_option, no_figures_option, out_option, overwrite_option, quiet_option,
+                             refuse_existing_out, seed_option, seq_len_option, threads_option, use_threads)
 from poslens.runtime import parse_device
-from poslens.cli.app import threads_option, use_threads  # --threads
 
 
 @app.command(short_help="The parameter-free transformer: mean score maps.")
 def simulate(
     alpha: float = typer.Option(0.0, help="Mean pairwise inner product of the inputs, in [0, 1)."),
     num_layers: int = typer.Option(4, "--num-layers", help="Number of parameter-free layers."),
-    seq_len: int = typer.Option(50, "--seq-len", help="Sequence length."),
+    seq_len: int = seq_len_option(50, "Sequence length."),
     dim: int = typer.Option(64, help="Model dimension d (also RoPE's head dimension)."),
     samples: int = typer.Option(100_000, help="Monte Carlo samples (sequences). Memory does not grow with it."),
     norm: str = typer.Option("l2", help="Row normalisation: l2 or layernorm (no affine)."),
@@ -25,14 +24,13 @@ def simulate(
     rope: bool = typer.Option(False, "--rope/--no-rope", help="Rotate queries and keys with RoPE (values stay unrotated)."),
     rope_theta: float = typer.Option(10000.0, "--rope-theta", help="RoPE base."),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask, or bidirectional control."),
-    seed: int = typer.Option(0, help="Random seed; results depend on seed and samples only."),
+    seed: int = seed_option("Random seed; results depend on seed and samples only."),
     device: str = device_option(),
     chunk_size: int = typer.Option(0, "--chunk-size", help="Sequences per compute chunk (0 = automatic)."),
     target_stderr: Optional[float] = typer.Option(None, "--target-stderr",
                                                   help="Stop early once every score's standard error is below this."),
     no_figures: bool = no_figures_option(),
-    out: Path = typer.Option(Path("runs/simulate"), "--out", help="Run directory to write (must be new unless "
-                             "--overwrite)."),
+    out: Path = out_option("Run directory to write (must be new unless --overwrite).", default=Path("runs/simulate")),
     overwrite: bool = overwrite_option(),
     quiet: bool = quiet_option(),
     threads: int = threads_option(),

@@ -37,5 +37,6 @@ def kim(
     rows = [[i, *[float(v) for v in t.scores[i]]] for i in range(seq_len)]  # NaN above the diagonal reads "–"
     console.print(rich_table(f"Layer-2 pre-softmax scores, alpha={alpha}, N={seq_len} (rows: query, cols: key)",
                              ["q\\k", *[str(j) for j in range(seq_len)]], rows))
+    # g and h at four decimals (not fmt's three digits): the closed form is compared digit by digit with the paper
     console.print("g(i): " + " ".join(f"{float(v):.4f}" for v in t.g))
     console.print("h(i): " + " ".join(f"{float(v):.4f}" for v in t.h))

@@ -64,8 +64,9 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
 
 
 #: block half-size up to which the rising count compares all pairs directly (b^2 comparisons per
-#: block beat a sort and a binary search per element for small b)
-_DIRECT_BLOCK = 16
+#: block) instead of a sort and a binary search per element: only b = 1 is faster directly (measured
+#: on 1,024 rows of 256 entries, one thread: 16 gave 23 ms, 1 gave 16 ms; the counts are the same)
+_DIRECT_BLOCK = 1
 
 
 def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -112,10 +113,17 @@ def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
     -inf, then :func:`ordered_pair_counts` counts its rising pairs."""
     B, T, _ = m.shape
     i = torch.arange(T, device=m.device)
-    x = m.masked_fill(i[None, :] >= i[:, None], float("-inf")).reshape(B * T, T)
-    gt, _, pairs = ordered_pair_counts(x, count_ties=False)
+    x = m.masked_fill(i[None, :] >= i[:, None], float("-inf"))
+    gt = torch.zeros(B, dtype=torch.float64, device=m.device)
+    lo = 0
+    while lo < T:  # rows lo .. w see at most w keys: count them on their first w columns only
+        w = min(T, 1 << max(1, lo.bit_length()))
+        hi = T if w == T else w + 1
+        rows, _, _ = ordered_pair_counts(x[:, lo:hi, :w].reshape(-1, w), count_ties=False)
+        gt += rows.reshape(B, hi - lo).sum(1)  # integer counts: exact in any order
+        lo = hi
     total = float((i.to(torch.float64) * (i - 1) / 2).sum())  # > 0: called for T >= 3 only
-    return gt.reshape(B, T).sum(1) / total
+    return gt / total
 
 
 def adjacency_probability_score(sim) -> torch.Tensor:

@@ -75,6 +75,13 @@ def recipe(task: str | None) -> dict:
     return dict(RECIPES["task" if task else "corpus"])
 
 
+def default_eval_examples(steps: int, batch_size: int) -> int:
+    """Examples (tasks) / windows (corpus) per evaluation when ``--eval-examples`` is not given:
+    500, or one batch for a random-initialisation control (``steps = 0``), whose loss is that of
+    an untrained model and needs no long pass (on the 1b preset each window costs seconds of CPU)."""
+    return min(500, batch_size) if steps == 0 else 500
+
+
 @dataclass
 class TrainConfig:
     """Every option of a training run (the CLI maps its flags one to one onto these fields)."""
@@ -89,6 +96,7 @@ class TrainConfig:
     heads: int | None = None
     kv_heads: int | None = None
     intermediate: int | None = None
+    max_positions: int | None = None  # max_position_embeddings; default: the preset's, raised to the training length
     rope_theta: float = 10000.0
     init_std: float = 0.02
     vocab_size: int = 4096  # BPE vocabulary for corpus runs (tasks use the fixed character vocabulary)
@@ -192,6 +200,8 @@ def validate_config(cfg: TrainConfig) -> None:
     require(cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0 (got {cfg.checkpoint_every}).")
     require(cfg.stop_after is None or cfg.stop_after >= 0, "--stop-after must be >= 0.")
     require(cfg.threads is None or cfg.threads >= 1, f"--threads must be >= 1 (got {cfg.threads}).")
+    require(cfg.max_positions is None or cfg.max_positions >= 1,
+            f"--max-positions must be >= 1 (got {cfg.max_positions}).")
     require(not (cfg.resume and cfg.overwrite), "--resume and --overwrite contradict each other; pass one.")
     if cfg.task is not None:
         require(cfg.data is None, "--data is for language-model runs; leave it out with --task.")
@@ -202,6 +212,9 @@ def validate_config(cfg: TrainConfig) -> None:
         require(cfg.seq_len >= 2, f"--seq-len must be >= 2 (got {cfg.seq_len}).")
         require(cfg.corpus_files is None or cfg.corpus_files >= 1, "--corpus-files must be >= 1.")
         max_pos = cfg.seq_len
+    require(cfg.max_positions is None or cfg.max_positions >= max_pos,
+            f"--max-positions {cfg.max_positions} is below the {max_pos} positions training needs "
+            f"({'the task' if cfg.task else '--seq-len'}); raise it or leave it out.")
     build_config(cfg.pe, cfg.preset, 300, rope_theta=cfg.rope_theta, init_std=cfg.init_std,
                  **_shape_overrides(cfg, max_pos))
 
@@ -209,7 +222,7 @@ def validate_config(cfg: TrainConfig) -> None:
 def _shape_overrides(cfg: TrainConfig, needed_positions: int) -> dict:
     return dict(layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, kv_heads=cfg.kv_heads,
                 intermediate=cfg.intermediate,
-                max_positions=max(get_preset(cfg.preset).max_positions, needed_positions))
+                max_positions=cfg.max_positions or max(get_preset(cfg.preset).max_positions, needed_positions))
 
 
 def _dir_state(out: Path) -> str:
@@ -396,13 +409,16 @@ def _evaluate(model, source, cfg: TrainConfig, device: str, amp, *, final: bool)
     was = model.training
     model.eval()
     total, count = 0.0, 0
-    with torch.no_grad():
-        for x, y in source.val_batches(cfg.eval_examples if final else min(cfg.eval_examples, 64), cfg.batch_size):
+    batches = list(source.val_batches(cfg.eval_examples if final else min(cfg.eval_examples, 64), cfg.batch_size))
+    # The final pass gets its own bar: on a large preset it takes minutes of CPU.
+    with torch.no_grad(), task_progress("evaluate", len(batches), enabled=final and cfg.progress) as update:
+        for i, (x, y) in enumerate(batches):
             x, y = x.to(device), y.to(device)
             with (torch.autocast("cuda", dtype=amp) if amp else contextlib.nullcontext()):
                 logits = model(input_ids=x).logits
             total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"))
             count += y.numel()
+            update(i + 1)
     model.train(was)
     return {"eval_loss": total / max(count, 1)}
 
@@ -587,7 +603,7 @@ def _finish(s: _Session, setup_seconds: float) -> dict:
         "params_non_embedding": count_parameters(s.model, non_embedding=True),
         "initial_loss": ordered[0] if ordered else None,
         "final_loss": sum(tail) / len(tail) if tail else None,
-        "eval_loss": ev.get("eval_loss"),
+        "eval_loss": ev.get("eval_loss"), "eval_examples": cfg.eval_examples,
         "eval_accuracy": ev.get("eval_accuracy"), "eval_accuracy_long": ev.get("eval_accuracy_long"),
         "eval_loss_long": ev.get("eval_loss_long"), "accuracy_by_length": ev.get("accuracy_by_length"),
         "train_lengths": [source.lo, source.L] if cfg.task else None,

@@ -34,6 +34,9 @@ SLASH_MAX_DELTA = 16
 NORM_SHRINK = 0.7
 #: p-value below which a sample-group test is called significant (as :data:`poslens.capture.stats.NOISE_P`)
 SIGNIFICANT = 0.01
+#: the smallest attainable p-value of a sign-flip test (2 / 2^G with G groups) must lie this many times
+#: under SIGNIFICANT for a test to call anything: else the readings say there are too few sequences
+FEW_GROUPS_MARGIN = 10
 
 
 def num(v: Any) -> float | None:
@@ -101,33 +104,24 @@ def _decoder_layers(layers: list) -> tuple[dict | None, list[dict]]:
     return emb, [l for l in layers if isinstance(l.get("layer"), int) and not isinstance(l.get("layer"), bool)]
 
 
-def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
-    """Sentences on per-layer relativity index and locality (arXiv 2509.21042).
+def _kim_flat(layers: list[dict], flat: list[dict], live: list[dict], noise: str) -> list[str]:
+    """The sentence naming the flat layers (none when there are none)."""
+    if not flat:
+        return []
+    within = f" within {noise}" if noise else ""
+    verb = "is" if len(flat) == 1 else "are"
+    if len(flat) > 6 and live and len(live) <= 3:  # many flat layers: name the few that are not
+        who = (f"All {len(layers)} layers but {_layers_phrase([l.get('layer') for l in live])[7:]} "
+               f"({len(flat)} of {len(layers)})") if len(live) > 1 else \
+            f"All {len(layers)} layers but layer {live[0].get('layer')} ({len(flat)} of {len(layers)})"
+        verb = "are"
+    else:
+        who = _layers_phrase([l.get("layer") for l in flat]).capitalize()
+    return [f"{who} {verb} flat{within}: there the attention scores carry no information about position."]
 
-    ``layers``: dicts with ``layer``, ``relativity_index`` (None = flat), ``locality``, and
-    optionally ``max_stderr`` / ``theory_max_abs_diff`` (simulator runs). ``noise`` names what
-    "flat" is judged against ("Monte Carlo noise").
-    """
-    out: list[str] = []
-    layers = [l for l in layers if isinstance(l, dict)]
-    if not layers:
-        return out
-    flat = [l for l in layers if num(l.get("relativity_index")) is None]
-    live = [l for l in layers if num(l.get("relativity_index")) is not None]
-    if flat:
-        within = f" within {noise}" if noise else ""
-        verb = "is" if len(flat) == 1 else "are"
-        ids = [l.get("layer") for l in flat]
-        if len(flat) > 6 and live and len(live) <= 3:  # many flat layers: name the few that are not
-            who = (f"All {len(layers)} layers but {_layers_phrase([l.get('layer') for l in live])[7:]} "
-                   f"({len(flat)} of {len(layers)})") if len(live) > 1 else \
-                f"All {len(layers)} layers but layer {live[0].get('layer')} ({len(flat)} of {len(layers)})"
-            verb = "are"
-        else:
-            who = _layers_phrase(ids).capitalize()
-        out.append(f"{who} {verb} flat{within}: there the attention scores carry no information about position.")
-    if not live:
-        return out
+
+def _kim_series(layers: list[dict], flat: list[dict], live: list[dict], noise: str) -> list[str]:
+    """The per-layer relativity index and locality of the layers that are not flat."""
     ri = [num(l.get("relativity_index")) for l in live]
     loc = [num(l.get("locality")) for l in live]
     # "from layer k on" only where every flat layer comes before every live one
@@ -135,54 +129,94 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
     tail = flat and len(live) > 1 and all(num(l.get("relativity_index")) is not None for l in layers[first_live:])
     where = (f"from layer {live[0].get('layer')} on" if tail
              else f"in {_layers_phrase([l.get('layer') for l in live])}")
-    claim = " the scores depend on position:" if noise else ""
+    # "depend on position" only where flatness could have been found: a test over too few groups
+    # (smallest p not below SIGNIFICANT) calls nothing flat
+    p_min = smallest_p(live)[1]
+    claim = " the scores depend on position:" if noise and (p_min is None or p_min < SIGNIFICANT) else ""
     sink = any(num(l.get("relativity_index_with_sink")) is not None for l in live)
     what = "relativity index (key 0 excluded)" if sink else "relativity index"
-    out.append(f"{where[0].upper()}{where[1:]}{claim} {what} {_series_short(ri)} "
-               f"(1 = a function of the distance i − j alone) and locality {_series_short(loc)} "
-               "(+1 = every query's scores rise as the key gets closer).")
+    out = [f"{where[0].upper()}{where[1:]}{claim} {what} {_series_short(ri)} "
+           f"(1 = a function of the distance i − j alone) and locality {_series_short(loc)} "
+           "(+1 = every query's scores rise as the key gets closer)."]
     if not noise:
         out.append("These maps carry no standard errors: with few sequences, small values may be sampling noise.")
+    return out
+
+
+def _kim_locality(live: list[dict]) -> list[str]:
+    """Whether the layers favour nearby or distant keys (|locality| > TREND)."""
+    loc = [num(l.get("locality")) for l in live]
     locs = [v for v in loc if v is not None]
-    if locs and min(locs) > TREND:
-        out.append("Every such layer favours nearby keys: scores rise as the key approaches the query.")
-    elif locs and max(locs) < -TREND:
-        out.append("Scores fall as the key approaches the query: distant keys are favoured.")
-    elif locs:
-        strong = [l.get("layer") for l, v in zip(live, loc) if v is not None and abs(v) > TREND]
-        if strong:
-            out.append(f"The preference for nearby or distant keys is clear only in {_layers_phrase(strong)}.")
-        else:
-            out.append(f"No layer shows a clear trend with distance (|locality| ≤ {TREND}).")
-    if ri and ri[0] >= RELATIVE and len(ri) > 1 and min(ri[1:]) < RELATIVE - 0.03:
+    if not locs:
+        return []
+    if min(locs) > TREND:
+        return ["Every such layer favours nearby keys: scores rise as the key approaches the query."]
+    if max(locs) < -TREND:
+        return ["Scores fall as the key approaches the query: distant keys are favoured."]
+    strong = [l.get("layer") for l, v in zip(live, loc) if v is not None and abs(v) > TREND]
+    if strong:
+        return [f"The preference for nearby or distant keys is clear only in {_layers_phrase(strong)}."]
+    return [f"No layer shows a clear trend with distance (|locality| ≤ {TREND})."]
+
+
+def _tested(live: list[dict], key: str) -> tuple[int, int]:
+    """``(significant, tested)``: layers whose p-value ``key`` is below SIGNIFICANT, of those with one."""
+    ps = [num(l.get(key)) for l in live if num(l.get(key)) is not None]
+    return sum(p < SIGNIFICANT for p in ps), len(ps)
+
+
+def _kim_relativity(live: list[dict]) -> list[str]:
+    """What the relativity index says: purely relative layers, and how much depends on absolute
+    position; where p-values of "purely relative" exist and none is significant, that the lower
+    values are not beyond sampling noise."""
+    ri = [num(l.get("relativity_index")) for l in live]
+    sig, tested = _tested(live, "nonrelative_p")
+    if tested and not sig and min(ri) < RELATIVE:
+        return [f"The index is as low as {f2(min(ri))} (layer {live[ri.index(min(ri))].get('layer')}), but in no "
+                f"layer is the departure from a purely relative map beyond sampling noise (p of \"purely "
+                f"relative\" ≥ {SIGNIFICANT} in all {tested}): the data do not show a non-relative pattern."]
+    if ri[0] >= RELATIVE and len(ri) > 1 and min(ri[1:]) < RELATIVE - 0.03:
         k = min(range(1, len(ri)), key=lambda i: ri[i])
-        out.append(f"Layer {live[0].get('layer')} is purely relative (relativity {f2(ri[0])}); later layers drop "
-                   f"to {f2(ri[k])} (layer {live[k].get('layer')}): position matters beyond the distance i − j, "
-                   "a non-relative pattern that the diagonal-normalised figure makes visible.")
-    elif min(ri) >= RELATIVE:
-        out.append(f"All of them are purely relative (relativity ≥ {RELATIVE}): each diagonal is constant and the "
-                   "diagonal-normalised maps are flat.")
-    elif min(ri) < 0.9:
-        out.append(f"Up to {f2(1 - min(ri))} of the variation is not explained by the distance alone: the maps also "
-                   "depend on absolute position (diagonal-normalised figure: what remains after removing each "
-                   "diagonal's mean).")
+        return [f"Layer {live[0].get('layer')} is purely relative (relativity {f2(ri[0])}); later layers drop "
+                f"to {f2(ri[k])} (layer {live[k].get('layer')}): position matters beyond the distance i − j, "
+                "a non-relative pattern that the diagonal-normalised figure makes visible."]
+    if min(ri) >= RELATIVE:
+        return [f"All of them are purely relative (relativity ≥ {RELATIVE}): each diagonal is constant and the "
+                "diagonal-normalised maps are flat."]
+    if min(ri) < 0.9:
+        return [f"Up to {f2(1 - min(ri))} of the variation is not explained by the distance alone: the maps also "
+                "depend on absolute position (diagonal-normalised figure: what remains after removing each "
+                "diagonal's mean)."]
+    return []
+
+
+def _kim_diagonal_trend(live: list[dict]) -> list[str]:
+    """The signed trend along the diagonals, its sign read only where it is beyond noise."""
     trend = [num(l.get("diagonal_trend")) for l in live]
-    if any(t is not None for t in trend):
-        fin = [t for t in trend if t is not None]
-        # with sample-group p-values, the sign is read only where the trend is beyond noise
-        tested = [(l, num(l.get("diagonal_trend"))) for l in live if num(l.get("trend_p")) is not None
-                  and num(l.get("diagonal_trend")) is not None]
-        where = "every diagonal"
-        if tested:
-            fin = [t for l, t in tested if num(l["trend_p"]) < SIGNIFICANT]
-            where = (f"every diagonal in the {len(fin)} layer(s) where the trend is significant (p < {SIGNIFICANT})"
-                     if len(fin) < len(tested) else where)
-        sign = ("shows no significant trend in any layer" if not fin else
-                f"rises to the right on {where} (left columns lower)" if min(fin) > 0 else
-                f"falls to the right on {where} (left columns higher)" if max(fin) < 0 else
-                "changes sign between layers")
-        out.append(f"Signed trend along the diagonals (+1 = the entry further right on each diagonal is higher): "
-                   f"{_series_short(trend)}; the score {sign}.")
+    if all(t is None for t in trend):
+        return []
+    fin = [t for t in trend if t is not None]
+    # with sample-group p-values, the sign is read only where the trend is beyond noise
+    tested = [(l, num(l.get("diagonal_trend"))) for l in live if num(l.get("trend_p")) is not None
+              and num(l.get("diagonal_trend")) is not None]
+    where = "every diagonal"
+    if tested:
+        fin = [t for l, t in tested if num(l["trend_p"]) < SIGNIFICANT]
+        where = (f"every diagonal in the {len(fin)} layer(s) where the trend is significant (p < {SIGNIFICANT})"
+                 if len(fin) < len(tested) else where)
+    sign = ("shows no significant trend in any layer" if not fin else
+            f"rises to the right on {where} (left columns lower)" if min(fin) > 0 else
+            f"falls to the right on {where} (left columns higher)" if max(fin) < 0 else
+            "changes sign between layers")
+    return [f"Signed trend along the diagonals (+1 = the entry further right on each diagonal is higher): "
+            f"{_series_short(trend)}; the score {sign}."]
+
+
+def _kim_noise(live: list[dict]) -> list[str]:
+    """The noise floor of a scan's numbers: the grid statistics the p-values belong to, the share of
+    the full map's within-diagonal variation that sampling noise alone gives (a scan's full-map index
+    is not noise-corrected), and whether there are enough sequence groups to call anything."""
+    out: list[str] = []
     grid = [l for l in live if num(l.get("grid_diagonal_trend")) is not None]
     if grid:  # the p-values and standard errors describe the grid map's statistics, not the full map's
         n = max(int(num(l.get("noise_positions")) or 0) for l in grid)
@@ -190,8 +224,23 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
         sig = sum(p < SIGNIFICANT for p in ps)
         out.append(f"The p-values and standard errors come from sample groups kept on a {n}-position grid of the map; "
                    f"on that grid the trend reads {_series_short([l.get('grid_diagonal_trend') for l in grid])} and "
-                   f"the relativity index {_series_short([l.get('grid_relativity_index') for l in grid])}"
+                   f"the noise-corrected relativity index "
+                   f"{_series_short([l.get('grid_relativity_index') for l in grid])}"
                    + (f"; the trend is significant (p < {SIGNIFICANT}) in {sig} of {len(ps)} layers." if ps else "."))
+    share = noise_shares(live)
+    if share:
+        out.append(f"The full-map relativity index is not noise-corrected: sampling noise alone accounts for "
+                   f"{_pct_span(share)} % of the within-diagonal variation it counts against relativity "
+                   "(noise floor of the diagonal-normalised map over its observed mean square).")
+    few = few_groups(live)
+    if few:
+        out.append(few[0].upper() + few[1:] + ".")
+    return out
+
+
+def _kim_extras(layers: list[dict], live: list[dict]) -> list[str]:
+    """The sink column's weight, and a simulation's agreement with the closed form."""
+    out: list[str] = []
     sinkw = [num(l.get("sink_weight")) for l in live if num(l.get("sink_weight")) is not None]
     if sinkw:
         out.append(f"Attention weight on key 0 (the sink), per layer: {_series_short(sinkw)}; the relativity index "
@@ -203,6 +252,63 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
         out.append(f"The exact closed form agrees with the simulation to within {fmt(max(diffs))} in every layer{se}; "
                    "the remaining gap shrinks as the dimension grows.")
     return out
+
+
+def noise_shares(layers: list[dict]) -> list[float]:
+    """Per scan layer (one with ``noise_positions``: its full-map index is computed without the noise
+    groups) and where the noise grid is the full map: the share of the observed within-diagonal mean
+    square that sampling noise alone gives, ``(within_diag_rms_noise / within_diag_rms)^2`` capped at 1
+    (the noise estimate can exceed what is observed)."""
+    out = []
+    for l in layers:
+        rms, noise = num(l.get("within_diag_rms")), num(l.get("within_diag_rms_noise"))
+        if "noise_positions" in l and num(l.get("grid_relativity_index")) is None and rms and noise is not None:
+            out.append(min((noise / rms) ** 2, 1.0))
+    return out
+
+
+def _pct_span(shares: list[float]) -> str:
+    return _span([100 * s for s in shares])
+
+
+def smallest_p(layers: list[dict]) -> tuple[int, float | None]:
+    """``(G, 2 / 2^G)``: the layers' largest number of noise groups and the smallest p-value a sign-flip
+    test over that many groups can give (every flip pattern and its mirror image tie); ``(G, None)``
+    with fewer than two groups."""
+    groups = [int(num(l.get("noise_groups"))) for l in layers if num(l.get("noise_groups")) is not None]
+    g = max(groups, default=0)
+    return g, (2.0 / 2**g if g >= 2 else None)
+
+
+def few_groups(layers: list[dict]) -> str:
+    """A clause saying that the layers' sign-flip tests had too few sequence groups to call a trend or a
+    departure from relativity ("" where they had enough): with ``G`` groups the smallest p-value the
+    test can give is 2 / 2^G, which must lie well under SIGNIFICANT (by FEW_GROUPS_MARGIN)."""
+    g, p_min = smallest_p(layers)
+    if p_min is None or p_min * FEW_GROUPS_MARGIN <= SIGNIFICANT:
+        return ""
+    where = "not below" if p_min >= SIGNIFICANT else "barely below"
+    return (f"only {g} independent groups of sequences: the smallest p-value the sign-flip test can give is "
+            f"{fmt(p_min)}, {where} the {SIGNIFICANT} threshold, too few sequences to call a trend or a departure "
+            "from relativity")
+
+
+def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
+    """Sentences on per-layer relativity index and locality (arXiv 2509.21042).
+
+    ``layers``: dicts with ``layer``, ``relativity_index`` (None = flat), ``locality``, and
+    optionally ``max_stderr`` / ``theory_max_abs_diff`` (simulator runs) and a scan's noise floor
+    (``nonrelative_p``, ``trend_p``, ``noise_groups``, ``noise_positions``, ``within_diag_rms_noise``,
+    ``grid_*``). ``noise`` names what "flat" is judged against ("Monte Carlo noise").
+    """
+    layers = [l for l in layers if isinstance(l, dict)]
+    flat = [l for l in layers if num(l.get("relativity_index")) is None]
+    live = [l for l in layers if num(l.get("relativity_index")) is not None]
+    out = _kim_flat(layers, flat, live, noise)
+    if not live:
+        return out
+    return (out + _kim_series(layers, flat, live, noise) + _kim_locality(live) + _kim_relativity(live)
+            + _kim_diagonal_trend(live) + _kim_noise(live) + _kim_extras(layers, live))
 
 
 def uniform_slash(n: int, d: int) -> float:
@@ -362,6 +468,9 @@ def _span(vals: list) -> str:
 
 
 def _kim_finding(name: str, command: str, summary: dict) -> str | None:
+    """A run's relativity index, locality and trend, led by the noise-corrected (grid) index and its
+    test where a scan has one; a scan's full-map index, which is not noise-corrected, with its noise
+    floor beside it; and a warning where too few sequence groups were scanned to call anything."""
     layers = [l for l in summary.get("layers") or [] if isinstance(l, dict) and "relativity_index" in l]
     if not layers:
         return None
@@ -371,14 +480,32 @@ def _kim_finding(name: str, command: str, summary: dict) -> str | None:
         return f"{name}: every one of {len(layers)} layers is flat (no positional information in the scores)."
     lo = min(live, key=lambda l: num(l["relativity_index"]))
     sink = " (key 0 excluded)" if any("relativity_index_with_sink" in l for l in live) else ""
-    text = (f"{name}: relativity index{sink} {_span([l['relativity_index'] for l in live])} over {len(live)} layer(s), "
-            f"lowest in layer {lo.get('layer')}; locality {_span([l.get('locality') for l in live])}")
+    ri = _span([l["relativity_index"] for l in live])
+    sig, tested = _tested(live, "nonrelative_p")
+    test = f", not purely relative (p < {SIGNIFICANT}) in {sig} of {tested}" if tested else ""
+    grid = [l for l in live if num(l.get("grid_relativity_index")) is not None]
+    share = noise_shares(live)
+    if grid:
+        n = max(int(num(l.get("noise_positions")) or 0) for l in grid)
+        text = (f"{name}: noise-corrected relativity index{sink} {_span([l['grid_relativity_index'] for l in grid])} "
+                f"on a {n}-position grid over {len(grid)} layer(s){test}; full-map index {ri} (not noise-corrected), "
+                f"lowest in layer {lo.get('layer')}")
+    elif share:
+        text = (f"{name}: relativity index{sink} {ri} over {len(live)} layer(s) (full map, not noise-corrected: "
+                f"sampling noise alone gives {_pct_span(share)} % of the within-diagonal variation){test}, "
+                f"lowest in layer {lo.get('layer')}")
+    else:
+        text = (f"{name}: relativity index{sink} {ri} over {len(live)} layer(s){test}, "
+                f"lowest in layer {lo.get('layer')}")
+    text += f"; locality {_span([l.get('locality') for l in live])}"
     if flat:
         text += f"; {flat} flat layer(s)"
     trend = [num(l.get("diagonal_trend")) for l in live if num(l.get("diagonal_trend")) is not None]
     if trend:
-        text += f"; diagonal trend {_span(trend)}"
-    return text + "."
+        tsig, ttested = _tested(live, "trend_p")
+        text += f"; diagonal trend {_span(trend)}" + (f" (significant in {tsig} of {ttested})" if ttested else "")
+    few = few_groups(live)
+    return text + (f"; {few}." if few else ".")
 
 
 def _slash_finding(name: str, command: str, summary: dict) -> str | None:

@@ -29,6 +29,7 @@ from poslens.capture.load import load_tokenizer
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.metrics.diagonal import causal_view
 from poslens.errors import PoslensError
+from poslens.fmt import fmt
 from poslens.metrics import diagonal_normalize
 from poslens.models import realmodels
 from poslens.models.families import build_model
@@ -88,9 +89,9 @@ def _zuo_adjacency(ctx: ReproContext, out: Path) -> dict:
         b1 = layers[1].get("bidirectional_aps_mean")
         good = a1 >= 0.8 and b1 is not None and abs(b1 - 0.5) < 0.1
         ok &= good
-        lines.append(f"{desc}: APS of decoder layer 0 {a1:.3f} causal vs {b1:.3f} bidirectional (embeddings "
-                     f"{layers[0]['aps_mean']:.3f}); APS by decoder layer from 0 "
-                     + " / ".join(f"{l['aps_mean']:.3f}" for l in layers[1:]))
+        lines.append(f"{desc}: APS of decoder layer 0 {fmt(a1)} causal vs {fmt(b1)} bidirectional (embeddings "
+                     f"{fmt(layers[0]['aps_mean'])}); APS by decoder layer from 0 "
+                     + " / ".join(f"{fmt(l['aps_mean'])}" for l in layers[1:]))
         runs.append({"run": run, "model": str(mdir), "aps_layer1": a1, "aps_layer1_bidirectional": b1})
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs,
             "note": f"{NUM_SEQS} random-token sequences of {SEQ_LEN} tokens; reproduced = APS of decoder layer 0 "
@@ -104,13 +105,14 @@ def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
                                 num_seqs=NUM_SEQS * 2, seq_len=50, batch_size=8, seed=ctx.seed, device=ctx.device),
                    progress=False)
     by = {r["panel"]: r for r in s["panels"]}
-    f = lambda v: "flat" if v is None else f"{v:+.3f}"  # noqa: E731
     b_loc, i_loc = by["b"]["locality"], by["i"]["locality"]
     ok = i_loc is not None and i_loc > 0.1 and (b_loc is None or abs(b_loc) < abs(i_loc))
     trained = "random-init" not in mdir.name
     lines = [f"{desc}, layer 0 (the paper's layer 1), 50-token sequences:",
-             "locality by panel: " + ", ".join(f"({k}) {f(by[k]['locality'])}" for k in by),
-             "relativity index by panel: " + ", ".join(f"({k}) {f(by[k]['relativity_index'])}" for k in by)]
+             "locality by panel: " + ", ".join(f"({k}) {fmt(by[k]['locality'], signed=True, missing='flat')}"
+                                               for k in by),
+             "relativity index by panel: " + ", ".join(
+                 f"({k}) {fmt(by[k]['relativity_index'], signed=True, missing='flat')}" for k in by)]
     note = ("reproduced = the next layer's scores (i) favour nearby keys (locality > 0.1) more than the first "
             "layer's own scores (b); the paper's 1.5B NoPE checkpoint is unreleased.")
     if not trained:
@@ -159,8 +161,9 @@ def _zuo_sweep(ctx: ReproContext, out: Path) -> dict:
         large = [a for sg, a in causal.items() if sg >= 0.2]
         good = min(small) >= 0.9 and max(large) < 0.7 and all(b is not None and abs(b - 0.5) < 0.1 for b in bidir.values())
         ok &= good
-        lines.append(f"{shape}: APS of decoder layer 0 causal " + ", ".join(f"σ={sg:g}: {a:.3f}" for sg, a in causal.items())
-                     + "; bidirectional within " + f"{max(abs(b - 0.5) for b in bidir.values()):.3f} of 0.5")
+        lines.append(f"{shape}: APS of decoder layer 0 causal "
+                     + ", ".join(f"σ={sg:g}: {fmt(a)}" for sg, a in causal.items())
+                     + "; bidirectional within " + f"{fmt(max(abs(b - 0.5) for b in bidir.values()))} of 0.5")
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": [{"run": "sweep"}],
             "note": f"untrained NoPE models, {SEQ_LEN}-token i.i.d. character sequences, 8 per cell; reproduced = "
                     "APS of decoder layer 0 >= 0.9 for σ <= 0.02, < 0.7 for σ >= 0.2, and bidirectional within 0.1 "
@@ -185,8 +188,8 @@ def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
                                 num_test=32, seed=ctx.seed, figures=ctx.figures, overwrite=True, device=ctx.device))
     lines, ok = [], None
     for v in s.get("verdicts", []):
-        lines.append(f"{v['model']} ({v['state']}): best cosine r {v['cosine_best_r']:.3f} (layer "
-                     f"{v['cosine_best_layer']}), best norm r {v['norm_best_r']:.3f} (layer {v['norm_best_layer']}), "
+        lines.append(f"{v['model']} ({v['state']}): best cosine r {fmt(v['cosine_best_r'])} (layer "
+                     f"{v['cosine_best_layer']}), best norm r {fmt(v['norm_best_r'])} (layer {v['norm_best_layer']}), "
                      f"cosine has the lower test MSE in {v['cosine_lower_mse_layers']} of {v['layers']} layers: "
                      f"cosine beats norm? {v['cosine_beats_norm']}")
         if v["pe"] == "none":
@@ -271,14 +274,27 @@ def residual_agreement(a, b) -> float | None:
 
 
 def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[str], dict, dict]:
-    """Scans (stdlib and random tokens), kim-maps, slash and neighbourhood of one model."""
+    """Scans (stdlib and random tokens), kim-maps, slash and neighbourhood of one model: the record's
+    lines, the verdicts and the row of numbers."""
     import time
 
     t0 = time.time()
+    sl, nb = _real_runs(name, f, ctx, out)
+    wall = time.time() - t0
+    kim, slash, zuo = _real_kim(out), _real_slash(sl), _real_aps(nb)
+    lines = [f"{name} ({f.name}), {REAL_NUM_SEQS} x {REAL_SEQ_LEN} tokens (stdlib and i.i.d. random tokens), "
+             f"{fmt(wall)} s:", kim.pop("line"), slash.pop("line"), zuo.pop("line")]
+    holds = {"kim": kim.pop("holds"), "slash": slash.pop("holds"), "zuo_adjacency_seen": zuo.pop("seen")}
+    row = {"model": name, "file": str(f), "wall_s": round(wall, 1), **kim, **slash, **zuo}
+    return lines, holds, row
 
-    def step(k: int, what: str) -> None:  # five steps per model, minutes in all: say which one runs
+
+def _real_runs(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[dict, dict]:
+    """The five run directories of one real model under ``out``; returns the slash and neighbourhood
+    summaries. Minutes in all: the progress callback says which step runs."""
+    def step(k: int, what: str) -> None:
         if ctx.progress:
-            ctx.progress(f"real {name}: {what}", k, 5)
+            ctx.progress(k, 5, f"real {name}: {what}")
 
     step(0, "scan (stdlib)")
     common = dict(model_dir=str(f), seq_len=REAL_SEQ_LEN, num_seqs=REAL_NUM_SEQS, batch_size=4, seed=ctx.seed,
@@ -297,64 +313,76 @@ def _real_one(name: str, f: Path, ctx: ReproContext, out: Path) -> tuple[list[st
                                              seed=ctx.seed, device=ctx.device, figures=ctx.figures, overwrite=True),
                           progress=False)
     step(5, "done")
-    wall = time.time() - t0
-    maps, _, ssum = load_scan(out / "scan_stdlib")
+    return sl, nb
+
+
+def _real_kim(out: Path) -> dict:
+    """arXiv 2509.21042 on the stdlib scan: relativity and locality without and with key 0 (BOS, the
+    attention sink, dominates real maps), the sink's weight, and the noise floor: does the non-relative
+    residual reproduce on an independent sample (the random-token scan)? Row keys, plus ``line`` and
+    ``holds``."""
+    maps, _, _ = load_scan(out / "scan_stdlib")
     scores = maps["scores"]
     L = scores.shape[0]
-    # key 0 (BOS, the attention sink) dominates real maps: measure with it and without query/key 0
     with_sink = [panel_metrics(scores[l]) for l in range(L)]
     no_sink = [panel_metrics(scores[l, 1:, 1:]) for l in range(L)]
     rel = [r["relativity_index"] for r in no_sink if r["relativity_index"] is not None]
     rel_s = [r["relativity_index"] for r in with_sink if r["relativity_index"] is not None]
     loc = [r["locality"] for r in no_sink if r["locality"] is not None]
     sink = [float(maps["probs"][l, 1:, 0].mean()) for l in range(L)]
-    # noise floor: is the non-relative residual the same on an independent sample (random tokens)?
     maps_r, _, _ = load_scan(out / "scan_random")
     agree = [v for l in range(L) if (v := residual_agreement(scores[l, 1:, 1:], maps_r["scores"][l, 1:, 1:]))
              is not None]
     shared = sum(v > 0.2 for v in agree)
-    kim_holds = bool(rel) and _median(rel) < 0.95 and sum(v > 0 for v in loc) > len(loc) / 2 and shared > L / 2
-    # slash: SDHs over Δ = 1..16 (the sink, Δ = i, is excluded by construction)
+    holds = bool(rel) and _median(rel) < 0.95 and sum(v > 0 for v in loc) > len(loc) / 2 and shared > L / 2
+    line = (f"  Behind RoPE, arXiv 2509.21042 (score maps): relativity index without query/key 0 median "
+            f"{fmt(_median(rel))} (range {fmt(min(rel))}-{fmt(max(rel))}), with key 0 median {fmt(_median(rel_s))}; locality without key 0 "
+            f"> 0 in {sum(v > 0 for v in loc)} of {len(loc)} layers (median {fmt(_median(loc), signed=True)}); "
+            f"attention on key 0 median {fmt(_median(sink))}; the non-relative residual (diagonal-normalised map) of the stdlib scan "
+            f"correlates with that of the random-token scan, an independent sample (noise alone: about 0), above 0.2 "
+            f"in {shared} of {L} layers (median {fmt(_median(agree))}) → non-relative, nearby-favouring maps "
+            f"{'hold' if holds else 'do NOT hold'}.")
+    return {"line": line, "holds": holds, "relativity_median_no_sink": _median(rel),
+            "relativity_median_with_sink": _median(rel_s), "locality_positive_layers": sum(v > 0 for v in loc),
+            "layers": L, "sink_median": _median(sink), "residual_agreement_median": _median(agree) if agree else None,
+            "residual_shared_layers": shared}
+
+
+def _real_slash(sl: dict) -> dict:
+    """Slash on the slash run's summary: (κ, Δ)-SDHs with Δ in 1..16 (the sink, Δ = i, is excluded by
+    construction), how many persist on random tokens, and whether the RoPE decomposition predicts the
+    top heads' offsets. Row keys, plus ``line`` and ``holds``."""
     kappa = sl.get("persist_kappa")
     pers = [p for p in sl.get("persistence") or [] if isinstance(p, dict)]
     kept = [p for p in pers if p.get("persists")]
-    heads = sorted(sl.get("heads") or [], key=lambda r: -r["best_score"])
-    top = heads[:5]
+    top = sorted(sl.get("heads") or [], key=lambda r: -r["best_score"])[:5]
     pred = [r for r in top if r.get("predicted_peak") is not None]
     pred_ok = sum(1 for r in pred if r["predicted_peak"] == r["best_delta"])
-    slash_holds = bool(pers) and len(kept) >= len(pers) / 2
-    # neighbourhood: APS of the residual stream per layer (index 0 = embeddings)
+    holds = bool(pers) and len(kept) >= len(pers) / 2
+    line = (f"  Slash: ({kappa}, Δ)-slash-dominant heads with Δ in 1..16: {len(pers)}; persisting on random tokens: "
+            f"{len(kept)}; top heads " + ", ".join(
+                f"{r['layer']}.{r['head']} Δ={r['best_delta']} {fmt(r['best_score'])} (q/k σ1² share "
+                f"{fmt(r['q_top1_energy'])}/{fmt(r['k_top1_energy'])}, predicted Δ {r.get('predicted_peak')})"
+                for r in top[:3])
+            + f"; predicted offset = observed in {pred_ok} of {len(pred)} top heads → SDHs that persist "
+            f"{'hold' if holds else 'do NOT hold'}.")
+    return {"line": line, "holds": holds, "sdh": len(pers), "sdh_persisting": len(kept), "persist_kappa": kappa,
+            "predicted_offset_matches": pred_ok, "predicted_offset_heads": len(pred)}
+
+
+def _real_aps(nb: dict) -> dict:
+    """arXiv 2501.00073 on the neighbourhood run: APS of the residual stream per layer (index 0 = the
+    embeddings); reported, not a verdict (the paper's claim is for NoPE models). Row keys, plus
+    ``line`` and ``seen``."""
     nl = nb["layers"]
     aps = [l["resid_aps_mean"] for l in nl[1:]]
-    zuo_seen = _median(aps) > 0.6  # reported, not a verdict: the paper's claim is for NoPE models
-    lines = [
-        f"{name} ({f.name}), {REAL_NUM_SEQS} x {REAL_SEQ_LEN} tokens (stdlib and i.i.d. random tokens), "
-        f"{wall:.0f} s:",
-        f"  Behind RoPE, arXiv 2509.21042 (score maps): relativity index without query/key 0 median {_median(rel):.3f} "
-        f"(range {min(rel):.3f}-{max(rel):.3f}), with key 0 median {_median(rel_s):.3f}; locality without key 0 "
-        f"> 0 in {sum(v > 0 for v in loc)} of {len(loc)} layers (median {_median(loc):+.3f}); attention on key 0 "
-        f"median {_median(sink):.3f}; the non-relative residual (diagonal-normalised map) of the stdlib scan "
-        f"correlates with that of the random-token scan, an independent sample (noise alone: about 0), above 0.2 "
-        f"in {shared} of {L} layers (median {_median(agree):.2f}) → non-relative, nearby-favouring maps "
-        f"{'hold' if kim_holds else 'do NOT hold'}.",
-        f"  Slash: ({kappa}, Δ)-slash-dominant heads with Δ in 1..16: {len(pers)}; persisting on random tokens: "
-        f"{len(kept)}; top heads " + ", ".join(
-            f"{r['layer']}.{r['head']} Δ={r['best_delta']} {r['best_score']:.2f} (q/k σ1² share "
-            f"{r['q_top1_energy']:.2f}/{r['k_top1_energy']:.2f}, predicted Δ {r.get('predicted_peak')})" for r in top[:3])
-        + f"; predicted offset = observed in {pred_ok} of {len(pred)} top heads → SDHs that persist "
-        f"{'hold' if slash_holds else 'do NOT hold'}.",
-        f"  arXiv 2501.00073 (APS of the residual stream, {REAL_APS_NUM_SEQS} x {REAL_APS_SEQ_LEN} stdlib tokens): embeddings "
-        f"{nl[0]['resid_aps_mean']:.3f}, layers median {_median(aps):.3f} (range {min(aps):.3f}-{max(aps):.3f}) → "
-        f"the adjacency pattern (median APS > 0.6) {'is' if zuo_seen else 'is not'} seen in this RoPE model "
-        "(the paper claims it for models without positional encoding).",
-    ]
-    row = {"model": name, "file": str(f), "wall_s": round(wall, 1), "relativity_median_no_sink": _median(rel),
-           "relativity_median_with_sink": _median(rel_s), "locality_positive_layers": sum(v > 0 for v in loc),
-           "layers": L, "sink_median": _median(sink),
-           "residual_agreement_median": _median(agree) if agree else None, "residual_shared_layers": shared, "sdh": len(pers), "sdh_persisting": len(kept),
-           "persist_kappa": kappa, "predicted_offset_matches": pred_ok, "predicted_offset_heads": len(pred),
-           "resid_aps_median": _median(aps), "resid_aps_min": min(aps), "resid_aps_max": max(aps)}
-    return lines, {"kim": kim_holds, "slash": slash_holds, "zuo_adjacency_seen": zuo_seen}, row
+    seen = _median(aps) > 0.6
+    line = (f"  arXiv 2501.00073 (APS of the residual stream, {REAL_APS_NUM_SEQS} x {REAL_APS_SEQ_LEN} stdlib tokens): "
+            f"embeddings {fmt(nl[0]['resid_aps_mean'])}, layers median {fmt(_median(aps))} (range {fmt(min(aps))}-"
+            f"{fmt(max(aps))}) → the adjacency pattern (median APS > 0.6) {'is' if seen else 'is not'} seen in this "
+            "RoPE model (the paper claims it for models without positional encoding).")
+    return {"line": line, "seen": seen, "resid_aps_median": _median(aps), "resid_aps_min": min(aps),
+            "resid_aps_max": max(aps)}
 
 
 def _real(ctx: ReproContext, out: Path) -> dict:

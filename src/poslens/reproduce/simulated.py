@@ -36,16 +36,10 @@ class ReproContext:
     device: str = "auto"  # auto (CUDA when visible) | cpu | cuda[:N]; resolved by poslens.runtime.parse_device
     seed: int = 0
     figures: bool = True
-    progress: Callable[[str, int, int], None] | None = None
+    #: the project's progress convention (:mod:`poslens.progress`): ``update(done, total=None, info="")``,
+    #: e.g. the callable :func:`poslens.progress.task_progress` yields; ``info`` names the run in progress
+    progress: Callable[..., None] | None = None
     records: list = field(default_factory=list)
-
-
-def _fmt(v) -> str:
-    return "flat" if v is None else fmt(v)  # a relativity index or locality is None on a flat map
-
-
-def _signed(v) -> str:
-    return "n/a" if v is None else fmt(v, signed=True)
 
 
 def _sig(p) -> bool:
@@ -60,15 +54,13 @@ LAYERS_NOTE = "layers counted from 0 (the paper's layer 2 = our layer 1)"
 
 def _sim(ctx: ReproContext, out: Path, name: str, **kw) -> dict:
     cfg = replace(PAPER_SETTING, samples=ctx.samples, device=ctx.device, seed=ctx.seed, **kw)
-    cb = (lambda d, t: ctx.progress(name, d, t)) if ctx.progress else None
+    cb = (lambda d, t: ctx.progress(d, t, name)) if ctx.progress else None
     res = run_simulation(cfg, progress=cb)
     save_result(res, out / name, figures=ctx.figures)
     return {"run": name, "label": cfg.label(), "layers": res.summary["layers"]}
 
 
 def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
-    import torch
-
     from poslens.report.plots import heatmap
 
     t = kim_theory(0.0, 3)
@@ -89,6 +81,7 @@ def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
             return "rounded"
         return "truncated" if math.floor(v * 1000) / 1000 == w else "differs"
 
+    # four decimals on purpose (not fmt's three digits): the fourth says whether the paper rounded or truncated
     note = ("the paper prints " + ", ".join(f"{got[k]:.4f} as {want[k]:.3f} ({how(got[k], want[k])})" for k in want)
             if ok else "values differ from the paper")
     return {"measured": ", ".join(f"{k} = {v:.4f}" for k, v in got.items()), "reproduced": ok, "note": note}
@@ -101,8 +94,8 @@ def _locality_line(r: dict) -> tuple[str, bool]:
     flat0 = L[0]["relativity_index"] is None
     local = all((l["locality"] or 0) > 0 and _sig(l.get("flat_p")) for l in L[1:])
     text = (f"{r['label']}: layer 0 (the paper's layer 1) {'flat' if flat0 else 'NOT flat'}; locality by layer "
-            + " / ".join(_fmt(l["locality"]) for l in L)
-            + "; relativity " + " / ".join(_fmt(l["relativity_index"]) for l in L))
+            + " / ".join(fmt(l["locality"], missing="flat") for l in L)
+            + "; relativity " + " / ".join(fmt(l["relativity_index"], missing="flat") for l in L))
     return text, flat0 and local
 
 
@@ -137,7 +130,7 @@ def _kim_layernorm(ctx: ReproContext, out: Path) -> dict:
             flat = all(l["relativity_index"] is None for l in r["layers"])
             ok &= flat
             lines.append(f"{r['label']}: {'flat in every layer' if flat else 'NOT flat'} (flat p by layer "
-                         + " / ".join("n/a" if l.get("flat_p") is None else f"{l['flat_p']:.2g}" for l in r["layers"])
+                         + " / ".join(fmt(l.get("flat_p"), missing="n/a") for l in r["layers"])
                          + "), as in the paper's own figure for this setting")
         else:
             text, good = _locality_line(r)
@@ -165,7 +158,7 @@ def _kim_fig4(ctx: ReproContext, out: Path) -> dict:
         trend = [l.get("diagonal_trend") for l in L]
         if not c:
             good = all(v >= 0.98 for v in ri_n)
-            lines.append(f"{r['label']}: relativity index by layer " + " / ".join(_fmt(v) for v in ri)
+            lines.append(f"{r['label']}: relativity index by layer " + " / ".join(fmt(v, missing="flat") for v in ri)
                          + (" (relative in every layer)" if good else " (NOT relative in every layer)"))
         else:
             want = KIM_FIG4_TREND[a]
@@ -177,10 +170,10 @@ def _kim_fig4(ctx: ReproContext, out: Path) -> dict:
             direction = "right higher (left columns lower)" if want[0] > 0 else "right lower (left columns higher)"
             lines.append(f"{r['label']}: layer 0 {'relative' if rel0 else 'NOT relative'}; layers 1-3 "
                          f"{'non-relative' if nonrel else 'NOT all non-relative'} (p < {NOISE_P:g}); diagonal trend "
-                         + " / ".join(_signed(t) for t in trend[1:])
+                         + " / ".join(fmt(t, signed=True, missing="n/a") for t in trend[1:])
                          + f" vs the paper's figure {' / '.join(f'{w:+.2f}' for w in want)}: {direction} "
                          + ("as in the paper" if all(signs) else "NOT matching the paper in every layer")
-                         + "; relativity index by layer " + " / ".join(_fmt(v) for v in ri))
+                         + "; relativity index by layer " + " / ".join(fmt(v, missing="flat") for v in ri))
         ok &= good
     lines.append(LAYERS_NOTE)
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs}
