@@ -316,12 +316,15 @@ def test_run_directory_round_trip(tmp_path):
     assert load_result(tmp_path / "r").stopped_early is False
 
 
-def test_forward_layers_work_inside_the_buffers():
-    """With buffers the layers allocate nothing: every layer yields the buffers' own scores and weights,
-    and Y = Norm(X) is written into the ``y`` buffer (checked after one layer against F.normalize)."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_layers_work_inside_the_buffers(causal):
+    """With buffers the layers allocate nothing: every layer yields the buffers' own scores and weights
+    (with the mask fused into the score product or without a mask), and Y = Norm(X) is written into
+    the ``y`` buffer (checked after one layer against F.normalize)."""
     from poslens.simulate import forward_layers, layer_buffers
 
-    cfg = SimConfig(seq_len=6, dim=8, layers=3).validate()
+    cfg = SimConfig(seq_len=6, dim=8, layers=3, causal=causal).validate()
+    neg = torch.zeros(6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf")) if causal else None
     bufs = layer_buffers(cfg, 32, "cpu")
     assert {k: tuple(v.shape) for k, v in bufs.items()} == {"x": (32, 6, 8), "y": (32, 6, 8), "s": (32, 6, 6),
                                                             "p": (32, 6, 6)}
@@ -329,7 +332,7 @@ def test_forward_layers_work_inside_the_buffers():
     xb = bufs["x"][:20]
     xb.copy_(sample_inputs(cfg, 0)[:20])
     x0 = xb.clone()
-    for n, (s, p) in enumerate(forward_layers(xb, cfg, None, None, buffers=bufs)):
+    for n, (s, p) in enumerate(forward_layers(xb, cfg, None, neg, buffers=bufs)):
         assert s.data_ptr() == bufs["s"].data_ptr() and p.data_ptr() == bufs["p"].data_ptr()
         if n == 0:
             torch.testing.assert_close(bufs["y"][:20], torch.nn.functional.normalize(x0, dim=-1), rtol=0, atol=1e-7)
