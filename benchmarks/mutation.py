@@ -166,6 +166,16 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "the score matrices are square [N, N]"),
     ("theory.py", "kim_mean_field", r"torch\.softmax\(logits, dim=-1\)", r"dim=\+1", "equivalent",
      "the logits are one [N, N] matrix: dimension 1 is the last"),
+    ("metrics/ropefit.py", "RopeDecomposition.band_usage", r"or 1\.0", r"or 2\.0", "equivalent",
+     "the fallback divides only all-zero amplitudes: 0 / 1 = 0 / 2"),
+    ("metrics/ropefit.py", "RopeDecomposition.band_peak_contribution|rope_decomposition",
+     r"offs = torch\.arange\(S, dtype=torch\.float64\)", r"dtype=None|arange\(S, \)", "equivalent",
+     "integer offsets: rank_one_logit converts them to float64, and int64 times float64 frequencies is the same float64"),
+    ("metrics/ropefit.py", "rope_decomposition", r"phi = phi \+ \(math\.pi if sign < 0", r"phi - \(math\.pi|sign <= 0|sign < 1",
+     "equivalent", "sign is -1 or +1 (so < 0, <= 0 and < 1 agree), and a phase of phi - pi is phi + pi: it is used only through cos"),
+    ("metrics/ropefit.py", "rope_decomposition", r"bands = frequency_bands\(rotary_dim, base, S, theta=theta\)", "",
+     "equivalent", "theta is always given here (the model's or inv_freq's), and frequency_bands then reads neither "
+     "rotary_dim nor base"),
 ]
 
 
