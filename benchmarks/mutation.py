@@ -176,6 +176,11 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
     ("metrics/ropefit.py", "rope_decomposition", r"bands = frequency_bands\(rotary_dim, base, S, theta=theta\)", "",
      "equivalent", "theta is always given here (the model's or inv_freq's), and frequency_bands then reads neither "
      "rotary_dim nor base"),
+    ("metrics/ropefit.py", "causal_pair_mean|predicted_slash_profile", r"S - torch\.arange\(S, dtype=torch\.float64\)",
+     r"dtype=None|arange\(S, \)", "equivalent",
+     "integer counts S - d: float64 divided by or multiplied with int64 gives the same float64 (and w.sum() is exact)"),
+    ("metrics/ropefit.py", "predicted_slash_profile", r"torch\.zeros\(\(\), dtype=p\.dtype\)", r"dtype=None|zeros\(\(\), \)",
+     "equivalent", "a 0-dim zero does not promote torch.where's float64 result, and 0 is exact in any dtype"),
 ]
 
 
