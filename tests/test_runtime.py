@@ -194,29 +194,39 @@ def test_cli_threads_option_reaches_torch(cli, tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------
 def _global_state() -> dict:
     """Every process-wide switch poslens touches somewhere: torch threads, transformers' verbosity
-    and progress-bar switch, warnings filters, the environment, the SIGTERM handler, the RNG."""
+    and progress-bar switch, warnings filters, the environment, the SIGTERM handler, the RNG,
+    matplotlib's backend and pyplot's open figures."""
     import signal
+    import sys
     import warnings
 
+    import matplotlib
     from transformers.utils import logging as hf_logging
 
+    plt = sys.modules.get("matplotlib.pyplot")
     return {"threads": torch.get_num_threads(), "hf_verbosity": hf_logging.get_verbosity(),
             "hf_progress_bars": hf_logging.is_progress_bar_enabled(), "warnings": list(warnings.filters),
             "environ": dict(os.environ), "sigterm": signal.getsignal(signal.SIGTERM),
-            "torch_rng": torch.get_rng_state()}
+            "torch_rng": torch.get_rng_state(), "mpl_backend": matplotlib.get_backend(),
+            "pyplot_figures": plt.get_fignums() if plt is not None else []}
 
 
-@pytest.fixture(params=[True, False], ids=["hf-bars-on", "hf-bars-off"])
-def odd_global_state(request):
-    """Switches set to values no poslens default has (3 threads, transformers at ERROR), with
-    Hugging Face's progress bars on and off; the test's own settings are undone afterwards."""
+@pytest.fixture
+def odd_global_state():
+    """Switches set to values no poslens default has (3 threads, transformers at ERROR, Hugging
+    Face's progress bars on, matplotlib's PDF backend: a notebook's own choice that drawing a figure
+    must not replace); the test's own settings are undone afterwards."""
+    import matplotlib
     from transformers.utils import logging as hf_logging
 
-    before = (torch.get_num_threads(), hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
+    before = (torch.get_num_threads(), hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(),
+              matplotlib.get_backend())
     torch.set_num_threads(3)
     hf_logging.set_verbosity(hf_logging.ERROR)
-    (hf_logging.enable_progress_bar if request.param else hf_logging.disable_progress_bar)()
+    hf_logging.enable_progress_bar()
+    matplotlib.use("pdf")
     yield
+    matplotlib.use(before[3])
     torch.set_num_threads(before[0])
     hf_logging.set_verbosity(before[1])
     (hf_logging.enable_progress_bar if before[2] else hf_logging.disable_progress_bar)()
@@ -246,10 +256,10 @@ def test_library_calls_restore_global_state(odd_global_state, tmp_path):
                                         tmp_path / "sim", figures=True),
         "scan (progress)": lambda: run_scan(ScanConfig(model_dir=str(model), out=str(tmp_path / "s1"), data="random",
                                                        seq_len=8, num_seqs=2, batch_size=2, device="cpu",
-                                                       figures=False), progress=True),
+                                                       figures=True), progress=True),
         "scan (quiet)": lambda: run_scan(ScanConfig(model_dir=str(model), out=str(tmp_path / "s2"), data="random",
                                                     seq_len=8, num_seqs=2, batch_size=2, device="cpu",
-                                                    figures=False), progress=False),
+                                                    figures=False, overwrite=True), progress=False),
         "train": lambda: train_model(TrainConfig(out=str(tmp_path / "t"), pe="rope", task="copy", preset="micro",
                                                  steps=2, batch_size=4, eval_every=0, eval_examples=4,
                                                  checkpoint_every=0, device="cpu", threads=1, progress=True)),
@@ -264,6 +274,12 @@ def test_library_calls_restore_global_state(odd_global_state, tmp_path):
         before = _global_state()
         call()
         _assert_unchanged(before, _global_state(), name)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a caller's own "off" stays off too
+    before = _global_state()
+    calls["scan (quiet)"]()
+    _assert_unchanged(before, _global_state(), "scan (quiet), bars off")
 
 
 def test_cli_main_in_process_restores_threads_and_sigterm(tmp_path):

@@ -33,7 +33,7 @@ from poslens.models.train import TrainConfig, load_trained, train_model
 from poslens.progress import task_progress
 from poslens.report.readings import dynamics_readings
 from poslens.rope import BANDS
-from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
+from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
                             write_json, write_summary)
 from poslens.runtime import set_threads
 
@@ -242,10 +242,8 @@ def _summary(cfg: DynamicsConfig, records: list[dict], geom: dict, wall_s: float
 
 
 def _figure(records: list[dict], cfg: DynamicsConfig):
-    import matplotlib.pyplot as plt
-
     steps = [r["step"] for r in records]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.3))
+    fig, axes = new_figure(1, 3, figsize=(12, 3.3))
     axes[0].plot(steps, [r["best"]["slash_in"] for r in records], "o-", label="task prompts")
     axes[0].plot(steps, [r["best"]["slash_random"] for r in records], "s--", label="random tokens")
     axes[0].axhline(cfg.kappa, color="grey", lw=0.8, ls=":")

@@ -46,7 +46,7 @@ from poslens.metrics.neighborhood import adjacency_probability_score, norm_score
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
 from poslens.report.readings import neighborhood_command_readings
-from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
+from poslens.rundir import new_figure, prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 from poslens.runtime import no_hf_progress_bars, parse_device
 
 #: families of vectors measured per layer
@@ -357,8 +357,6 @@ def _pick_layers(K: int, max_panels: int = 7) -> list[int]:
 
 def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tuple[str, object, str]]:
     """``(file, figure, caption)`` for the cosine maps (per mode) and APS / norm score by layer."""
-    import matplotlib.pyplot as plt
-
     from poslens.report.plots import layer_grid
 
     figs = []
@@ -371,7 +369,7 @@ def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tupl
         name = "cosine_maps.png" if mode == "causal" else f"cosine_maps_{mode}.png"
         figs.append((name, fig, f"Mean over sequences of cos(h_i, h_j) per layer, {mode} attention "
                                 f"(the embeddings, then the head outputs of decoder layers from 0; upper triangle blank)."))
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, axes = new_figure(1, 2, figsize=(9, 3.2))
     for mode, r in results.items():
         K = r["aps"].shape[0]
         x = list(range(-1, K - 1))  # −1: the embeddings, then decoder layers from 0

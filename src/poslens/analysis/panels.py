@@ -43,7 +43,7 @@ from poslens.errors import PoslensError
 from poslens.metrics import diagonal_trend, locality, relativity_index
 from poslens.metrics.slash import sink_weight
 from poslens.report.readings import panels_readings, score_maps_readings
-from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, read_json, read_tensors, save_figure, staged_dir,
+from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, read_json, read_tensors, save_figure, staged_dir,
                             versions, write_json, write_summary, write_tensors)
 from poslens.runtime import parse_device, resolve_dtype
 
@@ -154,11 +154,9 @@ def compute_panels(model, adapter, config, source, layer: int, *, batch_size: in
 
 def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
     """3 x 3 heat maps (1-99 % colour range over the lower triangle), Gram panels masked above the diagonal."""
-    import matplotlib.pyplot as plt
-
     from poslens.report.plots import heatmap
 
-    fig, axes = plt.subplots(3, 3, figsize=(11, 10.5))
+    fig, axes = new_figure(3, 3, figsize=(11, 10.5))
     for ax, (k, desc), m in zip(axes.flat, PANELS, panels):
         heatmap(ax, causal_view(m, include_diagonal=True), title=f"({k}) {desc}", percentile=(1, 99))
     fig.suptitle(title or f"decoder layer {layer} (layers counted from 0): Gram decomposition (arXiv 2509.21042)",

@@ -31,7 +31,7 @@ from poslens.metrics.probes import FEATURES, PROBES, compare_cosine_norm, probe_
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
 from poslens.report.readings import probes_readings
-from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, save_figures, staged_dir, versions, write_json,
+from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, save_figures, staged_dir, versions, write_json,
                             write_summary)
 from poslens.runtime import no_hf_progress_bars, parse_device
 
@@ -224,13 +224,11 @@ def _x(r: dict) -> int:
 
 
 def probe_figure(records: list[dict]):
-    import matplotlib.pyplot as plt
-
     groups = _groups(records)
     n = len(groups)
     cols = min(n, 4)
     nrows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.3 * cols, 2.9 * nrows), squeeze=False)
+    fig, axes = new_figure(nrows, cols, figsize=(3.3 * cols, 2.9 * nrows), squeeze=False)
     for ax, ((model, state), rs) in zip(axes.flat, groups.items()):
         for c, feat in enumerate(FEATURES):
             for probe, ls in (("mlp", "-"), ("linear", "--")):

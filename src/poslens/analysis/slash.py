@@ -25,7 +25,7 @@ from poslens.metrics.ropefit import rope_decomposition
 from poslens.metrics.slash import _check_slash, best_offsets, kv_head_of, persistence, sdh_table
 from poslens.report.readings import slash_command_readings
 from poslens.rope import BANDS
-from poslens.rundir import (LAYER_CONVENTION, prepare_out_dir, save_figure, staged_dir, versions, write_json,
+from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, save_figure, staged_dir, versions, write_json,
                             write_summary, write_tensors)
 
 
@@ -162,12 +162,10 @@ def analyze_scans(maps: dict, geometry: dict, rope_flags: list[bool], layer_ids:
 
 
 def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=None):
-    import matplotlib.pyplot as plt
-
     top = sorted(heads, key=lambda r: -r["best_score"])[:n]
     cols = min(4, len(top))
     rows = (len(top) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows), squeeze=False)
+    fig, axes = new_figure(rows, cols, figsize=(3.4 * cols, 2.6 * rows), squeeze=False)
     d = list(range(0, max_delta + 1))
     for ax, r in zip(axes.flat, top):
         li = layer_ids.index(r["layer"])

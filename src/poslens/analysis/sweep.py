@@ -29,7 +29,7 @@ from poslens.fmt import fmt, fmt_pm
 from poslens.models.families import build_model
 from poslens.progress import task_progress
 from poslens.report.readings import sweep_readings
-from poslens.rundir import prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
+from poslens.rundir import new_figure, prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 from poslens.runtime import parse_device
 
 PAPER_SIGMAS = (0.0002, 0.002, 0.02, 0.08, 0.2, 2.0)
@@ -181,10 +181,8 @@ def build_summary(cfg: SweepConfig, res: dict[str, dict]) -> dict:
 
 
 def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, object, str]]:
-    import matplotlib.pyplot as plt
-
     figs = []
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    fig, axes = new_figure(1, 2, figsize=(9.5, 3.4))
     for n, (shape, by_mode) in enumerate(res.items()):
         color = f"C{n}"
         for mode, ls in (("causal", "-"), ("bidirectional", "--")):
@@ -210,7 +208,7 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
                                        "error bars = std over sequences."))
     shape = cfg.shapes[0]
     a = res[shape]["causal"]["aps"].mean(-1)  # [S, K]
-    fig, ax = plt.subplots(figsize=(4.8, 3.4))
+    fig, ax = new_figure(figsize=(4.8, 3.4))
     im = ax.imshow(a.T.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
     ax.set_xticks(range(len(cfg.sigmas)), [f"{s:g}" for s in cfg.sigmas], fontsize=7)
     ax.set_xlabel("init σ")
@@ -220,7 +218,7 @@ def sweep_figures(cfg: SweepConfig, res: dict[str, dict]) -> list[tuple[str, obj
         for k in range(a.shape[1]):
             v = float(a[s, k])
             ax.text(s, k, fmt(v), ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
-    plt.colorbar(im, ax=ax)
+    ax.figure.colorbar(im, ax=ax)
     ax.set_title(f"{shape}: causal APS by layer and σ", fontsize=9)
     fig.tight_layout()
     figs.append(("sweep_layers.png", fig, f"Causal APS of the embeddings and every decoder layer (from 0) of the "

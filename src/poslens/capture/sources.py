@@ -15,7 +15,6 @@ so a resumed run (or a shard of a distributed one) sees the same tokens as an un
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator
 

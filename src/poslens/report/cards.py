@@ -14,7 +14,7 @@ from poslens.report.collect import Run, expand, load_run
 from poslens.report.elements import (_MIME, HALF_WIDTH_PX, _inside, _slug, embed_figure, embed_file,
                                      png_width, sparse_sentence, table)
 from poslens.report.readings import PAPERS, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
-from poslens.rundir import figure_caption
+from poslens.rundir import figure_caption, new_figure
 
 #: per-layer quantities: key -> (paper, panel title, reference line). Keys not listed are plotted
 #: under the run's first paper with their own name.
@@ -574,12 +574,7 @@ def _loss_figure(runs: list[Run]) -> dict | None:
     logs = [(r, lg) for r in runs for lg in [_loss_log(r)] if lg]
     if not logs:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.0, 3.0))
+    fig, ax = new_figure(figsize=(5.0, 3.0))
     for n, (r, (steps, losses, ev_steps, ev_losses)) in enumerate(logs):
         name = f"{r.name}: " if len(logs) > 1 else ""
         ax.plot(steps, losses, lw=1, color=f"C{n}", label=f"{name}training loss")

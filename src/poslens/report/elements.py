@@ -4,12 +4,12 @@ said in a sentence instead), and figures embedded as ``data:`` URIs."""
 from __future__ import annotations
 
 import base64
-import io
 import re
 from pathlib import Path
 from typing import Any, Iterable
 
 from poslens.fmt import fmt
+from poslens.rundir import figure_png
 
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
          ".svg": "image/svg+xml", ".webp": "image/webp"}
@@ -111,12 +111,7 @@ def embed_bytes(data: bytes, mime: str = "image/png") -> str:
 
 def embed_figure(fig, dpi: int = 100) -> str:
     """A matplotlib figure as a ``data:`` PNG URI (the figure is closed)."""
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
-    return embed_bytes(buf.getvalue())
+    return embed_bytes(figure_png(fig, dpi))
 
 
 def _inside(base: Path, rel: str) -> Path | None:

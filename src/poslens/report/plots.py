@@ -7,14 +7,11 @@ from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")  # headless: poslens never opens windows
-
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from poslens.metrics import diagonal_normalize  # noqa: E402
-from poslens.rundir import save_figure  # noqa: E402
+from poslens.rundir import new_figure, save_figure  # noqa: E402
 
 
 def _cmap(name: str):
@@ -66,7 +63,7 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     if title:
         ax.set_title(title, fontsize=9)
     if colorbar:
-        plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     if annotate and a.shape[-1] <= 8:
         for (i, j), v in np.ndenumerate(a):
             if np.isfinite(v):
@@ -86,7 +83,7 @@ def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rock
     n = len(maps)
     ncol = max(1, min(columns, n))
     nrow = -(-n // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol, 3.2 * nrow), squeeze=False)
+    fig, axes = new_figure(nrow, ncol, figsize=(3.3 * ncol, 3.2 * nrow), squeeze=False)
     for k, (ax, m, t) in enumerate(zip(axes.flat, maps, titles)):
         heatmap(ax, m, title=t, cmap=cmap, percentile=percentile, center_zero=center_zero, positions=positions)
         if nrow > 1:  # axis titles once per row / column: more room for the maps themselves
@@ -123,7 +120,7 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
     n = len(panels)
     ncol = max(1, min(columns, n))
     nrow = -(-n // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 2.7 * nrow), squeeze=False)
+    fig, axes = new_figure(nrow, ncol, figsize=(4.2 * ncol, 2.7 * nrow), squeeze=False)
     for ax, p in zip(axes.flat, panels):
         color = None  # a dashed companion (noise floor, control, ...) takes the colour of the line before it
         for s in p["series"]:
@@ -166,7 +163,7 @@ def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
     H = max(np.asarray(m["values"]).shape[1] for m in maps)
     w = min(6.0, max(3.2, 1.2 + 0.35 * H))  # wide enough for a two-line title even with few heads
     h = min(9.0, max(2.4, 1.4 + 0.22 * L))  # room for the two-line titles of a model with few layers
-    fig, axes = plt.subplots(1, n, figsize=(w * n, h), squeeze=False)
+    fig, axes = new_figure(1, n, figsize=(w * n, h), squeeze=False)
     for ax, m in zip(axes[0], maps):
         a = np.asarray(m["values"], dtype=float)
         cm = _cmap(m.get("cmap", "viridis")).with_extremes(bad=(0.9, 0.9, 0.9, 1.0))
@@ -180,7 +177,7 @@ def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
         ax.set_yticklabels([str(layer_ids[i]) for i in range(0, L, step)], fontsize=7)
         ax.set_xticks(range(0, a.shape[1], max(1, -(-a.shape[1] // 16))))  # integer head ticks, even for one head
         ax.tick_params(labelsize=7)
-        plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     return _finish_grid(fig, axes, n, suptitle)
 
 

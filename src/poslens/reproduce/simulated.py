@@ -14,7 +14,7 @@ from typing import Callable
 
 from poslens.capture.stats import NOISE_P
 from poslens.fmt import fmt
-from poslens.rundir import save_figure, write_json
+from poslens.rundir import new_figure, save_figure, write_json
 from poslens.simulate import SimConfig, run_simulation, save_result
 from poslens.theory import kim_theory
 
@@ -67,9 +67,7 @@ def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "theory.json", t.to_json())
     if ctx.figures:
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(3.4, 3.0))
+        fig, ax = new_figure(figsize=(3.4, 3.0))
         heatmap(ax, t.scores, title="layer-2 scores, alpha = 0 (closed form)", annotate=True)
         save_figure(fig, out / "kim_fig1.png")
     got = {"(2,1)": float(t.scores[1, 0]), "(3,1)": float(t.scores[2, 0]), "(3,2)": float(t.scores[2, 1])}
