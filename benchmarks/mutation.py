@@ -181,7 +181,8 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "integer counts S - d: float64 divided by or multiplied with int64 gives the same float64 (and w.sum() is exact)"),
     ("metrics/ropefit.py", "predicted_slash_profile", r"torch\.zeros\(\(\), dtype=p\.dtype\)", r"dtype=None|zeros\(\(\), \)",
      "equivalent", "a 0-dim zero does not promote torch.where's float64 result, and 0 is exact in any dtype"),    ("metrics/ropefit.py", "rank_one_logit", r"\.sum\(-1\)", r"\.sum\(\+1\)", "equivalent",
-     "the product is one [offsets, pairs] matrix: dimension 1 is the last"),
+     "the product is one [offsets, pairs] matrix: dimension 1 is the last"),    ("metrics/diagonal.py", "window_view", r"window >= m\.shape\[-1\]", r"shape\[-2\]", "equivalent",
+     "score maps are square [..., S, S]"),
 ]
 
 

@@ -387,3 +387,43 @@ def test_relativity_index_judges_flatness_with_the_groups_weights():
     assert not is_flat(m, groups, equal) and is_flat(m, groups, one_empty)
     assert relativity_index(m, groups, equal) is not None
     assert relativity_index(m, groups, one_empty) is None
+
+
+def test_causal_and_window_views_against_loops():
+    from poslens.metrics.diagonal import causal_view, window_view
+
+    S = 5
+    m = torch.arange(1, S * S + 1, dtype=torch.float64).reshape(S, S)
+
+    def check(got, keep):
+        for i in range(S):
+            for j in range(S):
+                v = float(got[i, j])
+                assert (v == float(m[i, j])) if keep(i, j) else math.isnan(v), (i, j)
+
+    check(causal_view(m), lambda i, j: j <= i)  # the diagonal kept by default
+    check(causal_view(m, include_diagonal=False), lambda i, j: j < i)
+    both = causal_view(torch.stack([m, 2 * m]), include_diagonal=False)
+    assert torch.equal(both[1].nan_to_num(-1), (2 * causal_view(m, include_diagonal=False)).nan_to_num(-1))
+    for w in (1, 2, 4):
+        check(window_view(m, w), lambda i, j, w=w: i - j < w)
+    for w in (None, 0, S, S + 3):  # no window, or one that covers every key
+        assert window_view(m, w) is m
+
+
+def test_pvalues_with_two_entries_and_with_the_diagonal():
+    """Two valid entries are enough for a flatness p-value (identical groups whose two entries differ:
+    only the two global flips reach the observed statistic, p = 2/256); the non-relativity test reads
+    the main diagonal when asked (offset 0 entries that grow along it are non-relative)."""
+    from poslens.metrics.diagonal import flat_pvalue, nonrelative_pvalue
+
+    G = 8
+    two = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [float("nan"), 4.0, 0.0]], dtype=torch.float64)
+    assert flat_pvalue(two.expand(G, 3, 3).clone()) == pytest.approx(2 / 256)
+    assert flat_pvalue(two.expand(G, 3, 3).clone(), exclude_keys=(0,)) is None  # one entry left
+    S = 4
+    gen = torch.Generator().manual_seed(41)
+    noise = 0.01 * torch.randn(G, S, S, generator=gen, dtype=torch.float64)
+    diag_grows = noise + torch.diag(torch.arange(S, dtype=torch.float64))
+    assert nonrelative_pvalue(diag_grows, include_diagonal=True) == pytest.approx(2 / 256)
+    assert nonrelative_pvalue(diag_grows) > 0.01
