@@ -427,3 +427,32 @@ def test_pvalues_with_two_entries_and_with_the_diagonal():
     diag_grows = noise + torch.diag(torch.arange(S, dtype=torch.float64))
     assert nonrelative_pvalue(diag_grows, include_diagonal=True) == pytest.approx(2 / 256)
     assert nonrelative_pvalue(diag_grows) > 0.01
+
+
+def test_relativity_index_with_two_groups_uses_their_cross_products():
+    """Two groups are enough for the noise correction: both variances are the mean product of the two
+    groups' centred (or within-diagonal) entries, written out here by loops; the plain one-map formula
+    gives another number on these maps."""
+    S = 5
+    gen = torch.Generator().manual_seed(42)
+    base = torch.tensor([[abs(i - j) ** 1.5 + 0.3 * j for j in range(S)] for i in range(S)], dtype=torch.float64)
+    groups = base + 0.5 * torch.randn(2, S, S, generator=gen, dtype=torch.float64)
+    m = groups.mean(0)
+    ents = [(i, j) for i in range(S) for j in range(i)]
+
+    def centred(g):
+        mu = sum(float(g[i, j]) for i, j in ents) / len(ents)
+        return [float(g[i, j]) - mu for i, j in ents]
+
+    def within(g):
+        by = {}
+        for i, j in ents:
+            by.setdefault(i - j, []).append(float(g[i, j]))
+        return [float(g[i, j]) - sum(by[i - j]) / len(by[i - j]) for i, j in ents]
+
+    var_map = sum(a * b for a, b in zip(centred(groups[0]), centred(groups[1]))) / len(ents)
+    var_dn = sum(a * b for a, b in zip(within(groups[0]), within(groups[1]))) / len(ents)
+    want = min(max(1 - max(var_dn, 0.0) / var_map, 0.0), 1.0)
+    plain = 1 - (sum(v * v for v in within(m)) / len(ents)) / (sum(v * v for v in centred(m)) / len(ents))
+    assert 0.0 < want < 1.0 and abs(want - plain) > 0.01
+    assert relativity_index(m, groups) == pytest.approx(want, rel=1e-12)
