@@ -182,7 +182,8 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
     ("metrics/ropefit.py", "predicted_slash_profile", r"torch\.zeros\(\(\), dtype=p\.dtype\)", r"dtype=None|zeros\(\(\), \)",
      "equivalent", "a 0-dim zero does not promote torch.where's float64 result, and 0 is exact in any dtype"),    ("metrics/ropefit.py", "rank_one_logit", r"\.sum\(-1\)", r"\.sum\(\+1\)", "equivalent",
      "the product is one [offsets, pairs] matrix: dimension 1 is the last"),    ("metrics/diagonal.py", "window_view", r"m\.shape\[-1\]", r"shape\[(-2|\+1)\]", "equivalent",
-     "score maps are square [S, S] (window_view takes one map)"),
+     "maps are square in their last two dimensions, and callers pass [S, S] or [G, S, S] maps, whose "
+     "dimension 1 has S entries too"),
     ("metrics/diagonal.py", "diagonal_means", r"torch\.zeros\(\(\), dtype=m\.dtype", r"dtype=None|zeros\(\(\), device",
      "equivalent", "a 0-dim zero does not promote torch.where's result, and 0 is exact in any dtype"),
 ]
