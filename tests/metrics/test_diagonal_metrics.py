@@ -456,3 +456,11 @@ def test_relativity_index_with_two_groups_uses_their_cross_products():
     plain = 1 - (sum(v * v for v in within(m)) / len(ents)) / (sum(v * v for v in centred(m)) / len(ents))
     assert 0.0 < want < 1.0 and abs(want - plain) > 0.01
     assert relativity_index(m, groups) == pytest.approx(want, rel=1e-12)
+
+
+def test_is_flat_without_groups_is_relative_to_the_maps_scale():
+    """Without groups only an exactly constant map is flat, whatever its scale: a map of entries around
+    1e-15 that vary by half their size is not flat; a constant one (or all zeros) is."""
+    tiny = 1e-15 * torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [2.0, 1.5, 0.0]], dtype=torch.float64)
+    assert not is_flat(tiny)
+    assert is_flat(torch.full((3, 3), 1e-15, dtype=torch.float64)) and is_flat(torch.zeros(3, 3, dtype=torch.float64))
