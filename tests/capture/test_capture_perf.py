@@ -233,3 +233,66 @@ def test_block_maps_equal_block_means_of_full_maps(S, N, window, causal, chunk):
         assert bool(empty[upper].all()) and not bool(empty.diagonal().any())
         if window is None:
             assert torch.equal(empty, upper)
+
+
+def test_finite_check_in_one_pass():
+    assert att._finite(torch.randn(7, 5))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        x = torch.randn(7, 5)
+        x[3, 2] = bad
+        assert not att._finite(x)
+    x = torch.full((4,), 3e38)  # finite entries whose float32 sum overflows: the entry-wise test decides
+    assert att._finite(x)
+    x[0], x[1] = float("inf"), float("-inf")  # inf + -inf = NaN: still not finite
+    assert not att._finite(x)
+
+
+def test_reused_buffers_keep_layers_apart():
+    """Two layers of one capture (S x S sums, fold and Gram workspaces reused on the CPU) equal two
+    one-layer captures, and the output of each layer survives the next layer's chunks."""
+    g = torch.Generator().manual_seed(11)
+    B, H, Hk, S, D = 2, 4, 2, 70, 8
+    qs = [torch.randn(B, H, S, D, generator=g) for _ in range(2)]
+    ks = [torch.randn(B, Hk, S, D, generator=g) for _ in range(2)]
+    vs = [torch.randn(B, Hk, S, D, generator=g) for _ in range(2)]
+    xs = [torch.randn(B, S, 16, generator=g) for _ in range(3)]
+
+    def spec(layers):
+        return att.CaptureSpec(num_layers=2, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=layers,
+                               heads=[(l, 1) for l in layers], chunk_elems=B * H * S * 9)
+
+    both = att.Capture(spec([0, 1]))
+    both.begin_batch(B)
+    both.observe_hidden(0, xs[0])
+    outs = []
+    for l in (0, 1):
+        outs.append(both.observe_attention(l, qs[l], ks[l], None, 0.3, value=vs[l]))
+        both.observe_hidden(l + 1, xs[l + 1])
+    both.end_batch()
+    for l in (0, 1):
+        one = att.Capture(spec([l]))
+        one.begin_batch(B)
+        one.observe_hidden(0, xs[0])
+        out = one.observe_attention(l, qs[l], ks[l], None, 0.3, value=vs[l])
+        one.observe_hidden(1, xs[l + 1])
+        one.end_batch()
+        assert torch.equal(outs[l], out)
+        for name in ("scores", "probs", "slash", "attn_cosine", "attn_norms", "dim_logit", "q_gram"):
+            assert torch.equal(both.accs[name].sum[l], one.accs[name].sum[0]), name
+        for name in ("head_scores", "head_probs"):
+            assert torch.equal(both.accs[name].sum[l], one.accs[name].sum[0]), name
+        assert torch.equal(both.accs["cosine"].sum[l + 1], one.accs["cosine"].sum[1])
+
+
+@pytest.mark.parametrize("T", [12, 33, 64, 65, 129, 300])
+def test_per_sequence_aps_count_equals_direct_pairs(T):
+    """The merge count of the APS (rows on power-of-two column prefixes) against the direct pair
+    comparison of ``rising_pair_fraction``, with exact ties (integer-valued maps) and without."""
+    from poslens.metrics.neighborhood import adjacency_probability_score, rising_pair_fraction
+
+    g = torch.Generator().manual_seed(T)
+    m = torch.randn(3, T, T, generator=g)
+    m[0] = torch.randint(0, 5, (T, T), generator=g).float()
+    got = adjacency_probability_score(m)
+    want = rising_pair_fraction(m.double(), include_diagonal=False, ties=0.0)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)

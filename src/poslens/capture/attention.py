@@ -50,10 +50,13 @@ _ACTIVE: "Capture | None" = None
 #: (one thread, A/B in one process, taken under load); the benchmark model was unchanged within noise.
 CPU_CHUNK_ELEMS = 2**20
 
-#: Fewest query rows per CPU chunk by default (large batches, many heads, long sequences): below it
-#: the per-(batch, head) products get too thin to run at GEMM speed and a layer becomes thousands of
-#: chunks; 32 rows keep the benchmark model's batch of 20 near the 25-row chunks it was tuned with.
-CPU_MIN_ROWS = 32
+#: Fewest rows per CPU chunk of each (batch, key head) logit product (``g`` query heads of a key head
+#: times ``c`` query rows: ``c >= CPU_MIN_ROWS / g``) by default: below it the products get too thin to
+#: run at GEMM speed and a layer becomes thousands of chunks. Measured (one thread, under load) on
+#: the benchmark model's layer (8 heads x 64, 1,024 tokens, scores, probs and slash with the output):
+#: 32 rows 161 ms at batch 4 and 702 ms at batch 20, 64 rows 126 and 645 ms, 128 rows 133 and 635 ms
+#: (SDPA 100 and 500 ms); SmolLM2's 3 query heads per key head already get 56 rows from the logit cap.
+CPU_MIN_ROWS = 64
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 256
@@ -237,22 +240,23 @@ def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor
 
 
 def _head_gram(x: torch.Tensor) -> torch.Tensor:
-    """``sum_{b,s} x[b,h,s] x[b,h,s]^T`` per head, float64 ``[H, D, D]`` (float32 products)."""
-    B, H, S, D = x.shape
-    xh = x.transpose(0, 1).reshape(H, B * S, D)
-    return torch.bmm(xh.transpose(1, 2), xh).to(torch.float64)
+    """``sum_{b,s} x[b,h,s] x[b,h,s]^T`` per head, float64 ``[H, D, D]``: float32 products per sequence
+    and head, summed in float64 (no head-major copy of ``x``, tens of megabytes at batch 20)."""
+    return torch.matmul(x.transpose(-1, -2), x).sum(0, dtype=torch.float64)
 
 
-def _symmetric_gram(a: torch.Tensor) -> torch.Tensor:
-    """``a @ a.T`` (float32 ``[S, S]``) from the lower block triangle only, mirrored (exactly symmetric)."""
+def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ a.T`` (float32 ``[S, S]``, into ``out`` if given) from the lower block triangle only,
+    mirrored (exactly symmetric)."""
     S = a.shape[0]
     R = GRAM_BLOCK_ROWS
     if S <= R or a.is_cuda:  # on a GPU one large product beats many small ones plus the mirror copies
-        return a @ a.T
-    out = torch.empty(S, S, dtype=a.dtype, device=a.device)
+        return torch.matmul(a, a.T, out=out)
+    if out is None:
+        out = torch.empty(S, S, dtype=a.dtype, device=a.device)
     for r0 in range(0, S, R):
         r1 = min(S, r0 + R)
-        out[r0:r1, :r1] = a[r0:r1] @ a[:r1].T
+        torch.matmul(a[r0:r1], a[:r1].T, out=out[r0:r1, :r1])
     for r0 in range(0, S - R, R):  # upper blocks right of each diagonal block: mirror the lower ones
         r1 = min(S, r0 + R)
         out[r0:r1, r1:] = out[r1:, r0:r1].T
@@ -260,6 +264,12 @@ def _symmetric_gram(a: torch.Tensor) -> torch.Tensor:
 
 
 _HALF = (torch.bfloat16, torch.float16)
+
+
+def _finite(x: torch.Tensor) -> bool:
+    """Whether every entry of ``x`` is finite, in one pass: a NaN or infinite entry makes the sum
+    non-finite, so only a non-finite sum (or one that overflowed) needs the entry-wise test."""
+    return math.isfinite(float(x.sum())) or bool(torch.isfinite(x).all())
 
 
 def _nonfinite_error(layer, head) -> PoslensError:
@@ -348,65 +358,56 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
     """
     cap = _ACTIVE
     layer = getattr(module, "layer_idx", None)
-    B, H, Sq, D = query.shape
-    Sk = key.shape[2]
     if scaling is None:
-        scaling = 1.0 / math.sqrt(D)
-    causal = True if is_causal is None else bool(is_causal)
-    causal = causal and getattr(module, "is_causal", True)
+        scaling = 1.0 / math.sqrt(query.shape[-1])
+    causal = (True if is_causal is None else bool(is_causal)) and getattr(module, "is_causal", True)
     if cap is not None and cap.spec.bidirectional:
         causal = False
-
     if sliding_window is None:  # Qwen2-MoE keeps its window on the module and passes it only in the mask
         sliding_window = getattr(module, "sliding_window", None)
     qk_hooks = getattr(module, "_poslens_qk_hooks", None)
     if qk_hooks:  # q/k capture points: the layer's queries and keys before and after RoPE
         _run_qk_hooks(qk_hooks, query, key)
-    if cap is not None:  # what the dry run checks (every layer dispatches here) and each layer's window
-        cap.seen_layers.add(layer)
-        cap.windows[layer] = int(sliding_window) if sliding_window else None
-        cap.scalings[layer] = float(scaling)
-        cap.use_layer_rope(layer)
-
-    # Inference-time control: attend with the un-rotated queries and keys in chosen layers.
-    if cap is not None and layer in cap.spec.no_rope_layers and layer in cap.spec.rope_layers:
-        query, key = cap.unrotate(query, key)
-
-    window = int(sliding_window) if sliding_window else None
-    if window is not None and window >= Sk:
-        window = None
+    if cap is not None:
+        query, key = cap.enter_layer(layer, query, key, sliding_window, scaling)
+    Sq, Sk = query.shape[2], key.shape[2]
+    window = int(sliding_window) if sliding_window and int(sliding_window) < Sk else None
     padding = attention_mask
     if padding is not None and padding.ndim == 2 and bool(padding.all()):
         padding = None
-    q_offset = Sk - Sq
-    if padding is None and window is None and (not causal or Sq == Sk):
-        mask, sdpa_causal = None, causal and Sq > 1
-    else:
-        mask = _full_mask(_structure_mask(Sq, Sk, causal=causal, window=window, device=query.device,
-                                           q_offset=q_offset),
-                          padding, B, Sq, Sk, query.device)
-        sdpa_causal = False
-    softcap = kwargs.get("softcap")
+    softcap = float(kwargs["softcap"]) if kwargs.get("softcap") else None
     captured = cap is not None and layer in cap.layer_pos
     if captured and (padding is not None or Sq != Sk):
         raise PoslensError("capture needs full, unpadded sequences without a KV cache; scan feeds packed "
                            "sequences of exactly --seq-len tokens.")
-    softcap_f = float(softcap) if softcap else None
-    if captured and not (dropout and module.training) and cap.computes_output(layer, query, key, window, softcap_f):
+    if captured and not (dropout and module.training) and cap.computes_output(layer, query, key, window, softcap):
         # one pass: the capture's chunks compute the weights it accumulates and, from them, the output
         out = cap.observe_attention(layer, query, key, None, scaling, causal=causal, window=window,
-                                    softcap=softcap_f, value=value)
+                                    softcap=softcap, value=value)
         return out.transpose(1, 2).contiguous(), None
-    if softcap:  # SDPA cannot soft-cap the logits: compute as eager attention does
-        out = _eager_softcap_attention(query, key, value, mask, sdpa_causal, scaling, float(softcap))
-    else:
-        out = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0,
-            is_causal=sdpa_causal, scale=scaling, enable_gqa=key.shape[1] != H,
-        )
+    out = _plain_attention(query, key, value, padding, causal=causal, window=window, scaling=scaling,
+                           softcap=softcap, dropout=dropout if module.training else 0.0)
     if captured:
-        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap_f)
+        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _plain_attention(query, key, value, padding, *, causal, window, scaling, softcap, dropout):
+    """The layer's attention output ``[B, H, Sq, D]`` without capture: SDPA with the structure and
+    padding masks (``is_causal`` where no explicit mask is needed), or eager soft-capped attention."""
+    B, H, Sq = query.shape[:3]
+    Sk = key.shape[2]
+    if padding is None and window is None and (not causal or Sq == Sk):
+        mask, sdpa_causal = None, causal and Sq > 1
+    else:
+        mask = _full_mask(_structure_mask(Sq, Sk, causal=causal, window=window, device=query.device,
+                                          q_offset=Sk - Sq),
+                          padding, B, Sq, Sk, query.device)
+        sdpa_causal = False
+    if softcap:  # SDPA cannot soft-cap the logits: compute as eager attention does
+        return _eager_softcap_attention(query, key, value, mask, sdpa_causal, scaling, softcap)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
+                                          is_causal=sdpa_causal, scale=scaling, enable_gqa=key.shape[1] != H)
 
 
 def _eager_softcap_attention(query, key, value, mask, causal, scaling, softcap):
@@ -570,6 +571,34 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+@dataclass
+class _MapsRun:
+    """One layer's pass of :meth:`Capture._attention_maps`: inputs in the chunks' layout, what to
+    compute, the float32 sums it fills (``out``), the layer output and the workspaces."""
+
+    layer: int
+    qs: torch.Tensor  # scaled queries grouped by key head, [B, Hk, g, S, D]
+    kT: torch.Tensor  # keys, [B, Hk, D, S]
+    v: torch.Tensor | None  # float32 values [B, Hk, S, D] when the output is computed here
+    H: int
+    causal: bool
+    window: int | None
+    softcap: float | None
+    heads: list  # (accumulator index, head) of the per-head maps
+    checked: bool
+    cpu: bool
+    rows: int  # query rows per chunk
+    want_s: bool
+    want_p: bool
+    want_sl: bool
+    need_p: bool = False  # whether the softmax is taken at all
+    out: dict = field(default_factory=dict)
+    output: torch.Tensor | None = None  # [B, S, H, D]
+    bad: torch.Tensor | None = None  # unchecked runs: a non-finite value was seen
+    above: torch.Tensor | None = None  # [rows, rows] bool, j > i inside a diagonal block
+    zbuf: torch.Tensor | None = None  # per-head batch sums of a chunk's weights, see _slash_view
+
+
 #: accumulators that also keep a sum of squares (per-sequence statistics: mean and std over sequences)
 _WITH_VAR = ("aps_seq", "attn_aps_seq")
 
@@ -684,6 +713,18 @@ class Capture:
             self.reservoir.all_gather_merge(group)
 
     # -- RoPE -------------------------------------------------------------------------------
+    def enter_layer(self, layer, query, key, sliding_window, scaling):
+        """Note what a layer's attention call brings (what the dry run checks: every layer dispatches
+        here; its window and logit scale), make its cos/sin current, and apply the no-RoPE control:
+        returns the queries and keys the layer attends with."""
+        self.seen_layers.add(layer)
+        self.windows[layer] = int(sliding_window) if sliding_window else None
+        self.scalings[layer] = float(scaling)
+        self.use_layer_rope(layer)
+        if layer in self.spec.no_rope_layers and layer in self.spec.rope_layers:  # inference-time control
+            return self.unrotate(query, key)
+        return query, key
+
     def use_layer_rope(self, layer) -> None:
         """Make the cos/sin that ``layer``'s attention received the current ones (for :meth:`unrotate`)."""
         cs = self.rope_by_layer.get(layer)
@@ -726,14 +767,20 @@ class Capture:
         B, S = x.shape[:2]
         x = x.to(torch.float32)
         n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
-        folded = torch.empty((S, B) + tuple(x.shape[2:]), dtype=torch.float32, device=x.device)
+        # on the CPU with full maps into reused buffers (no fresh pages to fault in); with --map-size
+        # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
+        cpu = x.device.type == "cpu" and self.blocks is None
+        shape = (S, B) + tuple(x.shape[2:])
+        folded = self._buffer("folded", shape, x.device) if cpu else torch.empty(shape, dtype=torch.float32,
+                                                                                   device=x.device)
         inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
         torch.mul(x.transpose(0, 1), inv, out=folded)
         folded = folded.reshape(S, -1)
         if self.blocks is not None:
             self.accs[cos_name].sum[index] += self.blocks.gram_means(folded)
         else:
-            self.accs[cos_name].sum[index] += _symmetric_gram(folded)
+            gram = self._buffer("gram", (S, S), x.device) if cpu else None
+            self.accs[cos_name].sum[index] += _symmetric_gram(folded, out=gram)
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
     # -- attention --------------------------------------------------------------------------
@@ -746,11 +793,18 @@ class Capture:
             self._buffers[name] = buf
         return buf[:n].view(shape)
 
+    def _f32(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as a contiguous float32 tensor; on the CPU a copy into a reused buffer (a layer's q, k
+        and v are tens of megabytes at batch 20, and a fresh one is a fresh mmap whose pages fault in)."""
+        if x.device.type != "cpu":
+            return x.to(torch.float32).contiguous()
+        return self._buffer(name, tuple(x.shape), x.device).copy_(x)
+
     def _half_perm(self, D: int, device) -> torch.Tensor:
         rot = self.rope_cos_sin[0].shape[-1] if self.rope_cos_sin is not None else D
         return half_layout_perm(D, rot, device)
 
-    def _rows_per_chunk(self, B: int, H: int, S: int, device) -> int:
+    def _rows_per_chunk(self, B: int, H: int, S: int, device, g: int = 1) -> int:
         """Query rows per chunk: ``spec.chunk_elems`` logits at most (0: per device); on CPU also a
         cache-sized block.
 
@@ -762,8 +816,8 @@ class Capture:
         elems = self.spec.chunk_elems
         floor = 1
         if torch.device(device).type == "cpu":
-            if not elems:  # the default: at least CPU_MIN_ROWS rows, so each (batch, head) product stays a real GEMM
-                floor = CPU_MIN_ROWS
+            if not elems:  # the default: CPU_MIN_ROWS rows per (batch, key head) product, a real GEMM
+                floor = -(-CPU_MIN_ROWS // max(1, g))
             elems = min(elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
         elif not elems:
             elems = CUDA_CHUNK_ELEMS
@@ -791,92 +845,102 @@ class Capture:
             return self._observe_attention(layer, query, key, out, scaling, causal, window, softcap, value)
 
     def _observe_attention(self, layer, query, key, out, scaling, causal, window, softcap, value=None):
-        spec, stats = self.spec, self.spec.stats
+        stats = self.spec.stats
         li = self.layer_pos[layer]
-        acc = self.accs
-        B, H, S, D = query.shape
         heads_here = self.head_pos.get(layer, [])
-        want_qk = "qk" in stats
         want_maps = bool(stats & {"scores", "probs", "slash"}) or bool(heads_here)
         if out is None and not (value is not None and want_maps and not query.is_cuda):
             raise ValueError("observe_attention: pass the layer output, or the values where computes_output()")
         fused = want_maps and softcap is None and _fused_ok(query, key, window)
         q = k = None
-        if want_qk or "dim_logit" in stats or (want_maps and not fused):
+        if "qk" in stats or "dim_logit" in stats or (want_maps and not fused):
             # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
             # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
-            q = query.to(torch.float32).contiguous()
-            k = key.to(torch.float32).contiguous()
-
-        # pre-RoPE second moments (rank analysis), one [B*S, D] x [B*S, D] product per head
-        if want_qk:
-            if layer in spec.rope_layers:
-                q_pre, k_pre = self.unrotate(q, k)
-            else:
-                q_pre, k_pre = q, k
-            if spec.rope_layout == "interleaved":  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
-                q_pre, k_pre = (t.index_select(-1, self._half_perm(D, q.device)) for t in (q_pre, k_pre))
-            acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
-            acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
-            if self.reservoir is not None:
-                self.reservoir.observe(li, q_pre, k_pre)
-            del q_pre, k_pre
-        if q is not None and spec.rope_layout == "interleaved":  # dim_logit by pair; logits are unchanged
-            q, k = (t.index_select(-1, self._half_perm(D, q.device)) for t in (q, k))
-
-        # per-dimension logit contribution over causal pairs j <= i
+            q, k = self._f32("q", query), self._f32("k", key)
+        if "qk" in stats:
+            self._add_qk_grams(layer, li, q, k)
+        if q is not None and self.spec.rope_layout == "interleaved":  # dim_logit by pair; logits are unchanged
+            q, k = (t.index_select(-1, self._half_perm(query.shape[-1], q.device)) for t in (q, k))
         if "dim_logit" in stats:
-            Hk = key.shape[1]
-            qg = q.view(B, Hk, H // Hk, S, D)
-            dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
-            n_pairs = S * (S + 1) / 2
-            if window is not None and causal:  # only the pairs a query sees: drop those with i - j >= window
-                dim_sum -= _sum_first(_far_pair_dim_sum(qg, k, window)).reshape(H, D)
-                n_pairs = sum(min(i + 1, window) for i in range(S))
-            acc["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / n_pairs)
-            del qg
-
+            self._add_dim_logit(li, q, k, query.shape[1], scaling, causal, window)
         if want_maps:
-            maps = None
-            if fused:
-                maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="scores" in stats,
-                                                probs="probs" in stats, slash="slash" in stats,
-                                                heads=[h for _, h in heads_here])
-                if not bool(torch.stack([torch.isfinite(t).all() for t in maps.values()]).all()):  # one sync
-                    maps = None  # non-finite logits somewhere: the checked path names the head (or masks them)
-                    q = query.to(torch.float32).contiguous()
-                    k = key.to(torch.float32).contiguous()
-            if maps is None:
-                v = None
-                if out is None:  # the output from the chunks' own weights (values in the maps' float32)
-                    v = value.to(torch.float32).contiguous()
-                maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here,
-                                            checked=not query.is_cuda, v=v, out_dtype=query.dtype)
-                if v is not None:
-                    out = maps.pop("output").transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
-                    del v
-            if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
-                maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
-            if "scores" in stats:  # float32 per-call sums into the float64 sums, without a float64 temporary
-                acc["scores"].sum[li].add_(maps["scores"], alpha=1.0 / H)
-                self._add_score_groups(li, query, key, scaling, causal, softcap)
-            if "probs" in stats:
-                acc["probs"].sum[li].add_(maps["probs"], alpha=1.0 / H)
-                if "probs_key0" in maps:
-                    acc["probs_key0"].sum[li].add_(maps["probs_key0"], alpha=1.0 / H)
-            if "slash" in stats:
-                acc["slash"].sum[li] += maps["slash"].to(torch.float64) / (
-                    S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))
-            for m, (n, _h) in enumerate(heads_here):
-                acc["head_scores"].sum[n] += maps["head_scores"][m].to(torch.float64)
-                acc["head_probs"].sum[n] += maps["head_probs"][m].to(torch.float64)
+            maps, out = self._layer_maps(layer, query, key, value, q, k, out, scaling, causal, window, softcap,
+                                         heads_here, fused)
+            self._add_maps(li, maps, query, key, scaling, causal, softcap, heads_here)
         del q, k
-
         # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
         # sequence-major copy is made once, inside _add_cosine)
         if "attn_cosine" in stats:
             self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
         return out
+
+    def _add_qk_grams(self, layer, li, q, k) -> None:
+        """Pre-RoPE second moments (rank analysis), one ``[B*S, D] x [B*S, D]`` product per head, and
+        the reservoir sample of the same vectors."""
+        spec, acc = self.spec, self.accs
+        S, D = q.shape[2:]
+        q_pre, k_pre = self.unrotate(q, k) if layer in spec.rope_layers else (q, k)
+        if spec.rope_layout == "interleaved":  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
+            q_pre, k_pre = (t.index_select(-1, self._half_perm(D, q.device)) for t in (q_pre, k_pre))
+        acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
+        acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
+        if self.reservoir is not None:
+            self.reservoir.observe(li, q_pre, k_pre)
+
+    def _add_dim_logit(self, li, q, k, H, scaling, causal, window) -> None:
+        """Per-dimension logit contribution, summed over the causal pairs ``j <= i`` a query sees."""
+        B, _, S, D = q.shape
+        Hk = k.shape[1]
+        qg = q.view(B, Hk, H // Hk, S, D)
+        dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
+        n_pairs = S * (S + 1) / 2
+        if window is not None and causal:  # only the pairs a query sees: drop those with i - j >= window
+            dim_sum -= _sum_first(_far_pair_dim_sum(qg, k, window)).reshape(H, D)
+            n_pairs = sum(min(i + 1, window) for i in range(S))
+        self.accs["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / n_pairs)
+
+    def _layer_maps(self, layer, query, key, value, q, k, out, scaling, causal, window, softcap, heads_here,
+                    fused):
+        """One layer's float32 map sums (fused CUDA kernels, else the chunked path) and its attention
+        output (computed from the chunks' own weights when ``out`` is None). Returns ``(maps, out)``."""
+        stats = self.spec.stats
+        maps = None
+        if fused:
+            maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="scores" in stats,
+                                            probs="probs" in stats, slash="slash" in stats,
+                                            heads=[h for _, h in heads_here])
+            if not bool(torch.stack([torch.isfinite(t).all() for t in maps.values()]).all()):  # one sync
+                maps = None  # non-finite logits somewhere: the checked path names the head (or masks them)
+                q = query.to(torch.float32).contiguous()
+                k = key.to(torch.float32).contiguous()
+        if maps is None:
+            # the output from the chunks' own weights (values in the maps' float32)
+            v = self._f32("v", value) if out is None else None
+            maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here,
+                                        checked=not query.is_cuda, v=v, out_dtype=query.dtype)
+            if v is not None:
+                out = maps.pop("output").transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
+        if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
+            maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
+        return maps, out
+
+    def _add_maps(self, li, maps, query, key, scaling, causal, softcap, heads_here) -> None:
+        """Add one layer's float32 map sums into the float64 accumulators (no float64 temporaries)."""
+        stats, acc = self.spec.stats, self.accs
+        H, S = query.shape[1], query.shape[2]
+        if "scores" in stats:
+            acc["scores"].sum[li].add_(maps["scores"], alpha=1.0 / H)
+            self._add_score_groups(li, query, key, scaling, causal, softcap)
+        if "probs" in stats:
+            acc["probs"].sum[li].add_(maps["probs"], alpha=1.0 / H)
+            if "probs_key0" in maps:
+                acc["probs_key0"].sum[li].add_(maps["probs_key0"], alpha=1.0 / H)
+        if "slash" in stats:
+            acc["slash"].sum[li] += maps["slash"].to(torch.float64) / (
+                S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))
+        for m, (n, _h) in enumerate(heads_here):
+            acc["head_scores"].sum[n] += maps["head_scores"][m].to(torch.float64)
+            acc["head_probs"].sum[n] += maps["head_probs"][m].to(torch.float64)
 
     def _add_score_groups(self, li, query, key, scaling, causal, softcap) -> None:
         """Head-summed scores of each sequence on the noise grid, added to its sequence group.
@@ -917,158 +981,186 @@ class Capture:
         chunk's own weights, ``softmax(logits) @ v`` as eager attention does, so the model needs no
         second attention pass; returned as ``"output"`` ``[B, S, H, D]`` in ``out_dtype``.
 
-        On the CPU the chunk's logits, weights and products live in buffers reused from chunk to chunk
-        and layer to layer (:meth:`_buffer`): a fresh multi-megabyte temporary per chunk is a fresh
-        ``mmap`` whose pages fault in again, which showed up as sys time. With ``spec.map_size`` the
+        On the CPU the chunk's logits, weights and products, and the returned sums, live in buffers
+        reused from chunk to chunk and layer to layer (:meth:`_buffer`; the sums are valid until the
+        next call): a fresh multi-megabyte temporary is a fresh ``mmap`` whose pages fault in again,
+        which showed up as sys time. With ``spec.map_size`` the
         S x S maps are block sums reduced chunk by chunk (:class:`BlockMaps`), divided by each block's
         count of valid entries at the end: exact block means, never a full map.
         """
+        run = self._maps_run(layer, q, k, scaling, causal, window, softcap, heads_here, checked, v, out_dtype)
+        S = q.shape[2]
+        for start in range(0, S, run.rows):
+            stop = min(S, start + run.rows)
+            logits = self._chunk_logits(run, start, stop)
+            allowed = None
+            if window is not None:
+                allowed = _structure_mask(stop - start, logits.shape[-1], causal=causal, window=window,
+                                          device=q.device, q_offset=start)
+            if run.want_s:
+                self._chunk_scores(run, logits, start, allowed)
+            if allowed is not None:
+                logits.masked_fill_(~allowed, float("-inf"))
+            elif causal:
+                logits[..., start:stop].masked_fill_(run.above[:stop - start, :stop - start], float("-inf"))
+            for m, (_n, h) in enumerate(heads_here):
+                lh = logits[:, h]
+                self._put(run, "head_scores", _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)), start, m)
+            if run.need_p:
+                self._chunk_weights(run, logits, start)
+            del logits
+        if run.bad is not None and bool(run.bad):
+            return None
+        if self.blocks is not None:  # block sums -> block means over each block's valid (seen) entries
+            inv = self.blocks.inverse_counts(causal, window, q.device)
+            for name in ("scores", "probs", "head_scores", "head_probs"):
+                if name in run.out:
+                    run.out[name].mul_(inv)
+        if run.output is not None:
+            run.out["output"] = run.output
+        return run.out
+
+    def _maps_run(self, layer, q, k, scaling, causal, window, softcap, heads_here, checked, v, out_dtype):
+        """The state of one :meth:`_attention_maps` pass: inputs in the chunks' layout, the zeroed
+        sums it fills, the output tensor and the workspaces."""
         stats = self.spec.stats
         B, H, S, D = q.shape
         Hk = k.shape[1]
         g = H // Hk
         dev = q.device
         cpu = dev.type == "cpu"
-        blocks = self.blocks
-        want_s, want_p, want_sl = "scores" in stats, "probs" in stats, "slash" in stats
-        rows = self._rows_per_chunk(B, H, S, dev)
+        rows = self._rows_per_chunk(B, H, S, dev, g)
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
         qg = q.view(B, Hk, g, S, D)
-        qs = (qg * scaling) if scaling != 1.0 else qg  # the scale folded into the (small) queries
-        kT = k.transpose(2, 3)  # [B, Hk, D, S]
+        run = _MapsRun(layer=layer, qs=(qg * scaling) if scaling != 1.0 else qg,  # the scale folded into q
+                       kT=k.transpose(2, 3), v=v, H=H, causal=causal, window=window, softcap=softcap,
+                       heads=heads_here, checked=checked, cpu=cpu, rows=rows, want_s="scores" in stats,
+                       want_p="probs" in stats, want_sl="slash" in stats)
+        run.need_p = run.want_p or run.want_sl or bool(heads_here) or v is not None
         f32 = dict(dtype=torch.float32, device=dev)
-        M = blocks.n if blocks is not None else S  # side of a stored map
-        out = {}
-        if want_s:
-            out["scores"] = torch.zeros(M, M, **f32)
-        if want_p:
-            out["probs"] = torch.zeros(M, M, **f32)
-            if blocks is not None:  # the sink column exactly (block maps average key 0 with its block)
-                out["probs_key0"] = torch.zeros(S, **f32)
-        if want_sl:
-            out["slash"] = torch.zeros(H, S, **f32)
+        M = self.blocks.n if self.blocks is not None else S  # side of a stored map
+
+        def zeros(name, *shape):  # on the CPU a reused buffer: a fresh S x S map faults its pages in again
+            return self._buffer("map_" + name, shape, dev).zero_() if cpu else torch.zeros(*shape, **f32)
+        if run.want_s:
+            run.out["scores"] = zeros("scores", M, M)
+        if run.want_p:
+            run.out["probs"] = zeros("probs", M, M)
+            if self.blocks is not None:  # the sink column exactly (block maps average key 0 with its block)
+                run.out["probs_key0"] = zeros("probs_key0", S)
+        if run.want_sl:
+            run.out["slash"] = zeros("slash", H, S)
         if heads_here:
-            out["head_scores"] = torch.zeros(len(heads_here), M, M, **f32)
-            out["head_probs"] = torch.zeros(len(heads_here), M, M, **f32)
-        output = None
+            run.out["head_scores"] = zeros("head_scores", len(heads_here), M, M)
+            run.out["head_probs"] = zeros("head_probs", len(heads_here), M, M)
         if v is not None:
-            output = torch.empty(B, S, H, D, dtype=out_dtype or v.dtype, device=dev)
-            out_groups = output.view(B, S, Hk, g, D)
-        need_p = want_p or want_sl or bool(heads_here) or v is not None
-        bad = None if checked else torch.zeros((), dtype=torch.bool, device=dev)
-        above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i inside a diagonal block
+            run.output = torch.empty(B, S, H, D, dtype=out_dtype or v.dtype, device=dev)
+        run.bad = None if checked else torch.zeros((), dtype=torch.bool, device=dev)
+        run.above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i in a diagonal block
+        if run.want_sl or run.want_p:  # see _slash_view: `rows` zero columns, then the chunk's
+            W = rows + S  # per-head batch sums of the weights
+            run.zbuf = self._buffer("slash", (H, rows, W), dev) if cpu else torch.empty(H, rows, W, **f32)
+            run.zbuf[:, :, :rows] = 0.0
+        return run
 
-        def put(name, part, start, index=None):
-            """Write a chunk's ``[c, nc]`` rows of map ``name`` (block sums with --map-size)."""
-            dst = out[name] if index is None else out[name][index]
-            if blocks is None:
-                dst[start:start + part.shape[0], :part.shape[1]] = part
-            else:
-                blocks.add_rows(dst, part, start)
+    def _put(self, run, name, part, start, index=None) -> None:
+        """Write a chunk's ``[c, nc]`` rows of map ``name`` (block sums with --map-size)."""
+        dst = run.out[name] if index is None else run.out[name][index]
+        if self.blocks is None:
+            dst[start:start + part.shape[0], :part.shape[1]] = part
+        else:
+            self.blocks.add_rows(dst, part, start)
 
-        # Slash by offset without an index gather: each chunk's batch-summed weights are written into
-        # a buffer whose rows start after `rows` zero columns; a view with row stride W + 1 then
-        # lines up, in row r and column t, the entry A[i, i - d] with d = stop - 1 - t (i = start + r),
-        # and reads a zero where i - d < 0 (see _slash_view). Its row sum is the chunk's slash sum.
-        W = rows + S
-        zbuf = self._buffer("slash", (H, rows, W), dev) if cpu else torch.empty(H, rows, W, **f32)
-        zbuf[:, :, :rows] = 0.0
-        for start in range(0, S, rows):
-            stop = min(S, start + rows)
-            c = stop - start
-            nc = stop if causal else S  # keys a causal row block can see
-            qc = qs[:, :, 0, start:stop] if g == 1 else qs[:, :, :, start:stop].reshape(B, Hk, g * c, D)
-            if cpu:  # into the reused buffer
-                logits = self._buffer("logits", (B, Hk, g * c, nc), dev)
-                torch.matmul(qc, kT[:, :, :, :nc], out=logits)
-                logits = logits.view(B, H, c, nc)
-            else:
-                logits = torch.matmul(qc, kT[:, :, :, :nc]).view(B, H, c, nc)  # [B, H, c, nc]
-            if softcap is not None:  # Gemma 2: the logits the softmax sees are capped, so are the captured ones
-                logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
-            allowed = None
-            if window is not None:
-                allowed = _structure_mask(c, nc, causal=causal, window=window, device=dev, q_offset=start)
-            if want_s:
-                if cpu:  # the batch/head sum as one outer reduction into a reused buffer
-                    block_sum = self._buffer("block_sum", (c, nc), dev)
-                    torch.sum(logits.view(B * H, c * nc), dim=0, out=block_sum.view(c * nc))
-                else:
-                    block_sum = logits.sum(dim=(0, 1))  # [c, nc]: the scores' batch/head sum
-                if checked and not bool(torch.isfinite(block_sum).all()):  # locate the head only on failure
-                    bad_l = ~torch.isfinite(logits)
-                    if allowed is not None:
-                        bad_l &= allowed
-                    elif causal:
-                        bad_l[..., start:stop] &= ~above[:c, :c]
-                    if bool(bad_l.any()):
-                        raise _nonfinite_error(layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
-                    block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
-                if causal:  # above the diagonal: not part of the causal scores, stored as 0
-                    block_sum[:, start:stop].masked_fill_(above[:c, :c], 0.0)
-                if allowed is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
-                    block_sum.masked_fill_(~allowed, 0.0)
-                if bad is not None:
-                    bad |= ~torch.isfinite(block_sum).all()
-                put("scores", block_sum, start)
+    def _chunk_logits(self, run, start, stop) -> torch.Tensor:
+        """The chunk's scaled logits ``[B, H, c, nc]`` (soft-capped where the model caps), in a reused
+        buffer on the CPU; a causal row block sees keys ``< stop`` only."""
+        B, Hk, g, S, D = run.qs.shape
+        c = stop - start
+        nc = stop if run.causal else S
+        qc = run.qs[:, :, 0, start:stop] if g == 1 else run.qs[:, :, :, start:stop].reshape(B, Hk, g * c, D)
+        if run.cpu:
+            logits = self._buffer("logits", (B, Hk, g * c, nc), qc.device)
+            torch.matmul(qc, run.kT[:, :, :, :nc], out=logits)
+        else:
+            logits = torch.matmul(qc, run.kT[:, :, :, :nc])
+        logits = logits.view(B, run.H, c, nc)
+        if run.softcap is not None:  # Gemma 2: the logits the softmax sees are capped, so are the captured ones
+            logits = torch.tanh_(logits.div_(run.softcap)).mul_(run.softcap)
+        return logits
+
+    def _chunk_scores(self, run, logits, start, allowed) -> None:
+        """The chunk's batch/head sum of the (unmasked) logits into ``scores``; masked entries stored as 0.
+        A non-finite sum is traced to its head (checked) or flagged (unchecked)."""
+        B, H, c, nc = logits.shape
+        if run.cpu:  # the batch/head sum as one outer reduction into a reused buffer
+            block_sum = self._buffer("block_sum", (c, nc), logits.device)
+            torch.sum(logits.view(B * H, c * nc), dim=0, out=block_sum.view(c * nc))
+        else:
+            block_sum = logits.sum(dim=(0, 1))  # [c, nc]
+        if run.checked and not _finite(block_sum):  # locate the head only on failure
+            bad_l = ~torch.isfinite(logits)
             if allowed is not None:
-                logits.masked_fill_(~allowed, float("-inf"))
-            elif causal:
-                logits[..., start:stop].masked_fill_(above[:c, :c], float("-inf"))
-            for m, (_n, h) in enumerate(heads_here):
-                lh = logits[:, h]
-                put("head_scores", _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)), start, m)
-            if not need_p:
-                del logits
-                continue
-            if cpu:  # in place: the logits buffer becomes the weights
-                p = torch.softmax(logits, dim=-1, out=logits)
+                bad_l &= allowed
+            elif run.causal:
+                bad_l[..., start:start + c] &= ~run.above[:c, :c]
+            if bool(bad_l.any()):
+                raise _nonfinite_error(run.layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
+            block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
+        if run.causal:  # above the diagonal: not part of the causal scores, stored as 0
+            block_sum[:, start:start + c].masked_fill_(run.above[:c, :c], 0.0)
+        if allowed is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
+            block_sum.masked_fill_(~allowed, 0.0)
+        if run.bad is not None:
+            run.bad |= ~torch.isfinite(block_sum).all()
+        self._put(run, "scores", block_sum, start)
+
+    def _chunk_weights(self, run, logits, start) -> None:
+        """Softmax of the masked chunk (in place on the CPU), then what reads the weights: the output
+        rows ``p @ v``, per-head maps, and the batch/head sums of ``probs`` and ``slash``."""
+        B, H, c, nc = logits.shape
+        p = torch.softmax(logits, dim=-1, out=logits) if run.cpu else torch.softmax(logits, dim=-1)
+        if run.output is not None:  # this chunk's rows of the layer output: p @ v, per key head group
+            Hk, D = run.v.shape[1], run.v.shape[-1]
+            pv = self._buffer("pv", (B, Hk, H // Hk * c, D), p.device)
+            torch.matmul(p.view(B, Hk, H // Hk * c, nc), run.v[:, :, :nc], out=pv)
+            run.output.view(B, -1, Hk, H // Hk, D)[:, start:start + c].copy_(
+                pv.view(B, Hk, H // Hk, c, D).permute(0, 3, 1, 2, 4))
+        for m, (_n, h) in enumerate(run.heads):
+            self._put(run, "head_probs", _sum_first(p[:, h]), start, m)
+        if run.want_p or run.want_sl:
+            self._chunk_head_weights(run, p, start)
+
+    def _chunk_head_weights(self, run, p, start) -> None:
+        """Per-head batch sums of the chunk's weights, written into the slash buffer (see
+        :func:`_slash_view`): the slash profile by offset and, summed over heads, ``probs``."""
+        B, H, c, nc = p.shape
+        rows = run.rows
+        pb = run.zbuf[:, :c, rows:rows + nc]  # [H, c, nc]
+        if run.cpu:  # slice adds: see _sum_first
+            torch.add(p[0], p[1], out=pb) if B > 1 else pb.copy_(p[0])
+            for b in range(2, B):
+                pb.add_(p[b])
+        else:
+            torch.sum(p, dim=0, out=pb)
+        head_sum = None
+        if run.want_p:
+            if run.cpu:
+                head_sum = self._buffer("head_sum", (c, nc), p.device)
+                torch.sum(pb, dim=0, out=head_sum)
             else:
-                p = torch.softmax(logits, dim=-1)
-            del logits
-            if output is not None:  # this chunk's rows of the layer output: p @ v, per key head group
-                pv = self._buffer("pv", (B, Hk, g * c, D), dev)
-                torch.matmul(p.view(B, Hk, g * c, nc), v[:, :, :nc], out=pv)
-                out_groups[:, start:stop].copy_(pv.view(B, Hk, g, c, D).permute(0, 3, 1, 2, 4))
-            for m, (_n, h) in enumerate(heads_here):
-                put("head_probs", _sum_first(p[:, h]), start, m)
-            if not (want_p or want_sl):
-                continue
-            pb = zbuf[:, :c, rows:rows + nc]  # [H, c, nc]: the batch sum, written into the slash buffer
-            if cpu:
-                pb.copy_(p[0])
-                for b in range(1, B):
-                    pb.add_(p[b])
-            else:
-                torch.sum(p, dim=0, out=pb)
-            del p
-            if checked and not bool(torch.isfinite(pb).all()):  # softmax of an allowed +inf/NaN logit
-                raise _nonfinite_error(layer, int((~torch.isfinite(pb)).any(dim=(1, 2)).nonzero()[0]))
-            if bad is not None:
-                bad |= ~torch.isfinite(pb).all()
-            if want_p:
-                if cpu:
-                    head_sum = self._buffer("head_sum", (c, nc), dev)
-                    torch.sum(pb, dim=0, out=head_sum)
-                else:
-                    head_sum = pb.sum(0)
-                put("probs", head_sum, start)
-                if blocks is not None:
-                    out["probs_key0"][start:stop] = pb[:, :, 0].sum(0)
-            if want_sl:
-                out["slash"][:, :stop] += _slash_view(zbuf, c, stop, rows).sum(dim=1).flip(-1)
-            del pb
-        if bad is not None and bool(bad):
-            return None
-        if blocks is not None:  # block sums -> block means over each block's valid (seen) entries
-            inv = blocks.inverse_counts(causal, window, dev)
-            for name in ("scores", "probs", "head_scores", "head_probs"):
-                if name in out:
-                    out[name].mul_(inv)
-        if output is not None:
-            out["output"] = output
-        return out
+                head_sum = pb.sum(0)
+        # softmax of an allowed +inf/NaN logit: a non-finite weight reaches the head sum too
+        if run.checked and not _finite(pb if head_sum is None else head_sum):
+            raise _nonfinite_error(run.layer, int((~torch.isfinite(pb)).any(dim=(1, 2)).nonzero()[0]))
+        if run.bad is not None:
+            run.bad |= ~torch.isfinite(pb).all()
+        if head_sum is not None:
+            self._put(run, "probs", head_sum, start)
+            if self.blocks is not None:
+                run.out["probs_key0"][start:start + c] = pb[:, :, 0].sum(0)
+        if run.want_sl:
+            run.out["slash"][:, :start + c] += _slash_view(run.zbuf, c, start + c, rows).sum(dim=1).flip(-1)
 
     # -- results ----------------------------------------------------------------------------
     def means(self) -> dict[str, torch.Tensor]:
