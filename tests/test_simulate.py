@@ -241,8 +241,8 @@ def test_cli_out_is_a_file(cli, tmp_path):
 
 
 def test_workers_bound_the_threads_and_their_buffers():
-    """``workers=2`` runs the chunks on two threads (each holds one chunk's buffers: memory is bounded
-    by the workers), however many chunks are in flight."""
+    """``workers=3`` runs the chunks on three threads (each holds one chunk's buffers: memory is bounded
+    by the workers), however many chunks are in flight, whatever the number of CPUs."""
     import threading
 
     seen: set[str] = set()
@@ -251,8 +251,8 @@ def test_workers_bound_the_threads_and_their_buffers():
         seen.update(t.name for t in threading.enumerate() if t.name.startswith("poslens-sim"))
 
     run_simulation(SimConfig(seq_len=4, dim=4, layers=1, samples=8 * RNG_BLOCK, chunk_size=RNG_BLOCK),
-                   progress=progress, workers=2)
-    assert len(seen) == 2, seen
+                   progress=progress, workers=3)
+    assert len(seen) == 3, seen
 
 
 def test_saved_run_directory_with_figures(tmp_path, monkeypatch):
@@ -314,3 +314,52 @@ def test_run_directory_round_trip(tmp_path):
     del summary["stopped_early"]
     write_json(tmp_path / "r" / "summary.json", summary)
     assert load_result(tmp_path / "r").stopped_early is False
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_layers_work_inside_the_buffers(causal):
+    """With buffers the layers allocate nothing: every layer yields the buffers' own scores and weights
+    (with the mask fused into the score product or without a mask), and Y = Norm(X) is written into
+    the ``y`` buffer (checked after one layer against F.normalize)."""
+    from poslens.simulate import forward_layers, layer_buffers
+
+    cfg = SimConfig(seq_len=6, dim=8, layers=3, causal=causal).validate()
+    neg = torch.zeros(6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf")) if causal else None
+    bufs = layer_buffers(cfg, 32, "cpu")
+    assert {k: tuple(v.shape) for k, v in bufs.items()} == {"x": (32, 6, 8), "y": (32, 6, 8), "s": (32, 6, 6),
+                                                            "p": (32, 6, 6)}
+    assert all(v.dtype == torch.float32 for v in bufs.values())
+    xb = bufs["x"][:20]
+    xb.copy_(sample_inputs(cfg, 0)[:20])
+    x0 = xb.clone()
+    for n, (s, p) in enumerate(forward_layers(xb, cfg, None, neg, buffers=bufs)):
+        assert s.data_ptr() == bufs["s"].data_ptr() and p.data_ptr() == bufs["p"].data_ptr()
+        if n == 0:
+            torch.testing.assert_close(bufs["y"][:20], torch.nn.functional.normalize(x0, dim=-1), rtol=0, atol=1e-7)
+
+
+def test_rope_theta_below_one_is_valid():
+    """Any positive base is a valid rotation (frequencies above 1 included); only <= 0 is rejected."""
+    SimConfig(rope=True, rope_theta=0.5).validate()
+    with pytest.raises(PoslensError):
+        SimConfig(rope=True, rope_theta=0.0).validate()
+
+
+def test_summary_weights_the_noise_groups_by_their_samples():
+    """Each layer's statistics are describe_map of its mean map with the group means weighted by their
+    sample counts (300 samples: groups of 19 and 18), which differ from equal weights here; a result
+    without groups (a run directory written before them) summarises without a noise floor."""
+    from dataclasses import replace as dc_replace
+
+    from poslens.metrics.diagonal import describe_map
+    from poslens.simulate import summarize
+
+    res = run_simulation(SimConfig(alpha=0.3, layers=2, seq_len=6, dim=6, samples=300))
+    assert sorted(set(res.group_counts.tolist())) == [18, 19]
+    for l, entry in enumerate(res.summary["layers"]):
+        want = describe_map(res.scores[l], res.score_groups[:, l], res.group_counts)
+        equal = describe_map(res.scores[l], res.score_groups[:, l], torch.ones(16))
+        assert {k: entry[k] for k in want} == want
+        assert want != equal
+    bare = summarize(dc_replace(res, score_groups=None, group_counts=None))
+    assert all("noise_groups" not in l and "0 groups" in l["noise"] for l in bare["layers"])

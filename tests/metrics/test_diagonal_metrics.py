@@ -387,3 +387,80 @@ def test_relativity_index_judges_flatness_with_the_groups_weights():
     assert not is_flat(m, groups, equal) and is_flat(m, groups, one_empty)
     assert relativity_index(m, groups, equal) is not None
     assert relativity_index(m, groups, one_empty) is None
+
+
+def test_causal_and_window_views_against_loops():
+    from poslens.metrics.diagonal import causal_view, window_view
+
+    S = 5
+    m = torch.arange(1, S * S + 1, dtype=torch.float64).reshape(S, S)
+
+    def check(got, keep):
+        for i in range(S):
+            for j in range(S):
+                v = float(got[i, j])
+                assert (v == float(m[i, j])) if keep(i, j) else math.isnan(v), (i, j)
+
+    check(causal_view(m), lambda i, j: j <= i)  # the diagonal kept by default
+    check(causal_view(m, include_diagonal=False), lambda i, j: j < i)
+    both = causal_view(torch.stack([m, 2 * m]), include_diagonal=False)
+    assert torch.equal(both[1].nan_to_num(-1), (2 * causal_view(m, include_diagonal=False)).nan_to_num(-1))
+    for w in (1, 2, 4):
+        check(window_view(m, w), lambda i, j, w=w: i - j < w)
+    for w in (None, 0, S, S + 3):  # no window, or one that covers every key
+        assert window_view(m, w) is m
+
+
+def test_pvalues_with_two_entries_and_with_the_diagonal():
+    """Two valid entries are enough for a flatness p-value (identical groups whose two entries differ:
+    only the two global flips reach the observed statistic, p = 2/256); the non-relativity test reads
+    the main diagonal when asked (offset 0 entries that grow along it are non-relative)."""
+    from poslens.metrics.diagonal import flat_pvalue, nonrelative_pvalue
+
+    G = 8
+    two = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [float("nan"), 4.0, 0.0]], dtype=torch.float64)
+    assert flat_pvalue(two.expand(G, 3, 3).clone()) == pytest.approx(2 / 256)
+    assert flat_pvalue(two.expand(G, 3, 3).clone(), exclude_keys=(0,)) is None  # one entry left
+    S = 4
+    gen = torch.Generator().manual_seed(41)
+    noise = 0.01 * torch.randn(G, S, S, generator=gen, dtype=torch.float64)
+    diag_grows = noise + torch.diag(torch.arange(S, dtype=torch.float64))
+    assert nonrelative_pvalue(diag_grows, include_diagonal=True) == pytest.approx(2 / 256)
+    assert nonrelative_pvalue(diag_grows) > 0.01
+
+
+def test_relativity_index_with_two_groups_uses_their_cross_products():
+    """Two groups are enough for the noise correction: both variances are the mean product of the two
+    groups' centred (or within-diagonal) entries, written out here by loops; the plain one-map formula
+    gives another number on these maps."""
+    S = 5
+    gen = torch.Generator().manual_seed(42)
+    base = torch.tensor([[abs(i - j) ** 1.5 + 0.3 * j for j in range(S)] for i in range(S)], dtype=torch.float64)
+    groups = base + 0.5 * torch.randn(2, S, S, generator=gen, dtype=torch.float64)
+    m = groups.mean(0)
+    ents = [(i, j) for i in range(S) for j in range(i)]
+
+    def centred(g):
+        mu = sum(float(g[i, j]) for i, j in ents) / len(ents)
+        return [float(g[i, j]) - mu for i, j in ents]
+
+    def within(g):
+        by = {}
+        for i, j in ents:
+            by.setdefault(i - j, []).append(float(g[i, j]))
+        return [float(g[i, j]) - sum(by[i - j]) / len(by[i - j]) for i, j in ents]
+
+    var_map = sum(a * b for a, b in zip(centred(groups[0]), centred(groups[1]))) / len(ents)
+    var_dn = sum(a * b for a, b in zip(within(groups[0]), within(groups[1]))) / len(ents)
+    want = min(max(1 - max(var_dn, 0.0) / var_map, 0.0), 1.0)
+    plain = 1 - (sum(v * v for v in within(m)) / len(ents)) / (sum(v * v for v in centred(m)) / len(ents))
+    assert 0.0 < want < 1.0 and abs(want - plain) > 0.01
+    assert relativity_index(m, groups) == pytest.approx(want, rel=1e-12)
+
+
+def test_is_flat_without_groups_is_relative_to_the_maps_scale():
+    """Without groups only an exactly constant map is flat, whatever its scale: a map of entries around
+    1e-15 that vary by half their size is not flat; a constant one (or all zeros) is."""
+    tiny = 1e-15 * torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [2.0, 1.5, 0.0]], dtype=torch.float64)
+    assert not is_flat(tiny)
+    assert is_flat(torch.full((3, 3), 1e-15, dtype=torch.float64)) and is_flat(torch.zeros(3, 3, dtype=torch.float64))

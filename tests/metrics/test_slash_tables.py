@@ -174,7 +174,7 @@ def _rotate(x, p, theta):
     return out
 
 
-@pytest.mark.parametrize("coef", [1.7, -0.6])
+@pytest.mark.parametrize("coef", [1.7, -0.6, 0.05])  # 0.05: a magnitude and a fitted coefficient below 1
 def test_rope_decomposition_of_an_exactly_rank_one_head(coef):
     """q_i = u, k_j = coef * v at every position: the logit depends on i - j alone and is known
     exactly from explicit rotations; the decomposition must reproduce it (sign included), coherence 1,
@@ -205,6 +205,12 @@ def test_rope_decomposition_of_an_exactly_rank_one_head(coef):
     # arbitrary signs of the eigenvectors
     assert dec.coherence == pytest.approx(1.0, rel=1e-9) and dec.pair_fit == pytest.approx(1.0, rel=1e-9)
     assert flipped.coherence == pytest.approx(1.0, rel=1e-9) and flipped.pair_fit == pytest.approx(1.0, rel=1e-9)
+    # a rotary module that multiplies cos and sin by 1.5 (YaRN-style attention scaling) scales q and k by
+    # 1.5 each: the logit (and the observed dim_logit) by 1.5^2
+    scaled = rope_decomposition(torch.outer(u, u), torch.outer(k, k), 2.25 * dim_logit, rotary_dim=D, base=base,
+                                scaling=scaling, seq_len=S, attention_scaling=1.5)
+    assert scaled.logit.tolist() == pytest.approx([2.25 * x for x in true_logit], rel=1e-9, abs=1e-12)
+    assert scaled.coherence == pytest.approx(1.0, rel=1e-9)
     A = [[0.0] * S for _ in range(S)]
     for i in range(S):
         e = [math.exp(true_logit[i - j]) for j in range(i + 1)]
@@ -222,3 +228,55 @@ def test_rope_decomposition_of_an_exactly_rank_one_head(coef):
     peak = int(max(range(S), key=lambda d: want[d]))
     contrib = dec.band_peak_contribution(peak)
     assert sum(contrib.values()) == pytest.approx(true_logit[peak] - sum(true_logit) / S, rel=1e-9, abs=1e-12)
+
+
+def test_rope_decomposition_rejects_rotary_dims_that_do_not_fit():
+    from poslens.metrics.ropefit import rope_decomposition
+
+    D = 8
+    gen = torch.Generator().manual_seed(7)
+    u, v, dl = (torch.randn(D, generator=gen, dtype=torch.float64) for _ in range(3))
+    args = dict(base=10.0, scaling=1.0, seq_len=6)
+    for r in (0, 1, 3, D + 2):  # below 2, odd, wider than head_dim
+        with pytest.raises(PoslensError):
+            rope_decomposition(torch.outer(u, u), torch.outer(v, v), dl, rotary_dim=r, **args)
+    assert rope_decomposition(torch.outer(u, u), torch.outer(v, v), dl, rotary_dim=2, **args).A.shape == (1,)
+
+
+def test_rope_decomposition_without_rotary_signal():
+    """Top directions outside a rotary prefix of 4 (dims 4..7 are not rotated): no pair carries them, so
+    the amplitudes and the logit are 0, the fitted coefficient 0 (sign +1 by convention, coherence 0)
+    and the pair fit undefined. Keys that are all zero: no magnitude, so no coherence either."""
+    from poslens.metrics.ropefit import rope_decomposition
+
+    D = 8
+    e = torch.zeros(D, dtype=torch.float64)
+    e[5] = 1.0
+    dl = torch.arange(D, dtype=torch.float64)
+    dec = rope_decomposition(2 * torch.outer(e, e), 3 * torch.outer(e, e), dl, rotary_dim=4, base=10.0, scaling=1.0,
+                             seq_len=6)
+    assert dec.A.tolist() == [0.0, 0.0] and float(dec.logit.abs().max()) == 0.0
+    assert dec.sign == 1 and dec.coherence == 0.0 and dec.pair_fit is None
+    gen = torch.Generator().manual_seed(8)
+    u = torch.randn(D, generator=gen, dtype=torch.float64)
+    none = rope_decomposition(torch.outer(u, u), torch.zeros(D, D, dtype=torch.float64), dl, rotary_dim=D, base=10.0,
+                              scaling=1.0, seq_len=6)
+    assert none.coherence is None and float(none.A.abs().max()) == 0.0
+
+
+def test_band_contributions_with_empty_bands():
+    """Every pair in the low band: the high and medium bands contribute exactly 0 and use no amplitude;
+    the low band's lift of offset 2 over the mean is the explicit cosine sum."""
+    from poslens.metrics.ropefit import RopeDecomposition
+
+    S = 6
+    A, phi, theta = [2.0, 0.5], [0.3, -1.0], [0.01, 0.002]
+    dec = RopeDecomposition(A=torch.tensor(A, dtype=torch.float64), phi=torch.tensor(phi, dtype=torch.float64),
+                            theta=torch.tensor(theta, dtype=torch.float64), bands=["low", "low"], sign=1,
+                            coherence=None, pair_fit=None, logit=torch.zeros(S, dtype=torch.float64),
+                            profile=torch.zeros(S, dtype=torch.float64))
+    c = [sum(a * math.cos(t * d + p) for a, p, t in zip(A, phi, theta)) for d in range(S)]
+    got = dec.band_peak_contribution(2)
+    assert set(got) == {"high", "medium", "low"}
+    assert got["high"] == 0.0 and got["medium"] == 0.0 and got["low"] == pytest.approx(c[2] - sum(c) / S, rel=1e-12)
+    assert dec.band_usage() == {"high": 0.0, "medium": 0.0, "low": 1.0}
