@@ -421,6 +421,21 @@ def test_run_slash_on_a_hand_made_scan(tmp_path):
     assert "slash_random" in read_tensors(tmp_path / "o2" / "slash.safetensors")
 
 
+def test_run_slash_title_without_a_sequence_count(tmp_path):
+    """A scan summary that does not record its sequence count reads '?' in the title, not 'None'."""
+    import json
+
+    from poslens.analysis.slash import SlashConfig, run_slash
+
+    maps = {k: v.float().double() for k, v in _fake_maps(Dh=8).items()}
+    scan, _ = _fake_scan(tmp_path, maps)
+    ssum = json.loads((scan / "summary.json").read_text())
+    del ssum["num_seqs"]
+    (scan / "summary.json").write_text(json.dumps(ssum))
+    s = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "out"), kappa=(0.5,), max_delta=5, figures=False))
+    assert s["title"] == "Slash-dominant heads of smollm3 (? x 8 tokens)"
+
+
 def test_run_slash_input_errors(tmp_path):
     import json
 
