@@ -159,6 +159,16 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      r'color=None|lw=None|ms=None|fontsize=None|\(layers from 0\)", \)|color="k", label=|"-", lw=1|\.tolist\(\), ms=3',
      "equivalent", "figure styling only (marker, colour, line width, font size): the same data drawn, no number stored"),
     # simulate / theory / metrics / analysis-neighborhood
+    ("metrics/neighborhood.py", "_rising_pairs_by_merge", r"^lo = 0$", r"^lo = 1$", "equivalent",
+     "row 0 sees no earlier key (every entry masked to -inf): it holds no pair to count"),
+    ("metrics/neighborhood.py", "_rising_pairs_by_merge", r"count_ties=False", r"count_ties=(None|True)", "equivalent",
+     "only the rising count (the first result) is read: None is False, and with ties counted the same rising "
+     "count comes from the sorted-merge path instead of the direct comparison"),
+    ("metrics/neighborhood.py", "ordered_pair_counts", r"b <= _DIRECT_BLOCK", r"b < _DIRECT_BLOCK", "equivalent",
+     "skips the direct comparison of the smallest blocks: the sorted-merge path counts the same rising pairs "
+     "(the tests compare both paths with loops)"),
+    ("metrics/neighborhood.py", "ordered_pair_counts", r"^gt \+= \(blocks", r"^gt = \(blocks", "equivalent",
+     "the direct comparison runs only at the first level (b = 1 = _DIRECT_BLOCK), while gt is still zero"),
     ("simulate.py", "run_simulation", r"acc = _new_accumulators\(cfg, dev\)", r"_new_accumulators\(cfg, None\)", "cpu",
      "accumulators on the default device (CPU) instead of the run's: the same tensors on CPU"),
     ("simulate.py", "_chunk_sums", r"sample_inputs\(cfg, first_block \+ i, dev, out=", r"first_block \+ i, out=", "cpu",

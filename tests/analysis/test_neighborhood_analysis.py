@@ -12,20 +12,10 @@ from transformers.models.llama import modeling_llama  # noqa: F401  (loaded once
 
 from archs import save_tiny
 from poslens.analysis.neighborhood import (_pick_layers, build_summary, collect_vectors, layer_name, layer_rows,
-                                           layer_title, measure_neighborhood, self_cosine, theory_gap,
+                                           layer_title, measure_neighborhood,
                                            use_poslens_attention)
 from poslens.errors import PoslensError
 from references import brute_aps, brute_cos
-
-
-def test_self_cosine_loop_and_zero_vectors():
-    x = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
-    x[1, 2] = 0.0
-    c = self_cosine(x)
-    assert c.dtype == torch.float64 and c.shape == (2, 5, 5)
-    for b in range(2):
-        torch.testing.assert_close(c[b], torch.tensor(brute_cos(x[b].double().tolist()), dtype=torch.float64),
-                                   rtol=1e-6, atol=1e-7)
 
 
 def test_layer_rows_mean_and_sample_std():
@@ -42,16 +32,6 @@ def test_layer_rows_mean_and_sample_std():
         assert rows[k]["norm_score_std"] == pytest.approx(math.sqrt(sum((v - ms) ** 2 for v in s) / 2), abs=1e-12)
     one = layer_rows({"aps": aps[:, :1], "norm_score": ns[:, :1]})
     assert math.isnan(one[0]["aps_std"]) and one[0]["aps_mean"] == 0.5
-
-
-def test_theory_gap_loop():
-    T = 6
-    th = [[math.sqrt(min(i, j) / max(i, j)) for j in range(1, T + 1)] for i in range(1, T + 1)]
-    m = torch.tensor(th) + 0.1 * torch.randn(T, T, generator=torch.Generator().manual_seed(1))
-    m = m.to(torch.float32)
-    diffs = [abs(float(m[i, j]) - th[i][j]) for i in range(T) for j in range(i)]
-    assert theory_gap(m) == pytest.approx(sum(diffs) / len(diffs), rel=1e-6)
-    assert theory_gap(torch.tensor(th, dtype=torch.float64)) == pytest.approx(0.0, abs=1e-15)
 
 
 def test_layer_naming_and_panels():

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from poslens.metrics.neighborhood import (adjacency_probability_score, aps_positions, norm_score,
-                                          ordered_pair_counts, per_sequence_aps, rising_pair_fraction)
-from references import brute_aps, brute_cos_aps, brute_rising
+                                          ordered_pair_counts, per_sequence_aps, rising_pair_fraction, self_cosine,
+                                          theory_gap)
+from references import brute_aps, brute_cos, brute_cos_aps, brute_rising
 
 
 def test_aps_positions_all_or_evenly_spaced():
@@ -118,3 +119,23 @@ def test_documented_defaults():
     x = torch.randn(1, 257, 4, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
     assert float(per_sequence_aps(x)) == float(per_sequence_aps(x, max_positions=256))
     assert float(per_sequence_aps(x)) != float(per_sequence_aps(x, max_positions=257))
+
+
+def test_self_cosine_loop_and_zero_vectors():
+    x = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    x[1, 2] = 0.0
+    c = self_cosine(x)
+    assert c.dtype == torch.float64 and c.shape == (2, 5, 5)
+    for b in range(2):
+        torch.testing.assert_close(c[b], torch.tensor(brute_cos(x[b].double().tolist()), dtype=torch.float64),
+                                   rtol=1e-6, atol=1e-7)
+
+
+def test_theory_gap_loop():
+    T = 6
+    th = [[math.sqrt(min(i, j) / max(i, j)) for j in range(1, T + 1)] for i in range(1, T + 1)]
+    m = torch.tensor(th) + 0.1 * torch.randn(T, T, generator=torch.Generator().manual_seed(1))
+    m = m.to(torch.float32)
+    diffs = [abs(float(m[i, j]) - th[i][j]) for i in range(T) for j in range(i)]
+    assert theory_gap(m) == pytest.approx(sum(diffs) / len(diffs), rel=1e-6)
+    assert theory_gap(torch.tensor(th, dtype=torch.float64)) == pytest.approx(0.0, abs=1e-15)
