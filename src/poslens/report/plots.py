@@ -6,12 +6,11 @@ import textwrap
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from poslens.metrics import diagonal_normalize  # noqa: E402
-from poslens.rundir import new_figure, save_figure  # noqa: E402
+from poslens.metrics import diagonal_normalize
+from poslens.rundir import new_figure, save_figure
 
 
 def _cmap(name: str):
