@@ -13,3 +13,10 @@ def require(condition: bool, message: str) -> None:
     """Raise :class:`PoslensError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise PoslensError(message)
+
+
+def require_positive(*options: tuple[str, int]) -> None:
+    """Raise :class:`PoslensError` for the first ``(flag, value)`` pair whose value is below 1."""
+    for flag, value in options:
+        if value < 1:
+            raise PoslensError(f"{flag} {value}: must be a positive integer.")

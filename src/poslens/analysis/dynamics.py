@@ -27,7 +27,7 @@ from poslens.metrics.rank import rank_table
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.data.tasks import encode_example, evaluate_task, get_task
 from poslens.data.tokenizer import char_vocab
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt
 from poslens.models.train import TrainConfig, load_trained, train_model
 from poslens.progress import task_progress
@@ -69,9 +69,7 @@ def _validate(cfg: DynamicsConfig) -> list[int]:
         raise PoslensError(f"--delta {cfg.delta}: must be between 1 and --seq-len - 2 ({cfg.seq_len - 2}).")
     if cfg.seq_len - 1 > 32:
         raise PoslensError(f"--seq-len {cfg.seq_len}: the offset task trains lengths up to 32 letters; pass 33 or less.")
-    for flag, v in (("--num-seqs", cfg.scan_seqs), ("--batch-size", cfg.batch_size), ("--num-layers", cfg.layers)):
-        if v < 1:
-            raise PoslensError(f"{flag} {v}: must be a positive integer.")
+    require_positive(("--num-seqs", cfg.scan_seqs), ("--batch-size", cfg.batch_size), ("--num-layers", cfg.layers))
     if not 0 < cfg.kappa <= 1:
         raise PoslensError(f"--kappa {cfg.kappa}: must lie in (0, 1].")
     return snaps

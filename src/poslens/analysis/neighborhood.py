@@ -40,7 +40,7 @@ from poslens.metrics.diagonal import causal_view
 from poslens.capture.sources import make_source
 from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt_pm
 from poslens.metrics.neighborhood import adjacency_probability_score, norm_score, self_cosine, theory_gap
 from poslens.models.families import pe_of
@@ -200,9 +200,7 @@ class NeighborhoodConfig:
 
 def _plan(cfg: NeighborhoodConfig):
     """Validate every input and build the sequence source; writes nothing."""
-    for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size)):
-        if v < 1:
-            raise PoslensError(f"{flag} {v}: must be a positive integer.")
+    require_positive(("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size))
     if cfg.seq_len < 3:
         raise PoslensError(f"--seq-len {cfg.seq_len}: the APS counts position triples; use at least 3 tokens.")
     config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,

@@ -39,7 +39,7 @@ from poslens.capture.loop import attach
 from poslens.metrics.diagonal import causal_view, window_view
 from poslens.capture.sources import make_source
 from poslens.capture.stats import MeanAccumulator
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, require_positive
 from poslens.metrics import diagonal_trend, locality, relativity_index
 from poslens.metrics.slash import sink_weight
 from poslens.report.readings import panels_readings, score_maps_readings
@@ -205,9 +205,7 @@ def _check_panels(cfg: PanelsConfig):
     if not 0 <= cfg.layer <= L - 2:
         raise PoslensError(f"--layer {cfg.layer}: panels (h) and (i) need the next layer; pass 0..{L - 2} "
                            f"(the model has {L} layers).")
-    for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len)):
-        if v < 1:
-            raise PoslensError(f"{flag} {v}: must be a positive integer.")
+    require_positive(("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size), ("--seq-len", cfg.seq_len))
     return config, adapter
 
 

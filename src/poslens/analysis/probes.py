@@ -25,7 +25,7 @@ from poslens.capture.model_source import source_record
 from poslens.capture.load import load_model, load_tokenizer, open_model_config
 from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt
 from poslens.metrics.probes import FEATURES, PROBES, compare_cosine_norm, probe_layers
 from poslens.models.families import pe_of
@@ -76,10 +76,8 @@ def _validate(cfg: ProbesConfig):
     if set(cfg.train_chars) & set(cfg.test_chars):
         raise PoslensError(f"--train-chars {cfg.train_chars!r} and --test-chars {cfg.test_chars!r} share "
                            f"{''.join(sorted(set(cfg.train_chars) & set(cfg.test_chars)))!r}; they must be disjoint.")
-    for flag, v in (("--num-train-seqs", cfg.num_train), ("--num-test-seqs", cfg.num_test), ("--batch-size", cfg.batch_size),
-                    ("--mlp-steps", cfg.mlp_steps)):
-        if v < 1:
-            raise PoslensError(f"{flag} {v}: must be a positive integer.")
+    require_positive(("--num-train-seqs", cfg.num_train), ("--num-test-seqs", cfg.num_test), ("--batch-size", cfg.batch_size),
+                     ("--mlp-steps", cfg.mlp_steps))
     if cfg.seq_len < 3:
         raise PoslensError(f"--seq-len {cfg.seq_len}: need at least 3 positions.")
     plans = []

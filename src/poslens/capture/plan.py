@@ -11,7 +11,7 @@ from poslens.capture.adapters import Adapter
 from poslens.capture.attention import CaptureSpec, parse_stats
 from poslens.capture.load import load_tokenizer, open_model_config
 from poslens.capture.sources import SequenceSource, make_source
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, require_positive
 from poslens.rundir import prepare_out_dir
 from poslens.runtime import parse_device, resolve_dtype
 
@@ -74,10 +74,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                                         trust_remote_code=cfg.trust_remote_code)
     L = adapter.num_layers(config)
     H = adapter.num_heads(config)
-    for flag, val in (("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
-                      ("--checkpoint-every", cfg.checkpoint_every)):
-        if val < 1:
-            raise PoslensError(f"{flag} {val}: must be a positive integer.")
+    require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
+                     ("--checkpoint-every", cfg.checkpoint_every))
     if cfg.map_size < 0:
         raise PoslensError(f"--map-size {cfg.map_size}: must be 0 (full S x S maps) or a positive number of blocks.")
     if cfg.reservoir < 0:
