@@ -142,6 +142,18 @@ def test_scan_terminal_table_uses_delta_limited_heads():
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     assert "0.645 ± 0.0213" in text and "-0.74" in text and "0.91" in text and "mean-map" not in text
+    assert "noise-corr" not in text
+    # a scan whose noise grid was the whole map: the column says its index is noise-corrected, still 80 columns
+    for l in layers:
+        l["relativity_index_noise_corrected"] = True
+    console = Console(width=80, record=True, color_system=None)
+    console.print(scan_table({"model_type": "llama", "num_seqs": 64, "seq_len": 512, "layers": layers}))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text and "noise-corr" in text
+    layers[3]["relativity_index_noise_corrected"] = False  # one plain index: the label cannot claim all are
+    console = Console(width=80, record=True, color_system=None)
+    console.print(scan_table({"model_type": "llama", "num_seqs": 64, "seq_len": 512, "layers": layers}))
+    assert "noise-corr" not in console.export_text()
 
 
 def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
@@ -363,6 +375,23 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     # a grid covering every position: one set of statistics, no grid_* copies
     full = score_map_numbers(sc, causal_view(groups_full, include_diagonal=True), torch.ones(G), torch.arange(S), 16)
     assert not [k for k in full if k.startswith("grid_")]
+    # ... and there the headline index is the noise-corrected one (group cross-products), the plain one beside it
+    gfull = causal_view(groups_full, include_diagonal=True)
+    assert full["relativity_index_noise_corrected"] is True
+    assert full["relativity_index"] == pytest.approx(relativity_index(causal_view(sc), gfull, torch.ones(G),
+                                                                      exclude_keys=(0,)), abs=1e-12)
+    assert full["relativity_index_uncorrected"] == pytest.approx(relativity_index(causal_view(sc), exclude_keys=(0,)),
+                                                                 abs=1e-12)
+    # with more noise the plain index is biased low (noise adds within-diagonal variance), the corrected one is
+    # not: the noiseless map's index is 0.99651; 8 groups of sd 3 give the plain index 0.9839 ± 0.0011 and the
+    # corrected one 0.9961 ± 0.0011 (mean ± sd over 20 seeds)
+    truth = relativity_index(causal_view(m), exclude_keys=(0,))
+    noisy = m + 3.0 * torch.randn(G, S, S, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    nfull = score_map_numbers(noisy.mean(0), causal_view(noisy, include_diagonal=True), torch.ones(G),
+                              torch.arange(S), 16)
+    assert nfull["relativity_index"] == pytest.approx(truth, abs=0.004)
+    assert truth - nfull["relativity_index_uncorrected"] > 0.008
+    assert "relativity_index_noise_corrected" not in out
 
     text = " ".join(kim_readings([{"layer": 0, **out}], noise="x"))
     assert "20-position grid" in text and f"on that grid the trend reads {fmt(out['grid_diagonal_trend'])}" in text

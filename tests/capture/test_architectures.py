@@ -311,9 +311,12 @@ def test_gemma3_scan_records_two_tables_and_windows(tmp_path):
     assert summary["rope"]["layer_kind"] == ["sliding_attention", "full_attention"]
     assert [r["sliding_window"] for r in summary["layers"]] == [WINDOW, None]
     sc = window_view(causal_view(maps["scores"][0].double()), WINDOW)
-    assert summary["layers"][0]["relativity_index"] == pytest.approx(relativity_index(sc, exclude_keys=(0,)))
+    # the noise grid is the whole map: the headline index is noise-corrected, the plain one kept beside it
+    assert summary["layers"][0]["relativity_index_noise_corrected"] is True
+    plain = summary["layers"][0]["relativity_index_uncorrected"]
+    assert plain == pytest.approx(relativity_index(sc, exclude_keys=(0,)))
     assert summary["layers"][0]["relativity_index_with_sink"] == pytest.approx(relativity_index(sc))
-    assert summary["layers"][0]["relativity_index"] != pytest.approx(relativity_index(causal_view(maps["scores"][0].double())))
+    assert plain != pytest.approx(relativity_index(causal_view(maps["scores"][0].double())))
     for l, kind in enumerate(["sliding_attention", "full_attention"]):
         want = band_contributions(maps["dim_logit"][l], None, None, S, inv_freq=summary["rope"]["kinds"][kind]["inv_freq"])
         for b, v in want.items():

@@ -230,9 +230,12 @@ def test_kim_finding_plain():
     tr = finding([L(0, diagonal_trend=-0.125), L(1, diagonal_trend=0.25)])
     assert "; diagonal trend -0.125 … 0.25." in tr
     trp = finding([L(0, diagonal_trend=-0.125, trend_p=0.001), L(1, diagonal_trend=0.25, trend_p=0.5)])
-    assert "diagonal trend -0.125 … 0.25 (significant in 1 of 2)" in trp
+    assert ("diagonal trend -0.125 … 0.25 (significant (p < 0.01) in 1 of 2 layers, 1 at a false discovery rate of 0.01 over the 2 (Benjamini–Hochberg))") in trp
     nr = finding([L(0, nonrelative_p=0.001), L(1, nonrelative_p=0.01)])
-    assert "over 2 layer(s), not purely relative (p < 0.01) in 1 of 2, lowest" in nr
+    # BH over two: 0.001 · 2/1 = 0.002 < 0.01 stays; 0.01 is not below 0.01 either way
+    assert ("over 2 layer(s), not purely relative (p < 0.01) in 1 of 2 layers, 1 at a false discovery rate of 0.01 over the 2 (Benjamini–Hochberg), lowest") in nr
+    one = finding([L(0, nonrelative_p=0.001)])
+    assert "not purely relative (p < 0.01) in 1 of 1 layer, lowest" in one and "Benjamini" not in one
 
 
 def test_kim_finding_leads_with_the_grid_index():
@@ -241,7 +244,7 @@ def test_kim_finding_leads_with_the_grid_index():
               L(2, 0.914)]
     f = finding(layers)
     assert f.startswith("run: noise-corrected relativity index 0.635 … 0.991 on a 64-position grid over 2 layer(s)")
-    assert "not purely relative (p < 0.01) in 1 of 2" in f
+    assert "not purely relative (p < 0.01) in 1 of 2 layers" in f
     assert "full-map index 0.383 … 0.914 (not noise-corrected), lowest in layer 1" in f
     # 8 groups: the smallest p is 2/2^8 = 0.0078, not far under 0.01
     assert "only 8 independent groups" in f and "0.00781" in f and f.endswith("relativity.")
@@ -255,7 +258,7 @@ def test_kim_finding_of_a_scan_without_grid_gives_the_noise_floor():
     f = finding(layers)
     assert f.startswith("run: relativity index 0.37 … 0.77 over 2 layer(s) (full map, not noise-corrected: "
                         "sampling noise alone gives 64 … 81 % of the within-diagonal variation)")
-    assert "not purely relative (p < 0.01) in 0 of 2" in f and "lowest in layer 1" in f
+    assert "not purely relative (p < 0.01) in 0 of 2 layers, 0 at" in f and "lowest in layer 1" in f
     assert "only 6 independent groups" in f and "not below the 0.01 threshold" in f
 
 
@@ -265,3 +268,42 @@ def test_kim_finding_is_the_run_readings_entry():
     assert run_readings("scan", ["kim", "slash"], summary, "kim") == kim_readings(layers)
     assert run_readings("scan", ["kim"], {"layers": layers, "readings": ["own"]}, "kim") == ["own"]
     assert run_readings("scan", ["kim", "slash"], {"layers": [{"layer": 0}], "readings": ["own"]}, "kim") == ["own"]
+
+
+def test_fdr_count_against_hand_computed_benjamini_hochberg():
+    from poslens.report.readings import fdr_count
+
+    # BH: sort p ascending, reject the k smallest for the largest k with p_(k) <= k/m · q
+    # m = 4, q = 0.01: thresholds 0.0025, 0.005, 0.0075, 0.01
+    assert fdr_count([0.002, 0.004, 0.0074, 0.5]) == 3  # p_(3) = 0.0074 <= 0.0075
+    assert fdr_count([0.002, 0.006, 0.008, 0.5]) == 1  # p_(2) = 0.006 > 0.005, p_(3) = 0.008 > 0.0075
+    assert fdr_count([0.003, 0.004, 0.5, 0.9]) == 2  # step-up: p_(1) = 0.003 > 0.0025 but p_(2) <= 0.005
+    assert fdr_count([0.009]) == 1 and fdr_count([0.011]) == 0 and fdr_count([]) == 0
+
+
+def test_the_count_of_non_relative_layers_is_corrected_for_testing_every_layer():
+    """Eight groups give every sign-flip test the same smallest p (2/2^8 = 0.0078): 13 of 30 layers at that
+    p are each "significant" at 0.01, but none is once the false discovery rate over the 30 is held at 0.01
+    (0.0078 · 30/13 = 0.018)."""
+    layers = [L(i, 0.6, grid_relativity_index=0.7, nonrelative_p=0.0078125 if i < 13 else 0.5,
+                noise_positions=64, noise_groups=8) for i in range(30)]
+    f = finding(layers)
+    assert ("not purely relative (p < 0.01) in 13 of 30 layers, 0 at a false discovery rate of 0.01 over the 30 "
+            "(Benjamini–Hochberg)") in f
+    # with 16 groups the smallest p is 3e-5: all 13 survive the correction
+    strong = [dict(l, nonrelative_p=2 / 2**16 if l["nonrelative_p"] < 0.01 else 0.5, noise_groups=16) for l in layers]
+    assert "in 13 of 30 layers, 13 at a false discovery rate" in finding(strong)
+
+
+def test_a_scan_whose_noise_grid_is_the_whole_map_leads_with_the_corrected_index():
+    layers = [L(0, 0.7, relativity_index_noise_corrected=True, relativity_index_uncorrected=0.5, noise_positions=64,
+                noise_groups=16, within_diag_rms=0.5, within_diag_rms_noise=0.4, nonrelative_p=1e-4),
+              L(1, 0.9, relativity_index_noise_corrected=True, relativity_index_uncorrected=0.8, noise_positions=64,
+                noise_groups=16, within_diag_rms=0.5, within_diag_rms_noise=0.1, nonrelative_p=0.2)]
+    f = finding(layers)
+    assert f.startswith("run: noise-corrected relativity index 0.7 … 0.9 over 2 layer(s) (full map), not purely "
+                        "relative (p < 0.01) in 1 of 2 layers")
+    assert "not noise-corrected" not in f
+    assert noise_shares(layers) == []
+    t = text(layers)
+    assert "not noise-corrected" not in t and "noise-corrected relativity index" in t

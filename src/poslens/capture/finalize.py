@@ -51,7 +51,9 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     RMS), the with-sink values beside them, and the noise floor from the group maps on ``grid``
     (p-values, RMS noise floor, trend standard error: :func:`poslens.metrics.diagonal.describe_map`).
     Where ``grid`` is coarser than the map, the same statistics of the grid map (``grid_*``, the ones
-    the p-values and standard error test) are given too, under ``noise_positions`` positions."""
+    the p-values and standard error test) are given too, under ``noise_positions`` positions; where it
+    covers the map, the headline relativity index is the noise-corrected one (group cross-products,
+    ``relativity_index_noise_corrected``), the uncorrected index in ``relativity_index_uncorrected``."""
     sub = _subsample(sc, locality_positions)
     out = describe_map(sc, exclude_keys=sink_columns, locality_map=sub)
     if groups is not None and groups.shape[0] >= 2:
@@ -67,11 +69,19 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
             # those beside the full-map headline numbers, so each uncertainty sits next to its own statistic
             for key in ("relativity_index", "diagonal_trend", "within_diag_rms", "locality"):
                 out[f"grid_{key}"] = noise.get(key)
+        elif noise.get("relativity_index") is not None:
+            # the groups cover the whole map: the headline index is corrected with them (variances from
+            # products of different groups only), the uncorrected one kept beside it
+            out["relativity_index_uncorrected"] = out["relativity_index"]
+            out["relativity_index"] = noise["relativity_index"]
+            out["relativity_index_noise_corrected"] = True
         out.pop("noise", None)
         if noise.get("noise"):
             out["noise"] = noise["noise"]
         if out["flat"]:
             out["relativity_index"] = out["locality"] = None
+            if "relativity_index_uncorrected" in out:
+                out["relativity_index_uncorrected"] = None
     else:
         out["noise"] = "no noise estimate: fewer than two sequence groups (scan at least 2 sequences)"
     flat = out["flat"] and groups is not None and groups.shape[0] >= 2

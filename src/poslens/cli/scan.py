@@ -106,6 +106,9 @@ def scan_table(summary: dict, slash=None):
     # the signed diagonal trend and the sink's weight, where the scan wrote them
     extra = {k: v for k, v in (("diagonal_trend", "trend"), ("sink_weight", "sink"))
              if any(l.get(k) is not None for l in summary["layers"])}
+    # the relativity index is noise-corrected where the noise grid covered the whole map
+    rel = [l for l in summary["layers"] if l.get("relativity_index") is not None]
+    corrected = bool(rel) and all(l.get("relativity_index_noise_corrected") for l in rel)
     rows = []
     for i, l in enumerate(summary["layers"]):
         top = layer_slash_head(l)
@@ -122,5 +125,5 @@ def scan_table(summary: dict, slash=None):
         "decoder layers from 0"
     return rich_table(f"{summary['model_type']}: {fmt(summary['num_seqs'])} sequences × {fmt(summary['seq_len'])} "
                       f"tokens ({conv.split(';')[0]})",
-                      ["layer", "rel.", "loc."] + [extra[k] for k in extra]
+                      ["layer", "rel. (noise-corr.)" if corrected else "rel.", "loc."] + [extra[k] for k in extra]
                       + ["APS" if per_seq else "mean-map APS", f"slash head Δ ≤ {SLASH_MAX_DELTA}"], rows)

@@ -165,14 +165,40 @@ def _tested(live: list[dict], key: str) -> tuple[int, int]:
     return sum(p < SIGNIFICANT for p in ps), len(ps)
 
 
+def fdr_count(ps: list[float], q: float = SIGNIFICANT) -> int:
+    """How many of the layers' p-values stay significant when the false discovery rate over all of them
+    is held at ``q``: Benjamini–Hochberg adjusted p-values (``scipy.stats.false_discovery_control``)
+    below ``q``. Each layer is its own test on the same sequences; counting layers at p < q each would
+    expect ``q`` × the number of layers false calls."""
+    if not ps:
+        return 0
+    from scipy.stats import false_discovery_control  # lazily: scipy.stats costs a fifth of a second to import
+
+    return int((false_discovery_control([min(max(p, 0.0), 1.0) for p in ps], method="bh") < q).sum())
+
+
+def _count_phrase(live: list[dict], key: str, what: str) -> str:
+    """``"<what> (p < 0.01) in S of T layers, F at a false discovery rate of 0.01 over the T
+    (Benjamini–Hochberg)"``: the correction only with more than one layer tested; "" with none."""
+    ps = [num(l.get(key)) for l in live if num(l.get(key)) is not None]
+    if not ps:
+        return ""
+    sig = sum(p < SIGNIFICANT for p in ps)
+    text = f"{what} (p < {SIGNIFICANT}) in {sig} of {len(ps)} layer{'s' if len(ps) > 1 else ''}"
+    if len(ps) > 1:
+        text += f", {fdr_count(ps)} at a false discovery rate of {SIGNIFICANT} over the {len(ps)} (Benjamini–Hochberg)"
+    return text
+
+
 def _kim_relativity(live: list[dict]) -> list[str]:
     """What the relativity index says: purely relative layers, and how much depends on absolute
     position; where p-values of "purely relative" exist and none is significant, that the lower
     values are not beyond sampling noise. Read from the noise-corrected grid index where every layer
-    has one (a scan's full-map index is not noise-corrected)."""
+    has one (a scan's full-map index is noise-corrected only where its noise grid is the whole map)."""
     grid = all(num(l.get("grid_relativity_index")) is not None for l in live)
     ri = [num(l.get("grid_relativity_index" if grid else "relativity_index")) for l in live]
-    which = "noise-corrected relativity" if grid else "relativity"
+    corrected = grid or all(l.get("relativity_index_noise_corrected") for l in live)
+    which = "noise-corrected relativity" if corrected else "relativity"
     sig, tested = _tested(live, "nonrelative_p")
     if tested and not sig and min(ri) < RELATIVE:
         return [f"The {which} index is as low as {f2(min(ri))} (layer {live[ri.index(min(ri))].get('layer')}), but in no "
@@ -224,13 +250,12 @@ def _kim_noise(live: list[dict]) -> list[str]:
     grid = [l for l in live if num(l.get("grid_diagonal_trend")) is not None]
     if grid:  # the p-values and standard errors describe the grid map's statistics, not the full map's
         n = max(int(num(l.get("noise_positions")) or 0) for l in grid)
-        ps = [num(l.get("trend_p")) for l in grid if num(l.get("trend_p")) is not None]
-        sig = sum(p < SIGNIFICANT for p in ps)
+        tcount = _count_phrase(grid, "trend_p", "the trend is significant")
         out.append(f"The p-values and standard errors come from sample groups kept on a {n}-position grid of the map; "
                    f"on that grid the trend reads {_series_short([l.get('grid_diagonal_trend') for l in grid])} and "
                    f"the noise-corrected relativity index "
                    f"{_series_short([l.get('grid_relativity_index') for l in grid])}"
-                   + (f"; the trend is significant (p < {SIGNIFICANT}) in {sig} of {len(ps)} layers." if ps else "."))
+                   + (f"; {tcount}." if tcount else "."))
     share = noise_shares(live)
     if share:
         out.append(f"The full-map relativity index is not noise-corrected: sampling noise alone accounts for "
@@ -259,14 +284,15 @@ def _kim_extras(layers: list[dict], live: list[dict]) -> list[str]:
 
 
 def noise_shares(layers: list[dict]) -> list[float]:
-    """Per scan layer (one with ``noise_positions``: its full-map index is computed without the noise
-    groups) and where the noise grid is the full map: the share of the observed within-diagonal mean
+    """Per scan layer whose full-map index is computed without the noise groups (one with
+    ``noise_positions`` but neither a grid index nor ``relativity_index_noise_corrected``): the share of the observed within-diagonal mean
     square that sampling noise alone gives, ``(within_diag_rms_noise / within_diag_rms)^2`` capped at 1
     (the noise estimate can exceed what is observed)."""
     out = []
     for l in layers:
         rms, noise = num(l.get("within_diag_rms")), num(l.get("within_diag_rms_noise"))
-        if "noise_positions" in l and num(l.get("grid_relativity_index")) is None and rms and noise is not None:
+        if ("noise_positions" in l and num(l.get("grid_relativity_index")) is None
+                and not l.get("relativity_index_noise_corrected") and rms and noise is not None):
             out.append(min((noise / rms) ** 2, 1.0))
     return out
 
@@ -485,14 +511,17 @@ def _kim_finding(name: str, command: str, summary: dict) -> str | None:
     lo = min(live, key=lambda l: num(l["relativity_index"]))
     sink = " (key 0 excluded)" if any("relativity_index_with_sink" in l for l in live) else ""
     ri = _span([l["relativity_index"] for l in live])
-    sig, tested = _tested(live, "nonrelative_p")
-    test = f", not purely relative (p < {SIGNIFICANT}) in {sig} of {tested}" if tested else ""
+    test = _count_phrase(live, "nonrelative_p", "not purely relative")
+    test = f", {test}" if test else ""
     grid = [l for l in live if num(l.get("grid_relativity_index")) is not None]
     share = noise_shares(live)
     if grid:
         n = max(int(num(l.get("noise_positions")) or 0) for l in grid)
         text = (f"{name}: noise-corrected relativity index{sink} {_span([l['grid_relativity_index'] for l in grid])} "
                 f"on a {n}-position grid over {len(grid)} layer(s){test}; full-map index {ri} (not noise-corrected), "
+                f"lowest in layer {lo.get('layer')}")
+    elif all(l.get("relativity_index_noise_corrected") for l in live):
+        text = (f"{name}: noise-corrected relativity index{sink} {ri} over {len(live)} layer(s) (full map){test}, "
                 f"lowest in layer {lo.get('layer')}")
     elif share:
         text = (f"{name}: relativity index{sink} {ri} over {len(live)} layer(s) (full map, not noise-corrected: "
@@ -506,8 +535,8 @@ def _kim_finding(name: str, command: str, summary: dict) -> str | None:
         text += f"; {flat} flat layer(s)"
     trend = [num(l.get("diagonal_trend")) for l in live if num(l.get("diagonal_trend")) is not None]
     if trend:
-        tsig, ttested = _tested(live, "trend_p")
-        text += f"; diagonal trend {_span(trend)}" + (f" (significant in {tsig} of {ttested})" if ttested else "")
+        tcount = _count_phrase(live, "trend_p", "significant")
+        text += f"; diagonal trend {_span(trend)}" + (f" ({tcount})" if tcount else "")
     few = few_groups(live)
     return text + (f"; {few}." if few else ".")
 
