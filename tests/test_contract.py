@@ -142,18 +142,19 @@ def test_scan_terminal_table_uses_delta_limited_heads():
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     assert "0.645 ± 0.0213" in text and "-0.74" in text and "0.91" in text and "mean-map" not in text
-    assert "noise-corr" not in text
+    assert "corrected" not in text
     # a scan whose noise grid was the whole map: the column says its index is noise-corrected, still 80 columns
     for l in layers:
         l["relativity_index_noise_corrected"] = True
     console = Console(width=80, record=True, color_system=None)
     console.print(scan_table({"model_type": "llama", "num_seqs": 64, "seq_len": 512, "layers": layers}))
     text = console.export_text()
-    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text and "noise-corr" in text
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text and "corrected" in text
+    assert "0.645 ± 0.0213" in text and "h2 Δ=1: 0.31" in text  # no cell wrapped onto a second line
     layers[3]["relativity_index_noise_corrected"] = False  # one plain index: the label cannot claim all are
     console = Console(width=80, record=True, color_system=None)
     console.print(scan_table({"model_type": "llama", "num_seqs": 64, "seq_len": 512, "layers": layers}))
-    assert "noise-corr" not in console.export_text()
+    assert "corrected" not in console.export_text()
 
 
 def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
@@ -267,6 +268,13 @@ def test_newer_scan_keys_render(tmp_path):
     # the mean-map APS stays in summary.json beside the per-sequence one; with-sink values, noise floors
     # and grid statistics are companions drawn dashed in their key's panel, not panels of their own
     assert "mean_map_aps" not in q["neighborhood"] and "relativity_index_with_sink" not in q["kim"]
+    # a scan whose noise grid is the whole map: the plain index is a companion of the corrected one
+    for l in layers:
+        l.update(relativity_index_uncorrected=0.7, relativity_index_noise_corrected=True)
+    write_json(d / "summary.json", {"model_type": "llama", "num_seqs": 16, "seq_len": 64, "layers": layers,
+                                    "embedding_aps_mean": 0.5})
+    q = layer_quantities(load_run(d))
+    assert q["kim"][0] == "relativity_index" and not [k for k in q["kim"] if "corrected" in k]
     html = render_report([d])
     assert "<caption>Per layer</caption>" not in html  # 8 layers: plots, no per-layer table
     assert "(key 0 excluded)" in html and "APS per sequence 0.64" in html

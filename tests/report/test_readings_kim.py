@@ -306,4 +306,5 @@ def test_a_scan_whose_noise_grid_is_the_whole_map_leads_with_the_corrected_index
     assert "not noise-corrected" not in f
     assert noise_shares(layers) == []
     t = text(layers)
-    assert "not noise-corrected" not in t and "noise-corrected relativity index" in t
+    assert "not noise-corrected" not in t and "noise-corrected relativity index 0.7 → 0.9" in t
+    assert "noise-corrected" not in text([L(0, 0.7), L(1, 0.9)])

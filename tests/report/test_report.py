@@ -370,3 +370,25 @@ def test_report_screenshot_shows_every_figure(runs, tmp_path):
     top = im.crop((0, 0, im.width, 600))
     assert ImageStat.Stat(top).stddev[0] > 10
     assert html.index('id="key-findings"') < html.index("<figure>")
+
+
+def test_companions_of_one_line_differ_in_dash_pattern():
+    """Two companions in one panel (with key 0, not noise-corrected) must not look alike: each gets the next
+    dash pattern, in the colour of its line; the next run's line starts the patterns again."""
+    from poslens.report.plots import COMPANION_STYLES, layer_lines
+    from poslens.rundir import close_figure
+
+    series = [{"label": "a", "layers": [0, 1], "values": [0.9, 0.8]},
+              {"label": "a: with key 0", "layers": [0, 1], "values": [0.5, 0.4], "dashed": True},
+              {"label": "a: not noise-corrected", "layers": [0, 1], "values": [0.7, 0.6], "dashed": True},
+              {"label": "b", "layers": [0, 1], "values": [0.3, 0.2]},
+              {"label": "b: with key 0", "layers": [0, 1], "values": [0.1, 0.1], "dashed": True}]
+    fig = layer_lines([{"title": "relativity index", "series": series, "ref": 0.01}])
+    ax = fig.axes[0]
+    lines = {l.get_label(): l for l in ax.get_lines()}
+    assert [lines[s["label"]].get_linestyle() for s in series] == ["-", COMPANION_STYLES[0], COMPANION_STYLES[1],
+                                                                   "-", COMPANION_STYLES[0]]
+    assert COMPANION_STYLES[0] != COMPANION_STYLES[1]
+    assert lines["a: not noise-corrected"].get_color() == lines["a"].get_color() != lines["b"].get_color()
+    assert [l.get_ydata()[0] for l in ax.get_lines() if l.get_label().startswith("_")] == [0.01]  # the reference
+    close_figure(fig)

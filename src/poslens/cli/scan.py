@@ -125,5 +125,5 @@ def scan_table(summary: dict, slash=None):
         "decoder layers from 0"
     return rich_table(f"{summary['model_type']}: {fmt(summary['num_seqs'])} sequences × {fmt(summary['seq_len'])} "
                       f"tokens ({conv.split(';')[0]})",
-                      ["layer", "rel. (noise-corr.)" if corrected else "rel.", "loc."] + [extra[k] for k in extra]
+                      ["layer", "rel.\ncorrected" if corrected else "rel.", "loc."] + [extra[k] for k in extra]
                       + ["APS" if per_seq else "mean-map APS", f"slash head Δ ≤ {SLASH_MAX_DELTA}"], rows)

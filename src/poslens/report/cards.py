@@ -13,7 +13,7 @@ from poslens.fmt import fmt
 from poslens.report.collect import Run, expand, load_run
 from poslens.report.elements import (_MIME, HALF_WIDTH_PX, _inside, _slug, embed_figure, embed_file,
                                      png_width, sparse_sentence, table)
-from poslens.report.readings import PAPERS, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
+from poslens.report.readings import PAPERS, SIGNIFICANT, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
 from poslens.rundir import figure_caption, new_figure
 
 #: per-layer quantities: key -> (paper, panel title, reference line). Keys not listed are plotted
@@ -23,8 +23,8 @@ LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
     "locality": ("kim", "locality (+1 = nearer keys score higher)", 0.0),
     "diagonal_trend": ("kim", "signed trend along diagonals (+1 = right higher)", 0.0),
     "within_diag_rms": ("kim", "within-diagonal RMS (dashed: noise floor)", None),
-    "nonrelative_p": ("kim", "p, non-relative (sample-group test; noise grid)", 0.05),
-    "trend_p": ("kim", "p, diagonal trend (noise grid)", 0.05),
+    "nonrelative_p": ("kim", "p, non-relative (sample-group test; noise grid)", SIGNIFICANT),
+    "trend_p": ("kim", "p, diagonal trend (noise grid)", SIGNIFICANT),
     "sink_weight": ("kim", "attention weight on key 0 (sink)", None),
     "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
     "locality_with_sink": ("kim", "locality with key 0", 0.0),
@@ -115,9 +115,9 @@ def _card(run: Run, *, title: str | None = None, subtitle: str = "", badge: str 
 _NOT_PLOTTED = ("noise_groups", "noise_positions", "sink_columns", "sliding_window", "flat_p", "paper_layer",
                 "max_stderr", "mean_score", "within_diag_rms_signal")
 #: companions drawn dashed in their key's panel (key ``k``): the noise floor, the same statistic with
-#: key 0 (the sink) or on a scan's noise grid, and the bidirectional control
+#: key 0 (the sink), on a scan's noise grid or without the noise correction, and the bidirectional control
 COMPANIONS = (("{k}_noise", "noise floor"), ("{k}_with_sink", "with key 0"), ("grid_{k}", "noise grid"),
-              ("bidirectional_{k}", "bidirectional control"))
+              ("{k}_uncorrected", "not noise-corrected"), ("bidirectional_{k}", "bidirectional control"))
 
 
 def _companion_keys(k: str) -> list[tuple[str, str]]:

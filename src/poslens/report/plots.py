@@ -110,6 +110,10 @@ def integer_axis(axis, nbins: int | str = "auto") -> None:
     axis.set_major_locator(MaxNLocator(nbins=nbins, integer=True))
 
 
+#: dash patterns of the companions drawn beside one line (noise floor, with key 0, ...), in order
+COMPANION_STYLES = ("--", ":", "-.")
+
+
 def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, layer_label: str = "layer"):
     """Small multiples of per-layer quantities: one panel per quantity, one line per run.
 
@@ -122,19 +126,22 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
     fig, axes = new_figure(nrow, ncol, figsize=(4.2 * ncol, 2.7 * nrow), squeeze=False)
     for ax, p in zip(axes.flat, panels):
         color = None  # a dashed companion (noise floor, control, ...) takes the colour of the line before it
+        nth = 0  # companions of one line differ in their dash pattern
         for s in p["series"]:
             x = np.asarray(s["layers"], dtype=float)
             y = np.asarray([np.nan if v is None else v for v in s["values"]], dtype=float)
             err = s.get("errors")
             dashed = bool(s.get("dashed"))
             style = {"color": color} if dashed and color is not None else {}
+            ls = COMPANION_STYLES[nth % len(COMPANION_STYLES)] if dashed else "-"
+            nth = nth + 1 if dashed else 0
             if err is not None:
                 e = np.asarray([np.nan if v is None else v for v in err], dtype=float)
                 h = ax.errorbar(x, y, yerr=e, marker="o", ms=3, lw=1.0 if dashed else 1.2, capsize=2,
-                                ls="--" if dashed else "-", label=s["label"], **style)
+                                ls=ls, label=s["label"], **style)
                 line = h.lines[0]
             elif dashed:
-                (line,) = ax.plot(x, y, ls="--", lw=1.0, label=s["label"], **({"color": "0.4"} | style))
+                (line,) = ax.plot(x, y, ls=ls, lw=1.0, label=s["label"], **({"color": "0.4"} | style))
             else:
                 (line,) = ax.plot(x, y, marker="o", ms=3, lw=1.2, label=s["label"])
             if not dashed:

@@ -135,6 +135,8 @@ def _kim_series(layers: list[dict], flat: list[dict], live: list[dict], noise: s
     claim = " the scores depend on position:" if noise and (p_min is None or p_min < SIGNIFICANT) else ""
     sink = any(num(l.get("relativity_index_with_sink")) is not None for l in live)
     what = "relativity index (key 0 excluded)" if sink else "relativity index"
+    if all(l.get("relativity_index_noise_corrected") for l in live):
+        what = "noise-corrected " + what
     out = [f"{where[0].upper()}{where[1:]}{claim} {what} {_series_short(ri)} "
            f"(1 = a function of the distance i − j alone) and locality {_series_short(loc)} "
            "(+1 = every query's scores rise as the key gets closer)."]
