@@ -68,8 +68,8 @@ TARGETS: dict[str, list[str]] = {
     "analysis/slash.py": ["tests/analysis/test_slash.py", "tests/test_slash_tables.py",
                           "-k", "not rank_one_model_slash and not wrong_sign_would and not band_usage_and_contributions "
                           "and not slash_command_writes and not slash_dynamics"],
-    "analysis/neighborhood.py": ["tests/test_neighborhood_analysis.py", "tests/test_neighborhood.py", "tests/test_references.py",
-                                 "-k", "not scan_summary"],
+    "analysis/neighborhood.py": ["tests/test_neighborhood_analysis.py", "tests/test_neighborhood_plumbing.py",
+                                 "tests/test_neighborhood.py", "tests/test_references.py", "-k", "not scan_summary"],
     # readings / analysis-slash: the readings' own tests (the report's rendering tests reach every helper but
     # take seconds each: a run over 200 mutants took an hour with them)
     "report/readings.py": ["tests/test_readings_kim.py", "tests/test_readings_commands.py", "tests/test_readings_helpers.py"],
