@@ -217,7 +217,27 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "an early exit only: with fewer than two positions on any diagonal the general path counts no pair and "
      "returns None too (checked for S = 1 and 2)"),    ("metrics/diagonal.py", "_entries", r"valid_mask\(S, include_diagonal, m\.device\)", r"include_diagonal, None\)", "cpu",
      "device placement only (a device argument dropped or set to None)"),
+    ("analysis/neighborhood.py", "run_neighborhood", r"^convention=LAYER_CONVENTION\)$", r"^(convention=None)?\)$",
+     "equivalent", "the summary carries layer_convention = LAYER_CONVENTION (build_summary), which write_summary's "
+     "envelope uses when no convention is passed"),
 ]
+
+#: figure functions whose matplotlib styling keywords (below) change no number a reader reads
+STYLED_FIGURES: dict[str, str] = {"analysis/neighborhood.py": "neighborhood_figures"}
+#: keywords that style what is drawn: size of the figure or caps, marker, line width, colour, transparency, font size
+#: (not ``ls``: the line style is what tells causal from bidirectional in the figures; the APS panel's markers,
+#: which tell head outputs from the residual stream, are checked by the tests, so none of them survives)
+STYLE_KWARGS = ("figsize", "capsize", "marker", "ms", "lw", "color", "alpha", "fontsize")
+_STYLE_KW = re.compile(r"\b(?:%s)=(?:\([^()]*\)|\"[^\"]*\"|'[^']*'|[\w.+-]+)" % "|".join(STYLE_KWARGS))
+
+
+def _styling_only(module: str, func: str, minus: str, plus: str) -> bool:
+    """Whether a mutant of a figure function changes (or drops) only styling keywords of one call."""
+    fn = STYLED_FIGURES.get(module)
+    if not fn or not re.fullmatch(fn, func) or minus == plus:
+        return False
+    return re.sub(r"[\s,]", "", _STYLE_KW.sub("", minus)) == re.sub(r"[\s,]", "", _STYLE_KW.sub("", plus))
+
 
 
 #: modules whose sentences (readings, error messages, captions) a mutant that only rewords one is
@@ -254,6 +274,8 @@ def explain(module: str, func: str, minus: str, plus: str) -> tuple[str, str] | 
     """``(kind, reason)`` of the first rule matching a survivor, else None."""
     if "device" in minus and _without_device(minus) == _without_device(plus):
         return "cpu", "device placement only (a device argument dropped or set to None)"
+    if _styling_only(module, func, minus, plus):
+        return "equivalent", "figure styling only (size, caps, marker, line width, colour, font size): the same data drawn"
     if fnmatch.fnmatch(module, PROSE) and _prose_only(minus, plus):
         return "text", "the wording of a sentence for people (a literal with a space in it), no number or branch"
     for mod_glob, func_re, from_re, to_re, kind, reason in RULES:

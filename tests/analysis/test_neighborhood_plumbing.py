@@ -166,14 +166,22 @@ def test_aps_figure_data_by_hand():
             (x0, y0), (x1, y1) = seg
             assert x0 == x1 == xi and sorted([y0, y1]) == pytest.approx([m - sd, m + sd], abs=1e-12)
     assert not axes[1].containers  # the norm score is drawn without error bars
+    # on the APS panel the two families are told apart by their markers (the legend shows them)
+    for mode in MODES:
+        assert left[f"head outputs, {mode}"].get_marker() == "o" and left[f"residual, {mode}"].get_marker() == "x"
 
 
-def test_aps_figure_one_sequence_has_no_error_bars():
-    one = {k: (v[:, :1] if k in ("aps", "norm_score", "resid_aps", "resid_norm_score") else v) for k, v in CAUSAL.items()}
-    fig = neighborhood_figures({"causal": one})[1][1]
-    (c,) = fig.axes[0].containers
-    assert not c.has_yerr
+def test_aps_figure_error_bars_need_two_sequences():
+    def first(n):
+        return {k: (v[:, :n] if k in ("aps", "norm_score", "resid_aps", "resid_norm_score") else v)
+                for k, v in CAUSAL.items()}
+    (c,) = neighborhood_figures({"causal": first(1)})[1][1].axes[0].containers
+    assert not c.has_yerr  # one sequence: no spread to show
     assert list(c.lines[0].get_ydata()) == pytest.approx([0.5, 0.2, 0.1])
+    (c,) = neighborhood_figures({"causal": first(2)})[1][1].axes[0].containers
+    assert c.has_yerr
+    half = [abs(y1 - y0) / 2 for (_, y0), (_, y1) in c.lines[2][0].get_segments()]
+    assert half == pytest.approx([0.2 / math.sqrt(2), 0.2 / math.sqrt(2), 0.0], abs=1e-12)  # |a - b| / sqrt(2)
 
 
 def test_cosine_map_figures_show_the_mean_maps_lower_triangle():
@@ -243,19 +251,6 @@ class _Progress:
         return cm()
 
 
-@pytest.fixture(scope="module")
-def run(model_dir, tmp_path_factory):
-    """One run with the bidirectional control and figures: (config, returned summary, out dir, progress)."""
-    out = tmp_path_factory.mktemp("nbrun") / "run"
-    cfg = NeighborhoodConfig(model_dir=str(model_dir), out=str(out), seq_len=8, num_seqs=3, batch_size=2, seed=5,
-                             bidirectional=True, device="cpu")
-    prog = _Progress()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nb, "task_progress", prog)
-        summary = nb.run_neighborhood(cfg, progress=True)
-    return cfg, summary, out, prog
-
-
 def _per_sequence(out: Path) -> tuple[dict, dict]:
     from safetensors import safe_open
 
@@ -263,9 +258,41 @@ def _per_sequence(out: Path) -> tuple[dict, dict]:
         return {k: f.get_tensor(k).to(torch.float64) for k in f.keys()}, f.metadata()
 
 
-def test_written_summary_against_the_per_sequence_scores(run, model_dir):
-    cfg, returned, out, _ = run
+def test_one_run_as_written(model_dir, tmp_path, monkeypatch):
+    """One run with the bidirectional control and figures, every check in this one test (mutation
+    testing runs only the tests that call the code, and a shared fixture's run counts for one test)."""
+    out = tmp_path / "run"
+    cfg = NeighborhoodConfig(model_dir=str(model_dir), out=str(out), seq_len=8, num_seqs=3, batch_size=2, seed=5,
+                             bidirectional=True, device="cpu")
+    prog, drawn = _Progress(), {}
+    real_save = nb.save_figures
+
+    def keep_figures(stage, figures):
+        figures = list(figures)
+        drawn.update({name: fig for name, fig, _ in figures})
+        return real_save(stage, figures)
+    monkeypatch.setattr(nb, "task_progress", prog)
+    monkeypatch.setattr(nb, "save_figures", keep_figures)
+    returned = nb.run_neighborhood(cfg, progress=True)
+
+    # the progress bar: 3 sequences x 2 modes, updated after each batch of 2, ending at the total
+    assert prog.opened == [("neighbourhood", 6, True)]
+    done = [d for d, _ in prog.updates]
+    assert done == sorted(done) and done[-1] == 6
+    assert [d for d, info in prog.updates if info == "causal"] == [2, 3]
+    assert [d for d, info in prog.updates if info == "bidirectional"] == [5, 6]
+
+    # config.json: the command and every option as given, the model and the source
+    c = json.loads((out / "config.json").read_text())
+    assert c["command"] == "neighborhood"
+    for field, value in dataclasses.asdict(cfg).items():
+        assert c[field] == value, field
+    assert c["versions"] and str(model_dir) in json.dumps(c["model_source"])
+    # random tokens over the model's whole vocabulary (config.json's vocab_size), as written in both files
+    assert c["source"] == {"kind": "random", "seq_len": 8, "num_seqs": 3, "vocab_size": V, "seed": 5}
+
     s = json.loads((out / "summary.json").read_text())
+    assert s["source"] == c["source"]
     assert s["command"] == "neighborhood" and s["paper"] == "neighborhood" and s["experiment"] == "neighborhood"
     assert s["model_dir"] == str(model_dir) and s["model_type"] == "llama"
     assert s["pe"] == "other"  # poslens' families are told by no_rope_layers, which a stock llama config lacks
@@ -275,8 +302,7 @@ def test_written_summary_against_the_per_sequence_scores(run, model_dir):
     assert "resid_" in describes and "embeddings" in describes
     assert s["layer_info"]["indices"] == ["embeddings", 0, 1] and s["layer_info"]["convention"] == nb.LAYER_CONVENTION
     tensors, meta = _per_sequence(out)
-    assert "layer_index" in meta and "embeddings" in meta["layer_index"]
-    assert json.loads(meta["modes"]) == ["causal", "bidirectional"]
+    assert "embeddings" in json.loads(meta["layer_index"]) and json.loads(meta["modes"]) == ["causal", "bidirectional"]
     for k, layer in enumerate(s["layers"]):
         checks = [("aps_mean", "causal.aps", statistics.mean), ("aps_std", "causal.aps", statistics.stdev),
                   ("norm_score_mean", "causal.norm_score", statistics.mean),
@@ -305,32 +331,13 @@ def test_written_summary_against_the_per_sequence_scores(run, model_dir):
             else:
                 assert sd < 5e-4, (k, tensor, cell)
     assert s["tables"][0]["columns"][4:] == ["APS bidirectional", "norm score bidirectional"]
-    assert {f["file"] for f in s["figures"]} == {"cosine_maps.png", "cosine_maps_bidirectional.png", "aps_by_layer.png"}
+    names = {"cosine_maps.png", "cosine_maps_bidirectional.png", "aps_by_layer.png"}
+    assert {f["file"] for f in s["figures"]} == names == set(drawn)
     assert all((out / f["file"]).stat().st_size > 0 and f["caption"] for f in s["figures"])
+    assert all(fig.get_suptitle().startswith("tiny ") for fig in drawn.values())  # titled by the model's name
 
 
-def test_written_config_and_source(run, model_dir):
-    cfg, _, out, _ = run
-    c = json.loads((out / "config.json").read_text())
-    assert c["command"] == "neighborhood"
-    for field, value in dataclasses.asdict(cfg).items():
-        assert c[field] == value, field
-    assert c["versions"] and c["model_source"]
-    # random tokens over the model's whole vocabulary (config.json's vocab_size), as written in both files
-    assert c["source"] == {"kind": "random", "seq_len": 8, "num_seqs": 3, "vocab_size": V, "seed": 5}
-    assert json.loads((out / "summary.json").read_text())["source"] == c["source"]
-
-
-def test_progress_reaches_the_total(run):
-    _, _, _, prog = run
-    assert prog.opened == [("neighbourhood", 6, True)]  # 3 sequences x 2 modes
-    done = [d for d, _ in prog.updates]
-    assert done == sorted(done) and done[-1] == 6
-    assert [d for d, info in prog.updates if info == "causal"] == [2, 3]  # batches of 2: after 2, then 3 sequences
-    assert [d for d, info in prog.updates if info == "bidirectional"] == [5, 6]
-
-
-def test_overwrite_and_a_causal_only_run_without_figures(model_dir, tmp_path, monkeypatch):
+def test_overwrite_and_a_causal_only_run_without_figures(model_dir, tmp_path, monkeypatch, capfd):
     out = tmp_path / "run"
     out.mkdir()
     (out / "old.txt").write_text("a previous run")
@@ -341,7 +348,9 @@ def test_overwrite_and_a_causal_only_run_without_figures(model_dir, tmp_path, mo
     assert sorted(p.name for p in out.iterdir()) == ["old.txt"]  # nothing written
     prog = _Progress()
     monkeypatch.setattr(nb, "task_progress", prog)
+    capfd.readouterr()
     s = nb.run_neighborhood(dataclasses.replace(cfg, overwrite=True), progress=False)
+    assert "Loading weights" not in capfd.readouterr().err  # quiet: no weight-loading bars either
     assert prog.opened == [("neighbourhood", 2, False)] and prog.updates[-1] == (2, "causal")
     assert s["modes"] == ["causal"] and s["figures"] == [] and len(s["tables"][0]["columns"]) == 4
     assert not any(k.startswith("bidirectional") for k in s["layers"][0])
@@ -351,8 +360,11 @@ def test_overwrite_and_a_causal_only_run_without_figures(model_dir, tmp_path, mo
     assert json.loads((out / "config.json").read_text())["overwrite"] is True
 
 
-@pytest.mark.parametrize("change, flag", [({"num_seqs": 0}, "--num-seqs"), ({"batch_size": 0}, "--batch-size"),
-                                          ({"seq_len": 2}, "--seq-len"), ({"seq_len": 129}, "--seq-len 129")])
+@pytest.mark.parametrize("change, flag", [
+    ({"num_seqs": 0}, "--num-seqs 0: must be a positive integer"),
+    ({"num_seqs": -1, "chars": "01"}, "--num-seqs -1: must be a positive integer"),  # --chars has no later check
+    ({"batch_size": 0}, "--batch-size 0: must be a positive integer"),
+    ({"seq_len": 2}, "--seq-len 2: the APS counts position triples"), ({"seq_len": 129}, "--seq-len 129 exceeds")])
 def test_bad_options_name_themselves_and_write_nothing(model_dir, tmp_path, change, flag):
     out = tmp_path / "run"
     cfg = dataclasses.replace(NeighborhoodConfig(model_dir=str(model_dir), out=str(out), device="cpu"), **change)
@@ -360,6 +372,12 @@ def test_bad_options_name_themselves_and_write_nothing(model_dir, tmp_path, chan
         nb.run_neighborhood(cfg, progress=False)
     assert str(e.value).startswith(flag)
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_three_tokens_are_enough(model_dir, tmp_path):
+    _, _, source, _ = nb._plan(NeighborhoodConfig(model_dir=str(model_dir), out=str(tmp_path / "r"), seq_len=3,
+                                                  num_seqs=1, device="cpu"))
+    assert source.batch(0, 1).shape == (1, 3)
 
 
 def test_random_data_needs_no_tokenizer_but_text_does(model_dir, tmp_path):
@@ -455,3 +473,35 @@ def test_pickle_weights_load_with_allow_pickle(model_dir, tmp_path):
     ref = nb.run_neighborhood(dataclasses.replace(cfg, model_dir=str(model_dir), out=str(tmp_path / "r2")),
                               progress=False)
     assert s["layers"] == ref["layers"]  # the same weights, the same numbers
+
+
+def test_model_options_reach_the_loaders(model_dir, tmp_path, monkeypatch):
+    """--trust-remote-code reaches the config, the tokenizer and the weights (recorded on the way)."""
+    seen = []
+    for name in ("open_model_config", "load_model"):
+        real = getattr(nb, name)
+
+        def recording(*a, _real=real, _name=name, **kw):
+            seen.append((_name, kw.get("trust_remote_code"), kw.get("allow_pickle"), kw.get("dtype")))
+            return _real(*a, **kw)
+        monkeypatch.setattr(nb, name, recording)
+    cfg = NeighborhoodConfig(model_dir=str(model_dir), out=str(tmp_path / "r"), seq_len=5, num_seqs=2, figures=False,
+                             device="cpu", trust_remote_code=True)
+    nb.run_neighborhood(cfg, progress=False)
+    assert seen == [("open_model_config", True, False, None), ("load_model", True, False, torch.float32)]
+
+
+def test_half_precision_weights_are_measured_in_float32(model_dir, tmp_path):
+    """A checkpoint saved in bfloat16 runs in float32: the same numbers as its float32 copy."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    m.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16"), dtype=torch.float32).save_pretrained(tmp_path / "f32")
+    maps = []
+    for name in ("bf16", "f32"):
+        out = tmp_path / f"run_{name}"
+        nb.run_neighborhood(NeighborhoodConfig(model_dir=str(tmp_path / name), out=str(out), seq_len=6, num_seqs=2,
+                                               figures=False, device="cpu"), progress=False)
+        maps.append(_per_sequence(out)[0]["causal.resid_cosine"])
+    torch.testing.assert_close(maps[0], maps[1], rtol=0, atol=1e-6)
