@@ -217,6 +217,18 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "an early exit only: with fewer than two positions on any diagonal the general path counts no pair and "
      "returns None too (checked for S = 1 and 2)"),    ("metrics/diagonal.py", "_entries", r"valid_mask\(S, include_diagonal, m\.device\)", r"include_diagonal, None\)", "cpu",
      "device placement only (a device argument dropped or set to None)"),
+    ("analysis/neighborhood.py", "_bidirectional_capture", r"CaptureSpec\(num_layers=adapter\.num_layers\(cfg\)",
+     r"^spec = CaptureSpec\(num_layers=None, num_heads=adapter\.num_heads\(cfg\),$", "equivalent",
+     "the control's capture records no layer, and the attention function never reads num_layers (only a scan's "
+     "finalize step does)"),
+    ("analysis/neighborhood.py", "build_summary", r'T = causal\["cosine"\]\.shape\[-1\]', r"shape\[-2\]", "equivalent",
+     "the mean cosine maps are square [K, T, T]"),
+    ("analysis/neighborhood.py", "layer_rows", r"if n > 1 else float\(\"nan\"\)", r"if n >= 1 else", "equivalent",
+     "torch's unbiased std of a single value is NaN as well (with a warning): the same value"),
+    ("analysis/neighborhood.py", "use_poslens_attention", r'getattr\(model\.config, "_attn_implementation", None\) != ATTN_NAME',
+     r'getattr\(None, "_attn_implementation", None\) != ATTN_NAME', "equivalent",
+     "the check only skips a redundant call: setting the attention implementation the model already uses "
+     "changes nothing"),
     ("analysis/neighborhood.py", "run_neighborhood", r"^convention=LAYER_CONVENTION\)$", r"^(convention=None)?\)$",
      "equivalent", "the summary carries layer_convention = LAYER_CONVENTION (build_summary), which write_summary's "
      "envelope uses when no convention is passed"),

@@ -86,6 +86,7 @@ def test_summary_tables_and_keys_by_hand():
     assert s["readings"] and all(isinstance(r, str) for r in s["readings"])
     one = build_summary({"causal": CAUSAL})
     assert one["model_dir"] is None and one["modes"] == ["causal"] and len(one["tables"][0]["columns"]) == 4
+    assert one["pe"] == one["model_type"] == "?" and "(? PE, ?)" in one["title"]  # not given: unknown
     assert [r[1] for r in one["tables"][0]["rows"]] == ["0.7 ± 0.2", "0.4 ± 0.2", "0.2 ± 0.173"]
     assert not any(k.startswith("bidirectional") for k in one["layers"][0])
 
@@ -127,6 +128,8 @@ def test_aps_figure_data_by_hand():
     assert "error bars = std over sequences" in caption
     axes = fig.axes
     assert len(axes) == 2
+    left_box, right_box = axes[0].get_position(), axes[1].get_position()  # the caption says left and right
+    assert left_box.x1 <= right_box.x0 and left_box.y0 == pytest.approx(right_box.y0)
     assert "tiny" in fig.get_suptitle() and "adjacency" in fig.get_suptitle()
     x = [-1, 0, 1]  # the embeddings, then decoder layers from 0
     for ax, ylabel in zip(axes, ("APS", "norm score")):
