@@ -19,7 +19,8 @@ import torch
 
 from archs import V, save_tiny
 from poslens.analysis import neighborhood as nb
-from poslens.analysis.neighborhood import CharSource, NeighborhoodConfig, build_summary, layer_rows, neighborhood_figures
+from poslens.analysis.neighborhood import (CharSource, NeighborhoodConfig, build_summary, layer_rows,
+                                           neighborhood_figures)
 from poslens.errors import PoslensError
 
 MODES = ("causal", "bidirectional")
