@@ -68,6 +68,9 @@ def test_neighborhood_readings_attention_and_norms():
     # four norms: the median is the upper middle one, sorted [0.25, 0.5, 0.75, 0.875][2]
     assert "Norm score 0.25 → 0.75 → 0.875 → 0.5 (median 0.75: norms shrink" in t and "≤ 0.3 = grow" in t
     assert "Attention outputs" not in J(neighborhood_readings({"layers": [{"layer": 0, "aps_mean": 0.9}]}))
+    # the per-sequence mean is read before the mean-map value where a layer has both
+    both = {"layers": [{"layer": 0, "aps_mean": 0.9, "attn_aps_mean": 0.625, "attn_aps": 0.95}]}
+    assert "Attention outputs alone reach APS 0.625" in J(neighborhood_readings(both))
 
 
 def test_neighborhood_finding():
@@ -212,6 +215,10 @@ def test_score_maps_readings():
     assert "2 of 3 layers' mean scores rise" in out[2] and "(mean locality 0.167)" in out[2]
     assert "per layer: 0.125 → 0.5." in out[3]
     assert score_maps_readings({"layers": [{"layer": 0, "non_relativity": 0.25}]})[1:] == []
+    # the extremes are by value, not by layer: the least relative layer here is the first
+    first = score_maps_readings({"layers": [{"layer": 0, "non_relativity": 0.5}, {"layer": 1, "non_relativity": 0.125},
+                                            {"layer": 2, "non_relativity": 0.25}]})
+    assert "ranges from 0.125 (layer 1) to 0.5 (layer 0)" in first[0]
     assert score_maps_readings({}) == []
 
 
@@ -287,7 +294,7 @@ def test_dynamics_readings():
     assert "SlashScore(2) of the best head rises from 0.125 at step 0 to 0.75 at step 200" in out[0]
     assert "(task accuracy 0.875)" in out[0]
     assert out[1] == "A (0.5, 2)-slash-dominant head first appears at step 100."
-    assert "(layer 1 head 2) scores 0.5 at Δ = 2: the SDH persists" in out[2]
+    assert "(layer 1 head 2) scores 0.5 at Δ = 2: the SDH persists out of distribution (κ = 0.5)." in out[2]
     assert "holds 0.25 of the energy at step 0 and 0.875 at the end (keys: 0.5 → 0.625)" in out[3]
     assert "most amplitude in the medium-frequency band (high 0.25, medium 0.625, low 0)" in out[4]
     assert "peak at Δ = 3" in out[4]
