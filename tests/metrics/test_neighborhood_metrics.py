@@ -148,6 +148,17 @@ def test_per_sequence_aps_is_the_cosine_map_count():
         assert float(sub[b]) == pytest.approx(brute_cos_aps(x[b, idx].reshape(5, 6)), abs=1e-12)
 
 
+def test_per_sequence_aps_long_enough_for_the_half_products_loop():
+    """From 64 positions the cosines are two products (first half against itself, second half against
+    every column): the APS still equals the triple loop over the full cosine map, odd length included."""
+    gen = torch.Generator().manual_seed(23)
+    for S in (64, 71):
+        x = torch.randn(2, S, 5, generator=gen, dtype=torch.float64).cumsum(1)  # a drifting walk: APS far from 0.5
+        got = per_sequence_aps(x, max_positions=256)
+        for b in range(2):
+            assert float(got[b]) == pytest.approx(brute_cos_aps(x[b]), abs=1e-12), S
+
+
 def test_norm_score_batched_loop():
     gen = torch.Generator().manual_seed(9)
     norms = torch.rand(2, 3, 7, generator=gen, dtype=torch.float64)

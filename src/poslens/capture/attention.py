@@ -59,7 +59,7 @@ CPU_CHUNK_ELEMS = 2**20
 CPU_MIN_ROWS = 64
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
-GRAM_BLOCK_ROWS = 256
+GRAM_BLOCK_ROWS = 128
 
 #: Logits per chunk on CUDA (float32: 1 GiB) for the torch fallback path: a layer is a few chunks, so
 #: a few dozen kernel launches instead of thousands (the CPU size gave ~64 chunks per layer at 4k tokens).

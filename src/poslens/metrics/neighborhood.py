@@ -242,7 +242,21 @@ def per_sequence_aps(x: torch.Tensor, max_positions: int = 256, chunk_elems: int
     idx = aps_positions(S, max_positions).to(x.device)
     v = x[:, idx].reshape(B, idx.numel(), -1).to(torch.float32)
     u = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp_min(1e-30)
-    return adjacency_probability_score(torch.bmm(u, u.transpose(1, 2)))
+    return adjacency_probability_score(_lower_cosines(u))
+
+
+def _lower_cosines(u: torch.Tensor) -> torch.Tensor:
+    """``u @ u^T`` per sequence (``u [B, T, d]``) where the APS reads it, the strict lower triangle:
+    the rows of the first half against the first half's columns and the rows of the second half
+    against every column (3/4 of the product); the block above the diagonal is left 0."""
+    T = u.shape[1]
+    h = T // 2
+    if T < 64 or u.device.type != "cpu":
+        return torch.bmm(u, u.transpose(1, 2))
+    m = torch.zeros(u.shape[0], T, T, dtype=u.dtype, device=u.device)
+    torch.bmm(u[:, :h], u[:, :h].transpose(1, 2), out=m[:, :h, :h])
+    torch.bmm(u[:, h:], u.transpose(1, 2), out=m[:, h:])
+    return m
 
 
 def norm_score(norms) -> torch.Tensor:
