@@ -193,6 +193,11 @@ def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(_noninversions(_value_order(x.detach())))
 
 
+#: narrowest column prefix rows are counted on: the first 65 rows in one call (per-call costs; measured
+#: on 4 maps of 256 positions, one thread: 5.9 ms against 7.3 ms with prefixes of 2, 4, .., 64 columns)
+_MIN_PREFIX = 64
+
+
 def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
     """``rising_pair_fraction(m, include_diagonal=False, ties=0)`` for maps ``[B, T, T]`` whose strict
     lower triangle is finite: row i's visible keys 0..i-1 are kept and every later column is set to
@@ -203,7 +208,7 @@ def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
     gt = torch.zeros(B, dtype=torch.int64, device=m.device)
     lo = 0
     while lo < T:  # rows lo .. w see at most w keys: count them on their first w columns only
-        w = min(T, 1 << max(1, lo.bit_length()))
+        w = min(T, max(_MIN_PREFIX, 1 << max(1, lo.bit_length())))
         hi = T if w == T else w + 1
         rows = rising_pair_counts(x[:, lo:hi, :w].reshape(-1, w)).to(gt.device)
         gt += rows.reshape(B, hi - lo).sum(1)  # integer counts: exact
