@@ -296,3 +296,45 @@ def test_per_sequence_aps_count_equals_direct_pairs(T):
     got = adjacency_probability_score(m)
     want = rising_pair_fraction(m.double(), include_diagonal=False, ties=0.0)
     assert torch.allclose(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout,H,Hk", [("half", 4, 2), ("interleaved", 2, 2)])
+def test_per_sequence_qk_moments_and_reservoir_equal_whole_batch(layout, H, Hk):
+    """The q/k second moments and reservoir rows, computed one sequence at a time, against the
+    whole-batch computation (RoPE inverse of all of q and k, float64 sum of the per-sequence float32
+    products, reservoir rows gathered from the whole batch), with a different cos/sin per sequence."""
+    from poslens.capture.reservoir import QKReservoir
+
+    g = torch.Generator().manual_seed(5)
+    B, S, D = 3, 40, 8
+    q = torch.randn(B, H, S, D, generator=g)
+    k = torch.randn(B, Hk, S, D, generator=g)
+    pos = torch.arange(S, dtype=torch.float32)[None] + 7 * torch.arange(B, dtype=torch.float32)[:, None]
+    ang = pos[..., None] * torch.tensor([1.0, 0.3, 0.05, 0.01])  # [B, S, 4]
+    ang = torch.cat([ang, ang], -1) if layout == "half" else ang.repeat_interleave(2, -1)
+    cos, sin = ang.cos(), ang.sin()
+    spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+                           rope_layers={0}, reservoir=16, stats=att.parse_stats("qk"), rope_layout=layout)
+    cap = att.Capture(spec)
+    cap.rope_cos_sin = (cos, sin)
+    ref = QKReservoir(16, 1, H, Hk, D, S)
+    q_ref, k_ref = torch.zeros(H, D, D, dtype=torch.float64), torch.zeros(Hk, D, D, dtype=torch.float64)
+    for seq0 in (0, B):  # two batches: the second one replaces some of the first one's slots
+        cap.begin_batch(B, seq0)
+        cap._add_qk_grams(0, 0, q, k)
+        cap.end_batch()
+        q_pre, k_pre = att.unrotate_qk(q, k, cos, sin, layout=layout)
+        if layout == "interleaved":
+            perm = att.half_layout_perm(D, D)
+            q_pre, k_pre = q_pre[..., perm], k_pre[..., perm]
+        q_ref += torch.matmul(q_pre.transpose(-1, -2), q_pre).sum(0, dtype=torch.float64) / S
+        k_ref += torch.matmul(k_pre.transpose(-1, -2), k_pre).sum(0, dtype=torch.float64) / S
+        ref.begin_batch(seq0, B)
+        ref.observe(0, q_pre, k_pre)
+        ref.end_batch()
+        q = q.flip(2)  # other vectors for the second batch
+        k = k.flip(2)
+    assert torch.equal(cap.accs["q_gram"].sum[0], q_ref)
+    assert torch.equal(cap.accs["k_gram"].sum[0], k_ref)
+    for name in ("keys", "tokens", "q", "k"):
+        assert torch.equal(getattr(cap.reservoir, name), getattr(ref, name)), name

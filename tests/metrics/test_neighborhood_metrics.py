@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from poslens.metrics.neighborhood import (adjacency_probability_score, aps_positions, norm_score,
-                                          ordered_pair_counts, per_sequence_aps, rising_pair_fraction, self_cosine,
+                                          ordered_pair_counts, per_sequence_aps, rising_pair_counts,
+                                          rising_pair_fraction, self_cosine,
                                           theory_gap)
 from references import brute_aps, brute_cos, brute_cos_aps, brute_rising
 
@@ -63,6 +64,64 @@ def test_ordered_pair_counts_loop():
         assert float(n[r]) == len(pairs)
 
 
+def _loop_rises(row):
+    """Pairs j < k of a row (a list) with row[k] > row[j]: a plain double loop."""
+    return sum(row[k] > row[j] for j in range(len(row)) for k in range(j + 1, len(row)))
+
+
+def _rows_with_ties_and_inf(T, gen, dtype):
+    """Rows of length T: Gaussian, integer-valued (many ties), +-0 only, -inf suffixes and -inf
+    scattered anywhere, one all -inf, one constant."""
+    rows = [torch.randn(T, generator=gen, dtype=torch.float64),
+            torch.randint(0, 3, (T,), generator=gen).to(torch.float64),
+            torch.randint(-1, 2, (T,), generator=gen).to(torch.float64) * 0.0,  # -0.0 and +0.0: equal
+            torch.full((T,), float("-inf"), dtype=torch.float64),
+            torch.full((T,), 0.25, dtype=torch.float64)]
+    for cut in (T // 2, 1, T - 1):
+        r = torch.randint(-2, 3, (T,), generator=gen).to(torch.float64)
+        r[cut:] = float("-inf")
+        rows.append(r)
+    r = torch.randn(T, generator=gen, dtype=torch.float64)
+    r[torch.rand(T, generator=gen) < 0.3] = float("-inf")
+    rows.append(r)
+    return torch.stack(rows).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_rising_pair_counts_every_length_loop(dtype):
+    """The O(T log T) count against a double loop for every length from 1 to 300 (powers of two and
+    not), ties, signed zeros and -inf entries, in each input dtype."""
+    gen = torch.Generator().manual_seed(21)
+    for T in range(1, 301):
+        x = _rows_with_ties_and_inf(T, gen, dtype)
+        got = rising_pair_counts(x)
+        assert got.dtype == torch.int64 and got.shape == (x.shape[0],)
+        want = [_loop_rises(r) for r in x.to(torch.float64).tolist()]
+        assert got.tolist() == want, T
+
+
+def test_rising_pair_counts_hand_cases():
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0],      # every pair rises: 6
+                      [4.0, 3.0, 2.0, 1.0],      # none: 0
+                      [1.0, 1.0, 1.0, 1.0],      # ties never count
+                      [0.0, -0.0, 0.0, -0.0],    # signed zeros are equal
+                      [2.0, 1.0, 3.0, float("-inf")],  # (0,2), (1,2): 2
+                      [float("-inf"), 1.0, float("-inf"), 5.0]])  # (0,1), (0,3), (1,3), (2,3): 4
+    assert rising_pair_counts(x).tolist() == [6, 0, 0, 0, 2, 4]
+    assert rising_pair_counts(x[:, :1]).tolist() == [0] * 6
+    assert rising_pair_counts(x.to(torch.int64)[:3]).tolist() == [6, 0, 0]  # integers: counted exactly
+
+
+def test_aps_of_maps_with_ties_every_size_loop():
+    """The APS (rows on power-of-two column prefixes) of integer-valued maps against the triple loop."""
+    gen = torch.Generator().manual_seed(22)
+    for T in (3, 4, 5, 8, 9, 16, 17, 31, 33):
+        m = torch.randint(0, 3, (2, T, T), generator=gen).to(torch.float32)
+        got = adjacency_probability_score(m)
+        for b in range(2):
+            assert float(got[b]) == pytest.approx(brute_aps(m[b].tolist()), abs=1e-12), T
+
+
 def test_rising_pair_fraction_ties_and_diagonal_loop():
     gen = torch.Generator().manual_seed(7)
     m = torch.randint(0, 3, (2, 6, 6), generator=gen).to(torch.float32)
@@ -87,6 +146,17 @@ def test_per_sequence_aps_is_the_cosine_map_count():
     idx = [0, 2, 4, 6, 8]
     for b in range(2):
         assert float(sub[b]) == pytest.approx(brute_cos_aps(x[b, idx].reshape(5, 6)), abs=1e-12)
+
+
+def test_per_sequence_aps_long_enough_for_the_half_products_loop():
+    """From 64 positions the cosines are two products (first half against itself, second half against
+    every column): the APS still equals the triple loop over the full cosine map, odd length included."""
+    gen = torch.Generator().manual_seed(23)
+    for S in (64, 71):
+        x = torch.randn(2, S, 5, generator=gen, dtype=torch.float64).cumsum(1)  # a drifting walk: APS far from 0.5
+        got = per_sequence_aps(x, max_positions=256)
+        for b in range(2):
+            assert float(got[b]) == pytest.approx(brute_cos_aps(x[b]), abs=1e-12), S
 
 
 def test_norm_score_batched_loop():

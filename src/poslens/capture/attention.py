@@ -59,7 +59,7 @@ CPU_CHUNK_ELEMS = 2**20
 CPU_MIN_ROWS = 64
 
 #: Rows per block of the symmetric Gram product (lower block triangle only).
-GRAM_BLOCK_ROWS = 256
+GRAM_BLOCK_ROWS = 128
 
 #: Logits per chunk on CUDA (float32: 1 GiB) for the torch fallback path: a layer is a few chunks, so
 #: a few dozen kernel launches instead of thousands (the CPU size gave ~64 chunks per layer at 4k tokens).
@@ -197,25 +197,22 @@ def _sum_first(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, block: int = 64) -> torch.Tensor:
+def _causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """``sum_{j <= i} q[..., i, d] k[..., j, d]`` per dimension: ``[B, Hk, g, D]`` from grouped queries
     ``qg [B, Hk, g, S, D]`` and keys ``k [B, Hk, S, D]``.
 
-    Equal to ``sum_i q_i * cumsum(k)_i``, computed blockwise (CPU cumsum is a slow sequential scan):
-    pairs inside a block of ``block`` positions come from a small lower-triangular matmul, pairs
-    across blocks from block totals and an exclusive cumsum over the few blocks.
+    Equal to ``sum_i q_i * cumsum(k)_i``, one sequence at a time: a sequence's keys, their running
+    sum and the product stay cache-sized (at batch 20 the whole layer's are tens of megabytes, and
+    the blocked form this replaced, a small lower-triangular product per 64 positions over the whole
+    batch, took 99 ms per benchmark layer against 26 ms, one thread).
     """
     B, Hk, g, S, D = qg.shape
-    if S % block:
-        return (qg * k.cumsum(dim=2)[:, :, None]).sum(dim=3)
-    nb = S // block
-    qb = qg.reshape(B, Hk, g, nb, block, D)
-    kb = k.reshape(B, Hk, nb, block, D)
-    tri = torch.ones(block, block, dtype=k.dtype, device=k.device).tril_()
-    within = (qb * torch.matmul(tri, kb)[:, :, None]).sum(dim=(3, 4))  # pairs j <= i in one block
-    ktot = kb.sum(dim=3)  # [B, Hk, nb, D]
-    carry = ktot.cumsum(dim=2) - ktot  # keys of all earlier blocks
-    return within + (qb.sum(dim=4) * carry[:, :, None]).sum(dim=3)
+    out = torch.empty(B, Hk, g, D, dtype=qg.dtype, device=qg.device)
+    ck = torch.empty(Hk, S, D, dtype=k.dtype, device=k.device)
+    for b in range(B):
+        torch.cumsum(k[b], dim=1, out=ck)  # keys j <= i
+        torch.sum(qg[b] * ck[:, None], dim=2, out=out[b])
+    return out
 
 
 def _far_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, window: int) -> torch.Tensor:
@@ -239,10 +236,10 @@ def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor
     return zbuf.as_strided((H, c, stop), (zbuf.stride(0), W + 1, 1), zbuf.storage_offset() + pad - c + 1)
 
 
-def _head_gram(x: torch.Tensor) -> torch.Tensor:
-    """``sum_{b,s} x[b,h,s] x[b,h,s]^T`` per head, float64 ``[H, D, D]``: float32 products per sequence
-    and head, summed in float64 (no head-major copy of ``x``, tens of megabytes at batch 20)."""
-    return torch.matmul(x.transpose(-1, -2), x).sum(0, dtype=torch.float64)
+def _head_gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x[b,h]^T x[b,h]`` per sequence and head, float32 ``[B, H, D, D]`` (into ``out`` if given);
+    the caller sums them over sequences in float64."""
+    return torch.matmul(x.transpose(-1, -2), x, out=out)
 
 
 def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -577,7 +574,8 @@ class _MapsRun:
     compute, the float32 sums it fills (``out``), the layer output and the workspaces."""
 
     layer: int
-    qs: torch.Tensor  # scaled queries grouped by key head, [B, Hk, g, S, D]
+    qs: torch.Tensor  # queries grouped by key head, [B, Hk, g, S, D] (unscaled)
+    scaling: float  # the logit scale, applied to each chunk's query rows
     kT: torch.Tensor  # keys, [B, Hk, D, S]
     v: torch.Tensor | None  # float32 values [B, Hk, S, D] when the output is computed here
     H: int
@@ -731,13 +729,17 @@ class Capture:
         if cs is not None:
             self.rope_cos_sin = cs
 
-    def unrotate(self, query: torch.Tensor, key: torch.Tensor):
+    def unrotate(self, query: torch.Tensor, key: torch.Tensor, batch: int | None = None):
         """Pre-RoPE queries and keys from post-RoPE ones with the model's own cos/sin (in the model's
-        pair layout: rotate_half, or interleaved pairs for Cohere)."""
+        pair layout: rotate_half, or interleaved pairs for Cohere). ``batch``: ``query``/``key`` hold
+        that one sequence of the batch (``[1, H, S, D]``)."""
         if self.rope_cos_sin is None:
             raise PoslensError("no RoPE cos/sin were observed for this forward; the adapter's rotary module hook "
                                "did not fire (unsupported architecture?).")
-        return unrotate_qk(query, key, *self.rope_cos_sin, layout=self.spec.rope_layout)
+        cos, sin = self.rope_cos_sin
+        if batch is not None and cos.shape[0] > 1:
+            cos, sin = cos[batch:batch + 1], sin[batch:batch + 1]
+        return unrotate_qk(query, key, cos, sin, layout=self.spec.rope_layout)
 
     def _seq_groups(self, device) -> torch.Tensor:
         """Noise group of each sequence of the current batch: ``(seq_start + b) % noise_groups``."""
@@ -875,17 +877,44 @@ class Capture:
         return out
 
     def _add_qk_grams(self, layer, li, q, k) -> None:
-        """Pre-RoPE second moments (rank analysis), one ``[B*S, D] x [B*S, D]`` product per head, and
-        the reservoir sample of the same vectors."""
+        """Pre-RoPE second moments (rank analysis): float32 ``[S, D] x [S, D]`` products per sequence
+        and head, summed in float64; and the reservoir sample of the same vectors.
+
+        One sequence at a time: its RoPE inverse, products and reservoir rows stay cache-sized (at
+        batch 20 a layer's q and k are 40 MiB each, and inverting them whole, then reading them again
+        for the products, was memory traffic). The values are those of the whole-batch computation."""
         spec, acc = self.spec, self.accs
-        S, D = q.shape[2:]
-        q_pre, k_pre = self.unrotate(q, k) if layer in spec.rope_layers else (q, k)
-        if spec.rope_layout == "interleaved":  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
-            q_pre, k_pre = (t.index_select(-1, self._half_perm(D, q.device)) for t in (q_pre, k_pre))
-        acc["q_gram"].sum[li] += _head_gram(q_pre).div_(S)
-        acc["k_gram"].sum[li] += _head_gram(k_pre).div_(S)
-        if self.reservoir is not None:
-            self.reservoir.observe(li, q_pre, k_pre)
+        B, H, S, D = q.shape
+        Hk = k.shape[1]
+        rope = layer in spec.rope_layers
+        perm = self._half_perm(D, q.device) if spec.rope_layout == "interleaved" else None
+        qg = self._buffer("q_gram", (B, H, D, D), q.device) if q.device.type == "cpu" else \
+            torch.empty(B, H, D, D, dtype=torch.float32, device=q.device)
+        kg = self._buffer("k_gram", (B, Hk, D, D), q.device) if q.device.type == "cpu" else \
+            torch.empty(B, Hk, D, D, dtype=torch.float32, device=q.device)
+        res = self.reservoir
+        if res is not None:  # the tokens entering the reservoir: (sequence in the batch, position)
+            sel_b, sel_s = res.new_slots()
+            q_new = torch.empty(H, sel_b.numel(), D, dtype=torch.float32, device=q.device)
+            k_new = torch.empty(Hk, sel_b.numel(), D, dtype=torch.float32, device=q.device)
+        for b in range(B):
+            q_pre, k_pre = (q[b:b + 1], k[b:b + 1])
+            if rope:
+                q_pre, k_pre = self.unrotate(q_pre, k_pre, batch=b)
+            if perm is not None:  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
+                q_pre, k_pre = (t.index_select(-1, perm) for t in (q_pre, k_pre))
+            _head_gram(q_pre, out=qg[b:b + 1])
+            _head_gram(k_pre, out=kg[b:b + 1])
+            if res is not None:
+                mine = (sel_b == b).nonzero().squeeze(1)
+                if mine.numel():
+                    pos = sel_s[mine]
+                    q_new[:, mine] = q_pre[0][:, pos].to(torch.float32)
+                    k_new[:, mine] = k_pre[0][:, pos].to(torch.float32)
+        acc["q_gram"].sum[li] += qg.sum(0, dtype=torch.float64).div_(S)
+        acc["k_gram"].sum[li] += kg.sum(0, dtype=torch.float64).div_(S)
+        if res is not None:
+            res.observe_new(li, q_new, k_new)
 
     def _add_dim_logit(self, li, q, k, H, scaling, causal, window) -> None:
         """Per-dimension logit contribution, summed over the causal pairs ``j <= i`` a query sees."""
@@ -1033,7 +1062,7 @@ class Capture:
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
         qg = q.view(B, Hk, g, S, D)
-        run = _MapsRun(layer=layer, qs=(qg * scaling) if scaling != 1.0 else qg,  # the scale folded into q
+        run = _MapsRun(layer=layer, qs=qg, scaling=float(scaling),
                        kT=k.transpose(2, 3), v=v, H=H, causal=causal, window=window, softcap=softcap,
                        heads=heads_here, checked=checked, cpu=cpu, rows=rows, want_s="scores" in stats,
                        want_p="probs" in stats, want_sl="slash" in stats)
@@ -1078,7 +1107,13 @@ class Capture:
         B, Hk, g, S, D = run.qs.shape
         c = stop - start
         nc = stop if run.causal else S
-        qc = run.qs[:, :, 0, start:stop] if g == 1 else run.qs[:, :, :, start:stop].reshape(B, Hk, g * c, D)
+        rows = run.qs[:, :, :, start:stop]  # [B, Hk, g, c, D]
+        if run.cpu:  # the scale folded into a cache-sized copy of the chunk's rows (not a copy of all of q)
+            qc = self._buffer("q_rows", (B, Hk, g, c, D), rows.device)
+            torch.mul(rows, run.scaling, out=qc) if run.scaling != 1.0 else qc.copy_(rows)
+        else:
+            qc = rows * run.scaling if run.scaling != 1.0 else rows.contiguous()
+        qc = qc.view(B, Hk, g * c, D)
         if run.cpu:
             logits = self._buffer("logits", (B, Hk, g * c, nc), qc.device)
             torch.matmul(qc, run.kT[:, :, :, :nc], out=logits)

@@ -302,11 +302,11 @@ class DeviceMapCapture(Capture):
         # device-to-device copies are ordered by CUDA streams; a copy into host memory must block
         return x.to(self.device, non_blocking=self.device.type == "cuda")
 
-    def unrotate(self, query, key):
+    def unrotate(self, query, key, batch=None):
         if self.rope_cos_sin is not None and self.rope_cos_sin[0].device != query.device:
             cos, sin = self.rope_cos_sin
             self.rope_cos_sin = (cos.to(query.device), sin.to(query.device))
-        return super().unrotate(query, key)
+        return super().unrotate(query, key, batch=batch)
 
     def observe_hidden(self, index, hidden):
         return super().observe_hidden(index, self._here(hidden))

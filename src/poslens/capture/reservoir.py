@@ -81,16 +81,32 @@ class QKReservoir:
 
     def observe(self, li: int, q_pre: torch.Tensor, k_pre: torch.Tensor) -> None:
         """Apply the batch's decision to layer ``li``: ``q_pre [B, H, S, D]``, ``k_pre [B, Hk, S, D]``."""
+        self._check(li)
+        _, _, b_idx, s_idx = self._plan
+        self.observe_new(li, q_pre[b_idx, :, s_idx].transpose(0, 1), k_pre[b_idx, :, s_idx].transpose(0, 1))
+
+    def new_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's slots that enter the reservoir, in slot order: (sequence in the batch, position)."""
+        if self._plan is None:
+            self._check(None)
+        return self._plan[2], self._plan[3]
+
+    def observe_new(self, li: int, q_new: torch.Tensor, k_new: torch.Tensor) -> None:
+        """Apply the batch's decision to layer ``li`` given only the entering slots' vectors (those of
+        :meth:`new_slots`, in that order): ``q_new [H, n, D]``, ``k_new [Hk, n, D]``."""
+        self._check(li)
+        from_old, old_idx, _, _ = self._plan
+        for store, x in ((self.q, q_new), (self.k, k_new)):
+            row = torch.empty_like(store[li])
+            row[:, from_old] = store[li][:, old_idx]
+            row[:, ~from_old] = x.to(device=store.device, dtype=store.dtype)
+            store[li] = row
+        self._pending.discard(li)
+
+    def _check(self, li) -> None:
         if self._plan is None or li not in self._pending:
             raise PoslensError("reservoir: observe() without begin_batch() for this batch; call "
                                "Capture.begin_batch(batch_size, seq_start) before each forward.")
-        from_old, old_idx, b_idx, s_idx = self._plan
-        for store, x in ((self.q, q_pre), (self.k, k_pre)):
-            row = torch.empty_like(store[li])
-            row[:, from_old] = store[li][:, old_idx]
-            row[:, ~from_old] = x[b_idx, :, s_idx].to(device=store.device, dtype=store.dtype).transpose(0, 1)
-            store[li] = row
-        self._pending.discard(li)
 
     def end_batch(self) -> None:
         if self._pending:
