@@ -6,6 +6,7 @@ counted here by plain loops over nested lists, never by poslens.metrics.neighbor
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -209,3 +210,60 @@ def test_theory_gap_loop():
     diffs = [abs(float(m[i, j]) - th[i][j]) for i in range(T) for j in range(i)]
     assert theory_gap(m) == pytest.approx(sum(diffs) / len(diffs), rel=1e-6)
     assert theory_gap(torch.tensor(th, dtype=torch.float64)) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_ordered_pair_counts_without_ties_every_length_loop():
+    """The tie-free path (the device count of the per-sequence APS off the CPU) against a double loop on
+    the CPU: rows with -inf suffixes, all lengths 1 .. 40; no tie count is returned."""
+    gen = torch.Generator().manual_seed(31)
+    for T in range(1, 41):
+        x = torch.randn(4, T, generator=gen, dtype=torch.float64)
+        x[1, T // 2:] = float("-inf")
+        x[2] = torch.randint(0, 3, (T,), generator=gen).to(torch.float64)  # ties do not count as rises
+        gt, eq, n = ordered_pair_counts(x, count_ties=False)
+        assert eq is None
+        fin = [[a for a in r if a != float("-inf")] for r in x.tolist()]
+        assert gt.tolist() == [float(_loop_rises(r)) for r in fin], T
+        assert n.tolist() == [len(r) * (len(r) - 1) / 2 for r in fin]
+
+
+def test_rising_pair_counts_of_values_much_smaller_than_one():
+    """Values the order of 1e-9 apart (cosines of nearly orthogonal vectors) keep their order: nothing
+    may be added to them before the float32 bits are read as sort keys."""
+    x = torch.tensor([[1e-9, 2e-9, 3e-9, -1e-9, 4e-9], [3e-9, 2e-9, 1e-9, 5e-10, 0.0]], dtype=torch.float32)
+    assert rising_pair_counts(x).tolist() == [_loop_rises(r) for r in x.tolist()] == [7, 0]
+
+
+def _fenwick_rises(perm):
+    """Pairs j < k with perm[k] > perm[j] of a permutation of 0..n-1, by a Fenwick tree (exact integers)."""
+    n = len(perm)
+    tree = [0] * (n + 1)
+    out = 0
+    for v in perm:
+        i = v  # how many earlier values are below v: prefix sum over 1..v
+        while i > 0:
+            out += tree[i]
+            i -= i & -i
+        i = v + 1
+        while i <= n:
+            tree[i] += 1
+            i += i & -i
+    return out
+
+
+def test_counts_beyond_float32_precision_are_exact():
+    """Counts above 2^24 (where float32 stops counting by ones) stay exact: one row of 12,000 values
+    (about 3.6e7 rising pairs) and a 600-position map (about 1.8e7 rising triples)."""
+    gen = torch.Generator().manual_seed(32)
+    perm = torch.randperm(12000, generator=gen)
+    want = _fenwick_rises(perm.tolist())
+    assert want > 2**24
+    gt, _, _ = ordered_pair_counts(perm.to(torch.float64)[None], count_ties=False)
+    assert int(gt[0]) == want and float(gt[0]) == want
+    assert rising_pair_counts(perm.to(torch.float64)[None]).tolist() == [want]
+    T = 600
+    m = torch.randn(T, T, generator=gen, dtype=torch.float64)
+    rises = sum(int(np.triu(r[None, :] > r[:, None], 1).sum()) for r in (m[i, :i].numpy() for i in range(T)))
+    triples = sum(i * (i - 1) // 2 for i in range(T))
+    assert rises > 2**24
+    assert float(adjacency_probability_score(m)) == rises / triples

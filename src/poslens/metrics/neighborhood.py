@@ -141,7 +141,8 @@ _DIRECT_HALF = 4
 
 def _noninversions(seq: np.ndarray) -> np.ndarray:
     """Pairs ``a < b`` with ``seq[a] < seq[b]`` in each row of ``seq [N, P]`` (int32; each row a
-    permutation of ``0 .. P - 1``, ``P`` a power of two) as int64 ``[N]``. O(P log P) per row.
+    permutation of ``0 .. P - 1``, ``P`` a power of two) as int64 ``[N]``. O(P log^2 P) per row (a
+    sort of blocks of ``2h`` entries at each of the ``log P`` levels), in numpy integer sorts.
 
     Every pair ``a < b`` falls into the two halves of exactly one block of ``2h`` entries (``h`` = 1,
     2, 4, ...). For small ``h`` the halves are compared directly. For larger ``h`` each block of keys
@@ -178,7 +179,7 @@ def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
     """For each row of ``x [N, T]`` (no NaN): the number of pairs j < k with ``x[k] > x[j]``, int64 ``[N]``.
 
     Strict: ties do not count, and a ``-inf`` entry never rises above another (a -inf suffix takes part
-    in no rising pair). O(T log T) per row on the CPU (:func:`_value_order`, then
+    in no rising pair). One value sort and O(T log^2 T) integer work per row on the CPU (:func:`_value_order`, then
     :func:`_noninversions` of the positions in value order: a pair of positions j < k is a rise exactly
     when j comes first in value order); elsewhere :func:`ordered_pair_counts` on the device.
     """
@@ -222,8 +223,8 @@ def adjacency_probability_score(sim) -> torch.Tensor:
 
     Applied to one sequence's map this is the paper's per-sequence APS; applied to a map averaged
     over sequences it is what poslens calls the *mean-map APS* (no chance level of 0.5 applies).
-    Maps with a finite strict lower triangle are counted row by row in O(T log T) per row
-    (:func:`rising_pair_counts`, O(T^2 log T) per map); others
+    Maps with a finite strict lower triangle are counted row by row in O(T log^2 T) per row
+    (:func:`rising_pair_counts`, O(T^2 log^2 T) per map); others
     (masked entries) by :func:`rising_pair_fraction`.
     """
     m = torch.as_tensor(sim)
