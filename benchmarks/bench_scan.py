@@ -235,29 +235,49 @@ def run_worker(method, model, seq_len, batch_size, batches, warmup, device, thre
     return json.loads(lines[-1])
 
 
+def _median(v: list[float]) -> float:
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
 def table(results: list[dict]) -> str:
-    """One table: per model, the floor (sdpa), poslens with two statistic sets, and eager."""
-    head = (f"{'model':<22}{'method':<22}{'CPU s':>8}{'wall s':>8}{'over sdpa':>10}{'vs eager':>9}"
-            f"{'peak RSS':>10}{'sys/CPU':>8}")
+    """One table: per model, the floor (sdpa), poslens with two statistic sets, and eager. With several
+    rounds (``--repeats``) each number is the median over rounds, and the overhead is the median of the
+    per-round ratios (each run over the floor of its own round), its range beside it."""
+    rounds_n = max(len(e["rounds"]) for e in results) if results else 1
+    head = (f"{'model':<22}{'method':<22}{'CPU s':>8}{'wall s':>8}{'over sdpa':>10}"
+            + (f"{'range':>14}" if rounds_n > 1 else "") + f"{'vs eager':>9}{'peak RSS':>10}{'sys/CPU':>8}")
     lines = [head, "-" * len(head)]
     for entry in results:
-        rows = {r["method"]: r for r in entry["runs"]}
-        floor, eager = rows.get("sdpa", {}), rows.get("eager", {})
+        rounds = [{r["method"]: r for r in runs} for runs in entry["rounds"]]
         for m in METHODS:
-            r = rows.get(m)
-            if r is None:
+            rs = [rd[m] for rd in rounds if m in rd]
+            if not rs:
                 continue
             name = {"sdpa": "sdpa (floor)", "eager": "eager attentions"}.get(m, m.replace(":", " "))
-            if not r.get("ok"):
-                lines.append(f"{entry['model']:<22}{name:<22}  failed: {r.get('error', '?')[:60]}")
+            ok = [r for r in rs if r.get("ok")]
+            if not ok:
+                lines.append(f"{entry['model']:<22}{name:<22}  failed: {rs[0].get('error', '?')[:60]}")
                 continue
-            over = f"{100 * (r['cpu_s'] / floor['cpu_s'] - 1):+.0f} %" if floor.get("ok") else "-"
-            vs = f"{eager['cpu_s'] / r['cpu_s']:.2f}x" if eager.get("ok") else "-"
-            lines.append(f"{entry['model']:<22}{name:<22}{r['cpu_s']:>8.1f}{r['wall_s']:>8.1f}{over:>10}{vs:>9}"
-                         f"{r['peak_rss_mb'] / 1024:>8.2f} G{100 * r['sys_s'] / r['cpu_s']:>7.1f}%")
+            # paired per round: the row's CPU time over the floor's (and eager's over the row's) of the same round
+            over = [100 * (rd[m]["cpu_s"] / rd["sdpa"]["cpu_s"] - 1) for rd in rounds
+                    if rd.get(m, {}).get("ok") and rd.get("sdpa", {}).get("ok")]
+            vs = [rd["eager"]["cpu_s"] / rd[m]["cpu_s"] for rd in rounds
+                  if rd.get(m, {}).get("ok") and rd.get("eager", {}).get("ok")]
+            cpu, wall = _median([r["cpu_s"] for r in ok]), _median([r["wall_s"] for r in ok])
+            rss = _median([r["peak_rss_mb"] for r in ok]) / 1024
+            sys_share = _median([100 * r["sys_s"] / r["cpu_s"] for r in ok])
+            over_s = f"{_median(over):+.0f} %" if over else "-"
+            span = (f"{min(over):+.0f} … {max(over):+.0f}" if len(over) > 1 else "") if rounds_n > 1 else None
+            vs_s = f"{_median(vs):.2f}x" if vs else "-"
+            lines.append(f"{entry['model']:<22}{name:<22}{cpu:>8.1f}{wall:>8.1f}{over_s:>10}"
+                         + (f"{span:>14}" if span is not None else "") + f"{vs_s:>9}{rss:>8.2f} G{sys_share:>7.1f}%")
     lines.append("CPU s: user + sys of the timed batches (threads: see header); over sdpa: CPU time over the plain "
                  "forward's; vs eager: eager's CPU time / the row's (throughput ratio); peak RSS of the whole "
-                 "process; sys/CPU: share of CPU time spent in the kernel (page faults of large temporaries).")
+                 "process; sys/CPU: share of CPU time spent in the kernel (page faults of large temporaries)."
+                 + (f" {rounds_n} rounds: medians; over sdpa and vs eager paired within each round (methods in "
+                    "alternating order), range = the rounds' lowest and highest overhead." if rounds_n > 1 else ""))
     return "\n".join(lines)
 
 
@@ -276,6 +296,9 @@ def main():
     ap.add_argument("--smollm-batch", default="4x1", help="SmolLM2: BATCHxBATCHES timed (default 4x1)")
     ap.add_argument("--no-smollm", action="store_true", help="the benchmark model only")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds of every method per model, in alternating order (default 1); the table gives "
+                         "medians and the overhead's range: the floor itself moves between runs")
     ap.add_argument("--json", help="also write every number here")
     args = ap.parse_args()
     if args.worker:
@@ -286,6 +309,8 @@ def main():
     bad = [m for m in methods if m not in METHODS]
     if bad:
         ap.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
+    if args.repeats < 1:
+        ap.error(f"--repeats: must be at least 1, got {args.repeats}")
     smollm = None if args.no_smollm else (args.smollm or find_smollm())
     if not args.no_smollm and (smollm is None or not os.path.isfile(os.path.join(smollm, "config.json"))):
         print(f"SmolLM2-135M not found ({smollm or '~/.cache/poslens/gguf'}); pass --smollm DIR or --no-smollm. "
@@ -301,13 +326,16 @@ def main():
             models.append(("SmolLM2-135M", smollm, args.smollm_batch, 1))
         for name, path, bb, warm in models:
             B, nb = (int(x) for x in bb.lower().split("x"))
-            runs = []
-            for m in methods:
-                r = run_worker(m, path, args.seq_len, B, nb, warm, args.device, args.threads)
-                runs.append(r)
-                print(json.dumps({"model": name, **r}), flush=True)
+            rounds = []
+            for k in range(args.repeats):
+                runs = []
+                for m in (methods if k % 2 == 0 else methods[::-1]):  # alternate: no method always runs first
+                    r = run_worker(m, path, args.seq_len, B, nb, warm, args.device, args.threads)
+                    runs.append(r)
+                    print(json.dumps({"model": name, "round": k, **r}), flush=True)
+                rounds.append(runs)
             results.append({"model": name, "model_dir": path if path == smollm else "random init (BENCH)",
-                            "batch_size": B, "batches": nb, "runs": runs})
+                            "batch_size": B, "batches": nb, "runs": rounds[0], "rounds": rounds})
     print(f"\n{args.seq_len} tokens per sequence, {args.threads} thread(s); total {time.time() - t_start:.0f} s")
     print(table(results))
     if args.json:

@@ -501,8 +501,10 @@ def _span(vals: list) -> str:
 
 def _kim_finding(name: str, command: str, summary: dict) -> str | None:
     """A run's relativity index, locality and trend, led by the noise-corrected (grid) index and its
-    test where a scan has one; a scan's full-map index, which is not noise-corrected, with its noise
-    floor beside it; and a warning where too few sequence groups were scanned to call anything."""
+    test where a scan has one; a scan's full-map index, noise-corrected where its grid is the whole map
+    and otherwise quoted with its noise floor beside it; the layers whose tests are significant, each at
+    p < 0.01 and after a Benjamini–Hochberg false discovery rate over the layers; and a warning where
+    too few sequence groups were scanned to call anything."""
     layers = [l for l in summary.get("layers") or [] if isinstance(l, dict) and "relativity_index" in l]
     if not layers:
         return None
