@@ -773,8 +773,7 @@ class Capture:
         # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
         cpu = x.device.type == "cpu" and self.blocks is None
         shape = (S, B) + tuple(x.shape[2:])
-        folded = self._buffer("folded", shape, x.device) if cpu else torch.empty(shape, dtype=torch.float32,
-                                                                                   device=x.device)
+        folded = self._buffer("folded", shape, x.device, reuse=cpu)
         inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
         torch.mul(x.transpose(0, 1), inv, out=folded)
         folded = folded.reshape(S, -1)
@@ -786,8 +785,11 @@ class Capture:
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
     # -- attention --------------------------------------------------------------------------
-    def _buffer(self, name: str, shape: tuple, device) -> torch.Tensor:
-        """A float32 workspace of ``shape``, reused across chunks and layers (grown when too small)."""
+    def _buffer(self, name: str, shape: tuple, device, reuse: bool = True) -> torch.Tensor:
+        """A float32 workspace of ``shape``, reused across chunks and layers (grown when too small);
+        ``reuse=False`` gives a fresh one instead (on a GPU, where a kept buffer would hold memory)."""
+        if not reuse:
+            return torch.empty(shape, dtype=torch.float32, device=device)
         n = math.prod(shape)
         buf = self._buffers.get(name)
         if buf is None or buf.numel() < n or buf.device != torch.device(device):
@@ -888,10 +890,9 @@ class Capture:
         Hk = k.shape[1]
         rope = layer in spec.rope_layers
         perm = self._half_perm(D, q.device) if spec.rope_layout == "interleaved" else None
-        qg = self._buffer("q_gram", (B, H, D, D), q.device) if q.device.type == "cpu" else \
-            torch.empty(B, H, D, D, dtype=torch.float32, device=q.device)
-        kg = self._buffer("k_gram", (B, Hk, D, D), q.device) if q.device.type == "cpu" else \
-            torch.empty(B, Hk, D, D, dtype=torch.float32, device=q.device)
+        cpu = q.device.type == "cpu"
+        qg = self._buffer("q_gram", (B, H, D, D), q.device, reuse=cpu)
+        kg = self._buffer("k_gram", (B, Hk, D, D), q.device, reuse=cpu)
         res = self.reservoir
         if res is not None:  # the tokens entering the reservoir: (sequence in the batch, position)
             sel_b, sel_s = res.new_slots()
@@ -1067,11 +1068,10 @@ class Capture:
                        heads=heads_here, checked=checked, cpu=cpu, rows=rows, want_s="scores" in stats,
                        want_p="probs" in stats, want_sl="slash" in stats)
         run.need_p = run.want_p or run.want_sl or bool(heads_here) or v is not None
-        f32 = dict(dtype=torch.float32, device=dev)
         M = self.blocks.n if self.blocks is not None else S  # side of a stored map
 
         def zeros(name, *shape):  # on the CPU a reused buffer: a fresh S x S map faults its pages in again
-            return self._buffer("map_" + name, shape, dev).zero_() if cpu else torch.zeros(*shape, **f32)
+            return self._buffer("map_" + name, shape, dev, reuse=cpu).zero_()
         if run.want_s:
             run.out["scores"] = zeros("scores", M, M)
         if run.want_p:
@@ -1089,7 +1089,7 @@ class Capture:
         run.above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i in a diagonal block
         if run.want_sl or run.want_p:  # see _slash_view: `rows` zero columns, then the chunk's
             W = rows + S  # per-head batch sums of the weights
-            run.zbuf = self._buffer("slash", (H, rows, W), dev) if cpu else torch.empty(H, rows, W, **f32)
+            run.zbuf = self._buffer("slash", (H, rows, W), dev, reuse=cpu)
             run.zbuf[:, :, :rows] = 0.0
         return run
 

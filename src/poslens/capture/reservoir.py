@@ -87,8 +87,7 @@ class QKReservoir:
 
     def new_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's slots that enter the reservoir, in slot order: (sequence in the batch, position)."""
-        if self._plan is None:
-            self._check(None)
+        self._check(None)
         return self._plan[2], self._plan[3]
 
     def observe_new(self, li: int, q_new: torch.Tensor, k_new: torch.Tensor) -> None:
@@ -104,7 +103,8 @@ class QKReservoir:
         self._pending.discard(li)
 
     def _check(self, li) -> None:
-        if self._plan is None or li not in self._pending:
+        """That a batch was begun (and, for a layer ``li``, that it is still to be observed)."""
+        if self._plan is None or (li is not None and li not in self._pending):
             raise PoslensError("reservoir: observe() without begin_batch() for this batch; call "
                                "Capture.begin_batch(batch_size, seq_start) before each forward.")
 

@@ -161,9 +161,14 @@ def _kim_locality(live: list[dict]) -> list[str]:
     return [f"No layer shows a clear trend with distance (|locality| ≤ {TREND})."]
 
 
+def _pvalues(live: list[dict], key: str) -> list[float]:
+    """The layers' p-values ``key``, where they have one."""
+    return [num(l.get(key)) for l in live if num(l.get(key)) is not None]
+
+
 def _tested(live: list[dict], key: str) -> tuple[int, int]:
     """``(significant, tested)``: layers whose p-value ``key`` is below SIGNIFICANT, of those with one."""
-    ps = [num(l.get(key)) for l in live if num(l.get(key)) is not None]
+    ps = _pvalues(live, key)
     return sum(p < SIGNIFICANT for p in ps), len(ps)
 
 
@@ -182,11 +187,11 @@ def fdr_count(ps: list[float], q: float = SIGNIFICANT) -> int:
 def _count_phrase(live: list[dict], key: str, what: str) -> str:
     """``"<what> (p < 0.01) in S of T layers, F at a false discovery rate of 0.01 over the T
     (Benjamini–Hochberg)"``: the correction only with more than one layer tested; "" with none."""
-    ps = [num(l.get(key)) for l in live if num(l.get(key)) is not None]
+    ps = _pvalues(live, key)
     if not ps:
         return ""
-    sig = sum(p < SIGNIFICANT for p in ps)
-    text = f"{what} (p < {SIGNIFICANT}) in {sig} of {len(ps)} layer{'s' if len(ps) > 1 else ''}"
+    sig, n = sum(p < SIGNIFICANT for p in ps), len(ps)
+    text = f"{what} (p < {SIGNIFICANT}) in {sig} of {n} layer{'s' if n > 1 else ''}"
     if len(ps) > 1:
         text += f", {fdr_count(ps)} at a false discovery rate of {SIGNIFICANT} over the {len(ps)} (Benjamini–Hochberg)"
     return text
