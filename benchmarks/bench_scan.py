@@ -1,9 +1,13 @@
 """Benchmark: what capture costs over the forward it observes, and against the papers' approach.
 
-For each model, four methods run on the same random tokens, each in its own fresh subprocess (so
-its peak RSS is its own), one thread by default:
+For each model, five methods run on the same random tokens, each in its own fresh subprocess (so
+its peak RSS is its own), one thread by default, every one but ``sdpa:system-malloc`` under the
+allocator settings the CLI makes (``poslens.runtime.configure_allocator``: freed memory reused, not
+unmapped; that cut the plain forward's CPU time by 10-15 %), so the floor and the capture run alike:
 
 - ``sdpa``: the plain ``sdpa`` forward without capture: the floor no capture can beat;
+- ``sdpa:system-malloc``: the same under glibc's default allocator settings (a plain transformers
+  process), to show what the allocator settings alone change;
 - ``poslens scores,probs``: ``--stats scores,probs`` (the mean score and weight maps);
 - ``poslens all``: every statistic, with the ``--reservoir 256`` sample, as a default ``poslens scan``;
 - ``eager``: the papers' approach: eager attention with ``output_attentions=True`` (``B x H x S^2``
@@ -12,14 +16,17 @@ its peak RSS is its own), one thread by default:
 
 Models: the issue's benchmark model (random-init Llama: 4 layers, hidden 512, 8 heads x 64, MLP
 1,408, 40 x 1,024 tokens in batches of 20, fp32) and SmolLM2-135M (30 layers, 9 heads, 3 KV heads)
-at 4 x 1,024 tokens, from the dequantised GGUF cache (``--smollm DIR``; skipped when absent).
+at 8 x 1,024 tokens in batches of 4, from the dequantised GGUF cache (``--smollm DIR``; skipped
+when absent).
 
 Times are the process's CPU time (user + sys, ``getrusage``) over the timed batches, which on a
 one-thread run is the work done whatever else the machine runs; wall time is printed beside it.
+What a scan does once at its end, whatever its length (reading the means out of the float64 sums,
+as ``release_means`` does for the scan's finalize), is timed apart ("final s").
 Overhead = CPU time over the ``sdpa`` row's minus 1; "vs eager" = eager's CPU time / the row's;
 sys share = sys / (user + sys). Usage::
 
-    python benchmarks/bench_scan.py                     # both models (about 5 minutes, idle 2-core CPU)
+    python benchmarks/bench_scan.py                     # both models (about 8 minutes, idle 2-core CPU)
     python benchmarks/bench_scan.py --no-smollm         # the benchmark model only
     python benchmarks/bench_scan.py --json out.json     # also keep every number
 """
@@ -37,7 +44,10 @@ import time
 
 BENCH = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=8192)
-METHODS = ("sdpa", "poslens:scores,probs", "poslens:all", "eager")
+METHODS = ("sdpa", "sdpa:system-malloc", "poslens:scores,probs", "poslens:all", "eager")
+#: the method run under glibc's default allocator settings; every other one runs under the CLI's
+#: (``poslens.runtime.configure_allocator``), as ``poslens scan`` does
+SYSTEM_MALLOC = "sdpa:system-malloc"
 
 
 def build_bench_model(path: str) -> str:
@@ -74,6 +84,9 @@ def _peak_rss_mb() -> float:
 def worker(args) -> dict:
     import resource
 
+    from poslens.runtime import configure_allocator
+
+    malloc = "system" if args.worker == SYSTEM_MALLOC else ("poslens" if configure_allocator() else "system")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -87,7 +100,8 @@ def worker(args) -> dict:
     dev = args.device
     cuda = dev.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
-    out = {"method": args.worker, "seq_len": args.seq_len, "batch_size": B, "batches": nb, "threads": args.threads}
+    out = {"method": args.worker, "seq_len": args.seq_len, "batch_size": B, "batches": nb, "threads": args.threads,
+           "malloc": malloc}
     try:
         kind, _, stats = args.worker.partition(":")
         run = {"eager": _run_eager, "poslens": _run_poslens, "sdpa": _run_sdpa}[kind]
@@ -101,14 +115,18 @@ def worker(args) -> dict:
         for b in range(nb):
             s = args.warmup + b * B
             step(src.batch(s, s + B).to(dev))
-        finish()
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        finish()  # once per scan, whatever its length: timed apart from the batches
+        if cuda:
+            torch.cuda.synchronize()
+        ru2 = resource.getrusage(resource.RUSAGE_SELF)
         user, sys_ = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
-        out.update(ok=True, wall_s=wall, cpu_s=user + sys_, user_s=user, sys_s=sys_, peak_rss_mb=_peak_rss_mb(),
-                   tokens=B * nb * args.seq_len)
+        fin = (ru2.ru_utime - ru1.ru_utime) + (ru2.ru_stime - ru1.ru_stime)
+        out.update(ok=True, wall_s=wall, cpu_s=user + sys_, user_s=user, sys_s=sys_, finish_cpu_s=fin,
+                   peak_rss_mb=_peak_rss_mb(), tokens=B * nb * args.seq_len)
         if cuda:
             out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     except (MemoryError, RuntimeError) as e:
@@ -132,6 +150,7 @@ def _run_sdpa(model_dir, dtype, dev, stats):
 def _run_poslens(model_dir, dtype, dev, stats):
     """As ``poslens scan --stats STATS`` drives it: the registered attention, the capture attached, one
     forward per batch (the scan's own bookkeeping, checkpoints and summary are not timed)."""
+    import torch
     from transformers import AutoConfig
 
     from poslens.capture.attention import Capture, CaptureSpec
@@ -158,7 +177,7 @@ def _run_poslens(model_dir, dtype, dev, stats):
             attach(model, ad, state["cap"])
         forward(model, ids, capture=state["cap"], kwargs=kw)
 
-    return step, lambda: state["cap"].means()
+    return step, lambda: state["cap"].release_means(torch.float32)  # as the scan's finalize reads them
 
 
 def _run_eager(model_dir, dtype, dev, stats):
@@ -247,7 +266,8 @@ def table(results: list[dict]) -> str:
     per-round ratios (each run over the floor of its own round), its range beside it."""
     rounds_n = max(len(e["rounds"]) for e in results) if results else 1
     head = (f"{'model':<22}{'method':<22}{'CPU s':>8}{'wall s':>8}{'over sdpa':>10}"
-            + (f"{'range':>14}" if rounds_n > 1 else "") + f"{'vs eager':>9}{'peak RSS':>10}{'sys/CPU':>8}")
+            + (f"{'range':>14}" if rounds_n > 1 else "") + f"{'vs eager':>9}{'peak RSS':>10}{'sys/CPU':>8}"
+            + f"{'final s':>8}")
     lines = [head, "-" * len(head)]
     for entry in results:
         rounds = [{r["method"]: r for r in runs} for runs in entry["rounds"]]
@@ -255,7 +275,8 @@ def table(results: list[dict]) -> str:
             rs = [rd[m] for rd in rounds if m in rd]
             if not rs:
                 continue
-            name = {"sdpa": "sdpa (floor)", "eager": "eager attentions"}.get(m, m.replace(":", " "))
+            name = {"sdpa": "sdpa (floor)", "eager": "eager attentions",
+                    SYSTEM_MALLOC: "sdpa, glibc malloc"}.get(m, m.replace(":", " "))
             ok = [r for r in rs if r.get("ok")]
             if not ok:
                 lines.append(f"{entry['model']:<22}{name:<22}  failed: {rs[0].get('error', '?')[:60]}")
@@ -271,11 +292,16 @@ def table(results: list[dict]) -> str:
             over_s = f"{_median(over):+.0f} %" if over else "-"
             span = (f"{min(over):+.0f} … {max(over):+.0f}" if len(over) > 1 else "") if rounds_n > 1 else None
             vs_s = f"{_median(vs):.2f}x" if vs else "-"
+            fin = [r["finish_cpu_s"] for r in ok if r.get("finish_cpu_s") is not None and m.startswith("poslens")]
+            fin_s = f"{_median(fin):.2f}" if fin else "-"
             lines.append(f"{entry['model']:<22}{name:<22}{cpu:>8.1f}{wall:>8.1f}{over_s:>10}"
-                         + (f"{span:>14}" if span is not None else "") + f"{vs_s:>9}{rss:>8.2f} G{sys_share:>7.1f}%")
+                         + (f"{span:>14}" if span is not None else "") + f"{vs_s:>9}{rss:>8.2f} G{sys_share:>7.1f}%"
+                         + f"{fin_s:>8}")
     lines.append("CPU s: user + sys of the timed batches (threads: see header); over sdpa: CPU time over the plain "
-                 "forward's; vs eager: eager's CPU time / the row's (throughput ratio); peak RSS of the whole "
-                 "process; sys/CPU: share of CPU time spent in the kernel (page faults of large temporaries)."
+                 "forward's under the same allocator settings (the CLI's; 'glibc malloc': glibc's defaults); vs "
+                 "eager: eager's CPU time / the row's (throughput ratio); peak RSS of the whole process; sys/CPU: "
+                 "share of CPU time spent in the kernel (page faults of large temporaries); final s: CPU time of "
+                 "the means read once at the end of a scan, whatever its length (not in CPU s)."
                  + (f" {rounds_n} rounds: medians; over sdpa and vs eager paired within each round (methods in "
                     "alternating order), range = the rounds' lowest and highest overhead." if rounds_n > 1 else ""))
     return "\n".join(lines)
@@ -293,7 +319,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1: CPU time is the work)")
     ap.add_argument("--bench-batch", default="20x2", help="benchmark model: BATCHxBATCHES timed (default 20x2 = 40 seqs)")
     ap.add_argument("--smollm", default=None, help="SmolLM2-135M model directory (default: found in the GGUF cache)")
-    ap.add_argument("--smollm-batch", default="4x1", help="SmolLM2: BATCHxBATCHES timed (default 4x1)")
+    ap.add_argument("--smollm-batch", default="4x2", help="SmolLM2: BATCHxBATCHES timed (default 4x2)")
     ap.add_argument("--no-smollm", action="store_true", help="the benchmark model only")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     ap.add_argument("--repeats", type=int, default=1,

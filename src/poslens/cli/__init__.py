@@ -17,9 +17,10 @@ import types
 import typer
 import typer.main
 
-from poslens.runtime import configure_process
+from poslens.runtime import configure_allocator, configure_process
 
 configure_process()  # before anything imports torch: OpenMP threads sleep instead of spinning while they wait
+configure_allocator()  # freed activations are reused, not unmapped and faulted in again (glibc)
 
 from poslens.cli.app import app, restore_threads  # noqa: E402
 from poslens.errors import PoslensError  # noqa: E402
