@@ -233,7 +233,8 @@ def adjacency_probability_score(sim) -> torch.Tensor:
     lead = m.shape[:-2]
     flat = m.reshape(-1, T, T)
     lower = torch.ones(T, T, dtype=torch.bool, device=m.device).tril(-1)
-    if T >= 3 and bool(torch.isfinite(flat[:, lower]).all()):
+    # a map finite everywhere is finite below the diagonal (one pass, no gather: the common case)
+    if T >= 3 and (bool(torch.isfinite(flat).all()) or bool(torch.isfinite(flat[:, lower]).all())):
         return _rising_pairs_by_merge(flat).reshape(lead)
     return rising_pair_fraction(m, include_diagonal=False, ties=0.0)
 
