@@ -1,9 +1,10 @@
 """Benchmark: what capture costs over the forward it observes, and against the papers' approach.
 
 For each model, five methods run on the same random tokens, each in its own fresh subprocess (so
-its peak RSS is its own), one thread by default, every one but ``sdpa:system-malloc`` under the
+its peak RSS is its own), one thread by default. ``sdpa`` and both ``poslens`` rows run under the
 allocator settings the CLI makes (``poslens.runtime.configure_allocator``: freed memory reused, not
-unmapped; that cut the plain forward's CPU time by 10-15 %), so the floor and the capture run alike:
+unmapped), so the floor and the capture run alike; ``sdpa:system-malloc`` and ``eager`` run under
+glibc's defaults, as a plain transformers process does:
 
 - ``sdpa``: the plain ``sdpa`` forward without capture: the floor no capture can beat;
 - ``sdpa:system-malloc``: the same under glibc's default allocator settings (a plain transformers
@@ -45,9 +46,14 @@ import time
 BENCH = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=8192)
 METHODS = ("sdpa", "sdpa:system-malloc", "poslens:scores,probs", "poslens:all", "eager")
-#: the method run under glibc's default allocator settings; every other one runs under the CLI's
-#: (``poslens.runtime.configure_allocator``), as ``poslens scan`` does
+#: the floor again under glibc's default allocator settings; ``sdpa`` and ``poslens`` run under the
+#: CLI's (``poslens.runtime.configure_allocator``), as ``poslens scan`` does
 SYSTEM_MALLOC = "sdpa:system-malloc"
+#: methods run under glibc's defaults: the second floor, and the papers' approach as a plain process
+#: runs it (under the CLI's settings its many differently sized B x H x S^2 tensors fragment the
+#: heap that is never trimmed: peak RSS 11.4 GB instead of 6.7 GB on the benchmark model, 20 GB
+#: instead of 11 GB on SmolLM2)
+SYSTEM_MALLOC_METHODS = (SYSTEM_MALLOC, "eager")
 
 
 def build_bench_model(path: str) -> str:
@@ -86,7 +92,7 @@ def worker(args) -> dict:
 
     from poslens.runtime import configure_allocator
 
-    malloc = "system" if args.worker == SYSTEM_MALLOC else ("poslens" if configure_allocator() else "system")
+    malloc = "system" if args.worker in SYSTEM_MALLOC_METHODS else ("poslens" if configure_allocator() else "system")
     import torch
 
     torch.set_num_threads(args.threads)
