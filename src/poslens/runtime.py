@@ -145,12 +145,13 @@ def configure_allocator(environ=None) -> bool:
     glibc serves an allocation above its mmap threshold (128 KiB, rising to at most 32 MiB) with a
     fresh ``mmap`` and unmaps it on free, and trims free memory off the top of the heap: the next
     activation of the same size faults its pages in again, and the kernel zeroes every page. On
-    the 2-core CPU that was 10-28 % of a plain forward's CPU time as ``sys`` (SmolLM2-135M at
+    the 2-core CPU that was 7-28 % of a plain forward's CPU time as ``sys`` (SmolLM2-135M at
     4 x 1,024 tokens; a 4-layer model at 20 x 1,024, whose MLP activations are 115 MB). With
     ``mmap`` off for the heap (``M_MMAP_MAX = 0``; a thread arena still maps what its heap cannot
     hold) and up to :data:`KEEP_FREE_BYTES` kept at the top, freed blocks are reused: sys fell to
-    about 1-2 % and the whole forward's CPU time by 10-15 % (``benchmarks/bench_scan.py``). The
-    memory freed is not returned until the process ends, so the CLI applies it (a command is a
+    0.3-2 % and the whole forward's CPU time by 12-19 % (``benchmarks/bench_scan.py``, 2026-11-23);
+    peak RSS rose by up to 17 % (the benchmark model's floor), 1.36 GiB on a 16k-token 1B scan. The
+    memory freed is mostly kept until the process ends, so the CLI applies it (a command is a
     process), not the library.
 
     Does nothing (returns False) where :func:`allocator_left_alone` gives a reason: the user's own
