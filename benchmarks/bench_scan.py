@@ -304,7 +304,8 @@ def table(results: list[dict]) -> str:
                          + (f"{span:>14}" if span is not None else "") + f"{vs_s:>9}{rss:>8.2f} G{sys_share:>7.1f}%"
                          + f"{fin_s:>8}")
     lines.append("CPU s: user + sys of the timed batches (threads: see header); over sdpa: CPU time over the plain "
-                 "forward's under the same allocator settings (the CLI's; 'glibc malloc': glibc's defaults); vs "
+                 "forward's under the CLI's allocator settings (the 'glibc malloc' and eager rows run under glibc's "
+                 "defaults, so theirs include what the settings save the floor); vs "
                  "eager: eager's CPU time / the row's (throughput ratio); peak RSS of the whole process; sys/CPU: "
                  "share of CPU time spent in the kernel (page faults of large temporaries); final s: CPU time of "
                  "the means read once at the end of a scan, whatever its length (not in CPU s)."
