@@ -275,7 +275,8 @@ def part_scan(a, dev) -> dict:
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, shape["vocab"], (B, S), generator=g).to(dev) for _ in range(nb + 1)]
     L = shape["layers"]
-    out = {"model": shape, "seq_len": S, "batch_size": B, "timed_batches": nb, "dtype": str(dtype), "variants": {}}
+    out = {"model": shape, "seq_len": S, "batch_size": B, "timed_batches": nb, "dtype": str(dtype),
+           "map_size": a.map_size, "variants": {}}
     kw = {"use_cache": False, "logits_to_keep": 1}
 
     def run_plain(impl):
@@ -291,7 +292,8 @@ def part_scan(a, dev) -> dict:
         os.environ["POSLENS_CAPTURE_KERNEL"] = kernel
         spec = CaptureSpec(num_layers=L, num_heads=shape["heads"], num_kv_heads=shape["kv_heads"],
                            head_dim=shape["hidden"] // shape["heads"], seq_len=S, layers=list(range(L)),
-                           rope_layers=ad.rope_layers(model.config), reservoir=256, stats=frozenset(stats))
+                           rope_layers=ad.rope_layers(model.config), reservoir=256, stats=frozenset(stats),
+                           map_size=a.map_size)
         cap = Capture(spec, device=dev)
         handles = attach(model, ad, cap)
         seen = [0]
@@ -559,6 +561,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--batches", type=int, default=3, help="timed batches per scan variant")
+    ap.add_argument("--map-size", type=int, default=0, help="scan part: --map-size block maps (0: full maps)")
     ap.add_argument("--train-steps", type=int, default=20)
     ap.add_argument("--no-torch-path", dest="torch_path", action="store_false",
                     help="on CUDA, skip the chunked torch path (time the fused kernels only)")

@@ -6,6 +6,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# The suite checks the CPU's semantics (CI has no GPU): `--device auto` means the CPU here even on a GPU
+# machine (exact resume and the simulator's random stream are per device). Tests of the CUDA paths ask
+# for cuda themselves; `POSLENS_DEVICE=auto pytest` runs every command's default path on a visible GPU.
+os.environ.setdefault("POSLENS_DEVICE", "cpu")
 # One thread: tests use tiny tensors, and on a shared 2-core machine two OpenMP threads can
 # stall each other (measured ~9x slower per training step under load).
 torch.set_num_threads(1)

@@ -13,9 +13,16 @@ from poslens.errors import PoslensError
 from poslens.runtime import no_hf_progress_bars, parse_device, resolve_dtype, torch_threads
 
 
-def test_parse_device():
+def test_parse_device(monkeypatch):
     assert parse_device("cpu") == "cpu"
+    monkeypatch.setenv("POSLENS_DEVICE", "auto")
     assert parse_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("POSLENS_DEVICE", "cpu")  # the environment replaces auto's choice, not an explicit one
+    assert parse_device("auto") == "cpu"
+    monkeypatch.setenv("POSLENS_DEVICE", "tpu")
+    with pytest.raises(PoslensError, match="POSLENS_DEVICE='tpu'"):
+        parse_device("auto")
+    assert parse_device("cpu") == "cpu"
     with pytest.raises(PoslensError, match="--device 'tpu'"):
         parse_device("tpu")
     if not torch.cuda.is_available():

@@ -37,13 +37,25 @@ if TYPE_CHECKING:  # annotations only: torch is imported where a function needs 
     import torch
 
 
+#: environment variable naming the device ``--device auto`` resolves to (see :func:`parse_device`)
+DEVICE_ENV = "POSLENS_DEVICE"
+
+
 def parse_device(device: str) -> str:
-    """Resolve ``auto|cpu|cuda`` into a torch device string, with a clear error if CUDA is absent."""
+    """Resolve ``auto|cpu|cuda`` into a torch device string, with a clear error if CUDA is absent.
+
+    ``auto`` is CUDA when a GPU is visible, else the CPU; the environment variable ``POSLENS_DEVICE``
+    (``cpu``, ``cuda``, ``cuda:N``) replaces that choice, e.g. to keep a shared GPU free."""
     import torch
 
     if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
         raise PoslensError(f"--device {device!r} is not one of auto, cpu, cuda.")
     if device == "auto":
+        env = os.environ.get(DEVICE_ENV, "auto").strip() or "auto"
+        if env != "auto":
+            if env not in ("cpu", "cuda") and not env.startswith("cuda:"):
+                raise PoslensError(f"{DEVICE_ENV}={env!r} is not one of auto, cpu, cuda, cuda:N; unset it or fix it.")
+            return parse_device(env)
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise PoslensError(f"--device {device}: no CUDA GPU is visible; use --device cpu or auto.")

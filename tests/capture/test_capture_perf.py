@@ -235,6 +235,83 @@ def test_block_maps_equal_block_means_of_full_maps(S, N, window, causal, chunk):
             assert torch.equal(empty, upper)
 
 
+@pytest.mark.parametrize("S,N,causal", [(48, 12, True), (47, 10, True), (30, 7, False), (20, 40, True)])
+def test_fused_kernels_full_sums_reduce_to_the_block_means(S, N, causal, monkeypatch):
+    """The GPU path's reduction (``Capture._fused_block_means``): the fused kernels' full float32 sums,
+    reduced band by band (bands of a few rows here), equal the brute-force block means; key 0's
+    column is kept exactly and the slash profile passes through."""
+    g = torch.Generator().manual_seed(S + N)
+    i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
+    valid = (j <= i) if causal else torch.ones(S, S, dtype=torch.bool)
+    full = {"scores": torch.randn(S, S, generator=g).masked_fill(~valid, 0.0),
+            "probs": torch.rand(S, S, generator=g).masked_fill(~valid, 0.0),
+            "head_scores": torch.randn(2, S, S, generator=g).masked_fill(~valid, 0.0),
+            "head_probs": torch.rand(2, S, S, generator=g).masked_fill(~valid, 0.0),
+            "slash": torch.rand(4, S, generator=g)}
+    ref = {n: t.clone() for n, t in full.items()}
+    spec = att.CaptureSpec(num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, seq_len=S, layers=[0],
+                           map_size=N)
+    cap = att.Capture(spec)
+    f = cap.blocks.f
+    orig = att.BlockMaps.add_rows
+    bands = []
+
+    def spy(self, dst, part, start):
+        bands.append((start, part.shape[0]))
+        return orig(self, dst, part, start)
+    monkeypatch.setattr(att.BlockMaps, "add_rows", spy)
+    monkeypatch.setattr(att, "_FUSED_BAND_ROWS", 2 * f)  # several bands, each of whole block rows
+    got = cap._fused_block_means(dict(full), causal)
+    assert sorted(got) == sorted(list(full) + ["probs_key0"])
+    for name in ("scores", "probs", "head_scores", "head_probs"):
+        torch.testing.assert_close(got[name].double(), _block_means(ref[name], f, valid), rtol=0, atol=1e-6,
+                                   msg=name)
+    assert torch.equal(got["probs_key0"], ref["probs"][:, 0])
+    assert torch.equal(got["slash"], ref["slash"])
+    assert all(start % f == 0 for start, _ in bands) and max(c for _, c in bands) <= 2 * f
+
+
+@pytest.mark.parametrize("map_size", [0, 7])
+def test_cosine_rows_of_raw_products_equal_the_unit_vector_gram(map_size):
+    """The GPU half-precision cosine path (``Capture._cosine_rows``: each sequence's product of its raw
+    values, scaled by the inverse norms after it) equals the Gram of the unit vectors, as full maps and
+    through ``BlockMaps.gram_means`` (here on the CPU, in float32)."""
+    g = torch.Generator().manual_seed(1)
+    B, S, d = 3, 40, 24
+    x = torch.randn(B, S, d, generator=g).to(torch.bfloat16).float() * torch.rand(B, S, 1, generator=g).add(0.5)
+    n = torch.linalg.vector_norm(x, dim=-1)
+    u = (x / n[..., None]).transpose(0, 1).reshape(S, -1)  # [S, B d]: the CPU path's folded unit vectors
+    rows = att.Capture._cosine_rows(x, n.reciprocal())
+    if map_size:
+        bm = att.BlockMaps(S, map_size)
+        torch.testing.assert_close(bm.gram_means(rows, "cpu"), bm.gram_means(u), rtol=0, atol=1e-6)
+    else:
+        torch.testing.assert_close(rows(0, S), u @ u.T, rtol=0, atol=1e-6)
+        torch.testing.assert_close(rows(10, 25), (u @ u.T)[10:25, :25], rtol=0, atol=1e-6)
+
+
+def test_direct_rising_pair_counts_equal_the_merge_count():
+    """The GPU's all-pairs count (``_direct_rising_counts``) against the CPU's O(T log^2 T) count, with
+    ties, -inf suffixes and chunks smaller than the input."""
+    from poslens.metrics import neighborhood as nb
+
+    g = torch.Generator().manual_seed(2)
+    for T in (3, 17, 64):
+        x = torch.randn(50, T, generator=g)
+        x[::3, T // 2:] = float("-inf")
+        x[1::4] = x[1::4].mul(2).round()
+        want = nb.rising_pair_counts(x)
+        brute = torch.tensor([sum(int(r[k] > r[j]) for j in range(T) for k in range(j + 1, T)) for r in x])
+        assert torch.equal(want, brute)
+        assert torch.equal(nb._direct_rising_counts(x), want)
+        old = nb._DIRECT_ELEMS
+        try:
+            nb._DIRECT_ELEMS = 7 * T * T  # 7 rows per chunk
+            assert torch.equal(nb._direct_rising_counts(x), want)
+        finally:
+            nb._DIRECT_ELEMS = old
+
+
 def test_finite_check_in_one_pass():
     assert att._finite(torch.randn(7, 5))
     for bad in (float("nan"), float("inf"), float("-inf")):

@@ -66,8 +66,16 @@ def test_fused_maps_match_float64(B, H, Hk, S, D, causal, dtype, block, monkeypa
                 assert err < 2e-6, (n, combo, err)
 
 
+def rope_cos_sin(S, D, base=10000.0):
+    inv = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+    ang = torch.arange(S, dtype=torch.float32)[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], -1)[None]
+    return emb.cos(), emb.sin()
+
+
 def test_capture_on_cuda_equals_capture_on_cpu():
-    """The whole observe_attention (fused maps, TF32 Grams of bf16 inputs) against the CPU capture of the
+    """The whole observe_attention and observe_hidden (fused maps, the whole-batch q/k Grams and
+    reservoir, TF32 products of the bf16 values, the all-pairs APS count) against the CPU capture of the
     same bf16 values."""
     B, H, Hk, S, D = 2, 8, 2, 200, 64
     g = torch.Generator().manual_seed(0)
@@ -78,8 +86,10 @@ def test_capture_on_cuda_equals_capture_on_cpu():
     res = {}
     for dev in ("cpu", "cuda"):
         spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
-                               heads=[(0, 3)])
+                               heads=[(0, 3)], reservoir=16, rope_layers={0})
         cap = att.Capture(spec, device=dev)
+        cos, sin = rope_cos_sin(S, D)
+        cap.rope_cos_sin = (cos.to(dev), sin.to(dev))
         cap.begin_batch(B)
         cap.observe_attention(0, q.to(dev).float() if dev == "cpu" else q.to(dev), k.to(dev).float() if dev == "cpu"
                               else k.to(dev), out.to(dev), 0.125)
@@ -88,3 +98,38 @@ def test_capture_on_cuda_equals_capture_on_cpu():
         res[dev] = {n: v.cpu() for n, v in cap.means().items()}
     for n, v in res["cpu"].items():
         torch.testing.assert_close(res["cuda"][n], v, rtol=1e-4, atol=2e-5, msg=n)
+
+
+def _bf16_inputs(B, H, Hk, S, D, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(B, S, H, D, generator=g, device="cuda") * 2).to(torch.bfloat16).transpose(1, 2)
+    k = (torch.randn(B, S, Hk, D, generator=g, device="cuda") * 2).to(torch.bfloat16).transpose(1, 2)
+    v = torch.randn(B, S, Hk, D, generator=g, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    return q, k, v
+
+
+@pytest.mark.parametrize("map_size", [0, 16])
+def test_fused_capture_equals_the_torch_path_on_cuda(map_size, monkeypatch):
+    """Every statistic through the fused kernels, with and without --map-size block maps (f = 13 does not
+    divide S = 200), against the chunked torch path on the same CUDA inputs and output."""
+    B, H, Hk, S, D = 2, 8, 2, 200, 64
+    q, k, v = _bf16_inputs(B, H, Hk, S, D, 5)
+    scaling = 0.125
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
+    hid = torch.randn(B, S, 256, device="cuda").to(torch.bfloat16)
+    res = {}
+    for mode in ("torch", "auto"):
+        monkeypatch.setenv("POSLENS_CAPTURE_KERNEL", mode)
+        spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+                               heads=[(0, 3)], map_size=map_size)
+        cap = att.Capture(spec, device="cuda")
+        cap.begin_batch(B)
+        cap.observe_attention(0, q, k, out, scaling)
+        cap.observe_hidden(0, hid)
+        cap.end_batch()
+        res[mode] = {n: t.cpu() for n, t in cap.means().items()}
+    M = -(-S // -(-S // map_size)) if map_size else S
+    assert res["auto"]["scores"].shape == (1, M, M)
+    assert ("probs_key0" in res["auto"]) == bool(map_size)
+    for n, t in res["torch"].items():
+        torch.testing.assert_close(res["auto"][n], t, rtol=1e-4, atol=2e-5, msg=n)

@@ -74,7 +74,7 @@ def _bidirectional_capture(model, adapter, seq_len: int):
     spec = CaptureSpec(num_layers=adapter.num_layers(cfg), num_heads=adapter.num_heads(cfg),
                        num_kv_heads=adapter.num_kv_heads(cfg), head_dim=adapter.head_dim(cfg), seq_len=seq_len,
                        layers=[], bidirectional=True)
-    return Capture(spec)
+    return Capture(spec, device=next(model.parameters()).device)
 
 
 @torch.no_grad()
@@ -258,6 +258,8 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
             results[mode] = measure_neighborhood(
                 model, ids, bidirectional=mode == "bidirectional", batch_size=cfg.batch_size, adapter=adapter,
                 update=lambda d, m=m, mode=mode: update(m * N + d, info=mode))
+            # the summary and the files are made on the CPU (a GPU run's tensors would meet CPU tables)
+            results[mode] = {k: v.cpu() if torch.is_tensor(v) else v for k, v in results[mode].items()}
     summary = build_summary(results, cfg=cfg, pe=pe_of(config), model_type=adapter.model_type, num_seqs=N,
                             source=source.describe())
     with staged_dir(cfg.out) as stage:

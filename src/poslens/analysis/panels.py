@@ -95,7 +95,7 @@ def panel_points(adapter, layer: int, accs: dict[str, MeanAccumulator]) -> dict:
     (for :func:`poslens.capture.loop.hooked`)."""
     def adder(name):
         def add(x):
-            accs[name].sum += _gram(x)
+            accs[name].sum += _gram(x).to(accs[name].sum.device)
         return add
     return {(pt, layer + off): adder(k) for k, (pt, off) in PANEL_POINTS.items()}
 
@@ -132,7 +132,7 @@ def compute_panels(model, adapter, config, source, layer: int, *, batch_size: in
                        num_kv_heads=adapter.num_kv_heads(config), head_dim=adapter.head_dim(config), seq_len=S,
                        layers=[layer, layer + 1], rope_layers=adapter.rope_layers(config),
                        rope_layout=adapter.rope_layout)
-    capture = Capture(spec)
+    capture = Capture(spec, device=device)
     handles = attach(model, adapter, capture)
 
     def count(s, e):
@@ -145,7 +145,7 @@ def compute_panels(model, adapter, config, source, layer: int, *, batch_size: in
     finally:
         for hd in handles:
             hd.remove()
-    scores = capture.means()["scores"]
+    scores = capture.means()["scores"].cpu()
     means = {k: a.mean for k, a in accs.items()}
     means["b"] = causal_view(scores[0], include_diagonal=True)
     means["i"] = causal_view(scores[1], include_diagonal=True)

@@ -58,6 +58,9 @@ CPU_CHUNK_ELEMS = 2**20
 #: (SDPA 100 and 500 ms); SmolLM2's 3 query heads per key head already get 56 rows from the logit cap.
 CPU_MIN_ROWS = 64
 
+#: Rows per band when the fused CUDA kernels' full maps are reduced to --map-size block sums.
+_FUSED_BAND_ROWS = 4096
+
 #: Rows per block of the symmetric Gram product (lower block triangle only).
 GRAM_BLOCK_ROWS = 128
 
@@ -99,7 +102,8 @@ def parse_stats(text) -> frozenset:
 
 @contextlib.contextmanager
 def _half_input_matmuls(enabled: bool):
-    """TF32 matrix products while enabled: capture's float32 products of bf16/fp16 inputs.
+    """TF32 matrix products while enabled: capture's float32 products of bf16/fp16 values (logits, the
+    raw cosine products), never of values derived from them (unit vectors, un-rotated q/k).
 
     A bf16 (8-bit mantissa) or fp16 (11-bit) value is exact in TF32's 10+1 bits except fp16's lowest
     bit, so TF32 multiplies the model's own numbers (almost) exactly and accumulates in float32, at
@@ -207,6 +211,9 @@ def _causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     batch, took 99 ms per benchmark layer against 26 ms, one thread).
     """
     B, Hk, g, S, D = qg.shape
+    if qg.device.type != "cpu":  # one pass over the batch; torch's GPU scan is fast over the innermost dim
+        ck = k.transpose(-1, -2).cumsum(-1).transpose(-1, -2)  # [B, Hk, S, D] (strided view)
+        return (qg * ck[:, :, None]).sum(dim=3)
     out = torch.empty(B, Hk, g, D, dtype=qg.dtype, device=qg.device)
     ck = torch.empty(Hk, S, D, dtype=k.dtype, device=k.device)
     for b in range(B):
@@ -526,17 +533,23 @@ class BlockMaps:
             idx = torch.arange(start, start + c, device=part.device) // f
             dst[:, :nb].index_add_(0, idx, cols)
 
-    def gram_means(self, a: torch.Tensor) -> torch.Tensor:
+    def gram_means(self, a, device=None) -> torch.Tensor:
         """Block means ``[n, n]`` (float32) of ``a @ a.T`` for ``a [S, K]`` without the ``S x S`` product:
-        row blocks of the lower block triangle, reduced to block sums as they are computed, mirrored."""
+        row blocks of the lower block triangle, reduced to block sums as they are computed, mirrored.
+
+        ``a`` may instead be a function ``rows(r0, r1)`` returning rows ``r0 .. r1 - 1`` of a symmetric
+        ``S x S`` matrix on its first ``r1`` columns (then pass ``device``)."""
         S, f, n = self.S, self.f, self.n
-        R = f * max(1, GRAM_BLOCK_ROWS // f)
-        out = torch.zeros(n, n, dtype=torch.float32, device=a.device)
+        rows = a if callable(a) else (lambda r0, r1: a[r0:r1] @ a[:r1].T)
+        device = a.device if device is None else device
+        on_gpu = torch.device(device).type != "cpu"  # few large products there, cache-sized ones on the CPU
+        R = f * max(1, (4096 if on_gpu else GRAM_BLOCK_ROWS) // f)
+        out = torch.zeros(n, n, dtype=torch.float32, device=device)
         for r0 in range(0, S, R):
             r1 = min(S, r0 + R)
-            self.add_rows(out, a[r0:r1] @ a[:r1].T, r0)
+            self.add_rows(out, rows(r0, r1), r0)
         out = out.tril() + out.tril(-1).T  # blocks right of each computed row band: the mirrored ones
-        sz = self.sizes().to(torch.float32).to(a.device)
+        sz = self.sizes().to(torch.float32).to(device)
         return out.div_(sz[:, None] * sz[None, :])
 
 
@@ -751,8 +764,7 @@ class Capture:
         """Add residual-stream vectors ``[B, S, d]`` at ``cosine``/``norms`` index ``index``."""
         if "cosine" not in self.spec.stats:
             return
-        with _half_input_matmuls(hidden.is_cuda and hidden.dtype in _HALF):
-            self._add_cosine("cosine", "norms", index, hidden)
+        self._add_cosine("cosine", "norms", index, hidden)
 
     def _add_cosine(self, cos_name, norm_name, index, x):
         """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened),
@@ -767,8 +779,15 @@ class Capture:
         acc.sum[index] += aps.sum()
         acc.sumsq[index] += (aps * aps).sum()
         B, S = x.shape[:2]
+        exact_tf32 = x.is_cuda and x.dtype in _HALF
         x = x.to(torch.float32)
         n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
+        if exact_tf32:  # a half-precision model on a GPU: see _cosine_rows
+            rows = self._cosine_rows(x.reshape(B, S, -1), n.clamp_min(1e-30).reciprocal())
+            gram = self.blocks.gram_means(rows, x.device) if self.blocks is not None else rows(0, S)
+            self._add64(self.accs[cos_name].sum[index], gram)
+            self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
+            return
         # on the CPU with full maps into reused buffers (no fresh pages to fault in); with --map-size
         # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
         cpu = x.device.type == "cpu" and self.blocks is None
@@ -783,6 +802,24 @@ class Capture:
             gram = self._buffer("gram", (S, S), x.device) if cpu else None
             self._add64(self.accs[cos_name].sum[index], _symmetric_gram(folded, out=gram))
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
+
+    @staticmethod
+    def _cosine_rows(x: torch.Tensor, inv: torch.Tensor):
+        """``rows(r0, r1)``: rows ``r0 .. r1 - 1`` of ``sum_b cos(x_bi, x_bj)`` on columns ``j < r1``, from
+        ``x [B, S, d]`` (float32 holding half-precision values) and ``inv [B, S]`` (``1 / |x_bi|``).
+
+        Each sequence's product is taken of the model's own values, which TF32 multiplies exactly
+        (float32 accumulation, at the tensor cores' rate), and scaled by the inverse norms after it:
+        unit vectors are not exact in TF32, and their product carried errors of 1e-5 (float32: 1e-7)."""
+        def rows(r0: int, r1: int) -> torch.Tensor:
+            out = None
+            with _half_input_matmuls(True):
+                for b in range(x.shape[0]):
+                    g = torch.matmul(x[b, r0:r1], x[b, :r1].T)
+                    g.mul_(inv[b, r0:r1, None]).mul_(inv[b, None, :r1])
+                    out = g if out is None else out.add_(g)
+            return out
+        return rows
 
     # -- attention --------------------------------------------------------------------------
     def _buffer(self, name: str, shape: tuple, device, reuse: bool = True, dtype=torch.float32) -> torch.Tensor:
@@ -856,8 +893,7 @@ class Capture:
         states instead (when :meth:`computes_output`) to have it computed from the chunks' own
         weights. Returns the output ``[B, H, S, D]`` (a view of a ``[B, S, H, D]`` contiguous tensor
         when computed here)."""
-        with _half_input_matmuls(query.is_cuda and query.dtype in _HALF):
-            return self._observe_attention(layer, query, key, out, scaling, causal, window, softcap, value)
+        return self._observe_attention(layer, query, key, out, scaling, causal, window, softcap, value)
 
     def _observe_attention(self, layer, query, key, out, scaling, causal, window, softcap, value=None):
         stats = self.spec.stats
@@ -878,10 +914,11 @@ class Capture:
             q, k = (t.index_select(-1, self._half_perm(query.shape[-1], q.device)) for t in (q, k))
         if "dim_logit" in stats:
             self._add_dim_logit(li, q, k, query.shape[1], scaling, causal, window)
-        if want_maps:
-            maps, out = self._layer_maps(layer, query, key, value, q, k, out, scaling, causal, window, softcap,
-                                         heads_here, fused)
-            self._add_maps(li, maps, query, key, scaling, causal, softcap, heads_here)
+        if want_maps:  # the logits are products of the model's own half values: exact in TF32
+            with _half_input_matmuls(query.is_cuda and query.dtype in _HALF):
+                maps, out = self._layer_maps(layer, query, key, value, q, k, out, scaling, causal, window, softcap,
+                                             heads_here, fused)
+                self._add_maps(li, maps, query, key, scaling, causal, softcap, heads_here)
         del q, k
         # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
         # sequence-major copy is made once, inside _add_cosine)
@@ -909,20 +946,28 @@ class Capture:
             sel_b, sel_s = res.new_slots()
             q_new = torch.empty(H, sel_b.numel(), D, dtype=torch.float32, device=q.device)
             k_new = torch.empty(Hk, sel_b.numel(), D, dtype=torch.float32, device=q.device)
-        for b in range(B):
-            q_pre, k_pre = (q[b:b + 1], k[b:b + 1])
+        # on the CPU one sequence at a time (cache-sized); on a GPU the whole batch at once (a loop of
+        # small kernels with a host sync per sequence for the reservoir cost 3 ms per layer there)
+        step = 1 if cpu else B
+        for b in range(0, B, step):
+            q_pre, k_pre = (q[b:b + step], k[b:b + step])
             if rope:
-                q_pre, k_pre = self.unrotate(q_pre, k_pre, batch=b)
+                q_pre, k_pre = self.unrotate(q_pre, k_pre, batch=b if step == 1 else None)
             if perm is not None:  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
                 q_pre, k_pre = (t.index_select(-1, perm) for t in (q_pre, k_pre))
-            _head_gram(q_pre, out=qg[b:b + 1])
-            _head_gram(k_pre, out=kg[b:b + 1])
-            if res is not None:
-                mine = (sel_b == b).nonzero().squeeze(1)
-                if mine.numel():
-                    pos = sel_s[mine]
-                    q_new[:, mine] = q_pre[0][:, pos].to(torch.float32)
-                    k_new[:, mine] = k_pre[0][:, pos].to(torch.float32)
+            _head_gram(q_pre, out=qg[b:b + step])
+            _head_gram(k_pre, out=kg[b:b + step])
+            if res is None:
+                continue
+            if step == B:  # every selected token of the batch in one gather: [n, H, D] -> [H, n, D]
+                q_new.copy_(q_pre[sel_b, :, sel_s].transpose(0, 1))
+                k_new.copy_(k_pre[sel_b, :, sel_s].transpose(0, 1))
+                continue
+            mine = (sel_b == b).nonzero().squeeze(1)
+            if mine.numel():
+                pos = sel_s[mine]
+                q_new[:, mine] = q_pre[0][:, pos].to(torch.float32)
+                k_new[:, mine] = k_pre[0][:, pos].to(torch.float32)
         acc["q_gram"].sum[li] += qg.sum(0, dtype=torch.float64).div_(S)
         acc["k_gram"].sum[li] += kg.sum(0, dtype=torch.float64).div_(S)
         if res is not None:
@@ -954,6 +999,8 @@ class Capture:
                 maps = None  # non-finite logits somewhere: the checked path names the head (or masks them)
                 q = query.to(torch.float32).contiguous()
                 k = key.to(torch.float32).contiguous()
+            elif self.blocks is not None:
+                maps = self._fused_block_means(maps, causal)
         if maps is None:
             # the output from the chunks' own weights (values in the maps' float32)
             v = self._f32("v", value) if out is None else None
@@ -964,6 +1011,31 @@ class Capture:
         if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
             maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
         return maps, out
+
+    def _fused_block_means(self, maps: dict, causal: bool) -> dict:
+        """The fused kernels' full ``S x S`` float32 sums reduced to ``--map-size`` block means (as the
+        chunked path's), row band by row band, with key 0's weight kept exactly (``probs_key0``).
+
+        The kernels write each map whole, so on the GPU one layer's ``S x S`` float32 sums exist
+        until this returns (4 GiB per map at 32k tokens); the float64 accumulators stay ``n x n``."""
+        bm = self.blocks
+        out = {}
+        if "probs" in maps:
+            out["probs_key0"] = maps["probs"][:, 0].clone()
+        R = bm.f * max(1, _FUSED_BAND_ROWS // bm.f)  # whole block rows per band: bounds add_rows' copies
+        for name, full in maps.items():
+            if name == "slash":
+                out[name] = full
+                continue
+            stacked = full if full.ndim == 3 else full[None]
+            sums = torch.zeros(stacked.shape[0], bm.n, bm.n, dtype=torch.float32, device=full.device)
+            for m in range(stacked.shape[0]):
+                for r0 in range(0, bm.S, R):
+                    bm.add_rows(sums[m], stacked[m, r0:r0 + R], r0)
+            sums.mul_(bm.inverse_counts(causal, None, full.device))
+            out[name] = sums if full.ndim == 3 else sums[0]
+            maps[name] = None  # free the full map before the next one is reduced
+        return out
 
     def _add_maps(self, li, maps, query, key, scaling, causal, softcap, heads_here) -> None:
         """Add one layer's float32 map sums into the float64 accumulators (:meth:`_add64`)."""

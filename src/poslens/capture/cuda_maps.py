@@ -146,8 +146,8 @@ def _kernels():
                     acc_p += acc_ph
             if W_HEADS:
                 slot = tl.load(SLOT + h)
-                if slot >= 0:
-                    off = slot * S * S + rm[:, None] * S + rn[None, :]
+                if slot >= 0:  # int64 offsets: slot * S * S passes 2**31 at 32k tokens
+                    off = (slot.to(tl.int64) * S + rm[:, None]) * S + rn[None, :]
                     tl.store(HS + off, acc_sh, mask=valid)
                     tl.store(HP + off, acc_ph, mask=valid)
             if W_SLASH:
@@ -159,10 +159,10 @@ def _kernels():
                 up = tl.sum(tl.where(r_loc < c_loc, gth, 0.0), 0)
                 band = pid_m - pid_n
                 if band >= 0:
-                    base = ((h * NB + band) * NB + pid_m) * 2 * BM
+                    base = ((h * NB + band).to(tl.int64) * NB + pid_m) * 2 * BM
                     tl.store(SL + base + tl.arange(0, BM), lo)
                     tl.store(SL + base + BM + tl.arange(0, BM), up)
-        out = rm[:, None] * S + rn[None, :]
+        out = rm.to(tl.int64)[:, None] * S + rn[None, :]  # S * S passes 2**31 from 46,341 tokens
         if W_SC:
             tl.store(SC + out, acc_s, mask=valid)
         if W_PR:

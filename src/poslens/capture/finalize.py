@@ -132,8 +132,9 @@ class _Reader:
         self.n_seqs = next(iter(capture.accs.values())).count
         self.k = plan.cfg.aps_max_positions
         self.rot_dim, self.base = plan.adapter.rotary_dim(plan.config), plan.adapter.rope_base(plan.config)
-        self.groups, self.counts = capture.accs["score_groups"].group_means() if has("score_groups") \
-            else (torch.zeros(0), None)
+        # the summary is computed on the CPU, whichever device accumulated (a GPU scan's sums)
+        self.groups, self.counts = tuple(t.cpu() for t in capture.accs["score_groups"].group_means()) \
+            if has("score_groups") else (torch.zeros(0), None)
         self.grid = noise_grid(spec.seq_len, spec.noise_max_positions)
         nl = len(spec.layers)
         self.aps = _per_sequence(capture.accs["aps_seq"]) if has("aps_seq") else ([None] * (nl + 1),) * 2
@@ -146,7 +147,7 @@ class _Reader:
 
     def mean(self, name: str, idx=slice(None)) -> torch.Tensor:
         """float64 mean of one accumulator at ``idx``."""
-        return self.capture.accs[name].mean_at(idx)
+        return self.capture.accs[name].mean_at(idx).cpu()
 
     def when(self, name: str, fn):
         return fn() if self.has(name) else None
@@ -244,8 +245,9 @@ def _write_maps(out: Path, r: _Reader) -> dict:
     is spent afterwards), and the reservoir sample; returns the tensors written."""
     spec, plan, blocks = r.spec, r.plan, r.blocks
     tensors = r.capture.release_means(torch.float32)
+    tensors = {k: tensors.pop(k).cpu() for k in list(tensors)}  # the file, figures and tables: on the CPU
     if r.capture.reservoir is not None:
-        tensors.update(r.capture.reservoir.result())
+        tensors.update({k: v.cpu() for k, v in r.capture.reservoir.result().items()})
     write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": r.n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",

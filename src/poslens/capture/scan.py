@@ -282,6 +282,8 @@ def _merge_and_write(job: _Job, capture: Capture, tokens: int, elapsed: float, t
     summary = finalize(out, capture, job.plan, figures=cfg.figures)
     summary["throughput"] = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed else None,
                              "wall_s": time.time() - t_start, "processes": ctx.world_size}
+    if torch.device(device).type == "cuda":  # this process's peak, model and capture together
+        summary["throughput"]["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated(device))
     summary = write_summary(out, summary, command="scan", paper=["kim", "slash", "neighborhood"],
                             layers_describe="each decoder layer's attention (scores, heads, pre-RoPE q/k); aps and "
                                             "norm_score: the residual stream after that layer (embedding_aps: the "

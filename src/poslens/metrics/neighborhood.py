@@ -175,6 +175,25 @@ def _noninversions(seq: np.ndarray) -> np.ndarray:
     return total
 
 
+#: comparisons per call of :func:`_direct_rising_counts` (a bool tensor of this many entries)
+_DIRECT_ELEMS = 2**27
+
+
+def _direct_rising_counts(x: torch.Tensor) -> torch.Tensor:
+    """:func:`rising_pair_counts` by comparing every pair ``j < k`` of each row: O(T^2) per row in a
+    few large kernels, for devices where the O(T log^2 T) count's many small sorts are launch-bound
+    (a GPU: 256-position APS maps in about 3 kernels instead of several hundred)."""
+    N, T = x.shape
+    upper = torch.ones(T, T, dtype=torch.bool, device=x.device).triu_(1)  # [j, k]: j < k
+    out = torch.empty(N, dtype=torch.int64, device=x.device)
+    step = max(1, _DIRECT_ELEMS // max(1, T * T))
+    for r0 in range(0, N, step):
+        xs = x[r0:r0 + step]
+        rise = (xs[:, None, :] > xs[:, :, None]).logical_and_(upper)  # [n, j, k]: x[k] > x[j], j < k
+        out[r0:r0 + step] = rise.sum(dim=(1, 2))
+    return out
+
+
 def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
     """For each row of ``x [N, T]`` (no NaN): the number of pairs j < k with ``x[k] > x[j]``, int64 ``[N]``.
 
@@ -185,7 +204,7 @@ def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
     """
     N, T = x.shape
     if x.device.type != "cpu":
-        return ordered_pair_counts(x, count_ties=False)[0].to(torch.int64)
+        return _direct_rising_counts(x)
     if T < 2:
         return torch.zeros(N, dtype=torch.int64)
     P = 1 << (T - 1).bit_length()
@@ -206,6 +225,9 @@ def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
     B, T, _ = m.shape
     i = torch.arange(T, device=m.device)
     x = m.masked_fill(i[None, :] >= i[:, None], float("-inf"))
+    total = T * (T - 1) * (T - 2) / 6  # sum_i i (i - 1) / 2: pairs below the diagonal; > 0 for T >= 3
+    if m.device.type != "cpu":  # one direct count of every row (the prefixes below save CPU work only)
+        return _direct_rising_counts(x.reshape(-1, T)).reshape(B, T).sum(1).to(torch.float64) / total
     gt = torch.zeros(B, dtype=torch.int64, device=m.device)
     lo = 0
     while lo < T:  # rows lo .. w see at most w keys: count them on their first w columns only
@@ -214,7 +236,6 @@ def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
         rows = rising_pair_counts(x[:, lo:hi, :w].reshape(-1, w)).to(gt.device)
         gt += rows.reshape(B, hi - lo).sum(1)  # integer counts: exact
         lo = hi
-    total = float((i.to(torch.float64) * (i - 1) / 2).sum())  # > 0: called for T >= 3 only
     return gt.to(torch.float64) / total
 
 
@@ -288,6 +309,6 @@ def self_cosine(x: torch.Tensor) -> torch.Tensor:
 def theory_gap(cosine_map: torch.Tensor) -> float:
     """Mean |mean cosine - sqrt(min/max)| over the strict lower triangle (uniform-attention theory)."""
     T = cosine_map.shape[-1]
-    th = running_mean_cosine(T)
-    low = torch.ones(T, T, dtype=torch.bool).tril(-1)
+    th = running_mean_cosine(T).to(cosine_map.device)
+    low = torch.ones(T, T, dtype=torch.bool, device=cosine_map.device).tril(-1)
     return float((cosine_map.to(torch.float64) - th)[low].abs().mean())
