@@ -62,7 +62,8 @@ def _materialised_reference(cfg: SimConfig):
     from poslens.rope import apply_rope, cos_sin
 
     n_blocks = -(-cfg.samples // RNG_BLOCK)
-    x = torch.cat([sample_inputs(cfg, b) for b in range(n_blocks)])[: cfg.samples].double()
+    dev = "cuda" if str(cfg.device).startswith("cuda") else "cpu"  # the stream the run draws (per device)
+    x = torch.cat([sample_inputs(cfg, b, device=dev).cpu() for b in range(n_blocks)])[: cfg.samples].double()
     S, d = cfg.seq_len, cfg.dim
     upper = torch.ones(S, S, dtype=torch.bool).triu(1)
     cs = cos_sin(torch.arange(S), d, cfg.rope_theta, dtype=torch.float64) if cfg.rope else None
@@ -108,6 +109,20 @@ def test_streaming_statistics_equal_the_materialised_reference(kw):
     if cfg.causal:
         upper = torch.ones(S, S, dtype=torch.bool).triu(1)
         assert r.scores[:, upper].isnan().all() and (r.probs[:, upper] == 0).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_simulation_equals_the_materialised_reference_of_its_own_draws():
+    """On CUDA the inputs are drawn on the device (another stream than the CPU's): the streaming
+    statistics equal the float64 reference of those same draws."""
+    cfg = SimConfig(alpha=0.3, rope=True, rope_theta=100.0, seq_len=10, dim=8, layers=2, samples=2 * RNG_BLOCK + 37,
+                    device="cuda")
+    r = run_simulation(cfg)
+    mean, se, probs, groups = _materialised_reference(cfg)
+    valid = torch.ones(10, 10, dtype=torch.bool).tril(-1)
+    torch.testing.assert_close(r.scores[:, valid], mean[:, valid], rtol=0, atol=2e-5)
+    torch.testing.assert_close(r.probs, probs, rtol=0, atol=2e-6)
+    torch.testing.assert_close(r.score_groups[:, :, valid], groups[:, :, valid], rtol=0, atol=2e-5)
 
 
 def test_workers_give_identical_results():

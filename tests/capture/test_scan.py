@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -405,3 +406,30 @@ def test_map_size_scan_equals_block_means_of_full_scan(cli, llama_dir, tmp_path)
         assert abs(lf["sink_weight"] - lb["sink_weight"]) < 1e-6  # exact: the key-0 column, not its block
         assert lf["aps_mean"] == pytest.approx(lb["aps_mean"], abs=1e-6)  # per-sequence APS: same positions
         assert lb["flat_p"] == pytest.approx(lf["flat_p"], abs=1e-9)  # the noise floor reads the grid maps
+
+
+def test_closed_form_checks_of_a_block_scan_hold_and_catch_a_wrong_map(cli, llama_dir, tmp_path):
+    """benchmarks/check_block_scan.py (the 32k GPU run's check, where no full-map reference fits):
+    passes on a real --map-size scan and on a full one, fails once a block of `probs` is off."""
+    import importlib.util
+
+    from safetensors.torch import load_file, save_file
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("check_block_scan", root / "benchmarks" / "check_block_scan.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    base = ("--data", "random", "--seq-len", 26, "--num-seqs", 3, "--batch-size", 2, "--heads", "1.2")
+    for name, extra in (("blk", ("--map-size", 6)), ("full", ())):
+        code, _, err = _scan(cli, llama_dir, tmp_path / name, *base, *extra)
+        assert code == 0, err
+        assert check.main(str(tmp_path / name)) == 0, name
+    path = tmp_path / "blk" / "maps.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    t = load_file(str(path))
+    t["probs"][0, 2, 1] *= 1.01  # one block 1 % off
+    save_file(t, str(path), metadata=meta)
+    assert check.main(str(tmp_path / "blk")) == 1

@@ -112,7 +112,7 @@ def test_flags_follow_the_convention(name):
         if flag in ("--layers", "--heads", "--kv-heads"):
             desc = getattr(p, "type_descriptor", None)  # typer's annotation; older typer: the click type
             ann = desc.annotation if desc is not None else getattr(p.type, "name", None)
-            assert ann in (str, "text"), (name, flag, ann)
+            assert ann in (str, "text", "str"), (name, flag, ann)
     if "--samples" in opts:  # Monte Carlo samples of the simulator (a different concept than sequences)
         assert name in ("simulate", "reproduce", "demo"), name
 
