@@ -87,6 +87,21 @@ def test_symmetric_gram_equals_full_product(S, d):
     assert bool((got == got.T).all())
 
 
+def test_numpy_blas_threads_follow_torchs_and_are_restored():
+    """The CPU Gram runs numpy's BLAS on torch's thread count, not on numpy's own pool of every CPU."""
+    import numpy as np  # noqa: F401  (numpy's BLAS loaded before threadpoolctl looks)
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return {i["filepath"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+    before = blas_threads()
+    if not before:
+        pytest.skip("numpy reports no BLAS library to threadpoolctl here")
+    with att.numpy_blas_threads(1):
+        assert set(blas_threads().values()) == {1}
+    assert blas_threads() == before
+
+
 def test_cosine_accumulators_match_float64():
     g = torch.Generator().manual_seed(3)
     B, S, H, D = 2, 600, 3, 8

@@ -20,10 +20,12 @@ query-row chunks, so memory is bounded by the result (``S x S`` per layer) and o
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -61,7 +63,8 @@ CPU_MIN_ROWS = 64
 #: Rows per band when the fused CUDA kernels' full maps are reduced to --map-size block sums.
 _FUSED_BAND_ROWS = 4096
 
-#: Rows per block of the symmetric Gram product (lower block triangle only).
+#: Rows of the smallest diagonal block of the symmetric Gram product (computed whole), and of the
+#: row bands of the --map-size block Gram.
 GRAM_BLOCK_ROWS = 128
 
 #: Logits per chunk on CUDA (float32: 1 GiB) for the torch fallback path: a layer is a few chunks, so
@@ -250,21 +253,56 @@ def _head_gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor
 
 
 def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``a @ a.T`` (float32 ``[S, S]``, into ``out`` if given) from the lower block triangle only,
-    mirrored (exactly symmetric)."""
+    """``a @ a.T`` (float32 ``[S, S]``, into ``out`` if given), exactly symmetric.
+
+    On a GPU one product. On the CPU the lower-left quarter is one product, mirrored, and the two
+    diagonal quarters recurse (about half the arithmetic), through numpy's BLAS on as many threads
+    as torch uses: on the benchmark machine (AMD EPYC, AVX2) its float32 products run 1.6x faster
+    than torch's MKL ones (150 against 91 GFLOP/s), and the Gram 13-17 % faster than the blocked
+    torch product it replaces (1,024 positions, inner dimension 2,304 / 10,240; one thread)."""
     S = a.shape[0]
-    R = GRAM_BLOCK_ROWS
-    if S <= R or a.is_cuda:  # on a GPU one large product beats many small ones plus the mirror copies
+    if a.is_cuda or a.dtype != torch.float32:
         return torch.matmul(a, a.T, out=out)
     if out is None:
         out = torch.empty(S, S, dtype=a.dtype, device=a.device)
-    for r0 in range(0, S, R):
-        r1 = min(S, r0 + R)
-        torch.matmul(a[r0:r1], a[:r1].T, out=out[r0:r1, :r1])
-    for r0 in range(0, S - R, R):  # upper blocks right of each diagonal block: mirror the lower ones
-        r1 = min(S, r0 + R)
-        out[r0:r1, r1:] = out[r1:, r0:r1].T
+    with numpy_blas_threads(torch.get_num_threads()):
+        _gram_quarters(a.contiguous().numpy(), out.numpy(), 0, S)
     return out
+
+
+def _gram_quarters(a: np.ndarray, o: np.ndarray, lo: int, hi: int) -> None:
+    """``o[lo:hi, lo:hi] = a[lo:hi] @ a[lo:hi].T``: the off-diagonal quarter once, mirrored."""
+    if hi - lo <= GRAM_BLOCK_ROWS:
+        o[lo:hi, lo:hi] = a[lo:hi] @ a[lo:hi].T
+        return
+    mid = (lo + hi) // 2
+    _gram_quarters(a, o, lo, mid)
+    _gram_quarters(a, o, mid, hi)
+    blk = a[mid:hi] @ a[lo:mid].T
+    o[mid:hi, lo:mid] = blk
+    o[lo:mid, mid:hi] = blk.T
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    """threadpoolctl's handle on the BLAS libraries numpy loaded (None without threadpoolctl)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    return ThreadpoolController()
+
+
+@contextlib.contextmanager
+def numpy_blas_threads(n: int):
+    """numpy's BLAS on ``n`` threads while inside (its own pool otherwise takes every CPU, beside
+    torch's threads)."""
+    ctl = _blas_controller()
+    if ctl is None:
+        yield
+        return
+    with ctl.limit(limits=max(1, int(n)), user_api="blas"):
+        yield
 
 
 _HALF = (torch.bfloat16, torch.float16)
