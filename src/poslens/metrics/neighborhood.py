@@ -200,7 +200,8 @@ def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
     Strict: ties do not count, and a ``-inf`` entry never rises above another (a -inf suffix takes part
     in no rising pair). One value sort and O(T log^2 T) integer work per row on the CPU (:func:`_value_order`, then
     :func:`_noninversions` of the positions in value order: a pair of positions j < k is a rise exactly
-    when j comes first in value order); elsewhere :func:`ordered_pair_counts` on the device.
+    when j comes first in value order); elsewhere every pair compared on the device
+    (:func:`_direct_rising_counts`).
     """
     N, T = x.shape
     if x.device.type != "cpu":
