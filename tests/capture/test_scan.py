@@ -433,3 +433,21 @@ def test_closed_form_checks_of_a_block_scan_hold_and_catch_a_wrong_map(cli, llam
     t["probs"][0, 2, 1] *= 1.01  # one block 1 % off
     save_file(t, str(path), metadata=meta)
     assert check.main(str(tmp_path / "blk")) == 1
+
+
+def test_scan_prints_its_throughput_and_the_report_card_shows_gpu_memory(cli, llama_dir, tmp_path):
+    """Without --quiet the scan ends with its tokens, seconds and tokens/s (no GPU line on the CPU); a
+    summary with a GPU peak shows it on the report's card."""
+    from types import SimpleNamespace
+
+    from poslens.report.cards import _meta
+
+    code, out, err = cli("scan", llama_dir, "--out", tmp_path / "run", "--data", "random", "--seq-len", 16,
+                         "--num-seqs", 3, "--batch-size", 2, "--no-figures")
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "48 tokens in" in out and "tokens/s" in out and "peak GPU memory" not in out
+    assert "peak_gpu_memory_bytes" not in summary["throughput"]
+    run = SimpleNamespace(summary={"throughput": {"tokens_per_s": 10.0, "peak_gpu_memory_bytes": 3 * 2**30}},
+                          config={})
+    assert ("peak GPU memory", "3.0 GiB") in _meta(run)

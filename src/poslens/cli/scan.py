@@ -88,6 +88,11 @@ def _print_scan(summary: dict, out: Path) -> None:
 
     console = Console()
     console.print(scan_table(summary, slash_matrix(load_run(out))))
+    tp = summary.get("throughput") or {}
+    if tp.get("tokens_per_s"):
+        peak = tp.get("peak_gpu_memory_bytes")
+        console.print(f"{tp['tokens']:,} tokens in {tp['seconds']:.1f} s ({tp['tokens_per_s']:,.0f} tokens/s"
+                      + (f"; peak GPU memory {peak / 2**30:.1f} GiB" if peak else "") + ")")
     console.print(f"wrote {out}/ ({', '.join(summary['files'])})")
 
 

@@ -378,6 +378,8 @@ def _meta(run: Run) -> list[tuple[str, str]]:
     tp = s.get("throughput") or {}
     if isinstance(tp, dict) and num(tp.get("tokens_per_s")) is not None:
         meta.append(("tokens / s", fmt(num(tp.get("tokens_per_s")))))
+    if isinstance(tp, dict) and num(tp.get("peak_gpu_memory_bytes")) is not None:  # scans on a GPU
+        meta.append(("peak GPU memory", f"{num(tp['peak_gpu_memory_bytes']) / 2**30:.1f} GiB"))
     return meta
 
 
