@@ -305,7 +305,7 @@ def test_cosine_rows_of_raw_products_equal_the_unit_vector_gram(map_size):
         torch.testing.assert_close(rows(10, 25), (u @ u.T)[10:25, :25], rtol=0, atol=1e-6)
 
 
-def test_direct_rising_pair_counts_equal_the_merge_count():
+def test_direct_rising_pair_counts_equal_the_merge_count(monkeypatch):
     """The GPU's all-pairs count (``_direct_rising_counts``) against the CPU's O(T log^2 T) count, with
     ties, -inf suffixes and chunks smaller than the input."""
     from poslens.metrics import neighborhood as nb
@@ -319,12 +319,9 @@ def test_direct_rising_pair_counts_equal_the_merge_count():
         brute = torch.tensor([sum(int(r[k] > r[j]) for j in range(T) for k in range(j + 1, T)) for r in x])
         assert torch.equal(want, brute)
         assert torch.equal(nb._direct_rising_counts(x), want)
-        old = nb._DIRECT_ELEMS
-        try:
-            nb._DIRECT_ELEMS = 7 * T * T  # 7 rows per chunk
-            assert torch.equal(nb._direct_rising_counts(x), want)
-        finally:
-            nb._DIRECT_ELEMS = old
+        monkeypatch.setattr(nb, "_DIRECT_ELEMS", 7 * T * T)  # 7 rows per chunk
+        assert torch.equal(nb._direct_rising_counts(x), want)
+        monkeypatch.undo()
 
 
 def test_finite_check_in_one_pass():

@@ -811,7 +811,9 @@ class Capture:
 
         The unit vectors are written once, sequence-major (``[S, B * d]``), so the batch sum is one
         float32 matrix product with inner dimension ``B * d``; only its lower block triangle is
-        computed (the matrix is symmetric) and mirrored, then added to the float64 sum.
+        computed (the matrix is symmetric) and mirrored, then added to the float64 sum. A
+        half-precision model on a GPU takes each sequence's product of its own values instead
+        (:meth:`_cosine_rows`).
         """
         aps = per_sequence_aps(x, self.spec.aps_max_positions).to(torch.float64)
         acc = self.accs["aps_seq" if cos_name == "cosine" else "attn_aps_seq"]
@@ -821,25 +823,23 @@ class Capture:
         exact_tf32 = x.is_cuda and x.dtype in _HALF
         x = x.to(torch.float32)
         n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
-        if exact_tf32:  # a half-precision model on a GPU: see _cosine_rows
+        if exact_tf32:
             rows = self._cosine_rows(x.reshape(B, S, -1), n.clamp_min(1e-30).reciprocal())
             gram = self.blocks.gram_means(rows, x.device) if self.blocks is not None else rows(0, S)
-            self._add64(self.accs[cos_name].sum[index], gram)
-            self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
-            return
-        # on the CPU with full maps into reused buffers (no fresh pages to fault in); with --map-size
-        # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
-        cpu = x.device.type == "cpu" and self.blocks is None
-        shape = (S, B) + tuple(x.shape[2:])
-        folded = self._buffer("folded", shape, x.device, reuse=cpu)
-        inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
-        torch.mul(x.transpose(0, 1), inv, out=folded)
-        folded = folded.reshape(S, -1)
-        if self.blocks is not None:
-            self._add64(self.accs[cos_name].sum[index], self.blocks.gram_means(folded))
         else:
-            gram = self._buffer("gram", (S, S), x.device) if cpu else None
-            self._add64(self.accs[cos_name].sum[index], _symmetric_gram(folded, out=gram))
+            # on the CPU with full maps into reused buffers (no fresh pages to fault in); with --map-size
+            # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
+            cpu = x.device.type == "cpu" and self.blocks is None
+            shape = (S, B) + tuple(x.shape[2:])
+            folded = self._buffer("folded", shape, x.device, reuse=cpu)
+            inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
+            torch.mul(x.transpose(0, 1), inv, out=folded)
+            folded = folded.reshape(S, -1)
+            if self.blocks is not None:
+                gram = self.blocks.gram_means(folded)
+            else:
+                gram = _symmetric_gram(folded, out=self._buffer("gram", (S, S), x.device) if cpu else None)
+        self._add64(self.accs[cos_name].sum[index], gram)
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
     @staticmethod
