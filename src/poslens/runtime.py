@@ -26,6 +26,7 @@ each single-threaded inside torch (:func:`set_threads` ``(1)``): no barrier at a
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -292,3 +293,25 @@ def set_threads(n: int | None) -> Iterator[int]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    """threadpoolctl's handle on the BLAS libraries numpy loaded (None without threadpoolctl)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    return ThreadpoolController()
+
+
+@contextlib.contextmanager
+def numpy_blas_threads(n: int):
+    """numpy's BLAS on ``n`` threads while inside (its own pool otherwise takes every CPU, beside
+    torch's threads)."""
+    ctl = _blas_controller()
+    if ctl is None:
+        yield
+        return
+    with ctl.limit(limits=max(1, int(n)), user_api="blas"):
+        yield

@@ -20,7 +20,6 @@ query-row chunks, so memory is bounded by the result (``S x S`` per layer) and o
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -33,7 +32,8 @@ from poslens.capture import cuda_maps
 from poslens.capture.reservoir import QKReservoir
 from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
-from poslens.metrics.neighborhood import per_sequence_aps
+from poslens.metrics.neighborhood import aps_positions, per_sequence_aps, unit_rows_aps
+from poslens.runtime import numpy_blas_threads
 
 ATTN_NAME = "poslens"
 
@@ -282,28 +282,6 @@ def _gram_quarters(a: np.ndarray, o: np.ndarray, lo: int, hi: int) -> None:
     blk = a[mid:hi] @ a[lo:mid].T
     o[mid:hi, lo:mid] = blk
     o[lo:mid, mid:hi] = blk.T
-
-
-@functools.lru_cache(maxsize=1)
-def _blas_controller():
-    """threadpoolctl's handle on the BLAS libraries numpy loaded (None without threadpoolctl)."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:
-        return None
-    return ThreadpoolController()
-
-
-@contextlib.contextmanager
-def numpy_blas_threads(n: int):
-    """numpy's BLAS on ``n`` threads while inside (its own pool otherwise takes every CPU, beside
-    torch's threads)."""
-    ctl = _blas_controller()
-    if ctl is None:
-        yield
-        return
-    with ctl.limit(limits=max(1, int(n)), user_api="blas"):
-        yield
 
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -815,12 +793,11 @@ class Capture:
         half-precision model on a GPU takes each sequence's product of its own values instead
         (:meth:`_cosine_rows`).
         """
-        aps = per_sequence_aps(x, self.spec.aps_max_positions).to(torch.float64)
-        acc = self.accs["aps_seq" if cos_name == "cosine" else "attn_aps_seq"]
-        acc.sum[index] += aps.sum()
-        acc.sumsq[index] += (aps * aps).sum()
         B, S = x.shape[:2]
         exact_tf32 = x.is_cuda and x.dtype in _HALF
+        aps_acc = self.accs["aps_seq" if cos_name == "cosine" else "attn_aps_seq"]
+        if exact_tf32:
+            self._add_aps(aps_acc, index, per_sequence_aps(x, self.spec.aps_max_positions))
         x = x.to(torch.float32)
         n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
         if exact_tf32:
@@ -834,6 +811,11 @@ class Capture:
             folded = self._buffer("folded", shape, x.device, reuse=cpu)
             inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
             torch.mul(x.transpose(0, 1), inv, out=folded)
+            # each sequence's APS from the same unit rows, at its evenly spaced positions (what
+            # per_sequence_aps computes, without normalising them again)
+            idx = aps_positions(S, self.spec.aps_max_positions).to(x.device)
+            u = folded.reshape(S, B, -1)[idx].transpose(0, 1)  # [B, T, d]
+            self._add_aps(aps_acc, index, unit_rows_aps(u, finite=bool(torch.isfinite(n).all())))
             folded = folded.reshape(S, -1)
             if self.blocks is not None:
                 gram = self.blocks.gram_means(folded)
@@ -841,6 +823,13 @@ class Capture:
                 gram = _symmetric_gram(folded, out=self._buffer("gram", (S, S), x.device) if cpu else None)
         self._add64(self.accs[cos_name].sum[index], gram)
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
+
+    @staticmethod
+    def _add_aps(acc, index: int, aps: torch.Tensor) -> None:
+        """Add a batch's per-sequence APS values ``[B]`` (sum and sum of squares, float64)."""
+        aps = aps.to(torch.float64)
+        acc.sum[index] += aps.sum()
+        acc.sumsq[index] += (aps * aps).sum()
 
     @staticmethod
     def _cosine_rows(x: torch.Tensor, inv: torch.Tensor):

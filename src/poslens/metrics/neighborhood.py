@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from poslens.runtime import numpy_blas_threads
 from poslens.theory import running_mean_cosine
 
 
@@ -265,27 +266,41 @@ def per_sequence_aps(x: torch.Tensor, max_positions: int = 256, chunk_elems: int
     """The paper's APS of each sequence's self-cosine map: ``x [B, S, ...]`` -> ``[B]``.
 
     Trailing dimensions are flattened (concatenated head outputs); sequences longer than
-    ``max_positions`` use :func:`aps_positions`. Cosines are taken in float32.
+    ``max_positions`` use :func:`aps_positions`. Cosines are taken in float32, of the rows scaled by
+    their inverse norms (as the scan's cosine maps are: :func:`unit_rows_aps`).
     """
     B, S = x.shape[:2]
     idx = aps_positions(S, max_positions).to(x.device)
     v = x[:, idx].reshape(B, idx.numel(), -1).to(torch.float32)
-    u = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True).clamp_min(1e-30)
-    return adjacency_probability_score(_lower_cosines(u))
+    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    u = v * norm.clamp_min(1e-30).reciprocal()
+    return unit_rows_aps(u, finite=bool(torch.isfinite(norm).all()))
+
+
+def unit_rows_aps(u: torch.Tensor, finite: bool = False) -> torch.Tensor:
+    """APS of each sequence's cosine map from its unit rows ``u [B, T, d]`` (float32) -> ``[B]``.
+
+    ``finite``: the caller knows every row's norm is finite, so every cosine is (the count then skips
+    its finiteness pass over the maps)."""
+    m = _lower_cosines(u)
+    if finite and m.shape[-1] >= 3:
+        return _rising_pairs_by_merge(m)
+    return adjacency_probability_score(m)
 
 
 def _lower_cosines(u: torch.Tensor) -> torch.Tensor:
-    """``u @ u^T`` per sequence (``u [B, T, d]``) where the APS reads it, the strict lower triangle:
-    the rows of the first half against the first half's columns and the rows of the second half
-    against every column (3/4 of the product); the block above the diagonal is left 0."""
-    T = u.shape[1]
-    h = T // 2
-    if T < 64 or u.device.type != "cpu":
+    """``u @ u^T`` per sequence (``u [B, T, d]``), read by the APS below the diagonal only.
+
+    On the CPU (float32) one symmetric rank-k product per sequence, through numpy's BLAS on torch's
+    thread count (half the arithmetic of the full product); elsewhere one batched product."""
+    if u.device.type != "cpu" or u.dtype != torch.float32 or u.shape[1] < 64:
         return torch.bmm(u, u.transpose(1, 2))
-    m = torch.zeros(u.shape[0], T, T, dtype=u.dtype, device=u.device)
-    torch.bmm(u[:, :h], u[:, :h].transpose(1, 2), out=m[:, :h, :h])
-    torch.bmm(u[:, h:], u.transpose(1, 2), out=m[:, h:])
-    return m
+    un = u.contiguous().numpy()
+    m = np.empty((u.shape[0], u.shape[1], u.shape[1]), dtype=np.float32)
+    with numpy_blas_threads(torch.get_num_threads()):
+        for b in range(un.shape[0]):
+            np.matmul(un[b], un[b].T, out=m[b])  # numpy takes a @ a.T as a symmetric rank-k product
+    return torch.from_numpy(m)
 
 
 def norm_score(norms) -> torch.Tensor:
