@@ -30,6 +30,15 @@ sys share = sys / (user + sys). Usage::
     python benchmarks/bench_scan.py                     # both models (about 8 minutes, idle 2-core CPU)
     python benchmarks/bench_scan.py --no-smollm         # the benchmark model only
     python benchmarks/bench_scan.py --json out.json     # also keep every number
+    python benchmarks/bench_scan.py --interleaved 6     # also the paired in-process measurement
+
+``--interleaved N`` adds a second measurement per model: the floor and both poslens rows in ONE
+process, batch after batch on the same tokens (N rounds, the order reversed every other round,
+each method warmed up on one full batch first). On this shared VM a fixed workload's CPU time moves
+by about 10 % from minute to minute and from process to process, so a ratio of two processes a
+minute apart carries that noise; pairs of batches seconds apart and on the same tokens carry less
+of it. Its table gives each row's CPU time per batch (median), the overhead as the ratio of the
+rounds' totals, and the median and range of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -249,6 +258,74 @@ def _run_eager(model_dir, dtype, dev, stats):
 # ------------------------------------------------------------------------------------------------
 # driver
 # ------------------------------------------------------------------------------------------------
+#: the rows of the interleaved measurement (one process, batch by batch)
+INTERLEAVED = ("sdpa", "poslens:scores,probs", "poslens:all")
+
+
+def interleaved_worker(args) -> dict:
+    """The floor and both poslens rows in one process: per round, one batch of the same tokens
+    through each (order reversed every other round), CPU time of each step (``getrusage``)."""
+    import resource
+
+    from poslens.runtime import configure_allocator
+
+    malloc = "poslens" if configure_allocator() else "system"
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from transformers import AutoConfig
+
+    from poslens.capture.sources import make_source
+
+    vocab = AutoConfig.from_pretrained(args.model).vocab_size
+    B, rounds = args.batch_size, args.batches
+    src = make_source("random", seq_len=args.seq_len, num_seqs=B * (rounds + 1), seed=0, vocab_size=vocab)
+    runs = {}
+    for m in INTERLEAVED:
+        kind, _, stats = m.partition(":")
+        runs[m] = {"poslens": _run_poslens, "sdpa": _run_sdpa}[kind](args.model, torch.float32, "cpu", stats or None)
+    for m in INTERLEAVED:  # warm-up on one full batch each (buffers at their size; not timed)
+        runs[m][0](src.batch(0, B))
+    cpu = {m: [] for m in INTERLEAVED}
+    for r in range(rounds):
+        ids = src.batch(B * (r + 1), B * (r + 2))
+        for m in (INTERLEAVED if r % 2 == 0 else INTERLEAVED[::-1]):
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
+            runs[m][0](ids)
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu[m].append((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime))
+    return {"method": "interleaved", "ok": True, "batch_size": B, "rounds": rounds, "threads": args.threads,
+            "malloc": malloc, "cpu_s": cpu}
+
+
+def interleaved_table(results: list[dict]) -> str:
+    """Per model and row: median CPU s per batch, the overhead as the ratio of the rounds' totals
+    (minus 1), the median per-round ratio and the range."""
+    head = (f"{'model':<22}{'method':<22}{'CPU s/batch':>12}{'over sdpa (totals)':>20}{'median round':>14}"
+            f"{'range':>16}")
+    lines = [head, "-" * len(head)]
+    for e in results:
+        r = e.get("interleaved")
+        if not r:
+            continue
+        if not r.get("ok"):
+            lines.append(f"{e['model']:<22}  failed: {r.get('error', '?')[:80]}")
+            continue
+        base = r["cpu_s"]["sdpa"]
+        for m in INTERLEAVED:
+            ts = r["cpu_s"][m]
+            name = "sdpa (floor)" if m == "sdpa" else m.replace(":", " ")
+            ratios = [100 * (t / b - 1) for t, b in zip(ts, base)]
+            tot = 100 * (sum(ts) / sum(base) - 1)
+            lines.append(f"{e['model']:<22}{name:<22}{_median(ts):>12.2f}{tot:>+19.1f}%{_median(ratios):>+13.1f}%"
+                         f"{min(ratios):>+8.0f} … {max(ratios):+.0f}")
+    lines.append("One process per model, batch after batch on the same tokens (each round: one batch through every "
+                 "row, order reversed every other round); CPU s/batch: median user + sys of one batch; over sdpa "
+                 "(totals): the row's CPU time summed over the rounds over the floor's, minus 1; median round / "
+                 "range: the per-round ratios.")
+    return "\n".join(lines)
+
+
 def run_worker(method, model, seq_len, batch_size, batches, warmup, device, threads) -> dict:
     cmd = [sys.executable, __file__, "--worker", method, "--model", model, "--seq-len", str(seq_len),
            "--batch-size", str(batch_size), "--batches", str(batches), "--warmup", str(warmup), "--device", device,
@@ -316,7 +393,7 @@ def table(results: list[dict]) -> str:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=METHODS + ("interleaved",), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--warmup", type=int, default=2, help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, default=20, help=argparse.SUPPRESS)
@@ -332,8 +409,17 @@ def main():
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds of every method per model, in alternating order (default 1); the table gives "
                          "medians and the overhead's range: the floor itself moves between runs")
+    ap.add_argument("--interleaved", type=int, default=0, metavar="N",
+                    help="also measure the floor and both poslens rows in one process, N rounds of one batch "
+                         "each on the same tokens (default 0: off)")
     ap.add_argument("--json", help="also write every number here")
     args = ap.parse_args()
+    if args.worker == "interleaved":
+        try:
+            print(json.dumps(interleaved_worker(args)))
+        except (MemoryError, RuntimeError) as e:
+            print(json.dumps({"method": "interleaved", "ok": False, "error": f"{type(e).__name__}: {e}"[:300]}))
+        return
     if args.worker:
         print(json.dumps(worker(args)))
         return
@@ -344,6 +430,10 @@ def main():
         ap.error(f"--methods: unknown {bad}; choose from {', '.join(METHODS)}")
     if args.repeats < 1:
         ap.error(f"--repeats: must be at least 1, got {args.repeats}")
+    if args.interleaved < 0:
+        ap.error(f"--interleaved: must be 0 (off) or a number of rounds, got {args.interleaved}")
+    if args.interleaved and args.device != "cpu":
+        ap.error("--interleaved: measures CPU time, so --device cpu only")
     smollm = None if args.no_smollm else (args.smollm or find_smollm())
     if not args.no_smollm and (smollm is None or not os.path.isfile(os.path.join(smollm, "config.json"))):
         print(f"SmolLM2-135M not found ({smollm or '~/.cache/poslens/gguf'}); pass --smollm DIR or --no-smollm. "
@@ -367,10 +457,18 @@ def main():
                     runs.append(r)
                     print(json.dumps({"model": name, "round": k, **r}), flush=True)
                 rounds.append(runs)
-            results.append({"model": name, "model_dir": path if path == smollm else "random init (BENCH)",
-                            "batch_size": B, "batches": nb, "runs": rounds[0], "rounds": rounds})
+            entry = {"model": name, "model_dir": path if path == smollm else "random init (BENCH)",
+                     "batch_size": B, "batches": nb, "runs": rounds[0], "rounds": rounds}
+            if args.interleaved:
+                entry["interleaved"] = run_worker("interleaved", path, args.seq_len, B, args.interleaved, warm,
+                                                  args.device, args.threads)
+                print(json.dumps({"model": name, **entry["interleaved"]}), flush=True)
+            results.append(entry)
     print(f"\n{args.seq_len} tokens per sequence, {args.threads} thread(s); total {time.time() - t_start:.0f} s")
     print(table(results))
+    if args.interleaved:
+        print()
+        print(interleaved_table(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "seq_len": args.seq_len, "device": args.device,
