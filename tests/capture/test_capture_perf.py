@@ -445,3 +445,41 @@ def test_per_sequence_qk_moments_and_reservoir_equal_whole_batch(layout, H, Hk):
     assert torch.equal(cap.accs["k_gram"].sum[0], k_ref)
     for name in ("keys", "tokens", "q", "k"):
         assert torch.equal(getattr(cap.reservoir, name), getattr(ref, name)), name
+
+
+@pytest.mark.parametrize("causal,window,map_size", [
+    (True, None, 0),     # causal, full maps
+    (True, 9, 0),        # sliding window
+    (False, None, 0),    # bidirectional control
+    (True, None, 7),     # --map-size block sums (added slice by slice)
+])
+def test_chunk_slices_of_the_batch_equal_the_whole_batch(causal, window, map_size):
+    """A chunk whose logits would outgrow the cache budget is computed in slices of its sequences
+    (5 sequences as 2 + 2 + 1 here); every sum and the layer output equal the unsliced pass's."""
+    B, H, Hk, S, D = 5, 4, 2, 40, 8
+    g = torch.Generator().manual_seed(31)
+    q = torch.randn(B, H, S, D, generator=g) * 2
+    k = torch.randn(B, Hk, S, D, generator=g) * 2
+    v = torch.randn(B, Hk, S, D, generator=g)
+    res, outs, slices = {}, {}, {}
+    for chunk in (10**9, 2 * H * S):  # one slice; one query row per chunk, 2 sequences per slice
+        spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+                               heads=[(0, 1), (0, 3)], chunk_elems=chunk, map_size=map_size)
+        cap = att.Capture(spec)
+        seen = []
+        inner = cap._chunk_logits
+
+        def spy(run, start, stop, inner=inner, seen=seen):
+            seen.append(run.b1 - run.b0)
+            return inner(run, start, stop)
+        cap._chunk_logits = spy
+        cap.begin_batch(B)
+        outs[chunk] = cap.observe_attention(0, q, k, None, 0.3, causal=causal, window=window, value=v).clone()
+        cap.end_batch()
+        res[chunk], slices[chunk] = cap.means(), sorted(set(seen))
+    assert slices[10**9] == [B] and slices[2 * H * S] == [1, 2]
+    torch.testing.assert_close(outs[2 * H * S], outs[10**9], rtol=0, atol=1e-5)
+    whole, sliced = res[10**9], res[2 * H * S]
+    for name in ("scores", "probs", "slash", "head_scores", "head_probs", "probs_key0", "attn_cosine", "dim_logit"):
+        if name in whole:
+            torch.testing.assert_close(sliced[name], whole[name], rtol=0, atol=1e-5, equal_nan=True, msg=name)

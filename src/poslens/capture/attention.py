@@ -620,6 +620,9 @@ class _MapsRun:
     want_p: bool
     want_sl: bool
     need_p: bool = False  # whether the softmax is taken at all
+    bs: int = 1  # sequences per slice of a chunk (CPU: the slice's logits stay cache-sized)
+    b0: int = 0  # the slice being computed: sequences b0 .. b1 - 1
+    b1: int = 0
     out: dict = field(default_factory=dict)
     output: torch.Tensor | None = None  # [B, S, H, D]
     bad: torch.Tensor | None = None  # unchecked runs: a non-finite value was seen
@@ -1130,26 +1133,30 @@ class Capture:
         count of valid entries at the end: exact block means, never a full map.
         """
         run = self._maps_run(layer, q, k, scaling, causal, window, softcap, heads_here, checked, v, out_dtype)
-        S = q.shape[2]
+        B, S = q.shape[0], q.shape[2]
         for start in range(0, S, run.rows):
             stop = min(S, start + run.rows)
-            logits = self._chunk_logits(run, start, stop)
             allowed = None
             if window is not None:
-                allowed = _structure_mask(stop - start, logits.shape[-1], causal=causal, window=window,
+                allowed = _structure_mask(stop - start, stop if causal else S, causal=causal, window=window,
                                           device=q.device, q_offset=start)
-            if run.want_s:
-                self._chunk_scores(run, logits, start, allowed)
-            if allowed is not None:
-                logits.masked_fill_(~allowed, float("-inf"))
-            elif causal:
-                logits[..., start:stop].masked_fill_(run.above[:stop - start, :stop - start], float("-inf"))
-            for m, (_n, h) in enumerate(heads_here):
-                lh = logits[:, h]
-                self._put(run, "head_scores", _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)), start, m)
-            if run.need_p:
-                self._chunk_weights(run, logits, start)
-            del logits
+            # the chunk's sequences in slices of run.bs (all of them unless the chunk would outgrow the
+            # cache); the batch sums of the slices are added, the first slice writing them
+            for b0 in range(0, B, run.bs):
+                run.b0, run.b1 = b0, min(B, b0 + run.bs)
+                logits = self._chunk_logits(run, start, stop)
+                if run.want_s:
+                    self._chunk_scores(run, logits, start, allowed)
+                if allowed is not None:
+                    logits.masked_fill_(~allowed, float("-inf"))
+                elif causal:
+                    logits[..., start:stop].masked_fill_(run.above[:stop - start, :stop - start], float("-inf"))
+                for m, (_n, h) in enumerate(heads_here):
+                    lh = logits[:, h]
+                    self._put(run, "head_scores", _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)), start, m)
+                if run.need_p:
+                    self._chunk_weights(run, logits, start)
+                del logits
         if run.bad is not None and bool(run.bad):
             return None
         if self.blocks is not None:  # block sums -> block means over each block's valid (seen) entries
@@ -1171,12 +1178,16 @@ class Capture:
         dev = q.device
         cpu = dev.type == "cpu"
         rows = self._rows_per_chunk(B, H, S, dev, g)
+        bs = B
+        if cpu:  # a chunk of more than the cache budget (the rows' floor at a large batch): slices of it
+            budget = min(self.spec.chunk_elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
+            bs = max(1, min(B, budget // max(1, H * rows * S)))
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
         qg = q.view(B, Hk, g, S, D)
         run = _MapsRun(layer=layer, qs=qg, scaling=float(scaling),
                        kT=k.transpose(2, 3), v=v, H=H, causal=causal, window=window, softcap=softcap,
-                       heads=heads_here, checked=checked, cpu=cpu, rows=rows, want_s="scores" in stats,
+                       heads=heads_here, checked=checked, cpu=cpu, rows=rows, bs=bs, want_s="scores" in stats,
                        want_p="probs" in stats, want_sl="slash" in stats)
         run.need_p = run.want_p or run.want_sl or bool(heads_here) or v is not None
         M = self.blocks.n if self.blocks is not None else S  # side of a stored map
@@ -1205,20 +1216,23 @@ class Capture:
         return run
 
     def _put(self, run, name, part, start, index=None) -> None:
-        """Write a chunk's ``[c, nc]`` rows of map ``name`` (block sums with --map-size)."""
+        """Write a chunk's ``[c, nc]`` rows of map ``name`` (block sums with --map-size); a later slice
+        of the chunk's sequences (``run.b0 > 0``) adds to what the first wrote."""
         dst = run.out[name] if index is None else run.out[name][index]
         if self.blocks is None:
-            dst[start:start + part.shape[0], :part.shape[1]] = part
+            rows = dst[start:start + part.shape[0], :part.shape[1]]
+            rows.copy_(part) if run.b0 == 0 else rows.add_(part)
         else:
             self.blocks.add_rows(dst, part, start)
 
     def _chunk_logits(self, run, start, stop) -> torch.Tensor:
         """The chunk's scaled logits ``[B, H, c, nc]`` (soft-capped where the model caps), in a reused
         buffer on the CPU; a causal row block sees keys ``< stop`` only."""
-        B, Hk, g, S, D = run.qs.shape
+        _, Hk, g, S, D = run.qs.shape
+        B = run.b1 - run.b0  # this slice's sequences
         c = stop - start
         nc = stop if run.causal else S
-        rows = run.qs[:, :, :, start:stop]  # [B, Hk, g, c, D]
+        rows = run.qs[run.b0:run.b1, :, :, start:stop]  # [B, Hk, g, c, D]
         if run.cpu:  # the scale folded into a cache-sized copy of the chunk's rows (not a copy of all of q)
             qc = self._buffer("q_rows", (B, Hk, g, c, D), rows.device)
             torch.mul(rows, run.scaling, out=qc) if run.scaling != 1.0 else qc.copy_(rows)
@@ -1227,9 +1241,9 @@ class Capture:
         qc = qc.view(B, Hk, g * c, D)
         if run.cpu:
             logits = self._buffer("logits", (B, Hk, g * c, nc), qc.device)
-            torch.matmul(qc, run.kT[:, :, :, :nc], out=logits)
+            torch.matmul(qc, run.kT[run.b0:run.b1, :, :, :nc], out=logits)
         else:
-            logits = torch.matmul(qc, run.kT[:, :, :, :nc])
+            logits = torch.matmul(qc, run.kT[run.b0:run.b1, :, :, :nc])
         logits = logits.view(B, run.H, c, nc)
         if run.softcap is not None:  # Gemma 2: the logits the softmax sees are capped, so are the captured ones
             logits = torch.tanh_(logits.div_(run.softcap)).mul_(run.softcap)
@@ -1269,8 +1283,8 @@ class Capture:
         if run.output is not None:  # this chunk's rows of the layer output: p @ v, per key head group
             Hk, D = run.v.shape[1], run.v.shape[-1]
             pv = self._buffer("pv", (B, Hk, H // Hk * c, D), p.device)
-            torch.matmul(p.view(B, Hk, H // Hk * c, nc), run.v[:, :, :nc], out=pv)
-            run.output.view(B, -1, Hk, H // Hk, D)[:, start:start + c].copy_(
+            torch.matmul(p.view(B, Hk, H // Hk * c, nc), run.v[run.b0:run.b1, :, :nc], out=pv)
+            run.output.view(*run.output.shape[:2], Hk, H // Hk, D)[run.b0:run.b1, start:start + c].copy_(
                 pv.view(B, Hk, H // Hk, c, D).permute(0, 3, 1, 2, 4))
         for m, (_n, h) in enumerate(run.heads):
             self._put(run, "head_probs", _sum_first(p[:, h]), start, m)
@@ -1279,16 +1293,24 @@ class Capture:
 
     def _chunk_head_weights(self, run, p, start) -> None:
         """Per-head batch sums of the chunk's weights, written into the slash buffer (see
-        :func:`_slash_view`): the slash profile by offset and, summed over heads, ``probs``."""
+        :func:`_slash_view`): the slash profile by offset and, summed over heads, ``probs``. A slice
+        of the chunk's sequences adds its weights; the last one completes the sums."""
         B, H, c, nc = p.shape
         rows = run.rows
         pb = run.zbuf[:, :c, rows:rows + nc]  # [H, c, nc]
         if run.cpu:  # slice adds: see _sum_first
-            torch.add(p[0], p[1], out=pb) if B > 1 else pb.copy_(p[0])
-            for b in range(2, B):
+            first = 0
+            if run.b0 == 0:
+                torch.add(p[0], p[1], out=pb) if B > 1 else pb.copy_(p[0])
+                first = 2
+            for b in range(first, B):
                 pb.add_(p[b])
-        else:
+        elif run.b0 == 0:
             torch.sum(p, dim=0, out=pb)
+        else:
+            pb.add_(p.sum(dim=0))
+        if run.b1 < run.qs.shape[0]:  # more of the chunk's sequences to come
+            return
         head_sum = None
         if run.want_p:
             if run.cpu:
