@@ -1305,10 +1305,8 @@ class Capture:
                 first = 2
             for b in range(first, B):
                 pb.add_(p[b])
-        elif run.b0 == 0:
+        else:  # off the CPU a chunk is never sliced (run.bs == B)
             torch.sum(p, dim=0, out=pb)
-        else:
-            pb.add_(p.sum(dim=0))
         if run.b1 < run.qs.shape[0]:  # more of the chunk's sequences to come
             return
         head_sum = None
