@@ -39,7 +39,8 @@ each method warmed up on one full batch first). On this shared VM a fixed worklo
 by about 10 % from minute to minute and from process to process, so a ratio of two processes a
 minute apart carries that noise; pairs of batches seconds apart and on the same tokens carry less
 of it. Its table gives each row's CPU time per batch (median), the overhead as the ratio of the
-rounds' totals, and the median and range of the per-round ratios.
+rounds' totals, the median and range of the per-round ratios, and the ratio of the fastest rounds
+(the least disturbed by other work on the host).
 """
 
 from __future__ import annotations
