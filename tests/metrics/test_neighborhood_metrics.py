@@ -160,6 +160,28 @@ def test_per_sequence_aps_long_enough_for_the_half_products_loop():
             assert float(got[b]) == pytest.approx(brute_cos_aps(x[b]), abs=1e-12), S
 
 
+def test_per_sequence_aps_keeps_repeated_tokens_tied_on_two_threads():
+    """Identical vectors (a repeated token's embedding) have equal cosines to every other position:
+    exact ties, which the APS does not count as rises. Two threads split the products differently
+    from one; the count must not see that split (a symmetric rank-k product on two BLAS threads gave
+    some of the tied cosines different last bits, and the APS rose above the float64 triple count)."""
+    gen = torch.Generator().manual_seed(41)
+    vocab = torch.randn(8, 64, generator=gen)
+    tokens = torch.randint(0, 8, (2, 96), generator=gen)
+    x = vocab[tokens]  # float32, as a model's embedding output
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = per_sequence_aps(x, max_positions=256)
+        torch.set_num_threads(1)
+        one = per_sequence_aps(x, max_positions=256)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+    for b in range(2):
+        assert float(two[b]) == pytest.approx(brute_cos_aps(x[b].double()), abs=1e-12)
+
+
 def test_norm_score_batched_loop():
     gen = torch.Generator().manual_seed(9)
     norms = torch.rand(2, 3, 7, generator=gen, dtype=torch.float64)
