@@ -88,6 +88,37 @@ def test_symmetric_gram_equals_full_product(S, d):
     assert bool((got == got.T).all())
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_symmetric_gram_keeps_identical_rows_tied(threads):
+    """Identical rows (a repeated token's embedding in a one-sequence batch) have bitwise-equal
+    entries in every row and column of the Gram, as in one whole product: the quarters and leaves
+    are separate products that rounded them apart, and the APS counted those last bits as rises."""
+    gen = torch.Generator().manual_seed(43)
+    vocab = torch.nn.functional.normalize(torch.randn(8, 64, generator=gen), dim=-1)
+    tokens = torch.randint(0, 8, (300,), generator=gen)
+    a = vocab[tokens]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = att._symmetric_gram(a)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.allclose(got.double(), a.double() @ a.double().T, atol=1e-5)
+    first = {}
+    for i, t in enumerate(tokens.tolist()):
+        r = first.setdefault(t, i)
+        assert torch.equal(got[i], got[r]) and torch.equal(got[:, i], got[:, r]), (i, r)
+    # distinct rows are left alone: no tie is made between rows that merely share sampled columns
+    b = torch.randn(300, 64, generator=gen)
+    b[7] = b[100]
+    b[8] = b[100]
+    b[8, 1] += 1.0  # equal to row 100 except in one column
+    g2 = att._symmetric_gram(b)
+    assert torch.equal(g2[7], g2[100])
+    assert not torch.equal(g2[8], g2[100])
+    assert att._equal_row_representatives(torch.randn(50, 64, generator=gen)) is None
+
+
 def test_numpy_blas_threads_follow_torchs_and_are_restored():
     """The CPU Gram runs numpy's BLAS on torch's thread count, not on numpy's own pool of every CPU."""
     import numpy as np  # noqa: F401  (numpy's BLAS loaded before threadpoolctl looks)

@@ -304,6 +304,20 @@ def _brute_aps(h: torch.Tensor, positions: torch.Tensor) -> float:
     return hits / math.comb(T, 3)
 
 
+def test_one_sequence_mean_map_aps_is_its_own_aps_with_repeated_tokens(tmp_path):
+    """One sequence: the mean cosine map is that sequence's map, so its APS is the sequence's own.
+    At the embedding layer a repeated token gives identical vectors (exact ties); the Gram's
+    separate products (300 positions: quarters and leaves) must keep them tied, as the per-sequence
+    cosines do, or the mean-map APS counts their last bits as rises."""
+    from tests import archs
+
+    model = archs.save_tiny("llama", tmp_path / "m", 0, layers=1, hidden=32, positions=512)
+    cfg = ScanConfig(model_dir=str(model), out=str(tmp_path / "r"), data="random", seq_len=300, num_seqs=1,
+                     batch_size=1, figures=False, seed=3)
+    summary = run_scan(cfg, progress=False)
+    assert summary["embedding_mean_map_aps"] == summary["embedding_aps"]
+
+
 def test_per_sequence_aps_equals_hidden_state_reference(llama_dir, tmp_path):
     """Scan's APS is the paper's per-sequence APS (mean and std over sequences) of the residual stream
     (transformers' output_hidden_states, the last one before the final norm) and of the head outputs
