@@ -28,7 +28,7 @@ as ``release_means`` does for the scan's finalize), is timed apart ("final s").
 Overhead = CPU time over the ``sdpa`` row's minus 1; "vs eager" = eager's CPU time / the row's;
 sys share = sys / (user + sys). Usage::
 
-    python benchmarks/bench_scan.py                     # both models (about 12 minutes, idle 2-core CPU)
+    python benchmarks/bench_scan.py                     # both models (about 12 minutes, idle 2-core CPU, estimated)
     python benchmarks/bench_scan.py --no-smollm         # the benchmark model only
     python benchmarks/bench_scan.py --json out.json     # also keep every number
     python benchmarks/bench_scan.py --interleaved 6     # also the paired in-process measurement
