@@ -255,11 +255,11 @@ def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.T
     """``a @ a.T`` (float32 ``[S, S]``, into ``out`` if given), exactly symmetric.
 
     On a GPU one product. On the CPU one symmetric rank-k product (numpy's BLAS ``syrk``: half the
-    arithmetic, the other triangle mirrored) on as many threads as torch uses. Measured on the idle
-    benchmark machine (AMD EPYC, one thread, 1,024 positions, min of 7): inner dimension 2,304 (SmolLM2
-    at batch 4) 29.7 ms against 32.2 ms for the recursive quarters with 128-row leaves it replaces
-    and 55.5 ms for torch's full product; inner dimension 10,240 (the benchmark model at batch 20)
-    118 against 131 and 228 ms. The kernel's blocks (or threads) can round the same dot product apart,
+    arithmetic, the other triangle mirrored) on as many threads as torch uses. Against the recursive
+    quarters with 128-row leaves it replaces (one thread, 1,024 positions, min of 10, three paired
+    runs): inner dimension 2,304 (SmolLM2 at batch 4) 30.3-31.5 ms against 31.0-32.4 ms; 10,240
+    (the benchmark model at batch 20) 118-121 ms against 127-132 ms; torch's full product took 55.5
+    and 228 ms. The kernel's blocks (or threads) can round the same dot product apart,
     so rows of ``a`` that are bitwise equal get their entries from one row and column afterwards
     (:func:`_equal_row_representatives`): exact ties stay ties, as in one whole product."""
     S = a.shape[0]
@@ -647,7 +647,7 @@ class _MapsRun:
     b0: int = 0  # the slice being computed: sequences b0 .. b1 - 1
     b1: int = 0
     out: dict = field(default_factory=dict)
-    output: torch.Tensor | None = None  # [B, H, S, D]
+    output: torch.Tensor | None = None  # [B, S, H, D]
     bad: torch.Tensor | None = None  # unchecked runs: a non-finite value was seen
     above: torch.Tensor | None = None  # [rows, rows] bool, j > i inside a diagonal block
     zbuf: torch.Tensor | None = None  # per-head batch sums of a chunk's weights, see _slash_view
@@ -945,7 +945,8 @@ class Capture:
 
         ``out`` is the layer's attention output ``[B, H, S, D]``; pass ``out=None`` and the ``value``
         states instead (when :meth:`computes_output`) to have it computed from the chunks' own
-        weights. Returns the output ``[B, H, S, D]`` (contiguous when computed here)."""
+        weights. Returns the output ``[B, H, S, D]`` (a view of a ``[B, S, H, D]`` contiguous tensor
+        when computed here)."""
         return self._observe_attention(layer, query, key, out, scaling, causal, window, softcap, value)
 
     def _observe_attention(self, layer, query, key, out, scaling, causal, window, softcap, value=None):
@@ -1060,7 +1061,7 @@ class Capture:
             maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here,
                                         checked=not query.is_cuda, v=v, out_dtype=query.dtype)
             if v is not None:
-                out = maps.pop("output")  # [B, H, S, D]
+                out = maps.pop("output").transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
         if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
             maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
         return maps, out
@@ -1145,7 +1146,7 @@ class Capture:
 
         ``v`` (float32 values ``[B, Hk, S, D]``): also compute the layer's attention output from each
         chunk's own weights, ``softmax(logits) @ v`` as eager attention does, so the model needs no
-        second attention pass; returned as ``"output"`` ``[B, H, S, D]`` in ``out_dtype``.
+        second attention pass; returned as ``"output"`` ``[B, S, H, D]`` in ``out_dtype``.
 
         On the CPU the chunk's logits, weights and products, and the returned sums, live in buffers
         reused from chunk to chunk and layer to layer (:meth:`_buffer`; the sums are valid until the
@@ -1228,7 +1229,7 @@ class Capture:
             run.out["head_scores"] = zeros("head_scores", len(heads_here), M, M)
             run.out["head_probs"] = zeros("head_probs", len(heads_here), M, M)
         if v is not None:
-            run.output = torch.empty(B, H, S, D, dtype=out_dtype or v.dtype, device=dev)
+            run.output = torch.empty(B, S, H, D, dtype=out_dtype or v.dtype, device=dev)
         run.bad = None if checked else torch.zeros((), dtype=torch.bool, device=dev)
         run.above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i in a diagonal block
         if run.want_sl or run.want_p:  # see _slash_view: `rows` zero columns, then the chunk's
@@ -1306,10 +1307,8 @@ class Capture:
             Hk, D = run.v.shape[1], run.v.shape[-1]
             pv = self._buffer("pv", (B, Hk, H // Hk * c, D), p.device)
             torch.matmul(p.view(B, Hk, H // Hk * c, nc), run.v[run.b0:run.b1, :, :nc], out=pv)
-            # [B, H, S, D]: the chunk's rows of each head are one contiguous run of c * D values (a
-            # [B, S, H, D] output took a permuted copy of runs of D values: measured slower, see docs/scan.md)
-            run.output.view(run.output.shape[0], Hk, H // Hk, -1, D)[run.b0:run.b1, :, :, start:start + c].copy_(
-                pv.view(B, Hk, H // Hk, c, D))
+            run.output.view(*run.output.shape[:2], Hk, H // Hk, D)[run.b0:run.b1, start:start + c].copy_(
+                pv.view(B, Hk, H // Hk, c, D).permute(0, 3, 1, 2, 4))
         for m, (_n, h) in enumerate(run.heads):
             self._put(run, "head_probs", _sum_first(p[:, h]), start, m)
         if run.want_p or run.want_sl:
