@@ -39,8 +39,12 @@ each method warmed up on one full batch first). On this shared VM a fixed worklo
 by about 10 % from minute to minute and from process to process, so a ratio of two processes a
 minute apart carries that noise; pairs of batches seconds apart and on the same tokens carry less
 of it. Its table gives each row's CPU time per batch (median), the overhead as the ratio of the
-rounds' totals, the median and range of the per-round ratios, and the ratio of the fastest rounds
-(the least disturbed by other work on the host).
+rounds' totals, the median and range of the per-round ratios, the ratio of the fastest rounds
+(the least disturbed by other work on the host), and the same at a finer grain: each decoder
+layer's fastest round (thread CPU time, the capture's work for that layer included), summed with
+the fastest round of the rest of the batch ("fastest layers"). Noise from the host only adds time,
+and a layer call lasts a fraction of a second, so its minimum over the rounds is far less
+disturbed than a whole batch's; it is an estimate for a quiet host, printed beside the totals.
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ def _run_sdpa(model_dir, dtype, dev, stats):
         with torch.no_grad():
             model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
+    step.model = model
     return step, lambda: None
 
 
@@ -194,6 +199,7 @@ def _run_poslens(model_dir, dtype, dev, stats):
             attach(model, ad, state["cap"])
         forward(model, ids, capture=state["cap"], kwargs=kw)
 
+    step.model = model
     return step, lambda: state["cap"].release_means(torch.float32)  # as the scan's finalize reads them
 
 
@@ -264,9 +270,32 @@ def _run_eager(model_dir, dtype, dev, stats):
 INTERLEAVED = ("sdpa", "poslens:scores,probs", "poslens:all")
 
 
+def _layer_clocks(model, sink: list) -> list:
+    """Thread CPU time of every decoder layer call appended to ``sink[i]``. Registered after the
+    capture's own hooks (the warm-up batch attached them), first among the pre-hooks and last among
+    the post-hooks, so a layer's time holds the capture's work for it: its attention statistics and
+    its residual-stream cosines (layer 0's also the embeddings')."""
+    import time
+
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+        t0 = [0.0]
+
+        def pre(mod, args, t0=t0):
+            t0[0] = time.thread_time()
+
+        def post(mod, args, out, i=i, t0=t0):
+            sink[i].append(time.thread_time() - t0[0])
+
+        handles.append(layer.register_forward_pre_hook(pre, prepend=True))
+        handles.append(layer.register_forward_hook(post))
+    return handles
+
+
 def interleaved_worker(args) -> dict:
     """The floor and both poslens rows in one process: per round, one batch of the same tokens
-    through each (order reversed every other round), CPU time of each step (``getrusage``)."""
+    through each (order reversed every other round), CPU time of each step (``getrusage``), and of
+    each decoder layer in it (:func:`_layer_clocks`)."""
     import resource
 
     from poslens.runtime import configure_allocator
@@ -288,6 +317,9 @@ def interleaved_worker(args) -> dict:
         runs[m] = {"poslens": _run_poslens, "sdpa": _run_sdpa}[kind](args.model, torch.float32, "cpu", stats or None)
     for m in INTERLEAVED:  # warm-up on one full batch each (buffers at their size; not timed)
         runs[m][0](src.batch(0, B))
+    layers = {m: [[] for _ in runs[m][0].model.model.layers] for m in INTERLEAVED}
+    for m in INTERLEAVED:
+        _layer_clocks(runs[m][0].model, layers[m])
     cpu = {m: [] for m in INTERLEAVED}
     for r in range(rounds):
         ids = src.batch(B * (r + 1), B * (r + 2))
@@ -297,14 +329,21 @@ def interleaved_worker(args) -> dict:
             ru1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu[m].append((ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime))
     return {"method": "interleaved", "ok": True, "batch_size": B, "rounds": rounds, "threads": args.threads,
-            "malloc": malloc, "cpu_s": cpu}
+            "malloc": malloc, "cpu_s": cpu, "layer_cpu_s": layers}
+
+
+def fastest_parts(cpu: list, layers: list) -> float:
+    """A row's CPU time per batch from its least disturbed parts: each decoder layer's fastest round,
+    summed, plus the fastest round of the rest of the batch (embedding lookup, final norm, logits)."""
+    rest = [t - sum(lay[r] for lay in layers) for r, t in enumerate(cpu)]
+    return sum(min(lay) for lay in layers) + min(rest)
 
 
 def interleaved_table(results: list[dict]) -> str:
     """Per model and row: median CPU s per batch, the overhead as the ratio of the rounds' totals
     (minus 1), the median per-round ratio, the ratio of the fastest rounds and the range."""
     head = (f"{'model':<22}{'method':<22}{'CPU s/batch':>12}{'over sdpa (totals)':>20}{'median round':>14}"
-            f"{'fastest':>9}{'range':>16}")
+            f"{'fastest':>9}{'fastest layers':>16}{'range':>16}")
     lines = [head, "-" * len(head)]
     for e in results:
         r = e.get("interleaved")
@@ -314,20 +353,25 @@ def interleaved_table(results: list[dict]) -> str:
             lines.append(f"{e['model']:<22}  failed: {r.get('error', '?')[:80]}")
             continue
         base = r["cpu_s"]["sdpa"]
+        lay = r.get("layer_cpu_s")
+        base_parts = fastest_parts(base, lay["sdpa"]) if lay else None
         for m in INTERLEAVED:
             ts = r["cpu_s"][m]
             name = "sdpa (floor)" if m == "sdpa" else m.replace(":", " ")
             ratios = [100 * (t / b - 1) for t, b in zip(ts, base)]
             tot = 100 * (sum(ts) / sum(base) - 1)
             fastest = 100 * (min(ts) / min(base) - 1)
+            parts = f"{100 * (fastest_parts(ts, lay[m]) / base_parts - 1):>+15.1f}%" if lay else f"{'-':>16}"
             lines.append(f"{e['model']:<22}{name:<22}{_median(ts):>12.2f}{tot:>+19.1f}%{_median(ratios):>+13.1f}%"
-                         f"{fastest:>+8.1f}%{min(ratios):>+8.0f} … {max(ratios):+.0f}")
+                         f"{fastest:>+8.1f}%{parts}{min(ratios):>+8.0f} … {max(ratios):+.0f}")
     lines.append("One process per model, batch after batch on the same tokens (each round: one batch through every "
                  "row, order reversed every other round); CPU s/batch: median user + sys of one batch; over sdpa "
                  "(totals): the row's CPU time summed over the rounds over the floor's, minus 1; median round / "
                  "range: the per-round ratios; fastest: the row's fastest round over the floor's fastest, minus 1 "
                  "(noise from other work on the host only adds time, so the fastest rounds are the least "
-                 "disturbed; an estimate for a quiet host, not a bound).")
+                 "disturbed; an estimate for a quiet host, not a bound); fastest layers: the same at a finer "
+                 "grain, each decoder layer's fastest round (thread CPU time, the capture's work for the layer "
+                 "included) summed with the fastest round of the rest of the batch, over the floor's.")
     return "\n".join(lines)
 
 
