@@ -297,18 +297,24 @@ def set_threads(n: int | None) -> Iterator[int]:
 
 @functools.lru_cache(maxsize=1)
 def _blas_controller():
-    """threadpoolctl's handle on the BLAS libraries numpy loaded (None without threadpoolctl)."""
+    """threadpoolctl's handle on the BLAS libraries numpy and scipy load (None without threadpoolctl).
+    scipy's BLAS (its own OpenBLAS, which the CPU cosine Gram calls) is loaded first: the handle only
+    knows the libraries loaded when it is made."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:
         return None
+    try:
+        import scipy.linalg.blas  # noqa: F401
+    except ImportError:
+        pass
     return ThreadpoolController()
 
 
 @contextlib.contextmanager
 def numpy_blas_threads(n: int):
-    """numpy's BLAS on ``n`` threads while inside (its own pool otherwise takes every CPU, beside
-    torch's threads)."""
+    """numpy's and scipy's BLAS on ``n`` threads while inside (their own pools otherwise take every
+    CPU, beside torch's threads)."""
     ctl = _blas_controller()
     if ctl is None:
         yield

@@ -88,8 +88,24 @@ def test_symmetric_gram_equals_full_product(S, d):
     assert bool((got == got.T).all())
 
 
+@pytest.mark.parametrize("S,d", [(5, 3), (257, 8), (700, 12)])
+def test_lower_symmetric_gram_writes_the_lower_triangle_only(S, d):
+    """``lower=True`` (scipy's ssyrk): the lower triangle, diagonal included, is the product's; the
+    strict upper triangle keeps what the buffer held (here a sentinel), not a mirrored copy."""
+    a = torch.randn(S, d, generator=torch.Generator().manual_seed(S))
+    out = torch.full((S, S), 7.0)
+    got = att._symmetric_gram(a, out=out, lower=True)
+    assert got.data_ptr() == out.data_ptr()
+    full = att._symmetric_gram(a)
+    below = torch.ones(S, S, dtype=torch.bool).tril()
+    assert torch.equal(got[below], full[below])  # the same OpenBLAS kernels: the same bits
+    assert bool((got[~below] == 7.0).all())
+    assert torch.allclose(got.tril().double(), (a.double() @ a.double().T).tril(), atol=1e-5)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-def test_symmetric_gram_keeps_identical_rows_tied(threads):
+@pytest.mark.parametrize("lower", [False, True])
+def test_symmetric_gram_keeps_identical_rows_tied(threads, lower):
     """Identical rows (a repeated token's embedding in a one-sequence batch) have bitwise-equal
     entries in every row and column of the Gram, as in one whole product: the quarters and leaves
     are separate products that rounded them apart, and the APS counted those last bits as rises."""
@@ -100,9 +116,12 @@ def test_symmetric_gram_keeps_identical_rows_tied(threads):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        got = att._symmetric_gram(a)
+        got = att._symmetric_gram(a, out=torch.zeros(300, 300), lower=True) if lower else att._symmetric_gram(a)
     finally:
         torch.set_num_threads(before)
+    if lower:
+        assert bool((got.triu(1) == 0).all())  # the fix-up writes the lower triangle only
+        got = got + got.tril(-1).T
     assert torch.allclose(got.double(), a.double() @ a.double().T, atol=1e-5)
     first = {}
     for i, t in enumerate(tokens.tolist()):
@@ -113,7 +132,9 @@ def test_symmetric_gram_keeps_identical_rows_tied(threads):
     b[7] = b[100]
     b[8] = b[100]
     b[8, 1] += 1.0  # equal to row 100 except in one column
-    g2 = att._symmetric_gram(b)
+    g2 = att._symmetric_gram(b, out=torch.zeros(300, 300), lower=True) if lower else att._symmetric_gram(b)
+    if lower:
+        g2 = g2 + g2.tril(-1).T
     assert torch.equal(g2[7], g2[100])
     assert not torch.equal(g2[8], g2[100])
     assert att._equal_row_representatives(torch.randn(50, 64, generator=gen)) is None
@@ -146,7 +167,9 @@ def test_cosine_accumulators_match_float64():
     xn = xf / xf.norm(dim=-1, keepdim=True)
     ref = (xn @ xn.transpose(1, 2)).sum(0)
     for name, idx in (("attn_cosine", 0), ("cosine", 1)):
-        assert (cap.accs[name].sum[idx] - ref).abs().max() <= 1e-5
+        assert cap.accs[name].lower
+        assert bool((cap.accs[name].sum[idx].triu(1) == 0).all())  # the CPU Gram adds its lower triangle only
+        assert (cap.accs[name].sum_at(idx) - ref).abs().max() <= 1e-5  # read back whole, mirrored
     assert torch.allclose(cap.accs["norms"].sum[1], xf.norm(dim=-1).sum(0), rtol=1e-6)
 
 

@@ -115,6 +115,36 @@ def test_too_few_samples_give_nan_not_a_number():
         MeanAccumulator((2,)).var
 
 
+def test_lower_accumulator_reads_the_mirror_of_its_lower_triangle():
+    """A ``lower`` accumulator counts the lower triangle of each matrix only: adding full symmetric
+    sums, lower triangles with a zero upper, or lower triangles with junk above the diagonal all read
+    back as the same symmetric mean, through sum_at, mean_at, mean, merge and release_mean."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 2, 5, 5, generator=g, dtype=torch.float64)
+    sym = x + x.transpose(-1, -2)  # six symmetric samples of a [2, 5, 5] tensor
+    want = sym.mean(0)
+    full, low, junk = (MeanAccumulator((2, 5, 5), lower=True) for _ in range(3))
+    full.add(sym.sum(0), 6)
+    low.add(sym.sum(0).tril(), 6)
+    junk.add(sym.sum(0).tril() + torch.randn(2, 5, 5, generator=g, dtype=torch.float64).triu(1) * 100, 6)
+    for acc in (full, low, junk):
+        assert torch.allclose(acc.mean, want, atol=1e-12)
+        assert torch.allclose(acc.mean_at(1), want[1], atol=1e-12)
+        assert torch.allclose(acc.sum_at(slice(0, 1)), sym.sum(0)[:1], atol=1e-12)
+    both = MeanAccumulator((2, 5, 5), lower=True).merge(low).merge(junk)  # 12 samples, the same mean
+    assert both.count == 12 and torch.allclose(both.mean, want, atol=1e-12)
+    released = junk.release_mean(torch.float64)
+    assert torch.allclose(released, want, atol=1e-12) and torch.equal(released, released.transpose(-1, -2))
+    assert junk.count == 0 and junk.sum.numel() == 0
+    plain = MeanAccumulator((2, 5, 5))
+    plain.add(sym.sum(0).tril(), 6)  # without the flag the zero upper triangle is read as it is
+    assert not torch.allclose(plain.mean, want)
+    with pytest.raises(ValueError):
+        MeanAccumulator((2, 5, 5), lower=True).merge(plain)
+    with pytest.raises(ValueError):
+        MeanAccumulator((5,), lower=True)
+
+
 def test_shape_errors():
     acc = MeanAccumulator((3,))
     with pytest.raises(RuntimeError):

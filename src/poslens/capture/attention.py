@@ -251,29 +251,49 @@ def _head_gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor
     return torch.matmul(x.transpose(-1, -2), x, out=out)
 
 
-def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: bool = False) -> torch.Tensor:
     """``a @ a.T`` (float32 ``[S, S]``, into ``out`` if given), exactly symmetric.
 
-    On a GPU one product. On the CPU one symmetric rank-k product (numpy's BLAS ``syrk``: half the
-    arithmetic, the other triangle mirrored) on as many threads as torch uses. Against the recursive
-    quarters with 128-row leaves it replaces (one thread, 1,024 positions, min of 10, three paired
-    runs): inner dimension 2,304 (SmolLM2 at batch 4) 30.3-31.5 ms against 31.0-32.4 ms; 10,240
-    (the benchmark model at batch 20) 118-121 ms against 127-132 ms; torch's full product took 55.5
-    and 228 ms. The kernel's blocks (or threads) can round the same dot product apart,
-    so rows of ``a`` that are bitwise equal get their entries from one row and column afterwards
-    (:func:`_equal_row_representatives`): exact ties stay ties, as in one whole product."""
+    On a GPU one product. On the CPU one symmetric rank-k product (BLAS ``syrk``: half the
+    arithmetic) on as many threads as torch uses. With ``lower`` (CPU float32) only the lower
+    triangle, diagonal included, is written and the strict upper triangle of ``out`` is left as it
+    was (scipy's ``ssyrk``; the caller reads the lower triangle): numpy's ``a @ a.T``, the same
+    product, then spends 3.4 ms of 28.7 mirroring it (one thread, ``[1024, 2304]``, the map added
+    to a float64 sum included; ``[1024, 10240]``: 112 ms against 114). Against the recursive
+    quarters with 128-row leaves the product replaced (one thread, 1,024 positions, min of 10,
+    three paired runs): inner dimension 2,304 (SmolLM2 at batch 4) 30.3-31.5 ms against
+    31.0-32.4 ms; 10,240 (the benchmark model at batch 20) 118-121 ms against 127-132 ms; torch's
+    full product took 55.5 and 228 ms. The kernel's blocks (or threads) can round the same dot
+    product apart, so rows of ``a`` that are bitwise equal get their entries from one row and
+    column afterwards (:func:`_equal_row_representatives`): exact ties stay ties, as in one whole
+    product."""
     S = a.shape[0]
     if a.is_cuda or a.dtype != torch.float32:
         return torch.matmul(a, a.T, out=out)
     if out is None:
-        out = torch.empty(S, S, dtype=a.dtype, device=a.device)
+        out = torch.zeros(S, S, dtype=a.dtype, device=a.device) if lower else torch.empty(S, S, dtype=a.dtype)
     a = a.contiguous()
     an = a.numpy()
     with numpy_blas_threads(torch.get_num_threads()):
-        np.matmul(an, an.T, out=out.numpy())  # numpy takes a @ a.T as a symmetric rank-k product
+        if lower:
+            from scipy.linalg import blas
+
+            # a C-ordered [S, K] is a Fortran-ordered [K, S] (its transpose), and so is out's transpose:
+            # ssyrk(trans=1) forms (a^T)^T a^T = a a^T in its upper triangle (Fortran), out's lower
+            ft = out.numpy().T
+            got = blas.ssyrk(1.0, an.T, trans=1, lower=0, c=ft, overwrite_c=1)
+            if not np.shares_memory(got, ft):  # f2py copied the workspace (it should not): write it back
+                ft[...] = got
+        else:
+            np.matmul(an, an.T, out=out.numpy())  # numpy takes a @ a.T as a symmetric rank-k product
     rep = _equal_row_representatives(a)
     if rep is not None:  # identical rows: their entries from one row and column, exact ties again
-        out.copy_(out.index_select(0, rep).index_select(1, rep))
+        if lower:
+            full = out.tril() + out.tril(-1).T
+            below = torch.ones(S, S, dtype=torch.bool).tril_()
+            out.copy_(torch.where(below, full.index_select(0, rep).index_select(1, rep), out))
+        else:
+            out.copy_(out.index_select(0, rep).index_select(1, rep))
     return out
 
 
@@ -655,6 +675,9 @@ class _MapsRun:
 
 #: accumulators that also keep a sum of squares (per-sequence statistics: mean and std over sequences)
 _WITH_VAR = ("aps_seq", "attn_aps_seq")
+#: symmetric maps whose sums count in the lower triangle only (MeanAccumulator ``lower``): the CPU
+#: Gram writes that triangle alone (:func:`_symmetric_gram` with ``lower=True``)
+_LOWER = ("cosine", "attn_cosine")
 
 
 class Capture:
@@ -689,7 +712,7 @@ class Capture:
         self.head_pos = {}
         for n, (l, h) in enumerate(spec.heads):
             self.head_pos.setdefault(l, []).append((n, h))
-        self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device, with_var=k in _WITH_VAR)
+        self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device, with_var=k in _WITH_VAR, lower=k in _LOWER)
                                     for k, s in accumulator_shapes(spec).items()})
         self.grid = noise_grid(spec.seq_len, spec.noise_max_positions).to(device)
         if "scores" in spec.stats:
@@ -846,7 +869,8 @@ class Capture:
             if self.blocks is not None:
                 gram = self.blocks.gram_means(folded)
             else:
-                gram = _symmetric_gram(folded, out=self._buffer("gram", (S, S), x.device) if cpu else None)
+                gram = _symmetric_gram(folded, out=self._zero_upper(S, x.device), lower=True) if cpu \
+                    else _symmetric_gram(folded)
         self._add64(self.accs[cos_name].sum[index], gram)
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
@@ -888,6 +912,16 @@ class Capture:
             buf = torch.empty(n, dtype=dtype, device=device)
             self._buffers[name] = buf
         return buf[:n].view(shape)
+
+    def _zero_upper(self, S: int, device) -> torch.Tensor:
+        """A reused ``[S, S]`` float32 workspace whose strict upper triangle is zero and stays zero: only
+        lower triangles are written into it (:func:`_symmetric_gram` with ``lower=True``), so adding it
+        whole adds nothing above the diagonal."""
+        buf = self._buffers.get("gram_lower")
+        if buf is None or tuple(buf.shape) != (S, S) or buf.device != torch.device(device):
+            buf = torch.zeros(S, S, device=device)
+            self._buffers["gram_lower"] = buf
+        return buf
 
     def _add64(self, dst: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> None:
         """``dst += alpha * x`` for a float64 ``dst`` and a float32 ``x`` (bit-identical to ``add_``).
@@ -1369,9 +1403,5 @@ class Capture:
                 out[name] = out[name].to(dtype)
                 out[name.replace("groups", "group_counts")] = counts.to(torch.int64)
                 continue
-            if acc.count == 0:
-                out[name] = acc.mean.to(dtype)
-            else:
-                out[name] = acc.sum.div_(acc.count).to(dtype)
-            acc.sum, acc.count = torch.zeros(0, dtype=torch.float64), 0
+            out[name] = acc.release_mean(dtype)
         return out

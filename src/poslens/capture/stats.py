@@ -13,16 +13,32 @@ from typing import Iterable, Mapping
 import torch
 
 
+def symmetric_from_lower(t: torch.Tensor) -> torch.Tensor:
+    """The tensor, symmetric in its last two dimensions, whose lower triangle (diagonal included) is
+    ``t``'s; ``t``'s strict upper triangle is not read."""
+    low = t.tril()
+    return low + low.tril(-1).transpose(-1, -2)
+
+
 class MeanAccumulator:
     """Running mean of a fixed-shape tensor, optionally with per-entry variance.
 
     ``add(batch_sum, count, batch_sumsq)`` takes pre-reduced sums so callers can reduce over
     batch and heads with one matrix product; ``add_samples(x)`` reduces ``x`` over dim 0.
+
+    ``lower``: the tensor is symmetric in its last two dimensions and only the lower triangle of
+    the sums (diagonal included) counts; whatever the strict upper triangle holds is ignored, and
+    every read (:meth:`sum_at`, :meth:`mean_at`, :meth:`release_mean`) mirrors the lower triangle
+    into it. A symmetric product then needs to be formed and added only once per pair.
     """
 
-    def __init__(self, shape: Iterable[int], *, with_var: bool = False, device: str | torch.device = "cpu"):
+    def __init__(self, shape: Iterable[int], *, with_var: bool = False, lower: bool = False,
+                 device: str | torch.device = "cpu"):
+        if lower and (with_var or len(tuple(shape)) < 2):
+            raise ValueError("a lower-triangle accumulator holds matrices and no variance")
         self.shape = tuple(int(s) for s in shape)
         self.with_var = with_var
+        self.lower = lower
         self.sum = torch.zeros(self.shape, dtype=torch.float64, device=device)
         self.sumsq = torch.zeros(self.shape, dtype=torch.float64, device=device) if with_var else None
         self.count = 0
@@ -42,7 +58,7 @@ class MeanAccumulator:
         self.add(x64.sum(0), x.shape[0], (x64 * x64).sum(0) if self.with_var else None)
 
     def merge(self, other: "MeanAccumulator") -> "MeanAccumulator":
-        if other.shape != self.shape or other.with_var != self.with_var:
+        if other.shape != self.shape or other.with_var != self.with_var or other.lower != self.lower:
             raise ValueError("cannot merge accumulators of different shape or kind")
         self.add(other.sum, other.count, other.sumsq)
         return self
@@ -52,10 +68,30 @@ class MeanAccumulator:
     def mean(self) -> torch.Tensor:
         return self.mean_at(slice(None))
 
+    def sum_at(self, index) -> torch.Tensor:
+        """``sum[index]`` as the sums read (the lower triangle mirrored for a ``lower`` accumulator;
+        index its leading dimensions only)."""
+        part = self.sum[index]
+        return symmetric_from_lower(part) if self.lower else part
+
     def mean_at(self, index) -> torch.Tensor:
         """``mean[index]`` without computing the whole mean (NaN before anything was added)."""
-        part = self.sum[index]
+        part = self.sum_at(index)
         return part / self.count if self.count else torch.full_like(part, float("nan"))
+
+    def release_mean(self, dtype=torch.float32) -> torch.Tensor:
+        """The mean in ``dtype``, computed in place of the float64 sums, which are freed: the
+        accumulator is empty afterwards. Peak memory stays at the sums' size (plus one matrix)."""
+        if self.count == 0:
+            out = self.mean.to(dtype)
+        else:
+            m = self.sum.div_(self.count)
+            if self.lower:
+                for mat in m.view(-1, *m.shape[-2:]):
+                    mat.copy_(symmetric_from_lower(mat))
+            out = m.to(dtype)
+        self.sum, self.count = torch.zeros(0, dtype=torch.float64), 0
+        return out
 
     @property
     def var(self) -> torch.Tensor:
