@@ -5,9 +5,9 @@ Threads. torch runs each CPU operation on an OpenMP pool of ``torch.get_num_thre
 that meet at a barrier when the operation ends. By default a thread that arrives first *spins*
 there (GNU OpenMP: up to ~300,000 polls) instead of sleeping. On an idle machine that saves a
 wake-up; when another busy process shares the cores, the spinning thread burns the core that the
-thread it waits for needs, and every operation waits for a scheduler time slice: a 2-core run
-with one competing busy process was measured 10-15x slower, not the 1.5-2x its share of the CPU
-predicts.
+thread it waits for needs, and every operation waits for a scheduler time slice: beside one
+competing busy process a run becomes many times slower than the 1.5-2x its share of the CPU
+predicts (``benchmarks/bench_threads.py``).
 
 The policy (:func:`configure_process`, :func:`default_threads`):
 
@@ -157,14 +157,12 @@ def configure_allocator(environ=None) -> bool:
 
     glibc serves an allocation above its mmap threshold (128 KiB, rising to at most 32 MiB) with a
     fresh ``mmap`` and unmaps it on free, and trims free memory off the top of the heap: the next
-    activation of the same size faults its pages in again, and the kernel zeroes every page. On
-    the 2-core CPU that was 7-28 % of a plain forward's CPU time as ``sys`` (SmolLM2-135M at
-    4 x 1,024 tokens; a 4-layer model at 20 x 1,024, whose MLP activations are 115 MB). With
-    ``mmap`` off for the heap (``M_MMAP_MAX = 0``; a thread arena still maps what its heap cannot
-    hold) and up to :data:`KEEP_FREE_BYTES` kept at the top, freed blocks are reused: sys fell to
-    0.3-2 % and the whole forward's CPU time by 12-19 % (``benchmarks/bench_scan.py``, 2026-11-23);
-    peak RSS rose by up to 17 % (the benchmark model's floor), 1.36 GiB on a 16k-token 1B scan. The
-    memory freed is mostly kept until the process ends, so the CLI applies it (a command is a
+    activation of the same size faults its pages in again, and the kernel zeroes every page: a large
+    share of a plain forward's CPU time becomes ``sys``. With ``mmap`` off for the heap
+    (``M_MMAP_MAX = 0``; a thread arena still maps what its heap cannot hold) and up to
+    :data:`KEEP_FREE_BYTES` kept at the top, freed blocks are reused, and the ``sys`` time nearly
+    vanishes (``benchmarks/bench_scan.py`` compares both settings); the price is a higher peak RSS.
+    The memory freed is mostly kept until the process ends, so the CLI applies it (a command is a
     process), not the library.
 
     Does nothing (returns False) where :func:`allocator_left_alone` gives a reason: the user's own

@@ -114,7 +114,7 @@ def sample_inputs(cfg: SimConfig, block: int, device: str | torch.device = "cpu"
     instead of a new tensor; the numbers are the same either way.
     """
     # Drawn on the device itself: on CUDA a host generator plus the copy bound the whole run (the
-    # host draws ~10^8 normals/s, the GPU computes the layers faster). Same seed, other stream on CUDA.
+    # host's normal sampler is slower than the GPU's layers). Same seed, other stream on CUDA.
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + block)
     z = torch.empty(RNG_BLOCK, cfg.seq_len, cfg.dim, device=dev) if out is None else out
