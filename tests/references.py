@@ -44,3 +44,14 @@ def brute_cos(rows):
 def brute_cos_aps(x):
     """Per-sequence APS of the self-cosine map of ``x [S, D]`` (a tensor or nested lists)."""
     return brute_aps(brute_cos(x.tolist() if hasattr(x, "tolist") else x))
+
+
+def brute_sink_heads(attentions):
+    """``[L][H][S]``: the mean over sequences of each head's weight on key 0, ``A[b, h, i, 0]``, from the
+    per-layer attention weights ``[B, H, S, S]`` (tensors or nested lists) by plain loops."""
+    out = []
+    for a in attentions:
+        a = a.tolist() if hasattr(a, "tolist") else a
+        B, H, S = len(a), len(a[0]), len(a[0][0])
+        out.append([[sum(a[b][h][i][0] for b in range(B)) / B for i in range(S)] for h in range(H)])
+    return out

@@ -60,7 +60,8 @@ def test_unrequested_statistics_are_not_computed(monkeypatch):
     monkeypatch.setattr(att, "_head_gram", boom)
     monkeypatch.setattr(att, "_causal_pair_dim_sum", boom)
     cap = _observe("scores,probs")
-    assert set(cap.means()) == {"scores", "score_groups", "probs"}  # score_groups: the scores' noise groups
+    # score_groups: the scores' noise groups; sink_heads: each head's key-0 column of the probs' softmax
+    assert set(cap.means()) == {"scores", "score_groups", "probs", "sink_heads"}
 
 
 def test_qk_only_skips_the_attention_maps(monkeypatch):

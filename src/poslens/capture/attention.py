@@ -47,17 +47,14 @@ _ACTIVE: "Capture | None" = None
 #: Logits per chunk on CPU (float32: 4 MiB): small enough to stay cache-resident across a chunk's
 #: several passes (matmul, mask, softmax in place, p @ v, batch and head sums), large enough that a
 #: layer is a few dozen chunks (every op is a parallel region; on a shared machine each one risks a
-#: stall while a worker thread is descheduled). 16 MiB chunks (half this CPU's shared L3) made
-#: SmolLM2-135M's capture at 1 x 1,024 tokens cost +40-64 % over the forward instead of +23-27 %
-#: (one thread, A/B in one process, taken under load); the benchmark model was unchanged within noise.
+#: stall while a worker thread is descheduled). Chunks of the size of a shared L3 cache fall out of
+#: it between passes and make the capture markedly dearer.
 CPU_CHUNK_ELEMS = 2**20
 
 #: Fewest rows per CPU chunk of each (batch, key head) logit product (``g`` query heads of a key head
 #: times ``c`` query rows: ``c >= CPU_MIN_ROWS / g``) by default: below it the products get too thin to
-#: run at GEMM speed and a layer becomes thousands of chunks. Measured (one thread, under load) on
-#: the benchmark model's layer (8 heads x 64, 1,024 tokens, scores, probs and slash with the output):
-#: 32 rows 161 ms at batch 4 and 702 ms at batch 20, 64 rows 126 and 645 ms, 128 rows 133 and 635 ms
-#: (SDPA 100 and 500 ms); SmolLM2's 3 query heads per key head already get 56 rows from the logit cap.
+#: run at GEMM speed and a layer becomes thousands of chunks; 64 rows is where wider blocks stop
+#: paying. SmolLM2's 3 query heads per key head already get 56 rows from the logit cap.
 CPU_MIN_ROWS = 64
 
 #: Rows per band when the fused CUDA kernels' full maps are reduced to --map-size block sums.
@@ -74,8 +71,8 @@ CUDA_CHUNK_ELEMS = 2**28
 #: (``head_scores``/``head_probs``) follow ``--heads``; the q/k reservoir follows ``--reservoir``.
 STATS: dict[str, tuple[str, ...]] = {
     "scores": ("scores", "score_groups"),  # and the per-sequence-group grid maps (the noise floor)
-    "probs": ("probs",),
-    "slash": ("slash",),
+    "probs": ("probs", "sink_heads"),  # sink_heads: each head's weight on key 0, from the same softmax
+    "slash": ("slash", "sink_heads"),
     "cosine": ("cosine", "norms", "aps_seq"),  # and each sequence's own APS
     "attn_cosine": ("attn_cosine", "attn_norms", "attn_aps_seq"),
     "qk": ("q_gram", "k_gram"),  # and the --reservoir sample of pre-RoPE q/k vectors
@@ -208,9 +205,8 @@ def _causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     ``qg [B, Hk, g, S, D]`` and keys ``k [B, Hk, S, D]``.
 
     Equal to ``sum_i q_i * cumsum(k)_i``, one sequence at a time: a sequence's keys, their running
-    sum and the product stay cache-sized (at batch 20 the whole layer's are tens of megabytes, and
-    the blocked form this replaced, a small lower-triangular product per 64 positions over the whole
-    batch, took 99 ms per benchmark layer against 26 ms, one thread).
+    sum and the product stay cache-sized (at batch 20 the whole layer's are tens of megabytes; a
+    small lower-triangular product per 64 positions over the whole batch is several times slower).
     """
     B, Hk, g, S, D = qg.shape
     if qg.device.type != "cpu":  # one pass over the batch; torch's GPU scan is fast over the innermost dim
@@ -258,12 +254,8 @@ def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: 
     arithmetic) on as many threads as torch uses. With ``lower`` (CPU float32) only the lower
     triangle, diagonal included, is written and the strict upper triangle of ``out`` is left as it
     was (scipy's ``ssyrk``; the caller reads the lower triangle): numpy's ``a @ a.T``, the same
-    product, then spends 3.4 ms of 28.7 mirroring it (one thread, ``[1024, 2304]``, the map added
-    to a float64 sum included; ``[1024, 10240]``: 112 ms against 114). Against the recursive
-    quarters with 128-row leaves the product replaced (one thread, 1,024 positions, min of 10,
-    three paired runs): inner dimension 2,304 (SmolLM2 at batch 4) 30.3-31.5 ms against
-    31.0-32.4 ms; 10,240 (the benchmark model at batch 20) 118-121 ms against 127-132 ms; torch's
-    full product took 55.5 and 228 ms. The kernel's blocks (or threads) can round the same dot
+    product, spends a tenth of its time mirroring the triangle, and torch's full product does
+    twice the arithmetic. The kernel's blocks (or threads) can round the same dot
     product apart, so rows of ``a`` that are bitwise equal get their entries from one row and
     column afterwards (:func:`_equal_row_representatives`): exact ties stay ties, as in one whole
     product."""
@@ -621,6 +613,7 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
         "scores": (L, M, M),
         "probs": (L, M, M),
         "slash": (L, H, S),
+        "sink_heads": (L, H, S),
         "cosine": (L + 1, M, M),
         "norms": (L + 1, S),
         "attn_cosine": (L, M, M),
@@ -689,6 +682,8 @@ class Capture:
       before any mask; 0 above the diagonal in causal runs (never computed);
     - ``probs[l, i, j]``: mean over heads of the post-softmax attention weight;
     - ``slash[l, h, d]``: ``(1/(S-d)) sum_{i>=d} A_h[i, i-d]`` (SlashScore(d), arXiv 2601.08297);
+    - ``sink_heads[l, h, i]``: head ``h``'s weight on key 0 at query ``i``, ``A_h[i, 0]`` (1 at i = 0 in
+      causal runs), with ``probs`` or ``slash`` (a column of the softmax they take; exact under --map-size);
     - ``cosine[k, i, j]`` / ``norms[k, i]``: self-cosine and norm of residual-stream vectors,
       k = 0 the input of the first layer (embeddings), k = m + 1 the output of captured layer m;
     - ``attn_cosine`` / ``attn_norms``: the same for the concatenated head outputs before the
@@ -927,8 +922,8 @@ class Capture:
         """``dst += alpha * x`` for a float64 ``dst`` and a float32 ``x`` (bit-identical to ``add_``).
 
         On the CPU ``x`` is first widened into a reused float64 buffer: torch's mixed-dtype ``add_``
-        there casts element by element, unvectorised (measured, one thread, a 1,024 x 1,024 map:
-        3.9 ms against 1.4 ms for the copy and a float64 ``add_``; five such maps per layer)."""
+        there casts element by element, unvectorised, and costs several times the copy and a
+        float64 ``add_``."""
         if x.device.type == "cpu" and x.dtype != torch.float64:
             x = self._buffer("wide", tuple(x.shape), x.device, dtype=torch.float64).copy_(x)
         dst.add_(x, alpha=alpha)
@@ -949,8 +944,8 @@ class Capture:
         cache-sized block.
 
         On the CPU every chunk is read several times (sum, mask, softmax, batch sum, gather); a block
-        of a few megabytes stays cache-resident across those passes (measured: softmax 0.7-2 ns per
-        logit instead of ~8 at 32 MiB chunks), and short row blocks also cut the causal key range
+        of a few megabytes stays cache-resident across those passes (at tens of megabytes the softmax
+        alone becomes several times dearer per logit), and short row blocks also cut the causal key range
         closer to the diagonal. On CUDA launches, not caches, are the cost: large chunks.
         """
         elems = self.spec.chunk_elems
@@ -1035,7 +1030,7 @@ class Capture:
             q_new = torch.empty(H, sel_b.numel(), D, dtype=torch.float32, device=q.device)
             k_new = torch.empty(Hk, sel_b.numel(), D, dtype=torch.float32, device=q.device)
         # on the CPU one sequence at a time (cache-sized); on a GPU the whole batch at once (a loop of
-        # small kernels with a host sync per sequence for the reservoir cost 3 ms per layer there)
+        # small kernels with a host sync per sequence for the reservoir costs more than the work)
         step = 1 if cpu else B
         for b in range(0, B, step):
             q_pre, k_pre = (q[b:b + step], k[b:b + step])
@@ -1112,7 +1107,7 @@ class Capture:
             out["probs_key0"] = maps["probs"][:, 0].clone()
         R = bm.f * max(1, _FUSED_BAND_ROWS // bm.f)  # whole block rows per band: bounds add_rows' copies
         for name, full in maps.items():
-            if name == "slash":
+            if name in ("slash", "sink_heads"):  # per head by offset / query: no S x S map to reduce
                 out[name] = full
                 continue
             stacked = full if full.ndim == 3 else full[None]
@@ -1139,6 +1134,8 @@ class Capture:
         if "slash" in stats:
             acc["slash"].sum[li] += maps["slash"].to(torch.float64) / (
                 S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))
+        if "sink_heads" in maps:
+            self._add64(acc["sink_heads"].sum[li], maps["sink_heads"])
         for m, (n, _h) in enumerate(heads_here):
             self._add64(acc["head_scores"].sum[n], maps["head_scores"][m])
             self._add64(acc["head_probs"].sum[n], maps["head_probs"][m])
@@ -1259,6 +1256,8 @@ class Capture:
                 run.out["probs_key0"] = zeros("probs_key0", S)
         if run.want_sl:
             run.out["slash"] = zeros("slash", H, S)
+        if run.want_p or run.want_sl:  # key 0 is one column: exact whatever --map-size
+            run.out["sink_heads"] = zeros("sink_heads", H, S)
         if heads_here:
             run.out["head_scores"] = zeros("head_scores", len(heads_here), M, M)
             run.out["head_probs"] = zeros("head_probs", len(heads_here), M, M)
@@ -1378,6 +1377,7 @@ class Capture:
             raise _nonfinite_error(run.layer, int((~torch.isfinite(pb)).any(dim=(1, 2)).nonzero()[0]))
         if run.bad is not None:
             run.bad |= ~torch.isfinite(pb).all()
+        run.out["sink_heads"][:, start:start + c] = pb[:, :, 0]
         if head_sum is not None:
             self._put(run, "probs", head_sum, start)
             if self.blocks is not None:

@@ -171,13 +171,31 @@ def _kernels():
     return _lse_kernel, _maps_kernel
 
 
+def key0_weights(query: torch.Tensor, key: torch.Tensor, lse2: torch.Tensor, scale2: float) -> torch.Tensor:
+    """``sum_b A_bh[i, 0]`` ``[H, S]`` (float32): every head's weight on key 0, batch-summed.
+
+    ``lse2 [B, H, S]`` is each row's log-sum-exp in base 2 of the logits times ``scale2`` (the
+    logit scale times log2(e)), as :func:`_kernels`' ``_lse_kernel`` writes it, so the weight is
+    ``2 ** (q_i . k_0 * scale2 - lse2_i)``: key 0 is one column, its logits one product per head
+    (a head at a time, so no float32 copy of all of ``q`` exists)."""
+    B, H, S, _ = query.shape
+    G = H // key.shape[1]
+    out = torch.empty(H, S, dtype=torch.float32, device=query.device)
+    for h in range(H):
+        k0 = key[:, h // G, 0].to(torch.float32)  # [B, D]
+        dot = torch.matmul(query[:, h].to(torch.float32), k0[:, :, None])[..., 0]  # [B, S]
+        torch.sum(torch.exp2(dot.mul_(scale2).sub_(lse2[:, h])), dim=0, out=out[h])
+    return out
+
+
 def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, causal: bool, scores: bool,
                    probs: bool, slash: bool, heads: list[int]) -> dict[str, torch.Tensor]:
     """Float32 batch/head sums of one layer's maps (the dict :meth:`Capture._attention_maps` returns).
 
     ``query [B, H, S, D]``, ``key [B, Hk, S, D]`` (any strides, model dtype); ``scaling`` the logit
     scale. Keys: ``scores``/``probs`` ``[S, S]`` (causal: 0 above the diagonal), ``slash`` ``[H, S]``
-    (``sum_b sum_i A_bh[i, i - d]``), ``head_scores``/``head_probs`` ``[len(heads), S, S]``.
+    (``sum_b sum_i A_bh[i, i - d]``), ``head_scores``/``head_probs`` ``[len(heads), S, S]``; with
+    ``probs`` or ``slash`` also ``sink_heads`` ``[H, S]`` (``sum_b A_bh[i, 0]``, :func:`key0_weights`).
     """
     import math
 
@@ -220,6 +238,8 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
         out["probs"] = pr
     if heads:
         out["head_scores"], out["head_probs"] = hs, hp
+    if probs or slash:
+        out["sink_heads"] = key0_weights(query, key, lse.view(B, H, S), float(scaling) * log2e)
     if slash:
         band = sl.sum(dim=2)  # [H, NB bands, 2, BLOCK]: the tiles of one diagonal band, summed
         lo, up = band[:, :, 0], band[:, :, 1]  # offsets band*BLOCK + c and band*BLOCK + c - BLOCK
