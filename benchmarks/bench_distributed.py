@@ -33,6 +33,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402
+
 MODEL = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=4, vocab_size=4096)
 
@@ -163,7 +166,8 @@ def main():
     ap.add_argument("--big-hidden", type=int, default=4096)
     ap.add_argument("--big-seq-len", type=int, default=1024)
     ap.add_argument("--big-num-seqs", type=int, default=4)
-    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--json", default=_results.default_path("distributed"),
+                    help="write the results here (default: benchmarks/results_distributed.json; 'none': print only)")
     args = ap.parse_args()
     args.procs = [int(p) for p in args.procs.split(",")]
     report = {"device": args.device, "threads_per_process": args.threads, "seq_len": args.seq_len,
@@ -181,9 +185,9 @@ def main():
             report["big_model"] = run_big(args, tmp)
     report["load_after"] = load()
     print(f"load average after: {report['load_after']}")
-    if args.json:
+    if _results.wanted(args.json):
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump({**_results.meta(), **report}, f, indent=2)
 
 
 if __name__ == "__main__":

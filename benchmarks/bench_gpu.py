@@ -23,9 +23,14 @@ Parts (``--parts``, comma-separated; default all):
 
 Usage::
 
-    python benchmarks/bench_gpu.py --out bench_gpu.json               # everything, on cuda
-    python benchmarks/bench_gpu.py --quick --parts scan,kernels      # a smoke run
-    python benchmarks/bench_gpu.py --device cpu --quick               # CI-sized, on the CPU
+    python benchmarks/bench_gpu.py                                  # everything, on cuda
+    python benchmarks/bench_gpu.py --quick --parts scan,kernels     # a smoke run (prints only)
+    python benchmarks/bench_gpu.py --device cpu --quick              # CI-sized, on the CPU
+
+Results go to ``benchmarks/results_gpu.json`` (``--out``; a ``--quick`` run prints only unless
+``--out`` is given): each part that runs replaces its own
+entry there, stamped with its date and arguments, and the other parts' entries stay. A scan at a
+sequence length other than the default is its own entry (``scan@32768``).
 
 Timing: every timed region is preceded by a warm-up and ends with ``torch.cuda.synchronize()``.
 """
@@ -565,27 +570,33 @@ def main(argv=None) -> int:
     ap.add_argument("--train-steps", type=int, default=20)
     ap.add_argument("--no-torch-path", dest="torch_path", action="store_false",
                     help="on CUDA, skip the chunked torch path (time the fused kernels only)")
-    ap.add_argument("--out", default=None, help="JSON file for every number (default: print only)")
+    ap.add_argument("--out", default=None,
+                    help="JSON file whose entries the parts that run replace (default: benchmarks/results_gpu.json; "
+                         "--quick: print only; 'none': print only)")
     a = ap.parse_args(argv)
     torch.set_num_threads(min(8, os.cpu_count() or 1) if a.device.startswith("cuda") else 1)
     parts = [p.strip() for p in a.parts.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad:
         ap.error(f"unknown part(s) {bad}; choose from {PARTS}")
-    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:]}
+    out = None if a.out in ("", "none") or (a.out is None and a.quick) else Path(a.out or HERE / "results_gpu.json")
+    res = json.loads(out.read_text()) if out is not None and out.exists() else {}
     for p in parts:
         t0 = time.perf_counter()
         try:
-            res[p] = globals()[f"part_{p}"](a, a.device)
+            part = globals()[f"part_{p}"](a, a.device)
         except Exception as e:  # keep the other parts' numbers
             import traceback
 
             traceback.print_exc()
-            res[p] = {"error": f"{type(e).__name__}: {e}"}
+            part = {"error": f"{type(e).__name__}: {e}"}
             say(f"{p}: FAILED {type(e).__name__}: {str(e)[:300]}")
-        res[p + "_wall_s"] = time.perf_counter() - t0
-        if a.out:
-            Path(a.out).write_text(json.dumps(res, indent=1, default=str))
+        key = p if p != "scan" or a.seq_len == 4096 else f"scan@{a.seq_len}"
+        res[key] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "argv": sys.argv[1:],
+                    "device": torch.cuda.get_device_name() if a.device.startswith("cuda") else a.device,
+                    "torch": torch.__version__, "wall_s": time.perf_counter() - t0, "result": part}
+        if out is not None:
+            out.write_text(json.dumps(res, indent=1, default=str))
     print("\n==== summary ====")
     for line in LOG:
         print(line)

@@ -28,15 +28,15 @@ as ``release_means`` does for the scan's finalize), is timed apart ("final s").
 Overhead = CPU time over the ``sdpa`` row's minus 1; "vs eager" = eager's CPU time / the row's;
 sys share = sys / (user + sys). Usage::
 
-    python benchmarks/bench_scan.py                     # both models (about 12 minutes, idle 2-core CPU, estimated)
+    python benchmarks/bench_scan.py                     # both models (about 12 minutes on an idle 2-core CPU)
     python benchmarks/bench_scan.py --no-smollm         # the benchmark model only
-    python benchmarks/bench_scan.py --json out.json     # also keep every number
-    python benchmarks/bench_scan.py --interleaved 6     # also the paired in-process measurement
+    python benchmarks/bench_scan.py --json out.json     # every number elsewhere (default: benchmarks/results_scan.json)
+    python benchmarks/bench_scan.py --interleaved 8     # also the paired in-process measurement
 
 ``--interleaved N`` adds a second measurement per model: the floor and both poslens rows in ONE
 process, batch after batch on the same tokens (N rounds, the order reversed every other round,
-each method warmed up on one full batch first). On this shared VM a fixed workload's CPU time moves
-by about 10 % from minute to minute and from process to process, so a ratio of two processes a
+each method warmed up on one full batch first). On a shared virtual machine a fixed workload's CPU
+time moves by about 10 % from minute to minute and from process to process, so a ratio of two processes a
 minute apart carries that noise; pairs of batches seconds apart and on the same tokens carry less
 of it. Its table gives each row's CPU time per batch (median), the overhead as the ratio of the
 rounds' totals, the median and range of the per-round ratios, the ratio of the fastest rounds
@@ -57,6 +57,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402
 
 BENCH = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=8192)
@@ -461,7 +464,8 @@ def main():
     ap.add_argument("--interleaved", type=int, default=0, metavar="N",
                     help="also measure the floor and both poslens rows in one process, N rounds of one batch "
                          "each on the same tokens (default 0: off)")
-    ap.add_argument("--json", help="also write every number here")
+    ap.add_argument("--json", default=_results.default_path("scan"),
+                    help="write every number here (default: benchmarks/results_scan.json; 'none': print only)")
     args = ap.parse_args()
     if args.worker == "interleaved":
         try:
@@ -519,9 +523,9 @@ def main():
     if args.interleaved:
         print()
         print(interleaved_table(results))
-    if args.json:
+    if _results.wanted(args.json):
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "seq_len": args.seq_len, "device": args.device,
+            json.dump({**_results.meta(), "threads": args.threads, "seq_len": args.seq_len, "device": args.device,
                        "cpu_count": os.cpu_count(), "results": results}, f, indent=1)
 
 

@@ -28,6 +28,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402
+
 T_START = time.perf_counter()
 
 
@@ -154,7 +157,8 @@ def main() -> None:
                     help="threads of every approach (torch's intra-op threads for naive, workers for the others); "
                          "0 = the CPUs this process may use")
     ap.add_argument("--skip-naive", action="store_true", help="only poslens and the floor (e.g. on a GPU)")
-    ap.add_argument("--json", help="also write the results to this JSON file")
+    ap.add_argument("--json", default=_results.default_path("simulate"),
+                    help="write the results here (default: benchmarks/results_simulate.json; 'none': print only)")
     ap.add_argument("--mode", choices=["naive", "poslens", "floor"], help=argparse.SUPPRESS)
     ap.add_argument("--tensors", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -222,9 +226,9 @@ def main() -> None:
         diff = (s["tensors"]["scores"] - ref["tensors"]["scores"]).abs().nan_to_num(0).max().item()
         pdiff = (s["tensors"]["probs"] - ref["tensors"]["probs"]).abs().max().item()
         print(f"same statistics: max |scores diff| = {diff:.2e}, max |probs diff| = {pdiff:.2e}")
-    if args.json:
+    if _results.wanted(args.json):
         with open(args.json, "w") as fh:
-            json.dump({"setting": {k: getattr(args, k) for k in ("samples", "seq_len", "dim", "layers", "alpha",
+            json.dump({**_results.meta(), "setting": {k: getattr(args, k) for k in ("samples", "seq_len", "dim", "layers", "alpha",
                                                                  "device", "threads")},
                        "results": {k: {kk: vv for kk, vv in v.items() if kk != "tensors"} for k, v in results.items() if v}},
                       fh, indent=1)

@@ -31,6 +31,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.abspath(os.path.join(HERE, "..", "src"))
 
@@ -140,7 +143,8 @@ def main() -> None:
     ap.add_argument("--preset", default="tiny", help="train: model size preset")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--json", help="also write the results to this JSON file")
+    ap.add_argument("--json", default=_results.default_path("threads"),
+                    help="write the results here (default: benchmarks/results_threads.json; 'none': print only)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--policy", help=argparse.SUPPRESS)
@@ -185,9 +189,9 @@ def main() -> None:
               f"{a['seconds']:8.2f} {c['seconds']:12.2f} {c['seconds'] / a['seconds']:8.1f}x")
     print(f"expected from the CPU share one busy process takes on {cpus} CPUs: "
           f"{(cpus + 1) / cpus:.1f}x to {cpus / max(cpus - 1, 1):.1f}x (see the docstring)")
-    if args.json:
+    if _results.wanted(args.json) and not args.child:
         with open(args.json, "w") as fh:
-            json.dump({"setting": vars(args), "cpus": cpus, "rows": rows}, fh, indent=1)
+            json.dump({**_results.meta(), "setting": vars(args), "cpus": cpus, "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

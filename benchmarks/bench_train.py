@@ -26,6 +26,9 @@ import tempfile
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402
 import torch.nn.functional as F
 
 from poslens.models.families import build_model, count_parameters, resolve_shape
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--end-to-end", type=int, default=0, metavar="STEPS",
                     help="also time train_model on the copy task for STEPS steps (0: skip)")
-    ap.add_argument("--json", dest="json_out", default=None, help="write the results to this JSON file")
+    ap.add_argument("--json", dest="json_out", default=_results.default_path("train"),
+                    help="write the results here (default: benchmarks/results_train.json; 'none': print only)")
     a = ap.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     if a.threads:
@@ -151,9 +155,9 @@ def main(argv=None) -> int:
             r = bench_end_to_end(pe, a.preset, device, a.threads, a.end_to_end)
             e2e.append(r)
             print(f"train_model copy {pe:8s} {r['tokens_per_second']:12,.0f} tok/s (non-pad tokens, data included)")
-    if a.json_out:
+    if _results.wanted(a.json_out):
         with open(a.json_out, "w") as f:
-            json.dump({"device": device, "gpu": gpu, "threads": torch.get_num_threads(), "peak_tflops": peak,
+            json.dump({**_results.meta(), "device": device, "gpu": gpu, "threads": torch.get_num_threads(), "peak_tflops": peak,
                        "loop": rows, "end_to_end": e2e}, f, indent=2)
     return 0
 
