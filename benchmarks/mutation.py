@@ -515,70 +515,49 @@ def table(results: dict) -> str:
 #: what the numbers of a module do not say by themselves (how the last runs went)
 NOTES: dict[str, str] = {
     "metrics/neighborhood.py": (
-        "A fresh seeded sample of 150 of the 798 mutants of the code after the per-sequence APS count was "
-        "rewritten on numpy integer sorts (`rising_pair_counts`, `_value_order`, `_noninversions`). First pass: "
-        "123 of 135 judged killed, 91.1 % ± 2.4. Of the 12 survivors, tests now kill five (counts above 2^24 "
-        "accumulated in float32 in `ordered_pair_counts` and `_rising_pairs_by_merge`: a 12,000-entry permutation "
-        "against a Fenwick-tree count and a 600-position map against a numpy per-row count; the tie-free torch "
-        "path run on the CPU, whose level loop and `None` tie count no CPU test reached; values 1e-9 apart, which "
-        "an added constant would merge into ties) and rules explain seven (a wider column prefix of -inf keys, "
-        "the direct/sorted threshold, numpy's int16 sum in int64, the device switch between two exact counts, a "
-        "float64 difference either way). The previous sample (150 of 527, older count) and an earlier full run "
-        "(441 mutants) were all killed or explained too."),
+        "A seeded sample of 150 of the 798 mutants. First pass 123 of 135 judged killed (91.1 % ± 2.4). Tests "
+        "kill five survivors (counts above 2^24 accumulated in float32 in `ordered_pair_counts` and "
+        "`_rising_pairs_by_merge`, checked on a 12,000-entry permutation against a Fenwick-tree count and a "
+        "600-position map against a numpy per-row count; the tie-free torch path run on the CPU; values 1e-9 "
+        "apart, which an added constant would merge into ties) and rules explain seven (a wider column prefix of "
+        "-inf keys, the direct/sorted threshold, numpy's int16 sum in int64, the device switch between two exact "
+        "counts, a float64 difference either way)."),
     "metrics/diagonal.py": (
-        "A seeded sample of 200 of the 929 mutants. The first pass left 13 unexplained survivors (`causal_view` "
-        "and `window_view`, reached by no test of the selection; a flatness p-value from two entries; "
-        "non-relativity on the main diagonal; the noise correction with two groups; the scale of `is_flat`'s "
-        "exact-constant check); tests against loops and hand-counted sign-flip p-values (2/256, 4/256) kill "
-        "every one in the survivor rerun."),
+        "A seeded sample of 200 of the 929 mutants. First pass: 13 unexplained survivors (`causal_view` and "
+        "`window_view`, a flatness p-value from two entries, non-relativity on the main diagonal, the noise "
+        "correction with two groups, the scale of `is_flat`'s exact-constant check); tests against loops and "
+        "hand-counted sign-flip p-values (2/256, 4/256) kill every one."),
     "report/readings.py": (
-        "A seeded sample of 200 of the module's 2,554 mutants, drawn afresh after the false-discovery-rate "
-        "counts and the noise-corrected headline were added (first pass 190 of 194 judged, 97.9 % ± 1.0: the "
-        "κ quoted in the slash-dynamics verdict, the per-sequence attention APS read before the mean-map one, "
-        "score-map extremes by value rather than by layer, and one equivalent threshold; tests and a rule "
-        "settle all four in the survivor rerun; the previous sample of 200 of 2,477 had a first pass of "
-        "96.9 % ± 1.3), run on the readings' own tests "
-        "(`tests/report/test_readings_kim.py`, `test_readings_commands.py`, `test_readings_helpers.py`: "
-        "hand-built summaries with numbers on both sides of every threshold); the report's rendering tests reach "
-        "the same functions but take seconds each and were left out of the selection. The `text` rule no "
-        "longer counts a change inside an f-string's braces as wording: four such mutants (the slash reading's "
-        "score, offset and uniform baseline, the key finding's SlashScore) had been hidden by it and are killed "
-        "by tests now."),
+        "A seeded sample of 200 of the 2,554 mutants (first pass 190 of 194 judged, 97.9 % ± 1.0), run on the "
+        "readings' own tests (`tests/report/test_readings_kim.py`, `test_readings_commands.py`, "
+        "`test_readings_helpers.py`: hand-built summaries with numbers on both sides of every threshold); the "
+        "report's rendering tests reach the same functions but take seconds each and are left out of the "
+        "selection. The `text` rule does not count a change inside an f-string's braces as wording."),
     "analysis/slash.py": (
-        "A seeded sample of 200 of the module's 995 mutants (first pass 168 of 197 judged, 85 %; after the "
-        "tests below all killed or explained), on `tests/analysis/test_slash.py` without its trained-model "
-        "fixture (a hand-made scan directory reaches every step of `run_slash`: inputs, geometry, tables, figure "
-        "data, the written run, the title without a recorded sequence count) and "
-        "`tests/metrics/test_slash_tables.py`."),
+        "A seeded sample of 200 of the 995 mutants (first pass 168 of 197 judged, 85 %), on "
+        "`tests/analysis/test_slash.py` without its trained-model fixture (a hand-made scan directory reaches "
+        "every step of `run_slash`) and `tests/metrics/test_slash_tables.py`."),
     "analysis/neighborhood.py": (
-        "A seeded sample of 300 of the 772 mutants, the first 150 of which are the earlier sample of 150 (the "
-        "same seed). With the old tests that sample scored 62.6 % ± 4.1 (52 unexplained survivors: the command's "
-        "plumbing and figure). New tests (`tests/analysis/test_neighborhood_plumbing.py`: the summary's keys and "
-        "per-layer numbers against means and sample standard deviations of the per-sequence scores written beside "
-        "it, table cells worked out by hand, config.json, each option's error message, `--overwrite`, random data "
-        "without a tokenizer, text through the model's tokenizer, `--chars`, the loader options, a bfloat16 "
-        "checkpoint measured in float32, progress updates up to the total, the figure's lines, error bars, "
-        "labels, limits and panels read from the figure objects) raised the first 150 to 87.1 % ± 2.8 on a first "
-        "pass and, after a survivor rerun, to all killed or explained. The next 150, first pass with those "
-        "tests: 132 of 138 judged (95.7 % ± 1.7); the survivor rerun kills two (panels side by side, the summary's "
-        "unknown model type) and four are equivalent (rules). Styling keywords of the figure (size, caps, "
-        "marker, line width, transparency, font size) are explained as such; the line style is not (it tells "
-        "causal from bidirectional), nor the APS panel's markers, which tests check."),
-    "metrics/rank.py": ("Measured in an earlier session, before `torch.as_tensor(x, dtype=torch.float64)` replaced "
-                        "`.to(torch.float64)`; not rerun since."),
+        "A seeded sample of 300 of the 772 mutants (first pass on the second 150: 132 of 138 judged, "
+        "95.7 % ± 1.7), on `tests/analysis/test_neighborhood_plumbing.py` among others: the summary's keys and "
+        "per-layer numbers against the per-sequence scores written beside it, table cells worked out by hand, "
+        "config.json, each option's error message, the loader options, the figure's lines, error bars, labels, "
+        "limits and panels read from the figure objects. Styling keywords of the figure (size, caps, marker, "
+        "line width, transparency, font size) are explained as such; the line style is not (it tells causal "
+        "from bidirectional), nor the APS panel's markers, which tests check."),
+    "metrics/rank.py": ("Every mutant (a full run), of the module with `.to(torch.float64)` where it has "
+                        "`torch.as_tensor(x, dtype=torch.float64)`; `python benchmarks/mutation.py metrics/rank.py` "
+                        "refreshes it."),
     "simulate.py": (
-        "A seeded sample of 220 of the 1,104 mutants, run after `run_simulation` was split into named steps "
-        "(`_chunk_jobs`, `_masks`, `_chunk_sums_in_order`; results bit-identical). The first pass left 26 "
-        "unexplained survivors; new tests (the run directory with figures and its metadata, the round trip, the "
-        "layer convention, the thread bound, the buffers, the summary's group weights) kill them or rules explain "
-        "them (survivor reruns)."),
+        "A seeded sample of 220 of the 1,104 mutants. First pass: 26 unexplained survivors; tests of the run "
+        "directory with figures and its metadata, the round trip, the layer convention, the thread bound, the "
+        "buffers and the summary's group weights kill them, or rules explain them."),
     "theory.py": "Every mutant (a full run, not a sample).",
     "metrics/ropefit.py": (
         "Every mutant (a full run), with a focused selection that leaves out the tests of analysis/slash.py that "
-        "scan a trained model (20 s of fixture per mutant). The first pass left 19 unexplained survivors (the "
+        "scan a trained model (20 s of fixture per mutant). First pass: 19 unexplained survivors (the "
         "rotary-dimension checks, `attention_scaling`, the zero-signal and zero-key guards of the fit, sign and "
-        "coherence, a fitted coefficient below 1, empty bands in `band_peak_contribution`); the tests added "
-        "for them kill every one in the survivor rerun."),
+        "coherence, a fitted coefficient below 1, empty bands in `band_peak_contribution`); tests kill every one."),
 }
 
 
