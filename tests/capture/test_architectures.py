@@ -36,7 +36,7 @@ def _recording(module, query, key, value, attention_mask, **kwargs):
     from poslens.capture import attention as A
 
     out = poslens_attention(module, query, key, value, attention_mask, **kwargs)
-    cap, l = A._ACTIVE, module.layer_idx
+    cap, l = A.active_capture(module), module.layer_idx
     if cap is not None and l in cap.spec.rope_layers:
         cap.use_layer_rope(l)
         qp, kp = cap.unrotate(query.float(), key.float())

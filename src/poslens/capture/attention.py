@@ -11,7 +11,7 @@ so the model's outputs are those of the ``sdpa`` implementation. Nothing in tran
 replaced.
 
 While a :class:`Capture` is active (``with capture.active(): model(...)``), every call of the
-function also adds to streaming float64 accumulators (:class:`poslens.capture.stats.AccumulatorSet`).
+function from the model it is attached to (:meth:`Capture.bind`) also adds to streaming float64 accumulators (:class:`poslens.capture.stats.AccumulatorSet`).
 The batch and head reductions are folded into matrix products, and the softmax is taken in
 query-row chunks, so memory is bounded by the result (``S x S`` per layer) and one chunk of
 ``B x H x c x S`` logits, never by ``B x H x S x S`` per layer.
@@ -20,8 +20,10 @@ query-row chunks, so memory is bounded by the result (``S x S`` per layer) and o
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import os
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,8 +39,19 @@ from poslens.runtime import numpy_blas_threads
 
 ATTN_NAME = "poslens"
 
-#: The capture active in this process (one forward at a time); ``None`` = plain SDPA.
-_ACTIVE: "Capture | None" = None
+#: The captures active in this context, innermost last (``()``: plain SDPA). A context variable, not
+#: a module global: a thread (or asyncio task) sees only the captures it activated itself, and a
+#: capture bound to one model's attention modules never sees another model's calls.
+_ACTIVE: contextvars.ContextVar[tuple] = contextvars.ContextVar("poslens_active_captures", default=())
+
+
+def active_capture(module=None) -> "Capture | None":
+    """The capture that takes ``module``'s attention calls here: the innermost active one bound to
+    ``module`` (or bound to no model), else None."""
+    for cap in reversed(_ACTIVE.get()):
+        if cap.owns(module):
+            return cap
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -412,7 +425,7 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
 
     Signature as transformers' ``AttentionInterface`` functions: returns ``(out [B, S, H, D], None)``.
     """
-    cap = _ACTIVE
+    cap = active_capture(module)
     layer = getattr(module, "layer_idx", None)
     if scaling is None:
         scaling = 1.0 / math.sqrt(query.shape[-1])
@@ -724,6 +737,7 @@ class Capture:
         self.scalings: dict = {}  # logit scale each layer used
         self._batch_size = 0
         self._next_seq = 0
+        self._modules: weakref.WeakSet | None = None  # the attention modules it captures (None: any), see bind
         self.reservoir = None
         if spec.reservoir and "qk" in spec.stats:  # the sample of pre-RoPE q/k vectors belongs to the qk statistic
             self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
@@ -732,13 +746,26 @@ class Capture:
     # -- context ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def active(self):
-        """Route the registered attention function's captures into this object."""
-        global _ACTIVE
-        prev, _ACTIVE = _ACTIVE, self
+        """Route the registered attention function's calls into this object, in this context only
+        (this thread or task; from the modules it is bound to, :meth:`bind`)."""
+        token = _ACTIVE.set(_ACTIVE.get() + (self,))
         try:
             yield self
         finally:
-            _ACTIVE = prev
+            _ACTIVE.reset(token)
+
+    def is_active(self) -> bool:
+        """Whether this capture is active in the current context (the capture points' hooks ask)."""
+        return any(c is self for c in _ACTIVE.get())
+
+    def bind(self, modules) -> None:
+        """Take attention calls from these modules only (a model's attention modules; weak references:
+        the capture keeps no model alive). Unbound, a capture takes every call made while it is active."""
+        self._modules = weakref.WeakSet(modules)
+
+    def owns(self, module) -> bool:
+        """Whether an attention call from ``module`` belongs to this capture."""
+        return self._modules is None or module is None or module in self._modules
 
     def begin_batch(self, batch_size: int, seq_start: int | None = None) -> None:
         """Start a batch of ``batch_size`` sequences; ``seq_start`` is the global index of its first

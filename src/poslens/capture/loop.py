@@ -16,7 +16,6 @@ from typing import Callable
 
 import torch
 
-from poslens.capture import attention as _attn
 from poslens.capture.adapters import Adapter, hook_point, hook_position_embeddings
 from poslens.capture.attention import Capture
 from poslens.progress import task_progress
@@ -103,9 +102,10 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
     embeddings, ``resid_post`` of every captured layer). Returns the handles (``h.remove()`` detaches)."""
     handles = []
     layers = adapter.decoder_layers(model)
+    capture.bind(adapter.attention_module(model, l) for l in range(len(layers)))  # this model's calls only
     if capture.spec.rope_layers:
         def _rope(layer, cos_sin):
-            if _attn._ACTIVE is capture:
+            if capture.is_active():
                 capture.rope_by_layer[layer] = (cos_sin[0], cos_sin[1])
         handles += [hook_position_embeddings(model, adapter, l, _rope) for l in range(len(layers))]
 
@@ -113,12 +113,12 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
         return handles  # residual-stream vectors are read only for the cosine maps
 
     def _emb(x):
-        if _attn._ACTIVE is capture:
+        if capture.is_active():
             capture.observe_hidden(0, x)
     handles.append(hook_point(model, adapter, "resid_pre", 0, _emb))
     for k, l in enumerate(capture.spec.layers):
         def _post(x, index=k + 1):
-            if _attn._ACTIVE is capture:
+            if capture.is_active():
                 capture.observe_hidden(index, x)
         handles.append(hook_point(model, adapter, "resid_post", l, _post))
     return handles
