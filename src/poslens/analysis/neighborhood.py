@@ -198,24 +198,38 @@ class NeighborhoodConfig:
     trust_remote_code: bool = False
 
 
-def _plan(cfg: NeighborhoodConfig):
-    """Validate every input and build the sequence source; writes nothing."""
+def _plan(cfg: NeighborhoodConfig, model=None):
+    """Validate every input and build the sequence source; writes nothing. ``model``: a loaded causal LM
+    (its config, device and tokenizer are used instead of the directory's)."""
     require_positive(("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size))
     if cfg.seq_len < 3:
         raise PoslensError(f"--seq-len {cfg.seq_len}: the APS counts position triples; use at least 3 tokens.")
-    config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
-                                        trust_remote_code=cfg.trust_remote_code)
-    device = parse_device(cfg.device)
+    if model is not None:
+        from poslens.capture.borrow import model_device
+        from poslens.capture.plan import loaded_model_config, loaded_model_tokenizer
+
+        config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
+        device = model_device(model)
+        tokenizer = loaded_model_tokenizer(model)
+    else:
+        config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                            trust_remote_code=cfg.trust_remote_code)
+        device = parse_device(cfg.device)
+        tokenizer = None
+
+    def _tokenizer():
+        return tokenizer if model is not None else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+
     prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
     if cfg.chars is not None:
         if cfg.data != "random":
             raise PoslensError("--chars and --data both choose the sequences; pass only one of them.")
-        tok = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+        tok = _tokenizer()
         if tok is None:
             raise PoslensError(f"--chars needs the model's tokenizer, and {cfg.model_dir} has none; use --data.")
         source = CharSource(tok, cfg.chars, cfg.seq_len, cfg.num_seqs, cfg.seed)
     else:
-        tok = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
+        tok = None if cfg.data == "random" else _tokenizer()
         source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tok,
                              vocab_size=getattr(config, "vocab_size", None))
     return config, adapter, source, device
@@ -238,17 +252,26 @@ class CharSource:
                 "num_seqs": self.num_seqs, "seed": self.seed}
 
 
-def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
+def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True, *, model=None) -> dict:
     """Measure APS / norm score per layer (causal, and with ``bidirectional`` the control) into ``cfg.out``.
 
     Writes ``config.json``, ``neighborhood.safetensors``, ``summary.json`` and figures through a
     staging directory (nothing is half-written); returns the summary.
     """
     t0 = time.time()
-    config, adapter, source, device = _plan(cfg)
+    config, adapter, source, device = _plan(cfg, model)
+    if model is not None:  # a loaded model: poslens attention and eval mode for the call, restored after
+        from poslens.capture.borrow import borrowed
+
+        with borrowed(model):
+            return _run_neighborhood(cfg, progress, model, config, adapter, source, t0)
     with no_hf_progress_bars(not progress):  # --quiet: no weight-loading bars either
         model = load_model(cfg.model_dir, dtype=torch.float32, device=device, allow_pickle=cfg.allow_pickle,
                            trust_remote_code=cfg.trust_remote_code)
+    return _run_neighborhood(cfg, progress, model, config, adapter, source, t0)
+
+
+def _run_neighborhood(cfg: NeighborhoodConfig, progress: bool, model, config, adapter, source, t0: float) -> dict:
     ids = source.batch(0, source.num_seqs)
     modes = ["causal"] + (["bidirectional"] if cfg.bidirectional else [])
     results = {}
@@ -264,7 +287,9 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True) -> dict:
                             source=source.describe())
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "neighborhood", **dataclasses.asdict(cfg),
-                                           "model_source": source_record(cfg.model_dir),
+                                           "model_source": source_record(cfg.model_dir)
+                                           if not cfg.model_dir.startswith("<in-memory") else
+                                           {"kind": "in-memory", "class": type(model).__name__},
                                            "source": source.describe(), "versions": versions()})
         tensors = {f"{mode}.{k}": v.to(torch.float32) for mode, r in results.items() for k, v in r.items()}
         write_tensors(stage / "neighborhood.safetensors", tensors,

@@ -9,6 +9,7 @@ import torch
 
 from poslens.capture.adapters import Adapter
 from poslens.capture.attention import CaptureSpec, parse_stats
+from poslens.capture.borrow import model_device, model_dtype
 from poslens.capture.load import load_tokenizer, open_model_config
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError, require_positive
@@ -67,11 +68,18 @@ class ScanPlan:
     rope: dict | None = None
 
 
-def plan_scan(cfg: ScanConfig) -> ScanPlan:
-    """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing."""
+def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSource | None = None) -> ScanPlan:
+    """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing.
+
+    ``model``: a causal LM already in memory (``poslens.scan``); its config replaces the directory's,
+    it runs on its own device(s) and in its own dtype. ``tokenizer`` and ``source``: given by the
+    caller instead of read from the model directory / built from ``cfg.data``."""
     stats = parse_stats(cfg.stats)
-    config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
-                                        trust_remote_code=cfg.trust_remote_code)
+    if model is not None:
+        config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
+    else:
+        config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                            trust_remote_code=cfg.trust_remote_code)
     L = adapter.num_layers(config)
     H = adapter.num_heads(config)
     require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
@@ -95,8 +103,8 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
             raise PoslensError(f"--heads {l}.{h}: layer {l} is not scanned (--layers); add it or drop the head.")
         if not 0 <= h < H:
             raise PoslensError(f"--heads {l}.{h}: the model has heads 0..{H - 1} per layer.")
-    device = parse_device(cfg.device)
-    if cfg.device_map is not None:
+    device = parse_device(cfg.device) if model is None else _loaded_device(model, cfg)
+    if cfg.device_map is not None and model is None:
         if cfg.device_map not in DEVICE_MAPS:
             raise PoslensError(f"--device-map {cfg.device_map!r} is not one of {', '.join(DEVICE_MAPS)}.")
         try:
@@ -106,15 +114,16 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
         if cfg.device == "cpu" and torch.cuda.is_available():
             raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
                                "--device-map to scan on the CPU).")
-    dtype = resolve_dtype(cfg.dtype, device, config)
+    dtype = resolve_dtype(cfg.dtype, device, config) if model is None else _loaded_dtype(model, cfg)
     if cfg.resume and cfg.overwrite:
         raise PoslensError("--resume and --overwrite contradict each other; pass one.")
     prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
-    tokenizer = None
-    if cfg.data != "random":
-        tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
-    source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
-                         vocab_size=getattr(config, "vocab_size", None))
+    if source is None:
+        if tokenizer is None and cfg.data != "random":
+            tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code) if model is None else \
+                loaded_model_tokenizer(model)
+        source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
+                             vocab_size=getattr(config, "vocab_size", None))
     spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
@@ -122,3 +131,64 @@ def plan_scan(cfg: ScanConfig) -> ScanPlan:
                        aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout,
                        map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0)
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# a model already in memory
+# --------------------------------------------------------------------------------------------
+def loaded_model_config(model, *, seq_len: int | None = None):
+    """``(config, adapter)`` of a loaded causal LM, with the same checks as :func:`open_model_config`."""
+    from poslens.capture.adapters import ADAPTERS, get_adapter
+    from poslens.capture.borrow import check_causal_lm
+
+    check_causal_lm(model)
+    config = model.config
+    adapter = get_adapter(config)
+    try:
+        adapter.num_layers(config), adapter.num_heads(config), adapter.head_dim(config)
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
+        raise PoslensError(f"model: model type {getattr(config, 'model_type', None)!r} has no attention geometry "
+                           f"poslens can read ({str(e).splitlines()[0][:120]}); supported: "
+                           f"{', '.join(sorted(ADAPTERS))}.") from None
+    maxpos = adapter.max_positions(config)
+    if seq_len is not None and maxpos is not None and seq_len > maxpos:
+        raise PoslensError(f"seq_len {seq_len} exceeds the model's maximum of {maxpos} positions; pass "
+                           f"seq_len={maxpos} or less.")
+    return config, adapter
+
+
+def loaded_model_tokenizer(model):
+    """The tokenizer saved beside a loaded model (``model.name_or_path`` is a local directory or
+    ``.gguf`` file), or None."""
+    from pathlib import Path
+
+    name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+    if not name or not Path(str(name)).exists():
+        return None
+    try:
+        return load_tokenizer(str(name))
+    except PoslensError:
+        return None
+
+
+def _loaded_device(model, cfg: ScanConfig) -> str:
+    """A loaded model runs where it is: ``device`` must be ``auto`` or that device."""
+    here = model_device(model)
+    if cfg.device not in ("auto", None) and torch.device(parse_device(cfg.device)) != torch.device(here) and \
+            not (torch.device(here).type == "cuda" and cfg.device == "cuda"):
+        raise PoslensError(f"device={cfg.device!r}: the model is on {here}; poslens scans a loaded model where it is "
+                           f"(move it with model.to(...) first, or pass device='auto').")
+    if cfg.device_map is not None:
+        raise PoslensError("device_map: a loaded model is already placed; load it with device_map=... and pass "
+                           "the model, without device_map.")
+    return here
+
+
+def _loaded_dtype(model, cfg: ScanConfig) -> torch.dtype:
+    """A loaded model runs in its own dtype (its weights are never copied): ``dtype`` must be ``auto`` or that."""
+    have = model_dtype(model)
+    if cfg.dtype not in ("auto", None) and resolve_dtype(cfg.dtype, "cpu", None) != have:
+        raise PoslensError(f"dtype={cfg.dtype!r}: the model's weights are {str(have).replace('torch.', '')}; poslens "
+                           "never copies a loaded model's weights. Cast it yourself (model.to(dtype)) or pass "
+                           "dtype='auto'.")
+    return have

@@ -15,6 +15,7 @@ all-reduced at the end and rank 0 writes the run directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import sys
@@ -28,8 +29,9 @@ import torch
 from poslens.capture import distributed as D
 from poslens.capture.adapters import check_dispatch, rope_tables
 from poslens.capture.attention import Capture
+from poslens.capture.borrow import borrowed
 from poslens.capture.checkpoint import (CHECKPOINT, check_finished, check_resume_layout, checkpoint_meta, rank_checkpoints,
-                                        fingerprint, load_checkpoint, save_checkpoint)
+                                        fingerprint, load_checkpoint, resume_mismatch, save_checkpoint)
 from poslens.capture.finalize import finalize
 from poslens.capture.load import load_model
 from poslens.capture.loop import attach, forward, forward_kwargs
@@ -37,15 +39,21 @@ from poslens.capture.model_source import source_record
 from poslens.capture.plan import ScanConfig, plan_scan
 from poslens.errors import PoslensError
 from poslens.progress import task_progress
-from poslens.rundir import create_out_dir, versions, write_json, write_summary
+from poslens.rundir import create_out_dir, release_out_dir, versions, write_json, write_summary
 from poslens.runtime import no_hf_progress_bars
 
 
 # --------------------------------------------------------------------------------------------
 # the scan
 # --------------------------------------------------------------------------------------------
-def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int | None = None) -> dict:
+def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int | None = None, model=None,
+             tokenizer=None, source=None) -> dict:
     """Run (or resume) a scan and write its run directory; returns the summary dict.
+
+    ``model``: a causal LM already in memory, scanned where it is (its device(s), its dtype) instead of
+    loading ``cfg.model_dir``; it is handed back as it was (:mod:`poslens.capture.borrow`).
+    ``tokenizer`` / ``source``: the text tokenizer / the sequences, given instead of read from the
+    model directory / built from ``cfg.data`` (:func:`poslens.capture.sources.python_source`).
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank scans its shard of the batches
     (:mod:`poslens.capture.distributed`), the accumulators are all-reduced and rank 0 alone
@@ -57,7 +65,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
     ctx = D.detect()
     restore = D.announce_sigterm(ctx)
     try:
-        return _run_scan(cfg, progress, stop_after_batches, ctx)
+        return _run_scan(cfg, progress, stop_after_batches, ctx, model, tokenizer, source)
     except PoslensError as e:
         if ctx.enabled and not str(e).startswith("rank "):
             raise PoslensError(f"{ctx.label}: {e}") from None
@@ -70,6 +78,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
     finally:
         restore()
         ctx.shutdown()
+        release_out_dir(cfg.out)  # the run directory's lock, taken by create_out_dir
 
 
 @dataclass
@@ -98,43 +107,55 @@ class _Shard:
     already: int  # batches done by all ranks together (where the progress bar starts)
 
 
-def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx) -> dict:
+def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx, given=None, tokenizer=None,
+              source=None) -> dict:
     t_start = time.time()
-    job = _validate(cfg, ctx)
+    job = _validate(cfg, ctx, given, tokenizer, source)
     if ctx.is_main:
         create_out_dir(job.out)
-    model = _load(job, progress)
-    capture = _make_capture(job, model)
-    if ctx.is_main:
-        _write_config(job, model)
-    ctx.barrier(job.device)
-    if not job.out.is_dir():
-        raise PoslensError(f"--out {job.out} is not visible from this rank's host; a multi-node scan needs --out on a "
-                           "filesystem shared by every node.")
-    shard = _shard(job, capture)
-    handles = attach(model, job.plan.adapter, capture)
-    try:
-        result = _scan_batches(job, model, capture, shard, progress, stop_after_batches)
-    finally:
-        for h in handles:
-            h.remove()
+    with contextlib.ExitStack() as stack:
+        if given is not None:  # the caller's model: poslens attention and eval mode inside, restored after
+            stack.enter_context(borrowed(given))
+            stack.callback(_remove_if_empty, job)
+        model = _load(job, progress, given)
+        capture = _make_capture(job, model)
+        if ctx.is_main:
+            _write_config(job, model, given is not None)
+        ctx.barrier(job.device)
+        if not job.out.is_dir():
+            raise PoslensError(f"--out {job.out} is not visible from this rank's host; a multi-node scan needs --out "
+                               "on a filesystem shared by every node.")
+        shard = _shard(job, capture)
+        handles = attach(model, job.plan.adapter, capture)
+        try:
+            result = _scan_batches(job, model, capture, shard, progress, stop_after_batches)
+        finally:
+            for h in handles:
+                h.remove()
     if isinstance(result, dict):  # stopped early (stop_after_batches), checkpoint written
         return result
     tokens, elapsed = result
-    del model  # free the weights before the results are merged and written (sums and maps are as large)
+    del model, given  # free the weights (of a model poslens loaded) before the results are merged and written (sums and maps are as large)
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return _merge_and_write(job, capture, tokens, elapsed, t_start)
 
 
-def _validate(cfg: ScanConfig, ctx) -> _Job:
+def _remove_if_empty(job: _Job) -> None:
+    """A scan of a loaded model that stopped before writing anything leaves no --out behind."""
+    out = job.out
+    if job.ctx.is_main and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+
+
+def _validate(cfg: ScanConfig, ctx, model=None, tokenizer=None, source=None) -> _Job:
     """Every check before anything is written, then the process group. Every rank validates before
     any rank creates --out (else a fast rank 0 makes it "not empty"); a rank whose inputs fail
     still joins the group (same backend as the others) so that every rank can be told."""
     err, job = None, None
     try:
-        job = _check_inputs(cfg, ctx)
+        job = _check_inputs(cfg, ctx, model, tokenizer, source)
         device = job.device
     except PoslensError as e:
         err = e
@@ -146,10 +167,10 @@ def _validate(cfg: ScanConfig, ctx) -> _Job:
     return job
 
 
-def _check_inputs(cfg: ScanConfig, ctx) -> _Job:
+def _check_inputs(cfg: ScanConfig, ctx, model=None, tokenizer=None, source=None) -> _Job:
     """The plan and this rank's device; a --resume whose checkpoint was written with other options
     is refused here, before anything is loaded or written."""
-    plan = plan_scan(cfg)
+    plan = plan_scan(cfg, model=model, tokenizer=tokenizer, source=source)
     if ctx.enabled and cfg.device_map and ctx.local_world_size > 1:
         raise PoslensError(f"--device-map spreads one model over this node's devices; launch one process per "
                            f"node (--nproc-per-node 1), not {ctx.local_world_size}.")
@@ -159,20 +180,22 @@ def _check_inputs(cfg: ScanConfig, ctx) -> _Job:
     if cfg.resume and out.is_dir():
         check_resume_layout(out, ctx.world_size)
         if ck.exists() and checkpoint_meta(ck).get("fingerprint") != job.fp:
-            raise PoslensError(f"--resume: {ck} was written by a scan with different options; rerun "
-                               "with the original options or choose a new --out.")
-        check_finished(out, job.ck_name, job.fp)
+            raise resume_mismatch(out, ck, cfg)
+        check_finished(out, job.ck_name, job.fp, cfg)
     return job
 
 
-def _load(job: _Job, progress: bool):
-    """The model, checked to dispatch every layer through the registered attention function (custom
-    attention code is refused, leaving a still-empty --out removed), with its RoPE tables."""
+def _load(job: _Job, progress: bool, given=None):
+    """The model (``given``, or loaded from the model directory), checked to dispatch every layer through
+    the registered attention function (custom attention code is refused, leaving a still-empty --out
+    removed), with its RoPE tables."""
     cfg, ctx, plan, out = job.cfg, job.ctx, job.plan, job.out
-    # one set of loading bars per job; none with --quiet
-    with no_hf_progress_bars((ctx.enabled and not ctx.is_main) or not progress):
-        model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
-                           trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
+    if given is not None:
+        model = given
+    else:  # one set of loading bars per job; none with --quiet
+        with no_hf_progress_bars((ctx.enabled and not ctx.is_main) or not progress):
+            model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
+                               trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
     try:
         plan.attention = check_dispatch(model, plan.adapter)
     except PoslensError:
@@ -188,20 +211,29 @@ def _load(job: _Job, progress: bool):
 def _make_capture(job: _Job, model) -> Capture:
     """The accumulators, on the device that holds them (a --device-map model: its first device)."""
     plan = job.plan
-    if job.cfg.device_map:
+    if job.cfg.device_map or spread_over_devices(model):
         plan.device = D.main_device(model)
         return D.DeviceMapCapture(plan.spec, device=plan.device)
     return Capture(plan.spec, device=plan.device)
 
 
-def _write_config(job: _Job, model) -> None:
+def spread_over_devices(model) -> bool:
+    """Whether a model's layers sit on more than one device (loaded with a ``device_map``)."""
+    placed = getattr(model, "hf_device_map", None) or {}
+    return len({str(d) for d in placed.values()}) > 1
+
+
+def _write_config(job: _Job, model, in_memory: bool = False) -> None:
     cfg, plan = job.cfg, job.plan
+    origin = {"kind": "in-memory", "class": type(model).__name__,
+              "name_or_path": str(getattr(model, "name_or_path", "") or "")} if in_memory else source_record(cfg.model_dir)
     write_json(job.out / "config.json", {
         "command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": job.fp,
-        "model_source": source_record(cfg.model_dir), "source": plan.source.describe(),
+        "model_source": origin, "source": plan.source.describe(),
         "model_type": plan.adapter.model_type, "dtype": str(plan.dtype), "device": plan.device,
         "world_size": job.ctx.world_size,
-        "device_map": (getattr(model, "hf_device_map", None) or {"": plan.device}) if cfg.device_map else None,
+        "device_map": (getattr(model, "hf_device_map", None) or {"": plan.device})
+        if cfg.device_map or spread_over_devices(model) else None,
         "versions": versions()})
 
 

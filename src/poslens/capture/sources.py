@@ -166,3 +166,80 @@ def _from_datasets(path: Path, seq_len, num_seqs, tokenizer, vocab_size) -> Pack
     else:
         raise PoslensError(f"--data {path}: the dataset has neither an 'input_ids' nor a 'text' column (has {cols}).")
     return _pack(stream, seq_len, num_seqs, str(path), vocab_size)
+
+
+# --------------------------------------------------------------------------------------------
+# data passed from Python (poslens.scan(model, data=...))
+# --------------------------------------------------------------------------------------------
+def is_python_data(data) -> bool:
+    """True for data given as Python objects rather than a ``--data`` string: a tensor, a list of
+    strings or a list of token-id lists."""
+    return not isinstance(data, (str, bytes)) and not hasattr(data, "__fspath__")
+
+
+def python_source(data, *, seq_len: int | None, num_seqs: int | None, tokenizer=None,
+                  vocab_size: int | None = None) -> tuple[SequenceSource, str]:
+    """A source for data passed from Python, packed as the CLI packs the same data from a file, so that
+    ``poslens.scan(model, data=ids)`` and ``poslens scan DIR --data ids.jsonl`` see the same batches.
+
+    - an ``[N, S]`` integer tensor (or array): its rows, ``seq_len`` = S unless given;
+    - a list of token-id lists: concatenated and cut into ``seq_len`` chunks (as JSONL ``input_ids``);
+      ``seq_len`` defaults to the length of the lists when they all have one length;
+    - a list of strings: tokenised with ``tokenizer``, joined with its EOS token, cut the same way
+      (as JSONL ``text``); ``seq_len`` defaults to 256.
+
+    ``num_seqs`` defaults to every whole sequence the data holds. Returns ``(source, label)``: the label
+    (kind, shape and a hash of the ids) is what ``config.json`` records as the data."""
+    import hashlib
+
+    if isinstance(data, torch.Tensor) or hasattr(data, "__array__") and not isinstance(data, (list, tuple)):
+        ids = torch.as_tensor(data)
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() != 2:
+            raise PoslensError(f"data: a tensor of token ids must be an integer tensor [N, S]; got {ids.dtype} "
+                               f"{list(ids.shape)}.")
+        if ids.numel() == 0:
+            raise PoslensError("data: the tensor of token ids is empty; pass at least one sequence.")
+        if seq_len is None:
+            seq_len = ids.shape[1]
+        stream = (row.tolist() for row in ids.cpu())
+        kind = "token-id tensor"
+    else:
+        items = list(data)
+        if not items:
+            raise PoslensError("data: the list is empty; pass strings or token-id lists, 'stdlib' or 'random'.")
+        if all(isinstance(x, str) for x in items):
+            if tokenizer is None:
+                raise PoslensError("data: a list of strings needs a tokenizer, and the model has none poslens can "
+                                   "find; pass tokenizer= (e.g. AutoTokenizer.from_pretrained(...)) or token ids.")
+            if seq_len is None:
+                seq_len = 256
+            stream = _text_stream(iter(items), tokenizer, "data")
+            kind = "texts"
+        elif all(isinstance(x, (list, tuple)) or isinstance(x, torch.Tensor) and x.dim() == 1 for x in items):
+            rows = [x.tolist() if isinstance(x, torch.Tensor) else list(x) for x in items]
+            if not all(isinstance(t, int) and not isinstance(t, bool) for r in rows for t in r):
+                raise PoslensError("data: token-id lists must hold integers only.")
+            if seq_len is None:
+                lengths = {len(r) for r in rows}
+                if len(lengths) != 1:
+                    raise PoslensError(f"data: the token-id lists have {len(lengths)} different lengths; pass seq_len= "
+                                       "(they are concatenated and cut into sequences of that length).")
+                seq_len = lengths.pop()
+            stream = iter(rows)
+            kind = "token-id lists"
+        else:
+            raise PoslensError("data: expected a list of strings, a list of token-id lists or an [N, S] integer "
+                               "tensor (or 'stdlib', 'random', a .jsonl/.txt path).")
+    if seq_len < 2:
+        raise PoslensError(f"seq_len {seq_len}: need at least 2 tokens.")
+    if num_seqs is not None and num_seqs < 1:
+        raise PoslensError(f"num_seqs {num_seqs}: need at least 1 sequence.")
+    buf: list[int] = []
+    for ids in stream:
+        buf.extend(int(t) for t in ids)
+        if num_seqs is not None and len(buf) >= num_seqs * seq_len:
+            break
+    n = len(buf) // seq_len if num_seqs is None else num_seqs
+    source = _pack(iter([buf]), seq_len, n if n else 1, "data", vocab_size)
+    digest = hashlib.sha256(source.ids.numpy().tobytes()).hexdigest()[:16]
+    return source, f"python:{kind}:{source.num_seqs}x{source.seq_len}:sha256={digest}"

@@ -1,0 +1,487 @@
+"""poslens from Python: functions that take a model (loaded, or a path), return a :class:`Result`.
+
+Every command of the CLI is a thin layer over the same library function; here each is a function
+that returns the run as an object instead of printing it::
+
+    import poslens
+    r = poslens.scan(model, data="stdlib", seq_len=256, num_seqs=64)
+    r.maps["probs"]          # torch tensors, the names and shapes of maps.safetensors
+    r.summary                # dict, the content of summary.json
+    r.heads(); r.layers()    # pandas DataFrames
+    r.plot("scores", layer=3)
+    r.save("runs/x"); poslens.load("runs/x")
+
+A result not given ``out=`` lives in a temporary directory that is removed when the result is
+garbage-collected (or the interpreter exits); :meth:`Result.save` copies it to a lasting place.
+A CLI run directory and a saved result are the same thing: :func:`load` reads either.
+
+Nothing here changes the process beyond the call: torch's thread count (``threads=``) is set for
+the call and restored after it, and a model passed in is handed back as it was
+(:mod:`poslens.capture.borrow`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from poslens.errors import PoslensError
+
+#: files of a run directory that are its bookkeeping, not its results (never copied by :meth:`Result.save`)
+_NOT_RESULTS = ("checkpoint.safetensors",)
+
+
+# --------------------------------------------------------------------------------------------
+# results
+# --------------------------------------------------------------------------------------------
+class Result:
+    """One finished run: ``config``, ``summary``, ``maps`` (tensors), tables and figures.
+
+    ``path`` is where its files are: the run directory it was loaded from or written to, or a
+    temporary directory (``temporary`` is then True) until :meth:`save` gives it a lasting one."""
+
+    def __init__(self, path: str | os.PathLike, *, _tmp: tempfile.TemporaryDirectory | None = None):
+        from poslens.rundir import load_run
+
+        self._tmp = _tmp
+        self.path = Path(path)
+        run = load_run(self.path)
+        if run.kind != "command":
+            raise PoslensError(f"{self.path} is a {run.kind} directory, not a finished run; pass a run directory "
+                               "written by a poslens command or function.")
+        self._run = run
+        self.command: str = run.command
+        self.config: dict = run.config
+        self.summary: dict = run.summary
+        self._maps: dict | None = None
+
+    @property
+    def temporary(self) -> bool:
+        """True while the result lives only in a temporary directory (see :meth:`save`)."""
+        return self._tmp is not None
+
+    def __repr__(self) -> str:
+        keys = ", ".join(sorted(self.maps)) if self._maps is not None else "not loaded"
+        where = "temporary" if self.temporary else str(self.path)
+        return f"<poslens.Result {self.command} at {where}; maps: {keys}>"
+
+    # ---- tensors ---------------------------------------------------------------------------
+    @property
+    def maps(self) -> dict:
+        """Every tensor the run wrote, by name (``maps.safetensors`` of a scan: ``scores``, ``probs``,
+        ``slash``, ...); a name found in two files is prefixed with its file's stem (``file.name``)."""
+        if self._maps is None:
+            self._maps = _read_maps(self.path)
+        return self._maps
+
+    # ---- tables ----------------------------------------------------------------------------
+    def layers(self):
+        """One row per layer: the per-layer readings of ``summary.json`` (``layer`` counts decoder layers
+        from 0 unless ``attrs["layer_convention"]`` says otherwise)."""
+        import pandas as pd
+
+        rows = [{k: v for k, v in l.items() if not isinstance(v, (list, dict))} for l in self._run.layers]
+        df = pd.DataFrame(rows)
+        df.attrs["layer_convention"] = _layer_convention(self.summary)
+        return df
+
+    def heads(self):
+        """One row per (layer, head) of a scan: ``sink`` (the head's mean attention weight on key 0 over
+        queries 1 … S−1 and over sequences), ``slash_offset`` / ``slash_score`` (its strongest offset Δ in
+        1 … 16 and SlashScore(Δ) there, arXiv 2601.08297). NaN where the scan did not collect the statistic."""
+        import numpy as np
+        import pandas as pd
+
+        if self.command != "scan":
+            raise PoslensError(f"heads(): a {self.command} run has no per-head table; scan a model for one.")
+        from poslens.report.readings import SLASH_MAX_DELTA
+
+        layer_ids = self._layer_ids()
+        H = int(self.summary.get("num_heads") or 0) or _heads_from_maps(self.maps)
+        rows = []
+        sink = _head_sink(self.maps)
+        slash = self.maps.get("slash")
+        for li, layer in enumerate(layer_ids):
+            for h in range(H):
+                row = {"layer": layer, "head": h, "sink": float("nan"), "slash_offset": None,
+                       "slash_score": float("nan")}
+                if sink is not None:
+                    row["sink"] = float(sink[li, h])
+                if slash is not None and slash.shape[-1] > 1:
+                    window = slash[li, h, 1: min(SLASH_MAX_DELTA, slash.shape[-1] - 1) + 1].double()
+                    if bool(window.isfinite().any()):
+                        d = int(window.nan_to_num(-1.0).argmax()) + 1
+                        row["slash_offset"], row["slash_score"] = d, float(window[d - 1])
+                rows.append(row)
+        df = pd.DataFrame(rows, columns=["layer", "head", "sink", "slash_offset", "slash_score"])
+        df["slash_offset"] = df["slash_offset"].astype("Int64")
+        df.attrs["layer_convention"] = _layer_convention(self.summary)
+        return df if len(df) else df.astype({"sink": np.float64})
+
+    def tables(self) -> dict:
+        """The summary's tables as DataFrames, by name."""
+        import pandas as pd
+
+        return {t.get("name") or f"table{i}": pd.DataFrame(t["rows"], columns=t["columns"])
+                for i, t in enumerate(self._run.tables)}
+
+    def _layer_ids(self) -> list:
+        ids = [l.get("layer") for l in self._run.layers]
+        if ids:
+            return ids
+        spec = self.summary.get("layers_scanned") or self.config.get("options", {}).get("layers")
+        return list(spec) if spec else list(range(int(self.summary.get("num_layers") or 0)))
+
+    # ---- figures ---------------------------------------------------------------------------
+    def plot(self, name: str = "scores", layer: int | None = None, *, head: int | None = None,
+             diagonal_normalized: bool = False, ax=None):
+        """A matplotlib Figure of map ``name`` (``scores``, ``probs``, ``cosine``, ``attn_cosine`` ...) of
+        decoder layer ``layer`` (counted from 0; default: the first). ``slash``: the SlashScore profile
+        of every head of the layer (or of ``head``). ``diagonal_normalized``: each diagonal minus its own
+        mean (arXiv 2509.21042's view of the non-relative part)."""
+        from poslens.rundir import new_figure
+
+        if name not in self.maps:
+            raise PoslensError(f"plot({name!r}): this {self.command} run has no map {name!r}; it has "
+                               f"{', '.join(sorted(self.maps)) or 'none'}.")
+        m = self.maps[name]
+        ids = self._layer_ids()
+        if name == "cosine" and m.shape[0] == len(ids) + 1:  # index 0: the embeddings
+            ids = ["embeddings", *ids]
+        li = 0 if layer is None else _index_of(layer, ids, name)
+        fig, ax = (ax.figure, ax) if ax is not None else new_figure(figsize=(5.2, 4.2))
+        if name == "slash":
+            prof = m[li].double().numpy()
+            for h in range(prof.shape[0]) if head is None else [head]:
+                ax.plot(range(prof.shape[-1]), prof[h], lw=1, label=f"head {h}")
+            ax.set_xscale("symlog", linthresh=16)
+            ax.set_xlabel("offset Δ (query − key)")
+            ax.set_ylabel("SlashScore(Δ)")
+            if head is not None or prof.shape[0] <= 16:
+                ax.legend(fontsize=6, ncol=2)
+        else:
+            x = m[li].double()
+            if x.dim() != 2:
+                raise PoslensError(f"plot({name!r}): the map is {list(m.shape)}, not one S x S map per layer.")
+            if diagonal_normalized:
+                from poslens.metrics import diagonal_normalize
+
+                x = diagonal_normalize(x)
+            finite = x[x.isfinite()]
+            lo, hi = (float(finite.quantile(0.01)), float(finite.quantile(0.99))) if finite.numel() else (0, 1)
+            im = ax.imshow(x.numpy(), cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
+            fig.colorbar(im, ax=ax, shrink=0.85)
+            ax.set_xlabel("key position")
+            ax.set_ylabel("query position")
+        title = f"{name}{' (diagonal-normalised)' if diagonal_normalized else ''}, layer {ids[li]}"
+        ax.set_title(title + (f", head {head}" if head is not None else ""), fontsize=9)
+        return fig
+
+    # ---- persistence -----------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Copy the run to ``path`` (a new directory, or an existing run of the same command with
+        ``overwrite=True``); the result then lives there. Returns the path."""
+        from poslens.rundir import prepare_out_dir
+
+        dst = Path(path)
+        if dst.resolve() == self.path.resolve():
+            return dst
+        if dst.exists() and not overwrite:
+            raise PoslensError(f"save({str(dst)!r}): it exists; choose a new directory or pass overwrite=True.")
+        if dst.exists():
+            _check_replaceable(dst, self.command)
+        prepare_out_dir(dst, must_be_new=not overwrite)
+        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent if dst.parent.exists() else None))
+        try:
+            for f in sorted(self.path.iterdir()):
+                if f.is_file() and f.name not in _NOT_RESULTS and not f.name.startswith("."):
+                    shutil.copy2(f, stage / f.name)
+            if dst.exists():
+                shutil.rmtree(dst)
+            os.replace(stage, dst)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        maps, tmp = self._maps, self._tmp
+        self.__init__(dst)
+        self._maps = maps
+        if tmp is not None:  # the result now lives at dst: its temporary copy goes
+            tmp.cleanup()
+        return dst
+
+
+def _check_replaceable(dst: Path, command: str) -> None:
+    from poslens.rundir import classify
+
+    if classify(dst) != "command":
+        raise PoslensError(f"save({str(dst)!r}): it exists and is not a poslens run; choose a new directory.")
+    from poslens.rundir import read_json
+
+    other = (read_json(dst / "config.json") or {}).get("command")
+    if other != command:
+        raise PoslensError(f"save({str(dst)!r}): it holds a {other} run, not a {command} run; choose a new directory.")
+
+
+def _read_maps(path: Path) -> dict:
+    from poslens.rundir import read_tensors
+
+    out: dict = {}
+    files = sorted(p for p in path.glob("*.safetensors") if p.name not in _NOT_RESULTS)
+    seen: dict[str, int] = {}
+    per_file = []
+    for f in files:
+        t = read_tensors(f)
+        per_file.append((f.stem, t))
+        for k in t:
+            seen[k] = seen.get(k, 0) + 1
+    for stem, t in per_file:
+        for k, v in t.items():
+            out[k if seen[k] == 1 else f"{stem}.{k}"] = v
+    return out
+
+
+def _heads_from_maps(maps: dict) -> int:
+    for k in ("sink_heads", "slash", "dim_logit", "q_gram"):
+        if k in maps:
+            return int(maps[k].shape[1])
+    return 0
+
+
+def _head_sink(maps: dict):
+    """``[L, H]``: mean over queries 1 … S−1 of each head's weight on key 0 (from ``sink_heads`` ``[L, H, S]``)."""
+    s = maps.get("sink_heads")
+    if s is None or s.shape[-1] < 2:
+        return None
+    return s[..., 1:].double().mean(-1)
+
+
+def _layer_convention(summary: dict) -> str:
+    info = summary.get("layer_info") if isinstance(summary.get("layer_info"), dict) else {}
+    return str(info.get("convention") or summary.get("layer_convention") or "decoder layers count from 0")
+
+
+def _index_of(layer, ids: list, name: str) -> int:
+    if layer in ids:
+        return ids.index(layer)
+    raise PoslensError(f"plot({name!r}, layer={layer!r}): the run has layers {ids[0]} … {ids[-1]} "
+                       "(decoder layers count from 0).")
+
+
+def load(path: str | os.PathLike) -> Result:
+    """Read a run directory back (written by the CLI or by :meth:`Result.save`)."""
+    return Result(path)
+
+
+# --------------------------------------------------------------------------------------------
+# running
+# --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _run_dir(out, *, overwrite: bool = False, resume: bool = False) -> Iterator[tuple[Path, Any]]:
+    """``(directory to write, TemporaryDirectory or None)``: ``out``, or a fresh temporary directory that is
+    removed again if the run fails."""
+    if out is not None:
+        out = Path(out)
+        if out.exists() and overwrite and not resume:
+            from poslens.rundir import prepare_out_dir
+
+            prepare_out_dir(out, must_be_new=False)
+        yield out, None
+        return
+    tmp = tempfile.TemporaryDirectory(prefix="poslens-")
+    try:
+        yield Path(tmp.name) / "run", tmp
+    except BaseException:
+        tmp.cleanup()
+        raise
+
+
+def _finish(path: Path, tmp) -> Result:
+    r = Result(path, _tmp=tmp)
+    if tmp is not None:
+        weakref.finalize(r, tmp.cleanup)
+    return r
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    from poslens.runtime import torch_threads
+
+    with torch_threads(n):
+        yield
+
+
+def _model_arg(model) -> tuple[str, Any]:
+    """``(model_dir string, loaded model or None)``."""
+    if isinstance(model, (str, os.PathLike)):
+        return str(model), None
+    if isinstance(model, Result):
+        raise PoslensError("model: a Result is not a model; pass a loaded causal LM or a model path.")
+    from poslens.capture.borrow import check_causal_lm
+
+    check_causal_lm(model)
+    return f"<in-memory {type(model).__name__}: {getattr(model, 'name_or_path', '') or 'unnamed'}>", model
+
+
+def _stats_arg(stats) -> list | None:
+    if stats is None or isinstance(stats, str):
+        return None if stats in (None, "all") else [p.strip() for p in stats.split(",")]
+    return list(stats)
+
+
+def scan(model, data: Any = "stdlib", *, tokenizer=None, seq_len: int | None = None, num_seqs: int | None = None,
+         batch_size: int = 4, seed: int = 0, stats: str | Iterable = "all", layers: Iterable[int] | None = None,
+         heads: Iterable[tuple[int, int]] = (), no_rope_layers: Iterable[int] = (), bidirectional: bool = False,
+         reservoir: int = 256, map_size: int = 0, device: str = "auto", dtype: str = "auto",
+         device_map: str | None = None, out: str | os.PathLike | None = None, overwrite: bool = False,
+         resume: bool = False, checkpoint_every: int = 10, keep_checkpoint: bool = False, figures: bool = False,
+         progress: bool = True, threads: int | None = None, allow_pickle: bool = False,
+         trust_remote_code: bool = False) -> Result:
+    """Scan a causal LM for positional structure (the library behind ``poslens scan``); returns a :class:`Result`.
+
+    ``model``: a loaded ``transformers`` causal LM (any dtype, on CPU or GPU, or placed with a
+    ``device_map``: scanned where it is, never copied, handed back unchanged), or the path of a model
+    directory or ``.gguf`` file (loaded as the CLI loads it; ``dtype``/``device``/``device_map`` apply).
+
+    ``data``: ``"stdlib"`` (default), ``"random"``, a ``.jsonl``/``.txt`` path or datasets directory (as
+    ``--data``), a list of strings (tokenised with ``tokenizer`` or the model's own), a list of token-id
+    lists or an ``[N, S]`` integer tensor. ``seq_len`` defaults to the data's row length for token ids and
+    to 256 otherwise; ``num_seqs`` to every sequence of in-memory data and to 64 otherwise.
+
+    The other options are the CLI flags of ``poslens scan`` (``stats="scores,probs"`` or a list,
+    ``layers=[0, 5]``, ``heads=[(3, 5)]``, ...). ``out``: a run directory to write (default: a temporary
+    one; see :meth:`Result.save`). ``threads``: torch's CPU threads for this call (default: unchanged).
+    """
+    from poslens.capture.plan import ScanConfig
+    from poslens.capture.scan import run_scan
+    from poslens.capture.sources import is_python_data, python_source
+
+    model_dir, loaded = _model_arg(model)
+    source = None
+    if is_python_data(data):
+        if tokenizer is None and _has_strings(data):
+            tokenizer = _tokenizer_for(model_dir, loaded, trust_remote_code)
+        vocab = _vocab_size(model_dir, loaded, allow_pickle, trust_remote_code)
+        source, label = python_source(data, seq_len=seq_len, num_seqs=num_seqs, tokenizer=tokenizer, vocab_size=vocab)
+        data, seq_len, num_seqs = label, source.seq_len, source.num_seqs
+    else:
+        data = str(data)
+        seq_len = 256 if seq_len is None else seq_len
+        num_seqs = 64 if num_seqs is None else num_seqs
+    with _run_dir(out, overwrite=overwrite, resume=resume) as (path, tmp):
+        cfg = ScanConfig(model_dir=model_dir, out=str(path), data=data, seq_len=seq_len, num_seqs=num_seqs,
+                         batch_size=batch_size, seed=seed, dtype=dtype, device=device,
+                         layers=None if layers is None else [int(l) for l in layers],
+                         heads=[(int(l), int(h)) for l, h in heads], no_rope_layers=[int(l) for l in no_rope_layers],
+                         bidirectional=bidirectional, figures=figures, resume=resume,
+                         overwrite=overwrite and out is not None, checkpoint_every=checkpoint_every,
+                         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, device_map=device_map,
+                         reservoir=reservoir, stats=_stats_arg(stats), map_size=map_size,
+                         keep_checkpoint=keep_checkpoint)
+        with _threads(threads):
+            summary = run_scan(cfg, progress=progress, model=loaded, tokenizer=tokenizer, source=source)
+        if "layers" not in summary:  # a rank other than 0 of a distributed scan: rank 0 wrote the run
+            return None  # type: ignore[return-value]
+        return _finish(path, tmp)
+
+
+def _has_strings(data) -> bool:
+    return isinstance(data, (list, tuple)) and any(isinstance(x, str) for x in data)
+
+
+def _tokenizer_for(model_dir: str, loaded, trust_remote_code: bool):
+    from poslens.capture.load import load_tokenizer
+    from poslens.capture.plan import loaded_model_tokenizer
+
+    return loaded_model_tokenizer(loaded) if loaded is not None else load_tokenizer(model_dir, trust_remote_code)
+
+
+def _vocab_size(model_dir: str, loaded, allow_pickle: bool, trust_remote_code: bool):
+    if loaded is not None:
+        return getattr(loaded.config, "vocab_size", None)
+    from poslens.capture.load import open_model_config
+
+    config, _ = open_model_config(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    return getattr(config, "vocab_size", None)
+
+
+def simulate(*, alpha: float = 0.0, num_layers: int = 4, seq_len: int = 50, dim: int = 64, samples: int = 100_000,
+             norm: str = "l2", scale: str | None = None, rope: bool = False, rope_theta: float = 10000.0,
+             causal: bool = True, seed: int = 0, device: str = "auto", chunk_size: int = 0,
+             target_stderr: float | None = None, out: str | os.PathLike | None = None, overwrite: bool = False,
+             figures: bool = False, progress: bool = True, threads: int | None = None) -> Result:
+    """The parameter-free transformer of arXiv 2509.21042 (``poslens simulate``); returns a :class:`Result`
+    whose ``maps`` are ``scores``, ``scores_stderr`` and ``probs`` ``[L, S, S]``."""
+    from poslens.progress import task_progress
+    from poslens.runtime import parse_device
+    from poslens.simulate import SimConfig, run_simulation, save_result
+
+    cfg = SimConfig(alpha=alpha, layers=num_layers, seq_len=seq_len, dim=dim, samples=samples, norm=norm,
+                    scale=scale, rope=rope, rope_theta=rope_theta, causal=causal, seed=seed,
+                    device=parse_device(device), chunk_size=chunk_size, target_stderr=target_stderr).validate()
+    if out is not None and Path(out).exists() and not overwrite:
+        raise PoslensError(f"out={str(out)!r} exists; choose a new directory or pass overwrite=True.")
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        with _threads(threads), task_progress(f"simulate ({cfg.label()})", cfg.samples, enabled=progress) as update:
+            res = run_simulation(cfg, progress=lambda done, total: update(done, total), workers=threads or None)
+        save_result(res, path, figures=figures)
+        return _finish(path, tmp)
+
+
+def slash(scan: Result | str | os.PathLike, *, random_scan: Result | str | os.PathLike | None = None,
+          kappa: Iterable[float] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9), persist_kappa: float | None = None,
+          min_delta: int = 1, max_delta: int = 16, model_dir: str | None = None, top: int = 20,
+          out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False) -> Result:
+    """Slash-dominant heads (arXiv 2601.08297, ``poslens slash``) of a finished scan (a :class:`Result`
+    or its directory); ``random_scan``: the same model scanned on ``data="random"`` (persistence test)."""
+    from poslens.analysis.slash import SlashConfig, run_slash
+
+    scan_dir, random_dir = _run_path(scan, "scan"), _run_path(random_scan, "random_scan") if random_scan else None
+    if model_dir is None and isinstance(scan, Result):
+        model_dir = _model_dir_of(scan)
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        run_slash(SlashConfig(scan_dir=str(scan_dir), out=str(path), random_scan=str(random_dir) if random_dir else None,
+                              kappa=tuple(kappa), persist_kappa=persist_kappa, min_delta=min_delta,
+                              max_delta=max_delta, model_dir=model_dir, top=top, figures=figures))
+        return _finish(path, tmp)
+
+
+def neighborhood(model, *, data: str = "random", seq_len: int = 64, num_seqs: int = 32, batch_size: int = 8,
+                 seed: int = 0, chars: str | None = None, bidirectional: bool = False, device: str = "auto",
+                 out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
+                 progress: bool = True, threads: int | None = None, allow_pickle: bool = False,
+                 trust_remote_code: bool = False) -> Result:
+    """Self-cosine maps, APS and norm score per layer (arXiv 2501.00073, ``poslens neighborhood``) of a
+    model: a loaded causal LM (handed back unchanged) or a model path."""
+    from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
+
+    model_dir, loaded = _model_arg(model)
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        cfg = NeighborhoodConfig(model_dir=model_dir, out=str(path), data=data, seq_len=seq_len, num_seqs=num_seqs,
+                                 batch_size=batch_size, seed=seed, bidirectional=bidirectional, chars=chars,
+                                 device=device, figures=figures, overwrite=overwrite and out is not None,
+                                 allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        with _threads(threads):
+            run_neighborhood(cfg, progress=progress, model=loaded)
+        return _finish(path, tmp)
+
+
+def _run_path(run, what: str) -> Path:
+    if isinstance(run, Result):
+        return run.path
+    if isinstance(run, (str, os.PathLike)):
+        return Path(run)
+    raise PoslensError(f"{what}: expected a poslens Result or a run directory; got {type(run).__name__}.")
+
+
+def _model_dir_of(result: Result) -> str | None:
+    md = (result.config.get("options") or {}).get("model_dir")
+    if isinstance(md, str) and not md.startswith("<in-memory"):
+        return md
+    src = result.config.get("model_source") or {}
+    name = src.get("name_or_path")
+    return name if name and Path(name).exists() else None
