@@ -10,7 +10,7 @@ Steps (each writes a run directory under the demo's output folder):
 5. the score-map, slash and neighbourhood analyses of those scans and models;
 6. one self-contained HTML report over everything (``report.html``).
 
-Budget: a few minutes on a 2-core CPU (the issue's ceiling is 10).
+Budget: a few minutes on a 2-core CPU; ``--quick`` is a smoke test of seconds.
 """
 
 from __future__ import annotations
