@@ -70,6 +70,7 @@ class FingerprintConfig:
 
     models: list[str]
     out: str
+    data: str = "stdlib"  # the text scan's --data (the random-token scan has the same shape)
     seq_len: int = DEFAULT_SEQ_LEN
     num_seqs: int = DEFAULT_NUM_SEQS
     batch_size: int = 4
@@ -502,7 +503,7 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True) -> Fingerprin
         for i, (model, name) in enumerate(zip(cfg.models, names)):
             base = out / "scans" / name
             update(3 * i, info=f"{name}: text")
-            _scan(model, base / "text", "stdlib", TEXT_STATS, cfg, progress)
+            _scan(model, base / "text", cfg.data, TEXT_STATS, cfg, progress)
             update(3 * i + 1, info=f"{name}: random")
             _scan(model, base / "random", "random", RANDOM_STATS, cfg, progress)
             update(3 * i + 2, info=f"{name}: traits")
@@ -526,7 +527,7 @@ def build_summary(records: list[dict], cfg: FingerprintConfig) -> dict:
     return {
         "command": "fingerprint", "title": "Positional fingerprint of " + ", ".join(r["name"] for r in records),
         "seq_len": cfg.seq_len, "num_seqs": cfg.num_seqs, "seed": cfg.seed,
-        "data": {"text": "stdlib", "random": "random"}, "stats": {"text": list(TEXT_STATS), "random": list(RANDOM_STATS)},
+        "data": {"text": cfg.data, "random": "random"}, "stats": {"text": list(TEXT_STATS), "random": list(RANDOM_STATS)},
         "layer_convention": LAYER_CONVENTION,
         "thresholds": {
             "sink_eps": cfg.eps, "slash_kappa": cfg.kappa, "slash_delta": [SLASH_MIN_DELTA, SLASH_MAX_DELTA],
@@ -556,7 +557,7 @@ DEFINITIONS = {
 }
 
 
-def fingerprint(models, *, out: str | Path | None = None, seq_len: int = DEFAULT_SEQ_LEN,
+def fingerprint(models, *, out: str | Path | None = None, data: str = "stdlib", seq_len: int = DEFAULT_SEQ_LEN,
                 num_seqs: int = DEFAULT_NUM_SEQS, batch_size: int = 4, seed: int = 0, device: str = "auto",
                 dtype: str = "auto", figures: bool = True, overwrite: bool = False, progress: bool = True,
                 eps: float = SINK_EPS, kappa: float = SLASH_KAPPA, massive_lambda: float = MASSIVE_LAMBDA,
@@ -573,13 +574,13 @@ def fingerprint(models, *, out: str | Path | None = None, seq_len: int = DEFAULT
     models = list(models)
     if out is not None:
         return run_fingerprint(FingerprintConfig(
-            models=models, out=str(out), seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, seed=seed,
+            models=models, out=str(out), data=str(data), seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, seed=seed,
             device=device, dtype=dtype, figures=figures, overwrite=overwrite, eps=eps, kappa=kappa,
             massive_lambda=massive_lambda, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code),
             progress=progress)
     with tempfile.TemporaryDirectory(prefix="poslens-fingerprint-") as tmp:
         r = run_fingerprint(FingerprintConfig(
-            models=models, out=str(Path(tmp) / "run"), seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
+            models=models, out=str(Path(tmp) / "run"), data=str(data), seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
             seed=seed, device=device, dtype=dtype, figures=False, eps=eps, kappa=kappa,
             massive_lambda=massive_lambda, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code),
             progress=progress)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import (MODEL_DIR_HELP, allow_pickle_option, app, batch_size_option, device_option, dtype_option,
+from poslens.cli.app import (DATA_HELP, MODEL_DIR_HELP, allow_pickle_option, app, batch_size_option, data_option,
+                             device_option, dtype_option,
                              no_figures_option, num_seqs_option, out_option, overwrite_option, quiet_option,
                              refuse_existing_out, seed_option, seq_len_option, threads_option,
                              trust_remote_code_option, use_threads)
@@ -21,6 +22,7 @@ def fingerprint(
     models: list[Path] = typer.Argument(..., metavar="MODEL", help=MODEL_DIR_HELP + " Give several to compare them."),
     out: Path = out_option("Directory to create: fingerprint.json, fingerprint.html, figures, and the scans under "
                            "scans/ (must be new unless --overwrite)."),
+    data: str = data_option("stdlib", "The text scan's sequences: " + DATA_HELP),
     seq_len: int = seq_len_option(DEFAULT_SEQ_LEN, "Tokens per sequence (both scans of every model)."),
     num_seqs: int = num_seqs_option(DEFAULT_NUM_SEQS, "Sequences per scan (text and random tokens)."),
     batch_size: int = batch_size_option(4),
@@ -43,8 +45,8 @@ def fingerprint(
 ) -> None:
     """Positional fingerprint of every MODEL, side by side.
 
-    Each model is scanned twice with the same shape, on text (the Python standard library's
-    sources) and on uniformly random tokens. From the scans come, per layer and as one line per
+    Each model is scanned twice with the same shape, on text (--data, default the Python
+    standard library's sources) and on uniformly random tokens. From the scans come, per layer and as one line per
     model: attention sinks (share of heads with mean weight on key 0 above --eps), slash heads
     and whether they persist on random tokens, the relativity index (sink excluded, above the
     noise floor) and its signed trend, APS ± sd, each head's RoPE frequency usage (high /
@@ -57,7 +59,7 @@ def fingerprint(
 
     refuse_existing_out(out, overwrite=overwrite)
     result = run_fingerprint(FingerprintConfig(
-        models=[str(m) for m in models], out=str(out), seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
+        models=[str(m) for m in models], out=str(out), data=data, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
         seed=seed, device=device, dtype=dtype, figures=not no_figures, overwrite=overwrite, eps=eps, kappa=kappa,
         massive_lambda=massive_lambda, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code),
         progress=not quiet)

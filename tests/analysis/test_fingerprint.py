@@ -1,0 +1,127 @@
+"""``poslens fingerprint`` on tiny random models: files, structure, layer types, tables that fit 80
+columns, errors. The traits' numbers are checked against independent computations in
+tests/metrics/test_fingerprint_metrics.py (planted structure) and tests/analysis/test_fingerprint_real.py
+(SmolLM2 against eager attention)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.archs import V, save_tiny
+
+S, N = 16, 4
+
+
+@pytest.fixture(scope="module")
+def ids_file(tmp_path_factory):
+    g = torch.Generator().manual_seed(0)
+    p = tmp_path_factory.mktemp("data") / "ids.jsonl"
+    with open(p, "w") as f:
+        for _ in range(N):
+            f.write(json.dumps({"input_ids": torch.randint(3, V, (S,), generator=g).tolist()}) + "\n")
+    return p
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory, ids_file):
+    """A Gemma 3 model (sliding and global layers, two RoPE bases) and a Phi-3 model (partial rotary),
+    fingerprinted once through the CLI."""
+    from poslens.cli import main
+
+    root = tmp_path_factory.mktemp("fp")
+    gemma = save_tiny("gemma3_text", root / "gemma3")
+    phi = save_tiny("phi3", root / "phi3")
+    out = root / "out"
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            main(["fingerprint", str(gemma), str(phi), "--out", str(out), "--data", str(ids_file), "--seq-len", str(S),
+                  "--num-seqs", str(N), "--batch-size", "2", "--threads", "1"])
+        except SystemExit as e:
+            assert not e.code, e.code
+    torch.set_num_threads(1)
+    return out, buf.getvalue()
+
+
+def test_files_and_models(two_models):
+    out, _ = two_models
+    for f in ("fingerprint.json", "fingerprint.safetensors", "fingerprint.html", "fingerprint_sink.png",
+              "fingerprint_frequency.png", "fingerprint_positional.png", "fingerprint_massive.png",
+              "fingerprint_slash.png"):
+        assert (out / f).is_file(), f
+    s = json.loads((out / "fingerprint.json").read_text())
+    assert [m["name"] for m in s["models"]] == ["gemma3", "phi3"]
+    for m in s["models"]:
+        assert (out / m["scans"]["text"] / "maps.safetensors").is_file()
+        assert (out / m["scans"]["random"] / "maps.safetensors").is_file()
+        assert len(m["layers"]) == m["num_layers"] == 2
+        for r in m["layers"]:
+            assert len(r["sink_heads"]) == m["num_heads"] and 0 <= r["sink_share"] <= 1
+            shares = sum(r["freq"].values())
+            assert shares == pytest.approx(1.0, abs=1e-9)
+        assert m["line"].startswith(m["name"] + ": ")
+    assert s["lines"] == [m["line"] for m in s["models"]]
+    html = (out / "fingerprint.html").read_text()
+    assert "gemma3" in html and "phi3" in html and "data:image/png;base64," in html
+    assert "<script" not in html
+
+
+def test_layer_types_and_partial_rotary(two_models):
+    out, _ = two_models
+    gemma, phi = json.loads((out / "fingerprint.json").read_text())["models"]
+    assert [r["type"] for r in gemma["layers"]] == ["sliding_attention", "full_attention"]
+    assert set(gemma["layer_types"]) == {"sliding_attention", "full_attention"}
+    assert gemma["layer_types"]["full_attention"]["layers"] == 1
+    assert phi["layer_types"] == {}
+    # Phi-3 rotates half of each head: the other half's energy is 'unrotated', and its dims carry no band
+    assert all(r["freq"]["unrotated"] > 0 for r in phi["layers"])
+    assert all(r["freq"]["unrotated"] == 0 for r in gemma["layers"])
+
+
+def test_terminal_output_fits_80_columns(two_models):
+    _, stdout = two_models
+    assert "fingerprint:" in stdout and "sliding: sink heads, text" in stdout
+    assert max(len(line) for line in stdout.splitlines()) <= 80
+
+
+def test_result_object_reads_back(two_models):
+    from poslens.analysis.fingerprint import load_fingerprint
+
+    out, _ = two_models
+    r = load_fingerprint(out)
+    assert [m["name"] for m in r.models] == ["gemma3", "phi3"]
+    t = r.table()
+    assert list(t["model"]) == ["gemma3", "gemma3", "phi3", "phi3"] and "sink_share" in t and "freq_low" in t
+    assert list(r.table("model")["model"]) == ["gemma3", "phi3"]
+    sink = r.tensors["gemma3"]["sink"]
+    assert sink.shape == (2, 4)
+    assert torch.allclose(sink.double(), torch.tensor([x["sink_heads"] for x in r.models[0]["layers"]],
+                                                      dtype=torch.float64), atol=1e-6)
+
+
+def test_model_names_unique_and_safe():
+    from poslens.analysis.fingerprint import model_names
+
+    assert model_names(["/a/m.gguf", "/b/m.gguf", "/c/m", "/d/we ird"]) == ["m", "m-2", "m-3", "we_ird"]
+
+
+def test_errors(cli, tmp_path, two_models):
+    out, _ = two_models
+    code, _, err = cli("fingerprint", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
+    assert code == 2 and err.startswith("poslens: error:") and "nope" in err and len(err.splitlines()) == 1
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    model = out.parent / "phi3"
+    code, _, err = cli("fingerprint", str(model), "--out", str(tmp_path / "full"))
+    assert code == 2 and "--overwrite" in err
+    code, _, err = cli("fingerprint", str(model), "--out", str(tmp_path / "full"), "--overwrite")
+    assert code == 2 and err.startswith("poslens: error:")  # a directory holding no fingerprint is never replaced
+    assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
+    code, _, err = cli("fingerprint", str(model), "--out", str(tmp_path / "o2"), "--eps", "1.5")
+    assert code == 2 and "--eps" in err
