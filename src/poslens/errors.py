@@ -20,3 +20,28 @@ def require_positive(*options: tuple[str, int]) -> None:
     for flag, value in options:
         if value < 1:
             raise PoslensError(f"{flag} {value}: must be a positive integer.")
+
+
+class Interrupted(PoslensError):
+    """A long command stopped by Ctrl-C or SIGTERM after saving what it can; the message says what
+    was kept and how to continue (the CLI prints ``poslens: interrupted: ...``, exit 130 or 143)."""
+
+
+class PoslensWarning(UserWarning):
+    """A warning poslens shows as one line (``poslens: warning: ...``) when run from the CLI."""
+
+
+def one_line_warnings(format_warning=None):
+    """A ``warnings.formatwarning`` that shows :class:`PoslensWarning` as one ``poslens: warning:`` line
+    and every other warning as ``format_warning`` (default: the current one) does. The CLI installs it
+    for its process; the library never does (importing poslens changes no warning hook)."""
+    import warnings
+
+    previous = format_warning or warnings.formatwarning
+
+    def _one_line(message, category, filename, lineno, line=None):
+        if issubclass(category, PoslensWarning):
+            return f"poslens: warning: {message}\n"
+        return previous(message, category, filename, lineno, line)
+
+    return _one_line

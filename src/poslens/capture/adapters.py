@@ -38,24 +38,8 @@ from typing import Callable
 import torch
 
 from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, PoslensWarning
 
-class PoslensWarning(UserWarning):
-    """A warning poslens shows as one line (``poslens: warning: ...``)."""
-
-
-def one_line_warnings(format_warning=None):
-    """A ``warnings.formatwarning`` that shows :class:`PoslensWarning` as one ``poslens: warning:`` line
-    and every other warning as ``format_warning`` (default: the current one) does. The CLI installs it
-    for its process; the library never does (importing poslens changes no warning hook)."""
-    previous = format_warning or warnings.formatwarning
-
-    def _one_line(message, category, filename, lineno, line=None):
-        if issubclass(category, PoslensWarning):
-            return f"poslens: warning: {message}\n"
-        return previous(message, category, filename, lineno, line)
-
-    return _one_line
 
 POINTS = ("resid_pre", "attn_in", "attn_z", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post")
 #: points inside the attention function (the model must run the poslens attention): ``[B, H, S, D]``
