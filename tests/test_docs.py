@@ -286,3 +286,15 @@ def test_runnable_block_runs(path, block, tiny_model, tmp_path):
     r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (f"{rel(path)}:{block['start']} exited {r.returncode}\n--- block\n{code}"
                                f"--- stdout\n{r.stdout[-2000:]}\n--- stderr\n{r.stderr[-3000:]}")
+
+
+# --- benchmark results -----------------------------------------------------------------------
+
+def test_one_results_file_per_benchmark():
+    """benchmarks/results_NAME.json belongs to the script NAME (bench_NAME.py, NAME.py or NAME.sh), which
+    overwrites it; no file is named after a run."""
+    bench = ROOT / "benchmarks"
+    names = [p.name[len("results_"):-len(".json")] for p in sorted(bench.glob("results_*.json"))]
+    assert names, "no results files"
+    orphans = [n for n in names if not any((bench / f).exists() for f in (f"bench_{n}.py", f"{n}.py", f"{n}.sh"))]
+    assert not orphans, f"results files without a benchmark of that name: {orphans}"
