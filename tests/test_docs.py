@@ -298,3 +298,42 @@ def test_one_results_file_per_benchmark():
     assert names, "no results files"
     orphans = [n for n in names if not any((bench / f).exists() for f in (f"bench_{n}.py", f"{n}.py", f"{n}.sh"))]
     assert not orphans, f"results files without a benchmark of that name: {orphans}"
+
+
+# --- the generated results page --------------------------------------------------------------
+
+def _results_script():
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("poslens_results_script", str(ROOT / "scripts" / "results"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def test_results_page_equals_its_generated_form():
+    """docs/results.md is scripts/results' rendering of docs/results.json, never edited by hand."""
+    page, data = ROOT / "docs" / "results.md", ROOT / "docs" / "results.json"
+    if not page.exists() and not data.exists():
+        pytest.skip("no docs/results.md yet: run `poslens reproduce all` and `scripts/results RUN_DIR`")
+    assert page.exists() and data.exists(), "docs/results.md and docs/results.json come together"
+    import json
+
+    assert page.read_text() == _results_script().render(json.loads(data.read_text())), \
+        "docs/results.md differs from its generated form: regenerate it with scripts/results"
+
+
+def test_results_render_says_what_each_verdict_is():
+    render = _results_script().render
+    data = {"meta": {"samples": 1000, "seed": 0},
+            "experiments": [{"name": "a", "paper": "P", "claim": "c | d", "measured": "x = 1\ny = 2",
+                             "reproduced": True, "note": "criterion"},
+                            {"name": "b", "paper": "P", "claim": "c", "measured": "z", "reproduced": None, "note": None},
+                            {"name": "c", "paper": "P", "claim": "c", "measured": "w", "reproduced": False, "note": ""}]}
+    page = render(data)
+    rows = [ln for ln in page.splitlines() if ln.startswith("| `")]
+    assert [r.split("|")[-2].strip() for r in rows] == ["reproduced", "not decided", "**not reproduced**"]
+    assert "c \\| d" in rows[0] and "x = 1<br>y = 2" in rows[0] and "- `a`: criterion" in page
+    assert "Not part of this run" in page  # no real-model record
