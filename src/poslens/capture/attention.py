@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import math
 import os
 import weakref
@@ -32,6 +33,8 @@ import torch.nn.functional as F
 
 from poslens.capture import cuda_maps
 from poslens.capture.reservoir import QKReservoir
+from poslens.capture.statistic import (ATTENTION_POINTS, Statistic, check_needs, flatten_state, qualified_name,
+                                       resolve_statistic, unflatten_state)
 from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
 from poslens.metrics.neighborhood import aps_positions, per_sequence_aps, unit_rows_aps
@@ -96,20 +99,59 @@ STATS: dict[str, tuple[str, ...]] = {
 ALL_STATS = frozenset(STATS)
 
 
-def parse_stats(text) -> frozenset:
-    """``"scores,probs"`` / ``"all"`` / an iterable of names -> a frozenset of :data:`STATS` names."""
+def _stat_parts(text) -> list | None:
+    """The items of a ``--stats`` value: names (stripped, empty ones dropped) and statistic objects."""
     if text is None:
+        return None
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return [p.strip() if isinstance(p, str) else p for p in items if not (isinstance(p, str) and not p.strip())]
+
+
+def _is_user(part) -> bool:
+    """A user's statistic: an object, or a qualified class name (``package.module.Class``)."""
+    return not isinstance(part, str) or (part not in STATS and "." in part)
+
+
+def parse_stats(text) -> frozenset:
+    """``"scores,probs"`` / ``"all"`` / an iterable of names -> a frozenset of :data:`STATS` names.
+
+    Users' statistics in the iterable (:class:`poslens.Statistic` objects or qualified class names)
+    are left to :func:`user_statistics`; a value of nothing but those asks for no built-in one."""
+    parts = _stat_parts(text)
+    if parts is None:
         return ALL_STATS
-    parts = [p.strip() for p in (text.split(",") if isinstance(text, str) else text)]
-    parts = [p for p in parts if p]
     if not parts:
         raise PoslensError(f"--stats is empty; pass one or more of {', '.join(STATS)} (comma-separated) or all.")
-    if "all" in parts:
+    names = [p for p in parts if not _is_user(p)]
+    if "all" in names:
         return ALL_STATS
-    bad = [p for p in parts if p not in STATS]
+    bad = [p for p in names if p not in STATS]
     if bad:
-        raise PoslensError(f"--stats {','.join(bad)}: unknown statistic; choose from {', '.join(STATS)} or all.")
-    return frozenset(parts)
+        raise PoslensError(f"--stats {','.join(bad)}: unknown statistic; choose from {', '.join(STATS)} or all, or "
+                           "give a poslens.Statistic (an object, or its qualified class name package.module.Class).")
+    return frozenset(names)
+
+
+def user_statistics(text) -> tuple:
+    """The users' statistics of a ``--stats`` value, in order: objects as given, qualified class names
+    imported and built (:func:`poslens.capture.statistic.resolve_statistic`)."""
+    return tuple(resolve_statistic(p) if isinstance(p, str) else p for p in (_stat_parts(text) or []) if _is_user(p))
+
+
+def stats_option(text):
+    """A ``--stats`` value as JSON (config.json's options): a user statistic object by its qualified
+    class name, everything else as given."""
+    if text is None or isinstance(text, str):
+        return text
+    return [p if isinstance(p, str) else qualified_name(p) for p in text]
+
+
+def stats_record(text) -> list[str]:
+    """A ``--stats`` value as config.json and the checkpoint fingerprint record it: the sorted built-in
+    names, then each user statistic's qualified class name."""
+    parts = _stat_parts(text) or []
+    users = [p if isinstance(p, str) else qualified_name(p) for p in parts if _is_user(p)]
+    return sorted(parse_stats(text)) + users
 
 
 @contextlib.contextmanager
@@ -453,11 +495,15 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
         # one pass: the capture's chunks compute the weights it accumulates and, from them, the output
         out = cap.observe_attention(layer, query, key, None, scaling, causal=causal, window=window,
                                     softcap=softcap, value=value)
+        if cap.user:
+            cap.observe_user_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
         return out.transpose(1, 2).contiguous(), None
     out = _plain_attention(query, key, value, padding, causal=causal, window=window, scaling=scaling,
                            softcap=softcap, dropout=dropout if module.training else 0.0)
     if captured:
         cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
+        if cap.user:
+            cap.observe_user_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -477,6 +523,23 @@ def _plain_attention(query, key, value, padding, *, causal, window, scaling, sof
         return _eager_softcap_attention(query, key, value, mask, sdpa_causal, scaling, softcap)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                           is_causal=sdpa_causal, scale=scaling, enable_gqa=key.shape[1] != H)
+
+
+def _eager_logits(query, key, scaling, *, causal, window, softcap):
+    """A layer's logits ``[B, H, S, S]`` in float32 as eager attention forms them: ``scaling * q . k``
+    (GQA keys repeated), soft-capped where the model caps, ``-inf`` where a query does not see a key."""
+    H, Hk = query.shape[1], key.shape[1]
+    k = key.to(torch.float32)
+    if Hk != H:
+        k = k.repeat_interleave(H // Hk, dim=1)
+    logits = torch.matmul(query.to(torch.float32), k.transpose(2, 3)).mul_(scaling)
+    if softcap is not None:
+        logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
+    Sq, Sk = logits.shape[-2:]
+    mask = _structure_mask(Sq, Sk, causal=causal, window=window, device=query.device, q_offset=Sk - Sq)
+    if mask is not None:
+        logits.masked_fill_(~mask, float("-inf"))
+    return logits
 
 
 def _eager_softcap_attention(query, key, value, mask, causal, scaling, softcap):
@@ -528,6 +591,14 @@ class CaptureSpec:
     #: compute a captured layer's attention output from the capture's own weights (CPU) instead of a
     #: second SDPA pass; False: SDPA output, statistics computed beside it (comparisons, benchmarks)
     own_output: bool = True
+    #: users' statistics (:class:`poslens.Statistic` objects), fed the capture points they need
+    user_stats: tuple = ()
+
+    def __post_init__(self):
+        self.user_stats = tuple(self.user_stats)
+        rope = bool(set(self.rope_layers) & set(self.layers))
+        for stat in self.user_stats:  # before anything is loaded or written
+            check_needs(stat, rope)
 
 
 def noise_grid(S: int, max_positions: int) -> torch.Tensor:
@@ -738,6 +809,11 @@ class Capture:
         self._batch_size = 0
         self._next_seq = 0
         self._modules: weakref.WeakSet | None = None  # the attention modules it captures (None: any), see bind
+        self.sequences = 0  # sequences counted in (every accumulator's count)
+        self.user = list(spec.user_stats)  # users' statistics (poslens.Statistic), fed by _feed_user
+        self._user_points = {p for st in self.user for p in st.needs}
+        self._pending: dict[int, dict] = {}  # a layer's capture points gathered for the users' statistics
+        self._fed: dict[int, set] = {}  # per layer, the users' statistics (indices) fed in this batch
         self.reservoir = None
         if spec.reservoir and "qk" in spec.stats:  # the sample of pre-RoPE q/k vectors belongs to the qk statistic
             self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
@@ -772,6 +848,7 @@ class Capture:
         sequence (default: right after the previous batch), which fixes the reservoir's slot keys and
         the noise groups (sequence n in group ``n % noise_groups``)."""
         self._batch_size = int(batch_size)
+        self._pending, self._fed = {}, {}
         seq_start = self._next_seq if seq_start is None else int(seq_start)
         self._seq0 = seq_start
         self._next_seq = seq_start + self._batch_size
@@ -780,6 +857,8 @@ class Capture:
 
     def end_batch(self) -> None:
         """Count the batch's sequences once in every accumulator (sums were added per layer)."""
+        self._check_users_fed()
+        self.sequences += self._batch_size
         for acc in self.accs.values():
             if isinstance(acc, GroupAccumulator):
                 acc.counts += torch.bincount(self._seq_groups("cpu"), minlength=acc.groups)
@@ -791,25 +870,137 @@ class Capture:
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Every accumulated tensor (sums, counts, reservoir): what a checkpoint holds."""
+        """Every accumulated tensor (sums, counts, reservoir, the users' statistics' tensors under
+        ``user.<i>.<n>``): what a checkpoint holds, with :meth:`state_metadata` beside it."""
         out = self.accs.state_dict()
+        out["capture.sequences"] = torch.tensor([self.sequences], dtype=torch.int64)
         if self.reservoir is not None:
             out.update(self.reservoir.state_dict())
+        for i, stat in enumerate(self.user):
+            out.update(flatten_state(stat.state_dict(), prefix=f"user.{i}.")[0])
         return out
 
-    def load_state_dict(self, state, *, copy: bool = True) -> None:
-        """Load a :meth:`state_dict`; ``copy=False`` adopts the tensors (a state just read from a file)."""
+    def state_metadata(self) -> dict:
+        """What a checkpoint stores beside the tensors: each user statistic's class and the JSON tree of
+        its state (:func:`poslens.capture.statistic.flatten_state`), as one JSON string."""
+        if not self.user:
+            return {}
+        return {"user_statistics": json.dumps([{"class": qualified_name(st), "state": flatten_state(
+            st.state_dict(), prefix=f"user.{i}.")[1]} for i, st in enumerate(self.user)])}
+
+    def load_state_dict(self, state, *, copy: bool = True, metadata: dict | None = None) -> None:
+        """Load a :meth:`state_dict` (and its :meth:`state_metadata`, when there are users' statistics);
+        ``copy=False`` adopts the tensors (a state just read from a file)."""
         self.accs.load_state_dict(state, copy=copy)
+        first = next(iter(self.accs.values()), None)
+        self.sequences = int(state["capture.sequences"][0]) if "capture.sequences" in state else \
+            (first.count if first is not None else 0)
         if self.reservoir is not None:
             if "reservoir.keys" not in state:
                 raise PoslensError("the checkpoint has no q/k reservoir; resume with the original --reservoir.")
             self.reservoir.load_state_dict(state)
+        if not self.user:
+            return
+        saved = json.loads((metadata or {}).get("user_statistics", "[]"))
+        names = [qualified_name(st) for st in self.user]
+        if [e["class"] for e in saved] != names:
+            raise PoslensError(f"the checkpoint holds the statistics {[e['class'] for e in saved]}, this scan asks for "
+                               f"{names}; resume with the original --stats.")
+        for i, (stat, entry) in enumerate(zip(self.user, saved)):
+            mine = {k: (v.clone() if copy else v) for k, v in state.items() if k.startswith(f"user.{i}.")}
+            stat.load_state_dict(unflatten_state(entry["state"], mine))
 
     def all_reduce(self, group=None) -> None:
-        """Sum the accumulators and merge the reservoirs of all processes (torch.distributed)."""
+        """Sum the accumulators and merge the reservoirs and the users' statistics of all processes
+        (torch.distributed)."""
+        import torch.distributed as dist
+
         self.accs.all_reduce(group)
+        n = torch.tensor([float(self.sequences)], dtype=torch.float64,
+                         device="cuda" if dist.get_backend(group) == "nccl" else "cpu")
+        dist.all_reduce(n, group=group)
+        self.sequences = int(n.item())
         if self.reservoir is not None:
             self.reservoir.all_gather_merge(group)
+        for stat in self.user:
+            stat.all_reduce(group)
+
+    # -- users' statistics ------------------------------------------------------------------
+    def residual_points(self) -> list[str]:
+        """The residual-stream points (``resid_pre``/``resid_post``) the users' statistics read: the
+        capture loop hooks them on every captured layer (:func:`poslens.capture.loop.attach`)."""
+        return [p for p in ("resid_pre", "resid_post") if p in self._user_points]
+
+    def observe_point(self, layer: int, point: str, x: torch.Tensor) -> None:
+        """A residual-stream point of a captured layer, for the users' statistics."""
+        if layer in self.layer_pos:
+            self._feed_user(layer, {point: x})
+
+    @torch.no_grad()
+    def observe_user_attention(self, layer, query, key, out, scaling, *, causal=True, window=None, softcap=None):
+        """The attention points the users' statistics need, computed once per layer for all of them:
+        eager logits and weights (``[B, H, S, S]`` float32), q/k before and after RoPE, head outputs."""
+        need = self._user_points
+        pts = {}
+        if "q_post" in need:
+            pts["q_post"] = query
+        if "k_post" in need:
+            pts["k_post"] = key
+        if need & {"q_pre", "k_pre"}:
+            qp, kp = query, key
+            if layer in self.spec.rope_layers and layer not in self.spec.no_rope_layers:  # (the control: already)
+                self.use_layer_rope(layer)
+                qp, kp = self.unrotate(query, key)
+            pts.update({"q_pre": qp, "k_pre": kp})
+        if need & {"scores", "probs"}:
+            logits = _eager_logits(query, key, scaling, causal=causal, window=window, softcap=softcap)
+            if "scores" in need:
+                pts["scores"] = logits
+            if "probs" in need:
+                pts["probs"] = torch.softmax(logits, dim=-1)
+        if "head_out" in need:
+            pts["head_out"] = out.transpose(1, 2)
+        self._feed_user(layer, pts)
+
+    def _feed_user(self, layer: int, points: dict) -> None:
+        """Gather a layer's points; each statistic gets ``add(layer, **its points)`` once they are all in."""
+        pend = self._pending.setdefault(layer, {})
+        pend.update(points)
+        fed = self._fed.setdefault(layer, set())
+        for i, stat in enumerate(self.user):
+            if i not in fed and all(p in pend for p in stat.needs):
+                stat.add(layer, **{p: pend[p] for p in stat.needs})
+                fed.add(i)
+        if len(fed) == len(self.user):
+            pend.clear()  # the layer's points are not kept past the last statistic that reads them
+
+    def _check_users_fed(self) -> None:
+        """Every user statistic got every captured layer of the batch (else a point never came)."""
+        if not self.user or not self.seen_layers & set(self.layer_pos):
+            return
+        for i, stat in enumerate(self.user):
+            for layer in self.spec.layers:
+                if i not in self._fed.get(layer, ()):
+                    got = sorted(self._pending.get(layer, {}))
+                    raise PoslensError(
+                        f"stats: {qualified_name(stat)} needs {', '.join(stat.needs)} of layer {layer}, but the model "
+                        f"gave only {', '.join(got) or 'none of them'}; this architecture cannot provide "
+                        f"{', '.join(p for p in stat.needs if p not in got)} (drop the statistic or those points).")
+
+    def user_results(self, taken=()) -> dict[str, torch.Tensor]:
+        """The users' statistics' named result tensors (on the CPU); a name that a built-in tensor or
+        another statistic already uses is refused."""
+        out: dict[str, torch.Tensor] = {}
+        for stat in self.user:
+            res = stat.result()
+            if not isinstance(res, dict) or not all(isinstance(v, torch.Tensor) for v in res.values()):
+                raise PoslensError(f"stats: {qualified_name(stat)}.result() must return a dict of named tensors.")
+            for name, t in res.items():
+                if name in out or name in taken:
+                    raise PoslensError(f"stats: {qualified_name(stat)}.result() names a tensor {name!r}, which "
+                                       "another statistic also writes; rename it.")
+                out[name] = t.detach().cpu().contiguous()
+        return out
 
     # -- RoPE -------------------------------------------------------------------------------
     def enter_layer(self, layer, query, key, sliding_window, scaling):

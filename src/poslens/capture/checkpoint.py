@@ -8,7 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from poslens.capture.attention import Capture, parse_stats
+from poslens.capture.attention import Capture, stats_record
 from poslens.capture.plan import ScanConfig
 from poslens.errors import PoslensError
 from poslens.rundir import read_tensors, write_tensors
@@ -25,7 +25,7 @@ _FINGERPRINT_FIELDS = ("model_dir", "data", "seq_len", "num_seqs", "batch_size",
 
 def fingerprint(cfg: ScanConfig) -> str:
     d = {k: getattr(cfg, k) for k in _FINGERPRINT_FIELDS}
-    d["stats"] = sorted(parse_stats(cfg.stats))
+    d["stats"] = stats_record(cfg.stats)  # built-in names, then users' statistics by class
     if cfg.map_size:  # only when set, so checkpoints of full-map scans keep their fingerprint
         d["map_size"] = cfg.map_size
     d["model_dir"] = str(Path(cfg.model_dir).resolve())
@@ -35,7 +35,7 @@ def fingerprint(cfg: ScanConfig) -> str:
 def save_checkpoint(out: Path, capture: Capture, next_seq: int, fp: str, *, name: str = CHECKPOINT,
                     extra: dict | None = None) -> None:
     write_tensors(out / name, capture.state_dict(),
-                  metadata={"next_seq": next_seq, "fingerprint": fp, **(extra or {})})
+                  metadata={"next_seq": next_seq, "fingerprint": fp, **capture.state_metadata(), **(extra or {})})
 
 
 def checkpoint_meta(path: Path) -> dict:
@@ -59,7 +59,7 @@ def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPO
         raise PoslensError(f"--resume: {path} was written by a scan with different options; rerun with the "
                            "original options or choose a new --out.")
 
-    capture.load_state_dict(read_tensors(path), copy=False)  # fresh from the file: adopt, do not copy
+    capture.load_state_dict(read_tensors(path), copy=False, metadata=meta)  # fresh from the file: adopt, not copy
     return int(meta["batches_done"]) if "batches_done" in meta else int(meta["next_seq"])
 
 

@@ -10,6 +10,7 @@ import torch
 from poslens.capture.adapters import layer_rope
 from poslens.capture.attention import Capture, noise_grid
 from poslens.capture.plan import ScanPlan
+from poslens.capture.statistic import qualified_name
 from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
 from poslens.metrics.diagonal import causal_view, window_view
 from poslens.metrics.rank import band_contributions, rank_measures
@@ -129,7 +130,7 @@ class _Reader:
     def __init__(self, capture: Capture, plan: ScanPlan):
         self.capture, self.plan, self.spec = capture, plan, plan.spec
         spec, has = plan.spec, self.has
-        self.n_seqs = next(iter(capture.accs.values())).count
+        self.n_seqs = capture.sequences
         self.k = plan.cfg.aps_max_positions
         self.rot_dim, self.base = plan.adapter.rotary_dim(plan.config), plan.adapter.rope_base(plan.config)
         # the summary is computed on the CPU, whichever device accumulated (a GPU scan's sums)
@@ -215,6 +216,7 @@ def _summary(r: _Reader, layers: list) -> dict:
         "seq_len": spec.seq_len,
         "layer_convention": LAYER_CONVENTION,
         "stats": sorted(spec.stats),
+        "user_statistics": [qualified_name(st) for st in r.capture.user],
         # --map-size: S x S maps stored as block means (n x n blocks of `block` positions; see docs/scan.md)
         "map_size": {"blocks": blocks.n, "block": blocks.f,
                      "masked": "blocks without a visible (causal, in-window) entry are NaN; others average "
@@ -248,6 +250,7 @@ def _write_maps(out: Path, r: _Reader) -> dict:
     tensors = {k: tensors.pop(k).cpu() for k in list(tensors)}  # the file, figures and tables: on the CPU
     if r.capture.reservoir is not None:
         tensors.update({k: v.cpu() for k, v in r.capture.reservoir.result().items()})
+    tensors.update(r.capture.user_results(taken=tensors))  # users' statistics, as their result() names them
     write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": r.n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",

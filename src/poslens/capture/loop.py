@@ -109,6 +109,9 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
                 capture.rope_by_layer[layer] = (cos_sin[0], cos_sin[1])
         handles += [hook_position_embeddings(model, adapter, l, _rope) for l in range(len(layers))]
 
+    for point in capture.residual_points():  # users' statistics that read the residual stream
+        handles += [hook_point(model, adapter, point, l, lambda x, l=l, p=point: capture.is_active()
+                               and capture.observe_point(l, p, x)) for l in capture.spec.layers]
     if "cosine" not in capture.spec.stats:
         return handles  # residual-stream vectors are read only for the cosine maps
 

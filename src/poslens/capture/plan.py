@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from poslens.capture.adapters import Adapter
-from poslens.capture.attention import CaptureSpec, parse_stats
+from poslens.capture.attention import CaptureSpec, parse_stats, user_statistics
 from poslens.capture.borrow import model_device, model_dtype
 from poslens.capture.load import load_tokenizer, open_model_config
 from poslens.capture.sources import SequenceSource, make_source
@@ -129,7 +129,8 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
                        heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
                        chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats,
                        aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout,
-                       map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0)
+                       map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0,
+                       user_stats=user_statistics(cfg.stats))
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
 
 

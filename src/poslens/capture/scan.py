@@ -28,7 +28,7 @@ import torch
 
 from poslens.capture import distributed as D
 from poslens.capture.adapters import check_dispatch, rope_tables
-from poslens.capture.attention import Capture
+from poslens.capture.attention import Capture, stats_option
 from poslens.capture.borrow import borrowed
 from poslens.capture.checkpoint import (CHECKPOINT, check_finished, check_resume_layout, checkpoint_meta, rank_checkpoints,
                                         fingerprint, load_checkpoint, resume_mismatch, save_checkpoint)
@@ -228,7 +228,8 @@ def _write_config(job: _Job, model, in_memory: bool = False) -> None:
     origin = {"kind": "in-memory", "class": type(model).__name__,
               "name_or_path": str(getattr(model, "name_or_path", "") or "")} if in_memory else source_record(cfg.model_dir)
     write_json(job.out / "config.json", {
-        "command": "scan", "options": dataclasses.asdict(cfg), "fingerprint": job.fp,
+        "command": "scan", "options": dataclasses.asdict(dataclasses.replace(cfg, stats=stats_option(cfg.stats))),
+        "fingerprint": job.fp,
         "model_source": origin, "source": plan.source.describe(),
         "model_type": plan.adapter.model_type, "dtype": str(plan.dtype), "device": plan.device,
         "world_size": job.ctx.world_size,
