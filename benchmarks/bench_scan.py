@@ -16,7 +16,7 @@ untimed (first-call costs, and every buffer and heap page at its size for the ti
   per layer kept by the forward) and the pre-softmax scores kept as their patched
   ``eager_attention_forward`` did, reduced per batch to the same maps with the same arithmetic.
 
-Models: the issue's benchmark model (random-init Llama: 4 layers, hidden 512, 8 heads x 64, MLP
+Models: the benchmark model (random-init Llama: 4 layers, hidden 512, 8 heads x 64, MLP
 1,408, 40 x 1,024 tokens in batches of 20, fp32) and SmolLM2-135M (30 layers, 9 heads, 3 KV heads)
 at 8 x 1,024 tokens in batches of 4, from the dequantised GGUF cache (``--smollm DIR``; skipped
 when absent).

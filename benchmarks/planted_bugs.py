@@ -1,4 +1,4 @@
-"""The planted bugs of issue 15 (and more of the same kinds), one at a time, in a scratch copy of ``src/``.
+"""Known bugs planted one at a time in a scratch copy of ``src/``: each must make a test fail.
 
 Each entry replaces one exact snippet of a module and runs the named tests against the copy; every
 plant must be CAUGHT (a test fails). Nothing is ever written into the working tree. Not part of the
