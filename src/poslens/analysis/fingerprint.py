@@ -491,6 +491,7 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True) -> Fingerprin
     """Scan every model twice (text, random tokens) into ``cfg.out/scans/<model>/``, read the traits
     and write the fingerprint's files into ``cfg.out``."""
     from poslens.progress import task_progress
+    from poslens.runtime import no_hf_progress_bars
 
     _check(cfg)
     out = Path(cfg.out)
@@ -499,7 +500,8 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True) -> Fingerprin
     names = model_names(cfg.models)
     records, tensors = [], {}
     steps = 3 * len(names)
-    with task_progress("fingerprint", steps, enabled=progress) as update:
+    # the scans' own bars nest under this one; Hugging Face's loading bars would break the display
+    with no_hf_progress_bars(), task_progress("fingerprint", steps, enabled=progress) as update:
         for i, (model, name) in enumerate(zip(cfg.models, names)):
             base = out / "scans" / name
             update(3 * i, info=f"{name}: text")
