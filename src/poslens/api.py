@@ -308,10 +308,18 @@ def _finish(path: Path, tmp) -> Result:
 
 
 @contextlib.contextmanager
-def _threads(n: int | None):
-    from poslens.runtime import torch_threads
+def _threads(n):
+    """torch's CPU threads for one call, restored after it: ``"auto"`` the CLI's policy (the CPUs not
+    busy with other processes, :func:`poslens.runtime.default_threads`), an int that count, None
+    unchanged."""
+    from poslens.runtime import set_threads
 
-    with torch_threads(n):
+    if n is None:
+        yield
+        return
+    if n != "auto" and (isinstance(n, bool) or not isinstance(n, int)):
+        raise PoslensError(f"threads={n!r}: pass 'auto', a positive count, or None (leave torch's setting).")
+    with set_threads(None if n == "auto" else n):
         yield
 
 
@@ -339,7 +347,7 @@ def scan(model, data: Any = "stdlib", *, tokenizer=None, seq_len: int | None = N
          reservoir: int = 256, map_size: int = 0, device: str = "auto", dtype: str = "auto",
          device_map: str | None = None, out: str | os.PathLike | None = None, overwrite: bool = False,
          resume: bool = False, checkpoint_every: int = 10, keep_checkpoint: bool = False, figures: bool = False,
-         progress: bool = True, threads: int | None = None, allow_pickle: bool = False,
+         progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
          trust_remote_code: bool = False) -> Result:
     """Scan a causal LM for positional structure (the library behind ``poslens scan``); returns a :class:`Result`.
 
@@ -354,7 +362,9 @@ def scan(model, data: Any = "stdlib", *, tokenizer=None, seq_len: int | None = N
 
     The other options are the CLI flags of ``poslens scan`` (``stats="scores,probs"`` or a list,
     ``layers=[0, 5]``, ``heads=[(3, 5)]``, ...). ``out``: a run directory to write (default: a temporary
-    one; see :meth:`Result.save`). ``threads``: torch's CPU threads for this call (default: unchanged).
+    one; see :meth:`Result.save`). ``threads``: torch's CPU threads for this call, restored after it:
+    ``"auto"`` (default) the CLI's policy (the CPUs not busy with other processes), a count, or None
+    (torch's current setting).
     """
     from poslens.capture.plan import ScanConfig
     from poslens.capture.scan import run_scan
@@ -413,7 +423,7 @@ def simulate(*, alpha: float = 0.0, num_layers: int = 4, seq_len: int = 50, dim:
              norm: str = "l2", scale: str | None = None, rope: bool = False, rope_theta: float = 10000.0,
              causal: bool = True, seed: int = 0, device: str = "auto", chunk_size: int = 0,
              target_stderr: float | None = None, out: str | os.PathLike | None = None, overwrite: bool = False,
-             figures: bool = False, progress: bool = True, threads: int | None = None) -> Result:
+             figures: bool = False, progress: bool = True, threads: int | str | None = "auto") -> Result:
     """The parameter-free transformer of arXiv 2509.21042 (``poslens simulate``); returns a :class:`Result`
     whose ``maps`` are ``scores``, ``scores_stderr`` and ``probs`` ``[L, S, S]``."""
     from poslens.progress import task_progress
@@ -427,7 +437,8 @@ def simulate(*, alpha: float = 0.0, num_layers: int = 4, seq_len: int = 50, dim:
         raise PoslensError(f"out={str(out)!r} exists; choose a new directory or pass overwrite=True.")
     with _run_dir(out, overwrite=overwrite) as (path, tmp):
         with _threads(threads), task_progress(f"simulate ({cfg.label()})", cfg.samples, enabled=progress) as update:
-            res = run_simulation(cfg, progress=lambda done, total: update(done, total), workers=threads or None)
+            res = run_simulation(cfg, progress=lambda done, total: update(done, total),
+                                 workers=threads if isinstance(threads, int) else None)
         save_result(res, path, figures=figures)
         return _finish(path, tmp)
 
@@ -453,7 +464,7 @@ def slash(scan: Result | str | os.PathLike, *, random_scan: Result | str | os.Pa
 def neighborhood(model, *, data: str = "random", seq_len: int = 64, num_seqs: int = 32, batch_size: int = 8,
                  seed: int = 0, chars: str | None = None, bidirectional: bool = False, device: str = "auto",
                  out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
-                 progress: bool = True, threads: int | None = None, allow_pickle: bool = False,
+                 progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
                  trust_remote_code: bool = False) -> Result:
     """Self-cosine maps, APS and norm score per layer (arXiv 2501.00073, ``poslens neighborhood``) of a
     model: a loaded causal LM (handed back unchanged) or a model path."""

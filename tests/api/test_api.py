@@ -71,9 +71,9 @@ def test_scan_of_loaded_model_equals_cli_run_bit_for_bit(tmp_path, cli):
         for row in x.tolist():
             f.write(json.dumps({"input_ids": row}) + "\n")
     code, _, err = cli("scan", tmp_path / "m", "--out", tmp_path / "cli", "--data", tmp_path / "ids.jsonl",
-                       "--seq-len", S, "--num-seqs", N, "--batch-size", 2, "--no-figures", "--quiet")
+                       "--seq-len", S, "--num-seqs", N, "--batch-size", 2, "--no-figures", "--quiet", "--threads", 1)
     assert code == 0, err
-    r = poslens.scan(model, data=x, batch_size=2, progress=False)
+    r = poslens.scan(model, data=x, batch_size=2, progress=False, threads=1)
     c = poslens.load(tmp_path / "cli")
     assert set(r.maps) == set(c.maps) and "probs" in r.maps and "sink_heads" in r.maps
     for k in c.maps:
@@ -82,7 +82,7 @@ def test_scan_of_loaded_model_equals_cli_run_bit_for_bit(tmp_path, cli):
     assert r.summary["layers"] == c.summary["layers"]
     # a path is scanned as the CLI scans it
     p = poslens.scan(tmp_path / "m", data=str(tmp_path / "ids.jsonl"), seq_len=S, num_seqs=N, batch_size=2,
-                     progress=False)
+                     progress=False, threads=1)
     for k in c.maps:
         assert torch.equal(p.maps[k], c.maps[k]), k
 
@@ -335,3 +335,13 @@ def test_import_changes_nothing_process_wide():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY",)}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0 and "unchanged" in p.stdout, p.stderr
+
+
+def test_public_functions_survive_submodules_of_the_same_name():
+    import importlib
+
+    importlib.import_module("poslens.simulate")  # the simulator's module
+    from poslens.simulate import run_simulation  # noqa: F401
+
+    assert callable(poslens.simulate) and poslens.simulate.__module__ == "poslens.api"
+    assert poslens.simulate(samples=32, seq_len=6, dim=8, num_layers=1, progress=False).command == "simulate"

@@ -39,12 +39,12 @@ def test_smollm2_scan_equals_cli_and_eager(smollm2, tmp_path, cli):
             f.write(json.dumps({"input_ids": row}) + "\n")
     with torch.no_grad():
         before = model(input_ids=ids[:1]).logits.clone()
-    r = poslens.scan(model, data=ids, stats="scores,probs,slash", batch_size=2, progress=False)
+    r = poslens.scan(model, data=ids, stats="scores,probs,slash", batch_size=2, progress=False, threads=1)
     with torch.no_grad():
         after = model(input_ids=ids[:1]).logits
     assert torch.equal(before, after)
     code, _, err = cli("scan", gguf, "--out", tmp_path / "cli", "--data", tmp_path / "ids.jsonl", "--seq-len", S,
-                       "--num-seqs", N, "--batch-size", 2, "--stats", "scores,probs,slash", "--no-figures", "--quiet")
+                       "--num-seqs", N, "--batch-size", 2, "--stats", "scores,probs,slash", "--no-figures", "--quiet", "--threads", 1)
     assert code == 0, err
     c = poslens.load(tmp_path / "cli")
     assert set(c.maps) == set(r.maps)
