@@ -116,6 +116,51 @@ def write_tensors(path: str | os.PathLike, tensors: Mapping[str, Any], metadata:
     _atomic_write(Path(path), lambda tmp: save_file(clean, tmp, metadata=meta or None))
 
 
+#: bytes per element of the safetensors dtypes
+_ST_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+                "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def safetensors_shapes(path: str | Path, again: str = "download or save it again") -> dict[str, list[int]]:
+    """The tensor shapes of a ``.safetensors`` file, from its header; a file cut short (a partial
+    download), a damaged header or a tensor whose bytes do not match its shape is refused with a
+    :class:`PoslensError` naming the file and saying what to do (``again``). Reads the header only."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else None
+        if n is None or n > size - 8:
+            raise PoslensError(f"{path}: truncated safetensors file ({size:,} bytes, shorter than its header); "
+                               f"{again}.")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise PoslensError(f"{path}: damaged safetensors header (not JSON); {again}.") from None
+    if not isinstance(header, dict):
+        raise PoslensError(f"{path}: damaged safetensors header (not a JSON object); {again}.")
+    shapes, need = {}, 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            shape = [int(d) for d in info["shape"]]
+            begin, end = (int(x) for x in info["data_offsets"])
+            dtype = str(info["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise PoslensError(f"{path}: damaged safetensors header (entry {name!r}); {again}.") from None
+        item = _ST_ITEMSIZE.get(dtype)
+        if item is not None and end - begin != math.prod(shape) * item:
+            raise PoslensError(f"{path}: tensor {name} holds {end - begin:,} bytes but its shape {shape} ({dtype}) "
+                               f"needs {math.prod(shape) * item:,}; the file is damaged, {again}.")
+        shapes[name] = shape
+        need = max(need, end)
+    if 8 + n + need > size:
+        raise PoslensError(f"{path}: truncated safetensors file ({size:,} bytes, its tensors need {8 + n + need:,}); "
+                           f"{again}.")
+    return shapes
+
+
 def read_tensors(path: str | os.PathLike) -> dict:
     from safetensors.torch import load_file
 
@@ -126,13 +171,14 @@ def prepare_out_dir(out: str | os.PathLike, *, must_be_new: bool = False) -> Pat
     """Validate an output directory before any work starts.
 
     Raises a :class:`PoslensError` if ``out`` is an existing file, or (with ``must_be_new``) an
-    existing non-empty directory. Does not create anything: call :func:`create_out_dir` once
-    every other input has been validated, so a rejected command writes nothing.
+    existing non-empty directory (the lock file of :func:`lock_out_dir` does not count). Does not
+    create anything: call :func:`create_out_dir` once every other input has been validated, so a
+    rejected command writes nothing.
     """
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise PoslensError(f"--out {path} is an existing file; pass a directory path instead.")
-    if must_be_new and path.is_dir() and any(path.iterdir()):
+    if must_be_new and path.is_dir() and run_entries(path):
         raise PoslensError(f"--out {path} is not empty; choose a new directory or pass --overwrite.")
     parent = path.resolve().parent
     probe = parent
@@ -143,9 +189,262 @@ def prepare_out_dir(out: str | os.PathLike, *, must_be_new: bool = False) -> Pat
     return path
 
 
-def create_out_dir(path: Path) -> Path:
+def create_out_dir(path: Path, *, command: str | None = None) -> Path:
+    """Create the run directory ``path`` (once every input is valid) and hold its lock.
+
+    Where the caller already holds the lock (:func:`lock_out_dir`), this only carries out a pending
+    ``--overwrite``: the previous run's files are removed now, so the new run keeps none of them.
+    Without a lock it takes one, which :func:`release_out_dir` gives back. A model directory is
+    refused unless ``command`` is ``"train"`` (writing a run there would replace the model's
+    config.json)."""
+    path = Path(path)
+    if command != "train" and path.is_dir() and classify(path) == "model":
+        raise PoslensError(f"--out {path} is a model directory (its config.json describes a model); writing a run "
+                           "there would replace the model's files. Choose a new --out.")
+    claim = _claims.get(_key(path))
+    if claim is None:
+        claim = _acquire(path, implicit=True)
     path.mkdir(parents=True, exist_ok=True)
+    if claim.overwrite:
+        _clear_run(path)
+        claim.overwrite = False
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# One run per directory: the lock, and what --overwrite may replace
+# --------------------------------------------------------------------------------------------
+#: the lock file a command holds in its run directory while it writes it (JSON: pid, host, command)
+LOCK_FILE = ".poslens.lock"
+
+
+@dataclasses.dataclass
+class _Claim:
+    """This process's hold on one run directory's lock."""
+
+    fd: int  # the open lock file, flock'ed: the OS frees the lock when the process dies
+    lock: Path
+    created: bool  # the directory was made to hold the lock: removed again if nothing else lands in it
+    overwrite: bool  # the previous run's files are still to be removed (create_out_dir, staged_dir)
+    explicit: int = 0  # holds of lock_out_dir / out_dir_lock
+    implicit: int = 0  # the hold create_out_dir took itself (given back by release_out_dir)
+
+
+_claims: dict[str, _Claim] = {}
+
+
+def _key(path: Path) -> str:
+    return os.path.realpath(path)
+
+
+def run_entries(path: Path) -> list[Path]:
+    """The entries of a run directory, less the lock file."""
+    return sorted(p for p in Path(path).iterdir() if p.name != LOCK_FILE)
+
+
+def _holder(lock: Path) -> dict:
+    try:
+        data = json.loads(lock.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _acquire(path: Path, *, implicit: bool = False, overwrite: bool = False, command: str | None = None) -> _Claim:
+    import socket
+    import time
+
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): the PID in the file is all there is
+        fcntl = None
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    lock = path / LOCK_FILE
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            else:
+                held = _holder(lock)
+                if held.get("pid") not in (None, os.getpid()) and _pid_alive(int(held["pid"])):
+                    raise BlockingIOError
+        except BlockingIOError:
+            os.close(fd)
+            h = _holder(lock)
+            who = f"PID {h.get('pid', '?')}" + (f" on {h['host']}" if h.get("host") else "") + \
+                (f", `poslens {h['command']}`" if h.get("command") else "")
+            raise PoslensError(f"--out {path} is being written by another poslens process ({who}); wait for it to "
+                               "finish, stop it, or choose another --out.") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # the lock file may have been removed (and made anew) by its previous holder in between
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    # a holder that died left its record behind (its flock went with it): the lock is taken over
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                              "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode() + b"\n", 0)
+    claim = _Claim(fd, lock, created, overwrite)
+    if implicit:
+        claim.implicit = 1
+    else:
+        claim.explicit = 1
+    _claims[_key(path)] = claim
+    return claim
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_out_dir(out: str | os.PathLike, *, command: str | None = None, overwrite: bool = False) -> Path:
+    """Take the lock of run directory ``out`` (creating the directory to hold it) for this process.
+
+    A second live process is refused with a :class:`PoslensError` naming the holder; the lock of a
+    process that died is taken over. Holds nest within one process (give each back with
+    :func:`unlock_out_dir`). With ``overwrite`` the directory's files are removed once the run
+    starts writing (:func:`create_out_dir`, or the commit of :func:`staged_dir`), not before, so a
+    command refused later leaves the previous run intact. When the last hold is given back, the lock
+    file is removed, and so is the directory if it was made for the lock and is still empty."""
+    path = Path(out)
+    claim = _claims.get(_key(path))
+    if claim is None:
+        _acquire(path, overwrite=overwrite, command=command)
+    else:
+        claim.explicit += 1
+        claim.overwrite = claim.overwrite or overwrite
+    return path
+
+
+def unlock_out_dir(out: str | os.PathLike) -> None:
+    """Give back one :func:`lock_out_dir` hold on ``out`` (nothing if this process holds none)."""
+    claim = _claims.get(_key(Path(out)))
+    if claim is not None and claim.explicit:
+        claim.explicit -= 1
+        _maybe_release(Path(out), claim)
+
+
+def release_out_dir(out: str | os.PathLike) -> None:
+    """Give back the hold :func:`create_out_dir` took itself (nothing if it took none)."""
+    claim = _claims.get(_key(Path(out)))
+    if claim is not None and claim.implicit:
+        claim.implicit -= 1
+        _maybe_release(Path(out), claim)
+
+
+def _maybe_release(path: Path, claim: _Claim) -> None:
+    if claim.explicit or claim.implicit:
+        return
+    del _claims[_key(path)]
+    try:
+        try:
+            if os.stat(claim.lock).st_ino == os.fstat(claim.fd).st_ino:
+                os.unlink(claim.lock)
+        except FileNotFoundError:
+            pass
+    finally:
+        os.close(claim.fd)
+    if claim.created:
+        try:
+            path.rmdir()  # only when empty: a command refused before it wrote anything leaves no --out
+        except OSError:
+            pass
+
+
+@contextlib.contextmanager
+def out_dir_lock(out: str | os.PathLike, *, command: str | None = None, overwrite: bool = False) -> Iterator[Path]:
+    """:func:`lock_out_dir` for the ``with`` block; given back however the block ends."""
+    path = lock_out_dir(out, command=command, overwrite=overwrite)
+    try:
+        yield path
+    finally:
+        unlock_out_dir(path)
+
+
+#: what poslens writes into a run directory: file types, and (below a run) folders of them
+_RUN_SUFFIXES = (".json", ".jsonl", ".safetensors", ".png", ".html", ".md", ".txt", ".csv", ".svg", ".model", ".jinja")
+
+
+def _foreign_files(path: Path, depth: int = 0) -> list[Path]:
+    """Files under ``path`` that no poslens command writes (a user's notes, weights, code)."""
+    found = []
+    for p in run_entries(path):
+        if p.name.startswith("."):  # temporary files of an interrupted atomic write, staging folders
+            continue
+        if p.is_dir() and not p.is_symlink():
+            found += _foreign_files(p, depth + 1) if depth < 3 else [p]
+        elif p.suffix.lower() not in _RUN_SUFFIXES or p.is_symlink():
+            found.append(p)
+    return found
+
+
+def written_by(path: Path) -> str | None:
+    """The command whose run directory ``path`` is (``train`` for a directory it trained, ``demo``,
+    ``reproduce``), or None: not a poslens run (an empty directory, a model from elsewhere, other files)."""
+    kind = classify(path)
+    if kind == "command":
+        try:
+            cmd = json.loads((path / "config.json").read_text()).get("command")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return cmd if isinstance(cmd, str) else None
+    if kind == "model":
+        return "train" if (path / "train_config.json").is_file() else None
+    if kind == "reproduce":
+        return "reproduce"
+    if (path / "demo.json").is_file():
+        return "demo"
+    if (path / "train_config.json").is_file():  # a training run stopped before it wrote its model config
+        return "train"
+    return None
+
+
+def check_replaceable(out: str | os.PathLike, command: str) -> None:
+    """Refuse ``--overwrite`` of ``out`` unless it is empty or a run directory of ``command`` holding
+    only files poslens writes; the error says why and what to do instead."""
+    path = Path(out)
+    if not path.is_dir() or not run_entries(path):
+        return
+    kind = classify(path)
+    owner = written_by(path)
+    if kind == "model" and owner is None:
+        raise PoslensError(f"--out {path} is a model directory, not a poslens run (its config.json describes a "
+                           "model); --overwrite would destroy the model. Choose a new --out.")
+    if owner is None:
+        names = ", ".join(p.name for p in run_entries(path)[:3])
+        raise PoslensError(f"--out {path} holds files poslens did not write ({names}); --overwrite replaces only "
+                           f"a run directory of `poslens {command}`. Choose a new --out, or move those files away.")
+    if owner != command:
+        raise PoslensError(f"--out {path} is a `poslens {owner}` run; --overwrite replaces only a run of "
+                           f"`poslens {command}`. Choose a new --out, or delete that run first.")
+    foreign = _foreign_files(path)
+    if foreign:
+        names = ", ".join(str(p.relative_to(path)) for p in foreign[:3])
+        raise PoslensError(f"--out {path} is a `poslens {owner}` run but also holds files poslens did not write "
+                           f"({names}); --overwrite would delete them. Move them away, or choose a new --out.")
+
+
+def _clear_run(path: Path) -> None:
+    """Remove everything in run directory ``path`` but its lock file."""
+    for p in run_entries(path):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 @contextlib.contextmanager
@@ -153,24 +452,31 @@ def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
     """Write a run's files into a hidden sibling directory, then move them into ``out``.
 
     If anything fails inside the ``with`` block, ``out`` is left exactly as it was (a previous
-    run's results stay intact) and the staging directory is removed: nothing is half-written.
+    run's results stay intact) and the staging directory is removed: nothing is half-written. The
+    move happens under ``out``'s lock (:func:`lock_out_dir`); a pending ``--overwrite`` removes the
+    previous run's files just before it, so none of them is left beside the new ones.
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         yield stage
-        out.mkdir(parents=True, exist_ok=True)
-        for f in sorted(stage.iterdir()):
-            target = out / f.name
-            if target.is_dir() and not f.is_dir():
-                raise PoslensError(f"{target} is a directory; cannot replace it with a file.")
-            if f.is_dir():
-                if target.exists():
-                    shutil.rmtree(target)
-                shutil.move(str(f), str(target))
-            else:
-                os.replace(f, target)
+        with out_dir_lock(out):
+            claim = _claims[_key(out)]
+            if claim.overwrite:
+                _clear_run(out)
+                claim.overwrite = False
+            for f in sorted(stage.iterdir()):
+                target = out / f.name
+                if target.is_dir() and not f.is_dir():
+                    raise PoslensError(f"{target} is a directory; cannot replace it with a file.")
+                if f.is_dir():
+                    if target.exists():
+                        shutil.rmtree(target)
+                    shutil.move(str(f), str(target))
+                else:
+                    os.replace(f, target)
+            claim.created = False  # the run's files are in it now
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
@@ -399,6 +705,32 @@ def _read_json_dict(path: Path) -> dict:
     return data
 
 
+#: the list-valued entries of the summary contract (:func:`envelope`)
+_SUMMARY_LISTS = ("layers", "tables", "figures", "readings", "files")
+
+
+def _check_run_files(path: Path, summary: dict) -> None:
+    """Refuse a damaged run before anything reads it: a summary.json whose lists are not lists (or
+    whose tables lack columns and rows), or a ``.safetensors`` file cut short or with a damaged
+    header (else a reader would drop its maps without a word). Reads the files' headers only."""
+    where = path / "summary.json"
+    rerun = "the run is damaged: rerun the command that wrote it (or restore the file)"
+    for key in _SUMMARY_LISTS:
+        v = summary.get(key)
+        if v is not None and not isinstance(v, list):
+            raise PoslensError(f"{where}: {key!r} is {type(v).__name__} {v!r:.40}, expected a list; {rerun}.")
+    for i, t in enumerate(summary.get("tables") or []):
+        if not (isinstance(t, dict) and isinstance(t.get("columns"), list) and isinstance(t.get("rows"), list)):
+            raise PoslensError(f"{where}: table {i} has no 'columns' and 'rows' lists; {rerun}.")
+    for i, layer in enumerate(summary.get("layers") or []):
+        if not isinstance(layer, dict):
+            raise PoslensError(f"{where}: layers[{i}] is {type(layer).__name__}, expected an object; {rerun}.")
+    for f in sorted(path.glob("*.safetensors")):
+        if f.name.startswith("checkpoint"):  # a scan's resumable state: checked when resumed
+            continue
+        safetensors_shapes(f, again="the run is damaged: rerun the command that wrote it")
+
+
 def classify(path: Path) -> str | None:
     """``"command"``, ``"model"``, ``"reproduce"`` or None (not a run directory itself)."""
     idx = path / "index.json"
@@ -438,11 +770,13 @@ def load_run(path: str | os.PathLike) -> Run:
             raise PoslensError(f"{path} has no summary.json: the `{config.get('command')}` run has not finished; "
                                "resume it (--resume) or pass another directory.")
         summary = _read_json_dict(path / "summary.json")
+        _check_run_files(path, summary)
         return Run(path, "command", str(summary.get("command") or config.get("command")), config=config,
                    summary=summary)
     if kind == "model":
         config = _read_json_dict(path / "config.json")
         summary = _read_json_dict(path / "summary.json") if (path / "summary.json").is_file() else {}
+        _check_run_files(path, summary)
         train_cfg = path / "train_config.json"
         if train_cfg.is_file():
             config = {**config, "_train_config": _read_json_dict(train_cfg)}

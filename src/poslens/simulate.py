@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -258,6 +259,54 @@ def _workers(cfg: SimConfig, workers: int | None) -> int:
     return max(1, int(workers)) if workers else available_cpus()
 
 
+def memory_needed(cfg: SimConfig, chunk: int) -> int:
+    """Bytes a simulation holds at least: the float64 accumulators (score sums and squares, weights,
+    :data:`NOISE_GROUPS` group sums: ``[L, S, S]`` each), one chunk's float32 sums
+    (``NOISE_GROUPS`` + 2 maps) and one worker's buffers (:func:`layer_buffers`)."""
+    L, S, d = cfg.layers, cfg.seq_len, cfg.dim
+    maps = L * S * S * ((3 + NOISE_GROUPS) * 8 + (NOISE_GROUPS + 2) * 4)
+    return maps + chunk * (2 * S * d + 2 * S * S) * 4
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for a new allocation on ``device`` (CPU: the kernel's MemAvailable), or None
+    where it cannot be told."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(cfg: SimConfig, chunk: int) -> None:
+    """Refuse, before anything is allocated, a simulation whose maps cannot fit in memory."""
+    need = memory_needed(cfg, chunk)
+    free = available_memory(torch.device(cfg.device))
+    if free is not None and need > free:
+        raise PoslensError(f"--seq-len {cfg.seq_len} with {cfg.layers} layer(s): the simulation's [L, S, S] maps need "
+                           f"about {fmt_bytes(need)}, more than the {fmt_bytes(free)} free on {cfg.device}; pass a "
+                           "smaller --seq-len or --num-layers.")
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} TB"
+
+
 def _chunk_jobs(cfg: SimConfig) -> tuple[int, list[tuple[int, int, int, int]]]:
     """Sequences per chunk (whole RNG blocks) and the chunks' jobs in sample order, each
     ``(first block, blocks, first sample, samples)``: the last chunk takes what is left."""
@@ -324,6 +373,7 @@ def run_simulation(cfg: SimConfig, progress: Callable[[int, int], None] | None =
     cfg = replace(cfg.validate(), device=parse_device(cfg.device))
     dev = torch.device(cfg.device)
     chunk, jobs = _chunk_jobs(cfg)
+    check_memory(cfg, chunk)
     neg_mask, rope_cs, valid = _masks(cfg, dev)
     acc = _new_accumulators(cfg, dev)
     n_workers = min(_workers(cfg, workers), len(jobs))
@@ -388,6 +438,11 @@ def _ordered(pool: ThreadPoolExecutor, fn, items, ahead: int):
 LAYER_CONVENTION = "layers from 0 (the paper's layer 1 is our layer 0)"
 
 
+#: statistics reported as missing (null, with the reason under ``missing``) when the sample groups
+#: give no noise floor: computed from one noisy map they would be numbers from noise
+_NEEDS_NOISE_FLOOR = ("relativity_index", "locality", "diagonal_trend", "flat")
+
+
 def summarize(res: SimResult) -> dict:
     """Per-layer numbers (:func:`poslens.metrics.diagonal.describe_map`: relativity index, locality,
     signed diagonal trend, within-diagonal RMS, with noise floors from the sample groups), per-entry
@@ -402,6 +457,9 @@ def summarize(res: SimResult) -> dict:
     for l in range(cfg.layers):
         m, se = res.scores[l], res.scores_stderr[l]
         stats = describe_map(m, None if groups is None else groups[:, l], res.group_counts)
+        if "noise_groups" not in stats:  # no noise floor (fewer than two sample groups): no verdict from noise
+            stats.update({k: None for k in _NEEDS_NOISE_FLOOR})
+            stats["missing"] = {k: stats["noise"] for k in _NEEDS_NOISE_FLOOR}
         max_se = float(se[lower].max()) if cfg.seq_len > 1 else 0.0
         entry = {
             "layer": l,

@@ -23,13 +23,46 @@ _FINGERPRINT_FIELDS = ("model_dir", "data", "seq_len", "num_seqs", "batch_size",
                        "aps_max_positions")
 
 
+def _fingerprint_fields(options) -> dict:
+    """The options that shape the sums, normalised as :func:`fingerprint` hashes them; ``options`` is a
+    :class:`ScanConfig` or the ``options`` dict of a scan's config.json."""
+    get = options.get if isinstance(options, dict) else lambda k, default=None: getattr(options, k, default)
+    d = {k: get(k) for k in _FINGERPRINT_FIELDS}
+    d["stats"] = stats_record(get("stats"))  # built-in names, then users' statistics by class
+    if get("map_size", 0):  # only when set, so checkpoints of full-map scans keep their fingerprint
+        d["map_size"] = get("map_size")
+    d["model_dir"] = str(Path(get("model_dir")).resolve())
+    return d
+
+
 def fingerprint(cfg: ScanConfig) -> str:
-    d = {k: getattr(cfg, k) for k in _FINGERPRINT_FIELDS}
-    d["stats"] = stats_record(cfg.stats)  # built-in names, then users' statistics by class
-    if cfg.map_size:  # only when set, so checkpoints of full-map scans keep their fingerprint
-        d["map_size"] = cfg.map_size
-    d["model_dir"] = str(Path(cfg.model_dir).resolve())
+    d = _fingerprint_fields(cfg)
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+#: how the changed options are named: their flag, else (no flag: set from Python) their field name
+_OPTION_FLAGS = {"model_dir": "MODEL_DIR", "chunk_elems": "chunk_elems", "aps_max_positions": "aps_max_positions"}
+
+
+def changed_options(out: Path, cfg: ScanConfig) -> str:
+    """``--seq-len: saved 64 vs now 32, ...``: the options of ``cfg`` that differ from the run in ``out``
+    (its config.json), or ``""`` when they cannot be told apart there."""
+    try:
+        saved = json.loads((Path(out) / "config.json").read_text()).get("options")
+        old = json.loads(json.dumps(_fingerprint_fields(saved), default=str))
+    except (OSError, ValueError, AttributeError, TypeError, PoslensError):
+        return ""
+    now = json.loads(json.dumps(_fingerprint_fields(cfg), default=str))
+    keys = sorted(k for k in set(old) | set(now) if old.get(k) != now.get(k))
+    return ", ".join(f"{_OPTION_FLAGS.get(k, '--' + k.replace('_', '-'))}: saved {old.get(k)!r} vs now {now.get(k)!r}"
+                     for k in keys)
+
+
+def resume_mismatch(out: Path, what: Path, cfg: ScanConfig) -> PoslensError:
+    """The error of a --resume whose options differ from the run that wrote ``what``, naming them."""
+    diff = changed_options(out, cfg)
+    return PoslensError(f"--resume: {what} was written by a scan with different options"
+                        + (f" ({diff})" if diff else "") + "; rerun with the original options or choose a new --out.")
 
 
 def save_checkpoint(out: Path, capture: Capture, next_seq: int, fp: str, *, name: str = CHECKPOINT,
@@ -63,7 +96,7 @@ def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPO
     return int(meta["batches_done"]) if "batches_done" in meta else int(meta["next_seq"])
 
 
-def check_finished(out: Path, ck_name: str, fp: str) -> None:
+def check_finished(out: Path, ck_name: str, fp: str, cfg: ScanConfig | None = None) -> None:
     """Refuse to resume a finished scan: its checkpoint is gone (deleted unless --keep-checkpoint), so a
     resume would silently start again over its results."""
     if (out / ck_name).exists() or not (out / "summary.json").exists():
@@ -73,6 +106,8 @@ def check_finished(out: Path, ck_name: str, fp: str) -> None:
     except (OSError, ValueError):
         old = None
     if old is not None and old != fp:
+        if cfg is not None:
+            raise resume_mismatch(out, out, cfg)
         raise PoslensError(f"--resume: {out} was written by a scan with different options; rerun with the original "
                            "options or choose a new --out.")
     raise PoslensError(f"--resume: {out} is a finished scan (summary.json written, checkpoint removed); there is "

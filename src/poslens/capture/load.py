@@ -5,14 +5,16 @@ weights with the poslens attention function registered."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from poslens.capture.adapters import get_adapter
 from poslens.capture.attention import ATTN_NAME, register
-from poslens.capture.model_source import model_directory
+from poslens.capture.model_source import model_directory, quiet_hf_loading
 from poslens.errors import PoslensError
+from poslens.rundir import safetensors_shapes
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -38,6 +40,10 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
         raw = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise PoslensError(f"{cfg_path}: not valid JSON ({e.msg}).") from None
+    if not isinstance(raw, dict):
+        raise PoslensError(f"{cfg_path}: expected a JSON object, found {type(raw).__name__}; restore the file from "
+                           "the model's source.")
+    _check_config_values(raw, cfg_path)
     if raw.get("auto_map") and not trust_remote_code:
         raise PoslensError(f"{path} needs custom Python code from the model directory (config.json has auto_map), "
                            "which runs arbitrary code; pass --trust-remote-code only if you trust its source.")
@@ -50,7 +56,49 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
                                "loaded; convert them to safetensors, or pass --allow-pickle if you trust them.")
         if not has_pickle:
             raise PoslensError(f"{path} has no weights (*.safetensors); pass a directory written by save_pretrained.")
+    for p in sorted(files):
+        if p.suffix == ".safetensors":
+            safetensors_shapes(p)  # a truncated or damaged file is refused here, naming it
     return raw
+
+
+#: config.json fields that must be positive integers where present (top level and text_config)
+_INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+               "vocab_size", "max_position_embeddings", "head_dim")
+
+
+def _check_config_values(raw: dict, cfg_path: Path) -> None:
+    """Refuse a config.json whose sizes are not positive integers (``"hidden_size": "abc"``)."""
+    for scope in (raw, raw.get("text_config")):
+        if not isinstance(scope, dict):
+            continue
+        for k in _INT_FIELDS:
+            v = scope.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise PoslensError(f"{cfg_path}: {k} is {v!r}, not a positive integer; the file is damaged or was "
+                                   "edited by hand: restore it from the model's source.")
+
+
+def check_weight_shapes(model_dir: str | Path, config) -> None:
+    """Refuse weights whose tensor shapes differ from the ones ``config`` builds (a config.json edited
+    or mixed up with other weights), naming the first tensor; reads only the files' headers. Names
+    the model class does not have (other conventions) are left to the loader."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"), quiet_hf_loading():
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - an architecture the meta device cannot build: the loader checks
+        return
+    expected = {k: list(v.shape) for k, v in model.state_dict().items()}
+    prefix = getattr(model, "base_model_prefix", "")
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        for name, shape in safetensors_shapes(f).items():
+            want = expected.get(name) or expected.get(f"{prefix}.{name}")
+            if want is not None and want != shape:
+                raise PoslensError(f"{f}: tensor {name} has shape {shape}, but {Path(model_dir) / 'config.json'} "
+                                   f"needs {want}; the weights and the config do not belong together (a damaged or "
+                                   "mixed-up download).")
 
 
 def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickle: bool = False,
@@ -61,12 +109,14 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
     :mod:`poslens.capture.model_source`)."""
     from transformers import AutoConfig
 
-    model_dir = str(model_directory(model_dir))  # a .gguf file: checked, dequantised once into the cache
+    # a .gguf file: checked, dequantised once into the cache (progress bars on a terminal only: this
+    # runs before a command's --quiet is known, and in a log they are noise)
+    model_dir = str(model_directory(model_dir, progress=sys.stderr.isatty()))
     check_model_dir(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     try:
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    except ValueError as e:
-        raise PoslensError(f"{model_dir}/config.json: {str(e).splitlines()[0]}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # incl. huggingface_hub's field validation
+        raise PoslensError(f"{model_dir}/config.json: {' '.join(str(e).split())[:300]}") from None
     adapter = get_adapter(config)
     try:  # an architecture without attention geometry (e.g. a state-space model) fails here, in one line
         adapter.num_layers(config), adapter.num_heads(config), adapter.head_dim(config)
@@ -80,6 +130,8 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
     if seq_len is not None and maxpos is not None and seq_len > maxpos:
         raise PoslensError(f"--seq-len {seq_len} exceeds the model's maximum of {maxpos} positions ({model_dir}); "
                            f"pass --seq-len {maxpos} or less.")
+    if not getattr(config, "auto_map", None):
+        check_weight_shapes(model_dir, config)
     return config, adapter
 
 
@@ -98,19 +150,30 @@ def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
 
 
 def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle: bool = False,
-               trust_remote_code: bool = False, device_map: str | None = None):
+               trust_remote_code: bool = False, device_map: str | None = None, verbose: bool = False):
     """``AutoModelForCausalLM.from_pretrained`` with the poslens attention, eval mode, on ``device``;
     ``model_dir`` may be a ``.gguf`` file (its dequantised cache directory is loaded).
 
     With ``device_map`` (``auto``, ``balanced``, ``sequential``...) accelerate places the layers over
     the visible devices instead (and offloads to the CPU what does not fit); ``device`` is then unused.
+    Transformers' load report stays out of the terminal unless ``verbose``; weights that cannot be
+    loaded are a one-line :class:`PoslensError` naming the directory.
     """
     from transformers import AutoModelForCausalLM
 
     register()
     extra = {"device_map": device_map} if device_map else {}
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_directory(model_dir)), dtype=dtype, attn_implementation=ATTN_NAME,
-        use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code, **extra,
-    )
+    path = model_directory(model_dir)
+    try:
+        with quiet_hf_loading(verbose):
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dtype, attn_implementation=ATTN_NAME,
+                use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code, **extra,
+            )
+    except (OSError, RuntimeError, ValueError, TypeError, KeyError) as e:
+        if "out of memory" in str(e).lower():
+            raise
+        detail = " ".join(str(e).split())[:300]
+        raise PoslensError(f"{path}: the weights could not be loaded ({type(e).__name__}: {detail}); the model "
+                           "directory is damaged or incomplete: download or save it again.") from None
     return model.eval() if device_map else model.to(device).eval()

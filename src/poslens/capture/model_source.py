@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
+import logging
 import os
 import shutil
 import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from poslens.capture.adapters import ADAPTERS
 from poslens.errors import PoslensError
@@ -309,6 +312,30 @@ def source_record(model: str | os.PathLike) -> dict:
     return resolve_model(model).describe()
 
 
+#: transformers' loggers (the weight-loading report, a table of missing and mismatched keys, and the
+#: loader's warnings are logged under this name)
+_LOAD_LOGGERS = ("transformers",)
+
+
+@contextlib.contextmanager
+def quiet_hf_loading(verbose: bool = False) -> Iterator[None]:
+    """Transformers' load report and warnings off inside the block (unless ``verbose``): the report is
+    tens of lines, and poslens says in one line what is wrong. The loggers' levels are restored."""
+    if verbose:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _LOAD_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+
 # --------------------------------------------------------------------------------------------
 # dequantisation
 # --------------------------------------------------------------------------------------------
@@ -339,11 +366,17 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
         try:
             folder, name = str(src.path.parent), src.path.name
             try:
-                with no_hf_progress_bars(not progress):
+                # transformers' tensor bar ("Converting and de-quantizing") is a plain tqdm on stderr
+                with no_hf_progress_bars(not progress), quiet_hf_loading(), \
+                        (contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())):
                     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-            except (ValueError, KeyError, RuntimeError, NotImplementedError) as e:
+            except (ValueError, KeyError, RuntimeError, NotImplementedError, TypeError) as e:
+                detail = " ".join(str(e).split())
+                if "ignore_mismatched_sizes" in detail or "size mismatch" in detail:
+                    detail = ("its tensors' shapes do not match the architecture its metadata describes; the file "
+                              "is damaged or was written by a faulty converter")
                 raise PoslensError(f"{src.path}: transformers could not dequantise this GGUF file "
-                                   f"({type(e).__name__}: {str(e).splitlines()[0][:200]}).") from None
+                                   f"({type(e).__name__}: {detail[:200]}).") from None
             # the loaded tensors are plain float32; only the quantizer record blocks save_pretrained
             model.hf_quantizer = None
             for obj in (model.config, getattr(model, "generation_config", None)):
@@ -352,11 +385,13 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
             if hasattr(model, "is_quantized"):
                 with contextlib.suppress(AttributeError):
                     model.is_quantized = False
-            with no_hf_progress_bars(not progress):
+            with no_hf_progress_bars(not progress), quiet_hf_loading():
                 model.save_pretrained(str(stage), safe_serialization=True)
             del model
             try:
-                tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+                with quiet_hf_loading(), \
+                        (contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO())):
+                    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
                 tok.save_pretrained(str(stage))
                 tokenizer = True
             except Exception:  # noqa: BLE001 - a model without a usable tokenizer still scans random tokens

@@ -154,7 +154,11 @@ def _from_datasets(path: Path, seq_len, num_seqs, tokenizer, vocab_size) -> Pack
     except ImportError:
         raise PoslensError(f"--data {path} is a datasets directory but the 'datasets' package is not installed; "
                            "pip install 'poslens[datasets]'.") from None
-    ds = load_from_disk(str(path))
+    try:
+        ds = load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - a damaged or partly copied directory: arrow, JSON or file errors
+        raise PoslensError(f"--data {path}: the datasets directory cannot be read ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:160]}); save it again with save_to_disk.") from None
     if hasattr(ds, "keys") and not hasattr(ds, "column_names") or isinstance(getattr(ds, "column_names", None), dict):
         split = "train" if "train" in ds else sorted(ds.keys())[0]
         ds = ds[split]

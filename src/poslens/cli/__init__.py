@@ -17,13 +17,12 @@ import types
 import typer
 import typer.main
 
+import warnings
+
 from poslens.runtime import configure_allocator, configure_process
 
-configure_process()  # before anything imports torch: OpenMP threads sleep instead of spinning while they wait
-configure_allocator()  # freed activations are reused, not unmapped and faulted in again (glibc)
-
-from poslens.cli.app import app, restore_threads  # noqa: E402
-from poslens.errors import PoslensError  # noqa: E402
+from poslens.cli.app import app, release_out_dirs, restore_threads  # noqa: E402
+from poslens.errors import Interrupted, PoslensError  # noqa: E402
 
 # Each import attaches its commands to `app` (one module per command group).
 from poslens.cli import simulate as _simulate  # noqa: F401,E402
@@ -33,6 +32,7 @@ from poslens.cli import models as _models  # noqa: F401,E402
 from poslens.cli import scan as _scan  # noqa: F401,E402
 from poslens.cli import neighborhood as _neighborhood  # noqa: F401,E402
 from poslens.cli import kim_slash as _kim_slash  # noqa: F401,E402
+from poslens.cli import fingerprint as _fingerprint  # noqa: F401,E402
 from poslens.cli import report as _report  # noqa: F401,E402
 from poslens.cli import reproduce as _reproduce  # noqa: F401,E402
 from poslens.cli import demo as _demo  # noqa: F401,E402
@@ -40,7 +40,7 @@ from poslens.cli import demo as _demo  # noqa: F401,E402
 #: ``poslens --help`` lists the commands in the order of the flow: source and model (simulate,
 #: theory, train, zoo, models) -> capture (scan) -> analyses -> report, then the end-to-end runs.
 FLOW_ORDER = ("simulate", "theory", "train", "zoo", "models", "scan", "neighborhood", "sweep", "probes", "panels",
-              "kim-maps", "slash", "slash-dynamics", "report", "reproduce", "demo")
+              "kim-maps", "slash", "slash-dynamics", "fingerprint", "report", "reproduce", "demo")
 
 
 def command():
@@ -80,19 +80,53 @@ def _usage_error_line(e) -> str:
     return f"poslens: error: {msg}{where}"
 
 
+#: the signal that ended the command, when one did (SIGTERM's handler records it; Ctrl-C is SIGINT)
+_signalled: list[int] = []
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM (a killed job, a scheduler's time limit) is an interrupt like Ctrl-C: the command
+    writes its checkpoint and ends with exit code 143. A second SIGTERM while it does is ignored."""
+    if _signalled:
+        return
+    _signalled.append(signum)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every error becomes one ``poslens: error:`` line on stderr and exit code 2.
 
+    One interrupt policy (docs/cli.md): Ctrl-C (SIGINT) and SIGTERM both stop the command through
+    ``finally`` blocks (staging directories removed, run directory locks given back) and a
+    checkpoint where the command has one, then print ``poslens: interrupted`` and exit with 130
+    (SIGINT) or 143 (SIGTERM).
+
     Called in-process (tests, a notebook), it leaves the process as it found it: the SIGTERM
-    handler and torch's thread count (``--threads``) are restored when the command ends."""
-    # SIGTERM (a killed job, a scheduler's timeout) becomes a normal exit, so `finally` blocks
-    # run: staging directories are removed and checkpoints stay consistent.
-    old_term = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    handler, the warning format and torch's thread count (``--threads``) are restored when the
+    command ends. Only as the process's entry point (``argv`` None) does it set the process-wide
+    policies of :mod:`poslens.runtime` (OpenMP wait policy, glibc allocator): importing the CLI
+    changes nothing."""
+    if argv is None:  # the process's entry point (the `poslens` script, `python -m poslens`): see below
+        configure_process()  # before torch is imported: OpenMP threads sleep instead of spinning while they wait
+        configure_allocator()  # freed activations are reused, not unmapped and faulted in again (glibc)
+    from poslens.errors import one_line_warnings
+
+    old_format = warnings.formatwarning
+    warnings.formatwarning = one_line_warnings(old_format)
+    _signalled.clear()
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         _run(argv)
     finally:
         signal.signal(signal.SIGTERM, old_term)
+        warnings.formatwarning = old_format
+        release_out_dirs()
         restore_threads()
+
+
+def _interrupted(detail: str = "") -> None:
+    print("poslens: interrupted" + (f": {detail}" if detail else ""), file=sys.stderr)
+    sys.exit(128 + (_signalled[0] if _signalled else signal.SIGINT))
 
 
 def _run(argv: list[str] | None) -> None:
@@ -100,6 +134,9 @@ def _run(argv: list[str] | None) -> None:
 
     try:
         rc = command().main(args=argv, prog_name="poslens", standalone_mode=False)
+    except Interrupted as e:  # a checkpoint was saved: the message says where and how to continue
+        release_out_dirs()
+        _interrupted(str(e))
     except PoslensError as e:
         print(f"poslens: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -109,11 +146,10 @@ def _run(argv: list[str] | None) -> None:
     except typer.TyperException as e:  # click's UsageError/BadParameter (typer vendors click)
         print(_usage_error_line(e), file=sys.stderr)
         sys.exit(2)
-    except typer.Abort:
-        print("poslens: interrupted", file=sys.stderr)
-        sys.exit(130)
-    if rc == 130:  # Ctrl-C (typer turns KeyboardInterrupt into exit code 130)
-        print("poslens: interrupted", file=sys.stderr)
+    except (typer.Abort, KeyboardInterrupt):
+        _interrupted()
+    if rc == 130:  # Ctrl-C or SIGTERM (typer turns KeyboardInterrupt into exit code 130)
+        _interrupted()
     if isinstance(rc, int) and rc:
         sys.exit(rc)
 

@@ -101,23 +101,70 @@ def dtype_option(default: str, help: str = "auto | bf16 | fp16 | fp32 (sums are 
     return typer.Option(default, "--dtype", help=help)
 
 
-def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None) -> None:
-    """The existing-output convention for a run directory ``out``: a non-empty directory is refused
-    with a one-line error naming the fix unless ``overwrite`` (or ``resume``, where the command can
-    continue a run: pass ``resume`` only for such commands). Checked before any work starts."""
+def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None, command: str | None = None) -> None:
+    """The existing-output convention for a run directory ``out`` (docs/cli.md), checked before any
+    work starts:
+
+    - the directory is locked for the rest of the command (:func:`poslens.rundir.lock_out_dir`):
+      a second poslens process writing it is refused, naming the first;
+    - a non-empty directory is refused with a one-line error naming the fix unless ``overwrite``
+      (or ``resume``, where the command can continue a run: pass ``resume`` only for such commands);
+    - ``overwrite`` replaces only a run directory of the same ``command`` (default: the command
+      being run) that holds nothing poslens did not write, and removes its files only once the new
+      run starts writing.
+
+    :func:`poslens.cli.main` gives the lock back when the command ends."""
     from pathlib import Path
 
     from poslens.errors import PoslensError
-    from poslens.rundir import prepare_out_dir
+    from poslens.rundir import check_replaceable, prepare_out_dir, run_entries
 
     path = Path(out)
     if resume and overwrite:
         raise PoslensError("--resume and --overwrite contradict each other; pass one.")
     prepare_out_dir(path)  # an existing file, an unwritable parent
-    if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
-        fix = "pass --resume to continue it or --overwrite to replace it" if resume is not None else \
-            "pass --overwrite to replace it"
-        raise PoslensError(f"--out {path} already exists and is not empty; {fix}, or choose a new directory.")
+    command = command or _current_command()
+    if path.is_dir() and run_entries(path):
+        if overwrite:
+            check_replaceable(path, command)
+        elif not resume:
+            fix = "pass --resume to continue it or --overwrite to replace it" if resume is not None else \
+                "pass --overwrite to replace it"
+            raise PoslensError(f"--out {path} already exists and is not empty; {fix}, or choose a new directory.")
+    if command not in _CONTAINERS:
+        hold_out_dir(path, command=command, overwrite=overwrite)
+
+
+#: commands whose --out holds other commands' run directories, each locked by the run that writes it
+_CONTAINERS = ("demo",)
+
+
+#: run directories this CLI command holds (given back by :func:`release_out_dirs`)
+_held: list = []
+
+
+def hold_out_dir(path, *, command: str | None = None, overwrite: bool = False) -> None:
+    """Lock run directory ``path`` until the command ends (:func:`release_out_dirs`)."""
+    from poslens.rundir import lock_out_dir
+
+    lock_out_dir(path, command=command or _current_command(), overwrite=overwrite)
+    _held.append(path)
+
+
+def release_out_dirs() -> None:
+    """Give back every run directory lock the command took (called by :func:`poslens.cli.main`)."""
+    from poslens.rundir import unlock_out_dir
+
+    while _held:
+        unlock_out_dir(_held.pop())
+
+
+def _current_command() -> str | None:
+    """The name of the command being run (``scan``, ``simulate``...), from click's context."""
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    return ctx.info_name if ctx is not None else None
 
 
 def threads_option() -> int:

@@ -57,7 +57,8 @@ def train(
     eval_every: int = typer.Option(250, "--eval-every", help="Evaluate every N steps (0: only at the end)."),
     eval_examples: Optional[int] = typer.Option(None, "--eval-examples", help="Examples per evaluation split (tasks) / "
                                                 "windows (corpus). Default: 500; one batch with --steps 0."),
-    checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="Write a resumable checkpoint every N steps."),
+    checkpoint_every: int = typer.Option(500, "--checkpoint-every", help="Write a resumable checkpoint every N "
+                                         "steps; 0: only when the run stops early (Ctrl-C, SIGTERM, --stop-after)."),
     seed: int = seed_option("Seed for initial weights and data; a run is deterministic for a seed."),
     device: str = device_option(" bf16 autocast on CUDA."),
     threads: int = threads_option(),
@@ -77,7 +78,7 @@ def train(
 
     Writes a Hugging Face model directory (safetensors, tokenizer) with summary.json
     (initial/final loss, exact-match accuracy in and beyond the training lengths, tokens/s),
-    train_log.jsonl and train_config.json. Ctrl-C leaves a checkpoint; --resume continues it.
+    train_log.jsonl and train_config.json. Ctrl-C or SIGTERM leaves a checkpoint; --resume continues it.
     """
     threads = use_threads(threads)
     from poslens.models.train import TrainConfig, default_eval_examples, train_model

@@ -46,12 +46,16 @@ def iter_jsonl(path: Path, accept: Callable[[dict], bool] = lambda obj: True,
                need: str = "a JSON object") -> Iterator[dict]:
     """Yield the JSON objects of a JSONL file; blank lines are skipped.
 
-    A line that is not JSON, or an object ``accept`` rejects, raises a :class:`PoslensError`
-    naming the file and line and saying that each line needs ``need``.
+    A line that is not JSON (or not UTF-8), an object ``accept`` rejects, or an ``input_ids`` list
+    that holds anything but non-negative integers raises a :class:`PoslensError` naming the file
+    and line and saying that each line needs ``need``.
     """
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise PoslensError(f"{path}:{n}: not UTF-8 text (byte {e.start}); JSONL files are UTF-8.") from None
             if not line:
                 continue
             try:
@@ -60,6 +64,11 @@ def iter_jsonl(path: Path, accept: Callable[[dict], bool] = lambda obj: True,
                 raise PoslensError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object.") from None
             if not isinstance(obj, dict) or not accept(obj):
                 raise PoslensError(f"{path}:{n}: each JSONL line needs {need}.")
+            ids = obj.get("input_ids")
+            if isinstance(ids, list):
+                bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or t < 0]
+                if bad:
+                    raise PoslensError(f"{path}:{n}: input_ids holds {bad[0]!r}; token ids are non-negative integers.")
             yield obj
 
 

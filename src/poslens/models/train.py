@@ -45,17 +45,18 @@ from safetensors.torch import load_file, load_model, save_model
 from poslens.data.corpus import load_texts
 from poslens.data.tasks import TaskSource, exact_match_flags
 from poslens.data.tokenizer import char_tokenizer, train_bpe_tokenizer
-from poslens.errors import PoslensError, require
+from poslens.errors import Interrupted, PoslensError, require
 from poslens.fmt import fmt
 from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
 from poslens.progress import task_progress
-from poslens.rundir import (create_out_dir, prepare_out_dir, read_json, versions, write_json, write_summary,
-                            write_tensors)
+from poslens.rundir import (check_replaceable, create_out_dir, out_dir_lock, prepare_out_dir, read_json, run_entries,
+                            versions, write_json, write_summary, write_tensors)
 from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
 
 # Options that may differ between a run and its --resume (they do not change the trajectory).
 RUNTIME_FIELDS = ("out", "device", "threads", "resume", "overwrite", "stop_after", "progress")
-# Files a training run writes into its directory; --overwrite removes exactly these.
+# Files a training run writes into its directory; a --resume of a run stopped before its first checkpoint
+# removes exactly these (--overwrite removes everything, once check_replaceable has found nothing else).
 _OWN_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
               "summary.json", "train_config.json", "train_log.jsonl", "checkpoint.json")
@@ -227,7 +228,7 @@ def _shape_overrides(cfg: TrainConfig, needed_positions: int) -> dict:
 
 def _dir_state(out: Path) -> str:
     """``new`` (missing or empty), ``run`` (a poslens training directory) or ``other``."""
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or not run_entries(out):
         return "new"
     return "run" if (out / "train_config.json").is_file() else "other"
 
@@ -245,6 +246,7 @@ def _check_out_dir(cfg: TrainConfig) -> tuple[Path, str]:
     if state == "new":
         return out, "fresh"
     if cfg.overwrite:
+        check_replaceable(out, "train")  # a model from elsewhere, another command's run, files of the user
         return out, "overwrite"
     if not cfg.resume:
         what = "a training run" if state == "run" else "files (another model?)"
@@ -258,7 +260,8 @@ def _check_out_dir(cfg: TrainConfig) -> tuple[Path, str]:
     now = json.loads(json.dumps(cfg.trajectory_fields()))
     diff = sorted(k for k in set(saved_fields) | set(now) if saved_fields.get(k) != now.get(k))
     if diff:
-        detail = ", ".join(f"{k}: saved {saved_fields.get(k)!r} vs now {now.get(k)!r}" for k in diff)
+        detail = ", ".join(f"--{k.replace('_', '-')}: saved {saved_fields.get(k)!r} vs now {now.get(k)!r}"
+                           for k in diff)
         raise PoslensError(f"--resume: options differ from the run in {out} ({detail}); "
                            "repeat the original options to continue it.")
     if (out / "checkpoint.json").is_file():
@@ -266,6 +269,15 @@ def _check_out_dir(cfg: TrainConfig) -> tuple[Path, str]:
     if (out / "summary.json").is_file():
         return out, "complete"
     return out, "restart"  # the run stopped before its first checkpoint: start it again
+
+
+def _clear_run_files(out: Path) -> None:
+    """Everything in ``out`` but its lock file."""
+    for p in run_entries(out):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def _clear_own_files(out: Path) -> None:
@@ -278,9 +290,18 @@ def _clear_own_files(out: Path) -> None:
             shutil.rmtree(p)
 
 
+def _shareable(path: Path) -> None:
+    """Give ``path`` the modes of every other file poslens writes (0644 / 0755 under the usual umask):
+    temporary directories and files of some writers are created private (0700 / 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 def _move_into(tmp: Path, out: Path) -> None:
     """Rename every file of ``tmp`` into ``out`` (each rename is atomic), then remove ``tmp``."""
     for f in sorted(tmp.iterdir()):
+        _shareable(f)
         os.replace(f, out / f.name)
     tmp.rmdir()
 
@@ -322,6 +343,8 @@ def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, state: d
         write_json(tmp / "state.json", {"step": step, "optimizer_param_groups": osd["param_groups"],
                                         "optimizer_scalars": scalars, "scheduler": scheduler.state_dict(), **state})
         final = out / f"checkpoint-{step:08d}"
+        for f in [tmp, *tmp.iterdir()]:
+            _shareable(f)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -502,8 +525,10 @@ def _start_session(cfg: TrainConfig, out: Path, mode: str, device: str) -> _Sess
                  optimizer, scheduler)
 
     # From here on the directory is ours to write.
-    create_out_dir(out)
-    if mode in ("overwrite", "restart"):
+    create_out_dir(out, command="train")
+    if mode == "overwrite":  # the previous run keeps no file (check_replaceable made sure all are a run's)
+        _clear_run_files(out)
+    if mode == "restart":
         _clear_own_files(out)
     if mode == "resume":
         st = _load_checkpoint(out, model, optimizer, scheduler)
@@ -582,10 +607,10 @@ def _train_loop(s: _Session, stop_at: int) -> None:
                     s.checkpoint()
                 elif len(s.pending) >= 200:
                     s.flush_log()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the CLI (a scheduler's time limit): keep the steps done
         s.checkpoint()
-        raise PoslensError(f"interrupted after step {s.step}; a checkpoint is saved in {s.out}; "
-                           "rerun the same command with --resume to continue.") from None
+        raise Interrupted(f"after step {s.step}; a checkpoint is saved in {s.out}; "
+                          "rerun the same command with --resume to continue.") from None
 
 
 def _finish(s: _Session, setup_seconds: float) -> dict:
@@ -636,6 +661,12 @@ def train_model(cfg: TrainConfig) -> dict:
     """
     validate_config(cfg)
     device = parse_device(cfg.device)
+    prepare_out_dir(cfg.out)
+    with out_dir_lock(cfg.out, command="train"):  # a second process writing --out is refused
+        return _train_locked(cfg, device)
+
+
+def _train_locked(cfg: TrainConfig, device: str) -> dict:
     out, mode = _check_out_dir(cfg)
     if mode == "complete":
         return read_json(out / "summary.json")

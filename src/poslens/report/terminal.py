@@ -9,9 +9,10 @@ def print_simulation_summary(summary: dict, console) -> None:
     """The per-layer table of a ``simulate`` run (its ``summary.json``) with a legend and noise notes."""
     has_theory = "theory_max_abs_diff" in summary["layers"][0]
     cols = ["layer", "rel.", "loc.", "trend", "p non-rel", "RMS", "noise"] + (["|sim-th|"] if has_theory else [])
-    rows = [[l["layer"], "flat" if l["relativity_index"] is None else l["relativity_index"],
-             "flat" if l["locality"] is None else l["locality"], l.get("diagonal_trend"), l.get("nonrelative_p"),
-             l.get("within_diag_rms"), l.get("within_diag_rms_noise")]
+    # null is "flat", except where the summary lists it as missing (no noise floor to judge against)
+    flat = lambda l, k: "flat" if l[k] is None and k not in (l.get("missing") or {}) else l[k]  # noqa: E731
+    rows = [[l["layer"], flat(l, "relativity_index"), flat(l, "locality"), l.get("diagonal_trend"),
+             l.get("nonrelative_p"), l.get("within_diag_rms"), l.get("within_diag_rms_noise")]
             + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
     t = rich_table(f"{summary['label']}: {fmt(summary['samples'])} samples in {fmt(summary['seconds'])} s "
                    f"({(summary.get('layer_info') or {}).get('convention', 'layers').split(',')[0]})", cols, rows)
