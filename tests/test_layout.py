@@ -196,3 +196,42 @@ def test_cli_starts_without_heavy_modules_and_fast():
 def test_cli_membership():
     assert is_cli("poslens.cli") and is_cli("poslens.cli.simulate") and is_cli("poslens.__main__")
     assert not is_cli("poslens.client") and not is_cli("poslens.capture.scan")
+
+
+# ---------------------------------------------------------------------------------------------
+# arrows point downward
+# ---------------------------------------------------------------------------------------------
+#: what each layer must not import (DESIGN.md: cli -> analysis -> capture / metrics / data / models ->
+#: basics): the capture never reaches up into the report or the analyses, metrics are pure functions
+#: of tensors (no capture, no models, no run directories of their own), figures draw tensors only
+FORBIDDEN = {
+    "poslens.capture": ("poslens.report", "poslens.analysis", "poslens.api", "poslens.reproduce", "poslens.demo",
+                        "poslens.simulate"),
+    "poslens.metrics": ("poslens.capture", "poslens.models", "poslens.data", "poslens.simulate", "poslens.report",
+                        "poslens.analysis", "poslens.api", "poslens.reproduce", "poslens.demo", "poslens.figures"),
+    "poslens.figures": ("poslens.capture", "poslens.report", "poslens.analysis", "poslens.api", "poslens.simulate"),
+}
+
+
+def _within(mod: str, prefix: str) -> bool:
+    return mod == prefix or mod.startswith(prefix + ".")
+
+
+def upward_imports(graph: dict[str, set[str]], forbidden=FORBIDDEN) -> list[tuple[str, str]]:
+    """``(module, imported)`` pairs that break a rule of ``forbidden``."""
+    return sorted((m, t) for m, ts in graph.items() for layer, banned in forbidden.items() if _within(m, layer)
+                  for t in ts if any(_within(t, b) for b in banned))
+
+
+def test_upward_finder_on_a_known_graph():
+    graph = {"poslens.capture.finalize": {"poslens.report.plots", "poslens.metrics"},
+             "poslens.metrics.diagonal": {"poslens.capture.stats"}, "poslens.metrics.noise": {"poslens.errors"},
+             "poslens.report.plots": {"poslens.figures"}, "poslens.capture_extra": {"poslens.report"}}
+    assert upward_imports(graph) == [("poslens.capture.finalize", "poslens.report.plots"),
+                                     ("poslens.metrics.diagonal", "poslens.capture.stats")]
+
+
+def test_arrows_point_downward():
+    graph, where = import_graph()
+    bad = [f"{m} imports {t} (line {where[(m, t)]})" for m, t in upward_imports(graph)]
+    assert not bad, "imports against the layering (DESIGN.md):\n" + "\n".join(bad)

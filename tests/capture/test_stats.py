@@ -221,7 +221,7 @@ def _brute_signflip(a, w):
 
 @pytest.mark.parametrize("shift", [0.0, 0.4, 3.0])
 def test_signflip_pvalue_matches_enumeration(shift):
-    from poslens.capture.stats import min_pvalue, signflip_pvalue
+    from poslens.metrics.noise import min_pvalue, signflip_pvalue
 
     g = torch.Generator().manual_seed(3)
     a = torch.randn(7, 5, generator=g, dtype=torch.float64) + shift
@@ -234,14 +234,14 @@ def test_signflip_pvalue_matches_enumeration(shift):
 
 
 def test_decisive_needs_eight_groups():
-    from poslens.capture.stats import NOISE_P, decisive, min_pvalue
+    from poslens.metrics.noise import NOISE_P, decisive, min_pvalue
 
     assert min_pvalue(1) == 1.0 and min_pvalue(8) == 1 / 128 and min_pvalue(7) == 1 / 64
     assert not decisive(7) and decisive(8) and min_pvalue(7) > NOISE_P > min_pvalue(8)
 
 
 def test_cross_mean_square_against_definition():
-    from poslens.capture.stats import cross_mean_square
+    from poslens.metrics.noise import cross_mean_square
 
     g = torch.Generator().manual_seed(4)
     a = torch.randn(5, 6, generator=g, dtype=torch.float64) + 1.0
@@ -261,7 +261,7 @@ def test_cross_mean_square_against_definition():
 
 def test_jackknife_se_of_the_mean_is_the_standard_error():
     """For the mean of equal-sized groups the delete-one jackknife SE equals the usual SE of the group means."""
-    from poslens.capture.stats import jackknife_se
+    from poslens.metrics.noise import jackknife_se
 
     g = torch.Generator().manual_seed(5)
     gm = torch.randn(9, generator=g, dtype=torch.float64)
@@ -273,7 +273,7 @@ def test_jackknife_se_of_the_mean_is_the_standard_error():
 
 
 def test_min_pvalue_edges_and_sampled_flips_above_sixteen_groups():
-    from poslens.capture.stats import min_pvalue, signflip_pvalue
+    from poslens.metrics.noise import min_pvalue, signflip_pvalue
 
     assert min_pvalue(2) == 0.5 and min_pvalue(16) == 2.0**-15 and min_pvalue(17) == 1 / (2**15 + 1)
     g = torch.Generator().manual_seed(6)
@@ -291,7 +291,7 @@ def test_min_pvalue_edges_and_sampled_flips_above_sixteen_groups():
 
 
 def test_two_groups_are_enough_for_an_estimate_one_is_not():
-    from poslens.capture.stats import cross_mean_square, jackknife_se, signflip_pvalue
+    from poslens.metrics.noise import cross_mean_square, jackknife_se, signflip_pvalue
 
     a = torch.tensor([[1.0, 2.0], [3.0, 5.0]], dtype=torch.float64)
     w = torch.ones(2, dtype=torch.float64)

@@ -12,7 +12,8 @@ float64 accumulators. This package imports nothing; import the module you need. 
 - :mod:`poslens.capture.finalize`: ``maps.safetensors``, ``summary.json`` and figures of a scan.
 
 Underneath: :mod:`.attention` (``Capture`` / ``CaptureSpec`` and the attention function registered
-with transformers), :mod:`.stats` (mergeable accumulators and noise-group statistics),
+with transformers), :mod:`.statistic` (``Statistic``, the protocol of users' own statistics, and
+the capture points), :mod:`.stats` (mergeable accumulators and the noise groups),
 :mod:`.sources` (``make_source``: deterministic, index-addressable sequences), :mod:`.adapters`
 (what each architecture keeps where), :mod:`.model_source` (GGUF / directory sources),
 :mod:`.reservoir`, :mod:`.distributed`, :mod:`.cuda_maps`.

@@ -274,7 +274,7 @@ def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) 
     summary = _summary(r, [_layer_record(r, li, l) for li, l in enumerate(r.spec.layers)])
     tensors = _write_maps(out, r)
     if figures and "scores" in tensors:
-        from poslens.report.plots import ZOOM_POSITIONS, score_map_figures  # matplotlib: only when drawing
+        from poslens.figures import ZOOM_POSITIONS, score_map_figures  # matplotlib: only when drawing
 
         summary["files"] += score_map_figures(causal_view(tensors["scores"]), out, layer_ids=r.spec.layers,
                                               zoom=ZOOM_POSITIONS,

@@ -36,7 +36,7 @@ from typing import Sequence
 
 import torch
 
-from poslens.capture.stats import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
+from poslens.metrics.noise import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
 from poslens.metrics.neighborhood import ordered_pair_counts, rising_pair_fraction
 
 
