@@ -23,8 +23,9 @@ import types as _types  # noqa: E402
 from poslens.errors import PoslensError  # noqa: E402
 
 #: the public functions and classes, imported on first use (``import poslens`` stays light)
-_API = {"scan": "poslens.api", "simulate": "poslens.api", "slash": "poslens.api", "neighborhood": "poslens.api",
-        "load": "poslens.api", "Result": "poslens.api", "Statistic": "poslens.capture.statistic"}
+_API = {**{name: "poslens.api" for name in ("scan", "simulate", "slash", "neighborhood", "panels", "kim_maps",
+                                             "probes", "sweep", "report", "load", "Result")},
+        "Statistic": "poslens.capture.statistic"}
 
 __all__ = ["PoslensError", "__version__", *_API]
 

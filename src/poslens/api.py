@@ -496,3 +496,83 @@ def _model_dir_of(result: Result) -> str | None:
     src = result.config.get("model_source") or {}
     name = src.get("name_or_path")
     return name if name and Path(name).exists() else None
+
+
+def panels(model, *, layer: int = 0, data: str = "stdlib", num_seqs: int = 200, seq_len: int = 50,
+           batch_size: int = 10, seed: int = 0, device: str = "auto", dtype: str = "fp32",
+           out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
+           progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
+           trust_remote_code: bool = False) -> Result:
+    """The nine-panel Gram decomposition of one decoder layer (arXiv 2509.21042, ``poslens panels``) of a
+    loaded causal LM (handed back unchanged) or a model path; ``maps["panels"]`` is ``[9, S, S]``."""
+    from poslens.analysis.panels import PanelsConfig, run_panels
+
+    model_dir, loaded = _model_arg(model)
+    if out is not None and Path(out).exists() and not overwrite:
+        raise PoslensError(f"out={str(out)!r} exists; choose a new directory or pass overwrite=True.")
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        cfg = PanelsConfig(model_dir=model_dir, out=str(path), layer=layer, data=data, num_seqs=num_seqs,
+                           seq_len=seq_len, batch_size=batch_size, seed=seed, device=device, dtype=dtype,
+                           allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, figures=figures)
+        with _threads(threads):
+            run_panels(cfg, progress=progress, model=loaded)
+        return _finish(path, tmp)
+
+
+def kim_maps(scan: Result | str | os.PathLike, *, out: str | os.PathLike | None = None, overwrite: bool = False,
+             figures: bool = False) -> Result:
+    """Raw and diagonal-normalised score maps of every layer of a finished scan, with non-relativity
+    per layer (arXiv 2509.21042, ``poslens kim-maps``)."""
+    from poslens.analysis.panels import run_score_maps
+
+    scan_dir = _run_path(scan, "scan")
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        run_score_maps(str(scan_dir), str(path), figures=figures)
+        return _finish(path, tmp)
+
+
+def probes(models: Iterable[str | os.PathLike], *, out: str | os.PathLike | None = None, overwrite: bool = False,
+           progress: bool = True, threads: int | str | None = "auto", **options) -> Result:
+    """Position probes per layer (arXiv 2501.00073, ``poslens probes``) of model directories; ``options``
+    are the fields of :class:`poslens.analysis.probes.ProbesConfig` (``seq_len``, ``train_chars``, ...)."""
+    from poslens.analysis.probes import ProbesConfig, run_probes
+
+    dirs = [str(_run_path(m, "models")) for m in ([models] if isinstance(models, (str, os.PathLike)) else models)]
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        cfg = _config(ProbesConfig, model_dirs=dirs, out=str(path), **options)
+        with _threads(threads):
+            run_probes(cfg, progress=progress)
+        return _finish(path, tmp)
+
+
+def sweep(*, out: str | os.PathLike | None = None, overwrite: bool = False, progress: bool = True,
+          threads: int | str | None = "auto", **options) -> Result:
+    """APS of random-init NoPE models over the initialisation scale σ (arXiv 2501.00073, ``poslens
+    sweep``); ``options`` are the fields of :class:`poslens.analysis.sweep.SweepConfig`."""
+    from poslens.analysis.sweep import SweepConfig, run_sweep
+
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        cfg = _config(SweepConfig, out=str(path), **{"figures": False, **options})
+        with _threads(threads):
+            run_sweep(cfg, progress=progress)
+        return _finish(path, tmp)
+
+
+def report(runs: Iterable[Result | str | os.PathLike] | Result | str | os.PathLike, path: str | os.PathLike,
+           *, title: str = "poslens report") -> Path:
+    """One self-contained HTML report over results or run directories (``poslens report``); returns its path."""
+    from poslens.report import write_report
+
+    runs = [runs] if isinstance(runs, (Result, str, os.PathLike)) else list(runs)
+    return write_report([_run_path(r, "runs") for r in runs], path, title=title)
+
+
+def _config(cls, **fields):
+    """``cls(**fields)``, an unknown field named as a :class:`PoslensError`."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    bad = sorted(set(fields) - known)
+    if bad:
+        raise PoslensError(f"unknown option(s) {', '.join(bad)}; {cls.__name__} takes {', '.join(sorted(known))}.")
+    return cls(**fields)

@@ -345,3 +345,23 @@ def test_public_functions_survive_submodules_of_the_same_name():
 
     assert callable(poslens.simulate) and poslens.simulate.__module__ == "poslens.api"
     assert poslens.simulate(samples=32, seq_len=6, dim=8, num_layers=1, progress=False).command == "simulate"
+
+
+def test_panels_of_a_loaded_model_and_kim_maps_of_a_result(tmp_path):
+    model = tiny()
+    state = model_state(model)
+    p = poslens.panels(model, layer=0, data="random", num_seqs=4, seq_len=12, progress=False)
+    assert model_state(model) == state
+    assert p.command == "panels" and p.maps["panels"].shape[-1] == 12
+    s = poslens.scan(model, data=ids(), progress=False)
+    k = poslens.kim_maps(s)
+    assert k.command == "kim-maps"
+    html = poslens.report([s, k], tmp_path / "r.html")
+    assert html.is_file() and "<html" in html.read_text()[:2000].lower()
+
+
+def test_sweep_and_unknown_options():
+    r = poslens.sweep(sigmas=[0.02], shapes=["2x64"], seq_len=8, num_seqs=2, bidirectional=False, progress=False)
+    assert r.command == "sweep"
+    with pytest.raises(PoslensError, match="unknown option"):
+        poslens.sweep(nonsense=1)

@@ -165,24 +165,40 @@ def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
     return fig
 
 
-def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
-    """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``."""
+def run_panels(cfg: PanelsConfig, progress: bool = True, *, model=None) -> dict:
+    """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``.
+    ``model``: a loaded causal LM, used where it is and handed back unchanged (``poslens.panels``)."""
     t0 = time.time()
-    config, adapter = _check_panels(cfg)
-    device = parse_device(cfg.device)
-    dtype = resolve_dtype(cfg.dtype, device, config)
+    config, adapter = _check_panels(cfg, model)
+    if model is not None:
+        from poslens.capture.borrow import borrowed, model_device
+        from poslens.capture.plan import loaded_model_tokenizer
+
+        device = model_device(model)
+        tokenizer = None if cfg.data == "random" else loaded_model_tokenizer(model)
+    else:
+        device = parse_device(cfg.device)
+        tokenizer = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
     prepare_out_dir(cfg.out)
-    tokenizer = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
     source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
                          vocab_size=getattr(config, "vocab_size", None))
-    model = load_model(cfg.model_dir, dtype=dtype, device=device, allow_pickle=cfg.allow_pickle,
-                       trust_remote_code=cfg.trust_remote_code)
-    panels = compute_panels(model, adapter, config, source, cfg.layer, batch_size=cfg.batch_size, device=device,
-                            progress=progress)
+    if model is not None:
+        with borrowed(model):
+            panels = compute_panels(model, adapter, config, source, cfg.layer, batch_size=cfg.batch_size,
+                                    device=device, progress=progress)
+    else:
+        dtype = resolve_dtype(cfg.dtype, device, config)
+        model = load_model(cfg.model_dir, dtype=dtype, device=device, allow_pickle=cfg.allow_pickle,
+                           trust_remote_code=cfg.trust_remote_code)
+        panels = compute_panels(model, adapter, config, source, cfg.layer, batch_size=cfg.batch_size, device=device,
+                                progress=progress)
     summary = _panels_summary(cfg, adapter, config, source, panels, wall_s=time.time() - t0)
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "panels", **dataclasses.asdict(cfg),
-                                           "model_source": source_record(cfg.model_dir), "versions": versions()})
+                                           "model_source": source_record(cfg.model_dir)
+                                           if not cfg.model_dir.startswith("<in-memory") else
+                                           {"kind": "in-memory", "class": type(model).__name__},
+                                           "versions": versions()})
         write_tensors(stage / "panels.safetensors", {"panels": panels.to(torch.float32)},
                       metadata={"order": [k for k, _ in PANELS], "layer": cfg.layer})
         if cfg.figures:
@@ -193,10 +209,16 @@ def run_panels(cfg: PanelsConfig, progress: bool = True) -> dict:
     return summary
 
 
-def _check_panels(cfg: PanelsConfig):
-    """``(config, adapter)`` of ``cfg.model_dir`` once every option is valid for panels (writes nothing)."""
-    config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
-                                        trust_remote_code=cfg.trust_remote_code)
+def _check_panels(cfg: PanelsConfig, model=None):
+    """``(config, adapter)`` of ``cfg.model_dir`` (or of a loaded ``model``) once every option is valid
+    for panels (writes nothing)."""
+    if model is not None:
+        from poslens.capture.plan import loaded_model_config
+
+        config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
+    else:
+        config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                            trust_remote_code=cfg.trust_remote_code)
     if adapter.resid_mid_path is None:
         raise PoslensError(f"MODEL_DIR {cfg.model_dir}: model type {adapter.model_type!r} runs attention and MLP in "
                            f"parallel (no residual stream between them for panels e and f); panels support "
