@@ -29,6 +29,26 @@ import _results  # noqa: E402
 GOAL_S = 300.0
 
 
+def screenshot(page: str, png: str, screens: float, tmp: str) -> None:
+    """The page's top in headless Chromium (Debian's ``chromium``), scaled to 900 px wide."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    full = os.path.join(tmp, "full.png")
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1400,9000", f"--screenshot={full}", Path(page).resolve().as_uri()],
+                   check=True, capture_output=True, timeout=180)
+    im = Image.open(full).convert("RGB")
+    px = im.load()
+    bottom = max((y for y in range(0, im.height, 10)
+                  if any(px[x, y] != (255, 255, 255) for x in range(0, im.width, 7))), default=0)
+    top = im.crop((0, 0, im.width, min(bottom, int(screens * 1000))))
+    top = top.resize((900, round(top.height * 900 / top.width)), Image.LANCZOS)
+    top.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(png, optimize=True)
+    print(f"page about {bottom / 1000:.1f} screens of 1,000 px; wrote {png}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seq-len", type=int, default=None, help="default: the command's own")
@@ -36,6 +56,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", default="smollm2,gemma3", help="names of `poslens models list`")
     ap.add_argument("--json", default=_results.default_path("fingerprint"), help="results file ('none': no file)")
+    ap.add_argument("--out", default=None, help="keep the fingerprint in this directory (default: a temporary one)")
+    ap.add_argument("--screenshot", default=None, help="PNG of the page's top in headless Chromium (900 px wide)")
+    ap.add_argument("--screens", type=float, default=2.5, help="1,000-px screens the screenshot shows")
     args = ap.parse_args()
 
     from poslens.models import realmodels
@@ -48,7 +71,9 @@ def main() -> None:
         paths.append(str(p))
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-fingerprint-") as tmp:
-        out = os.path.join(tmp, "fp")
+        out = args.out or os.path.join(tmp, "fp")
+        if args.out and os.path.exists(out):
+            sys.exit(f"bench_fingerprint: --out {out} exists; choose a new directory.")
         cmd = [sys.executable, "-m", "poslens", "fingerprint", *paths, "--out", out, "--quiet",
                "--threads", str(args.threads)]
         if args.seq_len:
@@ -70,6 +95,8 @@ def main() -> None:
                     tp = json.load(f)["throughput"]
                 parts.append({"model": m["name"], "scan": kind, "wall_s": tp["wall_s"], "forward_s": tp["seconds"],
                               "tokens": tp["tokens"]})
+        if args.screenshot:
+            screenshot(os.path.join(out, "fingerprint.html"), args.screenshot, args.screens, tmp)
     scans = sum(p["wall_s"] for p in parts)
     print(f"poslens fingerprint {' '.join(m['name'] for m in summary['models'])}: "
           f"{summary['num_seqs']} × {summary['seq_len']} tokens per scan, {args.threads} threads")

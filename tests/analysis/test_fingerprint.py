@@ -125,3 +125,80 @@ def test_errors(cli, tmp_path, two_models):
     assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
     code, _, err = cli("fingerprint", str(model), "--out", str(tmp_path / "o2"), "--eps", "1.5")
     assert code == 2 and "--eps" in err
+
+
+def test_page_renders_in_chromium(two_models, tmp_path):
+    from tests.report.test_report import chromium_status
+
+    out, _ = two_models
+    status, console = chromium_status((out / "fingerprint.html").read_text(), tmp_path)
+    assert status["errors"] == [], status["errors"]
+    assert status["images"] == 5 and status["broken"] == 0
+    assert console == "", console
+
+
+def _record(**over):
+    """A model record with known numbers: 4 layers x 2 heads, every field the findings read."""
+    layers = [{"layer": l, "rope": True, "nonrelative_p": 0.01, "flat": False, "aps_mean": 0.6, "aps_std": 0.05,
+               "freq_heads": {"high": [0.1, 0.1], "medium": [0.1, 0.1], "low": [0.8, 0.8], "unrotated": [0, 0]},
+               "dims_by_band": {"high": 2, "medium": 2, "low": 4, "unrotated": 0}} for l in range(4)]
+    overall = {"sink_rate": 0.5, "sink_rate_random": 0.5, "relativity_median": 0.9, "aps_min": 0.55, "aps_max": 0.65,
+               "freq": {"high": 0.1, "medium": 0.1, "low": 0.8, "unrotated": 0.0}, "massive_q": 4, "massive_k": 0,
+               "massive_q_low": 4, "massive_k_low": 0, "massive_q_low_share": 1.0, "massive_k_low_share": None}
+    m = {"name": "m", "num_layers": 4, "num_heads": 2, "seq_len": 64, "num_seqs": 16, "massive_lambda": 5.0,
+         "layers": layers, "overall": overall, "slash_heads": []}
+    for k, v in over.items():
+        if k in overall:
+            overall[k] = v
+        else:
+            m[k] = v
+    return m
+
+
+def _verdicts(m):
+    from poslens.report.fingerprint import findings
+
+    s = {"thresholds": {"sink_eps": 0.3, "slash_kappa": 0.3}, "models": [m]}
+    return {f["paper"].split(":")[0]: f["models"][0]["verdict"] for f in findings(s)}
+
+
+def _head(persists, layer=0, head=0, delta=1):
+    return {"layer": layer, "head": head, "delta": delta, "score": 0.6, "score_random": 0.5 if persists else 0.1,
+            "persists": persists, "q_top1_energy": 0.9, "k_top1_energy": 0.9, "predicted_delta": delta}
+
+
+def test_findings_verdicts_follow_the_numbers():
+    v = _verdicts(_record())
+    assert v["Gu et al., ICLR 2025"] == "reproduced"
+    assert v["Kim et al., arXiv 2509.21042"] == "reproduced"  # 4 of 4 layers non-relative beyond the noise
+    assert v["Cheng et al., arXiv 2601.08297"] == "cannot be judged here"  # no slash head
+    assert v["Zuo et al., COLING 2025"] == "cannot be judged here"  # every layer has RoPE
+    assert v["Barbero et al., ICLR 2025"] == "reproduced"  # 80 % low, no slash head to contradict
+    assert v["Jin et al., ICML 2025"] == "reproduced"  # 4 of 4 massive dims low, against 4 of 8 dims by chance
+    assert _verdicts(_record(sink_rate=0.05))["Gu et al., ICLR 2025"] == "cannot be judged here"
+    two_of_three = [_head(True, head=0), _head(True, layer=1, head=1), _head(False, layer=2)]
+    assert _verdicts(_record(slash_heads=two_of_three))["Cheng et al., arXiv 2601.08297"] == "reproduced"
+    assert _verdicts(_record(slash_heads=[_head(False), _head(False, layer=1)]))[
+        "Cheng et al., arXiv 2601.08297"] == "not reproduced"
+    assert _verdicts(_record(massive_q_low=1, massive_q_low_share=0.25))["Jin et al., ICML 2025"] == "not reproduced"
+    m = _record()
+    for r in m["layers"]:
+        r["nonrelative_p"] = 0.5
+    assert _verdicts(m)["Kim et al., arXiv 2509.21042"] == "not reproduced"
+    m = _record()
+    for r in m["layers"]:
+        r["rope"] = False
+    m["layers"][0]["aps_mean"] = 0.5  # 3 of 4 NoPE layers above 0.5 by more than two standard errors
+    assert _verdicts(m)["Zuo et al., COLING 2025"] == "reproduced"
+    # slash heads using the fast pairs less than the other heads contradict the paper
+    m = _record(slash_heads=[_head(True)])
+    m["layers"][0]["freq_heads"]["high"] = [0.0, 0.3]
+    assert _verdicts(m)["Barbero et al., ICLR 2025"] == "not reproduced"
+
+
+def test_findings_in_json_and_page(two_models):
+    out, _ = two_models
+    s = json.loads((out / "fingerprint.json").read_text())
+    assert len(s["findings"]) == 6 and all(len(f["models"]) == 2 for f in s["findings"])
+    html = (out / "fingerprint.html").read_text()
+    assert html.index("Key findings") < html.index("One line per model")

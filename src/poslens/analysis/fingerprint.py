@@ -254,12 +254,13 @@ def model_traits(text_dir: str | Path, random_dir: str | Path, *, name: str | No
             "slash_heads": len(in_slash), "slash_persist": sum(s["persists"] for s in in_slash),
             "relativity_index": _opt(rec.get("relativity_index")), "diagonal_trend": _opt(rec.get("diagonal_trend")),
             "diagonal_trend_se": _opt(rec.get("diagonal_trend_se")), "trend_p": _opt(rec.get("trend_p")),
-            "flat": rec.get("flat"),
+            "flat": rec.get("flat"), "flat_p": _opt(rec.get("flat_p")), "nonrelative_p": _opt(rec.get("nonrelative_p")),
             "aps_mean": _opt(rec.get("aps_mean")), "aps_std": _opt(rec.get("aps_std")),
             "freq": {b: float(v.mean()) for b, v in bands.items()},
             "freq_heads": {b: v.tolist() for b, v in bands.items()},
             "massive_q": int(q_mask[li].sum()), "massive_k": int(k_mask[li].sum()),
             "massive_q_bands": {b: int(v) for b, v in qb.items()}, "massive_k_bands": {b: int(v) for b, v in kb.items()},
+            "dims_by_band": {b: sum(x == b for x in dbands) for b in FREQ_BANDS},
         })
     q_list = _massive_list(dim_rms(maps["q_gram"]), q_mask, dim_band_rows, layer_ids, rotary)
     k_list = _massive_list(dim_rms(maps["k_gram"]), k_mask, dim_band_rows, layer_ids, rotary)
@@ -277,6 +278,7 @@ def model_traits(text_dir: str | Path, random_dir: str | Path, *, name: str | No
         "massive": {"q": q_list, "k": k_list},
         "overall": _aggregate(layers, slash_heads),
         "geometry": {k: geom.get(k) for k in ("rotary_dim", "base", "head_dim", "scaling")},
+        "massive_lambda": massive_lambda,
     }
     record["line"] = summary_line(record)
     tensors = {"sink": sink.to(torch.float32), "sink_random": sink_r.to(torch.float32)}
@@ -433,7 +435,7 @@ def _short(name: str, width: int = 18) -> str:
 
 def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, figures: bool = True) -> None:
     """The files of a fingerprint: json, tensors, figures and the page (each written atomically)."""
-    from poslens.report.fingerprint import render_page  # matplotlib and jinja2: only when writing
+    from poslens.report.fingerprint import findings, render_page  # matplotlib and jinja2: only when writing
 
     flat = {f"{name}.{k}": v.detach().cpu().clone() for name, t in tensors.items() for k, v in t.items()}
     write_tensors(out / "fingerprint.safetensors", flat,
@@ -443,7 +445,8 @@ def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, fig
                                      "<model>.freq_<band> [L, H]: share of q.k energy; <model>.freq_pairs "
                                      "[L, H, r/2]; <model>.massive_q/k [L, H(k), D]: Jin et al.'s massive dims"})
     summary["files"] = ["fingerprint.json", "fingerprint.safetensors", "fingerprint.html"]
-    html, figs = render_page(summary, figures=figures)
+    summary["findings"] = findings(summary)
+    html, figs = render_page(summary, figures=figures, findings=summary["findings"])
     for name, png in figs.items():
         _atomic_write_bytes(out / name, png)
         summary["files"].append(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import math
+import statistics
 
 from poslens.fmt import fmt
 from poslens.report.render import CSP
@@ -257,6 +258,178 @@ def _massive_table(m: dict, top: int = 8) -> dict:
             "columns": ["", "layer.head", "dim", "pair", "band", "RMS / mean"], "rows": rows}
 
 
+# --------------------------------------------------------------------------------------------
+# key findings: per paper, the claim, what each model shows (number and noise floor), a verdict
+# --------------------------------------------------------------------------------------------
+REPRODUCED, NOT_REPRODUCED, CANNOT_JUDGE = "reproduced", "not reproduced", "cannot be judged here"
+_VERDICT_CLASS = {REPRODUCED: "reproduced", NOT_REPRODUCED: "not-reproduced", CANNOT_JUDGE: "cannot-judge"}
+#: a share of sink heads at least this large counts as the sink the paper describes
+SINK_PRESENT = 0.1
+#: significance level of the per-layer tests the findings count
+ALPHA = 0.05
+
+
+def _p(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _uniform_slash(S: int, d: int) -> float:
+    """SlashScore(d) of uniform causal attention (every query spreads its weight evenly)."""
+    return sum(1.0 / (i + 1) for i in range(d, S)) / (S - d)
+
+
+def _sink_finding(m: dict, eps: float) -> dict:
+    o, S = m["overall"], m["seq_len"]
+    even = sum(1.0 / (i + 1) for i in range(1, S)) / (S - 1)  # weight on key 0 of a head attending evenly
+    text = (f"{_p(o['sink_rate'])} of its {m['num_layers'] * m['num_heads']} heads put more than {_p(eps)} of their "
+            f"attention on the first token of running text, {_p(o['sink_rate_random'])} on random tokens (a head "
+            f"that spread its attention evenly would put {_p(even)} there).")
+    if o["sink_rate"] >= SINK_PRESENT:
+        return {"verdict": REPRODUCED, "text": text, "why": "Many heads use the first position as a resting place, "
+                "on text and on meaningless tokens alike."}
+    return {"verdict": CANNOT_JUDGE, "text": text,
+            "why": "The sequences are cut from one long stream of text, so they do not begin with the model's "
+                   "start-of-text token; models such as Gemma keep their sink on that token, not on whatever comes "
+                   "first."}
+
+
+def _kim_finding(m: dict) -> dict:
+    ls = m["layers"]
+    tested = [r for r in ls if r.get("nonrelative_p") is not None]
+    nonrel = [r for r in tested if r["nonrelative_p"] < ALPHA and not r.get("flat")]
+    rel = m["overall"]["relativity_median"]
+    text = (f"in {len(nonrel)} of {len(ls)} layers the average attention score depends on where the query sits, "
+            f"not only on its distance to the key, beyond what sequence-to-sequence noise explains "
+            f"(p < {ALPHA:g}); the relativity index (1 = distance alone) has median "
+            f"{fmt(rel)} over the layers that are not flat.")
+    if not tested:
+        return {"verdict": CANNOT_JUDGE, "text": text, "why": "The scan had too few sequences for a noise floor."}
+    if len(nonrel) >= len(ls) / 2:
+        return {"verdict": REPRODUCED, "text": text, "why": "With RoPE and the causal mask together, most layers "
+                "are not purely relative, as the paper finds in Llama, Phi and Qwen."}
+    if len(nonrel) == 0:
+        return {"verdict": NOT_REPRODUCED, "text": text, "why": "No layer departs from a purely relative pattern "
+                "beyond its noise floor."}
+    return {"verdict": CANNOT_JUDGE, "text": text, "why": "Fewer than half the layers depart from a purely relative "
+            "pattern beyond their noise floor; more or longer sequences would sharpen the test."}
+
+
+def _slash_finding(m: dict, kappa: float) -> dict:
+    sh, S = m["slash_heads"], m["seq_len"]
+    uni = _uniform_slash(S, 1)
+    if not sh:
+        return {"verdict": CANNOT_JUDGE, "text": f"no head puts {_p(kappa)} of its attention on one fixed offset "
+                f"(1 … 16 tokens back).", "why": "Without slash heads there is nothing to test for persistence."}
+    persist = [s for s in sh if s["persists"]]
+    q1 = statistics.median([s["q_top1_energy"] for s in sh if s["q_top1_energy"] is not None] or [float("nan")])
+    match = sum(s["predicted_delta"] == s["delta"] for s in sh if s["predicted_delta"] is not None)
+    text = (f"{len(sh)} heads put at least {_p(kappa)} of their attention a fixed number of tokens back (strongest: "
+            f"{_p(sh[0]['score'])} at {sh[0]['delta']} back, against {_p(uni)} for even attention); {len(persist)} of "
+            f"them keep it on random tokens. Their queries are close to one direction (median {_p(q1)} of the energy "
+            f"in the first component), and the RoPE frequencies predict the right offset for {match} of {len(sh)}.")
+    if len(persist) >= len(sh) / 2:
+        return {"verdict": REPRODUCED, "text": text, "why": "These heads do not need meaningful text: the pattern "
+                "is built into the model, as the paper claims."}
+    return {"verdict": NOT_REPRODUCED, "text": text, "why": "Most of these heads lose the pattern on random tokens, "
+            "so here it depends on the text."}
+
+
+def _zuo_finding(m: dict) -> dict:
+    ls = [r for r in m["layers"] if r["aps_mean"] is not None]
+    n = m.get("num_seqs") or 1
+    above = [r for r in ls if r["aps_std"] is not None and r["aps_mean"] - 0.5 > 2 * r["aps_std"] / math.sqrt(n)]
+    nope = [r for r in ls if not r["rope"]]
+    o = m["overall"]
+    text = (f"nearby tokens' hidden states are more alike than distant ones (APS above 0.5 by more than two "
+            f"standard errors) after {len(above)} of {len(ls)} layers; APS ranges {fmt(o['aps_min'])} … "
+            f"{fmt(o['aps_max'])} (0.5 = no order).")
+    if not nope:
+        return {"verdict": CANNOT_JUDGE, "text": text, "why": "The paper's claim concerns models without positional "
+                "encoding; every layer of this model rotates its queries and keys, so the number is context only."}
+    ok = [r for r in nope if r in above]
+    return {"verdict": REPRODUCED if len(ok) >= len(nope) / 2 else NOT_REPRODUCED, "text": text,
+            "why": f"{len(ok)} of its {len(nope)} layers without RoPE show the adjacency pattern."}
+
+
+def _barbero_finding(m: dict) -> dict:
+    f = m["overall"]["freq"]
+    rope_ls = [r for r in m["layers"] if r["rope"]]
+    if not rope_ls:
+        return {"verdict": CANNOT_JUDGE, "text": "the model has no RoPE layer.", "why": "Nothing rotates."}
+    by_layer = {r["layer"]: r for r in rope_ls}
+    sh = [s for s in m["slash_heads"] if s["layer"] in by_layer]
+    fast = lambda r, h: r["freq_heads"]["high"][h] + r["freq_heads"]["medium"][h]  # noqa: E731
+    all_fast = statistics.mean(fast(r, h) for r in rope_ls for h in range(m["num_heads"]))
+    text = (f"{_p(f['low'] or 0)} of the query-key energy sits in the slowest-turning RoPE pairs (those that turn "
+            f"less than once over {m['seq_len']} tokens), {_p(f['high'] or 0)} in the fastest.")
+    low_first = (f["low"] or 0) > (f["high"] or 0) + (f["medium"] or 0)
+    if sh:
+        sh_fast = statistics.mean(fast(by_layer[s["layer"]], s["head"]) for s in sh)
+        text += (f" Its slash heads put {_p(sh_fast)} in the faster pairs, against {_p(all_fast)} for all heads.")
+        pos_fast = sh_fast > all_fast
+    else:
+        pos_fast = None
+    if low_first and pos_fast is not False:
+        why = "Most energy rides on the slow pairs" + (" and the positional heads lean on the fast ones" if pos_fast
+                                                        else "") + ", as the paper describes."
+        return {"verdict": REPRODUCED, "text": text, "why": why + " The bands are measured against the scanned "
+                "length: over a longer scan more pairs complete a turn and leave the slow band."}
+    return {"verdict": NOT_REPRODUCED, "text": text,
+            "why": "Either the slow pairs do not carry most of the energy, or the positional heads do not lean on the "
+                   "fast ones."}
+
+
+def _jin_finding(m: dict) -> dict:
+    o = m["overall"]
+    rope_ls = [r for r in m["layers"] if r["rope"]]
+    # where massive dims would fall by chance: the share of a head's dims that lie in low-frequency pairs
+    dims = [r["dims_by_band"] for r in rope_ls]
+    chance = sum(d["low"] for d in dims) / sum(sum(d.values()) for d in dims) if dims else None
+    mq, mk = o["massive_q"], o["massive_k"]
+    text = (f"{mq} query and {mk} key dimensions are more than {m['massive_lambda']:g} times as large as their "
+            f"layer's average; {_p(o['massive_q_low_share'] or 0)} of the query ones and "
+            f"{_p(o['massive_k_low_share'] or 0)} of the key ones sit in slowly turning RoPE pairs"
+            + (f", where {_p(chance)} of all dimensions lie." if chance is not None else "."))
+    if mq + mk == 0 or chance is None:
+        return {"verdict": CANNOT_JUDGE, "text": text, "why": "No massive dimension, or no RoPE, to place."}
+    low = (o["massive_q_low"] + o["massive_k_low"]) / (mq + mk)
+    if low > chance:
+        return {"verdict": REPRODUCED, "text": text, "why": "The very large values concentrate where RoPE turns "
+                "slowly, as the paper finds."}
+    return {"verdict": NOT_REPRODUCED, "text": text, "why": "The very large values are not concentrated in the "
+            "slowly turning pairs."}
+
+
+def findings(summary: dict) -> list[dict]:
+    """The key findings block: one entry per paper with its claim and, per model, the measured
+    sentence, the verdict and why."""
+    th = summary["thresholds"]
+    papers = [
+        ("Gu et al., ICLR 2025: attention sinks", "Language models put a large share of their attention on the first "
+         "token, in many heads, whatever that token is.", lambda m: _sink_finding(m, th["sink_eps"])),
+        ("Kim et al., arXiv 2509.21042: the causal mask and RoPE", "The causal mask alone makes attention depend on "
+         "position, and together with RoPE it bends RoPE's purely distance-based pattern into one that also depends on "
+         "where the query sits.", _kim_finding),
+        ("Cheng et al., arXiv 2601.08297: slash heads", "Some heads attend to a fixed offset back; they keep doing so "
+         "on random tokens, and arise when queries and keys point in nearly one direction before RoPE.",
+         lambda m: _slash_finding(m, th["slash_kappa"])),
+        ("Zuo et al., COLING 2025: position without positional encoding", "Without any positional encoding, the "
+         "causal mask makes nearby tokens' hidden states more alike than distant ones.", _zuo_finding),
+        ("Barbero et al., ICLR 2025: which RoPE frequencies are used", "Models put most query-key energy in the slowly "
+         "turning RoPE pairs (meaning), and build positional heads from the fast ones.", _barbero_finding),
+        ("Jin et al., ICML 2025: massive values in Q and K", "Queries and keys carry a few very large dimensions, "
+         "concentrated in the slowly turning RoPE pairs.", _jin_finding),
+    ]
+    out = []
+    for title, claim, fn in papers:
+        models = []
+        for m in summary["models"]:
+            f = fn(m)
+            models.append({"name": m["name"], **f, "verdict_class": _VERDICT_CLASS[f["verdict"]]})
+        out.append({"paper": title, "claim": claim, "models": models})
+    return out
+
+
 def _uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
@@ -274,7 +447,7 @@ def render_page(summary: dict, *, figures: bool = True, findings: list[dict] | N
         "figures": [{"file": k, "uri": _uri(v), "caption": FIGURE_CAPTIONS[k]} for k, v in figs.items()],
         "slash_tables": [_slash_table(m) for m in summary["models"]],
         "massive_tables": [_massive_table(m) for m in summary["models"]],
-        "definitions": summary["definitions"], "findings": findings or summary.get("findings") or [],
+        "definitions": summary["definitions"], "findings": findings if findings is not None else globals()["findings"](summary),
         "isfinite": lambda x: isinstance(x, (int, float)) and math.isfinite(x),
     }
     return _env().get_template("fingerprint.html.j2").render(**ctx), figs
