@@ -207,12 +207,20 @@ def test_existing_model_is_never_damaged(cli, tmp_path):
     code, out, _ = cli("train", "--out", run, "--task", "copy", "--max-len", "4", "--steps", "2", "--batch-size", "4",
                        "--eval-examples", "8", "--quiet", "--resume", "--json")
     assert code == 0 and _tree_digest(run) == before
-    # --overwrite replaces the run and leaves unrelated files alone
+    # --overwrite would delete a file poslens did not write: refused, naming it; nothing changes
     (run / "notes.txt").write_text("keep me")
-    code, out, _ = cli("train", "--out", run, "--task", "reverse", "--max-len", "3", "--steps", "1", "--batch-size", "4",
-                       "--eval-examples", "8", "--quiet", "--overwrite", "--json")
+    before = _tree_digest(run)
+    again = ("train", "--out", run, "--task", "reverse", "--max-len", "3", "--steps", "1", "--batch-size", "4",
+             "--eval-examples", "8", "--quiet", "--overwrite", "--json")
+    code, _, err = cli(*again)
+    assert code == 2 and "notes.txt" in err
+    assert _tree_digest(run) == before
+    # without it, --overwrite replaces the run whole: no file of the old run is left
+    (run / "notes.txt").unlink()
+    (run / "stale.json").write_text("{}")
+    code, out, _ = cli(*again)
     assert code == 0 and json.loads(out)["task"] == "reverse"
-    assert (run / "notes.txt").read_text() == "keep me"
+    assert not (run / "stale.json").exists()
 
 
 def test_zoo_micro(cli, tmp_path):

@@ -56,9 +56,6 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
                                "loaded; convert them to safetensors, or pass --allow-pickle if you trust them.")
         if not has_pickle:
             raise PoslensError(f"{path} has no weights (*.safetensors); pass a directory written by save_pretrained.")
-    for p in sorted(files):
-        if p.suffix == ".safetensors":
-            safetensors_shapes(p)  # a truncated or damaged file is refused here, naming it
     return raw
 
 
@@ -80,11 +77,15 @@ def _check_config_values(raw: dict, cfg_path: Path) -> None:
 
 
 def check_weight_shapes(model_dir: str | Path, config) -> None:
-    """Refuse weights whose tensor shapes differ from the ones ``config`` builds (a config.json edited
-    or mixed up with other weights), naming the first tensor; reads only the files' headers. Names
-    the model class does not have (other conventions) are left to the loader."""
+    """Refuse ``.safetensors`` files cut short or damaged (:func:`poslens.rundir.safetensors_shapes`), and
+    weights whose tensor shapes differ from the ones ``config`` builds (a config.json edited or mixed
+    up with other weights), naming the file and the first tensor; reads only the files' headers.
+    Names the model class does not have (other conventions) are left to the loader."""
     from transformers import AutoModelForCausalLM
 
+    files = {f: safetensors_shapes(f) for f in sorted(Path(model_dir).glob("*.safetensors"))}
+    if getattr(config, "auto_map", None):  # custom model code: not run for a check
+        return
     try:
         with torch.device("meta"), quiet_hf_loading():
             model = AutoModelForCausalLM.from_config(config)
@@ -92,8 +93,8 @@ def check_weight_shapes(model_dir: str | Path, config) -> None:
         return
     expected = {k: list(v.shape) for k, v in model.state_dict().items()}
     prefix = getattr(model, "base_model_prefix", "")
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        for name, shape in safetensors_shapes(f).items():
+    for f, shapes in files.items():
+        for name, shape in shapes.items():
             want = expected.get(name) or expected.get(f"{prefix}.{name}")
             if want is not None and want != shape:
                 raise PoslensError(f"{f}: tensor {name} has shape {shape}, but {Path(model_dir) / 'config.json'} "
@@ -130,8 +131,7 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
     if seq_len is not None and maxpos is not None and seq_len > maxpos:
         raise PoslensError(f"--seq-len {seq_len} exceeds the model's maximum of {maxpos} positions ({model_dir}); "
                            f"pass --seq-len {maxpos} or less.")
-    if not getattr(config, "auto_map", None):
-        check_weight_shapes(model_dir, config)
+    check_weight_shapes(model_dir, config)
     return config, adapter
 
 

@@ -144,9 +144,14 @@ _held: list = []
 
 
 def hold_out_dir(path, *, command: str | None = None, overwrite: bool = False) -> None:
-    """Lock run directory ``path`` until the command ends (:func:`release_out_dirs`)."""
+    """Lock run directory ``path`` until the command ends (:func:`release_out_dirs`). Under torchrun
+    rank 0 alone holds it: the ranks of one job write one directory together."""
+    import os
+
     from poslens.rundir import lock_out_dir
 
+    if os.environ.get("RANK", "0") not in ("", "0"):
+        return
     lock_out_dir(path, command=command or _current_command(), overwrite=overwrite)
     _held.append(path)
 
