@@ -202,3 +202,19 @@ def test_findings_in_json_and_page(two_models):
     assert len(s["findings"]) == 6 and all(len(f["models"]) == 2 for f in s["findings"])
     html = (out / "fingerprint.html").read_text()
     assert html.index("Key findings") < html.index("One line per model")
+
+
+def test_overwrite_replaces_a_previous_fingerprint(cli, tmp_path, two_models, ids_file):
+    out, _ = two_models
+    model = out.parent / "phi3"
+    args = ("fingerprint", str(model), "--out", str(tmp_path / "fp"), "--data", str(ids_file), "--seq-len", str(S),
+            "--num-seqs", "2", "--no-figures", "--quiet", "--threads", "1")
+    assert cli(*args)[0] == 0
+    (tmp_path / "fp" / "scans" / "stale").mkdir()  # a model of the earlier run
+    code, _, err = cli(*args)
+    assert code == 2 and "--overwrite" in err
+    code, _, err = cli(*args, "--overwrite")
+    assert code == 0, err
+    assert not (tmp_path / "fp" / "scans" / "stale").exists()
+    assert json.loads((tmp_path / "fp" / "config.json").read_text())["command"] == "fingerprint"
+    assert json.loads((tmp_path / "fp" / "summary.json").read_text())["command"] == "fingerprint"

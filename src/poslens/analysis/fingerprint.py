@@ -28,6 +28,7 @@ and colour scales) and the figures.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -46,7 +47,8 @@ from poslens.metrics.fingerprint import (MASSIVE_LAMBDA, SINK_EPS, UNROTATED, ba
                                          frequency_usage, head_sink, massive_by_band, massive_dims, sink_share)
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.rope import BANDS, frequency_bands
-from poslens.rundir import LAYER_CONVENTION, _atomic_write_bytes, prepare_out_dir, versions, write_json, write_tensors
+from poslens.rundir import (LAYER_CONVENTION, _atomic_write_bytes, prepare_out_dir, versions, write_json,
+                            write_summary, write_tensors, written_by)
 
 #: default scan shape: both GGUF models (two scans each) within 5 minutes on an idle 2-core CPU
 #: (benchmarks/bench_fingerprint.py)
@@ -452,6 +454,17 @@ def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, fig
         summary["files"].append(name)
     write_json(out / "fingerprint.json", summary)
     _atomic_write_bytes(out / "fingerprint.html", html.encode("utf-8"))
+    if not (out / "config.json").is_file():  # a result saved elsewhere: the options it was made with
+        write_json(out / "config.json", {"command": "fingerprint", "options": {k: summary[k] for k in
+                                         ("seq_len", "num_seqs", "seed", "thresholds")}, "versions": versions()})
+    # the common run-directory summary (poslens report, poslens.load): the traits table, figures, one line per model
+    from poslens.report.fingerprint import FIGURE_CAPTIONS, overview_table
+
+    write_summary(out, {"title": summary["title"], "tables": [overview_table(summary)],
+                        "figures": [{"file": f, "caption": FIGURE_CAPTIONS[f]} for f in figs],
+                        "readings": summary["lines"], "fingerprint": "fingerprint.json",
+                        "files": summary["files"] + ["summary.json", "config.json"]},
+                  command="fingerprint", paper=None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,15 +491,15 @@ def _clear_previous(out: Path, overwrite: bool) -> None:
     if not overwrite:
         raise PoslensError(f"--out {out} already exists and is not empty; pass --overwrite to replace it, or "
                            "choose a new directory.")
-    if not (out / "fingerprint.json").is_file():
-        raise PoslensError(f"--out {out} holds files but no fingerprint.json, so --overwrite will not replace it; "
-                           "choose a new directory.")
+    if written_by(out) != "fingerprint" and not (out / "fingerprint.json").is_file():
+        raise PoslensError(f"--out {out} is not a run directory of `poslens fingerprint`, so --overwrite will not "
+                           "replace it; choose a new directory.")
     import shutil
 
     for p in entries:
-        if p.name == "scans" and p.is_dir():
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
-        elif p.name.startswith("fingerprint") and p.is_file():
+        else:
             p.unlink()
 
 
@@ -501,6 +514,10 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True) -> Fingerprin
     prepare_out_dir(out)
     _clear_previous(out, cfg.overwrite)
     names = model_names(cfg.models)
+    out.mkdir(parents=True, exist_ok=True)
+    # first: an interrupted fingerprint is still recognised as one (--overwrite replaces it)
+    write_json(out / "config.json", {"command": "fingerprint", "options": dataclasses.asdict(cfg),
+                                     "models": dict(zip(names, cfg.models)), "versions": versions()})
     records, tensors = [], {}
     steps = 3 * len(names)
     # the scans' own bars nest under this one; Hugging Face's loading bars would break the display

@@ -75,7 +75,6 @@ def sink_figure(models, eps: float):
         im = _heat(axes[0][c], [r["sink_heads"] for r in ls], m["name"])
         axes[0][c].set_title(m["name"], fontsize=9)
         axes[0][c].set_xlim(*_xlim(models))
-        axes[0][c].set_ylabel("head")
         ax = axes[1][c]
         x = [r["layer"] for r in ls]
         ax.plot(x, [r["sink_share"] for r in ls], "o-", ms=3, label="text")
@@ -83,8 +82,9 @@ def sink_figure(models, eps: float):
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlim(*_xlim(models))
         ax.set_xlabel("layer (from 0)")
-        ax.set_ylabel(f"share of heads > {eps:g}")
         ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("head")
+    axes[1][0].set_ylabel(f"share of heads > {eps:g}")
     axes[1][0].legend(fontsize=7)
     fig.colorbar(im, ax=[a for row in axes for a in row], label="weight on key 0 (top)", shrink=0.6)
     return fig
@@ -150,11 +150,11 @@ def frequency_figure(models):
         axes[0][c].set_ylim(0, 1.16)
         axes[0][c].set_xlim(*_xlim(models))
         axes[0][c].set_title(m["name"], fontsize=9)
-        axes[0][c].set_ylabel("share of q·k energy")
         im = _heat(axes[1][c], [r["freq_heads"]["low"] for r in ls], m["name"])
         axes[1][c].set_xlim(*_xlim(models))
         axes[1][c].set_xlabel("layer (from 0)")
-        axes[1][c].set_ylabel("head")
+    axes[0][0].set_ylabel("share of q·k energy")
+    axes[1][0].set_ylabel("head")
     axes[0][0].legend(fontsize=7, loc="upper left", ncol=4, framealpha=0.9)
     fig.colorbar(im, ax=[a for row in axes for a in row], label="low-frequency share (bottom)", shrink=0.6)
     return fig
@@ -219,12 +219,14 @@ def figures(summary: dict) -> dict[str, bytes]:
     }
 
 
-def _overview(summary: dict) -> dict:
+def overview_table(summary: dict) -> dict:
+    """The traits of every model, models in columns (the page's and ``summary.json``'s table)."""
     from poslens.analysis.fingerprint import TRAIT_ROWS
 
     ms = summary["models"]
     rows = [[label] + [fn(m["overall"]) for m in ms] for label, fn in TRAIT_ROWS]
-    return {"title": "", "columns": ["trait"] + [m["name"] for m in ms], "rows": rows}
+    return {"title": f"positional fingerprint ({summary['num_seqs']} × {summary['seq_len']} tokens, text and random "
+                     "tokens; layers from 0)", "columns": ["trait"] + [m["name"] for m in ms], "rows": rows}
 
 
 def _by_type(summary: dict) -> list[dict]:
@@ -443,7 +445,7 @@ def render_page(summary: dict, *, figures: bool = True, findings: list[dict] | N
     ctx = {
         "title": summary["title"], "csp": CSP, "version": version,
         "generated": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "summary": summary, "lines": summary["lines"], "overview": _overview(summary), "by_type": _by_type(summary),
+        "summary": summary, "lines": summary["lines"], "overview": overview_table(summary), "by_type": _by_type(summary),
         "figures": [{"file": k, "uri": _uri(v), "caption": FIGURE_CAPTIONS[k]} for k, v in figs.items()],
         "slash_tables": [_slash_table(m) for m in summary["models"]],
         "massive_tables": [_massive_table(m) for m in summary["models"]],
