@@ -46,6 +46,7 @@ from poslens.fmt import fmt
 from poslens.metrics.fingerprint import (MASSIVE_LAMBDA, SINK_EPS, UNROTATED, band_shares, dim_bands, dim_rms,
                                          frequency_usage, head_sink, massive_by_band, massive_dims, sink_share)
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA
+from poslens.report.fingerprint import pct as _pct
 from poslens.rope import BANDS, frequency_bands
 from poslens.rundir import (LAYER_CONVENTION, _atomic_write_bytes, prepare_out_dir, versions, write_json,
                             write_summary, write_tensors, written_by)
@@ -323,10 +324,6 @@ def _aggregate(layers: list[dict], slash_heads: list[dict]) -> dict:
     }
 
 
-def _pct(x) -> str:
-    return "—" if x is None else f"{100 * x:.0f}%"
-
-
 def summary_line(record: dict) -> str:
     """One line per model: the headline number of every trait."""
     o = record["overall"]
@@ -344,22 +341,6 @@ def summary_line(record: dict) -> str:
 # --------------------------------------------------------------------------------------------
 # the result
 # --------------------------------------------------------------------------------------------
-TRAIT_ROWS = [  # (label, function of an aggregate -> cell)
-    ("layers (RoPE)", lambda o: f"{o['layers']} ({o['rope_layers']})"),
-    ("sink heads, text", lambda o: _pct(o["sink_rate"])),
-    ("sink heads, random", lambda o: _pct(o["sink_rate_random"])),
-    ("slash heads (persist)", lambda o: f"{o['slash_heads']} ({o['slash_persist']})"),
-    ("relativity (median)", lambda o: fmt(o["relativity_median"])),
-    ("non-flat layers", lambda o: f"{o['nonflat_layers']}/{o['layers']}"),
-    ("signed trend (mean)", lambda o: fmt(o["trend_mean"], signed=True)),
-    ("APS min–max", lambda o: f"{fmt(o['aps_min'])}–{fmt(o['aps_max'])}"),
-    ("RoPE energy hi/med/lo", lambda o: "/".join("—" if o["freq"][b] is None else f"{100 * o['freq'][b]:.0f}"
-                                                  for b in BANDS) + " %"),
-    ("massive Q dims (low)", lambda o: f"{o['massive_q']} ({_pct(o['massive_q_low_share'])})"),
-    ("massive K dims (low)", lambda o: f"{o['massive_k']} ({_pct(o['massive_k_low_share'])})"),
-]
-
-
 class FingerprintResult:
     """A finished fingerprint: ``summary`` (the content of ``fingerprint.json``), ``models`` (one
     record per model, as in the summary), ``tensors`` (per model, per head), ``table()`` and
@@ -400,21 +381,9 @@ class FingerprintResult:
     def terminal_tables(self, per_table: int = 3) -> list:
         """rich Tables of the traits, models in columns (``per_table`` models each, so a table fits 80
         columns), with one block of rows per layer type where a model has several."""
-        from poslens.fmt import rich_table
+        from poslens.report.fingerprint import terminal_tables
 
-        tables = []
-        for i in range(0, len(self.models), per_table):
-            ms = self.models[i:i + per_table]
-            rows = [[label] + [fn(m["overall"]) for m in ms] for label, fn in TRAIT_ROWS]
-            types = sorted({t for m in ms for t in m["layer_types"]})
-            for t in types:
-                for label, fn in TRAIT_ROWS[1:5] + TRAIT_ROWS[8:9]:
-                    rows.append([f"{t.replace('_attention', '')}: {label}"]
-                                + [fn(m["layer_types"][t]) if t in m["layer_types"] else "—" for m in ms])
-            tables.append(rich_table(f"fingerprint: {self.summary['num_seqs']} × {self.summary['seq_len']} tokens "
-                                     "(text; random tokens)",
-                                     ["trait"] + [_short(m["name"]) for m in ms], rows))
-        return tables
+        return terminal_tables(self.summary, per_table)
 
     def save(self, out: str | Path, *, figures: bool = True, overwrite: bool = False) -> Path:
         """Write ``fingerprint.json``, ``fingerprint.safetensors``, ``fingerprint.html`` and (with
@@ -429,10 +398,6 @@ class FingerprintResult:
         write_fingerprint(out, self.summary, self.tensors, figures=figures)
         self.path = out
         return out
-
-
-def _short(name: str, width: int = 18) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, figures: bool = True) -> None:

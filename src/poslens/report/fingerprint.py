@@ -42,6 +42,51 @@ FIGURE_CAPTIONS = {
 }
 
 
+def pct(x) -> str:
+    """A share as a whole percentage (``—`` when missing)."""
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+TRAIT_ROWS = [  # (label, function of an aggregate -> cell)
+    ("layers (RoPE)", lambda o: f"{o['layers']} ({o['rope_layers']})"),
+    ("sink heads, text", lambda o: pct(o["sink_rate"])),
+    ("sink heads, random", lambda o: pct(o["sink_rate_random"])),
+    ("slash heads (persist)", lambda o: f"{o['slash_heads']} ({o['slash_persist']})"),
+    ("relativity (median)", lambda o: fmt(o["relativity_median"])),
+    ("non-flat layers", lambda o: f"{o['nonflat_layers']}/{o['layers']}"),
+    ("signed trend (mean)", lambda o: fmt(o["trend_mean"], signed=True)),
+    ("APS min–max", lambda o: f"{fmt(o['aps_min'])}–{fmt(o['aps_max'])}"),
+    ("RoPE energy hi/med/lo", lambda o: "/".join("—" if o["freq"][b] is None else f"{100 * o['freq'][b]:.0f}"
+                                                  for b in BANDS) + " %"),
+    ("massive Q dims (low)", lambda o: f"{o['massive_q']} ({pct(o['massive_q_low_share'])})"),
+    ("massive K dims (low)", lambda o: f"{o['massive_k']} ({pct(o['massive_k_low_share'])})"),
+]
+
+
+def _short(name: str, width: int = 18) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def terminal_tables(summary: dict, per_table: int = 3) -> list:
+    """rich Tables of the traits, models in columns (``per_table`` models each, so a table fits 80
+    columns), with one block of rows per layer type where a model has several."""
+    from poslens.fmt import rich_table
+
+    tables = []
+    models = summary["models"]
+    for i in range(0, len(models), per_table):
+        ms = models[i:i + per_table]
+        rows = [[label] + [fn(m["overall"]) for m in ms] for label, fn in TRAIT_ROWS]
+        types = sorted({t for m in ms for t in m["layer_types"]})
+        for t in types:
+            for label, fn in TRAIT_ROWS[1:5] + TRAIT_ROWS[8:9]:
+                rows.append([f"{t.replace('_attention', '')}: {label}"]
+                            + [fn(m["layer_types"][t]) if t in m["layer_types"] else "—" for m in ms])
+        tables.append(rich_table(f"fingerprint: {summary['num_seqs']} × {summary['seq_len']} tokens "
+                                 "(text; random tokens)", ["trait"] + [_short(m["name"]) for m in ms], rows))
+    return tables
+
+
 def _png(fig) -> bytes:
     from poslens.rundir import figure_png
 
@@ -221,8 +266,6 @@ def figures(summary: dict) -> dict[str, bytes]:
 
 def overview_table(summary: dict) -> dict:
     """The traits of every model, models in columns (the page's and ``summary.json``'s table)."""
-    from poslens.analysis.fingerprint import TRAIT_ROWS
-
     ms = summary["models"]
     rows = [[label] + [fn(m["overall"]) for m in ms] for label, fn in TRAIT_ROWS]
     return {"title": f"positional fingerprint ({summary['num_seqs']} × {summary['seq_len']} tokens, text and random "
@@ -230,8 +273,6 @@ def overview_table(summary: dict) -> dict:
 
 
 def _by_type(summary: dict) -> list[dict]:
-    from poslens.analysis.fingerprint import TRAIT_ROWS
-
     out = []
     for m in summary["models"]:
         if not m["layer_types"]:
