@@ -218,3 +218,17 @@ def test_overwrite_replaces_a_previous_fingerprint(cli, tmp_path, two_models, id
     assert not (tmp_path / "fp" / "scans" / "stale").exists()
     assert json.loads((tmp_path / "fp" / "config.json").read_text())["command"] == "fingerprint"
     assert json.loads((tmp_path / "fp" / "summary.json").read_text())["command"] == "fingerprint"
+
+
+def test_python_call_without_out_then_save(tmp_path, two_models, ids_file):
+    from poslens.analysis.fingerprint import fingerprint, load_fingerprint
+
+    out, _ = two_models
+    r = fingerprint(out.parent / "phi3", data=ids_file, seq_len=S, num_seqs=2, progress=False)
+    assert r.path is None and [m["name"] for m in r.models] == ["phi3"]
+    assert r.table().shape[0] == 2
+    saved = r.save(tmp_path / "kept", figures=False)
+    back = load_fingerprint(saved)
+    assert back.models[0]["line"] == r.models[0]["line"]
+    assert torch.equal(back.tensors["phi3"]["sink"], r.tensors["phi3"]["sink"])
+    assert (saved / "fingerprint.html").is_file() and not (saved / "fingerprint_sink.png").exists()
