@@ -223,7 +223,7 @@ class _Claim:
     """This process's hold on one run directory's lock."""
 
     fd: int  # the open lock file, flock'ed: the OS frees the lock when the process dies
-    lock: Path
+    lock: Path  # absolute
     created: bool  # the directory was made to hold the lock: removed again if nothing else lands in it
     overwrite: bool  # the previous run's files are still to be removed (create_out_dir, staged_dir)
     explicit: int = 0  # holds of lock_out_dir / out_dir_lock
@@ -260,7 +260,7 @@ def _acquire(path: Path, *, implicit: bool = False, overwrite: bool = False, com
         fcntl = None
     created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
-    lock = path / LOCK_FILE
+    lock = Path(_key(path)) / LOCK_FILE
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
         try:
@@ -297,7 +297,7 @@ def _acquire(path: Path, *, implicit: bool = False, overwrite: bool = False, com
         claim.implicit = 1
     else:
         claim.explicit = 1
-    _claims[_key(path)] = claim
+    _claims[str(lock.parent)] = claim
     return claim
 
 
@@ -312,7 +312,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def lock_out_dir(out: str | os.PathLike, *, command: str | None = None, overwrite: bool = False) -> Path:
-    """Take the lock of run directory ``out`` (creating the directory to hold it) for this process.
+    """Take the lock of run directory ``out`` (creating the directory to hold it) for this process;
+    returns its absolute path (for :func:`unlock_out_dir`).
 
     A second live process is refused with a :class:`PoslensError` naming the holder; the lock of a
     process that died is taken over. Holds nest within one process (give each back with
@@ -327,7 +328,7 @@ def lock_out_dir(out: str | os.PathLike, *, command: str | None = None, overwrit
     else:
         claim.explicit += 1
         claim.overwrite = claim.overwrite or overwrite
-    return path
+    return Path(_key(path))  # absolute: gives the hold back even after a change of directory
 
 
 def unlock_out_dir(out: str | os.PathLike) -> None:
@@ -335,7 +336,7 @@ def unlock_out_dir(out: str | os.PathLike) -> None:
     claim = _claims.get(_key(Path(out)))
     if claim is not None and claim.explicit:
         claim.explicit -= 1
-        _maybe_release(Path(out), claim)
+        _maybe_release(claim)
 
 
 def release_out_dir(out: str | os.PathLike) -> None:
@@ -343,13 +344,14 @@ def release_out_dir(out: str | os.PathLike) -> None:
     claim = _claims.get(_key(Path(out)))
     if claim is not None and claim.implicit:
         claim.implicit -= 1
-        _maybe_release(Path(out), claim)
+        _maybe_release(claim)
 
 
-def _maybe_release(path: Path, claim: _Claim) -> None:
+def _maybe_release(claim: _Claim) -> None:
     if claim.explicit or claim.implicit:
         return
-    del _claims[_key(path)]
+    path = claim.lock.parent
+    del _claims[str(path)]
     try:
         try:
             if os.stat(claim.lock).st_ino == os.fstat(claim.fd).st_ino:

@@ -154,8 +154,7 @@ def hold_out_dir(path, *, command: str | None = None, overwrite: bool = False) -
 
     if os.environ.get("RANK", "0") not in ("", "0"):
         return
-    lock_out_dir(path, command=command or _current_command(), overwrite=overwrite)
-    _held.append(path)
+    _held.append(lock_out_dir(path, command=command or _current_command(), overwrite=overwrite))
 
 
 def release_out_dirs() -> None:
