@@ -21,13 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------------------------------------
 # Documented before they exist. Each entry names something the docs describe that has not landed
 # yet; delete the entry when it lands. Meant to be empty.
-PENDING_COMMANDS = {
-    "fingerprint",  # `poslens fingerprint` (issue 29)
-}
-PENDING_PAGES = {
-    "docs/python.md",  # the Python API's page (issue 28)
-    "docs/fingerprint.md",  # `poslens fingerprint`'s page (issue 29)
-}
+PENDING_COMMANDS: set[str] = set()  # e.g. {"fingerprint"}: `poslens fingerprint`, documented before it lands
+PENDING_PAGES: set[str] = set()  # e.g. {"docs/python.md"}: a page linked before it is written
 # ---------------------------------------------------------------------------------------------
 
 #: pages whose runnable blocks other tests run (the Python API's and the fingerprint's own tests)
@@ -44,7 +39,7 @@ def rel(path: Path) -> str:
 
 # --- parsing ---------------------------------------------------------------------------------
 
-FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
+FENCE = re.compile(r"^( {0,3})(```+|~~~+)\s*([\w+-]*)")  # indented 4 or more: an indented code block's text
 
 
 def blocks(text: str) -> list[dict]:
