@@ -76,6 +76,10 @@ def test_freed_memory_is_reused_after_configure_allocator():
 
 @glibc
 def test_the_cli_applies_it_and_the_user_can_opt_out():
-    assert int(_run("import poslens.cli\n" + PROBE)) < 100
-    assert int(_run("import poslens.cli\n" + PROBE, POSLENS_MALLOC="system")) > 8000
-    assert int(_run("import poslens.cli\n" + PROBE, MALLOC_TRIM_THRESHOLD_="131072")) > 8000
+    entry = ("import contextlib, io, sys, poslens.cli\nsys.argv = ['poslens', '--help']\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        poslens.cli.main()\n"
+             "    except SystemExit:\n        pass\n")
+    assert int(_run("import poslens.cli\n" + PROBE)) > 8000  # importing the CLI changes nothing
+    assert int(_run(entry + PROBE)) < 100  # its entry point does
+    assert int(_run(entry + PROBE, POSLENS_MALLOC="system")) > 8000
+    assert int(_run(entry + PROBE, MALLOC_TRIM_THRESHOLD_="131072")) > 8000

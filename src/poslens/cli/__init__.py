@@ -93,6 +93,15 @@ def _on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def entry_process_settings() -> None:
+    """The process-wide choices of the ``poslens`` command, made by its entry point only (importing
+    poslens or its CLI module makes none): OpenMP threads sleep instead of spinning while they wait
+    (set before torch is imported), and freed activations are reused rather than unmapped and
+    faulted in again (glibc; ``POSLENS_MALLOC=system`` opts out)."""
+    configure_process()
+    configure_allocator()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; every error becomes one ``poslens: error:`` line on stderr and exit code 2.
 
@@ -106,9 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     command ends. Only as the process's entry point (``argv`` None) does it set the process-wide
     policies of :mod:`poslens.runtime` (OpenMP wait policy, glibc allocator): importing the CLI
     changes nothing."""
-    if argv is None:  # the process's entry point (the `poslens` script, `python -m poslens`): see below
-        configure_process()  # before torch is imported: OpenMP threads sleep instead of spinning while they wait
-        configure_allocator()  # freed activations are reused, not unmapped and faulted in again (glibc)
+    if argv is None:  # the process's entry point (the `poslens` script, `python -m poslens`)
+        entry_process_settings()
     from poslens.errors import one_line_warnings
 
     old_format = warnings.formatwarning
