@@ -232,3 +232,21 @@ def test_python_call_without_out_then_save(tmp_path, two_models, ids_file):
     assert back.models[0]["line"] == r.models[0]["line"]
     assert torch.equal(back.tensors["phi3"]["sink"], r.tensors["phi3"]["sink"])
     assert (saved / "fingerprint.html").is_file() and not (saved / "fingerprint_sink.png").exists()
+
+
+def test_nope_layers_are_their_own_type(tmp_path, ids_file):
+    """SmolLM3 leaves RoPE out of every other layer: those layers are the type no_rope, all their q·k
+    energy is unrotated, the model's RoPE usage averages the rotating layers only, and the Zuo et al.
+    finding (a claim about layers without positional encoding) is judged on them."""
+    from poslens.analysis.fingerprint import fingerprint
+
+    model = save_tiny("smollm3", tmp_path / "smollm3", layers=4)
+    r = fingerprint(model, data=ids_file, seq_len=S, num_seqs=N, progress=False, out=tmp_path / "fp", figures=False)
+    m = r.models[0]
+    assert [(x["type"], x["rope"]) for x in m["layers"]] == [("rope", True), ("no_rope", False)] * 2
+    assert all(x["freq"]["unrotated"] == pytest.approx(1.0) for x in m["layers"] if not x["rope"])
+    assert set(m["layer_types"]) == {"rope", "no_rope"}
+    o = m["overall"]["freq"]
+    assert o["unrotated"] == pytest.approx(0.0) and o["high"] + o["medium"] + o["low"] == pytest.approx(1.0)
+    zuo = next(f for f in r.summary["findings"] if f["paper"].startswith("Zuo"))
+    assert zuo["models"][0]["verdict"] != "cannot be judged here"

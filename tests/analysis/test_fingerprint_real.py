@@ -177,5 +177,5 @@ def test_scan_numbers_passed_through(smollm2):
         assert r["layer"] == s["layer"]
         for key in ("relativity_index", "diagonal_trend", "aps_mean", "aps_std"):
             assert r[key] == s.get(key), key
-        assert r["rope"] is True and r["type"] == "default"
+        assert r["rope"] is True and r["type"] == "rope"
     assert m["layer_types"] == {}  # one kind of layer: no per-type block

@@ -149,12 +149,13 @@ def _median(xs) -> float | None:
 
 def _layer_kind(ssum: dict, l: int, rope_on: bool) -> str:
     """A layer's type: its RoPE table's kind (Gemma 3: ``sliding_attention`` / ``full_attention``),
-    ``default`` for a model with one kind, ``no_rope`` without RoPE."""
+    ``rope`` for a model with one kind, ``no_rope`` without RoPE (SmolLM3's NoPE layers)."""
     rope = ssum.get("rope") or {}
     kinds = rope.get("layer_kind") or []
     if not rope_on:
         return "no_rope"
-    return kinds[l] if l < len(kinds) and kinds[l] else "default"
+    kind = kinds[l] if l < len(kinds) else None
+    return "rope" if kind in (None, "default") else kind
 
 
 def _slash_heads(maps: dict, scfg: dict, ssum: dict, maps_r: dict, text_dir: Path, layer_ids: list[int],
@@ -298,6 +299,7 @@ def model_traits(text_dir: str | Path, random_dir: str | Path, *, name: str | No
 def _aggregate(layers: list[dict], slash_heads: list[dict]) -> dict:
     """Whole-model (or one layer type's) numbers from per-layer records."""
     ids = {r["layer"] for r in layers}
+    rotating = [r for r in layers if r["rope"]]
     heads = [h for r in layers for h in r["sink_heads"]]
     heads_r = [h for r in layers for h in r["sink_heads_random"]]
     slash = [s for s in slash_heads if s["layer"] in ids]
@@ -318,7 +320,8 @@ def _aggregate(layers: list[dict], slash_heads: list[dict]) -> dict:
         "aps_mean": _mean([r["aps_mean"] for r in layers]),
         "aps_min": min((r["aps_mean"] for r in layers if r["aps_mean"] is not None), default=None),
         "aps_max": max((r["aps_mean"] for r in layers if r["aps_mean"] is not None), default=None),
-        "freq": {b: _mean([r["freq"][b] for r in layers]) for b in FREQ_BANDS},
+        # RoPE usage over the layers that rotate (a NoPE layer's energy is all unrotated)
+        "freq": {b: _mean([r["freq"][b] for r in (rotating or layers)]) for b in FREQ_BANDS},
         "massive_q": mq, "massive_k": mk, "massive_q_low": mq_low, "massive_k_low": mk_low,
         "massive_q_low_share": mq_low / mq if mq else None, "massive_k_low_share": mk_low / mk if mk else None,
     }

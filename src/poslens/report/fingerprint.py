@@ -20,7 +20,7 @@ from poslens.rope import BANDS
 #: band colours (high -> low frequency, then the unrotated dims)
 BAND_COLOURS = {"high": "#d95f02", "medium": "#e6ab02", "low": "#1b9e77", "unrotated": "#999999"}
 #: marker colour per layer type (Gemma 3's two kinds; one-kind models use the first)
-TYPE_COLOURS = {"default": "#2f5fa7", "sliding_attention": "#2f5fa7", "full_attention": "#b42318",
+TYPE_COLOURS = {"rope": "#2f5fa7", "sliding_attention": "#2f5fa7", "full_attention": "#b42318",
                 "no_rope": "#777777"}
 
 FIGURE_CAPTIONS = {
