@@ -46,6 +46,7 @@ from poslens.fmt import fmt
 from poslens.metrics.fingerprint import (MASSIVE_LAMBDA, SINK_EPS, UNROTATED, band_shares, dim_bands, dim_rms,
                                          frequency_usage, head_sink, massive_by_band, massive_dims, sink_share)
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA
+from poslens.report.fingerprint import FIGURE_CAPTIONS, findings, overview_table, render_page, terminal_tables
 from poslens.report.fingerprint import pct as _pct
 from poslens.rope import BANDS, frequency_bands
 from poslens.rundir import (LAYER_CONVENTION, _atomic_write_bytes, prepare_out_dir, versions, write_json,
@@ -338,7 +339,7 @@ def summary_line(record: dict) -> str:
     return (f"{record['name']}: sink heads {_pct(o['sink_rate'])} (random tokens {_pct(o['sink_rate_random'])}); "
             f"{o['slash_heads']} slash heads, {o['slash_persist']} persist on random tokens; {rel}, "
             f"trend {fmt(o['trend_mean'], signed=True)}; APS {fmt(o['aps_min'])}–{fmt(o['aps_max'])}; "
-            f"RoPE energy high/medium/low {fmt(f['high'])}/{fmt(f['medium'])}/{fmt(f['low'])}; {massive}")
+            f"RoPE energy high/medium/low {_pct(f['high'])}/{_pct(f['medium'])}/{_pct(f['low'])}; {massive}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,8 +385,6 @@ class FingerprintResult:
     def terminal_tables(self, per_table: int = 3) -> list:
         """rich Tables of the traits, models in columns (``per_table`` models each, so a table fits 80
         columns), with one block of rows per layer type where a model has several."""
-        from poslens.report.fingerprint import terminal_tables
-
         return terminal_tables(self.summary, per_table)
 
     def save(self, out: str | Path, *, figures: bool = True, overwrite: bool = False) -> Path:
@@ -405,8 +404,6 @@ class FingerprintResult:
 
 def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, figures: bool = True) -> None:
     """The files of a fingerprint: json, tensors, figures and the page (each written atomically)."""
-    from poslens.report.fingerprint import findings, render_page  # matplotlib and jinja2: only when writing
-
     flat = {f"{name}.{k}": v.detach().cpu().clone() for name, t in tensors.items() for k, v in t.items()}
     write_tensors(out / "fingerprint.safetensors", flat,
                   metadata={"models": [m["name"] for m in summary["models"]],
@@ -426,8 +423,6 @@ def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, fig
         write_json(out / "config.json", {"command": "fingerprint", "options": {k: summary[k] for k in
                                          ("seq_len", "num_seqs", "seed", "thresholds")}, "versions": versions()})
     # the common run-directory summary (poslens report, poslens.load): the traits table, figures, one line per model
-    from poslens.report.fingerprint import FIGURE_CAPTIONS, overview_table
-
     write_summary(out, {"title": summary["title"], "tables": [overview_table(summary)],
                         "figures": [{"file": f, "caption": FIGURE_CAPTIONS[f]} for f in figs],
                         "readings": summary["lines"], "fingerprint": "fingerprint.json",
