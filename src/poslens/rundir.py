@@ -262,7 +262,11 @@ def _acquire(path: Path, *, implicit: bool = False, overwrite: bool = False, com
     path.mkdir(parents=True, exist_ok=True)
     lock = Path(_key(path)) / LOCK_FILE
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+        except OSError as e:  # e.g. the lock file of another user's run
+            raise PoslensError(f"--out {path}: cannot open its lock file {lock} ({e.strerror}); choose another "
+                               "--out.") from None
         try:
             if fcntl is not None:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -106,7 +106,7 @@ def test_a_second_process_is_refused_and_sigterm_leaves_a_checkpoint(tmp_path):
         one_error_line(code, err)  # refused: not its run, and held by another process
         code, _, err = poslens("train", "--out", out, *TRAIN_SLOW, "--lr", "0.003", "--resume")
         one_error_line(code, err, "being written by another poslens process", f"PID {holder.pid}", "poslens train")
-        time.sleep(1.0)  # some steps
+        time.sleep(0.5)  # some steps
     finally:
         holder.send_signal(signal.SIGTERM)
         _, err = holder.communicate(timeout=120)

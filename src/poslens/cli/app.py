@@ -124,6 +124,8 @@ def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None, com
         raise PoslensError("--resume and --overwrite contradict each other; pass one.")
     prepare_out_dir(path)  # an existing file, an unwritable parent
     command = command or _current_command()
+    if command not in _CONTAINERS:  # first: what is checked below cannot change under another process
+        hold_out_dir(path, command=command, overwrite=overwrite)
     if path.is_dir() and run_entries(path):
         if overwrite:
             if command not in _CONTAINERS:  # a container checks its own (demo: an earlier demo.json)
@@ -132,8 +134,6 @@ def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None, com
             fix = "pass --resume to continue it or --overwrite to replace it" if resume is not None else \
                 "pass --overwrite to replace it"
             raise PoslensError(f"--out {path} already exists and is not empty; {fix}, or choose a new directory.")
-    if command not in _CONTAINERS:
-        hold_out_dir(path, command=command, overwrite=overwrite)
 
 
 #: commands whose --out holds other commands' run directories, each locked by the run that writes it;
