@@ -359,9 +359,14 @@ def test_one_sample_reports_no_relativity_from_noise(tmp_path):
     code, _, err = poslens("simulate", "--out", out, "--samples", 1, "--seq-len", 6, "--num-layers", 2, "--dim", 8,
                            "--quiet")
     assert code == 0, err
-    for layer in json.loads((out / "summary.json").read_text())["layers"]:
+    layers = json.loads((out / "summary.json").read_text())["layers"]
+    for layer in layers:
         assert layer["relativity_index"] is None and layer["locality"] is None and layer["flat"] is None
         assert "fewer than two independent groups" in layer["missing"]["relativity_index"]
+    from poslens.report.readings import kim_readings
+
+    text = " ".join(kim_readings(layers))
+    assert "flat" not in text and "No relativity index for layers 0 and 1" in text  # not "flat": unknown
 
 
 def test_a_size_that_cannot_fit_is_refused_up_front(tmp_path):

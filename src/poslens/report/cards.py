@@ -314,7 +314,7 @@ def _layer_table(run: Run, keys: list[str]) -> dict | None:
             v = l.get(k)
             g = num(l.get(f"grid_{k}"))
             if k == "relativity_index" and v is None:
-                row.append(None if k in (l.get("missing") or {}) else "flat")
+                row.append(None if isinstance(l.get("missing"), dict) and k in l["missing"] else "flat")
             elif g is not None and num(v) is not None:  # the error belongs to the noise grid's statistic
                 se = f" ± {fmt(num(l.get(ek)))}" if ek and num(l.get(ek)) is not None else ""
                 row.append(f"{fmt(num(v))} (grid {fmt(g)}{se})")

@@ -339,6 +339,13 @@ def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
     ``grid_*``). ``noise`` names what "flat" is judged against ("Monte Carlo noise").
     """
     layers = [l for l in layers if isinstance(l, dict)]
+    # no noise floor (too few sample groups): no verdict, flat or not
+    missing = [l for l in layers if isinstance(l.get("missing"), dict) and "relativity_index" in l["missing"]]
+    if missing:
+        out = [f"No relativity index for {_layers_phrase([l.get('layer') for l in missing])}: "
+               f"{missing[0]['missing']['relativity_index']}."]
+        rest = [l for l in layers if l not in missing]
+        return out + (kim_readings(rest, noise=noise) if rest else [])
     flat = [l for l in layers if num(l.get("relativity_index")) is None]
     live = [l for l in layers if num(l.get("relativity_index")) is not None]
     out = _kim_flat(layers, flat, live, noise)
@@ -514,7 +521,10 @@ def _kim_finding(name: str, command: str, summary: dict) -> str | None:
     if not layers:
         return None
     live = [l for l in layers if num(l.get("relativity_index")) is not None]
-    flat = len(layers) - len(live)
+    missing = [l for l in layers if isinstance(l.get("missing"), dict) and "relativity_index" in l["missing"]]
+    flat = len(layers) - len(live) - len(missing)
+    if missing and not live:
+        return f"{name}: no relativity index ({missing[0]['missing']['relativity_index']})."
     if not live:
         return f"{name}: every one of {len(layers)} layers is flat (no positional information in the scores)."
     lo = min(live, key=lambda l: num(l["relativity_index"]))

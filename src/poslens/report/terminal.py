@@ -9,8 +9,11 @@ def print_simulation_summary(summary: dict, console) -> None:
     """The per-layer table of a ``simulate`` run (its ``summary.json``) with a legend and noise notes."""
     has_theory = "theory_max_abs_diff" in summary["layers"][0]
     cols = ["layer", "rel.", "loc.", "trend", "p non-rel", "RMS", "noise"] + (["|sim-th|"] if has_theory else [])
-    # null is "flat", except where the summary lists it as missing (no noise floor to judge against)
-    flat = lambda l, k: "flat" if l[k] is None and k not in (l.get("missing") or {}) else l[k]  # noqa: E731
+
+    def flat(l: dict, k: str):  # null is "flat", except where listed as missing (no noise floor to judge against)
+        missing = isinstance(l.get("missing"), dict) and k in l["missing"]
+        return "flat" if l[k] is None and not missing else l[k]
+
     rows = [[l["layer"], flat(l, "relativity_index"), flat(l, "locality"), l.get("diagonal_trend"),
              l.get("nonrelative_p"), l.get("within_diag_rms"), l.get("within_diag_rms_noise")]
             + ([l["theory_max_abs_diff"]] if has_theory else []) for l in summary["layers"]]
