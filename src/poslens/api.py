@@ -123,6 +123,14 @@ class Result:
         df.attrs["layer_convention"] = _layer_convention(self.summary)
         return df if len(df) else df.astype({"sink": np.float64})
 
+    def traits(self, level: str = "layer"):
+        """A fingerprint's traits as a DataFrame: one row per (model, layer), or per model (``level="model"``)."""
+        if self.command != "fingerprint":
+            raise PoslensError(f"traits(): a {self.command} run has no fingerprint; run poslens.fingerprint.")
+        from poslens.analysis.fingerprint import load_fingerprint
+
+        return load_fingerprint(self.path).table(level)
+
     def tables(self) -> dict:
         """The summary's tables as DataFrames, by name."""
         import pandas as pd
@@ -576,3 +584,38 @@ def _config(cls, **fields):
     if bad:
         raise PoslensError(f"unknown option(s) {', '.join(bad)}; {cls.__name__} takes {', '.join(sorted(known))}.")
     return cls(**fields)
+
+
+def fingerprint(models, *, data: str = "stdlib", seq_len: int | None = None, num_seqs: int | None = None,
+                batch_size: int = 4, seed: int = 0, device: str = "auto", dtype: str = "auto",
+                eps: float | None = None, kappa: float | None = None, massive_lambda: float | None = None,
+                out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
+                progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
+                trust_remote_code: bool = False) -> Result:
+    """The positional fingerprint of one or more models side by side (``poslens fingerprint``): each model
+    (a loaded causal LM, handed back unchanged, or a model directory / ``.gguf`` path) is scanned on text
+    and on random tokens of the same shape; the traits (sinks, slash heads, relativity, APS, RoPE frequency
+    use, massive Q/K dimensions) per layer and per model. Returns a :class:`Result`: ``summary`` and
+    ``tables()``, ``maps`` (``<model>.sink`` ``[L, H]``, ...), :meth:`Result.traits` (the per-layer or
+    per-model DataFrame), and ``path / "fingerprint.html"`` once saved with figures."""
+    from poslens.analysis import fingerprint as F
+
+    items = [models] if isinstance(models, (str, os.PathLike)) or not isinstance(models, (list, tuple)) else models
+    labels, loaded = [], {}
+    for m in items:
+        label, obj = _model_arg(m)
+        if obj is not None:
+            label = f"{label[:-1]} #{len(loaded) + 1}>" if label in loaded else label
+            loaded[label] = obj
+        labels.append(label)
+    opts = {k: v for k, v in dict(seq_len=seq_len, num_seqs=num_seqs, eps=eps, kappa=kappa,
+                                   massive_lambda=massive_lambda).items() if v is not None}
+    if out is not None and Path(out).exists() and not overwrite:
+        raise PoslensError(f"out={str(out)!r} exists; choose a new directory or pass overwrite=True.")
+    with _run_dir(out, overwrite=False) as (path, tmp):
+        cfg = F.FingerprintConfig(models=labels, out=str(path), data=str(data), batch_size=batch_size, seed=seed,
+                                  device=device, dtype=dtype, figures=figures, overwrite=overwrite,
+                                  allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, **opts)
+        with _threads(threads):
+            F.run_fingerprint(cfg, progress=progress, loaded=loaded)
+        return _finish(path, tmp)

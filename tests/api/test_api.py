@@ -365,3 +365,26 @@ def test_sweep_and_unknown_options():
     assert r.command == "sweep"
     with pytest.raises(PoslensError, match="unknown option"):
         poslens.sweep(nonsense=1)
+
+
+def test_fingerprint_of_a_loaded_model_beside_a_path(tmp_path):
+    a, b = tiny("llama"), tiny("qwen2", seed=1)
+    b.save_pretrained(tmp_path / "qwen")
+    state = model_state(a)
+    r = poslens.fingerprint([a, tmp_path / "qwen"], data="random", seq_len=16, num_seqs=4, progress=False)
+    assert model_state(a) == state
+    assert r.command == "fingerprint"
+    per_model = r.traits("model")
+    assert len(per_model) == 2 and "qwen" in set(per_model["model"])
+    # the sink trait of the loaded model equals the scan's own per-head sink
+    s = poslens.scan(a, data="random", seq_len=16, num_seqs=4, stats="probs", progress=False)
+    name = per_model["model"].iloc[0]
+    assert torch.allclose(r.maps[f"{name}.sink"].double(), torch.tensor(s.heads()["sink"].to_numpy()).reshape(2, 4),
+                          atol=1e-6)
+
+
+def test_slash_of_a_scan_from_memory():
+    model = tiny()
+    s = poslens.scan(model, data="random", seq_len=16, num_seqs=4, progress=False)
+    r = poslens.slash(s)  # the model's configuration travels with the scan (no model directory)
+    assert r.command == "slash"

@@ -97,6 +97,9 @@ def model_names(models: Iterable[str]) -> list[str]:
     for m in models:
         p = Path(str(m))
         base = p.stem if p.suffix.lower() == ".gguf" else (p.name or str(p))
+        if str(m).startswith("<in-memory"):  # "<in-memory Class: name_or_path>": the name, else the class
+            cls, _, origin = str(m)[len("<in-memory "):-1].partition(": ")
+            base = Path(origin).name if origin and origin != "unnamed" else cls
         base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "model"
         name, n = base, 1
         while name in names:
@@ -106,10 +109,12 @@ def model_names(models: Iterable[str]) -> list[str]:
     return names
 
 
-def _check(cfg: FingerprintConfig) -> None:
+def _check(cfg: FingerprintConfig, loaded: dict | None = None) -> None:
     if not cfg.models:
         raise PoslensError("fingerprint: no model given; pass one or more model directories or .gguf files.")
     for m in cfg.models:
+        if loaded and m in loaded:
+            continue
         if not isinstance(m, (str, Path)):
             raise PoslensError(f"fingerprint: {type(m).__name__} is not a model path; pass a Hugging Face model "
                                "directory or a .gguf file (save a loaded model with save_pretrained first).")
@@ -433,14 +438,16 @@ def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, fig
 # --------------------------------------------------------------------------------------------
 # running it
 # --------------------------------------------------------------------------------------------
-def _scan(model: str, out: Path, data: str, stats: Iterable[str], cfg: FingerprintConfig, progress: bool) -> None:
+def _scan(model: str, out: Path, data: str, stats: Iterable[str], cfg: FingerprintConfig, progress: bool,
+          loaded=None) -> None:
+    """One scan of ``model`` (a path, or the label of ``loaded``, a model in memory) into ``out``."""
     from poslens.capture.scan import ScanConfig, run_scan
 
     run_scan(ScanConfig(model_dir=str(model), out=str(out), data=data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs,
                         batch_size=cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device,
                         figures=False, overwrite=cfg.overwrite, reservoir=0, stats=list(stats),
                         allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code),
-             progress=progress)
+             progress=progress, model=loaded)
 
 
 def _clear_previous(out: Path, overwrite: bool) -> None:
@@ -466,13 +473,14 @@ def _clear_previous(out: Path, overwrite: bool) -> None:
             p.unlink()
 
 
-def run_fingerprint(cfg: FingerprintConfig, progress: bool = True) -> FingerprintResult:
+def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: dict | None = None) -> FingerprintResult:
     """Scan every model twice (text, random tokens) into ``cfg.out/scans/<model>/``, read the traits
     and write the fingerprint's files into ``cfg.out``."""
     from poslens.progress import task_progress
     from poslens.runtime import no_hf_progress_bars
 
-    _check(cfg)
+    loaded = loaded or {}
+    _check(cfg, loaded)
     out = Path(cfg.out)
     prepare_out_dir(out)
     _clear_previous(out, cfg.overwrite)
@@ -488,9 +496,9 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True) -> Fingerprin
         for i, (model, name) in enumerate(zip(cfg.models, names)):
             base = out / "scans" / name
             update(3 * i, info=f"{name}: text")
-            _scan(model, base / "text", cfg.data, TEXT_STATS, cfg, progress)
+            _scan(model, base / "text", cfg.data, TEXT_STATS, cfg, progress, loaded.get(model))
             update(3 * i + 1, info=f"{name}: random")
-            _scan(model, base / "random", "random", RANDOM_STATS, cfg, progress)
+            _scan(model, base / "random", "random", RANDOM_STATS, cfg, progress, loaded.get(model))
             update(3 * i + 2, info=f"{name}: traits")
             rec, t = model_traits(base / "text", base / "random", name=name, eps=cfg.eps, kappa=cfg.kappa,
                                   massive_lambda=cfg.massive_lambda)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -25,7 +26,7 @@ from poslens.metrics.ropefit import rope_decomposition
 from poslens.metrics.slash import _check_slash, best_offsets, kv_head_of, persistence, sdh_table
 from poslens.report.readings import slash_command_readings
 from poslens.rope import BANDS
-from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, save_figure, staged_dir, versions, write_json,
+from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, read_json, save_figure, staged_dir, versions, write_json,
                             write_summary, write_tensors)
 
 
@@ -97,15 +98,17 @@ class SlashConfig:
     figures: bool = True
 
 
-def model_rope_geometry(model_dir: str) -> dict:
-    """``rotary_dim``, ``base``, ``scaling`` (logit scale) and ``head_dim`` of a model directory's config."""
+def model_rope_geometry(model_dir: str | None, config=None) -> dict:
+    """``rotary_dim``, ``base``, ``scaling`` (logit scale) and ``head_dim`` of a model directory's config
+    (or of ``config``, a transformers config: a model scanned from memory)."""
     from transformers import AutoConfig
 
-    p = model_directory(model_dir)  # a .gguf file: its dequantised cache directory
-    if not (p / "config.json").is_file():
-        raise PoslensError(f"model directory {p} (recorded by the scan) has no config.json; pass --model-dir "
-                           "with the scanned model's directory.")
-    config = AutoConfig.from_pretrained(str(p))
+    if config is None:
+        p = model_directory(model_dir)  # a .gguf file: its dequantised cache directory
+        if not (p / "config.json").is_file():
+            raise PoslensError(f"model directory {p} (recorded by the scan) has no config.json; pass --model-dir "
+                               "with the scanned model's directory.")
+        config = AutoConfig.from_pretrained(str(p))
     ad = get_adapter(config)
     D = ad.head_dim(config)
     qpas = getattr(config, "query_pre_attn_scalar", None)
@@ -212,13 +215,29 @@ def _scan_geometry(cfg: SlashConfig, scfg: dict, ssum: dict) -> tuple[str, dict]
     model_dir = cfg.model_dir or (scfg.get("options") or {}).get("model_dir")
     if not model_dir:
         raise PoslensError(f"SCAN_DIR {cfg.scan_dir}: config.json does not name the model; pass --model-dir.")
-    geom = model_rope_geometry(model_dir)
+    saved = Path(cfg.scan_dir) / MODEL_CONFIG
+    if not cfg.model_dir and str(model_dir).startswith("<in-memory") and saved.is_file():
+        geom = model_rope_geometry(None, config=config_from_dict(read_json(saved)))  # scanned from memory
+    else:
+        geom = model_rope_geometry(model_dir)
     if ssum.get("rope"):  # the frequencies the scanned model actually used (scaled RoPE, per-layer-type bases)
         geom["rope"] = ssum["rope"]
     used = [x for x in ((ssum.get("attention") or {}).get("scaling") or []) if x]
     if used and len(set(used)) == 1:  # the logit scale the layers used (Granite's multiplier, Gemma's scalar)
         geom["scaling"] = used[0]
     return model_dir, geom
+
+
+#: a scan of a model in memory keeps the model's configuration here (its directory may not exist)
+MODEL_CONFIG = "model_config.json"
+
+
+def config_from_dict(d: dict):
+    """A transformers config from the dict ``config.to_dict()`` wrote."""
+    from transformers import AutoConfig
+
+    d = dict(d)
+    return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 def _num(v) -> float | None:

@@ -225,6 +225,8 @@ def spread_over_devices(model) -> bool:
 
 def _write_config(job: _Job, model, in_memory: bool = False) -> None:
     cfg, plan = job.cfg, job.plan
+    if in_memory:  # no model directory to read the configuration from later (slash, fingerprint): keep it
+        write_json(job.out / "model_config.json", model.config.to_dict())
     origin = {"kind": "in-memory", "class": type(model).__name__,
               "name_or_path": str(getattr(model, "name_or_path", "") or "")} if in_memory else source_record(cfg.model_dir)
     write_json(job.out / "config.json", {
