@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from poslens.capture import attention as att
+from poslens.capture.builtin import dim_logit as builtin_dim_logit
+from poslens.capture.builtin import qk as builtin_qk
 from poslens.capture.checkpoint import fingerprint
 from poslens.capture.scan import ScanConfig, run_scan
 from poslens.errors import PoslensError
@@ -57,8 +59,8 @@ def test_unrequested_statistics_are_not_computed(monkeypatch):
 
     monkeypatch.setattr(att.Capture, "_add_cosine", boom)
     monkeypatch.setattr(att.Capture, "unrotate", boom)
-    monkeypatch.setattr(att, "_head_gram", boom)
-    monkeypatch.setattr(att, "_causal_pair_dim_sum", boom)
+    monkeypatch.setattr(builtin_qk, "head_gram", boom)
+    monkeypatch.setattr(builtin_dim_logit, "causal_pair_dim_sum", boom)
     cap = _observe("scores,probs")
     # score_groups: the scores' noise groups; sink_heads: each head's key-0 column of the probs' softmax
     assert set(cap.means()) == {"scores", "score_groups", "probs", "sink_heads"}
@@ -140,3 +142,17 @@ def test_resume_fingerprint_includes_stats(llama_dir, tmp_path):
         run_scan(other, progress=False)
     done = run_scan(ScanConfig(**{**cfg.__dict__, "resume": True}), progress=False)
     assert done["num_seqs"] == 6
+
+
+def test_builtin_statistic_modules_are_registered_once():
+    """Each module of poslens.capture.builtin: one registry line, its --stats name in STATS with the
+    accumulators it fills, their shapes in maps.safetensors' table."""
+    from poslens.capture.builtin import BUILTINS
+
+    spec = _spec("all")
+    shapes = att.accumulator_shapes(spec)
+    for name, st in BUILTINS.items():
+        assert st.name == name and att.STATS[name] == st.accumulators
+        assert tuple(st.shapes(spec)) == st.accumulators
+        assert all(shapes[a] == s for a, s in st.shapes(spec).items())
+    assert {"qk", "dim_logit"} <= set(BUILTINS)

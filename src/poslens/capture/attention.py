@@ -32,6 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from poslens.capture import cuda_maps
+from poslens.capture.builtin import BUILTINS
+from poslens.capture.builtin.base import LayerBatch
+from poslens.capture.kernels import sum_first as _sum_first
 from poslens.capture.reservoir import QKReservoir
 from poslens.capture.statistic import (ATTENTION_POINTS, Statistic, check_needs, flatten_state, qualified_name,
                                        resolve_statistic, unflatten_state)
@@ -91,8 +94,9 @@ STATS: dict[str, tuple[str, ...]] = {
     "slash": ("slash", "sink_heads"),
     "cosine": ("cosine", "norms", "aps_seq"),  # and each sequence's own APS
     "attn_cosine": ("attn_cosine", "attn_norms", "attn_aps_seq"),
-    "qk": ("q_gram", "k_gram"),  # and the --reservoir sample of pre-RoPE q/k vectors
-    "dim_logit": ("dim_logit",),
+    # the statistics that are modules of their own (poslens.capture.builtin): qk (and the --reservoir
+    # sample of pre-RoPE q/k vectors), dim_logit
+    **{name: st.accumulators for name, st in BUILTINS.items()},
 }
 #: Every statistic. The default: the report and the analyses read all but ``probs``, and ``probs`` is
 #: one extra reduction of the softmax that ``slash`` computes anyway.
@@ -244,46 +248,6 @@ def half_layout_perm(head_dim: int, rotary_dim: int, device=None) -> torch.Tenso
                       torch.arange(rotary_dim, head_dim)]).to(device)
 
 
-def _sum_first(x: torch.Tensor) -> torch.Tensor:
-    """``x.sum(0)`` as in-place adds of the slices: the same float32 sum, but on the shared 2-thread
-    benchmark machine a reduction over the outermost dim intermittently stalled for tens of ms."""
-    if x.shape[0] == 1:
-        return x[0]
-    out = x[0] + x[1]
-    for b in range(2, x.shape[0]):
-        out += x[b]
-    return out
-
-
-def _causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``sum_{j <= i} q[..., i, d] k[..., j, d]`` per dimension: ``[B, Hk, g, D]`` from grouped queries
-    ``qg [B, Hk, g, S, D]`` and keys ``k [B, Hk, S, D]``.
-
-    Equal to ``sum_i q_i * cumsum(k)_i``, one sequence at a time: a sequence's keys, their running
-    sum and the product stay cache-sized (at batch 20 the whole layer's are tens of megabytes; a
-    small lower-triangular product per 64 positions over the whole batch is several times slower).
-    """
-    B, Hk, g, S, D = qg.shape
-    if qg.device.type != "cpu":  # one pass over the batch; torch's GPU scan is fast over the innermost dim
-        ck = k.transpose(-1, -2).cumsum(-1).transpose(-1, -2)  # [B, Hk, S, D] (strided view)
-        return (qg * ck[:, :, None]).sum(dim=3)
-    out = torch.empty(B, Hk, g, D, dtype=qg.dtype, device=qg.device)
-    ck = torch.empty(Hk, S, D, dtype=k.dtype, device=k.device)
-    for b in range(B):
-        torch.cumsum(k[b], dim=1, out=ck)  # keys j <= i
-        torch.sum(qg[b] * ck[:, None], dim=2, out=out[b])
-    return out
-
-
-def _far_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, window: int) -> torch.Tensor:
-    """``sum_{j <= i - window} q[..., i, d] k[..., j, d]``: the causal pairs outside a sliding window."""
-    S = k.shape[2]
-    if window >= S:
-        return torch.zeros(qg.shape[:3] + (qg.shape[-1],), dtype=qg.dtype, device=qg.device)
-    ck = k.cumsum(dim=2)[:, :, : S - window]  # keys j <= i - window for queries i = window .. S-1
-    return (qg[:, :, :, window:] * ck[:, :, None]).sum(dim=3)
-
-
 def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor:
     """View ``[H, c, stop]`` of the slash buffer with ``V[h, r, t] = A_h[start + r, start + r - d]``.
 
@@ -294,12 +258,6 @@ def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor
     """
     H, _, W = zbuf.shape
     return zbuf.as_strided((H, c, stop), (zbuf.stride(0), W + 1, 1), zbuf.storage_offset() + pad - c + 1)
-
-
-def _head_gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x[b,h]^T x[b,h]`` per sequence and head, float32 ``[B, H, D, D]`` (into ``out`` if given);
-    the caller sums them over sequences in float64."""
-    return torch.matmul(x.transpose(-1, -2), x, out=out)
 
 
 def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: bool = False) -> torch.Tensor:
@@ -702,12 +660,11 @@ def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
         "norms": (L + 1, S),
         "attn_cosine": (L, M, M),
         "attn_norms": (L, S),
-        "q_gram": (L, H, D, D),
-        "k_gram": (L, Hk, D, D),
-        "dim_logit": (L, H, D),
         "aps_seq": (L + 1,),
         "attn_aps_seq": (L,),
     }
+    for st in BUILTINS.values():
+        shapes.update(st.shapes(spec))
     wanted = {a for st in spec.stats for a in STATS[st]} - {"score_groups"}  # a GroupAccumulator, see Capture
     shapes = {k: v for k, v in shapes.items() if k in wanted}
     if spec.map_size and "probs" in shapes:  # key 0's weight exactly: the sink is one column, not a block
@@ -1205,16 +1162,16 @@ class Capture:
             raise ValueError("observe_attention: pass the layer output, or the values where computes_output()")
         fused = want_maps and softcap is None and _fused_ok(query, key, window)
         q = k = None
-        if "qk" in stats or "dim_logit" in stats or (want_maps and not fused):
+        builtins = [st for name, st in BUILTINS.items() if name in stats]
+        if builtins or (want_maps and not fused):
             # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
             # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
-            q, k = self._f32("q", query), self._f32("k", key)
-        if "qk" in stats:
-            self._add_qk_grams(layer, li, q, k)
-        if q is not None and self.spec.rope_layout == "interleaved":  # dim_logit by pair; logits are unchanged
-            q, k = (t.index_select(-1, self._half_perm(query.shape[-1], q.device)) for t in (q, k))
-        if "dim_logit" in stats:
-            self._add_dim_logit(li, q, k, query.shape[1], scaling, causal, window)
+            batch = LayerBatch(self, layer, li, self._f32("q", query), self._f32("k", key), float(scaling), causal,
+                               window)
+            for st in builtins:
+                st.add(batch)
+            q, k = batch.half_layout()  # the maps' logits are the same in either pair layout
+            del batch
         if want_maps:  # the logits are products of the model's own half values: exact in TF32
             with _half_input_matmuls(query.is_cuda and query.dtype in _HALF):
                 maps, out = self._layer_maps(layer, query, key, value, q, k, out, scaling, causal, window, softcap,
@@ -1228,63 +1185,8 @@ class Capture:
         return out
 
     def _add_qk_grams(self, layer, li, q, k) -> None:
-        """Pre-RoPE second moments (rank analysis): float32 ``[S, D] x [S, D]`` products per sequence
-        and head, summed in float64; and the reservoir sample of the same vectors.
-
-        One sequence at a time: its RoPE inverse, products and reservoir rows stay cache-sized (at
-        batch 20 a layer's q and k are 40 MiB each, and inverting them whole, then reading them again
-        for the products, was memory traffic). The values are those of the whole-batch computation."""
-        spec, acc = self.spec, self.accs
-        B, H, S, D = q.shape
-        Hk = k.shape[1]
-        rope = layer in spec.rope_layers
-        perm = self._half_perm(D, q.device) if spec.rope_layout == "interleaved" else None
-        cpu = q.device.type == "cpu"
-        qg = self._buffer("q_gram", (B, H, D, D), q.device, reuse=cpu)
-        kg = self._buffer("k_gram", (B, Hk, D, D), q.device, reuse=cpu)
-        res = self.reservoir
-        if res is not None:  # the tokens entering the reservoir: (sequence in the batch, position)
-            sel_b, sel_s = res.new_slots()
-            q_new = torch.empty(H, sel_b.numel(), D, dtype=torch.float32, device=q.device)
-            k_new = torch.empty(Hk, sel_b.numel(), D, dtype=torch.float32, device=q.device)
-        # on the CPU one sequence at a time (cache-sized); on a GPU the whole batch at once (a loop of
-        # small kernels with a host sync per sequence for the reservoir costs more than the work)
-        step = 1 if cpu else B
-        for b in range(0, B, step):
-            q_pre, k_pre = (q[b:b + step], k[b:b + step])
-            if rope:
-                q_pre, k_pre = self.unrotate(q_pre, k_pre, batch=b if step == 1 else None)
-            if perm is not None:  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
-                q_pre, k_pre = (t.index_select(-1, perm) for t in (q_pre, k_pre))
-            _head_gram(q_pre, out=qg[b:b + step])
-            _head_gram(k_pre, out=kg[b:b + step])
-            if res is None:
-                continue
-            if step == B:  # every selected token of the batch in one gather: [n, H, D] -> [H, n, D]
-                q_new.copy_(q_pre[sel_b, :, sel_s].transpose(0, 1))
-                k_new.copy_(k_pre[sel_b, :, sel_s].transpose(0, 1))
-                continue
-            mine = (sel_b == b).nonzero().squeeze(1)
-            if mine.numel():
-                pos = sel_s[mine]
-                q_new[:, mine] = q_pre[0][:, pos].to(torch.float32)
-                k_new[:, mine] = k_pre[0][:, pos].to(torch.float32)
-        acc["q_gram"].sum[li] += qg.sum(0, dtype=torch.float64).div_(S)
-        acc["k_gram"].sum[li] += kg.sum(0, dtype=torch.float64).div_(S)
-        if res is not None:
-            res.observe_new(li, q_new, k_new)
-
-    def _add_dim_logit(self, li, q, k, H, scaling, causal, window) -> None:
-        """Per-dimension logit contribution, summed over the causal pairs ``j <= i`` a query sees."""
-        B, _, S, D = q.shape
-        Hk = k.shape[1]
-        qg = q.view(B, Hk, H // Hk, S, D)
-        dim_sum = _sum_first(_causal_pair_dim_sum(qg, k)).reshape(H, D)
-        n_pairs = S * (S + 1) / 2
-        if window is not None and causal:  # only the pairs a query sees: drop those with i - j >= window
-            dim_sum -= _sum_first(_far_pair_dim_sum(qg, k, window)).reshape(H, D)
-            n_pairs = sum(min(i + 1, window) for i in range(S))
-        self.accs["dim_logit"].sum[li] += (scaling * dim_sum.to(torch.float64) / n_pairs)
+        """The ``qk`` statistic alone on float32 ``q``/``k`` (:class:`poslens.capture.builtin.qk.QKMoments`)."""
+        BUILTINS["qk"].add(LayerBatch(self, layer, li, q, k, 1.0, True, None))
 
     def _layer_maps(self, layer, query, key, value, q, k, out, scaling, causal, window, softcap, heads_here,
                     fused):
