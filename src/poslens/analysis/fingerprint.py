@@ -344,7 +344,8 @@ def summary_line(record: dict) -> str:
     return (f"{record['name']}: sink heads {_pct(o['sink_rate'])} (random tokens {_pct(o['sink_rate_random'])}); "
             f"{o['slash_heads']} slash heads, {o['slash_persist']} persist on random tokens; {rel}, "
             f"trend {fmt(o['trend_mean'], signed=True)}; APS {fmt(o['aps_min'])}–{fmt(o['aps_max'])}; "
-            f"RoPE energy high/medium/low {_pct(f['high'])}/{_pct(f['medium'])}/{_pct(f['low'])}; {massive}")
+            + (f"RoPE energy high/medium/low {_pct(f['high'])}/{_pct(f['medium'])}/{_pct(f['low'])}; {massive}"
+               if o.get("rope_layers") else "no RoPE"))
 
 
 # --------------------------------------------------------------------------------------------

