@@ -1,6 +1,6 @@
 """Wall-clock time of ``poslens fingerprint`` on the SmolLM2 and Gemma 3 GGUF files at its default sizes.
 
-The goal (issue 29): within 5 minutes on an idle 2-core CPU for both models together. The command
+The goal: within 5 minutes on an idle 2-core CPU for both models together. The command
 runs as a user runs it, one process (``python -m poslens fingerprint SMOLLM2 GEMMA3 --out DIR``),
 and is timed from start to exit; the breakdown reads each scan's own timings from its summary
 (model loading and writing included in ``wall_s``), the rest being the traits, figures and page.

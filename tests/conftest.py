@@ -11,7 +11,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # for cuda themselves; `POSLENS_DEVICE=auto pytest` runs every command's default path on a visible GPU.
 os.environ.setdefault("POSLENS_DEVICE", "cpu")
 # One thread: tests use tiny tensors, and on a shared 2-core machine two OpenMP threads can
-# stall each other (measured ~9x slower per training step under load).
+# stall each other when another process is busy.
 torch.set_num_threads(1)
 
 

@@ -49,7 +49,7 @@ def _write_index(out: Path, records: list[dict], ctx: ReproContext) -> None:
     write_json(out / "index.json", {"samples": ctx.samples, "seed": ctx.seed, "experiments": records})
     lines = ["# poslens reproduction", "", f"Monte Carlo samples per simulation: {ctx.samples:,} (seed {ctx.seed}).", ""]
     for r in records:
-        verdict = "reproduced" if r["reproduced"] else "NOT reproduced"
+        verdict = {True: "reproduced", False: "NOT reproduced"}.get(r["reproduced"], "not decided")
         lines += [f"## {r['name']} — {verdict}", "", f"**Paper** ({r['paper']}): {r['claim']}", "",
                   "**Measured**:", "", *[f"- {m}" for m in str(r["measured"]).splitlines()], "",
                   f"Files: `{r['name']}/`", ""]
