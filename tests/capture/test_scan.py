@@ -298,7 +298,7 @@ def test_pool_for_figure_block_means_skip_the_causal_triangle():
 def _brute_aps(h: torch.Tensor, positions: torch.Tensor) -> float:
     """The paper's APS of one sequence by counting triples (an independent reference)."""
     v = torch.nn.functional.normalize(h[positions].double().reshape(len(positions), -1), dim=-1)
-    c = v @ v.T
+    c = (v[:, None, :] * v[None, :, :]).sum(-1)  # every entry the same elementwise sum: identical vectors tie exactly
     T = len(positions)
     hits = sum(bool(c[i, k] > c[i, j]) for i in range(T) for k in range(i) for j in range(k))
     return hits / math.comb(T, 3)

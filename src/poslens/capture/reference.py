@@ -120,7 +120,9 @@ def cosine_map(x: torch.Tensor) -> torch.Tensor:
     """``[S, S]`` cosines of the rows of ``x [S, d]`` (0 where a row is zero)."""
     n = x.norm(dim=-1)
     safe = torch.where(n > 0, n, torch.ones_like(n))
-    c = (x @ x.T) / (safe[:, None] * safe[None, :])
+    # every entry by the same elementwise sum, so identical rows (a repeated token) tie exactly; a
+    # blocked matrix product may round them apart, differently on different CPUs
+    c = (x[:, None, :] * x[None, :, :]).sum(-1) / (safe[:, None] * safe[None, :])
     return torch.where((n[:, None] > 0) & (n[None, :] > 0), c, torch.zeros_like(c))
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from poslens.theory import running_mean_cosine
+from poslens.metrics.ties import tie_columns
 
 
 def aps_positions(S: int, max_positions: int) -> torch.Tensor:
@@ -296,16 +297,20 @@ def _lower_cosines(u: torch.Tensor) -> torch.Tensor:
     order, so identical vectors (a repeated token's embedding) get bitwise-equal cosines: exact ties,
     which the count does not take for rises. A symmetric rank-k product on two BLAS threads broke
     such ties in the last bit (its triangle blocks go to different kernels by thread), and SmolLM2's
-    embedding-layer APS on the stdlib corpus came out about 1e-3 higher than on one thread."""
+    embedding-layer APS on the stdlib corpus came out about 1e-3 higher than on one thread. Within
+    one product, a kernel's edge columns can still round differently: :func:`tie_columns` repairs them."""
     T = u.shape[1]
     if T < 64 or u.device.type != "cpu":
-        return torch.bmm(u, u.transpose(1, 2))
-    h = T // 2
-    m = torch.empty(u.shape[0], T, T, dtype=u.dtype, device=u.device)
-    m[:, :h, h:] = 0.0
-    torch.bmm(u[:, :h], u[:, :h].transpose(1, 2), out=m[:, :h, :h])
-    torch.bmm(u[:, h:], u.transpose(1, 2), out=m[:, h:])
-    return m
+        m = torch.bmm(u, u.transpose(1, 2))
+    else:
+        h = T // 2
+        m = torch.empty(u.shape[0], T, T, dtype=u.dtype, device=u.device)
+        m[:, :h, h:] = 0.0
+        torch.bmm(u[:, :h], u[:, :h].transpose(1, 2), out=m[:, :h, :h])
+        torch.bmm(u[:, h:], u.transpose(1, 2), out=m[:, h:])
+    # a BLAS may still treat a tile's edge columns with another kernel (MKL's AVX2 path does): the
+    # columns of repeated vectors are made exact copies of their first one's (poslens.metrics.ties)
+    return tie_columns(m, u)
 
 
 def norm_score(norms) -> torch.Tensor:

@@ -1,0 +1,54 @@
+"""Exact ties kept exact: identical vectors get bitwise-identical similarities.
+
+A product ``u @ uᵀ`` computed in blocks (separate products, or a BLAS kernel that treats the edge
+rows and columns of a tile with another accumulation order) can round the same dot product
+differently in different places. Two identical rows of ``u`` (a repeated token's embedding) then
+get similarities to a third row that differ in the last bit: a tie that a rank count such as the
+APS (arXiv 2501.00073) takes for a rise or a fall, differently on different CPUs. Which kernels a
+BLAS picks depends on the CPU, so the repair is needed wherever ties are counted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: columns sampled to find candidate identical rows
+TIE_SAMPLE_COLUMNS = 16
+
+_INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+           torch.bfloat16: torch.int16}
+
+
+def equal_row_representatives(a: torch.Tensor) -> torch.Tensor | None:
+    """For the rows of ``a [S, K]``: the index of the first row bitwise equal to each (itself when none
+    is earlier), or None when all rows differ. Candidates share the bits of a few sampled columns; each
+    is checked against its group's first row over all columns before it is tied to it."""
+    S, K = a.shape
+    if S < 2 or K == 0:
+        return None
+    as_int = _INT_OF[a.dtype]
+    cols = torch.linspace(0, K - 1, min(K, TIE_SAMPLE_COLUMNS)).round().long()
+    bits = a[:, cols].contiguous().view(as_int).long()  # exact bits (-0.0 and +0.0 differ: no false tie)
+    mult = torch.arange(1, 2 * cols.numel(), 2, dtype=torch.long) * 0x9E3779B1  # odd multipliers
+    key = (bits * mult).sum(1)  # equal rows, equal keys (integer arithmetic, wrapping)
+    _, inv = torch.unique(key, return_inverse=True)
+    if int(inv.max()) == S - 1:  # every key distinct: no identical rows
+        return None
+    first = torch.full((S,), S, dtype=torch.long).scatter_reduce_(0, inv, torch.arange(S), "amin")[inv]
+    cand = (first != torch.arange(S)).nonzero().squeeze(1)
+    same = (a[cand].contiguous().view(as_int) == a[first[cand]].contiguous().view(as_int)).all(1)
+    rep = torch.arange(S)
+    rep[cand[same]] = first[cand[same]]
+    return rep if bool(same.any()) else None
+
+
+def tie_columns(sim: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    """``sim [B, T, T]`` (rows: queries, columns: keys, both the rows of ``vectors [B, T, d]``) with
+    every column of a repeated vector replaced by the column of its first copy, in place: within a
+    row, identical keys then compare as exact ties. A column's first copy comes no later, so the
+    strict lower triangle reads only entries at or below it."""
+    for b in range(vectors.shape[0]):
+        rep = equal_row_representatives(vectors[b])
+        if rep is not None:
+            sim[b] = sim[b][:, rep]
+    return sim
