@@ -420,3 +420,29 @@ def test_safetensors_header_check_names_the_damage(tmp_path):
         f.write_bytes(data[:cut])
         with pytest.raises(PoslensError, match=words):
             safetensors_shapes(f)
+
+
+def test_missing_weights_warn_in_one_line_and_verbose_shows_the_load_report(tmp_path):
+    """A checkpoint missing a tensor loads with that tensor at random: one poslens warning says so;
+    transformers' own load report shows only with ``poslens --verbose``."""
+    import transformers as tf
+    from safetensors.torch import load_file, save_file
+
+    import sys as _sys
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from archs import tiny_config
+
+    tf.AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(tmp_path / "m")
+    sd = load_file(tmp_path / "m" / "model.safetensors")
+    sd.pop("model.layers.0.input_layernorm.weight")
+    save_file(sd, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    args = ["scan", str(tmp_path / "m"), "--data", "random", "--seq-len", "16", "--num-seqs", "2", "--quiet",
+            "--no-figures"]
+    quiet = subprocess.run([sys.executable, "-m", "poslens", *args, "--out", str(tmp_path / "a")],
+                           capture_output=True, text=True, timeout=300)
+    loud = subprocess.run([sys.executable, "-m", "poslens", "--verbose", *args, "--out", str(tmp_path / "b")],
+                          capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and loud.returncode == 0
+    warn = [l for l in quiet.stderr.splitlines() if l.startswith("poslens: warning:")]
+    assert len(warn) == 1 and "input_layernorm" in warn[0]
+    assert "LOAD REPORT" not in quiet.stderr and "LOAD REPORT" in loud.stderr

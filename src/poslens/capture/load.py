@@ -166,8 +166,8 @@ def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle:
     path = model_directory(model_dir)
     try:
         with quiet_hf_loading(verbose):
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=dtype, attn_implementation=ATTN_NAME,
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dtype, attn_implementation=ATTN_NAME, output_loading_info=True,
                 use_safetensors=None if allow_pickle else True, trust_remote_code=trust_remote_code, **extra,
             )
     except (OSError, RuntimeError, ValueError, TypeError, KeyError) as e:
@@ -176,4 +176,20 @@ def load_model(model_dir: str, *, dtype: torch.dtype, device: str, allow_pickle:
         detail = " ".join(str(e).split())[:300]
         raise PoslensError(f"{path}: the weights could not be loaded ({type(e).__name__}: {detail}); the model "
                            "directory is damaged or incomplete: download or save it again.") from None
+    _warn_missing(path, info)
     return model.eval() if device_map else model.to(device).eval()
+
+
+def _warn_missing(path, info: dict) -> None:
+    """Weights the checkpoint lacks are initialised at random by transformers: the scan would measure
+    a model nobody trained. One line names them (the hidden load report lists them all)."""
+    import warnings
+
+    from poslens.errors import PoslensWarning
+
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        warnings.warn(f"{path}: {len(missing)} weight(s) missing from the checkpoint were initialised at random "
+                      f"({', '.join(missing[:3])}{more}); the results describe a partly untrained model "
+                      "(poslens --verbose shows transformers' load report).", PoslensWarning, stacklevel=3)

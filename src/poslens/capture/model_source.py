@@ -21,6 +21,7 @@ half-written directory; later commands load the cached directory like any model 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import io
 import logging
@@ -317,11 +318,16 @@ def source_record(model: str | os.PathLike) -> dict:
 _LOAD_LOGGERS = ("transformers",)
 
 
+#: True while transformers' load reports should be shown (``poslens --verbose``, set for one command)
+SHOW_LOAD_REPORTS: contextvars.ContextVar[bool] = contextvars.ContextVar("poslens_show_load_reports", default=False)
+
+
 @contextlib.contextmanager
 def quiet_hf_loading(verbose: bool = False) -> Iterator[None]:
-    """Transformers' load report and warnings off inside the block (unless ``verbose``): the report is
-    tens of lines, and poslens says in one line what is wrong. The loggers' levels are restored."""
-    if verbose:
+    """Transformers' load report and warnings off inside the block (unless ``verbose`` or ``poslens
+    --verbose``): the report is tens of lines, and poslens says in one line what is wrong. The loggers'
+    levels are restored."""
+    if verbose or SHOW_LOAD_REPORTS.get():
         yield
         return
     loggers = [logging.getLogger(name) for name in _LOAD_LOGGERS]

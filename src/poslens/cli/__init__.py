@@ -21,7 +21,7 @@ import warnings
 
 from poslens.runtime import configure_allocator, configure_process
 
-from poslens.cli.app import app, release_out_dirs, restore_threads  # noqa: E402
+from poslens.cli.app import app, release_out_dirs, reset_verbose, restore_threads  # noqa: E402
 from poslens.errors import Interrupted, PoslensError  # noqa: E402
 
 # Each import attaches its commands to `app` (one module per command group).
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         signal.signal(signal.SIGTERM, old_term)
         warnings.formatwarning = old_format
+        reset_verbose()
         release_out_dirs()
         restore_threads()
 

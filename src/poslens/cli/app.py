@@ -22,6 +22,30 @@ app = typer.Typer(
 )
 
 
+#: the token of ``--verbose``'s setting for the command in progress (reset by :func:`reset_verbose`)
+_verbose_token: list = []
+
+
+@app.callback()
+def _global_options(verbose: bool = typer.Option(False, "--verbose", help="Show transformers' own model-loading "
+                                                 "reports (hidden by default: poslens says in one line what is "
+                                                 "wrong). Before the command: poslens --verbose scan ...")) -> None:
+    """Measure where positional information in causal transformers comes from: the causal mask, RoPE, and
+    their interaction. Start with `poslens demo`."""
+    if verbose:
+        from poslens.capture.model_source import SHOW_LOAD_REPORTS
+
+        _verbose_token.append(SHOW_LOAD_REPORTS.set(True))
+
+
+def reset_verbose() -> None:
+    """``--verbose`` ends with its command (an in-process caller's next command starts without it)."""
+    if _verbose_token:
+        from poslens.capture.model_source import SHOW_LOAD_REPORTS
+
+        SHOW_LOAD_REPORTS.reset(_verbose_token.pop())
+
+
 # The CLI conventions of docs/cli.md, one definition each, so every command spells them alike.
 
 def quiet_option(help: str = "No progress bars and no result table (errors still print).") -> bool:
