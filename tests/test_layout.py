@@ -1,4 +1,4 @@
-"""The package layout as a checkable contract (issue 12): no import cycle between poslens modules,
+"""The package layout as a checkable contract: no import cycle between poslens modules,
 the library never imports the CLI, and the CLI starts without torch, transformers or matplotlib.
 
 The import graph is read from the source with :mod:`ast` (every import statement, at module top or
