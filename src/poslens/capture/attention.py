@@ -41,6 +41,7 @@ from poslens.capture.statistic import (ATTENTION_POINTS, Statistic, check_needs,
 from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
 from poslens.metrics.neighborhood import aps_positions, per_sequence_aps, unit_rows_aps
+from poslens.metrics.ties import equal_row_representatives as _equal_row_representatives
 from poslens.runtime import numpy_blas_threads
 
 ATTN_NAME = "poslens"
@@ -300,36 +301,6 @@ def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: 
         else:
             out.copy_(out.index_select(0, rep).index_select(1, rep))
     return out
-
-
-#: columns sampled to find candidate identical rows (:func:`_equal_row_representatives`)
-_TIE_SAMPLE_COLUMNS = 16
-
-
-def _equal_row_representatives(a: torch.Tensor) -> torch.Tensor | None:
-    """For the rows of ``a [S, K]``: the first row bitwise equal to each, or None when all differ.
-
-    The quarters and leaves of :func:`_symmetric_gram` are separate products, whose kernels can round
-    the same dot product differently, so two identical rows (a repeated token's embedding in a
-    one-sequence batch) got cosines to a third row that differed in the last bit: a tie the APS
-    count then took for a rise or a fall. Candidates share the bits of a few sampled columns; each
-    is checked against its group's first row over all columns before it is tied to it."""
-    S, K = a.shape
-    if S < 2:
-        return None
-    cols = torch.linspace(0, K - 1, min(K, _TIE_SAMPLE_COLUMNS)).round().long()
-    bits = a[:, cols].contiguous().view(torch.int32).long()  # exact bits (-0.0 and +0.0 differ: no false tie)
-    mult = torch.arange(1, 2 * cols.numel(), 2, dtype=torch.long) * 0x9E3779B1  # odd multipliers
-    key = (bits * mult).sum(1)  # equal rows, equal keys (integer arithmetic, wrapping)
-    _, inv = torch.unique(key, return_inverse=True)
-    if int(inv.max()) == S - 1:  # every key distinct: no identical rows
-        return None
-    first = torch.full((S,), S, dtype=torch.long).scatter_reduce_(0, inv, torch.arange(S), "amin")[inv]
-    cand = (first != torch.arange(S)).nonzero().squeeze(1)
-    same = (a[cand].view(torch.int32) == a[first[cand]].view(torch.int32)).all(1)
-    rep = torch.arange(S)
-    rep[cand[same]] = first[cand[same]]
-    return rep if bool(same.any()) else None
 
 
 _HALF = (torch.bfloat16, torch.float16)
