@@ -36,8 +36,8 @@ def scan(
                                   "positions) whose pre-RoPE q/k vectors are kept in every layer; 0 = none."),
     stats: str = typer.Option("all", "--stats", help="Statistics to accumulate, comma-separated: scores, probs, slash, "
                               "cosine (residual stream), attn_cosine, qk (q/k second moments and the --reservoir sample), "
-                              "dim_logit; or all. "
-                              "Unrequested ones cost nothing; the summary reads them as null."),
+                              "dim_logit; or all; or a user's poslens.Statistic by its importable name, e.g. mypkg.stats.Entropy "
+                              "(docs/statistics.md). Unrequested ones cost nothing; the summary reads them as null."),
     map_size: int = typer.Option(0, "--map-size", help="Keep the S x S maps (scores, probs, cosine, attn_cosine, "
                                  "--heads maps) as exact block means on an N x N grid (blocks of ceil(S/N) "
                                  "positions) for long contexts; slash profiles and norms stay exact. 0 = full maps."),
