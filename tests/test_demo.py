@@ -36,6 +36,8 @@ def test_demo_quick_has_the_fingerprint(tmp_path, cli):
     names = [m["name"] for m in fp["models"]]
     assert names[-2:] == ["model_nope", "model_rope"]
     outputs = read_json(out / "demo.json")["outputs"]
+    html = (out / "report.html").read_text()
+    assert "In plain words" in html and "model_nope" in html  # the fingerprint's findings lead the report
     if realmodels.path("smollm2") is not None:  # fetched (the README's test command does): beside the micro models
         assert len(names) == 3 and "scan_real_model" in outputs
         assert "SmolLM2" in (out / "report.html").read_text()

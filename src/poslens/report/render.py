@@ -63,9 +63,32 @@ def build_context(runs: list[Run], title: str, skipped: list[str] | None = None)
 
     return {
         "title": title, "csp": CSP, "sections": ordered, "findings": findings(runs),
+        "plain_findings": plain_findings(runs),
         "runs": [{"name": r.name, "path": str(r.path), "kind": r.command} for r in runs],
         "skipped": list(skipped or []), "generated": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "version": version,
     }
+
+
+def plain_findings(runs) -> list[dict]:
+    """The key findings in plain words, where a run holds them (a fingerprint: per paper its claim and, per
+    model, the number against its noise floor, a verdict and why; :mod:`poslens.report.fingerprint`)."""
+    import json
+
+    out = []
+    for r in runs:
+        f = r.path / "fingerprint.json"
+        if r.kind != "command" or r.command != "fingerprint" or not f.is_file():
+            continue
+        try:
+            blocks = json.loads(f.read_text()).get("findings") or []
+        except (OSError, ValueError):
+            continue
+        for b in blocks:
+            if isinstance(b, dict) and isinstance(b.get("models"), list):
+                out.append({"paper": str(b.get("paper", "")), "claim": str(b.get("claim", "")), "run": r.name,
+                            "models": [m for m in b["models"] if isinstance(m, dict)]})
+        break  # one fingerprint's findings (the first given)
+    return out
 
 
 def _env():
