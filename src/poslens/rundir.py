@@ -206,7 +206,7 @@ def create_out_dir(path: Path, *, command: str | None = None) -> Path:
         claim = _acquire(path, implicit=True)
     path.mkdir(parents=True, exist_ok=True)
     if claim.overwrite:
-        _clear_run(path)
+        clear_run(path)
         claim.overwrite = False
     return path
 
@@ -446,7 +446,7 @@ def check_replaceable(out: str | os.PathLike, command: str) -> None:
                            f"({names}); --overwrite would delete them. Move them away, or choose a new --out.")
 
 
-def _clear_run(path: Path) -> None:
+def clear_run(path: Path) -> None:
     """Remove everything in run directory ``path`` but its lock file."""
     for p in run_entries(path):
         if p.is_dir() and not p.is_symlink():
@@ -472,7 +472,7 @@ def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
         with out_dir_lock(out):
             claim = _claims[_key(out)]
             if claim.overwrite:
-                _clear_run(out)
+                clear_run(out)
                 claim.overwrite = False
             for f in sorted(stage.iterdir()):
                 target = out / f.name

@@ -118,21 +118,30 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except (ValueError, TypeError, KeyError, AttributeError) as e:  # incl. huggingface_hub's field validation
         raise PoslensError(f"{model_dir}/config.json: {' '.join(str(e).split())[:300]}") from None
+    adapter = checked_adapter(config, model_dir, seq_len=seq_len)
+    check_weight_shapes(model_dir, config)
+    return config, adapter
+
+
+def checked_adapter(config, where: str, *, seq_len: int | None = None, flag: str = "--seq-len"):
+    """The adapter of ``config`` once its attention geometry reads (an architecture without one, e.g. a
+    state-space model, fails here in one line) and ``seq_len`` fits its positions. ``where`` names the
+    model in the errors, ``flag`` the sequence-length option (``seq_len=`` from Python)."""
+    from poslens.capture.adapters import ADAPTERS
+
     adapter = get_adapter(config)
-    try:  # an architecture without attention geometry (e.g. a state-space model) fails here, in one line
+    try:
         adapter.num_layers(config), adapter.num_heads(config), adapter.head_dim(config)
     except (AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
-        from poslens.capture.adapters import ADAPTERS
-
-        raise PoslensError(f"{model_dir}: model type {getattr(config, 'model_type', None)!r} has no attention "
+        raise PoslensError(f"{where}: model type {getattr(config, 'model_type', None)!r} has no attention "
                            f"geometry poslens can read ({str(e).splitlines()[0][:120]}); supported: "
                            f"{', '.join(sorted(ADAPTERS))}.") from None
     maxpos = adapter.max_positions(config)
     if seq_len is not None and maxpos is not None and seq_len > maxpos:
-        raise PoslensError(f"--seq-len {seq_len} exceeds the model's maximum of {maxpos} positions ({model_dir}); "
-                           f"pass --seq-len {maxpos} or less.")
-    check_weight_shapes(model_dir, config)
-    return config, adapter
+        sep = " " if flag.startswith("--") else "="
+        raise PoslensError(f"{flag} {seq_len} exceeds the model's maximum of {maxpos} positions ({where}); "
+                           f"pass {flag}{sep}{maxpos} or less.")
+    return adapter
 
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):

@@ -139,23 +139,12 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
 # --------------------------------------------------------------------------------------------
 def loaded_model_config(model, *, seq_len: int | None = None):
     """``(config, adapter)`` of a loaded causal LM, with the same checks as :func:`open_model_config`."""
-    from poslens.capture.adapters import ADAPTERS, get_adapter
     from poslens.capture.borrow import check_causal_lm
+    from poslens.capture.load import checked_adapter
 
     check_causal_lm(model)
-    config = model.config
-    adapter = get_adapter(config)
-    try:
-        adapter.num_layers(config), adapter.num_heads(config), adapter.head_dim(config)
-    except (AttributeError, TypeError, ValueError, ZeroDivisionError) as e:
-        raise PoslensError(f"model: model type {getattr(config, 'model_type', None)!r} has no attention geometry "
-                           f"poslens can read ({str(e).splitlines()[0][:120]}); supported: "
-                           f"{', '.join(sorted(ADAPTERS))}.") from None
-    maxpos = adapter.max_positions(config)
-    if seq_len is not None and maxpos is not None and seq_len > maxpos:
-        raise PoslensError(f"seq_len {seq_len} exceeds the model's maximum of {maxpos} positions; pass "
-                           f"seq_len={maxpos} or less.")
-    return config, adapter
+    return model.config, checked_adapter(model.config, f"model {type(model).__name__}", seq_len=seq_len,
+                                         flag="seq_len")
 
 
 def loaded_model_tokenizer(model):

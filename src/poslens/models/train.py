@@ -49,7 +49,7 @@ from poslens.errors import Interrupted, PoslensError, require
 from poslens.fmt import fmt
 from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
 from poslens.progress import task_progress
-from poslens.rundir import (check_replaceable, create_out_dir, out_dir_lock, prepare_out_dir, read_json, run_entries,
+from poslens.rundir import (check_replaceable, clear_run, create_out_dir, out_dir_lock, prepare_out_dir, read_json, run_entries,
                             versions, write_json, write_summary, write_tensors)
 from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
 
@@ -269,15 +269,6 @@ def _check_out_dir(cfg: TrainConfig) -> tuple[Path, str]:
     if (out / "summary.json").is_file():
         return out, "complete"
     return out, "restart"  # the run stopped before its first checkpoint: start it again
-
-
-def _clear_run_files(out: Path) -> None:
-    """Everything in ``out`` but its lock file."""
-    for p in run_entries(out):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
 
 
 def _clear_own_files(out: Path) -> None:
@@ -527,7 +518,7 @@ def _start_session(cfg: TrainConfig, out: Path, mode: str, device: str) -> _Sess
     # From here on the directory is ours to write.
     create_out_dir(out, command="train")
     if mode == "overwrite":  # the previous run keeps no file (check_replaceable made sure all are a run's)
-        _clear_run_files(out)
+        clear_run(out)
     if mode == "restart":
         _clear_own_files(out)
     if mode == "resume":
