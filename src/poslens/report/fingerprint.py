@@ -43,8 +43,15 @@ FIGURE_CAPTIONS = {
 
 
 def pct(x) -> str:
-    """A share as a whole percentage (``—`` when missing)."""
-    return "—" if x is None else f"{100 * x:.0f}%"
+    """A share as a whole percentage (``—`` when missing); a share strictly between 0 and 1 never reads
+    as 0 % or 100 % (235 of 236 is ">99%", not "100%")."""
+    if x is None:
+        return "—"
+    if 0 < x < 0.005:
+        return "<1%"
+    if 0.995 <= x < 1:
+        return ">99%"
+    return f"{100 * x:.0f}%"
 
 
 TRAIT_ROWS = [  # (label, function of an aggregate -> cell)
@@ -312,8 +319,7 @@ SINK_PRESENT = 0.1
 ALPHA = 0.05
 
 
-def _p(x: float) -> str:
-    return f"{100 * x:.0f}%"
+_p = pct
 
 
 def _uniform_slash(S: int, d: int) -> float:
