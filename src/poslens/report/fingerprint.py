@@ -403,6 +403,10 @@ def _slash_finding(m: dict, kappa: float) -> dict:
             f"{_p(sh[0]['score'])} at {sh[0]['delta']} back, against {_p(uni)} for even attention); {len(persist)} of "
             f"them keep it on random tokens. Their queries are close to one direction (median {_p(q1)} of the energy "
             f"in the first component), and the RoPE frequencies predict the right offset for {match} of {len(sh)}.")
+    offsets = {s["delta"] for s in sh}
+    if len(sh) > 1 and len(offsets) == 1:  # a predictor that always named this offset would match as often
+        text += (f" All {len(sh)} sit at the same offset ({offsets.pop()}), so the prediction tells that offset apart "
+                 f"from the other offsets, not one head's offset from another's.")
     if len(persist) >= len(sh) / 2:
         return {"verdict": REPRODUCED, "text": text, "why": "These heads do not need meaningful text: the pattern "
                 "is built into the model, as the paper claims."}
