@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from poslens.capture import attention as att
+from poslens.capture.gram import symmetric_gram
+from poslens.metrics.ties import equal_row_representatives
 from poslens.rope import unapply_rope
 from poslens.runtime import numpy_blas_threads
 
@@ -83,7 +85,7 @@ def test_chunked_attention_statistics_match_float64(B, H, Hk, S, causal, window,
 @pytest.mark.parametrize("S,d", [(5, 3), (256, 8), (257, 8), (700, 12)])
 def test_symmetric_gram_equals_full_product(S, d):
     a = torch.randn(S, d, generator=torch.Generator().manual_seed(S))
-    got = att._symmetric_gram(a)
+    got = symmetric_gram(a)
     assert torch.allclose(got.double(), a.double() @ a.double().T, atol=1e-5)
     assert bool((got == got.T).all())
 
@@ -94,9 +96,9 @@ def test_lower_symmetric_gram_writes_the_lower_triangle_only(S, d):
     strict upper triangle keeps what the buffer held (here a sentinel), not a mirrored copy."""
     a = torch.randn(S, d, generator=torch.Generator().manual_seed(S))
     out = torch.full((S, S), 7.0)
-    got = att._symmetric_gram(a, out=out, lower=True)
+    got = symmetric_gram(a, out=out, lower=True)
     assert got.data_ptr() == out.data_ptr()
-    full = att._symmetric_gram(a)
+    full = symmetric_gram(a)
     below = torch.ones(S, S, dtype=torch.bool).tril()
     # ssyrk and the full product are different BLAS kernels (which ones depends on the CPU): equal to rounding
     torch.testing.assert_close(got[below], full[below], rtol=1e-5, atol=1e-5)
@@ -117,7 +119,7 @@ def test_symmetric_gram_keeps_identical_rows_tied(threads, lower):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        got = att._symmetric_gram(a, out=torch.zeros(300, 300), lower=True) if lower else att._symmetric_gram(a)
+        got = symmetric_gram(a, out=torch.zeros(300, 300), lower=True) if lower else symmetric_gram(a)
     finally:
         torch.set_num_threads(before)
     if lower:
@@ -133,12 +135,12 @@ def test_symmetric_gram_keeps_identical_rows_tied(threads, lower):
     b[7] = b[100]
     b[8] = b[100]
     b[8, 1] += 1.0  # equal to row 100 except in one column
-    g2 = att._symmetric_gram(b, out=torch.zeros(300, 300), lower=True) if lower else att._symmetric_gram(b)
+    g2 = symmetric_gram(b, out=torch.zeros(300, 300), lower=True) if lower else symmetric_gram(b)
     if lower:
         g2 = g2 + g2.tril(-1).T
     assert torch.equal(g2[7], g2[100])
     assert not torch.equal(g2[8], g2[100])
-    assert att._equal_row_representatives(torch.randn(50, 64, generator=gen)) is None
+    assert equal_row_representatives(torch.randn(50, 64, generator=gen)) is None
 
 
 def test_numpy_blas_threads_follow_torchs_and_are_restored():

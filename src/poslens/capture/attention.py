@@ -27,11 +27,11 @@ import os
 import weakref
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from poslens.capture import cuda_maps
+from poslens.capture.gram import symmetric_gram
 from poslens.capture.builtin import BUILTINS
 from poslens.capture.builtin.base import LayerBatch
 from poslens.capture.kernels import sum_first as _sum_first
@@ -41,8 +41,6 @@ from poslens.capture.statistic import (ATTENTION_POINTS, Statistic, check_needs,
 from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
 from poslens.metrics.neighborhood import aps_positions, per_sequence_aps, unit_rows_aps
-from poslens.metrics.ties import equal_row_representatives as _equal_row_representatives
-from poslens.runtime import numpy_blas_threads
 
 ATTN_NAME = "poslens"
 
@@ -259,48 +257,6 @@ def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor
     """
     H, _, W = zbuf.shape
     return zbuf.as_strided((H, c, stop), (zbuf.stride(0), W + 1, 1), zbuf.storage_offset() + pad - c + 1)
-
-
-def _symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: bool = False) -> torch.Tensor:
-    """``a @ a.T`` (float32 ``[S, S]``, into ``out`` if given), exactly symmetric.
-
-    On a GPU one product. On the CPU one symmetric rank-k product (BLAS ``syrk``: half the
-    arithmetic) on as many threads as torch uses. With ``lower`` (CPU float32) only the lower
-    triangle, diagonal included, is written and the strict upper triangle of ``out`` is left as it
-    was (scipy's ``ssyrk``; the caller reads the lower triangle): numpy's ``a @ a.T``, the same
-    product, spends a tenth of its time mirroring the triangle, and torch's full product does
-    twice the arithmetic. The kernel's blocks (or threads) can round the same dot
-    product apart, so rows of ``a`` that are bitwise equal get their entries from one row and
-    column afterwards (:func:`_equal_row_representatives`): exact ties stay ties, as in one whole
-    product."""
-    S = a.shape[0]
-    if a.is_cuda or a.dtype != torch.float32:
-        return torch.matmul(a, a.T, out=out)
-    if out is None:
-        out = torch.zeros(S, S, dtype=a.dtype, device=a.device) if lower else torch.empty(S, S, dtype=a.dtype)
-    a = a.contiguous()
-    an = a.numpy()
-    with numpy_blas_threads(torch.get_num_threads()):
-        if lower:
-            from scipy.linalg import blas
-
-            # a C-ordered [S, K] is a Fortran-ordered [K, S] (its transpose), and so is out's transpose:
-            # ssyrk(trans=1) forms (a^T)^T a^T = a a^T in its upper triangle (Fortran), out's lower
-            ft = out.numpy().T
-            got = blas.ssyrk(1.0, an.T, trans=1, lower=0, c=ft, overwrite_c=1)
-            if not np.shares_memory(got, ft):  # f2py copied the workspace (it should not): write it back
-                ft[...] = got
-        else:
-            np.matmul(an, an.T, out=out.numpy())  # numpy takes a @ a.T as a symmetric rank-k product
-    rep = _equal_row_representatives(a)
-    if rep is not None:  # identical rows: their entries from one row and column, exact ties again
-        if lower:
-            full = out.tril() + out.tril(-1).T
-            below = torch.ones(S, S, dtype=torch.bool).tril_()
-            out.copy_(torch.where(below, full.index_select(0, rep).index_select(1, rep), out))
-        else:
-            out.copy_(out.index_select(0, rep).index_select(1, rep))
-    return out
 
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -681,7 +637,7 @@ class _MapsRun:
 #: accumulators that also keep a sum of squares (per-sequence statistics: mean and std over sequences)
 _WITH_VAR = ("aps_seq", "attn_aps_seq")
 #: symmetric maps whose sums count in the lower triangle only (MeanAccumulator ``lower``): the CPU
-#: Gram writes that triangle alone (:func:`_symmetric_gram` with ``lower=True``)
+#: Gram writes that triangle alone (:func:`poslens.capture.gram.symmetric_gram` with ``lower=True``)
 _LOWER = ("cosine", "attn_cosine")
 
 
@@ -1010,8 +966,8 @@ class Capture:
             if self.blocks is not None:
                 gram = self.blocks.gram_means(folded)
             else:
-                gram = _symmetric_gram(folded, out=self._zero_upper(S, x.device), lower=True) if cpu \
-                    else _symmetric_gram(folded)
+                gram = symmetric_gram(folded, out=self._zero_upper(S, x.device), lower=True) if cpu \
+                    else symmetric_gram(folded)
         self._add64(self.accs[cos_name].sum[index], gram)
         self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
@@ -1056,7 +1012,7 @@ class Capture:
 
     def _zero_upper(self, S: int, device) -> torch.Tensor:
         """A reused ``[S, S]`` float32 workspace whose strict upper triangle is zero and stays zero: only
-        lower triangles are written into it (:func:`_symmetric_gram` with ``lower=True``), so adding it
+        lower triangles are written into it (:func:`poslens.capture.gram.symmetric_gram` with ``lower=True``), so adding it
         whole adds nothing above the diagonal."""
         buf = self._buffers.get("gram_lower")
         if buf is None or tuple(buf.shape) != (S, S) or buf.device != torch.device(device):
