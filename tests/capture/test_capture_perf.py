@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from poslens.capture import attention as att
+from poslens.capture.builtin.base import LayerBatch
+from poslens.capture.builtin.cosine import add_cosine, cosine_rows
+from poslens.capture.builtin.qk import STATISTIC as QK
 from poslens.capture.gram import symmetric_gram
+from poslens.capture.kernels import finite
 from poslens.metrics.ties import equal_row_representatives
 from poslens.rope import unapply_rope
 from poslens.runtime import numpy_blas_threads
@@ -164,7 +168,7 @@ def test_cosine_accumulators_match_float64():
     B, S, H, D = 2, 600, 3, 8
     x = torch.randn(B, S, H, D, generator=g)
     cap = _capture(B, H, H, S, D, 2**20)
-    cap._add_cosine("attn_cosine", "attn_norms", 0, x)  # [B, S, H, D]: trailing dims flattened
+    add_cosine(cap, ("attn_cosine", "attn_norms", "attn_aps_seq"), 0, x)  # [B, S, H, D]: trailing dims flattened
     cap.observe_hidden(1, x.reshape(B, S, H * D))
     xf = x.reshape(B, S, H * D).double()
     xn = xf / xf.norm(dim=-1, keepdim=True)
@@ -347,7 +351,7 @@ def test_fused_kernels_full_sums_reduce_to_the_block_means(S, N, causal, monkeyp
 
 @pytest.mark.parametrize("map_size", [0, 7])
 def test_cosine_rows_of_raw_products_equal_the_unit_vector_gram(map_size):
-    """The GPU half-precision cosine path (``Capture._cosine_rows``: each sequence's product of its raw
+    """The GPU half-precision cosine path (``builtin.cosine.cosine_rows``: each sequence's product of its raw
     values, scaled by the inverse norms after it) equals the Gram of the unit vectors, as full maps and
     through ``BlockMaps.gram_means`` (here on the CPU, in float32)."""
     g = torch.Generator().manual_seed(1)
@@ -355,7 +359,7 @@ def test_cosine_rows_of_raw_products_equal_the_unit_vector_gram(map_size):
     x = torch.randn(B, S, d, generator=g).to(torch.bfloat16).float() * torch.rand(B, S, 1, generator=g).add(0.5)
     n = torch.linalg.vector_norm(x, dim=-1)
     u = (x / n[..., None]).transpose(0, 1).reshape(S, -1)  # [S, B d]: the CPU path's folded unit vectors
-    rows = att.Capture._cosine_rows(x, n.reciprocal())
+    rows = cosine_rows(x, n.reciprocal())
     # two different products (and kernels, chosen by the CPU's instruction set): equal to a few float32 ulps
     # of entries up to B (a sum of B cosines)
     if map_size:
@@ -386,15 +390,15 @@ def test_direct_rising_pair_counts_equal_the_merge_count(monkeypatch):
 
 
 def test_finite_check_in_one_pass():
-    assert att._finite(torch.randn(7, 5))
+    assert finite(torch.randn(7, 5))
     for bad in (float("nan"), float("inf"), float("-inf")):
         x = torch.randn(7, 5)
         x[3, 2] = bad
-        assert not att._finite(x)
+        assert not finite(x)
     x = torch.full((4,), 3e38)  # finite entries whose float32 sum overflows: the entry-wise test decides
-    assert att._finite(x)
+    assert finite(x)
     x[0], x[1] = float("inf"), float("-inf")  # inf + -inf = NaN: still not finite
-    assert not att._finite(x)
+    assert not finite(x)
 
 
 def test_reused_buffers_keep_layers_apart():
@@ -487,7 +491,7 @@ def test_per_sequence_qk_moments_and_reservoir_equal_whole_batch(layout, H, Hk):
     q_ref, k_ref = torch.zeros(H, D, D, dtype=torch.float64), torch.zeros(Hk, D, D, dtype=torch.float64)
     for seq0 in (0, B):  # two batches: the second one replaces some of the first one's slots
         cap.begin_batch(B, seq0)
-        cap._add_qk_grams(0, 0, q, k)
+        QK.add(LayerBatch(cap, 0, 0, q, k, 1.0, True, None))
         cap.end_batch()
         q_pre, k_pre = att.unrotate_qk(q, k, cos, sin, layout=layout)
         if layout == "interleaved":

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from poslens.capture import attention as att
+from poslens.capture.builtin import attn_cosine as builtin_attn_cosine
+from poslens.capture.builtin import cosine as builtin_cosine
 from poslens.capture.builtin import dim_logit as builtin_dim_logit
 from poslens.capture.builtin import qk as builtin_qk
 from poslens.capture.checkpoint import fingerprint
@@ -57,7 +59,8 @@ def test_unrequested_statistics_are_not_computed(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("computed a statistic that was not asked for")
 
-    monkeypatch.setattr(att.Capture, "_add_cosine", boom)
+    monkeypatch.setattr(builtin_cosine, "add_cosine", boom)
+    monkeypatch.setattr(builtin_attn_cosine, "add_cosine", boom)
     monkeypatch.setattr(att.Capture, "unrotate", boom)
     monkeypatch.setattr(builtin_qk, "head_gram", boom)
     monkeypatch.setattr(builtin_dim_logit, "causal_pair_dim_sum", boom)
@@ -146,13 +149,23 @@ def test_resume_fingerprint_includes_stats(llama_dir, tmp_path):
 
 def test_builtin_statistic_modules_are_registered_once():
     """Each module of poslens.capture.builtin: one registry line, its --stats name in STATS with the
-    accumulators it fills, their shapes in maps.safetensors' table."""
-    from poslens.capture.builtin import BUILTINS
+    accumulators it fills (and those of the statistics it brings along), their shapes in
+    maps.safetensors' table, and nothing else filled."""
+    import importlib
 
-    spec = _spec("all")
+    from poslens.capture.builtin import BUILTINS, MODULES, REGISTRY, requirements
+
+    assert [importlib.import_module(f"poslens.capture.builtin.{m}").STATISTIC for m in MODULES] == list(REGISTRY)
+    assert len({st.name for st in REGISTRY}) == len(REGISTRY)
+    spec = _spec("all", heads=[(0, 1)])
     shapes = att.accumulator_shapes(spec)
+    cap = att.Capture(spec)
+    for st in REGISTRY:
+        own = st.shapes(spec)
+        assert set(own) <= set(st.accumulators) and all(shapes[a] == s for a, s in own.items())
+        assert set(st.make_accumulators(spec, "cpu")) == set(st.accumulators)  # e.g. scores' noise groups too
     for name, st in BUILTINS.items():
-        assert st.name == name and att.STATS[name] == st.accumulators
-        assert tuple(st.shapes(spec)) == st.accumulators
-        assert all(shapes[a] == s for a, s in st.shapes(spec).items())
-    assert {"qk", "dim_logit"} <= set(BUILTINS)
+        assert st.name == name and att.STATS[name] == st.accumulators + tuple(
+            a for r in requirements(st) for a in r.accumulators)
+    assert set(cap.accs) == {a for st in REGISTRY for a in st.accumulators}
+    assert set(BUILTINS) == {"scores", "probs", "slash", "cosine", "attn_cosine", "qk", "dim_logit"}

@@ -31,16 +31,16 @@ import torch
 import torch.nn.functional as F
 
 from poslens.capture import cuda_maps
-from poslens.capture.gram import symmetric_gram
-from poslens.capture.builtin import BUILTINS
+from poslens.capture.builtin import active_statistics, stats_table
 from poslens.capture.builtin.base import LayerBatch
-from poslens.capture.kernels import sum_first as _sum_first
+from poslens.capture.builtin.cosine import _HALF, half_input_matmuls
+from poslens.capture.kernels import finite as _finite
+from poslens.capture.kernels import nonfinite_error as _nonfinite_error
 from poslens.capture.reservoir import QKReservoir
-from poslens.capture.statistic import (ATTENTION_POINTS, Statistic, check_needs, flatten_state, qualified_name,
-                                       resolve_statistic, unflatten_state)
-from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
+from poslens.capture.statistic import (check_needs, flatten_state, qualified_name, resolve_statistic,
+                                       unflatten_state)
+from poslens.capture.stats import AccumulatorSet, GroupAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
-from poslens.metrics.neighborhood import aps_positions, per_sequence_aps, unit_rows_aps
 
 ATTN_NAME = "poslens"
 
@@ -85,18 +85,10 @@ GRAM_BLOCK_ROWS = 128
 #: a few dozen kernel launches instead of thousands (the CPU size gave ~64 chunks per layer at 4k tokens).
 CUDA_CHUNK_ELEMS = 2**28
 
-#: Statistics a scan can ask for (``--stats``) and the accumulators each one fills. Per-head maps
+#: Statistics a scan can ask for (``--stats``) and the accumulators each one fills, from the registry
+#: of built-in statistics (:mod:`poslens.capture.builtin`, one module each). Per-head maps
 #: (``head_scores``/``head_probs``) follow ``--heads``; the q/k reservoir follows ``--reservoir``.
-STATS: dict[str, tuple[str, ...]] = {
-    "scores": ("scores", "score_groups"),  # and the per-sequence-group grid maps (the noise floor)
-    "probs": ("probs", "sink_heads"),  # sink_heads: each head's weight on key 0, from the same softmax
-    "slash": ("slash", "sink_heads"),
-    "cosine": ("cosine", "norms", "aps_seq"),  # and each sequence's own APS
-    "attn_cosine": ("attn_cosine", "attn_norms", "attn_aps_seq"),
-    # the statistics that are modules of their own (poslens.capture.builtin): qk (and the --reservoir
-    # sample of pre-RoPE q/k vectors), dim_logit
-    **{name: st.accumulators for name, st in BUILTINS.items()},
-}
+STATS: dict[str, tuple[str, ...]] = stats_table()
 #: Every statistic. The default: the report and the analyses read all but ``probs``, and ``probs`` is
 #: one extra reduction of the softmax that ``slash`` computes anyway.
 ALL_STATS = frozenset(STATS)
@@ -155,25 +147,6 @@ def stats_record(text) -> list[str]:
     parts = _stat_parts(text) or []
     users = [p if isinstance(p, str) else qualified_name(p) for p in parts if _is_user(p)]
     return sorted(parse_stats(text)) + users
-
-
-@contextlib.contextmanager
-def _half_input_matmuls(enabled: bool):
-    """TF32 matrix products while enabled: capture's float32 products of bf16/fp16 values (logits, the
-    raw cosine products), never of values derived from them (unit vectors, un-rotated q/k).
-
-    A bf16 (8-bit mantissa) or fp16 (11-bit) value is exact in TF32's 10+1 bits except fp16's lowest
-    bit, so TF32 multiplies the model's own numbers (almost) exactly and accumulates in float32, at
-    the tensor cores' rate instead of the float32 units' (about 8x on an H100)."""
-    if not enabled:
-        yield
-        return
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(prev)
 
 
 def _unrotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -247,30 +220,8 @@ def half_layout_perm(head_dim: int, rotary_dim: int, device=None) -> torch.Tenso
                       torch.arange(rotary_dim, head_dim)]).to(device)
 
 
-def _slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor:
-    """View ``[H, c, stop]`` of the slash buffer with ``V[h, r, t] = A_h[start + r, start + r - d]``.
-
-    ``zbuf [H, pad, W]`` holds a chunk's weights ``A_h[start + r, j]`` at column ``pad + j`` and zeros
-    in its first ``pad >= c`` columns; ``d = stop - 1 - t`` with ``start = stop - c``. Row stride
-    ``W + 1`` shifts each row one column further, so the columns line up by offset; entries with
-    ``d > start + r`` (no such sub-diagonal element) land in the zero columns.
-    """
-    H, _, W = zbuf.shape
-    return zbuf.as_strided((H, c, stop), (zbuf.stride(0), W + 1, 1), zbuf.storage_offset() + pad - c + 1)
-
-
-_HALF = (torch.bfloat16, torch.float16)
-
-
-def _finite(x: torch.Tensor) -> bool:
-    """Whether every entry of ``x`` is finite, in one pass: a NaN or infinite entry makes the sum
-    non-finite, so only a non-finite sum (or one that overflowed) needs the entry-wise test."""
-    return math.isfinite(float(x.sum())) or bool(torch.isfinite(x).all())
-
-
-def _nonfinite_error(layer, head) -> PoslensError:
-    return PoslensError(f"non-finite attention scores in layer {layer}, head {head} (model overflow?); "
-                        "try --dtype fp32 or check the checkpoint.")
+#: the built-in statistics the fused CUDA kernels compute (:func:`poslens.capture.cuda_maps.attention_maps`)
+FUSED_STATISTICS = frozenset({"scores", "probs", "slash", "sink_heads", "heads"})
 
 
 def _fused_ok(query: torch.Tensor, key: torch.Tensor, window) -> bool:
@@ -380,15 +331,11 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
         # one pass: the capture's chunks compute the weights it accumulates and, from them, the output
         out = cap.observe_attention(layer, query, key, None, scaling, causal=causal, window=window,
                                     softcap=softcap, value=value)
-        if cap.user:
-            cap.observe_user_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
         return out.transpose(1, 2).contiguous(), None
     out = _plain_attention(query, key, value, padding, causal=causal, window=window, scaling=scaling,
                            softcap=softcap, dropout=dropout if module.training else 0.0)
     if captured:
         cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
-        if cap.user:
-            cap.observe_user_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -478,6 +425,10 @@ class CaptureSpec:
     own_output: bool = True
     #: users' statistics (:class:`poslens.Statistic` objects), fed the capture points they need
     user_stats: tuple = ()
+
+    def map_side(self) -> int:
+        """Side of a stored ``S x S`` map: ``S``, or the number of blocks per axis under ``map_size``."""
+        return BlockMaps(self.seq_len, self.map_size).n if self.map_size else self.seq_len
 
     def __post_init__(self):
         self.user_stats = tuple(self.user_stats)
@@ -575,30 +526,11 @@ class BlockMaps:
 
 
 def accumulator_shapes(spec: CaptureSpec) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of every accumulated tensor (these are also the ``maps.safetensors`` names)."""
-    L, H, Hk, D, S = len(spec.layers), spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.seq_len
-    M = BlockMaps(S, spec.map_size).n if spec.map_size else S  # side of the stored S x S maps
-    shapes = {
-        "scores": (L, M, M),
-        "probs": (L, M, M),
-        "slash": (L, H, S),
-        "sink_heads": (L, H, S),
-        "cosine": (L + 1, M, M),
-        "norms": (L + 1, S),
-        "attn_cosine": (L, M, M),
-        "attn_norms": (L, S),
-        "aps_seq": (L + 1,),
-        "attn_aps_seq": (L,),
-    }
-    for st in BUILTINS.values():
+    """Names and shapes of the mean accumulators of a scan (also the ``maps.safetensors`` names; the
+    noise groups of ``scores`` are group accumulators beside them)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for st in active_statistics(spec):
         shapes.update(st.shapes(spec))
-    wanted = {a for st in spec.stats for a in STATS[st]} - {"score_groups"}  # a GroupAccumulator, see Capture
-    shapes = {k: v for k, v in shapes.items() if k in wanted}
-    if spec.map_size and "probs" in shapes:  # key 0's weight exactly: the sink is one column, not a block
-        shapes["probs_key0"] = (L, S)
-    if spec.heads:
-        shapes["head_scores"] = (len(spec.heads), M, M)
-        shapes["head_probs"] = (len(spec.heads), M, M)
     return shapes
 
 
@@ -620,10 +552,16 @@ class _MapsRun:
     checked: bool
     cpu: bool
     rows: int  # query rows per chunk
-    want_s: bool
-    want_p: bool
-    want_sl: bool
+    S: int  # sequence length
+    M: int  # side of a stored map (S, or the --map-size blocks)
+    #: the built-in statistics reading each intermediate of the pass (logits before and after the mask,
+    #: weights, per-head batch sums of the weights), in registry order
+    readers: dict = field(default_factory=dict)
     need_p: bool = False  # whether the softmax is taken at all
+    probe: torch.Tensor | None = None  # a reader's cheaper finiteness probe of a chunk's head weights
+    user_scores: torch.Tensor | None = None  # [B, H, S, S] masked logits, for the users' statistics
+    user_probs: torch.Tensor | None = None  # [B, H, S, S] weights, for the users' statistics
+    block_maps: set = field(default_factory=set)  # the S x S maps of run.out (block sums under --map-size)
     bs: int = 1  # sequences per slice of a chunk (CPU: the slice's logits stay cache-sized)
     b0: int = 0  # the slice being computed: sequences b0 .. b1 - 1
     b1: int = 0
@@ -631,42 +569,16 @@ class _MapsRun:
     output: torch.Tensor | None = None  # [B, S, H, D]
     bad: torch.Tensor | None = None  # unchecked runs: a non-finite value was seen
     above: torch.Tensor | None = None  # [rows, rows] bool, j > i inside a diagonal block
-    zbuf: torch.Tensor | None = None  # per-head batch sums of a chunk's weights, see _slash_view
-
-
-#: accumulators that also keep a sum of squares (per-sequence statistics: mean and std over sequences)
-_WITH_VAR = ("aps_seq", "attn_aps_seq")
-#: symmetric maps whose sums count in the lower triangle only (MeanAccumulator ``lower``): the CPU
-#: Gram writes that triangle alone (:func:`poslens.capture.gram.symmetric_gram` with ``lower=True``)
-_LOWER = ("cosine", "attn_cosine")
+    zbuf: torch.Tensor | None = None  # per-head batch sums of a chunk's weights (slash.slash_view)
 
 
 class Capture:
-    """Streaming accumulators for one scan; every sum is float64 and every count is sequences.
-
-    Definitions (all means over sequences; ``scaling`` is the model's logit scale):
-
-    - ``scores[l, i, j]``: mean over heads of ``scaling * q_i . k_j`` (post-RoPE, GQA keys repeated),
-      before any mask; 0 above the diagonal in causal runs (never computed);
-    - ``probs[l, i, j]``: mean over heads of the post-softmax attention weight;
-    - ``slash[l, h, d]``: ``(1/(S-d)) sum_{i>=d} A_h[i, i-d]`` (SlashScore(d), arXiv 2601.08297);
-    - ``sink_heads[l, h, i]``: head ``h``'s weight on key 0 at query ``i``, ``A_h[i, 0]`` (1 at i = 0 in
-      causal runs), with ``probs`` or ``slash`` (a column of the softmax they take; exact under --map-size);
-    - ``cosine[k, i, j]`` / ``norms[k, i]``: self-cosine and norm of residual-stream vectors,
-      k = 0 the input of the first layer (embeddings), k = m + 1 the output of captured layer m;
-    - ``attn_cosine`` / ``attn_norms``: the same for the concatenated head outputs before the
-      output projection (arXiv 2501.00073);
-    - ``q_gram[l, h]`` / ``k_gram[l, g]``: per-token second moment ``(1/S) sum_i x_i x_i^T`` of
-      pre-RoPE queries / keys (per KV head); its eigenvalues are the squared singular values of
-      the tokens x head_dim matrix, so rank measures are exact over every token seen;
-    - ``dim_logit[l, h, d]``: mean over causal pairs j <= i of ``scaling * q_{i,d} k_{j,d}``
-      (post-RoPE): per-dimension contribution to the logit, summed into RoPE bands in the summary;
-    - ``aps_seq[k]`` / ``attn_aps_seq[l]``: the paper's per-sequence APS (arXiv 2501.00073) of each
-      sequence's own self-cosine map (same vectors as ``cosine`` / ``attn_cosine``, on at most
-      ``aps_max_positions`` evenly spaced positions), with sum of squares: mean and std over sequences;
-    - ``score_groups[g, l]``: ``scores`` summed separately over sequence groups ``g = sequence % G`` on
-      the :func:`noise_grid` positions; the spread of the groups is the noise floor of the score-map
-      statistics.
+    """The capture loop of one scan: it takes each captured layer's attention call, computes the
+    intermediates its statistics share once (float32 q/k, the chunked logits and softmax, the layer
+    output) and routes them to the statistics that read them: the built-in ones
+    (:mod:`poslens.capture.builtin`, whose modules define what each map is) and the users'
+    (:class:`poslens.Statistic`, fed the capture points they name). Every built-in sum is float64 and
+    every count is sequences (:class:`poslens.capture.stats.AccumulatorSet`).
     """
 
     def __init__(self, spec: CaptureSpec, device="cpu"):
@@ -675,12 +587,16 @@ class Capture:
         self.head_pos = {}
         for n, (l, h) in enumerate(spec.heads):
             self.head_pos.setdefault(l, []).append((n, h))
-        self.accs = AccumulatorSet({k: MeanAccumulator(s, device=device, with_var=k in _WITH_VAR, lower=k in _LOWER)
-                                    for k, s in accumulator_shapes(spec).items()})
+        #: the built-in statistics this scan computes, and those reading each shared intermediate
+        self.builtins = active_statistics(spec)
+        self._qk_readers = [st for st in self.builtins if st.reads_qk]
+        self._map_readers = [st for st in self.builtins if st.reads_maps]
+        self._hidden_readers = [st for st in self.builtins if st.reads_hidden]
+        self._output_readers = [st for st in self.builtins if st.reads_output]
+        self.accs = AccumulatorSet()
+        for st in self.builtins:
+            self.accs.update(st.make_accumulators(spec, device))
         self.grid = noise_grid(spec.seq_len, spec.noise_max_positions).to(device)
-        if "scores" in spec.stats:
-            n = self.grid.numel()
-            self.accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
         self._seq0 = 0  # global index of the batch's first sequence (sequence n is in noise group n % G)
         self.blocks = BlockMaps(spec.seq_len, spec.map_size) if spec.map_size else None
         self._buffers: dict = {}  # reused chunk workspaces (CPU), see _buffer
@@ -820,31 +736,26 @@ class Capture:
         if layer in self.layer_pos:
             self._feed_user(layer, {point: x})
 
-    @torch.no_grad()
-    def observe_user_attention(self, layer, query, key, out, scaling, *, causal=True, window=None, softcap=None):
+    def _user_attention_points(self, batch: LayerBatch, out: torch.Tensor, run) -> dict:
         """The attention points the users' statistics need, computed once per layer for all of them:
-        eager logits and weights (``[B, H, S, S]`` float32), q/k before and after RoPE, head outputs."""
+        q/k before RoPE (:meth:`LayerBatch.pre_rope`, shared with the built-in ones) and after it, the
+        logits and weights of the chunked pass (the same softmax the built-in maps and the layer output
+        come from), and the head outputs."""
         need = self._user_points
         pts = {}
         if "q_post" in need:
-            pts["q_post"] = query
+            pts["q_post"] = batch.query
         if "k_post" in need:
-            pts["k_post"] = key
+            pts["k_post"] = batch.key
         if need & {"q_pre", "k_pre"}:
-            qp, kp = query, key
-            if layer in self.spec.rope_layers and layer not in self.spec.no_rope_layers:  # (the control: already)
-                self.use_layer_rope(layer)
-                qp, kp = self.unrotate(query, key)
-            pts.update({"q_pre": qp, "k_pre": kp})
-        if need & {"scores", "probs"}:
-            logits = _eager_logits(query, key, scaling, causal=causal, window=window, softcap=softcap)
-            if "scores" in need:
-                pts["scores"] = logits
-            if "probs" in need:
-                pts["probs"] = torch.softmax(logits, dim=-1)
+            pts["q_pre"], pts["k_pre"] = batch.pre_rope()
+        if "scores" in need:
+            pts["scores"] = run.user_scores
+        if "probs" in need:
+            pts["probs"] = run.user_probs
         if "head_out" in need:
             pts["head_out"] = out.transpose(1, 2)
-        self._feed_user(layer, pts)
+        return pts
 
     def _feed_user(self, layer: int, points: dict) -> None:
         """Gather a layer's points; each statistic gets ``add(layer, **its points)`` once they are all in."""
@@ -922,79 +833,16 @@ class Capture:
         return (torch.arange(self._batch_size, device=device) + self._seq0) % self.spec.noise_groups
 
     # -- hidden states ----------------------------------------------------------------------
+    def reads_hidden(self) -> bool:
+        """Whether a built-in statistic reads the residual stream (the capture loop hooks it then)."""
+        return bool(self._hidden_readers)
+
     @torch.no_grad()
     def observe_hidden(self, index: int, hidden: torch.Tensor) -> None:
-        """Add residual-stream vectors ``[B, S, d]`` at ``cosine``/``norms`` index ``index``."""
-        if "cosine" not in self.spec.stats:
-            return
-        self._add_cosine("cosine", "norms", index, hidden)
-
-    def _add_cosine(self, cos_name, norm_name, index, x):
-        """Add ``sum_b cos(x_bi, x_bj)`` and ``sum_b |x_bi|`` for ``x`` ``[B, S, ...]`` (trailing dims flattened),
-        and each sequence's own APS (part of the same statistic).
-
-        The unit vectors are written once, sequence-major (``[S, B * d]``), so the batch sum is one
-        float32 matrix product with inner dimension ``B * d``; only its lower block triangle is
-        computed (the matrix is symmetric) and mirrored, then added to the float64 sum. A
-        half-precision model on a GPU takes each sequence's product of its own values instead
-        (:meth:`_cosine_rows`).
-        """
-        B, S = x.shape[:2]
-        exact_tf32 = x.is_cuda and x.dtype in _HALF
-        aps_acc = self.accs["aps_seq" if cos_name == "cosine" else "attn_aps_seq"]
-        if exact_tf32:
-            self._add_aps(aps_acc, index, per_sequence_aps(x, self.spec.aps_max_positions))
-        x = x.to(torch.float32)
-        n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
-        if exact_tf32:
-            rows = self._cosine_rows(x.reshape(B, S, -1), n.clamp_min(1e-30).reciprocal())
-            gram = self.blocks.gram_means(rows, x.device) if self.blocks is not None else rows(0, S)
-        else:
-            # on the CPU with full maps into reused buffers (no fresh pages to fault in); with --map-size
-            # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
-            cpu = x.device.type == "cpu" and self.blocks is None
-            shape = (S, B) + tuple(x.shape[2:])
-            folded = self._buffer("folded", shape, x.device, reuse=cpu)
-            inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
-            torch.mul(x.transpose(0, 1), inv, out=folded)
-            # each sequence's APS from the same unit rows, at its evenly spaced positions (what
-            # per_sequence_aps computes, without normalising them again)
-            idx = aps_positions(S, self.spec.aps_max_positions).to(x.device)
-            u = folded.reshape(S, B, -1)[idx].transpose(0, 1)  # [B, T, d]
-            self._add_aps(aps_acc, index, unit_rows_aps(u, finite=bool(torch.isfinite(n).all())))
-            folded = folded.reshape(S, -1)
-            if self.blocks is not None:
-                gram = self.blocks.gram_means(folded)
-            else:
-                gram = symmetric_gram(folded, out=self._zero_upper(S, x.device), lower=True) if cpu \
-                    else symmetric_gram(folded)
-        self._add64(self.accs[cos_name].sum[index], gram)
-        self.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
-
-    @staticmethod
-    def _add_aps(acc, index: int, aps: torch.Tensor) -> None:
-        """Add a batch's per-sequence APS values ``[B]`` (sum and sum of squares, float64)."""
-        aps = aps.to(torch.float64)
-        acc.sum[index] += aps.sum()
-        acc.sumsq[index] += (aps * aps).sum()
-
-    @staticmethod
-    def _cosine_rows(x: torch.Tensor, inv: torch.Tensor):
-        """``rows(r0, r1)``: rows ``r0 .. r1 - 1`` of ``sum_b cos(x_bi, x_bj)`` on columns ``j < r1``, from
-        ``x [B, S, d]`` (float32 holding half-precision values) and ``inv [B, S]`` (``1 / |x_bi|``).
-
-        Each sequence's product is taken of the model's own values, which TF32 multiplies exactly
-        (float32 accumulation, at the tensor cores' rate), and scaled by the inverse norms after it:
-        unit vectors are not exact in TF32, and their product carried errors of 1e-5 (float32: 1e-7)."""
-        def rows(r0: int, r1: int) -> torch.Tensor:
-            out = None
-            with _half_input_matmuls(True):
-                for b in range(x.shape[0]):
-                    g = torch.matmul(x[b, r0:r1], x[b, :r1].T)
-                    g.mul_(inv[b, r0:r1, None]).mul_(inv[b, None, :r1])
-                    out = g if out is None else out.add_(g)
-            return out
-        return rows
+        """Residual-stream vectors ``[B, S, d]`` at index ``index`` (0: the embeddings, ``m + 1``: the
+        output of captured layer ``m``) for the built-in statistics that read them."""
+        for st in self._hidden_readers:
+            st.add_hidden(self, index, hidden)
 
     # -- attention --------------------------------------------------------------------------
     def _buffer(self, name: str, shape: tuple, device, reuse: bool = True, dtype=torch.float32) -> torch.Tensor:
@@ -1009,16 +857,6 @@ class Capture:
             buf = torch.empty(n, dtype=dtype, device=device)
             self._buffers[name] = buf
         return buf[:n].view(shape)
-
-    def _zero_upper(self, S: int, device) -> torch.Tensor:
-        """A reused ``[S, S]`` float32 workspace whose strict upper triangle is zero and stays zero: only
-        lower triangles are written into it (:func:`poslens.capture.gram.symmetric_gram` with ``lower=True``), so adding it
-        whole adds nothing above the diagonal."""
-        buf = self._buffers.get("gram_lower")
-        if buf is None or tuple(buf.shape) != (S, S) or buf.device != torch.device(device):
-            buf = torch.zeros(S, S, device=device)
-            self._buffers["gram_lower"] = buf
-        return buf
 
     def _add64(self, dst: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> None:
         """``dst += alpha * x`` for a float64 ``dst`` and a float32 ``x`` (bit-identical to ``add_``).
@@ -1060,87 +898,89 @@ class Capture:
             elems = CUDA_CHUNK_ELEMS
         return min(S, max(floor, elems // max(1, B * H * S)))
 
+    def _maps_readers(self, layer) -> list:
+        """The built-in statistics that read the chunked attention pass at ``layer``."""
+        return [st for st in self._map_readers if st.maps_at(self, layer)]
+
+    def _users_read_maps(self) -> bool:
+        """Whether the users' statistics read the logits or weights (then the chunked pass gives them)."""
+        return bool(self._user_points & {"scores", "probs"})
+
     def computes_output(self, layer, query, key, window, softcap) -> bool:
         """Whether :meth:`observe_attention` computes ``layer``'s attention output itself (from the
-        weights its maps need anyway) when handed the values, so the model skips its own SDPA pass:
-        on the CPU, when the layer's maps are captured (``spec.own_output``)."""
+        weights its statistics need anyway) when handed the values, so the model skips its own SDPA
+        pass: on the CPU, when the layer's attention pass is captured (``spec.own_output``)."""
         if not self.spec.own_output or query.is_cuda or layer not in self.layer_pos:
             return False
-        stats = self.spec.stats
-        return bool(stats & {"scores", "probs", "slash"}) or bool(self.head_pos.get(layer))
+        return bool(self._maps_readers(layer)) or self._users_read_maps()
 
     @torch.no_grad()
     def observe_attention(self, layer, query, key, out, scaling, *, causal=True, window=None,
                           softcap=None, value=None):
-        """Add one layer's attention statistics (only those in ``spec.stats``) for a batch.
+        """Add one layer's attention statistics for a batch: the built-in ones of the scan and the
+        users' (their attention points).
 
         ``out`` is the layer's attention output ``[B, H, S, D]``; pass ``out=None`` and the ``value``
         states instead (when :meth:`computes_output`) to have it computed from the chunks' own
         weights. Returns the output ``[B, H, S, D]`` (a view of a ``[B, S, H, D]`` contiguous tensor
         when computed here)."""
-        return self._observe_attention(layer, query, key, out, scaling, causal, window, softcap, value)
-
-    def _observe_attention(self, layer, query, key, out, scaling, causal, window, softcap, value=None):
-        stats = self.spec.stats
         li = self.layer_pos[layer]
-        heads_here = self.head_pos.get(layer, [])
-        want_maps = bool(stats & {"scores", "probs", "slash"}) or bool(heads_here)
+        readers = self._maps_readers(layer)
+        users_maps = self._users_read_maps()
+        want_maps = bool(readers) or users_maps
         if out is None and not (value is not None and want_maps and not query.is_cuda):
             raise ValueError("observe_attention: pass the layer output, or the values where computes_output()")
-        fused = want_maps and softcap is None and _fused_ok(query, key, window)
-        q = k = None
-        builtins = [st for name, st in BUILTINS.items() if name in stats]
-        if builtins or (want_maps and not fused):
+        fused = (want_maps and not users_maps and softcap is None and all(st.name in FUSED_STATISTICS for st in readers)
+                 and _fused_ok(query, key, window))
+        batch = LayerBatch(self, layer, li, None, None, float(scaling), causal, window, softcap=softcap,
+                           query=query, key=key, heads=self.head_pos.get(layer, []))
+        if self._qk_readers or (want_maps and not fused):
             # contiguous once: transformers hands [B, S, H, D] projections transposed to [B, H, S, D],
             # whose (batch, head) strides do not merge, so every chunk's batched matmul would copy them
-            batch = LayerBatch(self, layer, li, self._f32("q", query), self._f32("k", key), float(scaling), causal,
-                               window)
-            for st in builtins:
-                st.add(batch)
-            q, k = batch.half_layout()  # the maps' logits are the same in either pair layout
-            del batch
+            batch.q, batch.k = self._f32("q", query), self._f32("k", key)
+        if self.user and self._user_points & {"q_pre", "k_pre"}:
+            batch.pre_rope()  # once, for the users' statistics and the built-in ones alike
+        for st in self._qk_readers:
+            st.add(batch)
+        run = None
         if want_maps:  # the logits are products of the model's own half values: exact in TF32
-            with _half_input_matmuls(query.is_cuda and query.dtype in _HALF):
-                maps, out = self._layer_maps(layer, query, key, value, q, k, out, scaling, causal, window, softcap,
-                                             heads_here, fused)
-                self._add_maps(li, maps, query, key, scaling, causal, softcap, heads_here)
-        del q, k
-        # attention output before the output projection: [B, H, S, D] -> [B, S, H*D] (a view; the
-        # sequence-major copy is made once, inside _add_cosine)
-        if "attn_cosine" in stats:
-            self._add_cosine("attn_cosine", "attn_norms", li, out.transpose(1, 2))
+            with half_input_matmuls(query.is_cuda and query.dtype in _HALF):
+                maps, out, run = self._layer_maps(batch, readers, value, out, fused)
+                for st in readers:
+                    st.add_maps(self, batch, maps)
+        for st in self._output_readers:
+            st.add_output(self, li, out)
+        if self.user:
+            self._feed_user(layer, self._user_attention_points(batch, out, run))
         return out
 
-    def _add_qk_grams(self, layer, li, q, k) -> None:
-        """The ``qk`` statistic alone on float32 ``q``/``k`` (:class:`poslens.capture.builtin.qk.QKMoments`)."""
-        BUILTINS["qk"].add(LayerBatch(self, layer, li, q, k, 1.0, True, None))
-
-    def _layer_maps(self, layer, query, key, value, q, k, out, scaling, causal, window, softcap, heads_here,
-                    fused):
-        """One layer's float32 map sums (fused CUDA kernels, else the chunked path) and its attention
-        output (computed from the chunks' own weights when ``out`` is None). Returns ``(maps, out)``."""
-        stats = self.spec.stats
-        maps = None
+    def _layer_maps(self, batch: LayerBatch, readers: list, value, out, fused):
+        """One layer's float32 map sums (fused CUDA kernels, else the chunked pass) and its attention
+        output (computed from the chunks' own weights when ``out`` is None). Returns ``(maps, out,
+        run)``, ``run`` the chunked pass (None from the fused kernels)."""
+        query, key = batch.query, batch.key
+        names = {st.name for st in readers}
+        maps = run = None
         if fused:
-            maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="scores" in stats,
-                                            probs="probs" in stats, slash="slash" in stats,
-                                            heads=[h for _, h in heads_here])
+            maps = cuda_maps.attention_maps(query, key, batch.scaling, causal=batch.causal, scores="scores" in names,
+                                            probs="probs" in names, slash="slash" in names,
+                                            heads=[h for _, h in batch.heads])
             if not bool(torch.stack([torch.isfinite(t).all() for t in maps.values()]).all()):  # one sync
                 maps = None  # non-finite logits somewhere: the checked path names the head (or masks them)
-                q = query.to(torch.float32).contiguous()
-                k = key.to(torch.float32).contiguous()
+                batch.q = query.to(torch.float32).contiguous()
+                batch.k = key.to(torch.float32).contiguous()
             elif self.blocks is not None:
-                maps = self._fused_block_means(maps, causal)
+                maps = self._fused_block_means(maps, batch.causal)
         if maps is None:
             # the output from the chunks' own weights (values in the maps' float32)
             v = self._f32("v", value) if out is None else None
-            maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here,
-                                        checked=not query.is_cuda, v=v, out_dtype=query.dtype)
+            run = self._attention_maps(batch, readers, checked=not query.is_cuda, v=v, out_dtype=query.dtype)
+            if run is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
+                run = self._attention_maps(batch, readers, checked=True, v=v, out_dtype=query.dtype)
+            maps = run.out
             if v is not None:
-                out = maps.pop("output").transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
-        if maps is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
-            maps = self._attention_maps(layer, q, k, scaling, causal, window, softcap, heads_here, checked=True)
-        return maps, out
+                out = run.output.transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
+        return maps, out, run
 
     def _fused_block_means(self, maps: dict, causal: bool) -> dict:
         """The fused kernels' full ``S x S`` float32 sums reduced to ``--map-size`` block means (as the
@@ -1167,53 +1007,11 @@ class Capture:
             maps[name] = None  # free the full map before the next one is reduced
         return out
 
-    def _add_maps(self, li, maps, query, key, scaling, causal, softcap, heads_here) -> None:
-        """Add one layer's float32 map sums into the float64 accumulators (:meth:`_add64`)."""
-        stats, acc = self.spec.stats, self.accs
-        H, S = query.shape[1], query.shape[2]
-        if "scores" in stats:
-            self._add64(acc["scores"].sum[li], maps["scores"], alpha=1.0 / H)
-            self._add_score_groups(li, query, key, scaling, causal, softcap)
-        if "probs" in stats:
-            self._add64(acc["probs"].sum[li], maps["probs"], alpha=1.0 / H)
-            if "probs_key0" in maps:
-                acc["probs_key0"].sum[li].add_(maps["probs_key0"], alpha=1.0 / H)
-        if "slash" in stats:
-            acc["slash"].sum[li] += maps["slash"].to(torch.float64) / (
-                S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))
-        if "sink_heads" in maps:
-            self._add64(acc["sink_heads"].sum[li], maps["sink_heads"])
-        for m, (n, _h) in enumerate(heads_here):
-            self._add64(acc["head_scores"].sum[n], maps["head_scores"][m])
-            self._add64(acc["head_probs"].sum[n], maps["head_probs"][m])
-
-    def _add_score_groups(self, li, query, key, scaling, causal, softcap) -> None:
-        """Head-summed scores of each sequence on the noise grid, added to its sequence group.
-
-        Only grid rows and keys are computed (``[B, H, n, n]``, n <= ``noise_max_positions``): a
-        small product beside the full maps, whichever path computed those. Above the diagonal stays 0
-        (as in ``scores``); entries outside a sliding window are masked when the summary reads them.
-        """
-        B, H = query.shape[:2]
-        Hk = key.shape[1]
-        grid = self.grid.to(query.device)
-        qg = query[:, :, grid].to(torch.float32)
-        kg = key[:, :, grid].to(torch.float32)
-        if Hk != H:
-            kg = kg.repeat_interleave(H // Hk, dim=1)
-        logits = torch.matmul(qg, kg.transpose(-1, -2)).mul_(scaling)  # [B, H, n, n]
-        if softcap is not None:
-            logits = torch.tanh_(logits.div_(softcap)).mul_(softcap)
-        part = logits.sum(dim=1)
-        if causal:
-            part.masked_fill_(grid[None, :] > grid[:, None], 0.0)
-        part = torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0).to(torch.float64).div_(H)
-        acc = self.accs["score_groups"]
-        acc.sum[:, li].index_add_(0, self._seq_groups(acc.sum.device), part.to(acc.sum.device))
-
-    def _attention_maps(self, layer, q, k, scaling, causal, window, softcap, heads_here, *, checked: bool,
-                        v: torch.Tensor | None = None, out_dtype=None):
-        """Batch/head sums of one layer's scores, weights, slash profile and per-head maps (float32).
+    def _attention_maps(self, batch: LayerBatch, readers: list, *, checked: bool, v: torch.Tensor | None = None,
+                        out_dtype=None):
+        """The chunked attention pass of one layer: logits and softmax taken once, chunk by chunk, and
+        handed to the statistics that read them (``readers``), which fill their float32 batch sums in
+        ``run.out``. Returns the pass (``_MapsRun``).
 
         Query-row chunks: only ``[B, H, c, S]`` logits live at a time. A causal row block
         ``[start, stop)`` needs keys ``< stop`` only, so the key range is cut there; the causal mask
@@ -1224,17 +1022,21 @@ class Capture:
 
         ``v`` (float32 values ``[B, Hk, S, D]``): also compute the layer's attention output from each
         chunk's own weights, ``softmax(logits) @ v`` as eager attention does, so the model needs no
-        second attention pass; returned as ``"output"`` ``[B, S, H, D]`` in ``out_dtype``.
+        second attention pass: ``run.output`` ``[B, S, H, D]`` in ``out_dtype``. Users' statistics that
+        read the scores or weights get them whole from the same chunks (``run.user_scores`` /
+        ``run.user_probs``, ``[B, H, S, S]``).
 
-        On the CPU the chunk's logits, weights and products, and the returned sums, live in buffers
-        reused from chunk to chunk and layer to layer (:meth:`_buffer`; the sums are valid until the
-        next call): a fresh multi-megabyte temporary is a fresh ``mmap`` whose pages fault in again,
-        which showed up as sys time. With ``spec.map_size`` the
-        S x S maps are block sums reduced chunk by chunk (:class:`BlockMaps`), divided by each block's
-        count of valid entries at the end: exact block means, never a full map.
+        On the CPU the chunk's logits, weights and products, and the sums, live in buffers reused from
+        chunk to chunk and layer to layer (:meth:`_buffer`; the sums are valid until the next call): a
+        fresh multi-megabyte temporary is a fresh ``mmap`` whose pages fault in again, which showed up
+        as sys time. With ``spec.map_size`` the S x S maps are block sums reduced chunk by chunk
+        (:class:`BlockMaps`), divided by each block's count of valid entries at the end: exact block
+        means, never a full map.
         """
-        run = self._maps_run(layer, q, k, scaling, causal, window, softcap, heads_here, checked, v, out_dtype)
+        run = self._maps_run(batch, readers, checked, v, out_dtype)
+        q, causal, window = batch.q, batch.causal, batch.window
         B, S = q.shape[0], q.shape[2]
+        before, after, weights = (run.readers[n] for n in ("logits", "masked_logits", "weights"))
         for start in range(0, S, run.rows):
             stop = min(S, start + run.rows)
             allowed = None
@@ -1246,33 +1048,35 @@ class Capture:
             for b0 in range(0, B, run.bs):
                 run.b0, run.b1 = b0, min(B, b0 + run.bs)
                 logits = self._chunk_logits(run, start, stop)
-                if run.want_s:
-                    self._chunk_scores(run, logits, start, allowed)
+                for st in before:
+                    st.chunk_logits(self, run, logits, start, allowed)
                 if allowed is not None:
                     logits.masked_fill_(~allowed, float("-inf"))
                 elif causal:
                     logits[..., start:stop].masked_fill_(run.above[:stop - start, :stop - start], float("-inf"))
-                for m, (_n, h) in enumerate(heads_here):
-                    lh = logits[:, h]
-                    self._put(run, "head_scores", _sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)), start, m)
+                for st in after:
+                    st.chunk_masked_logits(self, run, logits, start)
+                if run.user_scores is not None:
+                    run.user_scores[run.b0:run.b1, :, start:stop, :logits.shape[-1]] = logits
                 if run.need_p:
-                    self._chunk_weights(run, logits, start)
+                    p = self._chunk_weights(run, logits, start)
+                    for st in weights:
+                        st.chunk_weights(self, run, p, start)
+                    if run.readers["head_weights"]:
+                        self._chunk_head_weights(run, p, start)
                 del logits
         if run.bad is not None and bool(run.bad):
             return None
         if self.blocks is not None:  # block sums -> block means over each block's valid (seen) entries
             inv = self.blocks.inverse_counts(causal, window, q.device)
-            for name in ("scores", "probs", "head_scores", "head_probs"):
-                if name in run.out:
-                    run.out[name].mul_(inv)
-        if run.output is not None:
-            run.out["output"] = run.output
-        return run.out
+            for name in run.block_maps:
+                run.out[name].mul_(inv)
+        return run
 
-    def _maps_run(self, layer, q, k, scaling, causal, window, softcap, heads_here, checked, v, out_dtype):
-        """The state of one :meth:`_attention_maps` pass: inputs in the chunks' layout, the zeroed
-        sums it fills, the output tensor and the workspaces."""
-        stats = self.spec.stats
+    def _maps_run(self, batch: LayerBatch, readers: list, checked, v, out_dtype):
+        """The state of one :meth:`_attention_maps` pass: inputs in the chunks' layout, the readers of
+        each intermediate, the zeroed sums they fill, the output tensors and the workspaces."""
+        q, k = batch.half_layout()  # the logits are the same in either pair layout
         B, H, S, D = q.shape
         Hk = k.shape[1]
         g = H // Hk
@@ -1285,42 +1089,37 @@ class Capture:
             bs = max(1, min(B, budget // max(1, H * rows * S)))
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
-        qg = q.view(B, Hk, g, S, D)
-        run = _MapsRun(layer=layer, qs=qg, scaling=float(scaling),
-                       kT=k.transpose(2, 3), v=v, H=H, causal=causal, window=window, softcap=softcap,
-                       heads=heads_here, checked=checked, cpu=cpu, rows=rows, bs=bs, want_s="scores" in stats,
-                       want_p="probs" in stats, want_sl="slash" in stats)
-        run.need_p = run.want_p or run.want_sl or bool(heads_here) or v is not None
-        M = self.blocks.n if self.blocks is not None else S  # side of a stored map
+        run = _MapsRun(layer=batch.layer, qs=q.view(B, Hk, g, S, D), scaling=batch.scaling, kT=k.transpose(2, 3),
+                       v=v, H=H, causal=batch.causal, window=batch.window, softcap=batch.softcap, heads=batch.heads,
+                       checked=checked, cpu=cpu, rows=rows, bs=bs, S=S,
+                       M=self.blocks.n if self.blocks is not None else S)
+        run.readers = {n: [st for st in readers if n in st.reads_maps]
+                       for n in ("logits", "masked_logits", "weights", "head_weights")}
+        users = self._user_points if self.user else set()
+        run.need_p = bool(run.readers["weights"] or run.readers["head_weights"]) or v is not None or "probs" in users
 
         def zeros(name, *shape):  # on the CPU a reused buffer: a fresh S x S map faults its pages in again
             return self._buffer("map_" + name, shape, dev, reuse=cpu).zero_()
-        if run.want_s:
-            run.out["scores"] = zeros("scores", M, M)
-        if run.want_p:
-            run.out["probs"] = zeros("probs", M, M)
-            if self.blocks is not None:  # the sink column exactly (block maps average key 0 with its block)
-                run.out["probs_key0"] = zeros("probs_key0", S)
-        if run.want_sl:
-            run.out["slash"] = zeros("slash", H, S)
-        if run.want_p or run.want_sl:  # key 0 is one column: exact whatever --map-size
-            run.out["sink_heads"] = zeros("sink_heads", H, S)
-        if heads_here:
-            run.out["head_scores"] = zeros("head_scores", len(heads_here), M, M)
-            run.out["head_probs"] = zeros("head_probs", len(heads_here), M, M)
+        for st in readers:
+            st.begin_maps(self, run, zeros)
         if v is not None:
             run.output = torch.empty(B, S, H, D, dtype=out_dtype or v.dtype, device=dev)
+        if "scores" in users:
+            run.user_scores = torch.full((B, H, S, S), float("-inf"), dtype=torch.float32, device=dev)
+        if "probs" in users:
+            run.user_probs = torch.zeros(B, H, S, S, dtype=torch.float32, device=dev)
         run.bad = None if checked else torch.zeros((), dtype=torch.bool, device=dev)
         run.above = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu_(1)  # j > i in a diagonal block
-        if run.want_sl or run.want_p:  # see _slash_view: `rows` zero columns, then the chunk's
-            W = rows + S  # per-head batch sums of the weights
+        if run.readers["head_weights"]:  # `rows` zero columns, then the chunk's per-head batch sums
+            W = rows + S  # of the weights (see poslens.capture.builtin.slash.slash_view)
             run.zbuf = self._buffer("slash", (H, rows, W), dev, reuse=cpu)
             run.zbuf[:, :, :rows] = 0.0
         return run
 
     def _put(self, run, name, part, start, index=None) -> None:
-        """Write a chunk's ``[c, nc]`` rows of map ``name`` (block sums with --map-size); a later slice
-        of the chunk's sequences (``run.b0 > 0``) adds to what the first wrote."""
+        """Write a chunk's ``[c, nc]`` rows of the ``S x S`` map ``name`` (block sums with --map-size); a
+        later slice of the chunk's sequences (``run.b0 > 0``) adds to what the first wrote."""
+        run.block_maps.add(name)
         dst = run.out[name] if index is None else run.out[name][index]
         if self.blocks is None:
             rows = dst[start:start + part.shape[0], :part.shape[1]]
@@ -1352,35 +1151,8 @@ class Capture:
             logits = torch.tanh_(logits.div_(run.softcap)).mul_(run.softcap)
         return logits
 
-    def _chunk_scores(self, run, logits, start, allowed) -> None:
-        """The chunk's batch/head sum of the (unmasked) logits into ``scores``; masked entries stored as 0.
-        A non-finite sum is traced to its head (checked) or flagged (unchecked)."""
-        B, H, c, nc = logits.shape
-        if run.cpu:  # the batch/head sum as one outer reduction into a reused buffer
-            block_sum = self._buffer("block_sum", (c, nc), logits.device)
-            torch.sum(logits.view(B * H, c * nc), dim=0, out=block_sum.view(c * nc))
-        else:
-            block_sum = logits.sum(dim=(0, 1))  # [c, nc]
-        if run.checked and not _finite(block_sum):  # locate the head only on failure
-            bad_l = ~torch.isfinite(logits)
-            if allowed is not None:
-                bad_l &= allowed
-            elif run.causal:
-                bad_l[..., start:start + c] &= ~run.above[:c, :c]
-            if bool(bad_l.any()):
-                raise _nonfinite_error(run.layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
-            block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
-        if run.causal:  # above the diagonal: not part of the causal scores, stored as 0
-            block_sum[:, start:start + c].masked_fill_(run.above[:c, :c], 0.0)
-        if allowed is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
-            block_sum.masked_fill_(~allowed, 0.0)
-        if run.bad is not None:
-            run.bad |= ~torch.isfinite(block_sum).all()
-        self._put(run, "scores", block_sum, start)
-
-    def _chunk_weights(self, run, logits, start) -> None:
-        """Softmax of the masked chunk (in place on the CPU), then what reads the weights: the output
-        rows ``p @ v``, per-head maps, and the batch/head sums of ``probs`` and ``slash``."""
+    def _chunk_weights(self, run, logits, start) -> torch.Tensor:
+        """Softmax of the masked chunk (in place on the CPU), and the output rows ``p @ v`` from it."""
         B, H, c, nc = logits.shape
         p = torch.softmax(logits, dim=-1, out=logits) if run.cpu else torch.softmax(logits, dim=-1)
         if run.output is not None:  # this chunk's rows of the layer output: p @ v, per key head group
@@ -1389,19 +1161,18 @@ class Capture:
             torch.matmul(p.view(B, Hk, H // Hk * c, nc), run.v[run.b0:run.b1, :, :nc], out=pv)
             run.output.view(*run.output.shape[:2], Hk, H // Hk, D)[run.b0:run.b1, start:start + c].copy_(
                 pv.view(B, Hk, H // Hk, c, D).permute(0, 3, 1, 2, 4))
-        for m, (_n, h) in enumerate(run.heads):
-            self._put(run, "head_probs", _sum_first(p[:, h]), start, m)
-        if run.want_p or run.want_sl:
-            self._chunk_head_weights(run, p, start)
+        if run.user_probs is not None:
+            run.user_probs[run.b0:run.b1, :, start:start + c, :nc] = p
+        return p
 
     def _chunk_head_weights(self, run, p, start) -> None:
-        """Per-head batch sums of the chunk's weights, written into the slash buffer (see
-        :func:`_slash_view`): the slash profile by offset and, summed over heads, ``probs``. A slice
-        of the chunk's sequences adds its weights; the last one completes the sums."""
+        """Per-head batch sums of the chunk's weights, written into ``run.zbuf``; once the last slice of
+        the chunk's sequences is in, they go to the statistics that read them. A non-finite weight
+        (softmax of an allowed +inf/NaN logit) is traced to its head (checked) or flagged."""
         B, H, c, nc = p.shape
         rows = run.rows
         pb = run.zbuf[:, :c, rows:rows + nc]  # [H, c, nc]
-        if run.cpu:  # slice adds: see _sum_first
+        if run.cpu:  # slice adds: see kernels.sum_first
             first = 0
             if run.b0 == 0:
                 torch.add(p[0], p[1], out=pb) if B > 1 else pb.copy_(p[0])
@@ -1412,25 +1183,13 @@ class Capture:
             torch.sum(p, dim=0, out=pb)
         if run.b1 < run.qs.shape[0]:  # more of the chunk's sequences to come
             return
-        head_sum = None
-        if run.want_p:
-            if run.cpu:
-                head_sum = self._buffer("head_sum", (c, nc), p.device)
-                torch.sum(pb, dim=0, out=head_sum)
-            else:
-                head_sum = pb.sum(0)
-        # softmax of an allowed +inf/NaN logit: a non-finite weight reaches the head sum too
-        if run.checked and not _finite(pb if head_sum is None else head_sum):
+        run.probe = None
+        for st in run.readers["head_weights"]:
+            st.chunk_head_weights(self, run, pb, start)
+        if run.checked and not _finite(pb if run.probe is None else run.probe):
             raise _nonfinite_error(run.layer, int((~torch.isfinite(pb)).any(dim=(1, 2)).nonzero()[0]))
         if run.bad is not None:
             run.bad |= ~torch.isfinite(pb).all()
-        run.out["sink_heads"][:, start:start + c] = pb[:, :, 0]
-        if head_sum is not None:
-            self._put(run, "probs", head_sum, start)
-            if self.blocks is not None:
-                run.out["probs_key0"][start:start + c] = pb[:, :, 0].sum(0)
-        if run.want_sl:
-            run.out["slash"][:, :start + c] += _slash_view(run.zbuf, c, start + c, rows).sum(dim=1).flip(-1)
 
     # -- results ----------------------------------------------------------------------------
     def means(self) -> dict[str, torch.Tensor]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from poslens.errors import PoslensError
 
 
 def sum_first(x: torch.Tensor) -> torch.Tensor:
@@ -14,3 +18,14 @@ def sum_first(x: torch.Tensor) -> torch.Tensor:
     for b in range(2, x.shape[0]):
         out += x[b]
     return out
+
+
+def finite(x: torch.Tensor) -> bool:
+    """Whether every entry of ``x`` is finite, in one pass: a NaN or infinite entry makes the sum
+    non-finite, so only a non-finite sum (or one that overflowed) needs the entry-wise test."""
+    return math.isfinite(float(x.sum())) or bool(torch.isfinite(x).all())
+
+
+def nonfinite_error(layer, head) -> PoslensError:
+    return PoslensError(f"non-finite attention scores in layer {layer}, head {head} (model overflow?); "
+                        "try --dtype fp32 or check the checkpoint.")

@@ -112,8 +112,8 @@ def attach(model, adapter: Adapter, capture: Capture) -> list:
     for point in capture.residual_points():  # users' statistics that read the residual stream
         handles += [hook_point(model, adapter, point, l, lambda x, l=l, p=point: capture.is_active()
                                and capture.observe_point(l, p, x)) for l in capture.spec.layers]
-    if "cosine" not in capture.spec.stats:
-        return handles  # residual-stream vectors are read only for the cosine maps
+    if not capture.reads_hidden():
+        return handles  # no built-in statistic reads the residual stream
 
     def _emb(x):
         if capture.is_active():

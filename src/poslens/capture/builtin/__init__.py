@@ -1,19 +1,52 @@
-"""Built-in statistics that are modules of their own.
+"""Built-in statistics, one module each.
 
-Each module defines one :class:`~poslens.capture.builtin.base.BuiltinStatistic`: the ``--stats``
-name, the accumulators it fills (their names are the ``maps.safetensors`` names) and what it adds
-for one attention layer's batch, from the intermediates the capture computes once per layer
-(:class:`~poslens.capture.builtin.base.LayerBatch`). Its sums live in the capture's accumulators,
-so checkpoints, merges and the all-reduce treat it like every other. Adding one: its module, its
-test, its line in :data:`BUILTINS` and its row in docs/scan.md.
-
-The attention maps (``scores``, ``probs``, ``slash`` and the per-head maps share one chunked pass
-over the softmax) and the cosine maps are still computed by
-:class:`poslens.capture.attention.Capture` itself.
+Each module defines ``STATISTIC``, a :class:`~poslens.capture.builtin.base.BuiltinStatistic`: its
+``--stats`` name, the accumulators it fills (their names are the ``maps.safetensors`` names), the
+intermediates it reads (the capture computes each once per layer: the float32 q/k, the chunked
+logits and softmax, the residual stream, the attention output) and what it adds from them. Its
+sums live in the capture's accumulators, so checkpoints, resume, merges and the all-reduce treat it
+like every other. Adding one: its module, its test, its row in docs/scan.md and its line in
+:data:`MODULES`.
 """
 
-from poslens.capture.builtin.dim_logit import DimLogit
-from poslens.capture.builtin.qk import QKMoments
+from __future__ import annotations
 
-#: the registry: ``--stats`` name -> statistic, in the order they run in a layer
-BUILTINS = {st.name: st for st in (QKMoments(), DimLogit())}
+import importlib
+
+#: the registry: one module per statistic (the statistics reading one intermediate run in this order)
+MODULES = (
+    "scores",
+    "probs",
+    "slash",
+    "sink",
+    "heads",
+    "cosine",
+    "attn_cosine",
+    "qk",
+    "dim_logit",
+)
+
+#: every built-in statistic, in :data:`MODULES` order
+REGISTRY = tuple(importlib.import_module(f"{__name__}.{m}").STATISTIC for m in MODULES)
+#: the selectable ones by ``--stats`` name
+BUILTINS = {st.name: st for st in REGISTRY if st.selectable}
+_BY_NAME = {st.name: st for st in REGISTRY}
+
+
+def requirements(st) -> tuple:
+    """The statistics ``st`` brings along (its ``requires``), as objects."""
+    return tuple(_BY_NAME[n] for n in st.requires)
+
+
+def active_statistics(spec) -> tuple:
+    """The built-in statistics a scan with this spec computes, in registry order: the selected ones,
+    those they require, and those that follow other options (the per-head maps follow ``--heads``)."""
+    chosen = {st.name for st in REGISTRY if st.active(spec)}
+    chosen |= {r.name for st in REGISTRY if st.name in chosen for r in requirements(st)}
+    return tuple(st for st in REGISTRY if st.name in chosen)
+
+
+def stats_table() -> dict[str, tuple[str, ...]]:
+    """``--stats`` name -> the accumulators it fills, those of the statistics it brings along included."""
+    return {name: st.accumulators + tuple(a for r in requirements(st) for a in r.accumulators)
+            for name, st in BUILTINS.items()}

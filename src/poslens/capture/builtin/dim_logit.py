@@ -45,6 +45,7 @@ def far_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, window: int) -> torch.Te
 class DimLogit(BuiltinStatistic):
     name = "dim_logit"
     accumulators = ("dim_logit",)
+    reads_qk = True
 
     def shapes(self, spec):
         return {"dim_logit": (len(spec.layers), spec.num_heads, spec.head_dim)}
@@ -61,3 +62,6 @@ class DimLogit(BuiltinStatistic):
             dim_sum -= sum_first(far_pair_dim_sum(qg, k, batch.window)).reshape(H, D)
             n_pairs = sum(min(i + 1, batch.window) for i in range(S))
         batch.capture.accs["dim_logit"].sum[batch.li] += (batch.scaling * dim_sum.to(torch.float64) / n_pairs)
+
+
+STATISTIC = DimLogit()

@@ -24,6 +24,7 @@ def head_gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 class QKMoments(BuiltinStatistic):
     name = "qk"
     accumulators = ("q_gram", "k_gram")
+    reads_qk = True
 
     def shapes(self, spec):
         L, H, Hk, D = len(spec.layers), spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -40,7 +41,12 @@ class QKMoments(BuiltinStatistic):
         spec, acc = cap.spec, cap.accs
         B, H, S, D = q.shape
         Hk = k.shape[1]
-        rope = batch.layer in spec.rope_layers
+        # attention already sees un-rotated q/k under the --no-rope-layers control. The users'
+        # statistics may have un-rotated the whole batch already (LayerBatch.pre_rope): in a float32
+        # model those are the same values, taken as they are
+        rope = batch.layer in spec.rope_layers and batch.layer not in spec.no_rope_layers
+        pre = batch.pre_rope() if rope and batch.pre_rope_computed() and batch.query.dtype == torch.float32 \
+            else None
         perm = cap._half_perm(D, q.device) if spec.rope_layout == "interleaved" else None
         cpu = q.device.type == "cpu"
         qg = cap._buffer("q_gram", (B, H, D, D), q.device, reuse=cpu)
@@ -55,7 +61,9 @@ class QKMoments(BuiltinStatistic):
         step = 1 if cpu else B
         for b in range(0, B, step):
             q_pre, k_pre = (q[b:b + step], k[b:b + step])
-            if rope:
+            if pre is not None:
+                q_pre, k_pre = (t[b:b + step] for t in pre)
+            elif rope:
                 q_pre, k_pre = cap.unrotate(q_pre, k_pre, batch=b if step == 1 else None)
             if perm is not None:  # statistics in the rotate_half layout (pair l = dims l, l + r/2)
                 q_pre, k_pre = (t.index_select(-1, perm) for t in (q_pre, k_pre))
@@ -76,3 +84,6 @@ class QKMoments(BuiltinStatistic):
         acc["k_gram"].sum[li] += kg.sum(0, dtype=torch.float64).div_(S)
         if res is not None:
             res.observe_new(li, q_new, k_new)
+
+
+STATISTIC = QKMoments()

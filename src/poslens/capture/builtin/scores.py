@@ -1,0 +1,99 @@
+"""``scores``: the mean attention-score map, and its noise groups.
+
+``scores[l, i, j]``: the mean over heads of ``scaling * q_i . k_j`` (post-RoPE, GQA keys shared by
+their query heads, soft-capped where the model caps), mean over sequences; 0 where a query does not
+see the key (above the diagonal in causal runs, outside a sliding window: never computed).
+
+``score_groups[g, l]``: the same sums taken separately over the sequence groups ``g = sequence % G``
+on the :func:`~poslens.capture.attention.noise_grid` positions; the spread of the groups is the noise
+floor of the score-map statistics.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from poslens.capture.builtin.base import BuiltinStatistic, LayerBatch
+from poslens.capture.kernels import finite, nonfinite_error
+from poslens.capture.stats import GroupAccumulator
+
+
+class Scores(BuiltinStatistic):
+    name = "scores"
+    accumulators = ("scores", "score_groups")
+    reads_maps = frozenset({"logits"})
+
+    def shapes(self, spec):
+        M = spec.map_side()
+        return {"scores": (len(spec.layers), M, M)}
+
+    def make_accumulators(self, spec, device):
+        from poslens.capture.attention import noise_grid
+
+        accs = super().make_accumulators(spec, device)
+        n = noise_grid(spec.seq_len, spec.noise_max_positions).numel()
+        accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
+        return accs
+
+    def begin_maps(self, capture, run, zeros):
+        run.out["scores"] = zeros("scores", run.M, run.M)
+
+    def chunk_logits(self, capture, run, logits, start, allowed):
+        """The chunk's batch/head sum of the (unmasked) logits into ``scores``; masked entries stored
+        as 0. A non-finite sum is traced to its head (checked) or flagged (unchecked)."""
+        B, H, c, nc = logits.shape
+        if run.cpu:  # the batch/head sum as one outer reduction into a reused buffer
+            block_sum = capture._buffer("block_sum", (c, nc), logits.device)
+            torch.sum(logits.view(B * H, c * nc), dim=0, out=block_sum.view(c * nc))
+        else:
+            block_sum = logits.sum(dim=(0, 1))  # [c, nc]
+        if run.checked and not finite(block_sum):  # locate the head only on failure
+            bad_l = ~torch.isfinite(logits)
+            if allowed is not None:
+                bad_l &= allowed
+            elif run.causal:
+                bad_l[..., start:start + c] &= ~run.above[:c, :c]
+            if bool(bad_l.any()):
+                raise nonfinite_error(run.layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
+            block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
+        if run.causal:  # above the diagonal: not part of the causal scores, stored as 0
+            block_sum[:, start:start + c].masked_fill_(run.above[:c, :c], 0.0)
+        if allowed is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
+            block_sum.masked_fill_(~allowed, 0.0)
+        if run.bad is not None:
+            run.bad |= ~torch.isfinite(block_sum).all()
+        capture._put(run, "scores", block_sum, start)
+
+    def add_maps(self, capture, batch: LayerBatch, maps):
+        H = batch.query.shape[1]
+        capture._add64(capture.accs["scores"].sum[batch.li], maps["scores"], alpha=1.0 / H)
+        self._add_groups(capture, batch)
+
+    @staticmethod
+    def _add_groups(capture, batch: LayerBatch) -> None:
+        """Head-summed scores of each sequence on the noise grid, added to its sequence group.
+
+        Only grid rows and keys are computed (``[B, H, n, n]``, n <= ``noise_max_positions``): a
+        small product beside the full maps, whichever path computed those. Above the diagonal stays 0
+        (as in ``scores``); entries outside a sliding window are masked when the summary reads them.
+        """
+        query, key = batch.query, batch.key
+        B, H = query.shape[:2]
+        Hk = key.shape[1]
+        grid = capture.grid.to(query.device)
+        qg = query[:, :, grid].to(torch.float32)
+        kg = key[:, :, grid].to(torch.float32)
+        if Hk != H:
+            kg = kg.repeat_interleave(H // Hk, dim=1)
+        logits = torch.matmul(qg, kg.transpose(-1, -2)).mul_(batch.scaling)  # [B, H, n, n]
+        if batch.softcap is not None:
+            logits = torch.tanh_(logits.div_(batch.softcap)).mul_(batch.softcap)
+        part = logits.sum(dim=1)
+        if batch.causal:
+            part.masked_fill_(grid[None, :] > grid[:, None], 0.0)
+        part = torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0).to(torch.float64).div_(H)
+        acc = capture.accs["score_groups"]
+        acc.sum[:, batch.li].index_add_(0, capture._seq_groups(acc.sum.device), part.to(acc.sum.device))
+
+
+STATISTIC = Scores()
