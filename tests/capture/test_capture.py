@@ -273,6 +273,17 @@ def test_no_rope_control_equals_model_without_rotation(tmp_path, ids):
         assert torch.allclose(cap.means()["probs"][l], a.double().mean(dim=(0, 1)), atol=1e-5)
 
 
+def test_no_rope_control_keeps_the_pre_rope_grams(tmp_path, ids):
+    """Under --no-rope-layers attention sees un-rotated q/k, which are the pre-RoPE ones already: the
+    qk statistic takes them as they are. Layer 0's input does not depend on the control, so its grams
+    equal those of a scan without it (un-rotating them a second time would not)."""
+    path = save_tiny("llama", tmp_path / "m")
+    plain = run_capture(path, ids)[1].means()
+    control = run_capture(path, ids, no_rope_layers=[0])[1].means()
+    for name in ("q_gram", "k_gram"):
+        torch.testing.assert_close(control[name][0], plain[name][0], rtol=1e-6, atol=1e-7)
+
+
 def test_bidirectional_control(tmp_path, ids):
     path = save_tiny("llama", tmp_path / "m")
     out, cap, *_ = run_capture(path, ids, bidirectional=True)
