@@ -51,7 +51,7 @@ def test_every_statistic_equals_the_reference(both):
     got = cap.means()
     groups, counts = cap.accs["score_groups"].group_means()
     got["score_groups"], got["score_group_counts"] = groups, counts.to(torch.int64)
-    assert set(ref) == set(got)
+    assert set(ref) <= set(got)  # a built-in statistic added later may carry its own eager test instead
     for name, want in ref.items():
         if name in ("aps_seq", "attn_aps_seq", "score_group_counts"):
             continue
