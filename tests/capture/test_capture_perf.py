@@ -546,3 +546,25 @@ def test_chunk_slices_of_the_batch_equal_the_whole_batch(causal, window, map_siz
     for name in ("scores", "probs", "slash", "head_scores", "head_probs", "probs_key0", "attn_cosine", "dim_logit"):
         if name in whole:
             torch.testing.assert_close(sliced[name], whole[name], rtol=0, atol=1e-5, equal_nan=True, msg=name)
+
+
+@pytest.mark.parametrize("l3,elems", [(None, 2**20), (8 * 2**20, 2**20), (32 * 2**20, 2**20), (64 * 2**20, 2**21),
+                                      (100 * 2**20, 2**21), (480 * 2**20, 2**22), (2**34, 2**22)])
+def test_cpu_chunks_are_an_eighth_of_the_l3_cache_within_bounds(monkeypatch, l3, elems):
+    """float32 logits per CPU chunk: l3 / 8 bytes rounded down to a power of two, from 4 MiB to 16 MiB."""
+    monkeypatch.setattr(att, "_l3_bytes", lambda: l3)
+    assert att.cpu_chunk_elems() == elems
+    spec = att.CaptureSpec(num_layers=1, num_heads=8, num_kv_heads=8, head_dim=64, seq_len=1024, layers=[0])
+    # the rows of one (batch 1) chunk follow the budget: budget / (H * S) rows
+    assert att.Capture(spec)._rows_per_chunk(1, 8, 1024, "cpu") == min(1024, elems // (8 * 1024))
+
+
+def test_l3_cache_size_is_read_from_sysfs(tmp_path):
+    for i, (level, size) in enumerate([("1", "48K"), ("2", "2048K"), ("3", "491520K")]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "level").write_text(level + "\n")
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert att._l3_bytes.__wrapped__(str(tmp_path)) == 491520 * 1024
+    (tmp_path / "index2" / "size").write_text("32M\n")
+    assert att._l3_bytes.__wrapped__(str(tmp_path)) == 32 * 2**20
+    assert att._l3_bytes.__wrapped__(str(tmp_path / "none")) is None

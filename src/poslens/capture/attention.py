@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import math
 import os
@@ -62,12 +63,50 @@ def active_capture(module=None) -> "Capture | None":
 # --------------------------------------------------------------------------------------------
 # kernels
 # --------------------------------------------------------------------------------------------
-#: Logits per chunk on CPU (float32: 4 MiB): small enough to stay cache-resident across a chunk's
-#: several passes (matmul, mask, softmax in place, p @ v, batch and head sums), large enough that a
-#: layer is a few dozen chunks (every op is a parallel region; on a shared machine each one risks a
-#: stall while a worker thread is descheduled). Chunks of the size of a shared L3 cache fall out of
-#: it between passes and make the capture markedly dearer.
+#: Logits per chunk on CPU (float32) where the shared L3 cache is unknown or small (4 MiB): small enough
+#: to stay cache-resident across a chunk's several passes (matmul, mask, softmax in place, p @ v,
+#: batch and head sums), large enough that a layer is a few dozen chunks (every chunk costs a fixed
+#: few dozen op calls, and every op is a parallel region; on a shared machine each one risks a stall
+#: while a worker thread is descheduled). See :func:`cpu_chunk_elems`.
 CPU_CHUNK_ELEMS = 2**20
+
+#: The most logits per CPU chunk (float32: 16 MiB), on a CPU whose shared L3 cache holds eight of them.
+CPU_CHUNK_ELEMS_MAX = 2**22
+
+
+@functools.lru_cache(maxsize=1)
+def _l3_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The shared L3 cache of CPU 0 in bytes (Linux sysfs), None where it cannot be read."""
+    import glob
+
+    for d in sorted(glob.glob(f"{root}/index*")):
+        try:
+            with open(f"{d}/level") as f:
+                if f.read().strip() != "3":
+                    continue
+            with open(f"{d}/size") as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        try:
+            return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        except ValueError:
+            return None
+    return None
+
+
+def cpu_chunk_elems() -> int:
+    """Logits per CPU chunk: an eighth of the shared L3 cache (a chunk and the buffers of its size that
+    its passes write stay well inside it, beside the model's own working set), between
+    :data:`CPU_CHUNK_ELEMS` (4 MiB) and :data:`CPU_CHUNK_ELEMS_MAX` (16 MiB). Chunks of the size of the
+    L3 cache fall out of it between passes and make the capture markedly dearer; chunks much smaller
+    than it pay the fixed cost per chunk more often. On the benchmark model (``bench_scan.py``) a
+    32 MiB L3 runs best at 4 MiB, a 480 MiB one at 16 MiB."""
+    l3 = _l3_bytes()
+    if not l3:
+        return CPU_CHUNK_ELEMS
+    return max(CPU_CHUNK_ELEMS, min(CPU_CHUNK_ELEMS_MAX, 1 << ((l3 // 8 // 4).bit_length() - 1)))
 
 #: Fewest rows per CPU chunk of each (batch, key head) logit product (``g`` query heads of a key head
 #: times ``c`` query rows: ``c >= CPU_MIN_ROWS / g``) by default: below it the products get too thin to
@@ -893,7 +932,7 @@ class Capture:
         if torch.device(device).type == "cpu":
             if not elems:  # the default: CPU_MIN_ROWS rows per (batch, key head) product, a real GEMM
                 floor = -(-CPU_MIN_ROWS // max(1, g))
-            elems = min(elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
+            elems = min(elems or cpu_chunk_elems(), cpu_chunk_elems())
         elif not elems:
             elems = CUDA_CHUNK_ELEMS
         return min(S, max(floor, elems // max(1, B * H * S)))
@@ -1085,7 +1124,7 @@ class Capture:
         rows = self._rows_per_chunk(B, H, S, dev, g)
         bs = B
         if cpu:  # a chunk of more than the cache budget (the rows' floor at a large batch): slices of it
-            budget = min(self.spec.chunk_elems or CPU_CHUNK_ELEMS, CPU_CHUNK_ELEMS)
+            budget = min(self.spec.chunk_elems or cpu_chunk_elems(), cpu_chunk_elems())
             bs = max(1, min(B, budget // max(1, H * rows * S)))
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
