@@ -265,6 +265,52 @@ def test_every_capture_point_equals_the_models_own_tensors(llama_dir):
     assert torch.equal(probe.seen[1]["resid_pre"], probe.seen[0]["resid_post"])
 
 
+class PreRopeAndProbs(PointProbe):
+    needs = ("q_pre", "k_pre", "probs")
+
+
+def _qk_scan(llama_dir, monkeypatch, users):
+    """A qk+probs scan of 5 sequences (one batch), with or without a user's statistic reading q_pre,
+    k_pre and probs: the sizes of the batches Capture.unrotate saw, the capture, the user's statistic."""
+    from poslens.capture.adapters import get_adapter
+    from poslens.capture.attention import Capture, CaptureSpec
+    from poslens.capture.load import load_model
+    from poslens.capture.loop import attach, forward
+
+    model = load_model(str(llama_dir), dtype=torch.float32, device="cpu")
+    ad = get_adapter(model.config)
+    calls = []
+    real = Capture.unrotate
+    monkeypatch.setattr(Capture, "unrotate", lambda self, q, k, batch=None: calls.append(q.shape[0]) or real(
+        self, q, k, batch=batch))
+    probe = PreRopeAndProbs()
+    spec = CaptureSpec(num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8, seq_len=16, layers=[0, 1, 2],
+                       rope_layers=ad.rope_layers(model.config), stats=frozenset({"qk", "probs"}),
+                       user_stats=(probe,) if users else ())
+    cap = Capture(spec)
+    handles = attach(model, ad, cap)
+    forward(model, _ids(5, 16), capture=cap)
+    for h in handles:
+        h.remove()
+    monkeypatch.setattr(Capture, "unrotate", real)
+    return calls, cap, probe
+
+
+def test_one_rotation_and_one_softmax_per_layer_for_users_and_builtins(llama_dir, monkeypatch):
+    """A user's q_pre/k_pre and the built-in qk grams come from one un-rotation of the whole batch per
+    layer (qk alone un-rotates sequence by sequence), with bit-identical grams either way; the user's
+    probs are the softmax the built-in probs map is summed from."""
+    calls, alone, _ = _qk_scan(llama_dir, monkeypatch, users=False)
+    assert calls == [1] * 15  # 3 layers x 5 sequences
+    calls, shared, probe = _qk_scan(llama_dir, monkeypatch, users=True)
+    assert calls == [5] * 3  # 3 layers x the whole batch
+    for k in ("q_gram", "k_gram"):
+        assert torch.equal(shared.accs[k].sum, alone.accs[k].sum), k
+    for l in range(3):
+        mean = probe.seen[l]["probs"].double().mean(dim=(0, 1))
+        torch.testing.assert_close(shared.means()["probs"][l], mean, rtol=0, atol=1e-7)
+
+
 # --------------------------------------------------------------------------------------------
 # errors
 # --------------------------------------------------------------------------------------------

@@ -786,8 +786,8 @@ class Capture:
             pts["q_post"] = batch.query
         if "k_post" in need:
             pts["k_post"] = batch.key
-        if need & {"q_pre", "k_pre"}:
-            pts["q_pre"], pts["k_pre"] = batch.pre_rope()
+        if need & {"q_pre", "k_pre"}:  # in the model's dtype, as it would have computed them
+            pts["q_pre"], pts["k_pre"] = (t.to(batch.query.dtype) for t in batch.pre_rope())
         if "scores" in need:
             pts["scores"] = run.user_scores
         if "probs" in need:

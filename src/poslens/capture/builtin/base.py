@@ -63,16 +63,17 @@ class LayerBatch:
         return self._half
 
     def pre_rope(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's queries and keys before RoPE (the model's dtype and pair layout), computed once
+        """The layer's float32 queries and keys before RoPE (the model's pair layout), un-rotated once
         for every statistic that reads them; the post-RoPE ones in a layer without RoPE (or under the
         ``--no-rope-layers`` control, where attention already sees un-rotated ones)."""
         if self._pre is None:
             cap, spec = self.capture, self.capture.spec
+            q = self.q if self.q is not None else self.query.to(torch.float32)
+            k = self.k if self.k is not None else self.key.to(torch.float32)
             if self.layer in spec.rope_layers and self.layer not in spec.no_rope_layers:
                 cap.use_layer_rope(self.layer)
-                self._pre = cap.unrotate(self.query, self.key)
-            else:
-                self._pre = (self.query, self.key)
+                q, k = cap.unrotate(q, k)
+            self._pre = (q, k)
         return self._pre
 
     def pre_rope_computed(self) -> bool:

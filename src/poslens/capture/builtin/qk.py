@@ -42,11 +42,10 @@ class QKMoments(BuiltinStatistic):
         B, H, S, D = q.shape
         Hk = k.shape[1]
         # attention already sees un-rotated q/k under the --no-rope-layers control. The users'
-        # statistics may have un-rotated the whole batch already (LayerBatch.pre_rope): in a float32
-        # model those are the same values, taken as they are
+        # statistics may have un-rotated the whole batch already (LayerBatch.pre_rope): the same
+        # float32 values, taken as they are
         rope = batch.layer in spec.rope_layers and batch.layer not in spec.no_rope_layers
-        pre = batch.pre_rope() if rope and batch.pre_rope_computed() and batch.query.dtype == torch.float32 \
-            else None
+        pre = batch.pre_rope() if rope and batch.pre_rope_computed() else None
         perm = cap._half_perm(D, q.device) if spec.rope_layout == "interleaved" else None
         cpu = q.device.type == "cpu"
         qg = cap._buffer("q_gram", (B, H, D, D), q.device, reuse=cpu)
