@@ -11,10 +11,12 @@ float64 accumulators. This package imports nothing; import the module you need. 
 - :mod:`poslens.capture.scan`: ``run_scan``, the scan loop (resume, ranks, progress);
 - :mod:`poslens.capture.finalize`: ``maps.safetensors``, ``summary.json`` and figures of a scan.
 
-Underneath: :mod:`.attention` (``Capture`` / ``CaptureSpec`` and the attention function registered
-with transformers), :mod:`.statistic` (``Statistic``, the protocol of users' own statistics, and
-the capture points), :mod:`.stats` (mergeable accumulators and the noise groups),
-:mod:`.sources` (``make_source``: deterministic, index-addressable sequences), :mod:`.adapters`
-(what each architecture keeps where), :mod:`.model_source` (GGUF / directory sources),
-:mod:`.reservoir`, :mod:`.distributed`, :mod:`.cuda_maps`.
+Underneath: :mod:`.attention` (``Capture``, the capture loop, ``CaptureSpec`` and the attention
+function registered with transformers), :mod:`.builtin` (the built-in statistics, one module each,
+and their registry), :mod:`.reference` (the readable eager capture every statistic is tested
+against), :mod:`.gram` (the cosine maps' symmetric Gram), :mod:`.statistic` (``Statistic``, the
+protocol of users' own statistics, and the capture points), :mod:`.stats` (mergeable accumulators
+and the noise groups), :mod:`.sources` (``make_source``: deterministic, index-addressable
+sequences), :mod:`.adapters` (what each architecture keeps where), :mod:`.model_source` (GGUF /
+directory sources), :mod:`.reservoir`, :mod:`.distributed`, :mod:`.cuda_maps`.
 """

@@ -190,7 +190,7 @@ def key0_weights(query: torch.Tensor, key: torch.Tensor, lse2: torch.Tensor, sca
 
 def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, causal: bool, scores: bool,
                    probs: bool, slash: bool, heads: list[int]) -> dict[str, torch.Tensor]:
-    """Float32 batch/head sums of one layer's maps (the sums the chunked pass, :meth:`Capture._attention_maps`, fills).
+    """Float32 batch/head sums of one layer's maps (those the chunked pass, ``Capture._attention_maps``, fills).
 
     ``query [B, H, S, D]``, ``key [B, Hk, S, D]`` (any strides, model dtype); ``scaling`` the logit
     scale. Keys: ``scores``/``probs`` ``[S, S]`` (causal: 0 above the diagonal), ``slash`` ``[H, S]``
