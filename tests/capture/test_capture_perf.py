@@ -94,17 +94,25 @@ def test_symmetric_gram_equals_full_product(S, d):
     assert bool((got == got.T).all())
 
 
-@pytest.mark.parametrize("S,d", [(5, 3), (257, 8), (700, 12)])
-def test_lower_symmetric_gram_writes_the_lower_triangle_only(S, d):
-    """``lower=True`` (scipy's ssyrk): the lower triangle, diagonal included, is the product's; the
-    strict upper triangle keeps what the buffer held (here a sentinel), not a mirrored copy."""
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("S,d", [(5, 3), (257, 8), (700, 12), (1030, 16)])
+def test_lower_symmetric_gram_writes_the_lower_triangle_only(S, d, threads):
+    """``lower=True`` (scipy's ssyrk on one thread, torch's row bands on more): the lower triangle,
+    diagonal included, is the product's; the strict upper triangle keeps what the buffer held (here
+    a sentinel), not a mirrored copy."""
     a = torch.randn(S, d, generator=torch.Generator().manual_seed(S))
     out = torch.full((S, S), 7.0)
-    got = symmetric_gram(a, out=out, lower=True)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = symmetric_gram(a, out=out, lower=True)
+    finally:
+        torch.set_num_threads(before)
     assert got.data_ptr() == out.data_ptr()
     full = symmetric_gram(a)
     below = torch.ones(S, S, dtype=torch.bool).tril()
-    # ssyrk and the full product are different BLAS kernels (which ones depends on the CPU): equal to rounding
+    # ssyrk, torch's bands and the full product are different BLAS kernels (which ones depends on the CPU):
+    # equal to rounding
     torch.testing.assert_close(got[below], full[below], rtol=1e-5, atol=1e-5)
     assert bool((got[~below] == 7.0).all())
     assert torch.allclose(got.tril().double(), (a.double() @ a.double().T).tril(), atol=1e-5)

@@ -12,15 +12,21 @@ from poslens.runtime import numpy_blas_threads
 def symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: bool = False) -> torch.Tensor:
     """``a @ a.T`` (float32 ``[S, S]``, into ``out`` if given), exactly symmetric.
 
-    On a GPU one product. On the CPU one symmetric rank-k product (BLAS ``syrk``: half the
-    arithmetic) on as many threads as torch uses. With ``lower`` (CPU float32) only the lower
-    triangle, diagonal included, is written and the strict upper triangle of ``out`` is left as it
-    was (scipy's ``ssyrk``; the caller reads the lower triangle): numpy's ``a @ a.T``, the same
-    product, spends a tenth of its time mirroring the triangle, and torch's full product does
-    twice the arithmetic. The kernel's blocks (or threads) can round the same dot
-    product apart, so rows of ``a`` that are bitwise equal get their entries from one row and
-    column afterwards (:func:`_equal_row_representatives`): exact ties stay ties, as in one whole
-    product."""
+    On a GPU one product. On the CPU with ``lower`` (float32) only the lower triangle, diagonal
+    included, is written and the strict upper triangle of ``out`` is left as it was (the caller
+    reads the lower triangle):
+
+    - on one thread one symmetric rank-k product (scipy's BLAS ``ssyrk``: half the arithmetic, the
+      fastest of the ways measured at one thread);
+    - on more threads row bands of torch's own products (:func:`_lower_bands`, about 56 % of the full
+      arithmetic): scipy's bundled OpenBLAS leaves its worker threads spinning after a call, and
+      torch's next products on the same cores ran about half as fast again, which made a scan with
+      every statistic about a tenth slower on two threads than the bands do.
+
+    Without ``lower`` numpy's ``a @ a.T`` (a symmetric rank-k product, mirrored). The kernels' blocks
+    (or threads) can round the same dot product apart, so rows of ``a`` that are bitwise equal get
+    their entries from one row and column afterwards (:func:`_equal_row_representatives`): exact
+    ties stay ties, as in one whole product."""
     S = a.shape[0]
     if a.is_cuda or a.dtype != torch.float32:
         return torch.matmul(a, a.T, out=out)
@@ -28,7 +34,45 @@ def symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: b
         out = torch.zeros(S, S, dtype=a.dtype, device=a.device) if lower else torch.empty(S, S, dtype=a.dtype)
     a = a.contiguous()
     an = a.numpy()
-    with numpy_blas_threads(torch.get_num_threads()):
+    threads = torch.get_num_threads()
+    if lower and threads > 1:
+        _lower_bands(a, out)
+    else:
+        _numpy_gram(a, an, out, lower, threads)
+    rep = _equal_row_representatives(a)
+    if rep is not None:  # identical rows: their entries from one row and column, exact ties again
+        if lower:
+            full = out.tril() + out.tril(-1).T
+            below = torch.ones(S, S, dtype=torch.bool).tril_()
+            out.copy_(torch.where(below, full.index_select(0, rep).index_select(1, rep), out))
+        else:
+            out.copy_(out.index_select(0, rep).index_select(1, rep))
+    return out
+
+
+#: rows per band of :func:`_lower_bands` at the least (narrower products run below GEMM speed)
+BAND_ROWS = 128
+
+
+def _lower_bands(a: torch.Tensor, out: torch.Tensor) -> None:
+    """The lower triangle of ``a @ a.T`` into ``out`` in row bands of torch products: band ``[r0, r1)``
+    against the rows before it (written whole) and against itself (its lower triangle written). About
+    eight bands of at least :data:`BAND_ROWS` rows: ``(n + 1) / 2n`` of the full product's arithmetic."""
+    S = a.shape[0]
+    n = max(1, min(8, S // BAND_ROWS))
+    edges = [S * i // n for i in range(n + 1)]
+    for r0, r1 in zip(edges[:-1], edges[1:]):
+        if r0 > 0:
+            torch.mm(a[r0:r1], a[:r0].T, out=out[r0:r1, :r0])
+        block = out[r0:r1, r0:r1]
+        tri = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool).tril_()
+        block.copy_(torch.where(tri, torch.mm(a[r0:r1], a[r0:r1].T), block))
+
+
+def _numpy_gram(a: torch.Tensor, an: np.ndarray, out: torch.Tensor, lower: bool, threads: int) -> None:
+    """``a @ a.T`` into ``out`` through numpy's BLAS on ``threads`` threads: its lower triangle alone
+    with ``lower`` (scipy's ``ssyrk``), else whole."""
+    with numpy_blas_threads(threads):
         if lower:
             from scipy.linalg import blas
 
@@ -40,12 +84,3 @@ def symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: b
                 ft[...] = got
         else:
             np.matmul(an, an.T, out=out.numpy())  # numpy takes a @ a.T as a symmetric rank-k product
-    rep = _equal_row_representatives(a)
-    if rep is not None:  # identical rows: their entries from one row and column, exact ties again
-        if lower:
-            full = out.tril() + out.tril(-1).T
-            below = torch.ones(S, S, dtype=torch.bool).tril_()
-            out.copy_(torch.where(below, full.index_select(0, rep).index_select(1, rep), out))
-        else:
-            out.copy_(out.index_select(0, rep).index_select(1, rep))
-    return out
