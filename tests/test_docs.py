@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,21 +244,9 @@ def runnable() -> list:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """A tiny random-init Llama (2 layers, hidden 32, 64 positions) with a byte-level tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from tests.capture.test_scan import save_tokenized_tiny
 
-    path = tmp_path_factory.mktemp("docs") / "tiny"
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(path))
-    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
-    vocab["<eos>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(str(path))
-    return path
+    return save_tokenized_tiny(tmp_path_factory.mktemp("docs") / "tiny")
 
 
 def test_some_blocks_are_runnable():

@@ -17,19 +17,11 @@ import math
 import pytest
 import torch
 
-from poslens.models import realmodels
+from real_models import real_model_file
 
 pytestmark = pytest.mark.real_model
 
 SEQ_LEN, NUM_SEQS = 64, 4
-
-
-def _model_file(name: str):
-    p = realmodels.path(name)
-    if p is None:
-        pytest.skip(f"real model {name} absent: run `python -m poslens models fetch` (or set POSLENS_REAL_MODELS "
-                    "to a directory holding its .gguf file)")
-    return p
 
 
 def _eager(model_dir, ids: torch.Tensor):
@@ -68,7 +60,7 @@ def smollm2(tmp_path_factory):
     from poslens.capture.model_source import model_directory
     from poslens.capture.sources import make_source
 
-    f = _model_file("smollm2")
+    f = real_model_file("smollm2")
     out = tmp_path_factory.mktemp("fp") / "fingerprint"
     run_fingerprint(FingerprintConfig(models=[str(f)], out=str(out), seq_len=SEQ_LEN, num_seqs=NUM_SEQS,
                                       batch_size=2, figures=False), progress=False)

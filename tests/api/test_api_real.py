@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import poslens
-from poslens.models import realmodels
+from real_models import real_model_file
 
 pytestmark = pytest.mark.real_model
 
@@ -17,9 +17,7 @@ S, N = 64, 4
 
 @pytest.fixture(scope="module")
 def smollm2():
-    p = realmodels.path("smollm2")
-    if p is None:
-        pytest.skip("real model smollm2 absent: run `python -m poslens models fetch`")
+    p = real_model_file("smollm2")
     from transformers import AutoModelForCausalLM
 
     from poslens.capture.model_source import model_directory

@@ -146,17 +146,21 @@ def _byte_tokenizer(path):
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(str(path))
 
 
-@pytest.fixture(scope="module")
-def tokenized_dir(tmp_path_factory):
+def save_tokenized_tiny(path):
+    """A tiny random-init Llama (2 layers, hidden 32, 64 positions) with a byte-level tokenizer at ``path``."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    path = tmp_path_factory.mktemp("tok") / "m"
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=64)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(str(path))
     _byte_tokenizer(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def tokenized_dir(tmp_path_factory):
+    return save_tokenized_tiny(tmp_path_factory.mktemp("tok") / "m")
 
 
 @pytest.mark.parametrize("kind", ["stdlib", "text", "jsonl_text", "jsonl_ids", "dir"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from poslens.models import realmodels
+from real_models import real_model_file
 
 pytestmark = pytest.mark.real_model
 
@@ -22,14 +22,6 @@ KNOWN_PREV_TOKEN_HEADS = {
     "smollm2": [(16, 0), (11, 1)],  # 0.76, 0.66 (next: 1.2 0.57, 2.1 0.55)
     "gemma3": [(2, 3), (4, 1)],  # 0.68, 0.56 (next: 10.1 0.51, 8.2 0.40)
 }
-
-
-def _model_file(name: str):
-    p = realmodels.path(name)
-    if p is None:
-        pytest.skip(f"real model {name} absent: run `python -m poslens models fetch` (or set POSLENS_REAL_MODELS "
-                    "to a directory holding its .gguf file)")
-    return p
 
 
 def _needs_adapter(model_type: str) -> None:
@@ -65,7 +57,7 @@ def _scan_vs_eager(name: str, tmp_path_factory, seq_len: int = SEQ_LEN, num_seqs
     from poslens.capture.sources import make_source
     from poslens.rundir import read_tensors
 
-    f = _model_file(name)
+    f = real_model_file(name)
     out = tmp_path_factory.mktemp(name) / "scan"
     run_scan(ScanConfig(model_dir=str(f), out=str(out), data="stdlib", seq_len=seq_len, num_seqs=num_seqs,
                         batch_size=2, figures=False, reservoir=0), progress=False)
@@ -106,7 +98,7 @@ def test_smollm2_scan_equals_eager_and_finds_previous_token_heads(tmp_path_facto
 
 
 def test_gemma3_scan_equals_eager_and_finds_previous_token_heads(tmp_path_factory):
-    _model_file("gemma3")
+    real_model_file("gemma3")
     _needs_adapter("gemma3_text")
     maps, probs, slash = _scan_vs_eager("gemma3", tmp_path_factory)
     _check("gemma3", maps, probs, slash)
@@ -115,7 +107,7 @@ def test_gemma3_scan_equals_eager_and_finds_previous_token_heads(tmp_path_factor
 def test_gemma3_sliding_window_layers_equal_eager_beyond_the_window(tmp_path_factory):
     """640 tokens: Gemma 3's sliding layers (window 512) must hide keys more than 511 back, the
     global layers must not; the eager reference applies the model's own masks."""
-    _model_file("gemma3")
+    real_model_file("gemma3")
     _needs_adapter("gemma3_text")
     maps, probs, slash = _scan_vs_eager("gemma3", tmp_path_factory, seq_len=640, num_seqs=1)
     dp = (maps["probs"].double() - probs).abs().max().item()

@@ -1130,8 +1130,7 @@ class Capture:
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
         run = _MapsRun(layer=batch.layer, qs=q.view(B, Hk, g, S, D), scaling=batch.scaling, kT=k.transpose(2, 3),
                        v=v, H=H, causal=batch.causal, window=batch.window, softcap=batch.softcap, heads=batch.heads,
-                       checked=checked, cpu=cpu, rows=rows, bs=bs, S=S,
-                       M=self.blocks.n if self.blocks is not None else S)
+                       checked=checked, cpu=cpu, rows=rows, bs=bs, S=S, M=self.spec.map_side())
         run.readers = {n: [st for st in readers if n in st.reads_maps]
                        for n in ("logits", "masked_logits", "weights", "head_weights")}
         users = self._user_points if self.user else set()

@@ -33,12 +33,11 @@ def symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: b
     if out is None:
         out = torch.zeros(S, S, dtype=a.dtype, device=a.device) if lower else torch.empty(S, S, dtype=a.dtype)
     a = a.contiguous()
-    an = a.numpy()
     threads = torch.get_num_threads()
     if lower and threads > 1:
         _lower_bands(a, out)
     else:
-        _numpy_gram(a, an, out, lower, threads)
+        _numpy_gram(a, out, lower, threads)
     rep = _equal_row_representatives(a)
     if rep is not None:  # identical rows: their entries from one row and column, exact ties again
         if lower:
@@ -69,9 +68,10 @@ def _lower_bands(a: torch.Tensor, out: torch.Tensor) -> None:
         block.copy_(torch.where(tri, torch.mm(a[r0:r1], a[r0:r1].T), block))
 
 
-def _numpy_gram(a: torch.Tensor, an: np.ndarray, out: torch.Tensor, lower: bool, threads: int) -> None:
+def _numpy_gram(a: torch.Tensor, out: torch.Tensor, lower: bool, threads: int) -> None:
     """``a @ a.T`` into ``out`` through numpy's BLAS on ``threads`` threads: its lower triangle alone
     with ``lower`` (scipy's ``ssyrk``), else whole."""
+    an = a.numpy()
     with numpy_blas_threads(threads):
         if lower:
             from scipy.linalg import blas
