@@ -27,11 +27,12 @@ import math
 import os
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from poslens.capture import cuda_maps
+from poslens.capture import cuda_maps, native
 from poslens.capture.builtin import active_statistics, stats_table
 from poslens.capture.builtin.base import LayerBatch
 from poslens.capture.builtin.cosine import _HALF, half_input_matmuls
@@ -609,6 +610,7 @@ class _MapsRun:
     bad: torch.Tensor | None = None  # unchecked runs: a non-finite value was seen
     above: torch.Tensor | None = None  # [rows, rows] bool, j > i inside a diagonal block
     zbuf: torch.Tensor | None = None  # per-head batch sums of a chunk's weights (slash.slash_view)
+    native: Any = None  # the fused CPU pass (poslens.capture.native.SoftmaxSums) when it takes the chunks
 
 
 class Capture:
@@ -639,6 +641,7 @@ class Capture:
         self._seq0 = 0  # global index of the batch's first sequence (sequence n is in noise group n % G)
         self.blocks = BlockMaps(spec.seq_len, spec.map_size) if spec.map_size else None
         self._buffers: dict = {}  # reused chunk workspaces (CPU), see _buffer
+        self._native = None  # the fused CPU pass, made at first use (_native_pass)
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         #: per layer, the (cos, sin) its attention module received (Gemma 3: one table per layer type)
         self.rope_by_layer: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -937,6 +940,15 @@ class Capture:
             elems = CUDA_CHUNK_ELEMS
         return min(S, max(floor, elems // max(1, B * H * S)))
 
+    def _native_pass(self):
+        """This capture's fused CPU pass (:class:`poslens.capture.native.SoftmaxSums`), or None where
+        it cannot be built or ``POSLENS_CAPTURE_KERNEL=torch`` asks for the torch path."""
+        if not native.available():
+            return None
+        if self._native is None:
+            self._native = native.SoftmaxSums()
+        return self._native
+
     def _maps_readers(self, layer) -> list:
         """The built-in statistics that read the chunked attention pass at ``layer``."""
         return [st for st in self._map_readers if st.maps_at(self, layer)]
@@ -1014,8 +1026,9 @@ class Capture:
             # the output from the chunks' own weights (values in the maps' float32)
             v = self._f32("v", value) if out is None else None
             run = self._attention_maps(batch, readers, checked=not query.is_cuda, v=v, out_dtype=query.dtype)
-            if run is None:  # the unchecked CUDA pass saw non-finite values: redo it with per-chunk checks
-                run = self._attention_maps(batch, readers, checked=True, v=v, out_dtype=query.dtype)
+            if run is None:  # non-finite values (unchecked CUDA pass, fused CPU pass): redo it with
+                # per-chunk checks, which name the head or mask what is masked
+                run = self._attention_maps(batch, readers, checked=True, v=v, out_dtype=query.dtype, native=False)
             maps = run.out
             if v is not None:
                 out = run.output.transpose(1, 2)  # [B, H, S, D] view of [B, S, H, D]
@@ -1047,7 +1060,7 @@ class Capture:
         return out
 
     def _attention_maps(self, batch: LayerBatch, readers: list, *, checked: bool, v: torch.Tensor | None = None,
-                        out_dtype=None):
+                        out_dtype=None, native: bool = True):
         """The chunked attention pass of one layer: logits and softmax taken once, chunk by chunk, and
         handed to the statistics that read them (``readers``), which fill their float32 batch sums in
         ``run.out``. Returns the pass (``_MapsRun``).
@@ -1072,7 +1085,7 @@ class Capture:
         (:class:`BlockMaps`), divided by each block's count of valid entries at the end: exact block
         means, never a full map.
         """
-        run = self._maps_run(batch, readers, checked, v, out_dtype)
+        run = self._maps_run(batch, readers, checked, v, out_dtype, native)
         q, causal, window = batch.q, batch.causal, batch.window
         B, S = q.shape[0], q.shape[2]
         before, after, weights = (run.readers[n] for n in ("logits", "masked_logits", "weights"))
@@ -1087,8 +1100,14 @@ class Capture:
             for b0 in range(0, B, run.bs):
                 run.b0, run.b1 = b0, min(B, b0 + run.bs)
                 logits = self._chunk_logits(run, start, stop)
+                if run.native is not None:
+                    if not self._fused_chunk(run, logits, start):
+                        return None  # a non-finite visible logit: the caller's torch pass names its head
+                    continue
                 for st in before:
                     st.chunk_logits(self, run, logits, start, allowed)
+                if run.readers["logit_sum"]:
+                    self._chunk_logit_sum(run, logits, start, allowed)
                 if allowed is not None:
                     logits.masked_fill_(~allowed, float("-inf"))
                 elif causal:
@@ -1098,7 +1117,8 @@ class Capture:
                 if run.user_scores is not None:
                     run.user_scores[run.b0:run.b1, :, start:stop, :logits.shape[-1]] = logits
                 if run.need_p:
-                    p = self._chunk_weights(run, logits, start)
+                    p = torch.softmax(logits, dim=-1, out=logits) if run.cpu else torch.softmax(logits, dim=-1)
+                    self._chunk_output(run, p, start)
                     for st in weights:
                         st.chunk_weights(self, run, p, start)
                     if run.readers["head_weights"]:
@@ -1112,7 +1132,54 @@ class Capture:
                 run.out[name].mul_(inv)
         return run
 
-    def _maps_run(self, batch: LayerBatch, readers: list, checked, v, out_dtype):
+    def _fused_chunk(self, run, logits, start) -> bool:
+        """The chunk's logit sum, softmax (in place), per-head weight sums and output rows from the
+        fused CPU pass (:mod:`poslens.capture.native`), handed to the statistics that read them.
+        False when a visible logit is not finite (nothing is handed on then)."""
+        B, H, c, nc = logits.shape
+        block_sum = self._buffer("block_sum", (c, nc), logits.device) if run.readers["logit_sum"] else None
+        pb = run.zbuf[:, :c, run.rows:run.rows + nc] if run.readers["head_weights"] else None
+        if run.native(logits, start, run.causal, block_sum, pb, accumulate=run.b0 > 0,
+                      threads=torch.get_num_threads()):
+            return False
+        if block_sum is not None:
+            for st in run.readers["logit_sum"]:
+                st.chunk_logit_sum(self, run, block_sum, start)
+        self._chunk_output(run, logits, start)
+        if pb is not None and run.b1 == run.qs.shape[0]:  # the chunk's last slice of sequences is in
+            for st in run.readers["head_weights"]:
+                st.chunk_head_weights(self, run, pb, start)
+        return True
+
+    def _chunk_logit_sum(self, run, logits, start, allowed) -> None:
+        """The chunk's batch/head sum of the visible logits (before the mask) for the statistics that
+        read it; masked entries stored as 0. A non-finite sum is traced to its head (checked) or
+        flagged (unchecked)."""
+        B, H, c, nc = logits.shape
+        if run.cpu:  # the batch/head sum as one outer reduction into a reused buffer
+            block_sum = self._buffer("block_sum", (c, nc), logits.device)
+            torch.sum(logits.view(B * H, c * nc), dim=0, out=block_sum.view(c * nc))
+        else:
+            block_sum = logits.sum(dim=(0, 1))  # [c, nc]
+        if run.checked and not _finite(block_sum):  # locate the head only on failure
+            bad_l = ~torch.isfinite(logits)
+            if allowed is not None:
+                bad_l &= allowed
+            elif run.causal:
+                bad_l[..., start:start + c] &= ~run.above[:c, :c]
+            if bool(bad_l.any()):
+                raise _nonfinite_error(run.layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
+            block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
+        if run.causal:  # above the diagonal: not seen, stored as 0
+            block_sum[:, start:start + c].masked_fill_(run.above[:c, :c], 0.0)
+        if allowed is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
+            block_sum.masked_fill_(~allowed, 0.0)
+        if run.bad is not None:
+            run.bad |= ~torch.isfinite(block_sum).all()
+        for st in run.readers["logit_sum"]:
+            st.chunk_logit_sum(self, run, block_sum, start)
+
+    def _maps_run(self, batch: LayerBatch, readers: list, checked, v, out_dtype, native=False):
         """The state of one :meth:`_attention_maps` pass: inputs in the chunks' layout, the readers of
         each intermediate, the zeroed sums they fill, the output tensors and the workspaces."""
         q, k = batch.half_layout()  # the logits are the same in either pair layout
@@ -1132,8 +1199,12 @@ class Capture:
                        v=v, H=H, causal=batch.causal, window=batch.window, softcap=batch.softcap, heads=batch.heads,
                        checked=checked, cpu=cpu, rows=rows, bs=bs, S=S, M=self.spec.map_side())
         run.readers = {n: [st for st in readers if n in st.reads_maps]
-                       for n in ("logits", "masked_logits", "weights", "head_weights")}
+                       for n in ("logits", "masked_logits", "logit_sum", "weights", "head_weights")}
         users = self._user_points if self.user else set()
+        # the fused CPU pass, when no statistic of the layer reads the logits or weights chunk by chunk
+        if (native and cpu and batch.window is None and q.dtype == torch.float32 and "scores" not in users
+                and not (run.readers["logits"] or run.readers["masked_logits"] or run.readers["weights"])):
+            run.native = self._native_pass()
         run.need_p = bool(run.readers["weights"] or run.readers["head_weights"]) or v is not None or "probs" in users
 
         def zeros(name, *shape):  # on the CPU a reused buffer: a fresh S x S map faults its pages in again
@@ -1189,11 +1260,11 @@ class Capture:
             logits = torch.tanh_(logits.div_(run.softcap)).mul_(run.softcap)
         return logits
 
-    def _chunk_weights(self, run, logits, start) -> torch.Tensor:
-        """Softmax of the masked chunk (in place on the CPU), and the output rows ``p @ v`` from it."""
-        B, H, c, nc = logits.shape
-        p = torch.softmax(logits, dim=-1, out=logits) if run.cpu else torch.softmax(logits, dim=-1)
-        if run.output is not None:  # this chunk's rows of the layer output: p @ v, per key head group
+    def _chunk_output(self, run, p, start) -> None:
+        """The chunk's rows of the layer output ``p @ v`` (per key head group) from its weights, and the
+        users' copy of the weights."""
+        B, H, c, nc = p.shape
+        if run.output is not None:
             Hk, D = run.v.shape[1], run.v.shape[-1]
             pv = self._buffer("pv", (B, Hk, H // Hk * c, D), p.device)
             torch.matmul(p.view(B, Hk, H // Hk * c, nc), run.v[run.b0:run.b1, :, :nc], out=pv)
@@ -1201,7 +1272,6 @@ class Capture:
                 pv.view(B, Hk, H // Hk, c, D).permute(0, 3, 1, 2, 4))
         if run.user_probs is not None:
             run.user_probs[run.b0:run.b1, :, start:start + c, :nc] = p
-        return p
 
     def _chunk_head_weights(self, run, p, start) -> None:
         """Per-head batch sums of the chunk's weights, written into ``run.zbuf``; once the last slice of

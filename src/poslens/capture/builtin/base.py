@@ -7,9 +7,12 @@ an attention layer once and routes it to the statistics that read it:
   statistics that set ``reads_qk``;
 - the chunked attention pass, for statistics that set ``reads_maps``: query-row chunks of the
   logits (before the mask: :meth:`BuiltinStatistic.chunk_logits`; after it:
-  :meth:`~BuiltinStatistic.chunk_masked_logits`), of the softmax weights
+  :meth:`~BuiltinStatistic.chunk_masked_logits`), of the visible logits summed over the batch and
+  the heads (:meth:`~BuiltinStatistic.chunk_logit_sum`), of the softmax weights
   (:meth:`~BuiltinStatistic.chunk_weights`) and of each head's weights summed over the batch
-  (:meth:`~BuiltinStatistic.chunk_head_weights`). A statistic writes its float32 sums for the layer
+  (:meth:`~BuiltinStatistic.chunk_head_weights`). On the CPU the logit sum, the softmax and the
+  per-head sums come from one fused pass (:mod:`poslens.capture.native`) when no statistic of the
+  layer reads the logits or weights chunk by chunk. A statistic writes its float32 sums for the layer
   into ``run.out`` (allocated in :meth:`~BuiltinStatistic.begin_maps`), and
   :meth:`~BuiltinStatistic.add_maps` adds them to its float64 accumulators once the pass is done;
 - ``add_hidden(cap, index, x)``: residual-stream vectors (``reads_hidden``);
@@ -95,7 +98,8 @@ class BuiltinStatistic:
     with_var: tuple[str, ...] = ()  # accumulators that also keep a sum of squares (per-sequence values)
     lower: tuple[str, ...] = ()  # symmetric accumulators summed in their lower triangle only
     reads_qk: bool = False  # add(batch): the layer's float32 post-RoPE q/k
-    #: what it reads of the chunked attention pass: "logits", "masked_logits", "weights", "head_weights"
+    #: what it reads of the chunked attention pass: "logits", "masked_logits", "logit_sum", "weights",
+    #: "head_weights"
     reads_maps: frozenset = frozenset()
     reads_hidden: bool = False  # add_hidden: residual-stream vectors
     reads_output: bool = False  # add_output: the layer's attention output before the output projection
@@ -133,6 +137,11 @@ class BuiltinStatistic:
 
     def chunk_masked_logits(self, capture, run, logits: torch.Tensor, start: int) -> None:
         """The chunk's logits after the mask (``-inf`` where a query does not see the key)."""
+
+    def chunk_logit_sum(self, capture, run, block_sum: torch.Tensor, start: int) -> None:
+        """The chunk's logits summed over the slice's sequences and the heads, ``[c, nc]``: visible
+        entries only, 0 where a query does not see the key (all finite: a non-finite visible logit
+        stops the pass first, naming its head). Read only; valid until the next chunk."""
 
     def chunk_weights(self, capture, run, p: torch.Tensor, start: int) -> None:
         """The chunk's softmax weights ``[b, H, c, nc]``."""

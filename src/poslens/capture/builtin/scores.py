@@ -14,14 +14,13 @@ from __future__ import annotations
 import torch
 
 from poslens.capture.builtin.base import BuiltinStatistic, LayerBatch
-from poslens.capture.kernels import finite, nonfinite_error
 from poslens.capture.stats import GroupAccumulator
 
 
 class Scores(BuiltinStatistic):
     name = "scores"
     accumulators = ("scores", "score_groups")
-    reads_maps = frozenset({"logits"})
+    reads_maps = frozenset({"logit_sum"})
 
     def shapes(self, spec):
         M = spec.map_side()
@@ -38,30 +37,7 @@ class Scores(BuiltinStatistic):
     def begin_maps(self, capture, run, zeros):
         run.out["scores"] = zeros("scores", run.M, run.M)
 
-    def chunk_logits(self, capture, run, logits, start, allowed):
-        """The chunk's batch/head sum of the (unmasked) logits into ``scores``; masked entries stored
-        as 0. A non-finite sum is traced to its head (checked) or flagged (unchecked)."""
-        B, H, c, nc = logits.shape
-        if run.cpu:  # the batch/head sum as one outer reduction into a reused buffer
-            block_sum = capture._buffer("block_sum", (c, nc), logits.device)
-            torch.sum(logits.view(B * H, c * nc), dim=0, out=block_sum.view(c * nc))
-        else:
-            block_sum = logits.sum(dim=(0, 1))  # [c, nc]
-        if run.checked and not finite(block_sum):  # locate the head only on failure
-            bad_l = ~torch.isfinite(logits)
-            if allowed is not None:
-                bad_l &= allowed
-            elif run.causal:
-                bad_l[..., start:start + c] &= ~run.above[:c, :c]
-            if bool(bad_l.any()):
-                raise nonfinite_error(run.layer, int(bad_l.any(dim=(0, 2, 3)).nonzero()[0]))
-            block_sum = logits.masked_fill(~torch.isfinite(logits), 0.0).sum(dim=(0, 1))
-        if run.causal:  # above the diagonal: not part of the causal scores, stored as 0
-            block_sum[:, start:start + c].masked_fill_(run.above[:c, :c], 0.0)
-        if allowed is not None:  # outside the sliding window: unseen, stored as 0 like above the diagonal
-            block_sum.masked_fill_(~allowed, 0.0)
-        if run.bad is not None:
-            run.bad |= ~torch.isfinite(block_sum).all()
+    def chunk_logit_sum(self, capture, run, block_sum, start):
         capture._put(run, "scores", block_sum, start)
 
     def add_maps(self, capture, batch: LayerBatch, maps):

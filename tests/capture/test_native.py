@@ -1,0 +1,185 @@
+"""The fused CPU pass (poslens.capture.native): the kernel against float64, the capture with it against
+the capture's torch path, the fallbacks (non-finite logits, no compiler)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from poslens.capture import attention as att
+from poslens.capture import native
+from poslens.errors import PoslensError
+
+needs_kernel = pytest.mark.skipif(not native.available(), reason=f"fused CPU kernel not built: {native.status()}")
+
+
+def _chunk_reference(x, start, causal):
+    """Float64: the visible logits summed over sequences and heads (0 where masked), the softmax, and
+    each head's weights summed over sequences."""
+    n, H, c, nc = x.shape
+    x = x.double()
+    seen = torch.ones(c, nc, dtype=torch.bool)
+    if causal:
+        seen = torch.arange(nc)[None, :] <= (start + torch.arange(c))[:, None]
+    p = torch.softmax(x.masked_fill(~seen, float("-inf")), -1)
+    return (x * seen).sum((0, 1)), p, p.sum(0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,H,c,nc,start,causal", [
+    (3, 4, 7, 40, 33, True),     # a causal chunk ending at key 40
+    (1, 2, 64, 64, 0, True),     # the first chunk: its own diagonal block only
+    (2, 3, 5, 29, 0, False),     # bidirectional: every key seen
+    (4, 2, 16, 1000, 984, True),  # long rows (the vectorised loops and their tails)
+])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_fused_kernel_equals_float64(n, H, c, nc, start, causal, threads):
+    g = torch.Generator().manual_seed(n * 100 + c)
+    x = torch.randn(n, H, c, nc, generator=g) * 4
+    ref_sum, ref_p, ref_heads = _chunk_reference(x, start, causal)
+    logit_sum = torch.full((c, nc), 7.0)
+    zbuf = torch.full((H, c + 3, nc + 5), 9.0)  # head sums in a strided view, as run.zbuf holds them
+    heads = zbuf[:, 1:c + 1, 5:]
+    pass_ = native.SoftmaxSums()
+    assert pass_(x, start, causal, logit_sum, heads, accumulate=False, threads=threads) == 0
+    torch.testing.assert_close(x.double(), ref_p, rtol=0, atol=1e-6)
+    torch.testing.assert_close(logit_sum.double(), ref_sum, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(heads.double(), ref_heads, rtol=0, atol=1e-6)
+    assert bool((zbuf[:, 0] == 9.0).all()) and bool((zbuf[:, :, :5] == 9.0).all())  # nothing outside the view
+    # a later slice of the same chunk's sequences adds to the head sums
+    y = torch.randn(n, H, c, nc, generator=g)
+    _, p2, heads2 = _chunk_reference(y, start, causal)
+    assert pass_(y, start, causal, None, heads, accumulate=True, threads=threads) == 0
+    torch.testing.assert_close(heads.double(), ref_heads + heads2, rtol=0, atol=2e-6)
+    torch.testing.assert_close(y.double(), p2, rtol=0, atol=1e-6)
+
+
+@needs_kernel
+def test_fused_kernel_counts_non_finite_visible_logits_only():
+    x = torch.zeros(2, 2, 4, 8)
+    x[1, 0, 2, 1] = float("nan")  # visible (row 2 sees keys <= 6)
+    x[0, 1, 0, 7] = float("inf")  # masked: row 0 sees keys <= 4
+    x[0, 0, 3, 0] = -float("inf")  # visible
+    assert native.SoftmaxSums()(x.clone(), 4, True, None, None, accumulate=False) == 2
+    x[1, 0, 2, 1] = x[0, 0, 3, 0] = 0.0
+    assert native.SoftmaxSums()(x, 4, True, torch.empty(4, 8), None, accumulate=False) == 0
+
+
+@pytest.mark.parametrize("start,c,nc,causal,parts", [(0, 64, 64, True, 2), (960, 64, 1024, True, 3),
+                                                       (0, 5, 9, False, 2), (0, 2, 2, True, 4)])
+def test_balanced_rows_split_the_visible_logits(start, c, nc, causal, parts):
+    edges = native._balanced_rows(start, c, nc, causal, parts)
+    assert len(edges) == parts + 1 and edges[0] == 0 and edges[-1] == c
+    assert edges == sorted(edges)
+    counts = [min(nc, start + r + 1) if causal else nc for r in range(c)]
+    share = [sum(counts[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+    assert max(share) <= sum(counts) / parts + max(counts)
+
+
+def _scan_layer(B, H, Hk, S, causal, chunk, stats, map_size=0, q_scale=2.0):
+    g = torch.Generator().manual_seed(B * S + H)
+    D = 16
+    q = torch.randn(B, H, S, D, generator=g) * q_scale
+    k = torch.randn(B, Hk, S, D, generator=g) * 2
+    v = torch.randn(B, Hk, S, D, generator=g)
+    spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+                           chunk_elems=chunk, map_size=map_size, stats=att.parse_stats(stats))
+    cap = att.Capture(spec)
+    cap.begin_batch(B)
+    out = cap.observe_attention(0, q, k, None, 1 / math.sqrt(D), causal=causal, value=v).clone()
+    cap.end_batch()
+    return cap.means(), out
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,H,Hk,S,causal,chunk,map_size", [
+    (3, 4, 4, 130, True, 10**9, 0),              # one chunk
+    (5, 4, 2, 100, True, 2 * 4 * 100 * 7, 0),    # 7-row chunks in slices of 2 sequences, GQA
+    (2, 6, 2, 77, False, 2 * 6 * 77 * 9, 0),     # bidirectional
+    (4, 2, 1, 90, True, 2 * 2 * 90 * 11, 8),     # --map-size block means, MQA
+])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("stats", ["scores,probs", "probs", "scores", "slash,attn_cosine"])
+def test_capture_with_the_fused_pass_equals_the_torch_pass(B, H, Hk, S, causal, chunk, map_size, threads, stats,
+                                                           monkeypatch):
+    calls = []
+    inner = native.SoftmaxSums.__call__
+    monkeypatch.setattr(native.SoftmaxSums, "__call__", lambda self, *a, **k: calls.append(1) or inner(self, *a, **k))
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fused, out_fused = _scan_layer(B, H, Hk, S, causal, chunk, stats, map_size)
+        assert calls, "the fused pass was not taken"
+        monkeypatch.setenv(native.KERNEL_ENV, "torch")
+        ref, out_ref = _scan_layer(B, H, Hk, S, causal, chunk, stats, map_size)
+    finally:
+        torch.set_num_threads(prev)
+    assert set(fused) == set(ref)
+    for name in ref:
+        torch.testing.assert_close(fused[name], ref[name], rtol=1e-5, atol=2e-6, msg=name)
+    torch.testing.assert_close(out_fused, out_ref, rtol=1e-5, atol=2e-6)
+
+
+@needs_kernel
+def test_statistics_reading_the_chunks_keep_the_torch_pass(monkeypatch):
+    """Per-head maps read every chunk's logits and weights, a sliding window masks inside rows: the
+    torch pass takes those layers."""
+    calls = []
+    monkeypatch.setattr(native.SoftmaxSums, "__call__", lambda self, *a, **k: calls.append(1))
+    spec = att.CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, seq_len=20, layers=[0],
+                           heads=[(0, 1)], stats=att.parse_stats("scores,probs"))
+    cap = att.Capture(spec)
+    q = torch.randn(2, 2, 20, 8)
+    cap.begin_batch(2)
+    cap.observe_attention(0, q, q, None, 0.3, value=q)
+    cap.end_batch()
+    assert not calls
+    spec = att.CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, seq_len=20, layers=[0],
+                           stats=att.parse_stats("scores,probs"))
+    cap = att.Capture(spec)
+    cap.begin_batch(2)
+    cap.observe_attention(0, q, q, None, 0.3, window=5, value=q)
+    cap.end_batch()
+    assert not calls
+
+
+@needs_kernel
+def test_non_finite_logits_name_their_head_through_the_checked_pass():
+    B, H, S, D = 2, 4, 24, 8
+    q = torch.randn(B, H, S, D)
+    q[1, 2, 5, 0] = float("inf")
+    spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=H, head_dim=D, seq_len=S, layers=[3],
+                           stats=att.parse_stats("scores,probs"))
+    cap = att.Capture(spec)
+    cap.begin_batch(B)
+    with pytest.raises(PoslensError, match="layer 3, head 2"):
+        cap.observe_attention(3, q, torch.randn(B, H, S, D), None, 0.3, value=torch.randn(B, H, S, D))
+
+
+def test_without_a_compiler_the_capture_takes_the_torch_path(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert not native.available()
+    assert "no C compiler" in native.status()
+    means, out = _scan_layer(3, 4, 2, 50, True, 10**9, "scores,probs")
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv(native.KERNEL_ENV, "torch")
+    assert native.status().startswith("torch path")
+    ref, out_ref = _scan_layer(3, 4, 2, 50, True, 10**9, "scores,probs")
+    for name in ref:
+        torch.testing.assert_close(means[name], ref[name], rtol=0, atol=0, msg=name)
+
+
+@needs_kernel
+def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("POSLENS_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_state", {})
+    assert native.available()
+    built = list((tmp_path / "native").glob("softmax_sums-*.so"))
+    assert len(built) == 1 and built[0] == native.library_path(native._compiler())
+    stamp = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(native, "_state", {})
+    assert native.available() and built[0].stat().st_mtime_ns == stamp
+    assert [p.name for p in (tmp_path / "native").iterdir()] == [built[0].name]  # no temporary left
