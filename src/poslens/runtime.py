@@ -30,12 +30,19 @@ import functools
 import os
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from poslens.errors import PoslensError
 
 if TYPE_CHECKING:  # annotations only: torch is imported where a function needs it (CLI start-up)
     import torch
+
+
+def cache_root() -> Path:
+    """``$POSLENS_CACHE`` or ``~/.cache/poslens``: downloaded models, dequantised copies, built kernels."""
+    env = os.environ.get("POSLENS_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "poslens"
 
 
 #: environment variable naming the device ``--device auto`` resolves to (see :func:`parse_device`)

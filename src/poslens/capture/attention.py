@@ -32,7 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from poslens.capture import cuda_maps, native
+from poslens import native
+from poslens.capture import cuda_maps
 from poslens.capture.builtin import active_statistics, stats_table
 from poslens.capture.builtin.base import LayerBatch
 from poslens.capture.builtin.cosine import _HALF, half_input_matmuls
@@ -235,6 +236,10 @@ def unrotate_qk(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: 
     cos, sin = cos / s2, sin / s2
     if layout == "interleaved":
         return _unrotate_interleaved(query, cos, sin), _unrotate_interleaved(key, cos, sin)
+    if query.device.type == "cpu":  # one pass over each (poslens.native), where it is built
+        q, k = native.unrotate_half(query, cos, sin), native.unrotate_half(key, cos, sin)
+        if q is not None and k is not None:
+            return q, k
     return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
 
 
@@ -610,7 +615,7 @@ class _MapsRun:
     bad: torch.Tensor | None = None  # unchecked runs: a non-finite value was seen
     above: torch.Tensor | None = None  # [rows, rows] bool, j > i inside a diagonal block
     zbuf: torch.Tensor | None = None  # per-head batch sums of a chunk's weights (slash.slash_view)
-    native: Any = None  # the fused CPU pass (poslens.capture.native.SoftmaxSums) when it takes the chunks
+    native: Any = None  # the fused CPU pass (poslens.native.SoftmaxSums) when it takes the chunks
 
 
 class Capture:
@@ -941,7 +946,7 @@ class Capture:
         return min(S, max(floor, elems // max(1, B * H * S)))
 
     def _native_pass(self):
-        """This capture's fused CPU pass (:class:`poslens.capture.native.SoftmaxSums`), or None where
+        """This capture's fused CPU pass (:class:`poslens.native.SoftmaxSums`), or None where
         it cannot be built or ``POSLENS_CAPTURE_KERNEL=torch`` asks for the torch path."""
         if not native.available():
             return None
@@ -1134,7 +1139,7 @@ class Capture:
 
     def _fused_chunk(self, run, logits, start) -> bool:
         """The chunk's logit sum, softmax (in place), per-head weight sums and output rows from the
-        fused CPU pass (:mod:`poslens.capture.native`), handed to the statistics that read them.
+        fused CPU pass (:mod:`poslens.native`), handed to the statistics that read them.
         False when a visible logit is not finite (nothing is handed on then)."""
         B, H, c, nc = logits.shape
         block_sum = self._buffer("block_sum", (c, nc), logits.device) if run.readers["logit_sum"] else None

@@ -36,7 +36,7 @@ from typing import Iterator
 from poslens.capture.adapters import ADAPTERS
 from poslens.errors import PoslensError
 from poslens.rundir import versions, write_json
-from poslens.runtime import no_hf_progress_bars
+from poslens.runtime import cache_root, no_hf_progress_bars  # noqa: F401 (cache_root: re-exported)
 
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "poslens_source.json"
@@ -48,14 +48,8 @@ _GGUF_RENAMES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen2moe": "
 
 
 # --------------------------------------------------------------------------------------------
-# the cache
+# the cache (its root, cache_root, is poslens.runtime's)
 # --------------------------------------------------------------------------------------------
-def cache_root() -> Path:
-    """``$POSLENS_CACHE`` or ``~/.cache/poslens``."""
-    env = os.environ.get("POSLENS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "poslens"
-
-
 _SHA_MEMO: dict[tuple, str] = {}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from poslens import native
 from poslens.theory import running_mean_cosine
 from poslens.metrics.ties import tie_columns
 
@@ -225,9 +226,12 @@ def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
     lower triangle is finite: row i's visible keys 0..i-1 are kept and every later column is set to
     -inf, then :func:`rising_pair_counts` counts its rising pairs."""
     B, T, _ = m.shape
+    total = T * (T - 1) * (T - 2) / 6  # sum_i i (i - 1) / 2: pairs below the diagonal; > 0 for T >= 3
+    fused = native.rising_pairs(m) if m.device.type == "cpu" and m.dtype == torch.float32 else None
+    if fused is not None:  # every pair compared in one vectorised pass (poslens.native)
+        return fused.to(torch.float64) / total
     i = torch.arange(T, device=m.device)
     x = m.masked_fill(i[None, :] >= i[:, None], float("-inf"))
-    total = T * (T - 1) * (T - 2) / 6  # sum_i i (i - 1) / 2: pairs below the diagonal; > 0 for T >= 3
     if m.device.type != "cpu":  # one direct count of every row (the prefixes below save CPU work only)
         return _direct_rising_counts(x.reshape(-1, T)).reshape(B, T).sum(1).to(torch.float64) / total
     gt = torch.zeros(B, dtype=torch.int64, device=m.device)

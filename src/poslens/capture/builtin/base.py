@@ -11,7 +11,7 @@ an attention layer once and routes it to the statistics that read it:
   the heads (:meth:`~BuiltinStatistic.chunk_logit_sum`), of the softmax weights
   (:meth:`~BuiltinStatistic.chunk_weights`) and of each head's weights summed over the batch
   (:meth:`~BuiltinStatistic.chunk_head_weights`). On the CPU the logit sum, the softmax and the
-  per-head sums come from one fused pass (:mod:`poslens.capture.native`) when no statistic of the
+  per-head sums come from one fused pass (:mod:`poslens.native`) when no statistic of the
   layer reads the logits or weights chunk by chunk. A statistic writes its float32 sums for the layer
   into ``run.out`` (allocated in :meth:`~BuiltinStatistic.begin_maps`), and
   :meth:`~BuiltinStatistic.add_maps` adds them to its float64 accumulators once the pass is done;

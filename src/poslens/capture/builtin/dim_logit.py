@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from poslens import native
 from poslens.capture.builtin.base import BuiltinStatistic, LayerBatch
 from poslens.capture.kernels import sum_first
 
@@ -22,6 +23,9 @@ def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     small lower-triangular product per 64 positions over the whole batch is several times slower).
     """
     B, Hk, g, S, D = qg.shape
+    fused = native.causal_pair_dim_sum(qg, k) if qg.device.type == "cpu" else None
+    if fused is not None:  # one pass over q and k (poslens.native), the running sums in float64
+        return fused
     if qg.device.type != "cpu":  # one pass over the batch; torch's GPU scan is fast over the innermost dim
         ck = k.transpose(-1, -2).cumsum(-1).transpose(-1, -2)  # [B, Hk, S, D] (strided view)
         return (qg * ck[:, :, None]).sum(dim=3)

@@ -1,5 +1,6 @@
-"""The fused CPU pass (poslens.capture.native): the kernel against float64, the capture with it against
-the capture's torch path, the fallbacks (non-finite logits, no compiler)."""
+"""poslens's fused CPU kernels (poslens.native): each against float64 or the exact torch/numpy
+count it replaces, the capture with them against the capture's torch path, and the fallbacks
+(non-finite logits, no compiler)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from poslens.capture import attention as att
-from poslens.capture import native
+from poslens import native
 from poslens.errors import PoslensError
 
 needs_kernel = pytest.mark.skipif(not native.available(), reason=f"fused CPU kernel not built: {native.status()}")
@@ -177,9 +178,77 @@ def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("POSLENS_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "_state", {})
     assert native.available()
-    built = list((tmp_path / "native").glob("softmax_sums-*.so"))
+    built = list((tmp_path / "native").glob("kernels-*.so"))
     assert len(built) == 1 and built[0] == native.library_path(native._compiler())
     stamp = built[0].stat().st_mtime_ns
     monkeypatch.setattr(native, "_state", {})
     assert native.available() and built[0].stat().st_mtime_ns == stamp
     assert [p.name for p in (tmp_path / "native").iterdir()] == [built[0].name]  # no temporary left
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,Hk,g,S,D", [(2, 3, 1, 50, 8), (1, 2, 3, 129, 16), (3, 1, 4, 7, 6)])
+def test_causal_pair_dim_sum_equals_float64(B, Hk, g, S, D):
+    from poslens.capture.builtin.dim_logit import causal_pair_dim_sum
+
+    gen = torch.Generator().manual_seed(S)
+    qg = torch.randn(B, Hk, g, S, D, generator=gen)
+    k = torch.randn(B, Hk, S, D, generator=gen)
+    tri = torch.ones(S, S, dtype=torch.bool).tril()
+    ref = torch.einsum("bhgid,bhjd,ij->bhgd", qg.double(), k.double(), tri.double())
+    got = native.causal_pair_dim_sum(qg, k)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-5)
+    assert causal_pair_dim_sum(qg, k) is not None  # the statistic takes it
+    torch.testing.assert_close(causal_pair_dim_sum(qg, k), got, rtol=0, atol=0)
+
+
+@needs_kernel
+@pytest.mark.parametrize("T", [3, 4, 16, 17, 33, 64, 100, 257])
+def test_rising_pairs_equal_the_merge_count(T, monkeypatch):
+    """Every triple j < k < i with m[i, k] > m[i, j]: the kernel against the merge count of
+    poslens.metrics.neighborhood, on maps with many exact ties and negative zeros."""
+    from poslens.metrics import neighborhood as nb
+
+    gen = torch.Generator().manual_seed(T)
+    m = torch.randn(5, T, T, generator=gen)
+    m[1] = torch.randint(-2, 3, (T, T), generator=gen).float()  # ties everywhere
+    m[2] = -0.0
+    m[2, :, ::3] = 0.0  # -0.0 and +0.0 are equal: no rise between them
+    m[3] = torch.arange(T, dtype=torch.float32)[None, :]  # every row rises: all pairs count
+    got = native.rising_pairs(m)
+    i = torch.arange(T)
+    x = m.masked_fill(i[None, :] >= i[:, None], float("-inf"))
+    ref = nb.rising_pair_counts(x.reshape(-1, T)).reshape(5, T).sum(1)
+    assert torch.equal(got, ref)
+    assert int(got[3]) == T * (T - 1) * (T - 2) // 6 and int(got[2]) == 0
+    # the APS takes it, and the merge count (no kernel) gives the same fraction
+    fused = nb._rising_pairs_by_merge(m)
+    monkeypatch.setenv(native.KERNEL_ENV, "torch")
+    assert torch.equal(fused, nb._rising_pairs_by_merge(m))
+
+
+@needs_kernel
+@pytest.mark.parametrize("D,r,Bc", [(16, 16, 1), (16, 8, 1), (12, 12, 3)])
+def test_unrotate_half_equals_the_torch_path(D, r, Bc, monkeypatch):
+    from poslens.capture.attention import unrotate_qk
+    from poslens.rope import apply_rope
+
+    B, H, S = 3, 2, 20
+    gen = torch.Generator().manual_seed(D + r)
+    q, k = torch.randn(B, H, S, D, generator=gen), torch.randn(B, 1, S, D, generator=gen)
+    ang = torch.rand(Bc, S, r // 2, generator=gen) * 6
+    cos, sin = torch.cat([ang.cos()] * 2, -1) * 1.2, torch.cat([ang.sin()] * 2, -1) * 1.2  # scaled RoPE
+    calls = []
+    inner = native.unrotate_half
+    monkeypatch.setattr(native, "unrotate_half", lambda *a: calls.append(1) or inner(*a))
+    gq, gk = unrotate_qk(q, k, cos, sin)
+    assert len(calls) == 2
+    monkeypatch.setenv(native.KERNEL_ENV, "torch")
+    rq, rk = unrotate_qk(q, k, cos, sin)
+    torch.testing.assert_close(gq, rq, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gk, rk, rtol=1e-6, atol=1e-6)
+    monkeypatch.delenv(native.KERNEL_ENV)
+    if r == D:  # the rotation undone: RoPE applied, then un-rotated, gives the queries back
+        c, s = cos / 1.2, sin / 1.2
+        back, _ = unrotate_qk(apply_rope(q, c[:, None], s[:, None]), k, c, s)
+        torch.testing.assert_close(back, q, rtol=1e-5, atol=1e-5)

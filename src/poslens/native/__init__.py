@@ -1,13 +1,14 @@
-"""Fused CPU kernels of the capture, in C, built on this machine at first use.
+"""poslens's fused CPU kernels, in C, built on this machine at first use.
 
-The capture's chunked attention pass on the CPU is a handful of memory passes over each chunk of
-logits (their sum, the softmax, the per-head sums of the weights). ``softmax_sums.c`` does them in
-one pass per row. It is compiled once per source, compiler and CPU with the system C compiler
-(``$CC``, else ``cc``) into ``$POSLENS_CACHE/native`` (default ``~/.cache/poslens/native``) and
-loaded with :mod:`ctypes`. Without a compiler, or with ``POSLENS_CAPTURE_KERNEL=torch``, the capture
-runs its torch path, which computes the same numbers (to float32 rounding) more slowly.
+Some of a scan's work on the CPU is a handful of memory passes that torch runs one by one: the
+chunked attention pass (the logit sum, the softmax, the per-head sums of the weights), the
+per-dimension logit sums, the APS count. ``kernels.c`` does each in one pass. It is compiled once
+per source, compiler and CPU with the system C compiler (``$CC``, else ``cc``) into
+``$POSLENS_CACHE/native`` (default ``~/.cache/poslens/native``) and loaded with :mod:`ctypes`.
+Without a compiler, or with ``POSLENS_CAPTURE_KERNEL=torch``, every caller takes its torch path,
+which computes the same numbers (to float32 rounding) more slowly.
 
-Nothing here runs at import: :func:`softmax_sums` builds or loads the library on its first call.
+Nothing here runs at import: the library is built or loaded on the first call that needs it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("softmax_sums.c")
+SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=gnu99") + (
     ("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
 #: environment variable that forces the torch path (as for the fused CUDA kernels)
@@ -52,14 +53,14 @@ def _cpu_signature() -> str:
 
 def library_path(cc: str) -> Path:
     """The cached library for this source, compiler, flags and CPU."""
-    from poslens.capture.model_source import cache_root
+    from poslens.runtime import cache_root
 
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_signature().encode(),
                  platform.machine().encode()):
         h.update(part)
         h.update(b"\0")
-    return cache_root() / "native" / f"softmax_sums-{h.hexdigest()[:16]}.so"
+    return cache_root() / "native" / f"kernels-{h.hexdigest()[:16]}.so"
 
 
 def _build(cc: str, target: Path) -> None:
@@ -78,14 +79,25 @@ def _build(cc: str, target: Path) -> None:
             os.unlink(tmp)
 
 
+_I64, _F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
+#: each kernel's argument types
+SIGNATURES = {
+    "poslens_softmax_sums": ([_F32P, _I64, _I64, _I64, _I64, _I64, ctypes.c_int32, _I64, _I64, _F32P, _F32P, _I64,
+                              _I64, ctypes.c_int32], _I64),
+    "poslens_causal_pair_dim_sum": ([_F32P, _F32P, _I64, _I64, _I64, _I64, _I64, _F32P], None),
+    "poslens_rising_pairs": ([_F32P, _I64, _I64, ctypes.POINTER(ctypes.c_int64)], None),
+    "poslens_unrotate_half": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _F32P], None),
+}
+
+
 def _load():
-    """The kernel function, or None (with the reason in :func:`status`)."""
-    if "fn" in _state:
-        return _state["fn"]
+    """The loaded library, or None (with the reason in :func:`status`)."""
+    if "lib" in _state:
+        return _state["lib"]
     with _lock:
-        if "fn" in _state:
-            return _state["fn"]
-        fn, why = None, None
+        if "lib" in _state:
+            return _state["lib"]
+        lib, why = None, None
         cc = _compiler()
         if cc is None:
             why = "no C compiler (set CC, or install one)"
@@ -95,19 +107,17 @@ def _load():
                 if not path.exists():
                     _build(cc, path)
                 lib = ctypes.CDLL(str(path))
-                fn = lib.poslens_softmax_sums
-                i64, f32p = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
-                fn.argtypes = [f32p, i64, i64, i64, i64, i64, ctypes.c_int32, i64, i64, f32p, f32p, i64, i64,
-                               ctypes.c_int32]
-                fn.restype = i64
-            except (OSError, subprocess.SubprocessError) as e:
-                fn, why = None, f"{type(e).__name__}: {e}"
-        _state.update(fn=fn, why=why)
-        return fn
+                for name, (args, res) in SIGNATURES.items():
+                    fn = getattr(lib, name)
+                    fn.argtypes, fn.restype = args, res
+            except (OSError, AttributeError, subprocess.SubprocessError) as e:
+                lib, why = None, f"{type(e).__name__}: {e}"
+        _state.update(lib=lib, why=why)
+        return lib
 
 
 def available() -> bool:
-    """Whether the fused CPU kernel is in use (built or loadable here, not switched off)."""
+    """Whether the fused CPU kernels are in use (built or loadable here, not switched off)."""
     if os.environ.get(KERNEL_ENV, "auto") == "torch":
         return False
     return _load() is not None
@@ -118,7 +128,7 @@ def status() -> str:
     if os.environ.get(KERNEL_ENV, "auto") == "torch":
         return f"torch path ({KERNEL_ENV}=torch)"
     _load()
-    return "fused C kernel" if _state.get("fn") else f"torch path ({_state.get('why')})"
+    return "fused C kernels" if _state.get("lib") else f"torch path ({_state.get('why')})"
 
 
 def _ptr(t: torch.Tensor | None):
@@ -130,7 +140,7 @@ class SoftmaxSums:
     (ctypes releases the GIL during the call). Owns its thread pool: :meth:`close` ends it."""
 
     def __init__(self):
-        self._fn = _load()
+        self._fn = _load().poslens_softmax_sums
         self._pool = None
         self._threads = 1
 
@@ -139,7 +149,7 @@ class SoftmaxSums:
             self.close()
             self._threads = threads
         if threads > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="poslens-softmax")
+            self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="poslens-native")
         return self._pool
 
     def close(self) -> None:
@@ -184,3 +194,52 @@ def _balanced_rows(start: int, c: int, nc: int, causal: bool, parts: int) -> lis
             edges.append(r + 1)
     edges += [c] * (parts + 1 - len(edges))
     return edges
+
+
+def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """``sum_{j <= i} q[..., i, d] k[..., j, d]`` per dimension, ``[B, Hk, g, D]`` float32, from grouped
+    queries ``qg [B, Hk, g, S, D]`` and keys ``k [B, Hk, S, D]`` (float32, CPU; the running sums in
+    float64); None when the kernels are not available (the caller's torch path)."""
+    B, Hk, g, S, D = qg.shape
+    if not available() or qg.dtype != torch.float32 or k.dtype != torch.float32 or qg.is_cuda or D > 1024:
+        return None
+    qg, k = qg.contiguous(), k.contiguous()
+    out = torch.empty(B, Hk, g, D, dtype=torch.float32)
+    _load().poslens_causal_pair_dim_sum(_ptr(qg), _ptr(k), B, Hk, g, S, D, _ptr(out))
+    return out
+
+
+#: longest maps :func:`rising_pairs` counts (its T^3 / 6 comparisons per map outgrow the O(T^2 log^2 T)
+#: merge count of :mod:`poslens.metrics.neighborhood` beyond)
+RISING_PAIRS_MAX_T = 512
+
+
+def rising_pairs(m: torch.Tensor) -> torch.Tensor | None:
+    """For maps ``m [N, T, T]`` (float32, CPU, finite below the diagonal): the number of triples
+    ``j < k < i`` with ``m[i, k] > m[i, j]``, int64 ``[N]``; None when the kernels are not available
+    or ``T`` is above :data:`RISING_PAIRS_MAX_T` (the caller's merge count)."""
+    N, T, _ = m.shape
+    if not available() or m.dtype != torch.float32 or m.is_cuda or T > RISING_PAIRS_MAX_T:
+        return None
+    m = m.contiguous()
+    out = torch.empty(N, dtype=torch.int64)
+    _load().poslens_rising_pairs(_ptr(m), N, T, ctypes.cast(out.data_ptr(), ctypes.POINTER(ctypes.c_int64)))
+    return out
+
+
+def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """``x [B, H, S, D]`` rotated back by RoPE in the rotate-half layout, float32 ``[B, H, S, D]``, from
+    ``cos``/``sin`` ``[Bc, 1, S, r]`` (``Bc`` 1 or ``B``, already divided by ``cos^2 + sin^2``): what
+    :func:`poslens.capture.attention.unrotate_qk` computes, in one pass; None when the kernels are not
+    available or the inputs are not float32 on the CPU (the caller's torch path)."""
+    B, H, S, D = x.shape
+    r = cos.shape[-1]
+    if (not available() or x.is_cuda or x.dtype != torch.float32 or cos.dtype != torch.float32
+            or cos.shape[0] not in (1, B) or r % 2 or r > D):
+        return None
+    x = x.contiguous()
+    cos = cos.expand(cos.shape[0], 1, S, r).contiguous()
+    sin = sin.expand(sin.shape[0], 1, S, r).contiguous()
+    out = torch.empty(B, H, S, D, dtype=torch.float32)
+    _load().poslens_unrotate_half(_ptr(x), B, H, S, D, r, _ptr(cos), _ptr(sin), cos.shape[0], _ptr(out))
+    return out

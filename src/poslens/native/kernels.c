@@ -1,11 +1,15 @@
-/* One pass over a chunk of attention logits on the CPU: the batch/head sum of the visible logits,
- * the softmax in place, and the per-head batch sums of the weights.
+/* poslens's fused CPU kernels: loops that torch would run as several passes over memory, each done
+ * here in one.
  *
- * The capture's torch path reads a chunk of logits [n, H, c, nc] from memory several times: once for
- * the logit sum, once each way for the softmax, once for the per-head weight sums. Here every row of
- * nc logits is read once and written once; its passes run on a row that stays in the L1 cache.
+ * - poslens_softmax_sums: a chunk of attention logits [n, H, c, nc]: the batch/head sum of the visible
+ *   logits, the softmax in place and the per-head batch sums of the weights. The torch path reads
+ *   the chunk once for the logit sum, once each way for the softmax and once for the head sums; here
+ *   every row of nc logits is read once and written once, its passes running on a row in L1.
+ * - poslens_causal_pair_dim_sum: per head dimension, the sum over causal pairs j <= i of q_i k_j.
+ * - poslens_rising_pairs: the APS count of a self-similarity map (rising pairs below the diagonal).
+ * - poslens_unrotate_half: queries or keys rotated back by their RoPE angles (rotate-half layout).
  *
- * Built at first use by poslens.capture.native (C99, -O3 -march=native -fopenmp-simd; no OpenMP
+ * Built at first use by poslens.native (C99, -O3 -march=native -fopenmp-simd; no OpenMP
  * runtime, no fast-math: the exponential below is ours and the reductions are vectorised by
  * `omp simd` clauses). Loaded with ctypes, which releases the GIL during the call, so the caller may
  * run disjoint row ranges of one chunk on several threads.
@@ -120,4 +124,90 @@ int64_t poslens_softmax_sums(float *restrict logits, int64_t n, int64_t H, int64
         }
     }
     return bad;
+}
+
+/* Per dimension d, sum over i and j <= i of q[i, d] k[j, d] (= sum_i q[i, d] * cumsum(k)[i, d]), for
+ * grouped queries q [B, Hk, g, S, D] and keys k [B, Hk, S, D], both float32 and contiguous, into
+ * out [B, Hk, g, D] (float32). The running key sum and the products are accumulated in float64.
+ * D <= 1024. */
+void poslens_causal_pair_dim_sum(const float *restrict q, const float *restrict k, int64_t B, int64_t Hk,
+                                 int64_t g, int64_t S, int64_t D, float *restrict out) {
+    double ck[1024], acc[1024];
+    for (int64_t bh = 0; bh < B * Hk; bh++) {
+        const float *kb = k + bh * S * D;
+        const float *qb = q + bh * g * S * D;
+        for (int64_t r = 0; r < g; r++) {
+            memset(ck, 0, sizeof(double) * (size_t)D);
+            memset(acc, 0, sizeof(double) * (size_t)D);
+            const float *qr = qb + r * S * D;
+            for (int64_t i = 0; i < S; i++) {
+                #pragma omp simd
+                for (int64_t d = 0; d < D; d++) {
+                    ck[d] += (double)kb[i * D + d];
+                    acc[d] += (double)qr[i * D + d] * ck[d];
+                }
+            }
+            float *o = out + (bh * g + r) * D;
+            for (int64_t d = 0; d < D; d++) o[d] = (float)acc[d];
+        }
+    }
+}
+
+/* For each of the N maps m [N, T, T] (float32, contiguous, finite below the diagonal): the number of
+ * triples j < k < i with m[i, k] > m[i, j] (row i's keys before the diagonal; ties do not rise), into
+ * counts [N]. Every pair compared directly, T^3 / 6 comparisons per map: 16 keys k at a time against
+ * each earlier j, a key past the row's last one (k >= i) padded with -inf, which rises above nothing. */
+void poslens_rising_pairs(const float *restrict m, int64_t N, int64_t T, int64_t *restrict counts) {
+    for (int64_t n = 0; n < N; n++) {
+        const float *mn = m + n * T * T;
+        int64_t total = 0;
+        for (int64_t i = 2; i < T; i++) {
+            const float *row = mn + i * T;
+            for (int64_t k0 = 1; k0 < i; k0 += 16) {
+                float vk[16];
+                int32_t kidx[16], cnt[16];
+                for (int l = 0; l < 16; l++) {
+                    int64_t k = k0 + l;
+                    vk[l] = k < i ? row[k] : -__builtin_inff();
+                    kidx[l] = (int32_t)k;
+                    cnt[l] = 0;
+                }
+                int64_t jmax = k0 + 15 < i - 1 ? k0 + 15 : i - 1; /* j < k <= min(k0 + 15, i - 1) */
+                for (int64_t j = 0; j < jmax; j++) {
+                    float vj = row[j];
+                    int32_t jj = (int32_t)j;
+                    #pragma omp simd
+                    for (int l = 0; l < 16; l++) cnt[l] += (vk[l] > vj) & (jj < kidx[l]);
+                }
+                for (int l = 0; l < 16; l++) total += cnt[l];
+            }
+        }
+        counts[n] = total;
+    }
+}
+
+/* x [B, H, S, D] (float32, contiguous) rotated back by RoPE's angles in the rotate-half layout, into
+ * out (same shape): with the tables cos, sin [Bc, S, r] (Bc = 1 or B; already divided by
+ * cos^2 + sin^2), out1 = x1 cos1 + x2 sin1 and out2 = x2 cos2 - x1 sin2 on the halves of the first r
+ * dimensions; dimensions r .. D - 1 (partial rotary) pass through. */
+void poslens_unrotate_half(const float *restrict x, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
+                           const float *restrict cos, const float *restrict sin, int64_t Bc, float *restrict out) {
+    int64_t h2 = r / 2;
+    for (int64_t b = 0; b < B; b++) {
+        const float *cb = cos + (Bc > 1 ? b : 0) * S * r;
+        const float *sb = sin + (Bc > 1 ? b : 0) * S * r;
+        for (int64_t h = 0; h < H; h++) {
+            for (int64_t i = 0; i < S; i++) {
+                const float *xi = x + ((b * H + h) * S + i) * D;
+                float *oi = out + ((b * H + h) * S + i) * D;
+                const float *c = cb + i * r, *s = sb + i * r;
+                #pragma omp simd
+                for (int64_t d = 0; d < h2; d++) {
+                    oi[d] = xi[d] * c[d] + xi[h2 + d] * s[d];
+                    oi[h2 + d] = xi[h2 + d] * c[h2 + d] - xi[d] * s[h2 + d];
+                }
+                for (int64_t d = r; d < D; d++) oi[d] = xi[d];
+            }
+        }
+    }
 }
