@@ -1200,7 +1200,10 @@ class Capture:
             bs = max(1, min(B, budget // max(1, H * rows * S)))
         # GQA without repeating keys: query head h = kv * g + r uses key head kv, so the g query
         # heads of one key head are a grouped view [B, Hk, g, S, D] of the queries.
-        run = _MapsRun(layer=batch.layer, qs=q.view(B, Hk, g, S, D), scaling=batch.scaling, kT=k.transpose(2, 3),
+        # the keys transposed once per layer on the CPU: MKL runs the chunks' [c, D] x [D, nc] products
+        # about 1.5x faster from a [D, S] matrix than from a transposed view of [S, D]
+        kT = self._buffer("kT", (B, Hk, D, S), dev).copy_(k.transpose(2, 3)) if cpu else k.transpose(2, 3)
+        run = _MapsRun(layer=batch.layer, qs=q.view(B, Hk, g, S, D), scaling=batch.scaling, kT=kT,
                        v=v, H=H, causal=batch.causal, window=batch.window, softcap=batch.softcap, heads=batch.heads,
                        checked=checked, cpu=cpu, rows=rows, bs=bs, S=S, M=self.spec.map_side())
         run.readers = {n: [st for st in readers if n in st.reads_maps]
