@@ -21,6 +21,10 @@ Models: the benchmark model (random-init Llama: 4 layers, hidden 512, 8 heads x 
 at 8 x 1,024 tokens in batches of 4, from the dequantised GGUF cache (``--smollm DIR``; skipped
 when absent).
 
+The poslens rows use the fused CPU kernels (:mod:`poslens.native`) where they build (the run prints
+which, and ``cpu_kernels`` in the results file records it); ``POSLENS_CAPTURE_KERNEL=torch`` measures
+the torch path instead.
+
 Times are the process's CPU time (user + sys, ``getrusage``) over the timed batches, which on a
 one-thread run is the work done whatever else the machine runs; wall time is printed beside it.
 What a scan does once at its end, whatever its length (reading the means out of the float64 sums,
@@ -494,8 +498,10 @@ def main():
         smollm = None
     results = []
     t_start = time.time()
-    print(f"bench_scan: {args.threads} thread(s), {os.cpu_count()} CPUs, device {args.device}, seq_len {args.seq_len}",
-          flush=True)
+    from poslens import native
+
+    print(f"bench_scan: {args.threads} thread(s), {os.cpu_count()} CPUs, device {args.device}, seq_len {args.seq_len}, "
+          f"poslens CPU kernels: {native.status()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         models = [("bench 4L h512 8x64", build_bench_model(os.path.join(tmp, "bench")), args.bench_batch)]
         if smollm:
@@ -526,7 +532,7 @@ def main():
     if _results.wanted(args.json):
         with open(args.json, "w") as f:
             json.dump({**_results.meta(), "threads": args.threads, "seq_len": args.seq_len, "device": args.device,
-                       "cpu_count": os.cpu_count(), "results": results}, f, indent=1)
+                       "cpu_count": os.cpu_count(), "cpu_kernels": native.status(), "results": results}, f, indent=1)
 
 
 def _join_stats(parts: list[str]) -> list[str]:
