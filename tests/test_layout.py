@@ -210,6 +210,9 @@ FORBIDDEN = {
     "poslens.metrics": ("poslens.capture", "poslens.models", "poslens.data", "poslens.simulate", "poslens.report",
                         "poslens.analysis", "poslens.api", "poslens.reproduce", "poslens.demo", "poslens.figures"),
     "poslens.figures": ("poslens.capture", "poslens.report", "poslens.analysis", "poslens.api", "poslens.simulate"),
+    # the C kernels are a basic layer: the capture and the metrics call them, they call neither
+    "poslens.native": ("poslens.capture", "poslens.metrics", "poslens.models", "poslens.data", "poslens.report",
+                       "poslens.analysis", "poslens.api", "poslens.simulate"),
 }
 
 

@@ -563,8 +563,15 @@ def test_cpu_chunks_are_an_eighth_of_the_l3_cache_within_bounds(monkeypatch, l3,
     monkeypatch.setattr(att, "_l3_bytes", lambda: l3)
     assert att.cpu_chunk_elems() == elems
     spec = att.CaptureSpec(num_layers=1, num_heads=8, num_kv_heads=8, head_dim=64, seq_len=1024, layers=[0])
-    # the rows of one (batch 1) chunk follow the budget: budget / (H * S) rows
-    assert att.Capture(spec)._rows_per_chunk(1, 8, 1024, "cpu") == min(1024, elems // (8 * 1024))
+    cap = att.Capture(spec)
+    # rows per (batch, key head) product: about CPU_TARGET_ROWS (g query heads count g rows each), fewer
+    # where one sequence's chunk would outgrow the budget, never below CPU_MIN_ROWS
+    for H, S, g in [(8, 1024, 1), (8, 4096, 1), (9, 1024, 3), (8, 32768, 1), (16, 8192, 4)]:
+        rows = cap._rows_per_chunk(1, H, S, "cpu", g)
+        assert att.CPU_MIN_ROWS <= rows * g < att.CPU_TARGET_ROWS + g
+        assert rows * H * S <= elems or rows * g < att.CPU_MIN_ROWS + g
+        assert rows * g >= att.CPU_TARGET_ROWS or (rows + 1) * H * S > elems
+    assert cap._rows_per_chunk(1, 8, 40, "cpu") == 40  # never more rows than the sequence has
 
 
 def test_l3_cache_size_is_read_from_sysfs(tmp_path):

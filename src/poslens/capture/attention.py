@@ -110,10 +110,13 @@ def cpu_chunk_elems() -> int:
         return CPU_CHUNK_ELEMS
     return max(CPU_CHUNK_ELEMS, min(CPU_CHUNK_ELEMS_MAX, 1 << ((l3 // 8 // 4).bit_length() - 1)))
 
-#: Fewest rows per CPU chunk of each (batch, key head) logit product (``g`` query heads of a key head
-#: times ``c`` query rows: ``c >= CPU_MIN_ROWS / g``) by default: below it the products get too thin to
-#: run at GEMM speed and a layer becomes thousands of chunks; 64 rows is where wider blocks stop
-#: paying. SmolLM2's 3 query heads per key head already get 56 rows from the logit cap.
+#: Rows per CPU chunk of each (batch, key head) logit product (``g`` query heads of a key head times
+#: ``c`` query rows: ``c = CPU_TARGET_ROWS / g``, rounded up) by default; fewer, down to
+#: ``CPU_MIN_ROWS / g``, where a single sequence's chunk would outgrow the cache budget (long
+#: sequences). Thinner products run below GEMM speed; taller row blocks compute more logits above
+#: the diagonal. Per layer on the Xeon, 1,024 tokens, scores and probs: 128 rows took 0.94x the time
+#: of 64 on the benchmark model (192 and 256 rows: 1.01x), and SmolLM2's 3 x 43 rows 0.92x its 3 x 113.
+CPU_TARGET_ROWS = 128
 CPU_MIN_ROWS = 64
 
 #: Rows per band when the fused CUDA kernels' full maps are reduced to --map-size block sums.
@@ -927,23 +930,27 @@ class Capture:
         return half_layout_perm(D, rot, device)
 
     def _rows_per_chunk(self, B: int, H: int, S: int, device, g: int = 1) -> int:
-        """Query rows per chunk: ``spec.chunk_elems`` logits at most (0: per device); on CPU also a
-        cache-sized block.
+        """Query rows per chunk: ``spec.chunk_elems`` logits at most when set; else on the CPU
+        :data:`CPU_TARGET_ROWS` rows per (batch, key head) product, fewer (down to
+        :data:`CPU_MIN_ROWS`) where one sequence's chunk would outgrow the cache budget, and the chunk
+        takes as many sequences as the budget holds (``run.bs``); on CUDA large chunks.
 
-        On the CPU every chunk is read several times (sum, mask, softmax, batch sum, gather); a block
-        of a few megabytes stays cache-resident across those passes (at tens of megabytes the softmax
-        alone becomes several times dearer per logit), and short row blocks also cut the causal key range
-        closer to the diagonal. On CUDA launches, not caches, are the cost: large chunks.
+        On the CPU every chunk is read several times (sum, softmax, batch sum, ``p @ v``); a block of a
+        few megabytes stays cache-resident across those passes. Its products run at GEMM speed from
+        about 128 rows on, while a causal row block of ``c`` rows computes ``c^2 / 2`` logits above the
+        diagonal (``c / S`` of the layer's). On CUDA launches, not caches, are the cost: large chunks.
         """
         elems = self.spec.chunk_elems
-        floor = 1
-        if torch.device(device).type == "cpu":
-            if not elems:  # the default: CPU_MIN_ROWS rows per (batch, key head) product, a real GEMM
-                floor = -(-CPU_MIN_ROWS // max(1, g))
-            elems = min(elems or cpu_chunk_elems(), cpu_chunk_elems())
+        cpu = torch.device(device).type == "cpu"
+        if cpu and not elems:
+            budget = cpu_chunk_elems() // max(1, H * S)  # rows of one sequence's chunk within the budget
+            lo, hi = -(-CPU_MIN_ROWS // max(1, g)), -(-CPU_TARGET_ROWS // max(1, g))
+            return min(S, max(lo, min(hi, budget)))
+        if cpu:
+            elems = min(elems, cpu_chunk_elems())
         elif not elems:
             elems = CUDA_CHUNK_ELEMS
-        return min(S, max(floor, elems // max(1, B * H * S)))
+        return min(S, max(1, elems // max(1, B * H * S)))
 
     def _native_pass(self):
         """This capture's fused CPU pass (:class:`poslens.native.SoftmaxSums`), or None where
