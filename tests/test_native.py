@@ -252,3 +252,36 @@ def test_unrotate_half_equals_the_torch_path(D, r, Bc, monkeypatch):
         c, s = cos / 1.2, sin / 1.2
         back, _ = unrotate_qk(apply_rope(q, c[:, None], s[:, None]), k, c, s)
         torch.testing.assert_close(back, q, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("alpha,lower", [(1.0, False), (1 / 9, False), (0.3, True), (1 / 7, True)])
+def test_add_widened_is_torchs_add_bit_for_bit(alpha, lower):
+    gen = torch.Generator().manual_seed(int(alpha * 1000))
+    dst = torch.randn(37, 37, generator=gen, dtype=torch.float64) * 100
+    src = torch.randn(37, 37, generator=gen)
+    ref = dst.clone().add_(src.double(), alpha=alpha)
+    got = dst.clone()
+    assert native.add_widened(got, src, alpha, lower)
+    tri = torch.ones(37, 37, dtype=torch.bool).tril()
+    if lower:  # the lower triangle added, the rest as it was
+        assert torch.equal(got[tri], ref[tri]) and torch.equal(got[~tri], dst[~tri])
+    else:
+        assert torch.equal(got, ref)
+    assert not native.add_widened(got.T, src, alpha)  # a strided sum: the caller's torch path
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,S,d,strided", [(3, 50, 24, False), (2, 7, 129, True), (1, 4, 1, False)])
+def test_unit_rows_equal_the_torch_fold(B, S, d, strided):
+    gen = torch.Generator().manual_seed(S)
+    x = torch.randn(B, S, d, generator=gen) * 3
+    x[0, 1] = 0.0  # a zero vector: norm 0, unit row 0
+    if strided:  # rows of a [B, S, H, D]-like tensor viewed as [B, S, d]
+        x = torch.randn(S, B, d, generator=gen).transpose(0, 1)
+    out = torch.full((S, B, d), float("nan"))
+    n = native.unit_rows(x, out)
+    ref_n = torch.linalg.vector_norm(x, dim=-1)
+    torch.testing.assert_close(n, ref_n, rtol=1e-6, atol=0)
+    ref = x.transpose(0, 1) / ref_n.clamp_min(1e-30).T[..., None]
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)

@@ -908,13 +908,17 @@ class Capture:
             self._buffers[name] = buf
         return buf[:n].view(shape)
 
-    def _add64(self, dst: torch.Tensor, x: torch.Tensor, alpha: float = 1.0) -> None:
+    def _add64(self, dst: torch.Tensor, x: torch.Tensor, alpha: float = 1.0, lower: bool = False) -> None:
         """``dst += alpha * x`` for a float64 ``dst`` and a float32 ``x`` (bit-identical to ``add_``).
 
-        On the CPU ``x`` is first widened into a reused float64 buffer: torch's mixed-dtype ``add_``
-        there casts element by element, unvectorised, and costs several times the copy and a
-        float64 ``add_``."""
+        On the CPU one fused pass (:func:`poslens.native.add_widened`), which with ``lower`` adds the
+        lower triangle alone (pass it where the upper triangle of ``x`` is zero or the accumulator
+        reads its lower triangle only). Without the kernels ``x`` is first widened into a reused
+        float64 buffer: torch's mixed-dtype ``add_`` there casts element by element, unvectorised,
+        and costs several times the copy and a float64 ``add_``."""
         if x.device.type == "cpu" and x.dtype != torch.float64:
+            if native.add_widened(dst, x, alpha, lower):
+                return
             x = self._buffer("wide", tuple(x.shape), x.device, dtype=torch.float64).copy_(x)
         dst.add_(x, alpha=alpha)
 

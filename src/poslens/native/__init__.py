@@ -87,6 +87,9 @@ SIGNATURES = {
     "poslens_causal_pair_dim_sum": ([_F32P, _F32P, _I64, _I64, _I64, _I64, _I64, _F32P], None),
     "poslens_rising_pairs": ([_F32P, _I64, _I64, ctypes.POINTER(ctypes.c_int64)], None),
     "poslens_unrotate_half": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _F32P], None),
+    "poslens_unit_rows": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P], None),
+    "poslens_add_widened": ([ctypes.POINTER(ctypes.c_double), _F32P, _I64, _I64, ctypes.c_double, ctypes.c_int32],
+                            None),
 }
 
 
@@ -243,3 +246,34 @@ def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     out = torch.empty(B, H, S, D, dtype=torch.float32)
     _load().poslens_unrotate_half(_ptr(x), B, H, S, D, r, _ptr(cos), _ptr(sin), cos.shape[0], _ptr(out))
     return out
+
+
+def add_widened(dst: torch.Tensor, src: torch.Tensor, alpha: float = 1.0, lower: bool = False) -> bool:
+    """``dst += alpha * src`` for a float64 ``dst`` and a float32 ``src`` of one shape (contiguous, CPU),
+    bit for bit as ``dst.add_(src, alpha=alpha)``, in one pass; ``lower``: the rows of the last two
+    dimensions add their lower triangle (diagonal included) alone. False (nothing done) when the
+    kernels are not available or the tensors do not qualify (the caller's torch path)."""
+    if (not available() or dst.is_cuda or src.is_cuda or dst.dtype != torch.float64 or src.dtype != torch.float32
+            or dst.shape != src.shape or dst.ndim == 0 or not dst.is_contiguous() or not src.is_contiguous()):
+        return False
+    C = dst.shape[-1]
+    R = dst.numel() // max(1, C)
+    if lower and dst.ndim != 2:
+        return False
+    _load().poslens_add_widened(ctypes.cast(dst.data_ptr(), ctypes.POINTER(ctypes.c_double)), _ptr(src), R, C,
+                                float(alpha), int(lower))
+    return True
+
+
+def unit_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+    """For ``x [B, S, d]`` (float32, CPU, each row's ``d`` values contiguous): the unit vectors written
+    sequence-major into ``out [S, B, d]`` (contiguous) and the norms returned, float32 ``[B, S]``
+    (sums of squares in float64), in one read of ``x``; None when the kernels are not available or
+    the tensors do not qualify (the caller's torch path)."""
+    if (not available() or x.is_cuda or x.dtype != torch.float32 or x.ndim != 3 or x.stride(2) != 1
+            or out.dtype != torch.float32 or not out.is_contiguous() or tuple(out.shape) != (x.shape[1], x.shape[0], x.shape[2])):
+        return None
+    B, S, d = x.shape
+    norms = torch.empty(B, S, dtype=torch.float32)
+    _load().poslens_unit_rows(_ptr(x), B, S, d, x.stride(0), x.stride(1), _ptr(out), _ptr(norms))
+    return norms

@@ -8,6 +8,8 @@
  * - poslens_causal_pair_dim_sum: per head dimension, the sum over causal pairs j <= i of q_i k_j.
  * - poslens_rising_pairs: the APS count of a self-similarity map (rising pairs below the diagonal).
  * - poslens_unrotate_half: queries or keys rotated back by their RoPE angles (rotate-half layout).
+ * - poslens_add_widened: a float32 map added into a float64 sum (its lower triangle alone, if asked).
+ * - poslens_unit_rows: vectors' norms and the unit vectors, written sequence-major (cosine maps).
  *
  * Built at first use by poslens.native (C99, -O3 -march=native -fopenmp-simd; no OpenMP
  * runtime, no fast-math: the exponential below is ours and the reductions are vectorised by
@@ -208,6 +210,42 @@ void poslens_unrotate_half(const float *restrict x, int64_t B, int64_t H, int64_
                 }
                 for (int64_t d = r; d < D; d++) oi[d] = xi[d];
             }
+        }
+    }
+}
+
+/* dst += alpha * src for a float64 dst and a float32 src, both [R, C] and contiguous, in one pass:
+ * rows i add columns j <= i alone with `lower` (a map whose upper triangle is zero or unread). Each
+ * entry is one fused multiply-add of the widened value, as torch's add_(src, alpha=alpha) computes
+ * it on the CPU, so the sums are the same bit for bit. */
+void poslens_add_widened(double *restrict dst, const float *restrict src, int64_t R, int64_t C, double alpha,
+                         int32_t lower) {
+    for (int64_t i = 0; i < R; i++) {
+        int64_t n = lower ? (i + 1 < C ? i + 1 : C) : C;
+        double *d = dst + i * C;
+        const float *x = src + i * C;
+        #pragma omp simd
+        for (int64_t j = 0; j < n; j++) d[j] = __builtin_fma(alpha, (double)x[j], d[j]);
+    }
+}
+
+/* For x [B, S, d] (float32; row (b, s) at x + b * sb + s * ss, its d values contiguous): norms[b, s]
+ * = |x[b, s]| (sum of squares in float64) and out[s, b, :] = x[b, s] / max(norm, 1e-30) (float32,
+ * the reciprocal taken in float32), one read of x. */
+void poslens_unit_rows(const float *restrict x, int64_t B, int64_t S, int64_t d, int64_t sb, int64_t ss,
+                       float *restrict out, float *restrict norms) {
+    for (int64_t s = 0; s < S; s++) {
+        for (int64_t b = 0; b < B; b++) {
+            const float *row = x + b * sb + s * ss;
+            double acc = 0.0;
+            #pragma omp simd reduction(+:acc)
+            for (int64_t j = 0; j < d; j++) acc += (double)row[j] * (double)row[j];
+            float n = (float)__builtin_sqrt(acc);
+            norms[b * S + s] = n;
+            float inv = 1.0f / (n > 1e-30f ? n : 1e-30f);
+            float *o = out + (s * B + b) * d;
+            #pragma omp simd
+            for (int64_t j = 0; j < d; j++) o[j] = row[j] * inv;
         }
     }
 }

@@ -14,6 +14,7 @@ import contextlib
 
 import torch
 
+from poslens import native
 from poslens.capture.builtin.base import BuiltinStatistic
 from poslens.capture.gram import symmetric_gram
 from poslens.metrics.neighborhood import aps_positions, per_sequence_aps, unit_rows_aps
@@ -57,22 +58,25 @@ def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor
     if exact_tf32:
         add_aps(aps_acc, index, per_sequence_aps(x, capture.spec.aps_max_positions))
     x = x.to(torch.float32)
-    n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
     if exact_tf32:
+        n = torch.linalg.vector_norm(x, dim=tuple(range(2, x.ndim)))  # [B, S]
         rows = cosine_rows(x.reshape(B, S, -1), n.clamp_min(1e-30).reciprocal())
         gram = blocks.gram_means(rows, x.device) if blocks is not None else rows(0, S)
     else:
         # on the CPU with full maps into reused buffers (no fresh pages to fault in); with --map-size
         # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
         cpu = x.device.type == "cpu" and blocks is None
-        shape = (S, B) + tuple(x.shape[2:])
-        folded = capture._buffer("folded", shape, x.device, reuse=cpu)
-        inv = n.clamp_min(1e-30).reciprocal_().T.reshape((S, B) + (1,) * (x.ndim - 2))
-        torch.mul(x.transpose(0, 1), inv, out=folded)
+        flat = x.reshape(B, S, -1)
+        folded = capture._buffer("folded", (S, B, flat.shape[-1]), x.device, reuse=cpu)
+        # the norms and unit vectors in one read of x (poslens.native), else two torch passes
+        n = native.unit_rows(flat, folded) if x.device.type == "cpu" else None
+        if n is None:
+            n = torch.linalg.vector_norm(flat, dim=-1)  # [B, S]
+            torch.mul(flat.transpose(0, 1), n.clamp_min(1e-30).reciprocal_().T[..., None], out=folded)
         # each sequence's APS from the same unit rows, at its evenly spaced positions (what
         # per_sequence_aps computes, without normalising them again)
         idx = aps_positions(S, capture.spec.aps_max_positions).to(x.device)
-        u = folded.reshape(S, B, -1)[idx].transpose(0, 1)  # [B, T, d]
+        u = folded[idx].transpose(0, 1)  # [B, T, d]
         add_aps(aps_acc, index, unit_rows_aps(u, finite=bool(torch.isfinite(n).all())))
         folded = folded.reshape(S, -1)
         if blocks is not None:
@@ -80,7 +84,7 @@ def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor
         else:
             gram = symmetric_gram(folded, out=_zero_upper(capture, S, x.device), lower=True) if cpu \
                 else symmetric_gram(folded)
-    capture._add64(capture.accs[cos_name].sum[index], gram)
+    capture._add64(capture.accs[cos_name].sum[index], gram, lower=True)  # a lower-triangle accumulator
     capture.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
 

@@ -48,7 +48,7 @@ class Probs(BuiltinStatistic):
     def add_maps(self, capture, batch: LayerBatch, maps):
         H = batch.query.shape[1]
         acc = capture.accs
-        capture._add64(acc["probs"].sum[batch.li], maps["probs"], alpha=1.0 / H)
+        capture._add64(acc["probs"].sum[batch.li], maps["probs"], alpha=1.0 / H, lower=batch.causal)  # 0 above
         if "probs_key0" in maps:
             acc["probs_key0"].sum[batch.li].add_(maps["probs_key0"], alpha=1.0 / H)
 

@@ -42,7 +42,7 @@ class Scores(BuiltinStatistic):
 
     def add_maps(self, capture, batch: LayerBatch, maps):
         H = batch.query.shape[1]
-        capture._add64(capture.accs["scores"].sum[batch.li], maps["scores"], alpha=1.0 / H)
+        capture._add64(capture.accs["scores"].sum[batch.li], maps["scores"], alpha=1.0 / H, lower=batch.causal)
         self._add_groups(capture, batch)
 
     @staticmethod
