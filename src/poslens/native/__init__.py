@@ -271,7 +271,8 @@ def unit_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
     (sums of squares in float64), in one read of ``x``; None when the kernels are not available or
     the tensors do not qualify (the caller's torch path)."""
     if (not available() or x.is_cuda or x.dtype != torch.float32 or x.ndim != 3 or x.stride(2) != 1
-            or out.dtype != torch.float32 or not out.is_contiguous() or tuple(out.shape) != (x.shape[1], x.shape[0], x.shape[2])):
+            or out.dtype != torch.float32 or not out.is_contiguous()
+            or tuple(out.shape) != (x.shape[1], x.shape[0], x.shape[2])):
         return None
     B, S, d = x.shape
     norms = torch.empty(B, S, dtype=torch.float32)
