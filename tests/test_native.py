@@ -285,3 +285,30 @@ def test_unit_rows_equal_the_torch_fold(B, S, d, strided):
     torch.testing.assert_close(n, ref_n, rtol=1e-6, atol=0)
     ref = x.transpose(0, 1) / ref_n.clamp_min(1e-30).T[..., None]
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
+
+
+@needs_kernel
+def test_kernels_split_over_threads_give_the_same_bits():
+    """Each kernel with its index range cut over three threads (native.Workers) equals the one-thread
+    call bit for bit: the parts are disjoint and every entry is computed the same way."""
+    gen = torch.Generator().manual_seed(3)
+    workers = native.Workers()
+    prev = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        qg, k = torch.randn(2, 3, 2, 40, 8, generator=gen), torch.randn(2, 3, 40, 8, generator=gen)
+        assert torch.equal(native.causal_pair_dim_sum(qg, k, workers), native.causal_pair_dim_sum(qg, k))
+        x = torch.randn(2, 5, 30, 16, generator=gen)
+        cos, sin = torch.rand(1, 1, 30, 16, generator=gen), torch.rand(1, 1, 30, 16, generator=gen)
+        assert torch.equal(native.unrotate_half(x, cos, sin, workers), native.unrotate_half(x, cos, sin))
+        dst, src = torch.randn(300, 300, dtype=torch.float64, generator=gen), torch.randn(300, 300, generator=gen)
+        for lower in (False, True):
+            a, b = dst.clone(), dst.clone()
+            assert native.add_widened(a, src, 0.3, lower, workers) and native.add_widened(b, src, 0.3, lower)
+            assert torch.equal(a, b)
+        y = torch.randn(3, 50, 20, generator=gen)
+        o1, o2 = torch.empty(50, 3, 20), torch.empty(50, 3, 20)
+        assert torch.equal(native.unit_rows(y, o1, workers), native.unit_rows(y, o2)) and torch.equal(o1, o2)
+    finally:
+        torch.set_num_threads(prev)
+        workers.close()

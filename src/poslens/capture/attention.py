@@ -228,9 +228,11 @@ def _unrotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     return out.to(x.dtype)
 
 
-def unrotate_qk(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half"):
+def unrotate_qk(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",
+                workers=None):
     """Pre-RoPE ``query``/``key`` ``[B, H, S, D]`` from post-RoPE ones and the model's ``cos``/``sin``
-    ``[B, S, r]``, in the model's pair layout (``half`` or ``interleaved``)."""
+    ``[B, S, r]``, in the model's pair layout (``half`` or ``interleaved``); ``workers``: the C
+    kernel's threads (:class:`poslens.native.Workers`), else one."""
     cos = cos[:, None].to(torch.float32)
     sin = sin[:, None].to(torch.float32)
     # Inverse rotation divided by attention_scaling^2 (cos^2 + sin^2, for scaled RoPE variants);
@@ -240,7 +242,7 @@ def unrotate_qk(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: 
     if layout == "interleaved":
         return _unrotate_interleaved(query, cos, sin), _unrotate_interleaved(key, cos, sin)
     if query.device.type == "cpu":  # one pass over each (poslens.native), where it is built
-        q, k = native.unrotate_half(query, cos, sin), native.unrotate_half(key, cos, sin)
+        q, k = native.unrotate_half(query, cos, sin, workers), native.unrotate_half(key, cos, sin, workers)
         if q is not None and k is not None:
             return q, k
     return _unrotate(query, cos, sin), _unrotate(key, cos, sin)
@@ -650,6 +652,8 @@ class Capture:
         self.blocks = BlockMaps(spec.seq_len, spec.map_size) if spec.map_size else None
         self._buffers: dict = {}  # reused chunk workspaces (CPU), see _buffer
         self._native = None  # the fused CPU pass, made at first use (_native_pass)
+        #: threads of the C kernels (poslens.native), one part per torch thread; made at first need
+        self.workers = native.Workers()
         self.rope_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
         #: per layer, the (cos, sin) its attention module received (Gemma 3: one table per layer type)
         self.rope_by_layer: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -876,7 +880,7 @@ class Capture:
         cos, sin = self.rope_cos_sin
         if batch is not None and cos.shape[0] > 1:
             cos, sin = cos[batch:batch + 1], sin[batch:batch + 1]
-        return unrotate_qk(query, key, cos, sin, layout=self.spec.rope_layout)
+        return unrotate_qk(query, key, cos, sin, layout=self.spec.rope_layout, workers=self.workers)
 
     def _seq_groups(self, device) -> torch.Tensor:
         """Noise group of each sequence of the current batch: ``(seq_start + b) % noise_groups``."""
@@ -917,7 +921,7 @@ class Capture:
         float64 buffer: torch's mixed-dtype ``add_`` there casts element by element, unvectorised,
         and costs several times the copy and a float64 ``add_``."""
         if x.device.type == "cpu" and x.dtype != torch.float64:
-            if native.add_widened(dst, x, alpha, lower):
+            if native.add_widened(dst, x, alpha, lower, self.workers):
                 return
             x = self._buffer("wide", tuple(x.shape), x.device, dtype=torch.float64).copy_(x)
         dst.add_(x, alpha=alpha)
@@ -962,7 +966,7 @@ class Capture:
         if not native.available():
             return None
         if self._native is None:
-            self._native = native.SoftmaxSums()
+            self._native = native.SoftmaxSums(self.workers)
         return self._native
 
     def _maps_readers(self, layer) -> list:

@@ -84,12 +84,12 @@ _I64, _F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 SIGNATURES = {
     "poslens_softmax_sums": ([_F32P, _I64, _I64, _I64, _I64, _I64, ctypes.c_int32, _I64, _I64, _F32P, _F32P, _I64,
                               _I64, ctypes.c_int32], _I64),
-    "poslens_causal_pair_dim_sum": ([_F32P, _F32P, _I64, _I64, _I64, _I64, _I64, _F32P], None),
-    "poslens_rising_pairs": ([_F32P, _I64, _I64, ctypes.POINTER(ctypes.c_int64)], None),
-    "poslens_unrotate_half": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _F32P], None),
-    "poslens_unit_rows": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P], None),
-    "poslens_add_widened": ([ctypes.POINTER(ctypes.c_double), _F32P, _I64, _I64, ctypes.c_double, ctypes.c_int32],
-                            None),
+    "poslens_causal_pair_dim_sum": ([_F32P, _F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _I64, _I64], None),
+    "poslens_rising_pairs": ([_F32P, _I64, _I64, ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
+    "poslens_unrotate_half": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _F32P, _I64, _I64], None),
+    "poslens_unit_rows": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64], None),
+    "poslens_add_widened": ([ctypes.POINTER(ctypes.c_double), _F32P, _I64, _I64, ctypes.c_double, ctypes.c_int32,
+                             _I64, _I64], None),
 }
 
 
@@ -138,33 +138,58 @@ def _ptr(t: torch.Tensor | None):
     return None if t is None else ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_float))
 
 
-class SoftmaxSums:
-    """The fused pass over chunks of one capture; splits each chunk's rows over ``threads`` threads
-    (ctypes releases the GIL during the call). Owns its thread pool: :meth:`close` ends it."""
+class Workers:
+    """Threads for the kernels of one owner (a capture): a call's index range is cut into one part
+    per torch thread, and the parts run at once (ctypes releases the GIL during a call). The pool is
+    made at first need and ends with the object (or :meth:`close`)."""
 
     def __init__(self):
-        self._fn = _load().poslens_softmax_sums
         self._pool = None
-        self._threads = 1
-
-    def _workers(self, threads: int):
-        if threads != self._threads:
-            self.close()
-            self._threads = threads
-        if threads > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="poslens-native")
-        return self._pool
+        self._size = 0
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+            self._size = 0
+
+    def run(self, fn, head: tuple, edges: list[int], tail: tuple = ()) -> list:
+        """``fn(*head, lo, hi, *tail)`` for each range ``[edges[i], edges[i + 1])`` (empty ones
+        skipped); the first range on the calling thread. Returns the results in order."""
+        parts = [(lo, hi) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+        if len(parts) <= 1:
+            return [fn(*head, lo, hi, *tail) for lo, hi in parts]
+        if self._size < len(parts) - 1:
+            self.close()
+            self._pool = ThreadPoolExecutor(len(parts) - 1, thread_name_prefix="poslens-native")
+            self._size = len(parts) - 1
+        futures = [self._pool.submit(fn, *head, lo, hi, *tail) for lo, hi in parts[1:]]
+        first = fn(*head, *parts[0], *tail)
+        return [first] + [f.result() for f in futures]
+
+
+def _parts(n: int, workers: Workers | None) -> int:
+    return max(1, min(n, torch.get_num_threads())) if workers is not None else 1
+
+
+def _even(n: int, parts: int) -> list[int]:
+    return [n * i // parts for i in range(parts + 1)]
+
+
+class SoftmaxSums:
+    """The fused pass over chunks of attention logits (``poslens_softmax_sums``), each chunk's rows
+    split over the torch threads through ``workers``."""
+
+    def __init__(self, workers: Workers | None = None):
+        self._fn = _load().poslens_softmax_sums
+        self._workers = workers if workers is not None else Workers()
 
     def __call__(self, logits: torch.Tensor, start: int, causal: bool, logit_sum: torch.Tensor | None,
                  head_sum: torch.Tensor | None, accumulate: bool, threads: int = 1) -> int:
         """Fused pass over ``logits [n, H, c, nc]`` (float32, contiguous, CPU; the softmax in place):
         ``logit_sum [c, nc]`` (contiguous) written, ``head_sum [H, c, nc]`` (unit column stride)
-        written or added to. Returns the number of non-finite visible logits (0: the outputs hold)."""
+        written or added to; the rows on ``threads`` threads. Returns the number of non-finite
+        visible logits (0: the outputs hold)."""
         n, H, c, nc = logits.shape
         assert logits.is_contiguous() and logits.dtype == torch.float32
         assert logit_sum is None or (logit_sum.is_contiguous() and tuple(logit_sum.shape) == (c, nc))
@@ -172,17 +197,11 @@ class SoftmaxSums:
         if head_sum is not None:
             assert tuple(head_sum.shape) == (H, c, nc) and head_sum.stride(2) == 1
             hs_h, hs_r = head_sum.stride(0), head_sum.stride(1)
-        args = (_ptr(logits), n, H, c, nc, start, int(causal))
+        head = (_ptr(logits), n, H, c, nc, start, int(causal))
         tail = (_ptr(logit_sum), _ptr(head_sum), hs_h, hs_r, int(accumulate))
-        pool = self._workers(max(1, min(threads, c)))
-        if pool is None:
-            return int(self._fn(*args, 0, c, *tail))
         # causal rows see start + r + 1 keys: cut the rows so each part holds about the same logits
-        parts = self._threads
-        edges = _balanced_rows(start, c, nc, causal, parts)
-        futures = [pool.submit(self._fn, *args, r0, r1, *tail) for r0, r1 in zip(edges[1:-1], edges[2:])]
-        bad = int(self._fn(*args, edges[0], edges[1], *tail))
-        return bad + sum(int(f.result()) for f in futures)
+        edges = _balanced_rows(start, c, nc, causal, max(1, min(threads, c)))
+        return sum(int(b) for b in self._workers.run(self._fn, head, edges, tail))
 
 
 def _balanced_rows(start: int, c: int, nc: int, causal: bool, parts: int) -> list[int]:
@@ -199,7 +218,7 @@ def _balanced_rows(start: int, c: int, nc: int, causal: bool, parts: int) -> lis
     return edges
 
 
-def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, workers: Workers | None = None) -> torch.Tensor | None:
     """``sum_{j <= i} q[..., i, d] k[..., j, d]`` per dimension, ``[B, Hk, g, D]`` float32, from grouped
     queries ``qg [B, Hk, g, S, D]`` and keys ``k [B, Hk, S, D]`` (float32, CPU; the running sums in
     float64); None when the kernels are not available (the caller's torch path)."""
@@ -208,7 +227,9 @@ def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor | Non
         return None
     qg, k = qg.contiguous(), k.contiguous()
     out = torch.empty(B, Hk, g, D, dtype=torch.float32)
-    _load().poslens_causal_pair_dim_sum(_ptr(qg), _ptr(k), B, Hk, g, S, D, _ptr(out))
+    workers = workers or Workers()
+    workers.run(_load().poslens_causal_pair_dim_sum, (_ptr(qg), _ptr(k), B, Hk, g, S, D, _ptr(out)),
+                _even(B * Hk, _parts(B * Hk, workers)))
     return out
 
 
@@ -226,11 +247,12 @@ def rising_pairs(m: torch.Tensor) -> torch.Tensor | None:
         return None
     m = m.contiguous()
     out = torch.empty(N, dtype=torch.int64)
-    _load().poslens_rising_pairs(_ptr(m), N, T, ctypes.cast(out.data_ptr(), ctypes.POINTER(ctypes.c_int64)))
+    _load().poslens_rising_pairs(_ptr(m), N, T, ctypes.cast(out.data_ptr(), ctypes.POINTER(ctypes.c_int64)), 0, N)
     return out
 
 
-def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  workers: Workers | None = None) -> torch.Tensor | None:
     """``x [B, H, S, D]`` rotated back by RoPE in the rotate-half layout, float32 ``[B, H, S, D]``, from
     ``cos``/``sin`` ``[Bc, 1, S, r]`` (``Bc`` 1 or ``B``, already divided by ``cos^2 + sin^2``): what
     :func:`poslens.capture.attention.unrotate_qk` computes, in one pass; None when the kernels are not
@@ -244,11 +266,14 @@ def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     cos = cos.expand(cos.shape[0], 1, S, r).contiguous()
     sin = sin.expand(sin.shape[0], 1, S, r).contiguous()
     out = torch.empty(B, H, S, D, dtype=torch.float32)
-    _load().poslens_unrotate_half(_ptr(x), B, H, S, D, r, _ptr(cos), _ptr(sin), cos.shape[0], _ptr(out))
+    workers = workers or Workers()
+    workers.run(_load().poslens_unrotate_half, (_ptr(x), B, H, S, D, r, _ptr(cos), _ptr(sin), cos.shape[0], _ptr(out)),
+                _even(B * H, _parts(B * H, workers)))
     return out
 
 
-def add_widened(dst: torch.Tensor, src: torch.Tensor, alpha: float = 1.0, lower: bool = False) -> bool:
+def add_widened(dst: torch.Tensor, src: torch.Tensor, alpha: float = 1.0, lower: bool = False,
+                workers: Workers | None = None) -> bool:
     """``dst += alpha * src`` for a float64 ``dst`` and a float32 ``src`` of one shape (contiguous, CPU),
     bit for bit as ``dst.add_(src, alpha=alpha)``, in one pass; ``lower``: the rows of the last two
     dimensions add their lower triangle (diagonal included) alone. False (nothing done) when the
@@ -260,12 +285,16 @@ def add_widened(dst: torch.Tensor, src: torch.Tensor, alpha: float = 1.0, lower:
     R = dst.numel() // max(1, C)
     if lower and dst.ndim != 2:
         return False
-    _load().poslens_add_widened(ctypes.cast(dst.data_ptr(), ctypes.POINTER(ctypes.c_double)), _ptr(src), R, C,
-                                float(alpha), int(lower))
+    parts = _parts(R, workers) if R * C >= 2**16 else 1
+    workers = workers or Workers()
+    edges = _balanced_rows(0, R, C, True, parts) if lower else _even(R, parts)
+    workers.run(_load().poslens_add_widened,
+                (ctypes.cast(dst.data_ptr(), ctypes.POINTER(ctypes.c_double)), _ptr(src), R, C, float(alpha),
+                 int(lower)), edges)
     return True
 
 
-def unit_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
+def unit_rows(x: torch.Tensor, out: torch.Tensor, workers: Workers | None = None) -> torch.Tensor | None:
     """For ``x [B, S, d]`` (float32, CPU, each row's ``d`` values contiguous): the unit vectors written
     sequence-major into ``out [S, B, d]`` (contiguous) and the norms returned, float32 ``[B, S]``
     (sums of squares in float64), in one read of ``x``; None when the kernels are not available or
@@ -276,5 +305,7 @@ def unit_rows(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor | None:
         return None
     B, S, d = x.shape
     norms = torch.empty(B, S, dtype=torch.float32)
-    _load().poslens_unit_rows(_ptr(x), B, S, d, x.stride(0), x.stride(1), _ptr(out), _ptr(norms))
+    workers = workers or Workers()
+    workers.run(_load().poslens_unit_rows, (_ptr(x), B, S, d, x.stride(0), x.stride(1), _ptr(out), _ptr(norms)),
+                _even(S, _parts(S, workers)))
     return norms

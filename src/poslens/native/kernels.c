@@ -131,11 +131,13 @@ int64_t poslens_softmax_sums(float *restrict logits, int64_t n, int64_t H, int64
 /* Per dimension d, sum over i and j <= i of q[i, d] k[j, d] (= sum_i q[i, d] * cumsum(k)[i, d]), for
  * grouped queries q [B, Hk, g, S, D] and keys k [B, Hk, S, D], both float32 and contiguous, into
  * out [B, Hk, g, D] (float32). The running key sum and the products are accumulated in float64.
- * D <= 1024. */
+ * D <= 1024. Only the (sequence, key head) pairs bh0 .. bh1 - 1 (flattened), so that threads can
+ * share a call. */
 void poslens_causal_pair_dim_sum(const float *restrict q, const float *restrict k, int64_t B, int64_t Hk,
-                                 int64_t g, int64_t S, int64_t D, float *restrict out) {
+                                 int64_t g, int64_t S, int64_t D, float *restrict out, int64_t bh0, int64_t bh1) {
     double ck[1024], acc[1024];
-    for (int64_t bh = 0; bh < B * Hk; bh++) {
+    (void)B;
+    for (int64_t bh = bh0; bh < bh1; bh++) {
         const float *kb = k + bh * S * D;
         const float *qb = q + bh * g * S * D;
         for (int64_t r = 0; r < g; r++) {
@@ -158,9 +160,12 @@ void poslens_causal_pair_dim_sum(const float *restrict q, const float *restrict 
 /* For each of the N maps m [N, T, T] (float32, contiguous, finite below the diagonal): the number of
  * triples j < k < i with m[i, k] > m[i, j] (row i's keys before the diagonal; ties do not rise), into
  * counts [N]. Every pair compared directly, T^3 / 6 comparisons per map: 16 keys k at a time against
- * each earlier j, a key past the row's last one (k >= i) padded with -inf, which rises above nothing. */
-void poslens_rising_pairs(const float *restrict m, int64_t N, int64_t T, int64_t *restrict counts) {
-    for (int64_t n = 0; n < N; n++) {
+ * each earlier j, a key past the row's last one (k >= i) padded with -inf, which rises above nothing.
+ * Maps n0 .. n1 - 1 only. */
+void poslens_rising_pairs(const float *restrict m, int64_t N, int64_t T, int64_t *restrict counts, int64_t n0,
+                          int64_t n1) {
+    (void)N;
+    for (int64_t n = n0; n < n1; n++) {
         const float *mn = m + n * T * T;
         int64_t total = 0;
         for (int64_t i = 2; i < T; i++) {
@@ -191,14 +196,18 @@ void poslens_rising_pairs(const float *restrict m, int64_t N, int64_t T, int64_t
 /* x [B, H, S, D] (float32, contiguous) rotated back by RoPE's angles in the rotate-half layout, into
  * out (same shape): with the tables cos, sin [Bc, S, r] (Bc = 1 or B; already divided by
  * cos^2 + sin^2), out1 = x1 cos1 + x2 sin1 and out2 = x2 cos2 - x1 sin2 on the halves of the first r
- * dimensions; dimensions r .. D - 1 (partial rotary) pass through. */
+ * dimensions; dimensions r .. D - 1 (partial rotary) pass through. The (sequence, head) pairs
+ * bh0 .. bh1 - 1 (flattened) only. */
 void poslens_unrotate_half(const float *restrict x, int64_t B, int64_t H, int64_t S, int64_t D, int64_t r,
-                           const float *restrict cos, const float *restrict sin, int64_t Bc, float *restrict out) {
+                           const float *restrict cos, const float *restrict sin, int64_t Bc, float *restrict out,
+                           int64_t bh0, int64_t bh1) {
     int64_t h2 = r / 2;
-    for (int64_t b = 0; b < B; b++) {
+    (void)B;
+    for (int64_t bh = bh0; bh < bh1; bh++) {
+        int64_t b = bh / H, h = bh % H;
         const float *cb = cos + (Bc > 1 ? b : 0) * S * r;
         const float *sb = sin + (Bc > 1 ? b : 0) * S * r;
-        for (int64_t h = 0; h < H; h++) {
+        {
             for (int64_t i = 0; i < S; i++) {
                 const float *xi = x + ((b * H + h) * S + i) * D;
                 float *oi = out + ((b * H + h) * S + i) * D;
@@ -217,10 +226,11 @@ void poslens_unrotate_half(const float *restrict x, int64_t B, int64_t H, int64_
 /* dst += alpha * src for a float64 dst and a float32 src, both [R, C] and contiguous, in one pass:
  * rows i add columns j <= i alone with `lower` (a map whose upper triangle is zero or unread). Each
  * entry is one fused multiply-add of the widened value, as torch's add_(src, alpha=alpha) computes
- * it on the CPU, so the sums are the same bit for bit. */
+ * it on the CPU, so the sums are the same bit for bit. Rows r0 .. r1 - 1 only. */
 void poslens_add_widened(double *restrict dst, const float *restrict src, int64_t R, int64_t C, double alpha,
-                         int32_t lower) {
-    for (int64_t i = 0; i < R; i++) {
+                         int32_t lower, int64_t r0, int64_t r1) {
+    (void)R;
+    for (int64_t i = r0; i < r1; i++) {
         int64_t n = lower ? (i + 1 < C ? i + 1 : C) : C;
         double *d = dst + i * C;
         const float *x = src + i * C;
@@ -231,10 +241,10 @@ void poslens_add_widened(double *restrict dst, const float *restrict src, int64_
 
 /* For x [B, S, d] (float32; row (b, s) at x + b * sb + s * ss, its d values contiguous): norms[b, s]
  * = |x[b, s]| (sum of squares in float64) and out[s, b, :] = x[b, s] / max(norm, 1e-30) (float32,
- * the reciprocal taken in float32), one read of x. */
+ * the reciprocal taken in float32), one read of x. Positions s0 .. s1 - 1 only. */
 void poslens_unit_rows(const float *restrict x, int64_t B, int64_t S, int64_t d, int64_t sb, int64_t ss,
-                       float *restrict out, float *restrict norms) {
-    for (int64_t s = 0; s < S; s++) {
+                       float *restrict out, float *restrict norms, int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; s++) {
         for (int64_t b = 0; b < B; b++) {
             const float *row = x + b * sb + s * ss;
             double acc = 0.0;

@@ -14,7 +14,7 @@ from poslens.capture.builtin.base import BuiltinStatistic, LayerBatch
 from poslens.capture.kernels import sum_first
 
 
-def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, workers=None) -> torch.Tensor:
     """``sum_{j <= i} q[..., i, d] k[..., j, d]`` per dimension: ``[B, Hk, g, D]`` from grouped queries
     ``qg [B, Hk, g, S, D]`` and keys ``k [B, Hk, S, D]``.
 
@@ -23,7 +23,7 @@ def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     small lower-triangular product per 64 positions over the whole batch is several times slower).
     """
     B, Hk, g, S, D = qg.shape
-    fused = native.causal_pair_dim_sum(qg, k) if qg.device.type == "cpu" else None
+    fused = native.causal_pair_dim_sum(qg, k, workers) if qg.device.type == "cpu" else None
     if fused is not None:  # one pass over q and k (poslens.native), the running sums in float64
         return fused
     if qg.device.type != "cpu":  # one pass over the batch; torch's GPU scan is fast over the innermost dim
@@ -60,7 +60,7 @@ class DimLogit(BuiltinStatistic):
         B, H, S, D = q.shape
         Hk = k.shape[1]
         qg = q.view(B, Hk, H // Hk, S, D)
-        dim_sum = sum_first(causal_pair_dim_sum(qg, k)).reshape(H, D)
+        dim_sum = sum_first(causal_pair_dim_sum(qg, k, batch.capture.workers)).reshape(H, D)
         n_pairs = S * (S + 1) / 2
         if batch.window is not None and batch.causal:  # only the pairs a query sees: drop i - j >= window
             dim_sum -= sum_first(far_pair_dim_sum(qg, k, batch.window)).reshape(H, D)
