@@ -2,7 +2,9 @@
 
 Some of a scan's work on the CPU is a handful of memory passes that torch runs one by one: the
 chunked attention pass (the logit sum, the softmax, the per-head sums of the weights), the
-per-dimension logit sums, the APS count. ``kernels.c`` does each in one pass. It is compiled once
+per-dimension logit sums, the RoPE un-rotation, the APS count, the cosine maps' unit vectors, the
+float64 accumulation of each map. ``kernels.c`` does each in one pass, over an index range, so
+that :class:`Workers` can split a call over the torch threads. It is compiled once
 per source, compiler and CPU with the system C compiler (``$CC``, else ``cc``) into
 ``$POSLENS_CACHE/native`` (default ``~/.cache/poslens/native``) and loaded with :mod:`ctypes`.
 Without a compiler, or with ``POSLENS_CAPTURE_KERNEL=torch``, every caller takes its torch path,
@@ -25,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from poslens.runtime import cache_root
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fPIC", "-shared", "-std=gnu99") + (
@@ -53,8 +57,6 @@ def _cpu_signature() -> str:
 
 def library_path(cc: str) -> Path:
     """The cached library for this source, compiler, flags and CPU."""
-    from poslens.runtime import cache_root
-
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), cc.encode(), " ".join(FLAGS).encode(), _cpu_signature().encode(),
                  platform.machine().encode()):
