@@ -160,6 +160,7 @@ def test_non_finite_logits_name_their_head_through_the_checked_pass():
 
 
 def test_without_a_compiler_the_capture_takes_the_torch_path(monkeypatch, tmp_path):
+    monkeypatch.delenv(native.KERNEL_ENV, raising=False)
     monkeypatch.setattr(native, "_state", {})
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     assert not native.available()
