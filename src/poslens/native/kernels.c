@@ -42,6 +42,25 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+/* The maximum of x[0 .. vis - 1], the count of its non-finite entries (into *nonfinite), and, with
+ * `with_sum` (a constant: each use is compiled without the branch), the entries added into sum. */
+static inline float row_max(const float *restrict x, int64_t vis, float *restrict sum, int32_t *nonfinite,
+                            const int with_sum) {
+    float m = x[0];
+    int32_t bad = 0;
+    #pragma omp simd reduction(max:m) reduction(+:bad)
+    for (int64_t j = 0; j < vis; j++) {
+        float v = x[j];
+        int32_t u;
+        memcpy(&u, &v, sizeof u);
+        bad += ((u & 0x7f800000) == 0x7f800000);
+        if (with_sum) sum[j] += v;
+        m = v > m ? v : m;
+    }
+    *nonfinite = bad;
+    return m;
+}
+
 /* Rows r0 .. r1 - 1 of one chunk. logits: [n, H, c, nc] float32, contiguous; row r of the chunk is
  * query position start + r; with `causal` it sees keys j <= start + r (the rest of its nc keys are
  * masked), else all nc.
@@ -68,28 +87,8 @@ int64_t poslens_softmax_sums(float *restrict logits, int64_t n, int64_t H, int64
             float *restrict hrow = head_sum ? head_sum + h * hs_h + r * hs_r : NULL;
             for (int64_t b = 0; b < n; b++) {
                 float *restrict x = logits + ((b * H + h) * c + r) * nc;
-                float m = x[0];
                 int32_t nonfinite = 0;
-                if (sum) {
-                    #pragma omp simd reduction(max:m) reduction(+:nonfinite)
-                    for (int64_t j = 0; j < vis; j++) {
-                        float v = x[j];
-                        int32_t u;
-                        memcpy(&u, &v, sizeof u);
-                        nonfinite += ((u & 0x7f800000) == 0x7f800000);
-                        sum[j] += v;
-                        m = v > m ? v : m;
-                    }
-                } else {
-                    #pragma omp simd reduction(max:m) reduction(+:nonfinite)
-                    for (int64_t j = 0; j < vis; j++) {
-                        float v = x[j];
-                        int32_t u;
-                        memcpy(&u, &v, sizeof u);
-                        nonfinite += ((u & 0x7f800000) == 0x7f800000);
-                        m = v > m ? v : m;
-                    }
-                }
+                float m = sum ? row_max(x, vis, sum, &nonfinite, 1) : row_max(x, vis, NULL, &nonfinite, 0);
                 if (nonfinite) {
                     bad += nonfinite;
                     continue;
