@@ -36,7 +36,7 @@ from typing import Iterator
 from poslens.capture.adapters import ADAPTERS
 from poslens.errors import PoslensError
 from poslens.rundir import versions, write_json
-from poslens.runtime import cache_root, no_hf_progress_bars  # noqa: F401 (cache_root: re-exported)
+from poslens.runtime import cache_root, no_hf_progress_bars
 
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "poslens_source.json"

@@ -227,7 +227,7 @@ def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
     -inf, then :func:`rising_pair_counts` counts its rising pairs."""
     B, T, _ = m.shape
     total = T * (T - 1) * (T - 2) / 6  # sum_i i (i - 1) / 2: pairs below the diagonal; > 0 for T >= 3
-    fused = native.rising_pairs(m) if m.device.type == "cpu" and m.dtype == torch.float32 else None
+    fused = native.rising_pairs(m)  # None off the CPU, for other dtypes, or without the kernels
     if fused is not None:  # every pair compared in one vectorised pass (poslens.native)
         return fused.to(torch.float64) / total
     i = torch.arange(T, device=m.device)

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from poslens.capture.model_source import cache_root, file_sha256, resolve_model
+from poslens.capture.model_source import file_sha256, resolve_model
 from poslens.errors import PoslensError
+from poslens.runtime import cache_root
 
 
 @dataclass(frozen=True)

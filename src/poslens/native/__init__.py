@@ -136,6 +136,11 @@ def status() -> str:
     return "fused C kernels" if _state.get("lib") else f"torch path ({_state.get('why')})"
 
 
+def _cpu(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor lives in CPU memory (the kernels read raw pointers)."""
+    return all(t.device.type == "cpu" for t in tensors)
+
+
 def _ptr(t: torch.Tensor | None):
     return None if t is None else ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_float))
 
@@ -225,7 +230,7 @@ def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, workers: Workers | No
     queries ``qg [B, Hk, g, S, D]`` and keys ``k [B, Hk, S, D]`` (float32, CPU; the running sums in
     float64); None when the kernels are not available (the caller's torch path)."""
     B, Hk, g, S, D = qg.shape
-    if not available() or qg.dtype != torch.float32 or k.dtype != torch.float32 or qg.is_cuda or D > 1024:
+    if not available() or not _cpu(qg, k) or qg.dtype != torch.float32 or k.dtype != torch.float32 or D > 1024:
         return None
     qg, k = qg.contiguous(), k.contiguous()
     out = torch.empty(B, Hk, g, D, dtype=torch.float32)
@@ -245,7 +250,7 @@ def rising_pairs(m: torch.Tensor) -> torch.Tensor | None:
     ``j < k < i`` with ``m[i, k] > m[i, j]``, int64 ``[N]``; None when the kernels are not available
     or ``T`` is above :data:`RISING_PAIRS_MAX_T` (the caller's merge count)."""
     N, T, _ = m.shape
-    if not available() or m.dtype != torch.float32 or m.is_cuda or T > RISING_PAIRS_MAX_T:
+    if not available() or not _cpu(m) or m.dtype != torch.float32 or T > RISING_PAIRS_MAX_T:
         return None
     m = m.contiguous()
     out = torch.empty(N, dtype=torch.int64)
@@ -261,7 +266,7 @@ def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     available or the inputs are not float32 on the CPU (the caller's torch path)."""
     B, H, S, D = x.shape
     r = cos.shape[-1]
-    if (not available() or x.is_cuda or x.dtype != torch.float32 or cos.dtype != torch.float32
+    if (not available() or not _cpu(x, cos, sin) or x.dtype != torch.float32 or cos.dtype != torch.float32
             or cos.shape[0] not in (1, B) or r % 2 or r > D):
         return None
     x = x.contiguous()
@@ -280,7 +285,7 @@ def add_widened(dst: torch.Tensor, src: torch.Tensor, alpha: float = 1.0, lower:
     bit for bit as ``dst.add_(src, alpha=alpha)``, in one pass; ``lower``: the rows of the last two
     dimensions add their lower triangle (diagonal included) alone. False (nothing done) when the
     kernels are not available or the tensors do not qualify (the caller's torch path)."""
-    if (not available() or dst.is_cuda or src.is_cuda or dst.dtype != torch.float64 or src.dtype != torch.float32
+    if (not available() or not _cpu(dst, src) or dst.dtype != torch.float64 or src.dtype != torch.float32
             or dst.shape != src.shape or dst.ndim == 0 or not dst.is_contiguous() or not src.is_contiguous()):
         return False
     C = dst.shape[-1]
@@ -301,7 +306,7 @@ def unit_rows(x: torch.Tensor, out: torch.Tensor, workers: Workers | None = None
     sequence-major into ``out [S, B, d]`` (contiguous) and the norms returned, float32 ``[B, S]``
     (sums of squares in float64), in one read of ``x``; None when the kernels are not available or
     the tensors do not qualify (the caller's torch path)."""
-    if (not available() or x.is_cuda or x.dtype != torch.float32 or x.ndim != 3 or x.stride(2) != 1
+    if (not available() or not _cpu(x, out) or x.dtype != torch.float32 or x.ndim != 3 or x.stride(2) != 1
             or out.dtype != torch.float32 or not out.is_contiguous()
             or tuple(out.shape) != (x.shape[1], x.shape[0], x.shape[2])):
         return None

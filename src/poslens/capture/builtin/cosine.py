@@ -69,7 +69,7 @@ def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor
         flat = x.reshape(B, S, -1)
         folded = capture._buffer("folded", (S, B, flat.shape[-1]), x.device, reuse=cpu)
         # the norms and unit vectors in one read of x (poslens.native), else two torch passes
-        n = native.unit_rows(flat, folded, capture.workers) if x.device.type == "cpu" else None
+        n = native.unit_rows(flat, folded, capture.workers)
         if n is None:
             n = torch.linalg.vector_norm(flat, dim=-1)  # [B, S]
             torch.mul(flat.transpose(0, 1), n.clamp_min(1e-30).reciprocal_().T[..., None], out=folded)

@@ -23,7 +23,7 @@ def causal_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, workers=None) -> torc
     small lower-triangular product per 64 positions over the whole batch is several times slower).
     """
     B, Hk, g, S, D = qg.shape
-    fused = native.causal_pair_dim_sum(qg, k, workers) if qg.device.type == "cpu" else None
+    fused = native.causal_pair_dim_sum(qg, k, workers)
     if fused is not None:  # one pass over q and k (poslens.native), the running sums in float64
         return fused
     if qg.device.type != "cpu":  # one pass over the batch; torch's GPU scan is fast over the innermost dim
