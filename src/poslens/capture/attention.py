@@ -115,7 +115,7 @@ def cpu_chunk_elems() -> int:
 #: ``CPU_MIN_ROWS / g``, where a single sequence's chunk would outgrow the cache budget (long
 #: sequences). Thinner products run below GEMM speed; taller row blocks compute more logits above
 #: the diagonal. Per layer on the Xeon, 1,024 tokens, scores and probs: 128 rows took 0.94x the time
-#: of 64 on the benchmark model (192 and 256 rows: 1.01x), and SmolLM2's 3 x 43 rows 0.92x its 3 x 113.
+#: of 64 on the benchmark model (192 and 256 rows: 1.01x), and SmolLM2's 3 x 44 rows 0.91x its 3 x 113.
 CPU_TARGET_ROWS = 128
 CPU_MIN_ROWS = 64
 
