@@ -223,7 +223,7 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
     pr = torch.zeros(S, S, **f32) if probs else dummy
     hs = torch.zeros(len(heads), S, S, **f32) if heads else dummy
     hp = torch.zeros(len(heads), S, S, **f32) if heads else dummy
-    slot = torch.full((H,), -1, dtype=torch.int32)
+    slot = torch.full((H,), -1, dtype=torch.int32, device="cpu")  # filled on the host, copied once
     for m, h in enumerate(heads):
         slot[h] = m
     slot = slot.to(dev)

@@ -31,7 +31,8 @@ def symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: b
     if a.is_cuda or a.dtype != torch.float32:
         return torch.matmul(a, a.T, out=out)
     if out is None:
-        out = torch.zeros(S, S, dtype=a.dtype, device=a.device) if lower else torch.empty(S, S, dtype=a.dtype)
+        out = (torch.zeros(S, S, dtype=a.dtype, device=a.device) if lower
+               else torch.empty(S, S, dtype=a.dtype, device=a.device))
     a = a.contiguous()
     threads = torch.get_num_threads()
     if lower and threads > 1:
@@ -42,7 +43,7 @@ def symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: b
     if rep is not None:  # identical rows: their entries from one row and column, exact ties again
         if lower:
             full = out.tril() + out.tril(-1).T
-            below = torch.ones(S, S, dtype=torch.bool).tril_()
+            below = torch.ones(S, S, dtype=torch.bool, device=a.device).tril_()
             out.copy_(torch.where(below, full.index_select(0, rep).index_select(1, rep), out))
         else:
             out.copy_(out.index_select(0, rep).index_select(1, rep))
@@ -64,7 +65,7 @@ def _lower_bands(a: torch.Tensor, out: torch.Tensor) -> None:
         if r0 > 0:
             torch.mm(a[r0:r1], a[:r0].T, out=out[r0:r1, :r0])
         block = out[r0:r1, r0:r1]
-        tri = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool).tril_()
+        tri = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool, device=a.device).tril_()
         block.copy_(torch.where(tri, torch.mm(a[r0:r1], a[r0:r1].T), block))
 
 

@@ -46,8 +46,8 @@ def _eager_attention(record: dict):
         logits = (query @ k.transpose(-1, -2)) * scaling
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
-        i = torch.arange(S)[:, None]
-        j = torch.arange(S)[None, :]
+        i = torch.arange(S, device=query.device)[:, None]
+        j = torch.arange(S, device=query.device)[None, :]
         visible = j <= i
         if sliding_window:
             visible = visible & (i - j < sliding_window)
@@ -134,19 +134,21 @@ def reference_capture(model_dir, ids: torch.Tensor, *, heads=(), aps_max_positio
     rec = record_forward(model_dir, ids)
     B, S = ids.shape
     L = len(rec["layers"])
-    f64 = dict(dtype=torch.float64)
     first = rec["layers"][0]
+    dev = first["q"].device
+    f64 = dict(dtype=torch.float64, device=dev)
     H, Hk, D = first["q"].shape[1], first["k"].shape[1], first["q"].shape[-1]
     out = {name: torch.zeros(shape, **f64) for name, shape in {
         "scores": (L, S, S), "probs": (L, S, S), "slash": (L, H, S), "sink_heads": (L, H, S),
         "cosine": (L + 1, S, S), "norms": (L + 1, S), "attn_cosine": (L, S, S), "attn_norms": (L, S),
         "q_gram": (L, H, D, D), "k_gram": (L, Hk, D, D), "dim_logit": (L, H, D), "aps_seq": (L + 1,),
         "attn_aps_seq": (L,), "head_scores": (len(heads), S, S), "head_probs": (len(heads), S, S)}.items()}
-    grid = torch.arange(0, S, -(-S // noise_max_positions))
+    grid = torch.arange(0, S, -(-S // noise_max_positions), device=dev)
     G = min(noise_groups, B)
     groups = torch.zeros(G, L, grid.numel(), grid.numel(), **f64)
-    counts = torch.zeros(G, dtype=torch.int64)
-    pos = torch.arange(S) if S <= aps_max_positions else torch.linspace(0, S - 1, aps_max_positions).round().long()
+    counts = torch.zeros(G, dtype=torch.int64, device=dev)
+    pos = (torch.arange(S, device=dev) if S <= aps_max_positions
+           else torch.linspace(0, S - 1, aps_max_positions, device=dev).round().long())
 
     for l in range(L):
         r = rec["layers"][l]
@@ -212,7 +214,7 @@ def grid_scores(r: dict, b: int, grid: torch.Tensor) -> torch.Tensor:
     H = q.shape[0]
     g = H // k.shape[0]
     causal = grid[None, :] <= grid[:, None]
-    total = torch.zeros(grid.numel(), grid.numel(), dtype=torch.float64)
+    total = torch.zeros(grid.numel(), grid.numel(), dtype=torch.float64, device=q.device)
     for h in range(H):
         logits = (q[h][grid] @ k[h // g][grid].T) * r["scaling"]
         if r["softcap"]:

@@ -34,10 +34,11 @@ def slot_keys(seed: int, seq_start: int, batch_size: int, seq_len: int) -> torch
     One generator per sequence, seeded from ``(seed, sequence index)``: the key of a slot does not
     depend on which batch or process the sequence falls in.
     """
-    keys = torch.empty(batch_size, seq_len, dtype=torch.float64)
+    # on the host: a CPU generator per sequence gives the same keys on every device
+    keys = torch.empty(batch_size, seq_len, dtype=torch.float64, device="cpu")
     for b in range(batch_size):
         g = torch.Generator().manual_seed((seed * _SEED_MULT + seq_start + b) % (1 << 63))
-        keys[b] = torch.rand(seq_len, generator=g, dtype=torch.float64)
+        keys[b] = torch.rand(seq_len, generator=g, dtype=torch.float64, device="cpu")
     return keys.reshape(-1)
 
 

@@ -85,7 +85,7 @@ def _pack(stream: Iterator[list[int]], seq_len: int, num_seqs: int, origin: str,
     if n == 0:
         raise PoslensError(f"--data {origin}: {len(buf)} tokens, fewer than one sequence of --seq-len {seq_len}; "
                            "pass more data or a smaller --seq-len.")
-    ids = torch.tensor(buf[: n * seq_len], dtype=torch.long).reshape(n, seq_len)
+    ids = torch.tensor(buf[: n * seq_len], dtype=torch.long, device="cpu").reshape(n, seq_len)
     if vocab_size is not None and ids.numel() and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
         raise PoslensError(f"--data {origin}: token id {int(ids.max())} outside the model's vocabulary "
                            f"(size {vocab_size}); the data was tokenised for another model.")

@@ -93,7 +93,7 @@ class MeanAccumulator:
                 for mat in m.view(-1, *m.shape[-2:]):
                     mat.copy_(symmetric_from_lower(mat))
             out = m.to(dtype)
-        self.sum, self.count = torch.zeros(0, dtype=torch.float64), 0
+        self.sum, self.count = torch.zeros(0, dtype=torch.float64, device=self.sum.device), 0
         return out
 
     @property
@@ -114,7 +114,8 @@ class MeanAccumulator:
 
     # -- persistence / distribution ---------------------------------------------------------
     def state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        out = {f"{prefix}sum": self.sum, f"{prefix}count": torch.tensor([self.count], dtype=torch.int64)}
+        count = torch.tensor([self.count], dtype=torch.int64, device="cpu")
+        out = {f"{prefix}sum": self.sum, f"{prefix}count": count}
         if self.with_var:
             out[f"{prefix}sumsq"] = self.sumsq
         return out
@@ -191,7 +192,7 @@ class GroupAccumulator:
         self.groups = int(groups)
         self.shape = tuple(int(s) for s in shape)
         self.sum = torch.zeros((self.groups,) + self.shape, dtype=torch.float64, device=device)
-        self.counts = torch.zeros(self.groups, dtype=torch.int64)
+        self.counts = torch.zeros(self.groups, dtype=torch.int64, device="cpu")  # host-side: read as ints
 
     def add(self, group: int, batch_sum: torch.Tensor, count: int) -> None:
         self.sum[group] += batch_sum.to(self.sum.device, torch.float64)

@@ -49,7 +49,7 @@ def head_sink(sink_heads) -> torch.Tensor:
     the mean over queries ``1 .. S-1`` (query 0 sees key 0 alone). NaN for ``S < 2``."""
     s = as_float64(sink_heads)
     if s.shape[-1] < 2:
-        return torch.full(s.shape[:-1], float("nan"), dtype=torch.float64)
+        return torch.full(s.shape[:-1], float("nan"), dtype=torch.float64, device=s.device)
     return s[..., 1:].mean(-1)
 
 
@@ -71,7 +71,7 @@ def rotary_pairs(rotary_dim: int, layout: str = "half") -> tuple[torch.Tensor, t
     if rotary_dim % 2 or rotary_dim < 0:
         raise PoslensError(f"rotary dimension {rotary_dim}: must be even and non-negative.")
     half = rotary_dim // 2
-    l = torch.arange(half)
+    l = torch.arange(half, device="cpu")  # indices into a tensor: they move with it when used
     if layout == "half":
         return l, l + half
     if layout == "interleaved":
@@ -94,7 +94,7 @@ def pair_energy(gram, rotary_dim: int, layout: str = "half") -> tuple[torch.Tens
     if rotary_dim > D:
         raise PoslensError(f"rotary dimension {rotary_dim} exceeds the head dimension {D}.")
     a, b = rotary_pairs(rotary_dim, layout)
-    rot = torch.zeros(D, dtype=torch.bool)
+    rot = torch.zeros(D, dtype=torch.bool, device=d.device)
     rot[a] = True
     rot[b] = True
     return d[..., a] + d[..., b], d[..., ~rot]
@@ -173,5 +173,5 @@ def massive_by_band(mask, bands: list[str]) -> dict[str, torch.Tensor]:
     out = {}
     for band in (*BANDS, UNROTATED):
         idx = [d for d, b in enumerate(bands) if b == band]
-        out[band] = m[..., idx].sum((-1, -2)) if idx else torch.zeros(m.shape[:-2], dtype=torch.long)
+        out[band] = m[..., idx].sum((-1, -2)) if idx else torch.zeros(m.shape[:-2], dtype=torch.long, device=m.device)
     return out

@@ -159,7 +159,7 @@ def probe_features(h: torch.Tensor, skip_first: int = 0) -> dict[str, tuple[torc
     """
     B, T, d = h.shape
     h = h.to(torch.float64)
-    pos = torch.arange(T, dtype=torch.float64).expand(B, T)
+    pos = torch.arange(T, dtype=torch.float64, device=h.device).expand(B, T)
     to_end = (T - 1) - pos
     hn = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-300)
     # The scalar features leave out i = T itself: cos(h_T, h_T) = 1 flags T - i = 0 whatever the

@@ -57,7 +57,7 @@ def band_contributions(dim_logit, rotary_dim: int | None, base: float | None, co
     for band in ("high", "medium", "low"):
         idx = [l for l, b in enumerate(labels) if b == band]
         dims = idx + [l + half for l in idx]
-        out[band] = x[..., dims].sum(-1) if dims else torch.zeros(x.shape[:-1], dtype=torch.float64)
+        out[band] = x[..., dims].sum(-1) if dims else torch.zeros(x.shape[:-1], dtype=torch.float64, device=x.device)
     if rotary_dim < D:
         out["unrotated"] = x[..., rotary_dim:].sum(-1)
     return out
@@ -74,7 +74,7 @@ def rank_table(q_gram, k_gram) -> dict[str, torch.Tensor]:
                            "[L, Hk, D, D] with Hk dividing H (maps.safetensors of `poslens scan`).")
     H, Hk = qg.shape[1], kg.shape[1]
     rq, rk = rank_measures(qg), rank_measures(kg)
-    idx = torch.tensor([kv_head_of(h, H, Hk) for h in range(H)])
+    idx = torch.tensor([kv_head_of(h, H, Hk) for h in range(H)], device=kg.device)
     out = {f"q_{k}": v for k, v in rq.items()}
     out.update({f"k_{k}": v[:, idx] for k, v in rk.items()})
     return out

@@ -52,7 +52,7 @@ def rank_one_logit(A, phi, theta, offsets) -> torch.Tensor:
 
 def causal_pair_mean(values_by_offset: torch.Tensor, S: int) -> torch.Tensor:
     """Mean over causal pairs j <= i < S of a function of Δ = i - j given as ``[..., S]`` (Δ has S - Δ pairs)."""
-    w = (S - torch.arange(S, dtype=torch.float64))
+    w = (S - torch.arange(S, dtype=torch.float64, device=values_by_offset.device))
     return (values_by_offset * w).sum(-1) / w.sum()
 
 
@@ -67,9 +67,10 @@ def predicted_slash_profile(logit_by_offset, S: int | None = None) -> torch.Tens
     z = z[:S]
     lse = torch.logcumsumexp(z, 0)  # [S] row normalisers: row i sums over Δ = 0..i
     p = torch.exp(z[None, :] - lse[:, None])  # [row i, Δ]
-    valid = torch.arange(S)[None, :] <= torch.arange(S)[:, None]
-    p = torch.where(valid, p, torch.zeros((), dtype=p.dtype))
-    return p.sum(0) / (S - torch.arange(S, dtype=torch.float64))
+    offs = torch.arange(S, device=z.device)
+    valid = offs[None, :] <= offs[:, None]
+    p = torch.where(valid, p, torch.zeros((), dtype=p.dtype, device=z.device))
+    return p.sum(0) / (S - offs.to(torch.float64))
 
 
 @dataclass
@@ -92,7 +93,7 @@ class RopeDecomposition:
 
     def band_peak_contribution(self, delta: int) -> dict[str, float]:
         S = self.logit.shape[-1]
-        offs = torch.arange(S, dtype=torch.float64)
+        offs = torch.arange(S, dtype=torch.float64, device=self.logit.device)
         out = {}
         for b in BANDS:
             idx = [l for l, lab in enumerate(self.bands) if lab == b]
@@ -126,7 +127,7 @@ def rope_decomposition(q_gram, k_gram, dim_logit, *, rotary_dim: int, base: floa
     A_unit = mu * mv
     phi = au - av
     S = int(seq_len)
-    offs = torch.arange(S, dtype=torch.float64)
+    offs = torch.arange(S, dtype=torch.float64, device=u.device)
     # Per-pair mean logit over causal pairs for unit coefficients: the rank-one prediction of
     # dim_logit's pair sums, up to the scalar E[a b]·scaling. Its sign is the sign of a·b.
     per_pair = A_unit[:, None] * torch.cos(offs[None, :] * theta[:, None] + phi[:, None])  # [half, S]

@@ -62,7 +62,7 @@ def top_slash_heads(slash, k: int = 10, min_offset: int = SLASH_MIN_DELTA, max_o
     for flat in order.tolist():
         l, h = divmod(flat, H)
         d = int(arg[l, h]) + min_offset
-        uniform = float((1.0 / torch.arange(d + 1, S + 1, dtype=torch.float64)).mean())
+        uniform = float((1.0 / torch.arange(d + 1, S + 1, dtype=torch.float64, device="cpu")).mean())
         out.append({"layer": layer_ids[l] if layer_ids else l, "head": h,
                     "offset": d, "score": float(best[l, h]), "uniform": uniform})
     return out
@@ -82,7 +82,7 @@ def sink_weight(probs) -> torch.Tensor:
     ``probs`` ``[..., S, S]`` (rows = queries) -> ``[...]``. The attention sink's own number."""
     p = torch.as_tensor(probs, dtype=torch.float64)
     if p.shape[-1] < 2:
-        return torch.full(p.shape[:-2], float("nan"), dtype=torch.float64)
+        return torch.full(p.shape[:-2], float("nan"), dtype=torch.float64, device=p.device)
     return p[..., 1:, 0].mean(-1)
 
 
@@ -110,7 +110,7 @@ def sdh_table(slash, kappas: list[float], max_delta: int, min_delta: int = 0,
     if min_delta > hi:
         raise PoslensError(f"--max-delta {max_delta}: must be >= {min_delta} and below the scan's --seq-len {S}.")
     ids = layer_ids or list(range(L))
-    rows, counts = [], torch.zeros(len(kappas), hi - min_delta + 1, dtype=torch.long)
+    rows, counts = [], torch.zeros(len(kappas), hi - min_delta + 1, dtype=torch.long, device="cpu")
     for a, kappa in enumerate(kappas):
         for b, d in enumerate(range(min_delta, hi + 1)):
             m = s[..., d] >= kappa

@@ -22,22 +22,25 @@ _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16
 def equal_row_representatives(a: torch.Tensor) -> torch.Tensor | None:
     """For the rows of ``a [S, K]``: the index of the first row bitwise equal to each (itself when none
     is earlier), or None when all rows differ. Candidates share the bits of a few sampled columns; each
-    is checked against its group's first row over all columns before it is tied to it."""
+    is checked against its group's first row over all columns before it is tied to it. The indices lie on
+    ``a``'s device."""
     S, K = a.shape
     if S < 2 or K == 0:
         return None
     as_int = _INT_OF[a.dtype]
-    cols = torch.linspace(0, K - 1, min(K, TIE_SAMPLE_COLUMNS)).round().long()
+    dev = a.device
+    cols = torch.linspace(0, K - 1, min(K, TIE_SAMPLE_COLUMNS), device=dev).round().long()
     bits = a[:, cols].contiguous().view(as_int).long()  # exact bits (-0.0 and +0.0 differ: no false tie)
-    mult = torch.arange(1, 2 * cols.numel(), 2, dtype=torch.long) * 0x9E3779B1  # odd multipliers
+    mult = torch.arange(1, 2 * cols.numel(), 2, dtype=torch.long, device=dev) * 0x9E3779B1  # odd multipliers
     key = (bits * mult).sum(1)  # equal rows, equal keys (integer arithmetic, wrapping)
     _, inv = torch.unique(key, return_inverse=True)
     if int(inv.max()) == S - 1:  # every key distinct: no identical rows
         return None
-    first = torch.full((S,), S, dtype=torch.long).scatter_reduce_(0, inv, torch.arange(S), "amin")[inv]
-    cand = (first != torch.arange(S)).nonzero().squeeze(1)
+    rows = torch.arange(S, device=dev)
+    first = torch.full((S,), S, dtype=torch.long, device=dev).scatter_reduce_(0, inv, rows, "amin")[inv]
+    cand = (first != rows).nonzero().squeeze(1)
     same = (a[cand].contiguous().view(as_int) == a[first[cand]].contiguous().view(as_int)).all(1)
-    rep = torch.arange(S)
+    rep = rows.clone()
     rep[cand[same]] = first[cand[same]]
     return rep if bool(same.any()) else None
 
