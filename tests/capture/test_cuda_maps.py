@@ -1,23 +1,45 @@
-"""The fused CUDA map kernels against a float64 reference and against the chunked torch path.
+"""The fused map kernels (:mod:`poslens.capture.cuda_maps`) against a float64 reference, and the fused
+capture against the chunked torch path.
 
-Runs only where CUDA and Triton are present (the GPU machine; CI skips it). Inputs are fresh
-random bf16/fp16/fp32 queries and keys in transformers' transposed layout, with GQA, causal and
-bidirectional masks, lengths that are not multiples of the tile, every statistic combination.
+The kernels' logic runs on every machine where Triton is installed: under Triton's interpreter
+(``TRITON_INTERPRET=1``) they take CPU tensors. The interpreter must be asked for before the kernels
+are built, and this process's kernels must stay compiled for the CUDA tests, so the interpreted runs
+happen in a child process (this file run as a script), once per session; the comparisons happen
+here. The interpreter runs every tile in numpy, so its cases are small (two or three tiles a side)
+while still covering GQA, causal and bidirectional masks, head dims 16 and 32, lengths that are not
+multiples of the tile, float32/bf16/fp16 inputs and every statistic combination.
+
+With CUDA the compiled kernels run larger cases (the GPU machine; a CPU-only suite skips them).
+Inputs are random queries and keys in transformers' transposed layout.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from poslens.capture import attention as att
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+#: relative Frobenius error allowed against float64: float32 sums of a few hundred terms. ``sink_heads``
+#: is read from a float32 base-2 log-sum-exp, whose rounding grows with the logits' magnitude.
+TOL = {"sink_heads": 5e-6}
+TOL_DEFAULT = 2e-6
+
+ALL = {"scores": True, "probs": True, "slash": True}
+#: every combination of the kernels' outputs (each one its own specialisation of the kernels)
+COMBOS = [ALL, {"scores": True, "probs": False, "slash": False}, {"scores": False, "probs": True, "slash": False},
+          {"scores": False, "probs": False, "slash": True}, {"scores": True, "probs": True, "slash": False}]
 
 
-def _reference(q, k, scaling, causal):
+def reference_maps(q, k, scaling, causal):
+    """Float64 batch/head sums: scores (0 where masked), probs, slash ``[H, S]``, per-head maps,
+    sink_heads ``[H, S]`` (``sum_b A_bh[i, 0]``)."""
     q, k = q.double(), k.double()
     B, H, S, D = q.shape
     k = k.repeat_interleave(H // k.shape[1], dim=1)
@@ -29,9 +51,124 @@ def _reference(q, k, scaling, causal):
     sm = s.masked_fill(~allowed, 0.0)
     slash = torch.stack([torch.diagonal(p, -d, 2, 3).sum(-1) for d in range(S)], -1).sum(0)
     return {"scores": sm.sum((0, 1)), "probs": p.sum((0, 1)), "slash": slash, "head_scores": sm.sum(0),
-            "head_probs": p.sum(0)}
+            "head_probs": p.sum(0), "sink_heads": p[..., 0].sum(0)}
 
 
+def expected_names(combo: dict, heads: list[int]) -> set[str]:
+    """The keys :func:`~poslens.capture.cuda_maps.attention_maps` returns for these switches."""
+    names = {n for n, on in combo.items() if on}
+    if heads:
+        names |= {"head_scores", "head_probs"}
+    if combo["probs"] or combo["slash"]:
+        names.add("sink_heads")
+    return names
+
+
+def check_maps(got: dict, ref: dict, combo: dict, heads: list[int], label) -> None:
+    assert set(got) == expected_names(combo, heads), (label, sorted(got))
+    for n, x in got.items():
+        r = ref[n][heads] if n.startswith("head_") else ref[n]
+        assert x.dtype == torch.float32 and x.shape == r.shape, (label, n, x.dtype, tuple(x.shape))
+        err = float((x.double().cpu() - r.cpu()).norm() / r.norm())
+        assert err < TOL.get(n, TOL_DEFAULT), (label, n, combo, err)
+
+
+def make_inputs(B, H, Hk, S, D, dtype, seed, device="cpu"):
+    """Queries ``[B, H, S, D]`` and keys ``[B, Hk, S, D]`` as transposed views of ``[B, S, H, D]``."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = (torch.randn(B, S, H, D, generator=g, device=device) * 2).to(dtype).transpose(1, 2)
+    k = (torch.randn(B, S, Hk, D, generator=g, device=device) * 2).to(dtype).transpose(1, 2)
+    return q, k
+
+
+# ------------------------------------------------------------------------------------------------
+# under Triton's interpreter, on the CPU
+# ------------------------------------------------------------------------------------------------
+#: (B, H, Hk, S, D, causal, dtype, block): two tiles a side, S not a multiple of the tile
+INTERPRETED = {
+    "gqa2-causal-fp32-d16": (1, 2, 1, 23, 16, True, torch.float32, 16),
+    "mha-bidir-bf16-d32-batch2": (2, 2, 2, 19, 32, False, torch.bfloat16, 16),
+    "gqa3-causal-bf16-d32-tile32": (1, 3, 1, 45, 32, True, torch.bfloat16, 32),
+    "gqa2-bidir-fp16-d16": (1, 2, 1, 20, 16, False, torch.float16, 16),
+}
+#: the case whose every output combination runs: (combination, with per-head maps)
+COMBO_CASE = "gqa2-causal-fp32-d16"
+COMBO_CALLS = [(ALL, True), (ALL, False), (COMBOS[1], True), (COMBOS[2], False), (COMBOS[3], False), (COMBOS[4], True)]
+
+
+def _interpreted_calls() -> list[tuple[str, dict, list[int]]]:
+    """``(case, combination, heads)`` of every interpreted kernel call, in the order the child runs them."""
+    calls = []
+    for name, (B, H, *_rest) in INTERPRETED.items():
+        for combo, with_heads in (COMBO_CALLS if name == COMBO_CASE else [(ALL, True)]):
+            calls.append((name, combo, [0, H - 1] if with_heads else []))
+    return calls
+
+
+def _scaling(D: int) -> float:
+    return 1.1 / math.sqrt(D)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    """The kernels' outputs for every interpreted call, run by a child process under the interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (`pip install triton`): the kernels' interpreter checks need it")
+    tmp = tmp_path_factory.mktemp("interpret")
+    inputs = {name: make_inputs(B, H, Hk, S, D, dt, seed=S + block)
+              for name, (B, H, Hk, S, D, causal, dt, block) in INTERPRETED.items()}
+    torch.save(inputs, tmp / "inputs.pt")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, __file__, str(tmp / "inputs.pt"), str(tmp / "outputs.pt")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"the interpreted kernels failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return inputs, torch.load(tmp / "outputs.pt")
+
+
+@pytest.mark.parametrize("name", list(INTERPRETED))
+def test_interpreted_kernels_match_float64(name, interpreted):
+    inputs, out = interpreted
+    q, k = inputs[name]
+    causal = INTERPRETED[name][5]
+    ref = reference_maps(q, k, _scaling(q.shape[-1]), causal)
+    calls = [(i, c) for i, c in enumerate(_interpreted_calls()) if c[0] == name]
+    assert calls
+    for i, (_, combo, heads) in calls:
+        check_maps(out["maps"][i], ref, combo, heads, (name, i))
+
+
+def test_the_interpreter_takes_cpu_tensors(interpreted):
+    """The child's kernels were the interpreter's, and :func:`supported` accepted CPU tensors there;
+    this process's kernels take CPU tensors only if it runs under the interpreter too."""
+    from poslens.capture import cuda_maps
+
+    _, out = interpreted
+    assert out["interpreted"] and out["supported_cpu"]
+    q, k = make_inputs(1, 2, 1, 8, 16, torch.float32, seed=0)
+    assert cuda_maps.supported(q, k) == cuda_maps.interpreted()
+
+
+def _run_interpreted(inputs_path: str, outputs_path: str) -> None:
+    """The child process: every interpreted call on the saved inputs, outputs saved in call order."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    from poslens.capture import cuda_maps
+
+    inputs = torch.load(inputs_path)
+    out = {"interpreted": cuda_maps.interpreted(), "maps": []}
+    first = next(iter(inputs.values()))
+    out["supported_cpu"] = cuda_maps.supported(*first)
+    for name, combo, heads in _interpreted_calls():
+        q, k = inputs[name]
+        block, causal = INTERPRETED[name][7], INTERPRETED[name][5]
+        cuda_maps.CONFIG["block"] = block
+        out["maps"].append(cuda_maps.attention_maps(q, k, _scaling(q.shape[-1]), causal=causal, heads=heads, **combo))
+    torch.save(out, outputs_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# compiled, on CUDA
+# ------------------------------------------------------------------------------------------------
+@cuda
 @pytest.mark.parametrize("B,H,Hk,S,D,causal,dtype", [
     (2, 8, 2, 300, 64, True, torch.bfloat16),
     (1, 4, 4, 130, 128, False, torch.float16),
@@ -44,26 +181,17 @@ def test_fused_maps_match_float64(B, H, Hk, S, D, causal, dtype, block, monkeypa
 
     if not cuda_maps.supported(torch.empty(1, 1, 1, D, device="cuda", dtype=dtype), torch.empty(1, 1, 1, D)):
         pytest.skip("triton not importable")
+    assert not cuda_maps.interpreted(), "TRITON_INTERPRET=1 is set: the CUDA tests check the compiled kernels"
     monkeypatch.setitem(cuda_maps.CONFIG, "block", block)
-    g = torch.Generator(device="cuda").manual_seed(S + block)
-    q = (torch.randn(B, S, H, D, generator=g, device="cuda") * 2).to(dtype).transpose(1, 2)
-    k = (torch.randn(B, S, Hk, D, generator=g, device="cuda") * 2).to(dtype).transpose(1, 2)
-    scaling = 1.1 / math.sqrt(D)
-    ref = _reference(q, k, scaling, causal)
+    q, k = make_inputs(B, H, Hk, S, D, dtype, seed=S + block, device="cuda")
+    scaling = _scaling(D)
+    ref = reference_maps(q, k, scaling, causal)
     heads = [0, H - 1]
-    combos = [{"scores": True, "probs": True, "slash": True}]
-    if (S, block) == (300, 64):  # every combination once (each is its own compiled kernel)
-        combos += [{"scores": True, "probs": False, "slash": False}, {"scores": False, "probs": True, "slash": False},
-                   {"scores": False, "probs": False, "slash": True}, {"scores": True, "probs": True, "slash": False}]
+    combos = COMBOS if (S, block) == (300, 64) else [ALL]  # every combination once (each compiles)
     for combo in combos:
         for hs in ((heads, []) if len(combos) > 1 else (heads,)):
             got = cuda_maps.attention_maps(q, k, scaling, causal=causal, heads=hs, **combo)
-            names = [n for n, on in combo.items() if on] + (["head_scores", "head_probs"] if hs else [])
-            assert set(got) == set(names)
-            for n in names:
-                r = ref[n][heads] if n.startswith("head_") else ref[n]
-                err = float((got[n].double() - r).norm() / r.norm())
-                assert err < 2e-6, (n, combo, err)
+            check_maps(got, ref, combo, hs, (B, H, Hk, S, D, causal, dtype, block))
 
 
 def rope_cos_sin(S, D, base=10000.0):
@@ -73,10 +201,13 @@ def rope_cos_sin(S, D, base=10000.0):
     return emb.cos(), emb.sin()
 
 
+@cuda
 def test_capture_on_cuda_equals_capture_on_cpu():
     """The whole observe_attention and observe_hidden (fused maps, the whole-batch q/k Grams and
     reservoir, TF32 products of the bf16 values, the all-pairs APS count) against the CPU capture of the
     same bf16 values."""
+    from poslens.capture import attention as att
+
     B, H, Hk, S, D = 2, 8, 2, 200, 64
     g = torch.Generator().manual_seed(0)
     q = (torch.randn(B, S, H, D, generator=g) * 2).to(torch.bfloat16).transpose(1, 2)
@@ -96,6 +227,7 @@ def test_capture_on_cuda_equals_capture_on_cpu():
         cap.observe_hidden(0, hid.to(dev))
         cap.end_batch()
         res[dev] = {n: v.cpu() for n, v in cap.means().items()}
+    assert set(res["cuda"]) == set(res["cpu"])
     for n, v in res["cpu"].items():
         torch.testing.assert_close(res["cuda"][n], v, rtol=1e-4, atol=2e-5, msg=n)
 
@@ -108,10 +240,13 @@ def _bf16_inputs(B, H, Hk, S, D, seed):
     return q, k, v
 
 
+@cuda
 @pytest.mark.parametrize("map_size", [0, 16])
 def test_fused_capture_equals_the_torch_path_on_cuda(map_size, monkeypatch):
     """Every statistic through the fused kernels, with and without --map-size block maps (f = 13 does not
     divide S = 200), against the chunked torch path on the same CUDA inputs and output."""
+    from poslens.capture import attention as att
+
     B, H, Hk, S, D = 2, 8, 2, 200, 64
     q, k, v = _bf16_inputs(B, H, Hk, S, D, 5)
     scaling = 0.125
@@ -131,5 +266,10 @@ def test_fused_capture_equals_the_torch_path_on_cuda(map_size, monkeypatch):
     M = -(-S // -(-S // map_size)) if map_size else S
     assert res["auto"]["scores"].shape == (1, M, M)
     assert ("probs_key0" in res["auto"]) == bool(map_size)
+    assert set(res["auto"]) == set(res["torch"])
     for n, t in res["torch"].items():
         torch.testing.assert_close(res["auto"][n], t, rtol=1e-4, atol=2e-5, msg=n)
+
+
+if __name__ == "__main__":
+    _run_interpreted(sys.argv[1], sys.argv[2])

@@ -16,14 +16,18 @@ flash-attention forward it observes. These kernels never write a logit:
    over tiles of one diagonal band turns into ``sum_i A_h[i, i - d]``.
 
 Used for layers without a sliding window when Triton is importable and the head dim is a power of
-two in [16, 256]; anything else takes the torch path. Non-finite logits are not checked inside
-the kernels: the caller tests the (small) outputs once and, if any entry is not finite, redoes
-the layer on the checked torch path, which names the head or masks the entries as the CPU does.
+two in [16, 256]; anything else takes the torch path. Under Triton's interpreter
+(``TRITON_INTERPRET=1`` in the environment when the kernels are first built) the same kernels run on
+CPU tensors, in numpy: slowly, but it is how a machine without a GPU runs this module's logic (the
+tests do). Non-finite logits are not checked inside the kernels: the caller tests the (small)
+outputs once and, if any entry is not finite, redoes the layer on the checked torch path, which
+names the head or masks the entries as the CPU does.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -43,13 +47,30 @@ def _triton():
 
 
 def supported(query: torch.Tensor, key: torch.Tensor) -> bool:
-    """Whether the fused kernels handle these ``[B, H, S, D]`` queries and keys."""
+    """Whether the fused kernels handle these ``[B, H, S, D]`` queries and keys: CUDA tensors, or CPU
+    tensors when the kernels run under Triton's interpreter (:func:`interpreted`)."""
     D = query.shape[-1]
-    if not query.is_cuda or query.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    if query.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
     if D < 16 or D > 256 or D & (D - 1) or query.shape[1] % key.shape[1]:
         return False
-    return _kernels() is not None
+    if query.is_cuda:
+        return _kernels() is not None
+    return query.device.type == "cpu" and interpreted()
+
+
+def interpreted() -> bool:
+    """Whether the kernels are Triton's interpreter's (``TRITON_INTERPRET=1`` when they were built):
+    they then take CPU tensors. False where Triton is not installed."""
+    if _kernels.cache_info().currsize == 0 and os.environ.get("TRITON_INTERPRET", "0").strip().lower() in (
+            "", "0", "false", "no", "off", "n"):
+        return False  # nothing built and no interpreter asked for: no need to import Triton to say so
+    kernels = _kernels()
+    if kernels is None:
+        return False
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(kernels[0], JITFunction)
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,7 +82,8 @@ def _kernels():
 
     @triton.jit
     def _lse_kernel(Q, K, LSE, sqb, sqh, sqs, sqd, skb, skh, sks, skd, H, G, S, scale2,
-                    D: tl.constexpr, BM: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+                    D: tl.constexpr, BM: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+                    DOT_F32: tl.constexpr):
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -70,6 +92,8 @@ def _kernels():
         rm = pid_m * BM + tl.arange(0, BM)
         rd = tl.arange(0, D)
         q = tl.load(Q + b * sqb + h * sqh + rm[:, None] * sqs + rd[None, :] * sqd, mask=rm[:, None] < S, other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
         m_i = tl.full([BM], float("-inf"), tl.float32)
         l_i = tl.zeros([BM], tl.float32)
         if CAUSAL:
@@ -79,6 +103,8 @@ def _kernels():
         for n0 in range(0, hi, BM):
             rn = n0 + tl.arange(0, BM)
             k = tl.load(K + b * skb + kh * skh + rn[:, None] * sks + rd[None, :] * skd, mask=rn[:, None] < S, other=0.0)
+            if DOT_F32:
+                k = k.to(tl.float32)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale2
             else:
@@ -98,7 +124,7 @@ def _kernels():
                      B, H, G, S, NB, scale, LOG2E: tl.constexpr,
                      D: tl.constexpr, BM: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
                      W_SC: tl.constexpr, W_PR: tl.constexpr, W_HEADS: tl.constexpr, W_SLASH: tl.constexpr,
-                     NEED_S: tl.constexpr, PER_HEAD: tl.constexpr, STAGES: tl.constexpr):
+                     NEED_S: tl.constexpr, PER_HEAD: tl.constexpr, STAGES: tl.constexpr, DOT_F32: tl.constexpr):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         if CAUSAL:
@@ -124,6 +150,9 @@ def _kernels():
                             mask=rm[:, None] < S, other=0.0)
                 k = tl.load(K + b * skb + kh * skh + rn[:, None] * sks + rd[None, :] * skd,
                             mask=rn[:, None] < S, other=0.0)
+                if DOT_F32:
+                    q = q.to(tl.float32)
+                    k = k.to(tl.float32)
                 if IEEE:
                     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
                 else:
@@ -208,6 +237,9 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
     G = H // Hk
     dev = query.device
     ieee = query.dtype == torch.float32  # float32 models: IEEE products; bf16/fp16 products are exact anyway
+    # The interpreter multiplies bf16 tiles as their uint16 storage bits (triton-lang/triton#11584):
+    # there the tiles go to float32 first, where bf16 products are exact as on the tensor cores.
+    dot_f32 = query.dtype == torch.bfloat16 and interpreted()
     f32 = dict(dtype=torch.float32, device=dev)
     NB = triton.cdiv(S, BLOCK)
     log2e = 1.0 / math.log(2.0)
@@ -216,7 +248,8 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
     qs, ks = query.stride(), key.stride()
     if need_p:
         lse_kernel[(NB, B * H)](query, key, lse, *qs, *ks, H, G, S, float(scaling) * log2e,
-                                D=D, BM=BLOCK, CAUSAL=causal, IEEE=ieee, num_warps=CONFIG["lse_warps"])
+                                D=D, BM=BLOCK, CAUSAL=causal, IEEE=ieee, DOT_F32=dot_f32,
+                                num_warps=CONFIG["lse_warps"])
     out = {}
     dummy = torch.empty(1, **f32)
     sc = torch.zeros(S, S, **f32) if scores else dummy
@@ -231,7 +264,8 @@ def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, ca
     maps_kernel[(NB, NB)](query, key, lse, sc, pr, hs, hp, slot, sl, *qs, *ks, B, H, G, S, NB, float(scaling),
                           LOG2E=log2e, D=D, BM=BLOCK, CAUSAL=causal, IEEE=ieee, W_SC=scores, W_PR=probs,
                           W_HEADS=bool(heads), W_SLASH=slash, NEED_S=scores or bool(heads),
-                          PER_HEAD=slash or bool(heads), STAGES=CONFIG["stages"], num_warps=CONFIG["maps_warps"])
+                          PER_HEAD=slash or bool(heads), STAGES=CONFIG["stages"], DOT_F32=dot_f32,
+                          num_warps=CONFIG["maps_warps"])
     if scores:
         out["scores"] = sc
     if probs:
