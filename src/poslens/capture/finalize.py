@@ -13,16 +13,18 @@ from poslens.capture.plan import ScanPlan
 from poslens.capture.statistic import qualified_name
 from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
 from poslens.metrics.diagonal import causal_view, window_view
+from poslens.metrics.neighborhood import aps_positions
 from poslens.metrics.rank import band_contributions, rank_measures
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, top_slash_heads
 from poslens.rundir import write_tensors
 
 
 def _subsample(m: torch.Tensor, k: int) -> torch.Tensor:
+    """``m`` on the positions an APS reads (:func:`poslens.metrics.neighborhood.aps_positions`)."""
     S = m.shape[-1]
     if S <= k:
         return m
-    idx = torch.linspace(0, S - 1, k).round().long()
+    idx = aps_positions(S, k, device=m.device)
     return m[..., idx, :][..., idx] if m.ndim >= 2 and m.shape[-2] == S else m[..., idx]
 
 
@@ -135,7 +137,7 @@ class _Reader:
         self.rot_dim, self.base = plan.adapter.rotary_dim(plan.config), plan.adapter.rope_base(plan.config)
         # the summary is computed on the CPU, whichever device accumulated (a GPU scan's sums)
         self.groups, self.counts = tuple(t.cpu() for t in capture.accs["score_groups"].group_means()) \
-            if has("score_groups") else (torch.zeros(0), None)
+            if has("score_groups") else (torch.zeros(0, device="cpu"), None)
         self.grid = noise_grid(spec.seq_len, spec.noise_max_positions)
         nl = len(spec.layers)
         self.aps = _per_sequence(capture.accs["aps_seq"]) if has("aps_seq") else ([None] * (nl + 1),) * 2

@@ -36,8 +36,9 @@ from typing import Sequence
 
 import torch
 
-from poslens.metrics.noise import NOISE_P, cross_mean_square, decisive, jackknife_se, min_pvalue, signflip_pvalue
-from poslens.metrics.neighborhood import ordered_pair_counts, rising_pair_fraction
+from poslens.metrics.noise import (NOISE_P, cross_mean_square, decisive, jackknife_se_of, leave_one_out_means, min_pvalue,
+                                   signflip_pvalue)
+from poslens.metrics.neighborhood import finite_prefix, ordered_pair_counts, prefix_bands, rising_pair_fraction
 
 
 def as_float64(m) -> torch.Tensor:
@@ -117,7 +118,7 @@ def _groups(groups, weights, exclude_keys):
     if groups is None:
         return None, None
     g = mask_keys(groups, exclude_keys)
-    w = torch.ones(g.shape[0], dtype=torch.float64) if weights is None else as_float64(weights)
+    w = torch.ones(g.shape[0], dtype=torch.float64, device=g.device) if weights is None else as_float64(weights)
     return g, w
 
 
@@ -148,14 +149,20 @@ def is_flat(m, groups=None, weights=None, include_diagonal: bool = False, exclud
     constant map (to float64 rounding) is flat: too little data is no evidence of flatness.
     """
     m = mask_keys(m, exclude_keys)
-    mask = _entries(m, include_diagonal)
-    v = m[mask]
+    v = m[_entries(m, include_diagonal)]
     if v.numel() < 2:
         return True
+    p = None
     if groups is not None and decisive(int(groups.shape[0])):
         p = flat_pvalue(groups, weights, include_diagonal, exclude_keys)
-        if p is not None:
-            return p >= NOISE_P
+    return _flat_verdict(v, p)
+
+
+def _flat_verdict(v: torch.Tensor, p: float | None) -> bool:
+    """:func:`is_flat` from the map's valid entries ``v`` (two or more) and the groups' flat p-value
+    (None without decisive groups: then only an exactly constant map is flat)."""
+    if p is not None:
+        return p >= NOISE_P
     scale = v.abs().max().clamp_min(1e-300)
     return bool((v - v.mean()).abs().max() <= 1e-12 * scale)
 
@@ -176,11 +183,21 @@ def relativity_index(m, groups=None, weights=None, include_diagonal: bool = Fals
     g, w = _groups(groups, weights, exclude_keys)
     if g is not None and g.shape[0] >= 2:
         mask = mask & _entries(g, include_diagonal)
-        var_map = cross_mean_square(_centred(g, mask), w)[0]
-        var_dn = cross_mean_square(_within(g, mask), w)[0]
+        return _relativity(m, mask, None, _centred(g, mask), cross_mean_square(_within(g, mask), w), w)
+    return _relativity(m, mask, _within(m, mask), None, None, None)
+
+
+def _relativity(m: torch.Tensor, mask: torch.Tensor, within_m: torch.Tensor | None, centred_g: torch.Tensor | None,
+                cross: tuple | None, w: torch.Tensor | None) -> float | None:
+    """:func:`relativity_index` of a map that is not flat: from the groups' centred entries and the
+    cross mean squares of their diagonal-normalised ones where there are groups, else from the map's
+    own valid entries (``mask``) and their diagonal-normalised values ``within_m``."""
+    if centred_g is not None:
+        var_map = cross_mean_square(centred_g, w)[0]
+        var_dn = cross[0]
     else:
         var_map = float((_centred(m, mask) ** 2).mean())
-        var_dn = float((_within(m, mask) ** 2).mean())
+        var_dn = float((within_m ** 2).mean())
     if var_map <= 0.0:
         return None
     return float(min(max(1.0 - max(var_dn, 0.0) / var_map, 0.0), 1.0))
@@ -207,26 +224,42 @@ def diagonal_trend(m, include_diagonal: bool = False, exclude_keys: Sequence[int
     m = mask_keys(m, exclude_keys)
     if m.ndim != 2:
         raise ValueError("diagonal_trend takes one [S, S] map")
+    v = float(diagonal_trends(m, include_diagonal))
+    return None if v != v else v
+
+
+def diagonal_trends(m: torch.Tensor, include_diagonal: bool = False) -> torch.Tensor:
+    """:func:`diagonal_trend` of every map of ``m [..., S, S]`` at once, float64 ``[...]`` (NaN where
+    no diagonal has two valid entries; NaN entries take part in no pair).
+
+    Each diagonal k (``D[k, t] = m[t + k, t]``) becomes a row with its finite entries in column order
+    at the front (:func:`poslens.metrics.neighborhood.finite_prefix`), and one value sort per row
+    counts its rising and tied pairs (:func:`poslens.metrics.neighborhood.ordered_pair_counts`); the
+    diagonals of at most ``w`` entries on their first ``w`` columns only."""
+    m = as_float64(m)
     S = m.shape[-1]
+    lead = m.shape[:-2]
+    flat = m.reshape(-1, S, S)
+    B = flat.shape[0]
     first = 0 if include_diagonal else 1
     if S - first < 2:
-        return None
-    # D[k, t] = m[t + k, t]: diagonal k along its columns t, its finite entries moved to the front in
-    # order (masked keys leave gaps) and -inf after them
-    k = torch.arange(first, S, device=m.device)
+        return torch.full(lead, float("nan"), dtype=torch.float64, device=m.device)
+    k = torch.arange(S - 1, first - 1, -1, device=m.device)  # shortest diagonal first: row r has r + 1 entries
     t = torch.arange(S, device=m.device)
+    inside = (t[None, :] + k[:, None]) < S
     rows = (t[None, :] + k[:, None]).clamp_max(S - 1)
-    D = m[rows, t[None, :].expand_as(rows)]
-    D = torch.where((t[None, :] + k[:, None]) < S, D, torch.full_like(D, float("nan")))
-    fin = torch.isfinite(D)
-    order = torch.sort((~fin).to(torch.int8), dim=1, stable=True).indices
-    D = torch.where(torch.gather(fin, 1, order), torch.gather(D, 1, order), torch.full_like(D, float("-inf")))
-    gt, eq, pairs = ordered_pair_counts(D)
-    total = float(pairs.sum())
-    if total <= 0:
-        return None
-    lt = pairs - gt - eq
-    return float((gt.sum() - lt.sum()) / total)
+    D = flat[:, rows, t[None, :].expand_as(rows)]  # [B, diagonal, column]
+    D = finite_prefix(D, inside & torch.isfinite(D))
+    gt, lt, pairs = (torch.zeros(B, dtype=torch.float64, device=m.device) for _ in range(3))
+    for lo, hi, w in prefix_bands(S - first, extra=1):
+        if w < 2:
+            continue
+        g, e, n = (c.reshape(B, hi - lo) for c in ordered_pair_counts(D[:, lo:hi, :w].reshape(-1, w)))
+        gt += g.sum(1)  # integer counts in float64: exact sums
+        lt += (n - g - e).sum(1)
+        pairs += n.sum(1)
+    trend = (gt - lt) / pairs
+    return torch.where(pairs > 0, trend, float("nan")).reshape(lead)
 
 
 def _slope_functional(mask: torch.Tensor) -> torch.Tensor:
@@ -236,9 +269,9 @@ def _slope_functional(mask: torch.Tensor) -> torch.Tensor:
     off = _offsets(S, mask.device)[mask]
     col = torch.arange(S, device=mask.device).expand(S, S)[mask].to(torch.float64)
     nk = torch.bincount(off, minlength=S).to(torch.float64)
-    mean_c = torch.zeros(S, dtype=torch.float64).scatter_add_(0, off, col) / nk.clamp_min(1)
+    mean_c = torch.zeros(S, dtype=torch.float64, device=mask.device).scatter_add_(0, off, col) / nk.clamp_min(1)
     dc = col - mean_c[off]
-    ss = torch.zeros(S, dtype=torch.float64).scatter_add_(0, off, dc * dc)
+    ss = torch.zeros(S, dtype=torch.float64, device=mask.device).scatter_add_(0, off, dc * dc)
     use = (nk >= 3) & (ss > 0)
     w = torch.where(use[off], dc / ss.clamp_min(1e-300)[off], torch.zeros_like(dc))
     return w / max(int(use.sum()), 1)
@@ -283,37 +316,57 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     ``locality_map`` (optional) is a position subsample of ``m`` to compute the O(S^3) locality on.
     """
     m = as_float64(m)
+    if m.ndim != 2:
+        raise ValueError("describe_map takes one [S, S] map")
     G = 0 if groups is None else int(groups.shape[0])
+    # what the numbers below share is computed once: the masked map and its valid entries, the masked
+    # groups, their joint mask and its two projections (centred, diagonal-normalised)
+    mk = mask_keys(m, exclude_keys)
+    mask_m = _entries(mk, include_diagonal)
+    v = mk[mask_m]
+    g, w = _groups(groups, weights, exclude_keys)
+    mask = _entries(g, include_diagonal) & mask_m if G >= 2 else None
+    centred_g = _centred(g, mask) if mask is not None else None
+    within_g = _within(g, mask) if mask is not None else None
+    within_m = _within(mk, mask_m)
+    # the flatness tests: the map's (groups with the keys excluded) and relativity_index's, which
+    # judges flatness on the groups with every key
+    p_flat = p_flat_ri = None
+    same = False  # the groups' own mask is the joint one: the flat p-value is flat_p
+    if v.numel() >= 2 and decisive(G):
+        mask_g = _entries(g, include_diagonal)
+        same = torch.equal(mask_g, mask)
+        p_flat = None if int(mask_g.sum()) < 2 else signflip_pvalue(centred_g if same else _centred(g, mask_g), w)
+        unmasked = [k for k in exclude_keys if 0 <= k < m.shape[-1]]
+        p_flat_ri = flat_pvalue(groups, weights, include_diagonal) if unmasked else p_flat
+    flat = v.numel() < 2 or _flat_verdict(v, p_flat)
+    flat_ri = v.numel() < 2 or _flat_verdict(v, p_flat_ri)
+    cross = cross_mean_square(within_g, w) if mask is not None else None
     out = {
-        "relativity_index": relativity_index(m, groups, weights, include_diagonal, exclude_keys),
+        "relativity_index": None if flat_ri else _relativity(mk, mask_m, within_m, centred_g, cross, w),
         "locality": None,
-        "diagonal_trend": diagonal_trend(m, include_diagonal, exclude_keys),
-        "within_diag_rms": within_diagonal_rms(m, include_diagonal, exclude_keys),
+        "diagonal_trend": diagonal_trend(mk, include_diagonal),
+        "within_diag_rms": float("nan") if int(mask_m.sum()) == 0 else float((within_m ** 2).mean().sqrt()),
     }
-    flat = is_flat(m, groups, weights, include_diagonal, exclude_keys)
     if not flat:
-        lm = m if locality_map is None else as_float64(locality_map)
-        v = float(rising_pair_fraction(mask_keys(lm, exclude_keys), include_diagonal=include_diagonal, ties=0.5))
-        out["locality"] = None if v != v else 2.0 * v - 1.0
+        lm = mk if locality_map is None else mask_keys(locality_map, exclude_keys)
+        lv = float(rising_pair_fraction(lm, include_diagonal=include_diagonal, ties=0.5))
+        out["locality"] = None if lv != lv else 2.0 * lv - 1.0
     out["flat"] = flat
-    mask = None
-    if G >= 2:
-        g, w = _groups(groups, weights, exclude_keys)
-        mask = _entries(g, include_diagonal) & _entries(mask_keys(m, exclude_keys), include_diagonal)
     if mask is not None and not bool(mask.any()):  # e.g. a one-position map: nothing to estimate noise on
         out["noise"] = "no valid entry (a map of one position, or every key excluded): no noise estimate"
     elif G >= 2:
-        sig, noise = cross_mean_square(_within(g, mask), w)
+        sig, noise = cross
         out.update({
-            "flat_p": signflip_pvalue(_centred(g, mask), w),
-            "nonrelative_p": signflip_pvalue(_within(g, mask), w),
+            "flat_p": p_flat if p_flat is not None and same else signflip_pvalue(centred_g, w),
+            "nonrelative_p": signflip_pvalue(within_g, w),
             "trend_p": signflip_pvalue((g[:, mask] @ _slope_functional(mask))[:, None], w),
             "within_diag_rms_noise": float(max(noise, 0.0) ** 0.5),
             "within_diag_rms_signal": float(max(sig, 0.0) ** 0.5),
             "noise_groups": G,
         })
-        sums = g * w.reshape(-1, 1, 1)
-        out["diagonal_trend_se"] = jackknife_se(lambda mm: diagonal_trend(mm, include_diagonal), sums, w)
+        loo = leave_one_out_means(g * w.reshape(-1, 1, 1), w)  # every group's leave-one-out mean map
+        out["diagonal_trend_se"] = jackknife_se_of(diagonal_trends(loo, include_diagonal).tolist())
         if not decisive(G):
             out["noise"] = (f"only {G} independent groups of samples: the smallest attainable p-value is "
                             f"{min_pvalue(G):.3g}, above {NOISE_P:g}; p-values are given but nothing is called flat "
@@ -330,9 +383,9 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
 def causal_view(m: torch.Tensor, include_diagonal: bool = True) -> torch.Tensor:
     """NaN above the diagonal (entries a causal query never sees)."""
     S = m.shape[-1]
-    i = torch.arange(S)
+    i = torch.arange(S, device=m.device)
     keep = i[:, None] >= i[None, :] if include_diagonal else i[:, None] > i[None, :]
-    return torch.where(keep.to(m.device), m, torch.full_like(m, float("nan")))
+    return torch.where(keep, m, torch.full_like(m, float("nan")))
 
 
 def window_view(m: torch.Tensor, window: int | None) -> torch.Tensor:

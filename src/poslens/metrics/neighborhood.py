@@ -18,12 +18,13 @@ from poslens.theory import running_mean_cosine
 from poslens.metrics.ties import tie_columns
 
 
-def aps_positions(S: int, max_positions: int) -> torch.Tensor:
+def aps_positions(S: int, max_positions: int, device=None) -> torch.Tensor:
     """The positions an APS is computed on when a sequence is longer than ``max_positions``:
-    ``max_positions`` evenly spaced positions from 0 to S - 1 (rounded), else all of them."""
+    ``max_positions`` evenly spaced positions from 0 to S - 1 (rounded), else all of them (on
+    ``device``, the CPU by default)."""
     if S <= max_positions:
-        return torch.arange(S)
-    return torch.linspace(0, S - 1, max_positions).round().long()
+        return torch.arange(S, device=device)
+    return torch.linspace(0, S - 1, max_positions, device=device).round().long()
 
 
 def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, chunk_elems: int = 2**24) -> torch.Tensor:
@@ -32,11 +33,25 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
     Visible means ``k < i`` (or ``k <= i`` with ``include_diagonal``) and a finite entry: NaN
     entries (masked keys, such as an excluded sink column) take part in no pair. Works on
     ``[..., T, T]`` and returns ``[...]`` (NaN when no pair is left). Ties count ``ties`` (0 as in
-    the APS definition, 0.5 for a symmetric trend measure). Cost O(T^3) comparisons, in row blocks
-    that only read the keys the block can see, with bounded memory.
+    the APS definition, 0.5 for a symmetric trend measure). On the CPU the pairs are counted by
+    sorting each row (:func:`row_pair_counts`, O(T^2 log^2 T) per map); on other devices every pair
+    is compared, in row blocks of at most ``chunk_elems`` comparisons (O(T^3) per map).
     """
     m = torch.as_tensor(m)
     m = m.to(torch.float64) if not m.is_floating_point() else m
+    if m.device.type == "cpu":
+        rises, tied, total = row_pair_counts(m, include_diagonal)
+        hits = rises + ties * tied
+    else:
+        hits, total = _compared_pair_hits(m, include_diagonal, ties, chunk_elems)
+    return hits / total.clamp_min(1) + torch.where(total > 0, 0.0, float("nan")).to(hits.device)
+
+
+def _compared_pair_hits(m: torch.Tensor, include_diagonal: bool, ties: float,
+                        chunk_elems: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hits, pairs)`` of :func:`rising_pair_fraction` by comparing every visible pair of each row
+    (float64 ``[...]``): a few large kernels per row block, for devices where many small sorts are
+    launch-bound."""
     T = m.shape[-1]
     lead = m.shape[:-2]
     flat = m.reshape(-1, T, T)
@@ -62,8 +77,68 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
         if ties:
             hits += ties * ((r[:, :, None, :] == r[:, :, :, None]) & valid).sum(dim=(1, 2, 3), dtype=torch.float64)
         total += valid.sum(dim=(1, 2, 3), dtype=torch.float64)
-    out = hits / total.clamp_min(1) + torch.where(total > 0, 0.0, float("nan")).to(hits.device)
-    return out.reshape(lead)
+    return hits.reshape(lead), total.reshape(lead)
+
+
+def finite_prefix(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``x [..., T]`` with the entries where ``keep`` (bool, same shape) moved to the front of each row
+    in their order, and ``-inf`` after them: the layout :func:`ordered_pair_counts` counts."""
+    T = x.shape[-1]
+    pos = keep.cumsum(-1, dtype=torch.int64) - 1
+    pos = torch.where(keep, pos, torch.full((), T, dtype=torch.int64, device=x.device))  # dropped entries: one spare column
+    out = x.new_full((*x.shape[:-1], T + 1), float("-inf"))
+    out.scatter_(-1, pos, x)
+    return out[..., :T]
+
+
+#: narrowest column prefix the rows of a map are counted on (:func:`row_pair_counts`,
+#: :func:`_rising_pairs_by_merge`): the first 65 rows in one call, because per-call costs outweigh the
+#: work saved by narrower prefixes of 2, 4, .., 64 columns
+_MIN_PREFIX = 64
+
+
+def prefix_bands(T: int, extra: int = 0):
+    """``(lo, hi, w)``: bands of rows ``lo .. hi - 1`` of ``T`` rows, where row ``i`` has at most
+    ``i + extra`` entries, each at most ``w`` (a power of two from :data:`_MIN_PREFIX`, or ``T``):
+    the rows of a band are counted on their first ``w`` columns only."""
+    lo = 0
+    while lo < T:
+        w = min(T, max(_MIN_PREFIX, 1 << max(1, lo.bit_length())))
+        hi = T if w == T else w + 1 - extra
+        yield lo, hi, w
+        lo = hi
+
+
+def row_pair_counts(m: torch.Tensor, include_diagonal: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For maps ``m [..., T, T]`` (CPU): ``(rising, tied, pairs)``, float64 ``[...]`` each, over the
+    same-row pairs of visible keys ``j < k`` (``k < i``, or ``k <= i`` with ``include_diagonal``, both
+    entries finite): pairs with ``m[i, k] > m[i, j]``, with ``m[i, k] == m[i, j]``, and all of them.
+
+    Each row's visible entries are moved to its front (:func:`finite_prefix`) and counted by one
+    value sort per row (:func:`ordered_pair_counts`), rows that see at most ``w`` keys on their first
+    ``w`` columns only. The counts are exact integers (in float64 up to 2^53)."""
+    m = torch.as_tensor(m)
+    m = m.to(torch.float64) if not m.is_floating_point() else m
+    T = m.shape[-1]
+    lead = m.shape[:-2]
+    flat = m.reshape(-1, T, T)
+    B = flat.shape[0]
+    extra = 1 if include_diagonal else 0
+    i = torch.arange(T, device=m.device)
+    vis = (i[None, :] < i[:, None] + extra) & torch.isfinite(flat)  # [B, row, key]
+    x = finite_prefix(flat, vis)
+    n = vis.sum(-1, dtype=torch.int64)
+    rises = torch.zeros(B, dtype=torch.int64, device=m.device)
+    tied = torch.zeros_like(rises)
+    for lo, hi, w in prefix_bands(T, extra):
+        if w < 2:
+            continue
+        gt, eq = _sorted_pair_counts(x[:, lo:hi, :w].reshape(-1, w))
+        rises += gt.reshape(B, hi - lo).sum(1)
+        tied += eq.reshape(B, hi - lo).sum(1)
+    pairs = (n * (n - 1) // 2).sum(1)
+    as64 = torch.float64
+    return rises.to(as64).reshape(lead), tied.to(as64).reshape(lead), pairs.to(as64).reshape(lead)
 
 
 #: block half-size up to which the rising count compares all pairs directly (b^2 comparisons per
@@ -75,15 +150,20 @@ _DIRECT_BLOCK = 1
 def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """For each row of ``x [N, T]`` whose finite entries form a prefix (the rest -inf): the number of
     pairs j < k of finite entries with ``x[k] > x[j]`` (rising), with ``x[k] == x[j]`` (tied), and the
-    number of such pairs in all. O(T log^2 T) per row instead of O(T^2).
+    number of such pairs in all, float64 ``[N]`` each. O(T log^2 T) per row instead of O(T^2).
 
-    Rows are padded to a power of two with -inf. For block sizes b = 1, 2, 4, ... each finite element
-    of a block's right half counts the elements of its left half that are smaller (sorted left half,
+    On the CPU: one value sort per row (:func:`_sorted_pair_counts`). Elsewhere the rows are padded to
+    a power of two with -inf, and for block sizes b = 1, 2, 4, ... each finite element of a block's
+    right half counts the elements of its left half that are smaller (sorted left half,
     ``searchsorted``) or equal: every pair j < k is counted at exactly one level, the one where j and
     k first fall into different halves. A -inf suffix takes part in no pair. ``count_ties=False``
-    skips the tie count (half the binary searches) and returns None in its place.
+    skips the tie count and returns None in its place.
     """
     N, T = x.shape
+    if x.device.type == "cpu":
+        gt, eq = _sorted_pair_counts(x) if count_ties else (rising_pair_counts(x), None)
+        n = torch.isfinite(x).sum(1).to(torch.float64)
+        return gt.to(torch.float64), None if eq is None else eq.to(torch.float64), n * (n - 1) / 2
     P = 1 << max(1, (T - 1).bit_length())
     if P != T:
         x = torch.cat([x, torch.full((N, P - T), float("-inf"), dtype=x.dtype, device=x.device)], dim=1)
@@ -133,6 +213,41 @@ def _value_order(x: torch.Tensor) -> np.ndarray:
     out = key.astype(np.int32)  # the low word: P - 1 - position
     np.subtract(P - 1, out, out=out)
     return out
+
+
+def _tied_pairs(sv: np.ndarray) -> np.ndarray:
+    """Pairs of equal finite entries in each row of ``sv [N, P]`` (each row sorted ascending, -inf
+    entries first and in no pair), int64 ``[N]``: each entry counts the equal ones sorted before it."""
+    N, P = sv.shape
+    idx = np.arange(P, dtype=np.int64)
+    new = np.ones(sv.shape, dtype=bool)
+    np.not_equal(sv[:, 1:], sv[:, :-1], out=new[:, 1:])  # -0.0 == +0.0: one run
+    start = np.maximum.accumulate(np.where(new, idx, 0), axis=1)  # first index of each entry's run
+    before = idx - start
+    before[np.isneginf(sv)] = 0
+    return before.sum(1)
+
+
+def _sorted_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row of ``x [N, T]`` (CPU, no NaN; -inf entries only as a suffix): the pairs j < k with
+    ``x[k] > x[j]`` and the pairs of equal finite entries, int64 ``[N]`` each. One value sort per row
+    (:func:`_value_order`): the rising pairs are the non-inversions of the positions in value order
+    (:func:`_noninversions`), the tied ones the runs of equal values (:func:`_tied_pairs`)."""
+    N, T = x.shape
+    if T < 2 or N == 0:
+        zero = torch.zeros(N, dtype=torch.int64, device=x.device)
+        return zero, zero.clone()
+    x = x.detach()
+    if not x.is_floating_point():
+        x = x.to(torch.float64)
+    P = 1 << (T - 1).bit_length()
+    if P != T:  # -inf padding: in no pair
+        x = torch.cat([x, x.new_full((N, P - T), float("-inf"))], dim=1)
+    order = _value_order(x)
+    narrow = x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    vals = x.to(torch.float32 if narrow else torch.float64).numpy()
+    sv = np.take_along_axis(vals, order.astype(np.int64), axis=1)
+    return torch.from_numpy(_noninversions(order)), torch.from_numpy(_tied_pairs(sv))
 
 
 #: half-block sizes up to which :func:`_noninversions` compares left and right halves directly
@@ -209,16 +324,11 @@ def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu":
         return _direct_rising_counts(x)
     if T < 2:
-        return torch.zeros(N, dtype=torch.int64)
+        return torch.zeros(N, dtype=torch.int64, device=x.device)
     P = 1 << (T - 1).bit_length()
     if P != T:  # -inf padding: no rise with or among the added entries
         x = torch.cat([x, x.new_full((N, P - T), float("-inf"))], dim=1)
     return torch.from_numpy(_noninversions(_value_order(x.detach())))
-
-
-#: narrowest column prefix rows are counted on: the first 65 rows in one call, because per-call costs
-#: outweigh the work saved by narrower prefixes of 2, 4, .., 64 columns
-_MIN_PREFIX = 64
 
 
 def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
@@ -235,13 +345,9 @@ def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
     if m.device.type != "cpu":  # one direct count of every row (the prefixes below save CPU work only)
         return _direct_rising_counts(x.reshape(-1, T)).reshape(B, T).sum(1).to(torch.float64) / total
     gt = torch.zeros(B, dtype=torch.int64, device=m.device)
-    lo = 0
-    while lo < T:  # rows lo .. w see at most w keys: count them on their first w columns only
-        w = min(T, max(_MIN_PREFIX, 1 << max(1, lo.bit_length())))
-        hi = T if w == T else w + 1
+    for lo, hi, w in prefix_bands(T):  # rows lo .. w see at most w keys: count them on their first w columns only
         rows = rising_pair_counts(x[:, lo:hi, :w].reshape(-1, w)).to(gt.device)
         gt += rows.reshape(B, hi - lo).sum(1)  # integer counts: exact
-        lo = hi
     return gt.to(torch.float64) / total
 
 

@@ -18,25 +18,27 @@ import torch
 NOISE_P = 0.01
 
 
+#: most groups whose sign patterns are all enumerated (2^(G-1) of them); more groups draw patterns
+MAX_EXACT_GROUPS = 16
+
+
 @functools.lru_cache(maxsize=8)
-def _flip_patterns(G: int, max_exact: int = 16, draws: int = 2**15, seed: int = 0) -> torch.Tensor:
-    """Sign patterns ``[n, G]`` (float64) with the first sign fixed to +1 (``eps`` and ``-eps`` give the
-    same statistic): all ``2^(G-1)`` for ``G <= max_exact``, else ``draws`` random ones plus the identity."""
+def _flip_patterns(G: int, max_exact: int = MAX_EXACT_GROUPS, draws: int = 2**15, seed: int = 0) -> torch.Tensor:
+    """Sign patterns ``[n, G]`` (float64, CPU) with the first sign fixed to +1 (``eps`` and ``-eps`` give
+    the same statistic): all ``2^(G-1)`` for ``G <= max_exact``, else ``draws`` random ones plus the identity."""
     if G <= max_exact:
-        codes = torch.arange(2 ** (G - 1), dtype=torch.int64)
-        bits = (codes[:, None] >> torch.arange(G - 1, dtype=torch.int64)) & 1
-        eps = 1.0 - 2.0 * bits.to(torch.float64)
-        return torch.cat([torch.ones(eps.shape[0], 1, dtype=torch.float64), eps], dim=1)
+        eps = _half_patterns(G - 1)
+        return torch.cat([torch.ones(eps.shape[0], 1, dtype=torch.float64, device="cpu"), eps], dim=1)
     g = torch.Generator().manual_seed(seed)
-    eps = 1.0 - 2.0 * torch.randint(0, 2, (draws, G), generator=g).to(torch.float64)
-    return torch.cat([torch.ones(1, G, dtype=torch.float64), eps])
+    eps = 1.0 - 2.0 * torch.randint(0, 2, (draws, G), generator=g, device="cpu").to(torch.float64)
+    return torch.cat([torch.ones(1, G, dtype=torch.float64, device="cpu"), eps])
 
 
 def min_pvalue(groups: int) -> float:
     """The smallest p-value :func:`signflip_pvalue` can return with ``groups`` groups."""
     if groups < 2:
         return 1.0
-    return 1.0 / 2 ** (groups - 1) if groups <= 16 else 1.0 / (2**15 + 1)
+    return 1.0 / 2 ** (groups - 1) if groups <= MAX_EXACT_GROUPS else 1.0 / (2**15 + 1)
 
 
 def decisive(groups: int) -> bool:
@@ -60,10 +62,38 @@ def signflip_pvalue(vectors: torch.Tensor, weights: torch.Tensor) -> float | Non
     w = w / w.sum()
     wa = a * w[:, None]
     K = (wa @ wa.T).cpu()
-    eps = _flip_patterns(G)
-    t = ((eps @ K) * eps).sum(1)
     t_obs = float(K.sum())
+    t = _flip_statistics(K)
     return float((t >= t_obs * (1 - 1e-12)).to(torch.float64).mean())
+
+
+def _flip_statistics(K: torch.Tensor) -> torch.Tensor:
+    """``eps^T K eps`` for every sign pattern ``eps`` of :func:`_flip_patterns` (in some order), from
+    the groups' cross products ``K [G, G]``.
+
+    All ``2^(G-1)`` patterns (G <= 16): the groups split into a first part A (the fixed sign and half
+    of the free ones) and the rest B; with ``eps = (a, b)``,
+    ``eps^T K eps = a^T K_AA a + b^T K_BB b + a^T (K_AB + K_BAᵀ) b``: the two quadratic forms on
+    ``2^|A|`` and ``2^|B|`` half patterns and one product of the halves, O(2^G) additions instead of
+    O(2^G G^2) multiplications. Random patterns (G > 16): each evaluated directly."""
+    G = K.shape[0]
+    if G > MAX_EXACT_GROUPS:
+        eps = _flip_patterns(G)
+        return ((eps @ K) * eps).sum(1)
+    na = 1 + (G - 1) // 2  # the fixed sign and the low free bits
+    A, B = _flip_patterns(na), _half_patterns(G - na)
+    qa = ((A @ K[:na, :na]) * A).sum(1)
+    qb = ((B @ K[na:, na:]) * B).sum(1)
+    cross = A @ (K[:na, na:] + K[na:, :na].T) @ B.T
+    return (qa[:, None] + qb[None, :] + cross).reshape(-1)
+
+
+@functools.lru_cache(maxsize=8)
+def _half_patterns(n: int) -> torch.Tensor:
+    """Every sign pattern of ``n`` signs, ``[2^n, n]`` float64 (one row of no signs for ``n = 0``)."""
+    codes = torch.arange(2**n, dtype=torch.int64, device="cpu")
+    bits = (codes[:, None] >> torch.arange(n, dtype=torch.int64, device="cpu")) & 1
+    return 1.0 - 2.0 * bits.to(torch.float64)
 
 
 def cross_mean_square(vectors: torch.Tensor, weights: torch.Tensor) -> tuple[float, float] | None:
@@ -82,17 +112,39 @@ def cross_mean_square(vectors: torch.Tensor, weights: torch.Tensor) -> tuple[flo
     w = w / w.sum()
     K = (a @ a.T).cpu() / n
     W = torch.outer(w, w).cpu()
-    off = ~torch.eye(G, dtype=torch.bool)
+    off = ~torch.eye(G, dtype=torch.bool, device="cpu")  # K and W are on the CPU
     signal = float((W * K)[off].sum() / W[off].sum())
     observed = float((W * K).sum())
     return signal, observed - signal
+
+
+def leave_one_out_means(group_sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``[G, ...]``: the mean of every group but ``g``, for each ``g``, from group sums ``[G, ...]`` and
+    their counts ``[G]`` (the delete-one-group means a jackknife evaluates its statistic on)."""
+    total = group_sums.sum(0)
+    n = counts.to(torch.float64).sum()
+    rest = (n - counts).to(total.dtype).reshape(-1, *([1] * total.ndim))
+    return (total - group_sums) / rest
+
+
+def jackknife_se_of(values) -> float | None:
+    """Delete-one-group jackknife standard error from the ``G`` leave-one-out values of a statistic
+    (:func:`leave_one_out_means`): ``sqrt((G - 1) / G * sum_g (v_g - mean v)^2)``; ``None`` with fewer
+    than two values or any value None or NaN."""
+    vals = [None if v is None else float(v) for v in values]
+    G = len(vals)
+    if G < 2 or any(v is None or v != v for v in vals):
+        return None
+    v = torch.tensor(vals, dtype=torch.float64, device="cpu")
+    return float(((G - 1) / G * ((v - v.mean()) ** 2).sum()).sqrt())
 
 
 def jackknife_se(stat, group_sums: torch.Tensor, counts: torch.Tensor) -> float | None:
     """Delete-one-group jackknife standard error of ``stat(mean)`` from group sums ``[G, ...]``.
 
     ``stat`` maps a mean tensor to a float (or None); ``None`` if fewer than two groups or any
-    leave-one-out value is None.
+    leave-one-out value is None. A statistic that takes every leave-one-out mean at once reads them
+    from :func:`leave_one_out_means` and passes its values to :func:`jackknife_se_of`.
     """
     G = group_sums.shape[0]
     if G < 2:
@@ -105,5 +157,4 @@ def jackknife_se(stat, group_sums: torch.Tensor, counts: torch.Tensor) -> float 
         if v is None or v != v:
             return None
         vals.append(float(v))
-    v = torch.tensor(vals, dtype=torch.float64)
-    return float(((G - 1) / G * ((v - v.mean()) ** 2).sum()).sqrt())
+    return jackknife_se_of(vals)
