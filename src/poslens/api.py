@@ -23,13 +23,17 @@ the call and restored after it, and a model passed in is handed back as it was
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import shutil
 import tempfile
+import textwrap
 import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from poslens.capture.options import ScanConfig, scan_options
 from poslens.errors import PoslensError
 
 #: files of a run directory that are its bookkeeping, not its results (never copied by :meth:`Result.save`)
@@ -343,20 +347,47 @@ def _model_arg(model) -> tuple[str, Any]:
     return f"<in-memory {type(model).__name__}: {getattr(model, 'name_or_path', '') or 'unnamed'}>", model
 
 
-def _stats_arg(stats) -> list | None:
-    if stats is None or isinstance(stats, str):
-        return None if stats in (None, "all") else [p.strip() for p in stats.split(",")]
-    return list(stats)
+def _scan_keywords(fn):
+    """``fn`` with the options of a scan as keywords: ``fn(model, *, <its own keywords>, **options)``
+    gets every option of :class:`~poslens.capture.options.ScanConfig` that Python passes. Its
+    signature lists them (default and annotation, for ``help()`` and notebooks) and its docstring says
+    what each means; a call binds to that signature, so an unknown keyword is a TypeError."""
+    own = list(inspect.signature(fn, eval_str=True).parameters.values())
+    options = [o for o in scan_options() if o.python]
+    P = inspect.Parameter
+
+    def param(o, kind):
+        return P(o.name, kind, default=o.python_default, annotation=o.python_type)
+
+    params = [p for p in own if p.kind == P.POSITIONAL_OR_KEYWORD] + \
+        [param(o, P.POSITIONAL_OR_KEYWORD) for o in options if o.python == "positional"] + \
+        [p for p in own if p.kind == P.KEYWORD_ONLY] + \
+        [param(o, P.KEYWORD_ONLY) for o in options if o.python == "keyword"]
+    sig = inspect.Signature(params, return_annotation=inspect.signature(fn, eval_str=True).return_annotation)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return fn(**bound.arguments)
+
+    call.__signature__ = sig
+    call.__annotations__ = {p.name: p.annotation for p in params}
+    call.__doc__ = inspect.cleandoc(fn.__doc__ or "") + "\n\n" + _options_doc(options)
+    return call
 
 
-def scan(model, data: Any = "stdlib", *, tokenizer=None, seq_len: int | None = None, num_seqs: int | None = None,
-         batch_size: int = 4, seed: int = 0, stats: str | Iterable = "all", layers: Iterable[int] | None = None,
-         heads: Iterable[tuple[int, int]] = (), no_rope_layers: Iterable[int] = (), bidirectional: bool = False,
-         reservoir: int = 256, map_size: int = 0, device: str = "auto", dtype: str = "auto",
-         device_map: str | None = None, out: str | os.PathLike | None = None, overwrite: bool = False,
-         resume: bool = False, checkpoint_every: int = 10, keep_checkpoint: bool = False, figures: bool = False,
-         progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
-         trust_remote_code: bool = False) -> Result:
+def _options_doc(options) -> str:
+    """The docstring section of the scan options: ``name: type = default`` and what it means."""
+    lines = ["Scan options (each also a flag of ``poslens scan``, ``seq_len`` as ``--seq-len``):", ""]
+    for o in options:
+        lines.append(f"{o.name}: {inspect.formatannotation(o.python_type)} = {o.python_default!r}")
+        lines += textwrap.wrap(o.help, 96, initial_indent="    ", subsequent_indent="    ")
+    return "\n".join(lines)
+
+
+@_scan_keywords
+def scan(model, *, tokenizer=None, progress: bool = True, threads: int | str | None = "auto", **options) -> Result:
     """Scan a causal LM for positional structure (the library behind ``poslens scan``); returns a :class:`Result`.
 
     ``model``: a loaded ``transformers`` causal LM (any dtype, on CPU or GPU, or placed with a
@@ -368,38 +399,35 @@ def scan(model, data: Any = "stdlib", *, tokenizer=None, seq_len: int | None = N
     lists or an ``[N, S]`` integer tensor. ``seq_len`` defaults to the data's row length for token ids and
     to 256 otherwise; ``num_seqs`` to every sequence of in-memory data and to 64 otherwise.
 
-    The other options are the CLI flags of ``poslens scan`` (``stats="scores,probs"`` or a list,
-    ``layers=[0, 5]``, ``heads=[(3, 5)]``, ...). ``out``: a run directory to write (default: a temporary
-    one; see :meth:`Result.save`). ``threads``: torch's CPU threads for this call, restored after it:
-    ``"auto"`` (default) the CLI's policy (the CPUs not busy with other processes), a count, or None
-    (torch's current setting).
+    The other options are those of ``poslens scan`` (listed below), its list-valued ones also as
+    Python lists (``stats=["scores", "probs"]``, ``layers=[0, 5]``, ``heads=[(3, 5)]``). ``out``: a run
+    directory to write (default: a temporary one; see :meth:`Result.save`). ``figures`` defaults to
+    False (:meth:`Result.plot` draws on demand). ``progress``: a progress bar. ``threads``: torch's CPU
+    threads for this call, restored after it: ``"auto"`` (default) the CLI's policy (the CPUs not busy
+    with other processes), a count, or None (torch's current setting).
     """
-    from poslens.capture.plan import ScanConfig
     from poslens.capture.scan import run_scan
     from poslens.capture.sources import is_python_data, python_source
 
     model_dir, loaded = _model_arg(model)
+    data, out = options["data"], options["out"]
     source = None
     if is_python_data(data):
         if tokenizer is None and _has_strings(data):
-            tokenizer = _tokenizer_for(model_dir, loaded, trust_remote_code)
-        vocab = _vocab_size(model_dir, loaded, allow_pickle, trust_remote_code)
-        source, label = python_source(data, seq_len=seq_len, num_seqs=num_seqs, tokenizer=tokenizer, vocab_size=vocab)
-        data, seq_len, num_seqs = label, source.seq_len, source.num_seqs
+            tokenizer = _tokenizer_for(model_dir, loaded, options["trust_remote_code"])
+        vocab = _vocab_size(model_dir, loaded, options["allow_pickle"], options["trust_remote_code"])
+        source, label = python_source(data, seq_len=options["seq_len"], num_seqs=options["num_seqs"],
+                                      tokenizer=tokenizer, vocab_size=vocab)
+        options.update(data=label, seq_len=source.seq_len, num_seqs=source.num_seqs)
     else:
-        data = str(data)
-        seq_len = 256 if seq_len is None else seq_len
-        num_seqs = 64 if num_seqs is None else num_seqs
-    with _run_dir(out, overwrite=overwrite, resume=resume) as (path, tmp):
-        cfg = ScanConfig(model_dir=model_dir, out=str(path), data=data, seq_len=seq_len, num_seqs=num_seqs,
-                         batch_size=batch_size, seed=seed, dtype=dtype, device=device,
-                         layers=None if layers is None else [int(l) for l in layers],
-                         heads=[(int(l), int(h)) for l, h in heads], no_rope_layers=[int(l) for l in no_rope_layers],
-                         bidirectional=bidirectional, figures=figures, resume=resume,
-                         overwrite=overwrite and out is not None, checkpoint_every=checkpoint_every,
-                         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, device_map=device_map,
-                         reservoir=reservoir, stats=_stats_arg(stats), map_size=map_size,
-                         keep_checkpoint=keep_checkpoint)
+        options["data"] = str(data)
+        for name in ("seq_len", "num_seqs"):  # None: the CLI's default
+            if options[name] is None:
+                options[name] = getattr(ScanConfig, name)
+    with _run_dir(out, overwrite=options["overwrite"], resume=options["resume"]) as (path, tmp):
+        options.update(out=path, overwrite=options["overwrite"] and out is not None)
+        cfg = ScanConfig(model_dir=model_dir, **{o.name: o.from_keyword(options[o.name])
+                                                  for o in scan_options() if o.python})
         with _threads(threads):
             summary = run_scan(cfg, progress=progress, model=loaded, tokenizer=tokenizer, source=source)
         if "layers" not in summary:  # a rank other than 0 of a distributed scan: rank 0 wrote the run

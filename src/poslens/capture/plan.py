@@ -1,9 +1,10 @@
-"""A scan before it runs: ``ScanConfig`` (every option) and ``plan_scan``, which validates every input
-without writing anything and returns the ``ScanPlan`` the loop runs."""
+"""A scan before it runs: ``ScanConfig`` (every option, declared in :mod:`poslens.capture.options`) and
+``plan_scan``, which validates every input without writing anything and returns the ``ScanPlan`` the
+loop runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -11,6 +12,7 @@ from poslens.capture.adapters import Adapter
 from poslens.capture.attention import CaptureSpec, parse_stats, user_statistics
 from poslens.capture.borrow import model_device, model_dtype
 from poslens.capture.load import load_tokenizer, open_model_config
+from poslens.capture.options import ScanConfig
 from poslens.capture.sources import SequenceSource, make_source
 from poslens.errors import PoslensError, require_positive
 from poslens.rundir import prepare_out_dir
@@ -18,38 +20,6 @@ from poslens.runtime import parse_device, resolve_dtype
 
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-
-
-@dataclass
-class ScanConfig:
-    """Every option of a scan (the CLI maps its flags one to one onto these fields)."""
-
-    model_dir: str
-    out: str
-    data: str = "stdlib"
-    seq_len: int = 256
-    num_seqs: int = 64
-    batch_size: int = 4
-    seed: int = 0
-    dtype: str = "auto"  # auto | bf16 | fp16 | fp32
-    device: str = "auto"  # auto | cpu | cuda[:n]
-    layers: list[int] | None = None  # None = all
-    heads: list[tuple[int, int]] = field(default_factory=list)  # (layer, head) with per-head S x S maps
-    no_rope_layers: list[int] = field(default_factory=list)
-    bidirectional: bool = False
-    figures: bool = True
-    resume: bool = False
-    overwrite: bool = False  # replace the files of an existing run directory (else it must be new)
-    checkpoint_every: int = 10  # batches
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    chunk_elems: int = 0  # logits per capture chunk; 0 = per device (CPU cache-sized, CUDA 2^28)
-    aps_max_positions: int = 256
-    device_map: str | None = None  # accelerate device map ("auto"...): layers over several devices
-    reservoir: int = 256  # token slots whose pre-RoPE q/k vectors are kept (0 = none)
-    stats: list[str] | None = None  # statistics to accumulate (names of capture.attention.STATS); None = all
-    map_size: int = 0  # S x S maps as block means on an N x N grid (capture.attention.BlockMaps); 0 = full
-    keep_checkpoint: bool = False  # keep the checkpoint in a finished run directory
 
 
 @dataclass
@@ -83,9 +53,11 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
     L = adapter.num_layers(config)
     H = adapter.num_heads(config)
     require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
-                     ("--checkpoint-every", cfg.checkpoint_every))
+                     ("--checkpoint-every", cfg.checkpoint_every), ("--aps-max-positions", cfg.aps_max_positions))
     if cfg.map_size < 0:
         raise PoslensError(f"--map-size {cfg.map_size}: must be 0 (full S x S maps) or a positive number of blocks.")
+    if cfg.chunk_elems < 0:
+        raise PoslensError(f"--chunk-elems {cfg.chunk_elems}: must be 0 (chosen per device) or a positive count.")
     if cfg.reservoir < 0:
         raise PoslensError(f"--reservoir {cfg.reservoir}: must be 0 (none) or a positive number of token slots.")
     layers = list(range(L)) if cfg.layers is None else sorted(set(cfg.layers))

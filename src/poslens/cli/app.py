@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typer
 
+from poslens.capture.options import ALLOW_PICKLE_HELP, DATA_HELP, DEVICE_HELP, MODEL_DIR_HELP, NO_FIGURES_HELP
+
 
 app = typer.Typer(
     name="poslens",
@@ -46,22 +48,23 @@ def reset_verbose() -> None:
         SHOW_LOAD_REPORTS.reset(_verbose_token.pop())
 
 
-# The CLI conventions of docs/cli.md, one definition each, so every command spells them alike.
+# The CLI conventions of docs/cli.md, one definition each, so every command spells them alike. The
+# words of the options a command shares with `poslens scan` are the scan's (poslens.capture.options).
 
 def quiet_option(help: str = "No progress bars and no result table (errors still print).") -> bool:
     return typer.Option(False, "--quiet", help=help)
 
 
 def device_option(extra: str = "") -> str:
-    return typer.Option("auto", "--device", help="auto (CUDA when visible, else CPU), cpu, cuda or cuda:N." + extra)
+    return typer.Option("auto", "--device", help=DEVICE_HELP + extra)
 
 
 def no_figures_option() -> bool:
-    return typer.Option(False, "--no-figures", help="Skip the PNG figures (tables and tensors are still written).")
+    return typer.Option(False, "--no-figures", help=NO_FIGURES_HELP)
 
 
 def allow_pickle_option() -> bool:
-    return typer.Option(False, "--allow-pickle", help="Allow pickle weights (.bin); they can run code.")
+    return typer.Option(False, "--allow-pickle", help=ALLOW_PICKLE_HELP)
 
 
 def trust_remote_code_option(help: str = "Allow custom model code.") -> bool:
@@ -77,10 +80,6 @@ def resume_option(help: str) -> bool:
     return typer.Option(False, "--resume", help=help)
 
 
-#: the model directory of every command that loads a model
-MODEL_DIR_HELP = "Local Hugging Face model directory (config.json + *.safetensors), or a .gguf file."
-
-
 def model_dir_argument(help: str = MODEL_DIR_HELP):
     """The ``MODEL_DIR`` argument."""
     return typer.Argument(..., metavar="MODEL_DIR", help=help)
@@ -94,10 +93,6 @@ def scan_dir_argument(help: str = "Run directory of a finished `poslens scan`.")
 def out_option(help: str = "Run directory to create (must be new unless --overwrite).", default=...):
     """``--out`` (required unless ``default`` is given)."""
     return typer.Option(default, "--out", help=help)
-
-
-#: what --data accepts wherever a model reads sequences (capture/sources.py)
-DATA_HELP = "stdlib | random | text file | directory | JSONL (text or input_ids) | datasets.save_to_disk directory."
 
 
 def data_option(default: str, help: str = DATA_HELP) -> str:

@@ -1,85 +1,71 @@
-"""``poslens scan``: accumulate positional maps of a Hugging Face causal LM into a run directory."""
+"""``poslens scan``: accumulate positional maps of a Hugging Face causal LM into a run directory.
+
+Its flags are made from the fields of :class:`~poslens.capture.options.ScanConfig` (:func:`scan_flags`),
+as are the keywords of :func:`poslens.scan`; only ``--quiet`` and ``--threads`` are the CLI's own."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import MISSING
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from poslens.cli.app import (MODEL_DIR_HELP, allow_pickle_option, app, batch_size_option, data_option,
-                             device_option, dtype_option, model_dir_argument, no_figures_option, num_seqs_option,
-                             out_option, overwrite_option, quiet_option, refuse_existing_out, resume_option,
-                             seed_option, seq_len_option, threads_option, trust_remote_code_option, use_threads)
+from poslens.capture.options import ScanConfig, scan_options
+from poslens.cli.app import app, quiet_option, refuse_existing_out, threads_option, use_threads
+
+
+def scan_flags(command):
+    """``command(cfg, **cli_only)`` as a typer command whose flags are the options of
+    :class:`~poslens.capture.options.ScanConfig` (each with its help and default), followed by the
+    command's own CLI-only parameters; the flags' values become ``cfg``."""
+    options = scan_options()
+    names = [o.name if o.argument else o.flag[2:].replace("-", "_") for o in options]
+    params = []
+    for o, name in zip(options, names):
+        if o.argument:
+            info = typer.Argument(..., metavar=o.flag, help=o.flag_help)
+        else:
+            info = typer.Option(... if o.default is MISSING else o.flag_default, o.flag, help=o.flag_help)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=o.flag_type))
+    params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in list(inspect.signature(command, eval_str=True).parameters.values())[1:]]
+
+    @functools.wraps(command)
+    def run(**flags):
+        cfg = ScanConfig(**{o.name: o.from_flag(flags.pop(name)) for o, name in zip(options, names)})
+        return command(cfg, **flags)
+
+    run.__signature__ = inspect.Signature(params, return_annotation=None)
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    return run
 
 
 @app.command("scan", short_help="Capture averaged attention structure of a causal LM.")
-def scan(
-    model_dir: Path = model_dir_argument(MODEL_DIR_HELP[:-1] + " (dequantised once into the cache, docs/models.md)."),
-    out: Path = out_option("Run directory to create (must be new unless --resume or --overwrite)."),
-    data: str = data_option("stdlib"),
-    seq_len: int = seq_len_option(256, "Tokens per sequence (at most the model's maximum)."),
-    num_seqs: int = num_seqs_option(64),
-    batch_size: int = batch_size_option(4),
-    seed: int = seed_option(),
-    dtype: str = dtype_option("auto", "auto | bf16 | fp16 | fp32 (auto: fp32 on CPU, the checkpoint's half precision "
-                              "on CUDA). Accumulators are float64 regardless."),
-    device: str = device_option(" Under torchrun: cuda:LOCAL_RANK."),
-    device_map: str = typer.Option(None, "--device-map", help="auto | balanced | sequential: spread a model too large "
-                                   "for one device over all visible devices (accelerate); accumulators stay on the "
-                                   "first GPU (or the CPU)."),
-    layers: str = typer.Option(None, "--layers", help="Layers to capture, e.g. 0,1,8-11 (default: all)."),
-    heads: str = typer.Option(None, "--heads", help="LAYER.HEAD pairs that also get per-head S x S maps, e.g. 3.5,10.2."),
-    no_rope_layers: str = typer.Option(None, "--no-rope-layers", help="Control: attend with un-rotated q/k in these layers."),
-    bidirectional: bool = typer.Option(False, "--bidirectional", help="Control: drop the causal mask in every layer."),
-    reservoir: int = typer.Option(256, "--reservoir", help="Token slots (a uniform sample of all sequence "
-                                  "positions) whose pre-RoPE q/k vectors are kept in every layer; 0 = none."),
-    stats: str = typer.Option("all", "--stats", help="Statistics to accumulate, comma-separated: scores, probs, slash, "
-                              "cosine (residual stream), attn_cosine, qk (q/k second moments and the --reservoir sample), "
-                              "dim_logit; or all; or a user's poslens.Statistic by its importable name, e.g. mypkg.stats.Entropy "
-                              "(docs/statistics.md). Unrequested ones cost nothing; the summary reads them as null."),
-    map_size: int = typer.Option(0, "--map-size", help="Keep the S x S maps (scores, probs, cosine, attn_cosine, "
-                                 "--heads maps) as exact block means on an N x N grid (blocks of ceil(S/N) "
-                                 "positions) for long contexts; slash profiles and norms stay exact. 0 = full maps."),
-    keep_checkpoint: bool = typer.Option(False, "--keep-checkpoint", help="Keep OUT/checkpoint.safetensors after a "
-                                         "finished scan (default: deleted, it is as large as the accumulators)."),
-    no_figures: bool = no_figures_option(),
-    resume: bool = resume_option("Continue from OUT/checkpoint.safetensors (same options)."),
-    overwrite: bool = overwrite_option(),
-    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Write an accumulator checkpoint every N batches."),
-    allow_pickle: bool = allow_pickle_option(),
-    trust_remote_code: bool = trust_remote_code_option("Allow custom model code from MODEL_DIR."),
-    quiet: bool = quiet_option(),
-    threads: int = threads_option(),
-) -> None:
+@scan_flags
+def scan(cfg: ScanConfig, quiet: bool = quiet_option(), threads: int = threads_option()) -> None:
     """Scan a causal LM for positional structure with memory bounded by the result.
 
     Runs the model through poslens' registered attention function (outputs unchanged) and
     accumulates, per layer and over all sequences: mean pre-softmax scores and attention
     weights (S x S), per-head slash profiles (SlashScore by offset), self-cosine maps and
     norms of hidden states and attention outputs, pre-RoPE q/k second moments, a bounded sample
-    of pre-RoPE q/k vectors, and per-dimension logit contributions. Writes config.json, maps.safetensors, summary.json and score-map
-    figures to OUT. Interrupt at any time and rerun with --resume.
+    of pre-RoPE q/k vectors, and per-dimension logit contributions. Writes config.json,
+    maps.safetensors, summary.json and score-map figures to OUT. Interrupt at any time and rerun
+    with --resume.
 
     Data-parallel: `torchrun --nproc-per-node N -m poslens scan ...` shards the sequences over the
     ranks and all-reduces the sums; rank 0 writes OUT (docs/distributed.md).
     """
-    threads = use_threads(threads)
-    from poslens.capture.scan import ScanConfig, run_scan
-    from poslens.cli.parse import parse_heads, parse_int_list
+    use_threads(threads)
+    from poslens.capture.scan import run_scan
 
-    refuse_existing_out(out, overwrite=overwrite, resume=resume)
-    cfg = ScanConfig(
-        model_dir=str(model_dir), out=str(out), data=data, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
-        seed=seed, dtype=dtype, device=device, layers=parse_int_list(layers, "--layers"), heads=parse_heads(heads),
-        no_rope_layers=parse_int_list(no_rope_layers, "--no-rope-layers") or [], bidirectional=bidirectional,
-        figures=not no_figures, resume=resume, overwrite=overwrite, checkpoint_every=checkpoint_every, allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code, device_map=device_map, reservoir=reservoir,
-        stats=[p.strip() for p in stats.split(",")], map_size=map_size, keep_checkpoint=keep_checkpoint,
-    )
+    refuse_existing_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume)
     summary = run_scan(cfg, progress=not quiet)
     if not quiet and "layers" in summary:  # ranks other than 0 of a distributed scan write and print nothing
-        _print_scan(summary, out)
+        _print_scan(summary, Path(cfg.out))
 
 
 def _print_scan(summary: dict, out: Path) -> None:
