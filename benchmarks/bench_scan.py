@@ -12,6 +12,12 @@ untimed (first-call costs, and every buffer and heap page at its size for the ti
   process), to show what the allocator settings alone change;
 - ``poslens scores,probs``: ``--stats scores,probs`` (the mean score and weight maps);
 - ``poslens all``: every statistic, with the ``--reservoir 256`` sample, as a default ``poslens scan``;
+- ``poslens.scan() all``: the whole call a Python user makes, ``poslens.scan(model_dir, data=tokens)``
+  with every statistic on the timed batches' tokens: the model loaded from its directory, the
+  capture loop, the summary's readings and the run directory written (``finalize``, whose CPU time
+  is also given apart, "final s"), figures off, under glibc's default allocator settings as in any
+  Python process (the library leaves the allocator alone). Its process runs no warm-up batch: a
+  user's call pays its first-call costs;
 - ``eager``: the papers' approach: eager attention with ``output_attentions=True`` (``B x H x S^2``
   per layer kept by the forward) and the pre-softmax scores kept as their patched
   ``eager_attention_forward`` did, reduced per batch to the same maps with the same arithmetic.
@@ -30,12 +36,15 @@ one-thread run is the work done whatever else the machine runs; wall time is pri
 What a scan does once at its end, whatever its length (reading the means out of the float64 sums,
 as ``release_means`` does for the scan's finalize), is timed apart ("final s").
 Overhead = CPU time over the ``sdpa`` row's minus 1; "vs eager" = eager's CPU time / the row's;
-sys share = sys / (user + sys). Usage::
+sys share = sys / (user + sys). Below the table, each model's whole ``poslens.scan()`` call is given
+as a ratio to the plain forward of the same tokens under the same allocator settings (the
+``sdpa:system-malloc`` row, else ``sdpa``), with finalize's share of the call. Usage::
 
     python benchmarks/bench_scan.py                     # both models (about 12 minutes on an idle 2-core CPU)
     python benchmarks/bench_scan.py --no-smollm         # the benchmark model only
     python benchmarks/bench_scan.py --json out.json     # every number elsewhere (default: benchmarks/results_scan.json)
     python benchmarks/bench_scan.py --interleaved 8     # also the paired in-process measurement
+    python benchmarks/bench_scan.py --no-smollm --seq-len 256 --bench-batch 4x2 --json none  # a quick look
 
 ``--interleaved N`` adds a second measurement per model: the floor and both poslens rows in ONE
 process, batch after batch on the same tokens (N rounds, the order reversed every other round,
@@ -67,15 +76,18 @@ import _results  # noqa: E402
 
 BENCH = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=8, vocab_size=8192)
-METHODS = ("sdpa", "sdpa:system-malloc", "poslens:scores,probs", "poslens:all", "eager")
+METHODS = ("sdpa", "sdpa:system-malloc", "poslens:scores,probs", "poslens:all", "scan:all", "eager")
+#: the row of one whole ``poslens.scan()`` call (model loading, capture loop, finalize, run directory)
+WHOLE_CALL = "scan:all"
 #: the floor again under glibc's default allocator settings; ``sdpa`` and ``poslens`` run under the
 #: CLI's (``poslens.runtime.configure_allocator``), as ``poslens scan`` does
 SYSTEM_MALLOC = "sdpa:system-malloc"
-#: methods run under glibc's defaults: the second floor, and the papers' approach as a plain process
-#: runs it (under the CLI's settings its many differently sized B x H x S^2 tensors fragment the
+#: methods run under glibc's defaults: the second floor, the papers' approach as a plain process
+#: runs it, and the whole ``poslens.scan()`` call as a Python process makes it (the library leaves the
+#: allocator alone; the CLI sets it) (under the CLI's settings its many differently sized B x H x S^2 tensors fragment the
 #: heap that is never trimmed: peak RSS 11.4 GB instead of 6.7 GB on the benchmark model, 20 GB
 #: instead of 11 GB on SmolLM2)
-SYSTEM_MALLOC_METHODS = (SYSTEM_MALLOC, "eager")
+SYSTEM_MALLOC_METHODS = (SYSTEM_MALLOC, "eager", WHOLE_CALL)
 
 
 def build_bench_model(path: str) -> str:
@@ -132,6 +144,9 @@ def worker(args) -> dict:
            "malloc": malloc}
     try:
         kind, _, stats = args.worker.partition(":")
+        if kind == "scan":
+            out.update(_whole_call(args, src, stats), peak_rss_mb=_peak_rss_mb(), tokens=B * nb * args.seq_len)
+            return out
         run = {"eager": _run_eager, "poslens": _run_poslens, "sdpa": _run_sdpa}[kind]
         step, finish = run(args.model, dtype, dev, stats or None)
         step(src.batch(0, args.warmup).to(dev))  # warm-up (not timed): first-call costs, buffers
@@ -160,6 +175,50 @@ def worker(args) -> dict:
     except (MemoryError, RuntimeError) as e:
         out.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", peak_rss_mb=_peak_rss_mb())
     return out
+
+
+def _cpu_s(ru) -> float:
+    return ru.ru_utime + ru.ru_stime
+
+
+def _whole_call(args, src, stats: str) -> dict:
+    """One ``poslens.scan()`` call from Python on the timed batches' tokens, as a user makes it (the
+    model given by its directory, figures off, the run directory in a temporary folder): its wall and
+    CPU time (user + sys, ``getrusage``), and those of ``finalize`` within it, timed by wrapping the
+    scan module's ``finalize`` (None where the module has none)."""
+    import resource
+
+    import poslens
+    from poslens.capture import scan as scan_module
+
+    B, nb = args.batch_size, args.batches
+    tokens = src.batch(args.warmup, args.warmup + B * nb)
+    fin: dict = {}
+    inner = getattr(scan_module, "finalize", None)
+
+    def timed_finalize(*a, **kw):
+        ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        try:
+            return inner(*a, **kw)
+        finally:
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            fin.update(finish_cpu_s=_cpu_s(ru1) - _cpu_s(ru0), finish_wall_s=time.perf_counter() - t0)
+
+    if inner is not None:
+        scan_module.finalize = timed_finalize
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            poslens.scan(args.model, data=tokens, batch_size=B, stats=stats or "all", device=args.device,
+                         out=os.path.join(tmp, "run"), figures=False, progress=False, threads=args.threads)
+            wall = time.perf_counter() - t0
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    finally:
+        if inner is not None:
+            scan_module.finalize = inner
+    user, sys_ = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
+    return {"ok": True, "wall_s": wall, "cpu_s": user + sys_, "user_s": user, "sys_s": sys_,
+            "finish_cpu_s": fin.get("finish_cpu_s"), "finish_wall_s": fin.get("finish_wall_s")}
 
 
 def _run_sdpa(model_dir, dtype, dev, stats):
@@ -414,8 +473,8 @@ def table(results: list[dict]) -> str:
             rs = [rd[m] for rd in rounds if m in rd]
             if not rs:
                 continue
-            name = {"sdpa": "sdpa (floor)", "eager": "eager attentions",
-                    SYSTEM_MALLOC: "sdpa, glibc malloc"}.get(m, m.replace(":", " "))
+            name = {"sdpa": "sdpa (floor)", "eager": "eager attentions", SYSTEM_MALLOC: "sdpa, glibc malloc",
+                    WHOLE_CALL: "poslens.scan() all"}.get(m, m.replace(":", " "))
             ok = [r for r in rs if r.get("ok")]
             if not ok:
                 lines.append(f"{entry['model']:<22}{name:<22}  failed: {rs[0].get('error', '?')[:60]}")
@@ -431,7 +490,8 @@ def table(results: list[dict]) -> str:
             over_s = f"{_median(over):+.0f} %" if over else "-"
             span = (f"{min(over):+.0f} … {max(over):+.0f}" if len(over) > 1 else "") if rounds_n > 1 else None
             vs_s = f"{_median(vs):.2f}x" if vs else "-"
-            fin = [r["finish_cpu_s"] for r in ok if r.get("finish_cpu_s") is not None and m.startswith("poslens")]
+            fin = [r["finish_cpu_s"] for r in ok
+                   if r.get("finish_cpu_s") is not None and m.startswith(("poslens", "scan"))]
             fin_s = f"{_median(fin):.2f}" if fin else "-"
             lines.append(f"{entry['model']:<22}{name:<22}{cpu:>8.1f}{wall:>8.1f}{over_s:>10}"
                          + (f"{span:>14}" if span is not None else "") + f"{vs_s:>9}{rss:>8.2f} G{sys_share:>7.1f}%"
@@ -441,10 +501,35 @@ def table(results: list[dict]) -> str:
                  "defaults, so theirs include what the settings save the floor); vs "
                  "eager: eager's CPU time / the row's (throughput ratio); peak RSS of the whole process; sys/CPU: "
                  "share of CPU time spent in the kernel (page faults of large temporaries); final s: CPU time of "
-                 "the means read once at the end of a scan, whatever its length (not in CPU s)."
+                 "the means read once at the end of a scan, whatever its length (not in CPU s); for "
+                 "poslens.scan(), the whole call from Python (model loading, capture, finalize, run directory; no "
+                 "warm-up batch), its final s the finalize within it (in CPU s)."
                  + (f" {rounds_n} rounds: medians; over sdpa and vs eager paired within each round (methods in "
                     "alternating order), range = the rounds' lowest and highest overhead." if rounds_n > 1 else ""))
+    lines += whole_call_lines(results)
     return "\n".join(lines)
+
+
+def whole_call_lines(results: list[dict]) -> list[str]:
+    """Per model: the whole ``poslens.scan()`` call's CPU time over the plain forward's of the same
+    tokens under the same allocator settings (glibc's: the ``sdpa:system-malloc`` row where it ran,
+    else ``sdpa``; medians over rounds, each ratio within its round), and finalize's share of the call."""
+    lines = []
+    for entry in results:
+        rounds = [{r["method"]: r for r in runs} for runs in entry["rounds"]]
+        floor = SYSTEM_MALLOC if any(rd.get(SYSTEM_MALLOC, {}).get("ok") for rd in rounds) else "sdpa"
+        pairs = [(rd[WHOLE_CALL], rd[floor]) for rd in rounds
+                 if rd.get(WHOLE_CALL, {}).get("ok") and rd.get(floor, {}).get("ok")]
+        if not pairs:
+            continue
+        ratio = _median([c["cpu_s"] / f["cpu_s"] for c, f in pairs])
+        share = [100 * c["finish_cpu_s"] / c["cpu_s"] for c, _ in pairs if c.get("finish_cpu_s") is not None]
+        fin = (f"; finalize {_median([c['finish_cpu_s'] for c, _ in pairs if c.get('finish_cpu_s') is not None]):.2f} s"
+               f" CPU, {_median(share):.1f} % of the call") if share else ""
+        lines.append(f"{entry['model']}: poslens.scan() = {ratio:.2f}x the plain forward's CPU time "
+                     f"({_median([c['cpu_s'] for c, _ in pairs]):.1f} s against "
+                     f"{_median([f['cpu_s'] for _, f in pairs]):.1f} s, {floor} row){fin}")
+    return lines
 
 
 def main():

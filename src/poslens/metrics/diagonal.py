@@ -36,8 +36,8 @@ from typing import Sequence
 
 import torch
 
-from poslens.metrics.noise import (NOISE_P, cross_mean_square, decisive, jackknife_se_of, leave_one_out_means, min_pvalue,
-                                   signflip_pvalue)
+from poslens.metrics.noise import (NOISE_P, cross_mean_square, decisive, jackknife_se_of, leave_one_out_means,
+                                   min_pvalue, signflip_pvalue)
 from poslens.metrics.neighborhood import finite_prefix, ordered_pair_counts, prefix_bands, rising_pair_fraction
 
 

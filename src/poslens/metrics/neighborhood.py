@@ -85,7 +85,8 @@ def finite_prefix(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     in their order, and ``-inf`` after them: the layout :func:`ordered_pair_counts` counts."""
     T = x.shape[-1]
     pos = keep.cumsum(-1, dtype=torch.int64) - 1
-    pos = torch.where(keep, pos, torch.full((), T, dtype=torch.int64, device=x.device))  # dropped entries: one spare column
+    spare = torch.full((), T, dtype=torch.int64, device=x.device)  # dropped entries go to one spare column
+    pos = torch.where(keep, pos, spare)
     out = x.new_full((*x.shape[:-1], T + 1), float("-inf"))
     out.scatter_(-1, pos, x)
     return out[..., :T]
@@ -218,7 +219,7 @@ def _value_order(x: torch.Tensor) -> np.ndarray:
 def _tied_pairs(sv: np.ndarray) -> np.ndarray:
     """Pairs of equal finite entries in each row of ``sv [N, P]`` (each row sorted ascending, -inf
     entries first and in no pair), int64 ``[N]``: each entry counts the equal ones sorted before it."""
-    N, P = sv.shape
+    P = sv.shape[1]
     idx = np.arange(P, dtype=np.int64)
     new = np.ones(sv.shape, dtype=bool)
     np.not_equal(sv[:, 1:], sv[:, :-1], out=new[:, 1:])  # -0.0 == +0.0: one run
