@@ -27,10 +27,6 @@ FACTORIES = frozenset({"arange", "zeros", "ones", "full", "linspace", "logspace"
 #: names the entries that have no violation left.
 PENDING: tuple[str, ...] = (
     "src/poslens/capture/attention.py",
-    "src/poslens/capture/finalize.py",
-    "src/poslens/metrics/diagonal.py",
-    "src/poslens/metrics/neighborhood.py",
-    "src/poslens/metrics/noise.py",
 )
 
 
