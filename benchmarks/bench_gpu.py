@@ -294,7 +294,8 @@ def part_scan(a, dev) -> dict:
 
     def run_capture(stats, kernel):
         model.set_attn_implementation(ATTN_NAME)
-        os.environ["POSLENS_CAPTURE_KERNEL"] = kernel
+        # "fused" is the default choice on CUDA (the Triton kernels wherever they take a layer)
+        os.environ["POSLENS_CAPTURE_KERNEL"] = "auto" if kernel == "fused" else kernel
         spec = CaptureSpec(num_layers=L, num_heads=shape["heads"], num_kv_heads=shape["kv_heads"],
                            head_dim=shape["hidden"] // shape["heads"], seq_len=S, layers=list(range(L)),
                            rope_layers=ad.rope_layers(model.config), reservoir=256, stats=frozenset(stats),
