@@ -25,9 +25,7 @@ FACTORIES = frozenset({"arange", "zeros", "ones", "full", "linspace", "logspace"
 #: Files (a trailing ``/``: a folder) that are being rewritten: their violations are reported as a
 #: warning, not failed. An entry leaves this list when its files name every device; the warning
 #: names the entries that have no violation left.
-PENDING: tuple[str, ...] = (
-    "src/poslens/capture/attention.py",
-)
+PENDING: tuple[str, ...] = ()
 
 
 def _splat_names_with_device(tree: ast.AST) -> set[str]:

@@ -41,10 +41,50 @@ def _resolve(name: str, known: set[str]) -> str | None:
     return None
 
 
+#: modules allowed an ``importlib.import_module`` call whose module name is not written in the source:
+#: the users' statistics, named by their qualified class names (never a poslens module)
+DYNAMIC_IMPORTS = {"poslens.capture.statistic"}
+
+
+def _str_values(tree: ast.AST, name: str) -> list[str]:
+    """The string values of the module-level dict literal ``name`` (e.g. a lazy-import table)."""
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return [v.value for v in node.value.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+    return []
+
+
+def dynamic_imports(path: Path) -> list[tuple[list[str] | None, int]]:
+    """``importlib.import_module(...)`` calls: ``(the module names it can import, line)``; ``None`` where
+    the name is not in the source (neither a string nor a subscript of a module-level dict of strings)."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "import_module" and node.args):
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            out.append(([arg.value], node.lineno))
+        elif isinstance(arg, ast.Subscript) and isinstance(arg.value, ast.Name) and _str_values(tree, arg.value.id):
+            out.append((_str_values(tree, arg.value.id), node.lineno))
+        else:
+            out.append((None, node.lineno))
+    return out
+
+
 def imports_of(mod: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
-    """``(imported poslens module, line)`` for every import statement in the file."""
+    """``(imported poslens module, line)`` for every import statement in the file, and for every
+    ``importlib.import_module`` call whose module name the source holds."""
     is_pkg = path.name == "__init__.py"
     out = []
+    for names, line in dynamic_imports(path):
+        for n in names or []:
+            target = _resolve(n, known) if n == "poslens" or n.startswith("poslens.") else None
+            if target and target != mod:
+                out.append((target, line))
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -147,9 +187,27 @@ def test_import_reader_sees_local_relative_and_submodule_imports(tmp_path):
     assert sorted({t for t, _ in imports_of("poslens.a", g, known)}) == ["poslens.pkg", "poslens.pkg.sub"]
 
 
+def test_import_reader_sees_importlib(tmp_path):
+    known = {"poslens", "poslens.a", "poslens.b", "poslens.c"}
+    f = tmp_path / "x.py"
+    f.write_text("import importlib\n_API = {'f': 'poslens.b', 'g': 'poslens.c'}\n"
+                 "def f(name):\n    importlib.import_module('poslens.a')\n    return importlib.import_module(_API[name])\n"
+                 "def g(name):\n    return importlib.import_module(name)\n")
+    assert sorted({t for t, _ in imports_of("poslens.x", f, known)}) == ["poslens.a", "poslens.b", "poslens.c"]
+    assert [n for n, _ in dynamic_imports(f)] == [["poslens.a"], ["poslens.b", "poslens.c"], None]
+
+
 # ---------------------------------------------------------------------------------------------
 # the contract on the real source tree
 # ---------------------------------------------------------------------------------------------
+def test_every_dynamic_import_names_its_module():
+    """An import the checker cannot read would hide a cycle: every ``importlib.import_module`` in the
+    library names its module in the source, except where users' own classes are imported."""
+    bad = [f"{m} line {line}" for m, p in modules().items() if m not in DYNAMIC_IMPORTS
+           for names, line in dynamic_imports(p) if names is None]
+    assert not bad, "importlib.import_module of a name the source does not hold:\n" + "\n".join(bad)
+
+
 def test_graph_is_read():
     graph, _ = import_graph()
     assert len(graph) > 40

@@ -13,6 +13,9 @@ import pytest
 import torch
 
 from poslens.capture import attention as att
+from poslens.capture import backends
+from poslens.capture.attnpass import AttentionPass
+from poslens.capture.sums import LayerMaps, Workspace
 from poslens.capture.builtin.base import LayerBatch
 from poslens.capture.builtin.cosine import add_cosine, cosine_rows
 from poslens.capture.builtin.qk import STATISTIC as QK
@@ -322,23 +325,19 @@ def test_block_maps_equal_block_means_of_full_maps(S, N, window, causal, chunk):
 
 
 @pytest.mark.parametrize("S,N,causal", [(48, 12, True), (47, 10, True), (30, 7, False), (20, 40, True)])
-def test_fused_kernels_full_sums_reduce_to_the_block_means(S, N, causal, monkeypatch):
-    """The GPU path's reduction (``Capture._fused_block_means``): the fused kernels' full float32 sums,
-    reduced band by band (bands of a few rows here), equal the brute-force block means; key 0's
-    column is kept exactly and the slash profile passes through."""
+def test_whole_layer_maps_reduce_to_the_block_means(S, N, causal, monkeypatch):
+    """A whole layer's float32 maps handed as one piece (the Triton backend's), put into the layer's
+    --map-size sums band by band (bands of a few block rows here), equal the brute-force block means."""
+    from poslens.capture import sums
+
     g = torch.Generator().manual_seed(S + N)
     i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
     valid = (j <= i) if causal else torch.ones(S, S, dtype=torch.bool)
     full = {"scores": torch.randn(S, S, generator=g).masked_fill(~valid, 0.0),
             "probs": torch.rand(S, S, generator=g).masked_fill(~valid, 0.0),
-            "head_scores": torch.randn(2, S, S, generator=g).masked_fill(~valid, 0.0),
-            "head_probs": torch.rand(2, S, S, generator=g).masked_fill(~valid, 0.0),
-            "slash": torch.rand(4, S, generator=g)}
-    ref = {n: t.clone() for n, t in full.items()}
-    spec = att.CaptureSpec(num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, seq_len=S, layers=[0],
-                           map_size=N)
-    cap = att.Capture(spec)
-    f = cap.blocks.f
+            "head_scores": torch.randn(2, S, S, generator=g).masked_fill(~valid, 0.0)}
+    blocks = att.BlockMaps(S, N)
+    f = blocks.f
     orig = att.BlockMaps.add_rows
     bands = []
 
@@ -346,14 +345,15 @@ def test_fused_kernels_full_sums_reduce_to_the_block_means(S, N, causal, monkeyp
         bands.append((start, part.shape[0]))
         return orig(self, dst, part, start)
     monkeypatch.setattr(att.BlockMaps, "add_rows", spy)
-    monkeypatch.setattr(att, "_FUSED_BAND_ROWS", 2 * f)  # several bands, each of whole block rows
-    got = cap._fused_block_means(dict(full), causal)
-    assert sorted(got) == sorted(list(full) + ["probs_key0"])
-    for name in ("scores", "probs", "head_scores", "head_probs"):
-        torch.testing.assert_close(got[name].double(), _block_means(ref[name], f, valid), rtol=0, atol=1e-6,
-                                   msg=name)
-    assert torch.equal(got["probs_key0"], ref["probs"][:, 0])
-    assert torch.equal(got["slash"], ref["slash"])
+    monkeypatch.setattr(sums, "BAND_ROWS", 2 * f)  # several bands, each of whole block rows
+    maps = LayerMaps(Workspace(), blocks, S, "cpu")
+    for name, t in full.items():
+        maps.zeros(name, *t.shape[:-2], blocks.n, blocks.n)
+        for m in range(t.shape[0] if t.ndim == 3 else 1):
+            maps.put(name, t[m] if t.ndim == 3 else t, 0, m if t.ndim == 3 else None)
+    maps.finish(causal, None)
+    for name, t in full.items():
+        torch.testing.assert_close(maps[name].double(), _block_means(t, f, valid), rtol=0, atol=1e-6, msg=name)
     assert all(start % f == 0 for start, _ in bands) and max(c for _, c in bands) <= 2 * f
 
 
@@ -448,7 +448,7 @@ def test_reused_buffers_keep_layers_apart():
 
 @pytest.mark.parametrize("kernel", ["auto", "torch"])
 def test_float64_accumulation_through_the_widening_buffer_is_add_bit_for_bit(kernel, monkeypatch):
-    """``_add64`` (the fused C pass, or a float32 map widened into a reused float64 buffer, then
+    """``Workspace.add64`` (the fused C pass, or a float32 map widened into a reused float64 buffer, then
     added) equals torch's mixed-dtype ``add_`` bit for bit, with and without ``alpha``, for maps of
     different shapes in turn (the buffer is reused and grows), and leaves its input untouched."""
     from poslens import native
@@ -461,10 +461,11 @@ def test_float64_accumulation_through_the_widening_buffer_is_add_bit_for_bit(ker
         x = torch.randn(shape, generator=g)
         x0 = x.clone()
         want = acc.clone().add_(x, alpha=alpha)
-        cap._add64(acc, x, alpha=alpha)
+        cap.work.add64(acc, x, alpha=alpha)
         assert torch.equal(acc, want) and torch.equal(x, x0)
     if not native.available():  # the torch path: one float64 buffer, grown to the largest map
-        assert cap._buffers["wide"].dtype == torch.float64 and cap._buffers["wide"].numel() == 5 * 37 * 37
+        wide = cap.work.buffer("wide", (1,), "cpu", dtype=torch.float64)
+        assert wide.untyped_storage().nbytes() == 8 * 5 * 37 * 37
 
 
 @pytest.mark.parametrize("T", [12, 33, 64, 65, 129, 300])
@@ -504,7 +505,7 @@ def test_per_sequence_qk_moments_and_reservoir_equal_whole_batch(layout, H, Hk):
     q_ref, k_ref = torch.zeros(H, D, D, dtype=torch.float64), torch.zeros(Hk, D, D, dtype=torch.float64)
     for seq0 in (0, B):  # two batches: the second one replaces some of the first one's slots
         cap.begin_batch(B, seq0)
-        QK.add(LayerBatch(cap, 0, 0, q, k, 1.0, True, None))
+        QK.add(LayerBatch(cap, 0, 0, q, k, 1.0, True, None), None)
         cap.end_batch()
         q_pre, k_pre = att.unrotate_qk(q, k, cos, sin, layout=layout)
         if layout == "interleaved":
@@ -543,15 +544,16 @@ def test_chunk_slices_of_the_batch_equal_the_whole_batch(causal, window, map_siz
                                heads=[(0, 1), (0, 3)], chunk_elems=chunk, map_size=map_size)
         cap = att.Capture(spec)
         seen = []
-        inner = cap._chunk_logits
+        inner = AttentionPass._logits
 
-        def spy(run, start, stop, inner=inner, seen=seen):
-            seen.append(run.b1 - run.b0)
-            return inner(run, start, stop)
-        cap._chunk_logits = spy
-        cap.begin_batch(B)
-        outs[chunk] = cap.observe_attention(0, q, k, None, 0.3, causal=causal, window=window, value=v).clone()
-        cap.end_batch()
+        def spy(self, b0, b1, start, stop, seen=seen):
+            seen.append(b1 - b0)
+            return inner(self, b0, b1, start, stop)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(AttentionPass, "_logits", spy)
+            cap.begin_batch(B)
+            outs[chunk] = cap.observe_attention(0, q, k, None, 0.3, causal=causal, window=window, value=v).clone()
+            cap.end_batch()
         res[chunk], slices[chunk] = cap.means(), sorted(set(seen))
     assert slices[10**9] == [B] and slices[2 * H * S] == [1, 2]
     torch.testing.assert_close(outs[2 * H * S], outs[10**9], rtol=0, atol=1e-5)
@@ -565,18 +567,16 @@ def test_chunk_slices_of_the_batch_equal_the_whole_batch(causal, window, map_siz
                                       (100 * 2**20, 2**21), (480 * 2**20, 2**22), (2**34, 2**22)])
 def test_cpu_chunks_are_an_eighth_of_the_l3_cache_within_bounds(monkeypatch, l3, elems):
     """float32 logits per CPU chunk: l3 / 8 bytes rounded down to a power of two, from 4 MiB to 16 MiB."""
-    monkeypatch.setattr(att, "_l3_bytes", lambda: l3)
-    assert att.cpu_chunk_elems() == elems
-    spec = att.CaptureSpec(num_layers=1, num_heads=8, num_kv_heads=8, head_dim=64, seq_len=1024, layers=[0])
-    cap = att.Capture(spec)
+    monkeypatch.setattr(backends, "_l3_bytes", lambda: l3)
+    assert backends.cpu_chunk_elems() == elems
     # rows per (batch, key head) product: about CPU_TARGET_ROWS (g query heads count g rows each), fewer
     # where one sequence's chunk would outgrow the budget, never below CPU_MIN_ROWS
     for H, S, g in [(8, 1024, 1), (8, 4096, 1), (9, 1024, 3), (8, 32768, 1), (16, 8192, 4)]:
-        rows = cap._rows_per_chunk(1, H, S, "cpu", g)
-        assert att.CPU_MIN_ROWS <= rows * g < att.CPU_TARGET_ROWS + g
-        assert rows * H * S <= elems or rows * g < att.CPU_MIN_ROWS + g
-        assert rows * g >= att.CPU_TARGET_ROWS or (rows + 1) * H * S > elems
-    assert cap._rows_per_chunk(1, 8, 40, "cpu") == 40  # never more rows than the sequence has
+        rows = backends.rows_per_chunk(1, H, S, "cpu", g)
+        assert backends.CPU_MIN_ROWS <= rows * g < backends.CPU_TARGET_ROWS + g
+        assert rows * H * S <= elems or rows * g < backends.CPU_MIN_ROWS + g
+        assert rows * g >= backends.CPU_TARGET_ROWS or (rows + 1) * H * S > elems
+    assert backends.rows_per_chunk(1, 8, 40, "cpu") == 40  # never more rows than the sequence has
 
 
 def test_l3_cache_size_is_read_from_sysfs(tmp_path):
@@ -584,7 +584,7 @@ def test_l3_cache_size_is_read_from_sysfs(tmp_path):
         (tmp_path / f"index{i}").mkdir()
         (tmp_path / f"index{i}" / "level").write_text(level + "\n")
         (tmp_path / f"index{i}" / "size").write_text(size + "\n")
-    assert att._l3_bytes.__wrapped__(str(tmp_path)) == 491520 * 1024
+    assert backends._l3_bytes.__wrapped__(str(tmp_path)) == 491520 * 1024
     (tmp_path / "index2" / "size").write_text("32M\n")
-    assert att._l3_bytes.__wrapped__(str(tmp_path)) == 32 * 2**20
-    assert att._l3_bytes.__wrapped__(str(tmp_path / "none")) is None
+    assert backends._l3_bytes.__wrapped__(str(tmp_path)) == 32 * 2**20
+    assert backends._l3_bytes.__wrapped__(str(tmp_path / "none")) is None

@@ -188,8 +188,8 @@ def test_torchrun_merges_the_ranks(llama_dir, tmp_path):
 # every capture point, against the model's own modules
 # --------------------------------------------------------------------------------------------
 class PointProbe(poslens.Statistic):
-    """Keeps the first batch's tensors of every capture point, per layer."""
-    needs = tuple(CAPTURE_POINTS)
+    """Keeps the first batch's tensors of its capture points, per layer."""
+    needs = ("resid_pre", "resid_post")
 
     def __init__(self):
         self.seen = {}
@@ -197,6 +197,29 @@ class PointProbe(poslens.Statistic):
     def add(self, layer, **points):
         assert set(points) == set(self.needs)
         self.seen.setdefault(layer, {k: v.detach().clone() for k, v in points.items()})
+
+
+class ChunkProbe(PointProbe):
+    """Every attention point, chunk by chunk, put back together into the first batch's whole tensors."""
+    needs = tuple(p for p in CAPTURE_POINTS if p not in ("resid_pre", "resid_post"))
+
+    def add(self, layer, **points):
+        assert set(points) == set(self.needs)
+        r, s = points["rows"], points["seqs"]
+        seen = self.seen.setdefault(layer, {})
+        b = s.stop - s.start
+        for name in ("scores", "probs"):
+            x = points[name]
+            assert x.shape[:3] == (b, x.shape[1], r.stop - r.start)
+            full = seen.setdefault(name, torch.full((s.stop, x.shape[1], 12, 12), float("nan")))
+            full[s, :, r] = float("-inf") if name == "scores" else 0.0
+            full[s, :, r, :x.shape[-1]] = x
+        for name in ("q_pre", "q_post"):
+            seen.setdefault(name, torch.zeros(s.stop, 4, 12, 8))[s, :, r] = points[name]
+        for name in ("k_pre", "k_post"):
+            k = points[name]
+            seen.setdefault(name, torch.zeros(s.stop, 2, 12, 8))[s, :, :k.shape[2]] = k
+        seen.setdefault("head_out", torch.zeros(s.stop, 12, 4, 8))[s, r] = points["head_out"]
 
     def merge(self, other):
         pass
@@ -236,9 +259,10 @@ def test_every_capture_point_equals_the_models_own_tensors(llama_dir):
                       (l, "in"), (a[0] if a else kw["hidden_states"]).clone()), with_kwargs=True),
                   layer.register_forward_hook(lambda m, a, o, l=l: rec.__setitem__(
                       (l, "out"), (o[0] if isinstance(o, tuple) else o).clone()))]
-    probe = PointProbe()
+    probe, chunks = PointProbe(), ChunkProbe()
     spec = CaptureSpec(num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8, seq_len=12, layers=[0, 1, 2],
-                       rope_layers=ad.rope_layers(model.config), stats=frozenset({"probs"}), user_stats=(probe,))
+                       rope_layers=ad.rope_layers(model.config), stats=frozenset({"probs"}), user_stats=(probe, chunks),
+                       chunk_elems=4 * 12 * 5)  # chunks of 5 query rows: 3 pieces per layer
     cap = Capture(spec)
     handles = attach(model, ad, cap)
     forward(model, ids, capture=cap)
@@ -250,13 +274,13 @@ def test_every_capture_point_equals_the_models_own_tensors(llama_dir):
     B, S, H, Hk, D = 3, 12, 4, 2, 8
     above = torch.ones(S, S, dtype=torch.bool).triu(1)
     for l in range(3):
-        p = probe.seen[l]
+        p = dict(probe.seen[l], **chunks.seen[l])
         torch.testing.assert_close(p["q_pre"], rec[l, "q"].view(B, S, H, D).transpose(1, 2), rtol=0, atol=1e-5)
         torch.testing.assert_close(p["k_pre"], rec[l, "k"].view(B, S, Hk, D).transpose(1, 2), rtol=0, atol=1e-5)
         torch.testing.assert_close(p["head_out"].reshape(B, S, H * D), rec[l, "o"], rtol=0, atol=1e-5)
         assert torch.equal(p["resid_pre"], rec[l, "in"]) and torch.equal(p["resid_post"], rec[l, "out"])
         torch.testing.assert_close(p["probs"], att[l], rtol=0, atol=1e-6)
-        assert torch.equal(p["probs"], torch.softmax(p["scores"], -1))
+        torch.testing.assert_close(p["probs"], torch.softmax(p["scores"], -1), rtol=0, atol=1e-6)
         direct = p["q_post"].double() @ p["k_post"].double().repeat_interleave(2, 1).transpose(-1, -2) / D ** 0.5
         torch.testing.assert_close(p["scores"].double().masked_fill(above, 0), direct.masked_fill(above, 0),
                                    rtol=0, atol=1e-5)

@@ -26,9 +26,11 @@ from typing import Any
 
 import torch
 
+from poslens.capture import backends
 from poslens.capture import distributed as D
 from poslens.capture.adapters import check_dispatch, rope_tables
-from poslens.capture.attention import Capture, stats_option
+from poslens.capture.engine import Capture
+from poslens.capture.spec import stats_option
 from poslens.capture.borrow import borrowed
 from poslens.capture.checkpoint import (CHECKPOINT, check_finished, check_resume_layout, checkpoint_meta, rank_checkpoints,
                                         fingerprint, load_checkpoint, resume_mismatch, save_checkpoint)
@@ -235,9 +237,20 @@ def _write_config(job: _Job, model, in_memory: bool = False) -> None:
         "model_source": origin, "source": plan.source.describe(),
         "model_type": plan.adapter.model_type, "dtype": str(plan.dtype), "device": plan.device,
         "world_size": job.ctx.world_size,
+        "capture_backend": backends.describe(plan.device),
         "device_map": (getattr(model, "hf_device_map", None) or {"": plan.device})
         if cfg.device_map or spread_over_devices(model) else None,
         "versions": versions()})
+
+
+def backends_used(capture: Capture) -> dict:
+    """``{backend: {"layers": [...], "reason": ...}}``: the backend each captured layer's attention pass
+    took (decoder layers from 0), grouped, with the reason the first of them gave."""
+    out: dict = {}
+    for layer, (name, why) in sorted(capture.backends.items()):
+        entry = out.setdefault(name, {"layers": [], "reason": why})
+        entry["layers"].append(layer)
+    return out
 
 
 def _shard(job: _Job, capture: Capture) -> _Shard:
@@ -315,6 +328,7 @@ def _merge_and_write(job: _Job, capture: Capture, tokens: int, elapsed: float, t
         save_checkpoint(out, capture, job.plan.source.num_seqs, job.fp,
                         extra={"world_size": ctx.world_size, "merged": True})
     summary = finalize(out, capture, job.plan, figures=cfg.figures)
+    summary["capture_backends"] = backends_used(capture)
     summary["throughput"] = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed else None,
                              "wall_s": time.time() - t_start, "processes": ctx.world_size}
     if torch.device(device).type == "cuda":  # this process's peak, model and capture together

@@ -2,32 +2,29 @@
 
 Each module defines ``STATISTIC``, a :class:`~poslens.capture.builtin.base.BuiltinStatistic`: its
 ``--stats`` name, the accumulators it fills (their names are the ``maps.safetensors`` names), the
-intermediates it reads (the capture computes each once per layer: the float32 q/k, the chunked
-logits and softmax, the residual stream, the attention output) and what it adds from them. Its
-sums live in the capture's accumulators, so checkpoints, resume, merges and the all-reduce treat it
-like every other. Adding one: its module, its test, its row in docs/scan.md and its line in
-:data:`MODULES`.
+intermediates it needs (the attention pass computes each once per layer, on every backend) and what
+it adds from them. Its sums live in the capture's accumulators, so checkpoints, resume, merges and
+the all-reduce treat it like every other. Adding one: its module, its test against
+:mod:`poslens.capture.reference`, its row in docs/scan.md and its line in :data:`REGISTRY`.
 """
 
 from __future__ import annotations
 
-import importlib
+from poslens.capture.builtin import (attn_cosine, cosine, dim_logit, heads, probs, qk, scores, sink,
+                                     slash)
 
-#: the registry: one module per statistic (the statistics reading one intermediate run in this order)
-MODULES = (
-    "scores",
-    "probs",
-    "slash",
-    "sink",
-    "heads",
-    "cosine",
-    "attn_cosine",
-    "qk",
-    "dim_logit",
+#: the registry: every built-in statistic (the statistics reading one intermediate run in this order)
+REGISTRY = (
+    scores.STATISTIC,
+    probs.STATISTIC,
+    slash.STATISTIC,
+    sink.STATISTIC,
+    heads.STATISTIC,
+    cosine.STATISTIC,
+    attn_cosine.STATISTIC,
+    qk.STATISTIC,
+    dim_logit.STATISTIC,
 )
-
-#: every built-in statistic, in :data:`MODULES` order
-REGISTRY = tuple(importlib.import_module(f"{__name__}.{m}").STATISTIC for m in MODULES)
 #: the selectable ones by ``--stats`` name
 BUILTINS = {st.name: st for st in REGISTRY if st.selectable}
 _BY_NAME = {st.name: st for st in REGISTRY}

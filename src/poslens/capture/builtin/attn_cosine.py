@@ -16,16 +16,16 @@ class AttnCosine(BuiltinStatistic):
     accumulators = ("attn_cosine", "attn_norms", "attn_aps_seq")
     with_var = ("attn_aps_seq",)
     lower = ("attn_cosine",)
-    reads_output = True
+    needs = frozenset({"head_out"})
 
     def shapes(self, spec):
         L, M, S = len(spec.layers), spec.map_side(), spec.seq_len
         return {"attn_cosine": (L, M, M), "attn_norms": (L, S), "attn_aps_seq": (L,)}
 
-    def add_output(self, capture, li, out):
-        """``out [B, H, S, D]`` read as ``[B, S, H * D]`` (a view; the sequence-major copy is made once,
-        inside :func:`~poslens.capture.builtin.cosine.add_cosine`)."""
-        add_cosine(capture, self.accumulators, li, out.transpose(1, 2))
+    def add(self, batch, piece):
+        """The head outputs ``[B, H, S, D]`` read as ``[B, S, H * D]`` (a view; the sequence-major copy
+        is made once, inside :func:`~poslens.capture.builtin.cosine.add_cosine`)."""
+        add_cosine(batch.capture, self.accumulators, batch.li, piece["head_out"].transpose(1, 2))
 
 
 STATISTIC = AttnCosine()

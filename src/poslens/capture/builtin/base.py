@@ -1,27 +1,20 @@
 """What a built-in statistic is, and what the capture hands it.
 
-The capture loop (:class:`poslens.capture.attention.Capture`) computes each shared intermediate of
-an attention layer once and routes it to the statistics that read it:
+A statistic declares the intermediates it ``needs`` (:data:`INTERMEDIATES`); the attention pass
+(:mod:`poslens.capture.attnpass`) computes each of them once per layer, whichever backend runs it,
+and hands them over in pieces (:class:`Piece`): chunks of query rows for the intermediates of the
+attention weights, one piece per layer for the layer-wide ones. Per layer a statistic
 
-- ``add(batch)``: the layer's float32 post-RoPE queries and keys (:class:`LayerBatch`), for
-  statistics that set ``reads_qk``;
-- the chunked attention pass, for statistics that set ``reads_maps``: query-row chunks of the
-  logits (before the mask: :meth:`BuiltinStatistic.chunk_logits`; after it:
-  :meth:`~BuiltinStatistic.chunk_masked_logits`), of the visible logits summed over the batch and
-  the heads (:meth:`~BuiltinStatistic.chunk_logit_sum`), of the softmax weights
-  (:meth:`~BuiltinStatistic.chunk_weights`) and of each head's weights summed over the batch
-  (:meth:`~BuiltinStatistic.chunk_head_weights`). On the CPU the logit sum, the softmax and the
-  per-head sums come from one fused pass (:mod:`poslens.native`) when no statistic of the
-  layer reads the logits or weights chunk by chunk. A statistic writes its float32 sums for the layer
-  into ``run.out`` (allocated in :meth:`~BuiltinStatistic.begin_maps`), and
-  :meth:`~BuiltinStatistic.add_maps` adds them to its float64 accumulators once the pass is done;
-- ``add_hidden(cap, index, x)``: residual-stream vectors (``reads_hidden``);
-- ``add_output(cap, li, out)``: the layer's attention output before the output projection
-  (``reads_output``).
+- allocates its float32 sums (:meth:`BuiltinStatistic.begin_layer`, into :class:`LayerMaps`),
+- fills them from each piece (:meth:`~BuiltinStatistic.add`),
+- adds them to its float64 accumulators (:meth:`~BuiltinStatistic.end_layer`);
 
-A statistic's sums live in the capture's accumulators (:class:`poslens.capture.stats.AccumulatorSet`),
-so checkpoints, resume, merges and the all-reduce treat every statistic alike; a statistic object
-itself holds no state and is shared by every capture.
+statistics of the residual stream take :meth:`~BuiltinStatistic.add_hidden` instead. Its sums live in
+the capture's accumulators (:class:`poslens.capture.stats.AccumulatorSet`), so checkpoints, resume,
+merges and the all-reduce treat every statistic alike; a statistic object holds no state and is
+shared by every capture. It reaches the capture through public members only: ``accs``, ``spec``,
+``work`` (:class:`poslens.capture.sums.Workspace`), ``blocks``, ``grid``, ``seq_groups``,
+``unrotate``, ``half_perm``, ``reservoir``.
 """
 
 from __future__ import annotations
@@ -32,6 +25,46 @@ from typing import Any
 import torch
 
 from poslens.capture.stats import MeanAccumulator
+from poslens.capture.sums import LayerMaps
+
+#: The intermediates of one layer's attention, by name. Batch sums cover the whole batch; ``c`` rows
+#: ``rows`` of queries, ``k`` keys ``0 .. k - 1`` (a causal chunk sees no key beyond its last row).
+#: Masked entries (above the diagonal, outside a sliding window) are 0 in sums, ``-inf`` in logits.
+INTERMEDIATES: dict[str, str] = {
+    "logit_sum": "[c, k] visible logits summed over the batch and the heads",
+    "weight_sum": "[c, k] softmax weights summed over the batch and the heads",
+    "head_weight_sums": "[H, c, k] each head's softmax weights summed over the batch",
+    "diagonal_sums": "[H, k] each head's weights A[i, i - d] of the rows, summed over the batch, by offset d",
+    "key0_weights": "[H, c] each head's weight on key 0, summed over the batch",
+    "selected_logit_sums": "[n, c, k] the --heads heads' visible logits summed over the batch",
+    "selected_weight_sums": "[n, c, k] the --heads heads' weights summed over the batch",
+    "logits": "[b, H, c, k] logits of the sequences `seqs` (-inf where masked)",
+    "weights": "[b, H, c, k] softmax weights of the sequences `seqs`",
+    "qk": "the layer's float32 post-RoPE queries and keys (LayerBatch.q/k, pre_rope(), half_layout())",
+    "head_out": "[B, H, S, D] the layer's attention output before the output projection",
+    "hidden": "[B, S, d] the residual stream (add_hidden)",
+}
+#: intermediates handed chunk by chunk (every other one: once per layer)
+CHUNKED = frozenset(INTERMEDIATES) - {"qk", "head_out", "hidden"}
+#: chunk intermediates summed over the whole batch (the rest are per sequence)
+BATCH_SUMS = CHUNKED - {"logits", "weights"}
+
+
+@dataclass
+class Piece:
+    """A piece of one layer's intermediates: query rows ``rows`` of the sequences ``seqs`` (of the
+    batch), keys ``0 .. keys - 1``; ``values`` by intermediate name."""
+
+    rows: slice
+    seqs: slice
+    keys: int
+    values: dict
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.values[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
 
 
 @dataclass
@@ -50,6 +83,7 @@ class LayerBatch:
     query: torch.Tensor | None = None  # the queries as the model handed them (its dtype and layout)
     key: torch.Tensor | None = None
     heads: list = field(default_factory=list)  # (per-head map index, head) of the layer's --heads maps
+    maps: LayerMaps | None = None  # the layer's float32 sums, while its attention pass runs
     _half: tuple | None = field(default=None, repr=False)
     _pre: tuple | None = field(default=None, repr=False)
 
@@ -59,7 +93,7 @@ class LayerBatch:
         if self._half is None:
             cap = self.capture
             if cap.spec.rope_layout == "interleaved":
-                perm = cap._half_perm(self.q.shape[-1], self.q.device)
+                perm = cap.half_perm(self.q.shape[-1], self.q.device)
                 self._half = (self.q.index_select(-1, perm), self.k.index_select(-1, perm))
             else:
                 self._half = (self.q, self.k)
@@ -84,7 +118,7 @@ class LayerBatch:
 
 
 class BuiltinStatistic:
-    """A built-in statistic: its name, the accumulators it fills and the intermediates it reads.
+    """A built-in statistic: its name, the accumulators it fills and the intermediates it needs.
 
     ``name`` is its ``--stats`` name when ``selectable``; a statistic that is not selectable is
     brought along by the selectable ones that name it in ``requires`` (or, like the per-head maps,
@@ -97,12 +131,7 @@ class BuiltinStatistic:
     accumulators: tuple[str, ...] = ()  # the names it fills (the maps.safetensors names)
     with_var: tuple[str, ...] = ()  # accumulators that also keep a sum of squares (per-sequence values)
     lower: tuple[str, ...] = ()  # symmetric accumulators summed in their lower triangle only
-    reads_qk: bool = False  # add(batch): the layer's float32 post-RoPE q/k
-    #: what it reads of the chunked attention pass: "logits", "masked_logits", "logit_sum", "weights",
-    #: "head_weights"
-    reads_maps: frozenset = frozenset()
-    reads_hidden: bool = False  # add_hidden: residual-stream vectors
-    reads_output: bool = False  # add_output: the layer's attention output before the output projection
+    needs: frozenset = frozenset()  # names of INTERMEDIATES
 
     def active(self, spec) -> bool:
         """Whether a scan with this spec computes it (a non-selectable one: also when required)."""
@@ -117,48 +146,20 @@ class BuiltinStatistic:
         return {k: MeanAccumulator(s, device=device, with_var=k in self.with_var, lower=k in self.lower)
                 for k, s in self.shapes(spec).items()}
 
-    def maps_at(self, capture, layer: int) -> bool:
-        """Whether it reads the chunked attention pass at ``layer`` (with ``reads_maps``)."""
-        return bool(self.reads_maps)
+    def reads_at(self, capture, layer: int) -> bool:
+        """Whether it reads the attention of decoder layer ``layer`` (default: every captured layer)."""
+        return True
 
-    # -- q/k ---------------------------------------------------------------------------------
-    def add(self, batch: LayerBatch) -> None:
-        """Add one layer's batch from its float32 q/k (``reads_qk``)."""
+    def begin_layer(self, batch: LayerBatch, maps: LayerMaps) -> None:
+        """Allocate its float32 sums of the layer in ``maps`` (:meth:`LayerMaps.zeros`)."""
 
-    # -- the chunked attention pass ---------------------------------------------------------
-    def begin_maps(self, capture, run, zeros) -> None:
-        """Allocate its float32 sums for one layer in ``run.out``: ``zeros(name, *shape)`` gives a
-        zeroed (reused, on the CPU) buffer."""
+    def add(self, batch: LayerBatch, piece: Piece) -> None:
+        """Add a piece of the layer's intermediates (those it needs) to its float32 sums
+        (``batch.maps``), or for layer-wide intermediates straight to its accumulators."""
 
-    def chunk_logits(self, capture, run, logits: torch.Tensor, start: int, allowed) -> None:
-        """A chunk's logits ``[b, H, c, nc]`` (rows ``start .. start + c - 1`` of a slice of the batch,
-        keys ``0 .. nc - 1``), before the mask; ``allowed`` is the chunk's ``[c, nc]`` sliding-window
-        mask or None. Read only: the capture masks them in place afterwards."""
+    def end_layer(self, batch: LayerBatch, maps: LayerMaps) -> None:
+        """Add the layer's float32 sums to its float64 accumulators."""
 
-    def chunk_masked_logits(self, capture, run, logits: torch.Tensor, start: int) -> None:
-        """The chunk's logits after the mask (``-inf`` where a query does not see the key)."""
-
-    def chunk_logit_sum(self, capture, run, block_sum: torch.Tensor, start: int) -> None:
-        """The chunk's logits summed over the slice's sequences and the heads, ``[c, nc]``: visible
-        entries only, 0 where a query does not see the key (all finite: a non-finite visible logit
-        stops the pass first, naming its head). Read only; valid until the next chunk."""
-
-    def chunk_weights(self, capture, run, p: torch.Tensor, start: int) -> None:
-        """The chunk's softmax weights ``[b, H, c, nc]``."""
-
-    def chunk_head_weights(self, capture, run, pb: torch.Tensor, start: int) -> None:
-        """Each head's weights of the chunk summed over the whole batch, ``pb [H, c, nc]`` (a view of
-        ``run.zbuf``, whose first ``run.rows`` columns are zeros: see
-        :func:`poslens.capture.builtin.slash.slash_view`)."""
-
-    def add_maps(self, capture, batch: LayerBatch, maps: dict) -> None:
-        """Add the layer's float32 sums (``maps``: what :meth:`begin_maps` allocated, filled) to its
-        float64 accumulators."""
-
-    # -- residual stream and attention output -------------------------------------------------
     def add_hidden(self, capture, index: int, x: torch.Tensor) -> None:
         """Residual-stream vectors ``[B, S, d]``: index 0 the embeddings, ``m + 1`` the output of
-        captured layer ``m`` (``reads_hidden``)."""
-
-    def add_output(self, capture, li: int, out: torch.Tensor) -> None:
-        """The layer's attention output ``[B, H, S, D]`` before the output projection (``reads_output``)."""
+        captured layer ``m`` (``needs`` holds ``"hidden"``)."""

@@ -10,36 +10,13 @@ sequences. :mod:`poslens.capture.builtin.attn_cosine` is the same statistic of t
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from poslens import native
 from poslens.capture.builtin.base import BuiltinStatistic
 from poslens.capture.gram import symmetric_gram
+from poslens.capture.kernels import HALF, half_input_matmuls
 from poslens.metrics.neighborhood import aps_positions, per_sequence_aps, unit_rows_aps
-
-_HALF = (torch.bfloat16, torch.float16)
-
-
-@contextlib.contextmanager
-def half_input_matmuls(enabled: bool):
-    """TF32 matrix products while enabled: float32 products of bf16/fp16 values (logits, the raw
-    cosine products), never of values derived from them (unit vectors, un-rotated q/k).
-
-    A bf16 (8-bit mantissa) or fp16 (11-bit) value is exact in TF32's 10+1 bits except fp16's lowest
-    bit, so TF32 multiplies the model's own numbers (almost) exactly and accumulates in float32, at
-    the tensor cores' rate instead of the float32 units' (about 8x on an H100)."""
-    if not enabled:
-        yield
-        return
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(prev)
-
 
 def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor) -> None:
     """Add ``sum_b cos(x_bi, x_bj)``, ``sum_b |x_bi|`` and each sequence's own APS for ``x [B, S, ...]``
@@ -52,7 +29,7 @@ def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor
     """
     cos_name, norm_name, aps_name = names
     B, S = x.shape[:2]
-    exact_tf32 = x.is_cuda and x.dtype in _HALF
+    exact_tf32 = x.is_cuda and x.dtype in HALF
     aps_acc = capture.accs[aps_name]
     blocks = capture.blocks
     if exact_tf32:
@@ -67,9 +44,9 @@ def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor
         # (long contexts) the fold is freed, so it does not sit beside the MLP's activations at the peak
         cpu = x.device.type == "cpu" and blocks is None
         flat = x.reshape(B, S, -1)
-        folded = capture._buffer("folded", (S, B, flat.shape[-1]), x.device, reuse=cpu)
+        folded = capture.work.buffer("folded", (S, B, flat.shape[-1]), x.device, reuse=cpu)
         # the norms and unit vectors in one read of x (poslens.native), else two torch passes
-        n = native.unit_rows(flat, folded, capture.workers)
+        n = native.unit_rows(flat, folded, capture.work.workers)
         if n is None:
             n = torch.linalg.vector_norm(flat, dim=-1)  # [B, S]
             torch.mul(flat.transpose(0, 1), n.clamp_min(1e-30).reciprocal_().T[..., None], out=folded)
@@ -82,9 +59,9 @@ def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor
         if blocks is not None:
             gram = blocks.gram_means(folded)
         else:
-            gram = symmetric_gram(folded, out=_zero_upper(capture, S, x.device), lower=True) if cpu \
+            gram = symmetric_gram(folded, out=capture.work.held("gram_lower", (S, S), x.device), lower=True) if cpu \
                 else symmetric_gram(folded)
-    capture._add64(capture.accs[cos_name].sum[index], gram, lower=True)  # a lower-triangle accumulator
+    capture.work.add64(capture.accs[cos_name].sum[index], gram, lower=True)  # a lower-triangle accumulator
     capture.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 
 
@@ -113,23 +90,12 @@ def cosine_rows(x: torch.Tensor, inv: torch.Tensor):
     return rows
 
 
-def _zero_upper(capture, S: int, device) -> torch.Tensor:
-    """A reused ``[S, S]`` float32 workspace whose strict upper triangle is zero and stays zero: only
-    lower triangles are written into it (:func:`~poslens.capture.gram.symmetric_gram` with
-    ``lower=True``), so adding it whole adds nothing above the diagonal."""
-    buf = capture._buffers.get("gram_lower")
-    if buf is None or tuple(buf.shape) != (S, S) or buf.device != torch.device(device):
-        buf = torch.zeros(S, S, device=device)
-        capture._buffers["gram_lower"] = buf
-    return buf
-
-
 class Cosine(BuiltinStatistic):
     name = "cosine"
     accumulators = ("cosine", "norms", "aps_seq")
     with_var = ("aps_seq",)
     lower = ("cosine",)  # the CPU Gram writes its lower triangle alone
-    reads_hidden = True
+    needs = frozenset({"hidden"})
 
     def shapes(self, spec):
         L, M, S = len(spec.layers), spec.map_side(), spec.seq_len

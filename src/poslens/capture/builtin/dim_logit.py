@@ -49,18 +49,18 @@ def far_pair_dim_sum(qg: torch.Tensor, k: torch.Tensor, window: int) -> torch.Te
 class DimLogit(BuiltinStatistic):
     name = "dim_logit"
     accumulators = ("dim_logit",)
-    reads_qk = True
+    needs = frozenset({"qk"})
 
     def shapes(self, spec):
         return {"dim_logit": (len(spec.layers), spec.num_heads, spec.head_dim)}
 
-    def add(self, batch: LayerBatch) -> None:
+    def add(self, batch: LayerBatch, piece) -> None:
         """The per-dimension sums over the causal pairs a query sees, divided by their number."""
         q, k = batch.half_layout()
         B, H, S, D = q.shape
         Hk = k.shape[1]
         qg = q.view(B, Hk, H // Hk, S, D)
-        dim_sum = sum_first(causal_pair_dim_sum(qg, k, batch.capture.workers)).reshape(H, D)
+        dim_sum = sum_first(causal_pair_dim_sum(qg, k, batch.capture.work.workers)).reshape(H, D)
         n_pairs = S * (S + 1) / 2
         if batch.window is not None and batch.causal:  # only the pairs a query sees: drop i - j >= window
             dim_sum -= sum_first(far_pair_dim_sum(qg, k, batch.window)).reshape(H, D)

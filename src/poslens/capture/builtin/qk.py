@@ -24,13 +24,13 @@ def head_gram(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
 class QKMoments(BuiltinStatistic):
     name = "qk"
     accumulators = ("q_gram", "k_gram")
-    reads_qk = True
+    needs = frozenset({"qk"})
 
     def shapes(self, spec):
         L, H, Hk, D = len(spec.layers), spec.num_heads, spec.num_kv_heads, spec.head_dim
         return {"q_gram": (L, H, D, D), "k_gram": (L, Hk, D, D)}
 
-    def add(self, batch: LayerBatch) -> None:
+    def add(self, batch: LayerBatch, piece) -> None:
         """Float32 ``[S, D] x [S, D]`` products per sequence and head, summed in float64; the
         reservoir's new rows.
 
@@ -46,10 +46,10 @@ class QKMoments(BuiltinStatistic):
         # float32 values, taken as they are
         rope = batch.layer in spec.rope_layers and batch.layer not in spec.no_rope_layers
         pre = batch.pre_rope() if rope and batch.pre_rope_computed() else None
-        perm = cap._half_perm(D, q.device) if spec.rope_layout == "interleaved" else None
+        perm = cap.half_perm(D, q.device) if spec.rope_layout == "interleaved" else None
         cpu = q.device.type == "cpu"
-        qg = cap._buffer("q_gram", (B, H, D, D), q.device, reuse=cpu)
-        kg = cap._buffer("k_gram", (B, Hk, D, D), q.device, reuse=cpu)
+        qg = cap.work.buffer("q_gram", (B, H, D, D), q.device, reuse=cpu)
+        kg = cap.work.buffer("k_gram", (B, Hk, D, D), q.device, reuse=cpu)
         res = cap.reservoir
         if res is not None:  # the tokens entering the reservoir: (sequence in the batch, position)
             sel_b, sel_s = res.new_slots()

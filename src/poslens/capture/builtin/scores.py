@@ -5,7 +5,7 @@ their query heads, soft-capped where the model caps), mean over sequences; 0 whe
 see the key (above the diagonal in causal runs, outside a sliding window: never computed).
 
 ``score_groups[g, l]``: the same sums taken separately over the sequence groups ``g = sequence % G``
-on the :func:`~poslens.capture.attention.noise_grid` positions; the spread of the groups is the noise
+on the :func:`~poslens.capture.stats.noise_grid` positions; the spread of the groups is the noise
 floor of the score-map statistics.
 """
 
@@ -14,49 +14,47 @@ from __future__ import annotations
 import torch
 
 from poslens.capture.builtin.base import BuiltinStatistic, LayerBatch
-from poslens.capture.stats import GroupAccumulator
+from poslens.capture.stats import GroupAccumulator, noise_grid
 
 
 class Scores(BuiltinStatistic):
     name = "scores"
     accumulators = ("scores", "score_groups")
-    reads_maps = frozenset({"logit_sum"})
+    needs = frozenset({"logit_sum"})
 
     def shapes(self, spec):
         M = spec.map_side()
         return {"scores": (len(spec.layers), M, M)}
 
     def make_accumulators(self, spec, device):
-        from poslens.capture.attention import noise_grid
-
         accs = super().make_accumulators(spec, device)
         n = noise_grid(spec.seq_len, spec.noise_max_positions).numel()
         accs["score_groups"] = GroupAccumulator(spec.noise_groups, (len(spec.layers), n, n), device=device)
         return accs
 
-    def begin_maps(self, capture, run, zeros):
-        run.out["scores"] = zeros("scores", run.M, run.M)
+    def begin_layer(self, batch, maps):
+        maps.zeros("scores", maps.M, maps.M)
 
-    def chunk_logit_sum(self, capture, run, block_sum, start):
-        capture._put(run, "scores", block_sum, start)
+    def add(self, batch, piece):
+        batch.maps.put("scores", piece["logit_sum"], piece.rows.start)
 
-    def add_maps(self, capture, batch: LayerBatch, maps):
-        H = batch.query.shape[1]
-        capture._add64(capture.accs["scores"].sum[batch.li], maps["scores"], alpha=1.0 / H, lower=batch.causal)
-        self._add_groups(capture, batch)
+    def end_layer(self, batch: LayerBatch, maps):
+        cap, H = batch.capture, batch.query.shape[1]
+        cap.work.add64(cap.accs["scores"].sum[batch.li], maps["scores"], alpha=1.0 / H, lower=batch.causal)
+        self._add_groups(batch)
 
     @staticmethod
-    def _add_groups(capture, batch: LayerBatch) -> None:
+    def _add_groups(batch: LayerBatch) -> None:
         """Head-summed scores of each sequence on the noise grid, added to its sequence group.
 
         Only grid rows and keys are computed (``[B, H, n, n]``, n <= ``noise_max_positions``): a
-        small product beside the full maps, whichever path computed those. Above the diagonal stays 0
-        (as in ``scores``); entries outside a sliding window are masked when the summary reads them.
+        small product beside the full maps, whichever backend computed those. Above the diagonal stays
+        0 (as in ``scores``); entries outside a sliding window are masked when the summary reads them.
         """
-        query, key = batch.query, batch.key
+        cap, query, key = batch.capture, batch.query, batch.key
         B, H = query.shape[:2]
         Hk = key.shape[1]
-        grid = capture.grid.to(query.device)
+        grid = cap.grid.to(query.device)
         qg = query[:, :, grid].to(torch.float32)
         kg = key[:, :, grid].to(torch.float32)
         if Hk != H:
@@ -68,8 +66,8 @@ class Scores(BuiltinStatistic):
         if batch.causal:
             part.masked_fill_(grid[None, :] > grid[:, None], 0.0)
         part = torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0).to(torch.float64).div_(H)
-        acc = capture.accs["score_groups"]
-        acc.sum[:, batch.li].index_add_(0, capture._seq_groups(acc.sum.device), part.to(acc.sum.device))
+        acc = cap.accs["score_groups"]
+        acc.sum[:, batch.li].index_add_(0, cap.seq_groups(acc.sum.device), part.to(acc.sum.device))
 
 
 STATISTIC = Scores()

@@ -14,19 +14,20 @@ class SinkHeads(BuiltinStatistic):
     name = "sink_heads"
     selectable = False  # brought along by probs and slash (their `requires`)
     accumulators = ("sink_heads",)
-    reads_maps = frozenset({"head_weights"})
+    needs = frozenset({"key0_weights"})
 
     def shapes(self, spec):
         return {"sink_heads": (len(spec.layers), spec.num_heads, spec.seq_len)}
 
-    def begin_maps(self, capture, run, zeros):
-        run.out["sink_heads"] = zeros("sink_heads", run.H, run.S)
+    def begin_layer(self, batch, maps):
+        maps.zeros("sink_heads", batch.query.shape[1], maps.S)
 
-    def chunk_head_weights(self, capture, run, pb, start):
-        run.out["sink_heads"][:, start:start + pb.shape[1]] = pb[:, :, 0]
+    def add(self, batch, piece):
+        k0 = piece["key0_weights"]
+        batch.maps["sink_heads"][:, piece.rows.start:piece.rows.start + k0.shape[1]] = k0
 
-    def add_maps(self, capture, batch: LayerBatch, maps):
-        capture._add64(capture.accs["sink_heads"].sum[batch.li], maps["sink_heads"])
+    def end_layer(self, batch: LayerBatch, maps):
+        batch.capture.work.add64(batch.capture.accs["sink_heads"].sum[batch.li], maps["sink_heads"])
 
 
 STATISTIC = SinkHeads()

@@ -11,37 +11,25 @@ import torch
 from poslens.capture.builtin.base import BuiltinStatistic, LayerBatch
 
 
-def slash_view(zbuf: torch.Tensor, c: int, stop: int, pad: int) -> torch.Tensor:
-    """View ``[H, c, stop]`` of the head-weight buffer with ``V[h, r, t] = A_h[start + r, start + r - d]``.
-
-    ``zbuf [H, pad, W]`` holds a chunk's weights ``A_h[start + r, j]`` at column ``pad + j`` and zeros
-    in its first ``pad >= c`` columns; ``d = stop - 1 - t`` with ``start = stop - c``. Row stride
-    ``W + 1`` shifts each row one column further, so the columns line up by offset; entries with
-    ``d > start + r`` (no such sub-diagonal element) land in the zero columns.
-    """
-    H, _, W = zbuf.shape
-    return zbuf.as_strided((H, c, stop), (zbuf.stride(0), W + 1, 1), zbuf.storage_offset() + pad - c + 1)
-
-
 class Slash(BuiltinStatistic):
     name = "slash"
     requires = ("sink_heads",)
     accumulators = ("slash",)
-    reads_maps = frozenset({"head_weights"})
+    needs = frozenset({"diagonal_sums"})
 
     def shapes(self, spec):
         return {"slash": (len(spec.layers), spec.num_heads, spec.seq_len)}
 
-    def begin_maps(self, capture, run, zeros):
-        run.out["slash"] = zeros("slash", run.H, run.S)
+    def begin_layer(self, batch, maps):
+        maps.zeros("slash", batch.query.shape[1], maps.S)
 
-    def chunk_head_weights(self, capture, run, pb, start):
-        c = pb.shape[1]
-        run.out["slash"][:, :start + c] += slash_view(run.zbuf, c, start + c, run.rows).sum(dim=1).flip(-1)
+    def add(self, batch, piece):
+        d = piece["diagonal_sums"]
+        batch.maps["slash"][:, :d.shape[1]] += d
 
-    def add_maps(self, capture, batch: LayerBatch, maps):
+    def end_layer(self, batch: LayerBatch, maps):
         S = maps["slash"].shape[-1]
-        capture.accs["slash"].sum[batch.li] += maps["slash"].to(torch.float64) / (
+        batch.capture.accs["slash"].sum[batch.li] += maps["slash"].to(torch.float64) / (
             S - torch.arange(S, device=maps["slash"].device, dtype=torch.float64))
 
 
