@@ -241,3 +241,9 @@ class GroupAccumulator:
         n = self.counts.to(self.sum.device, torch.float64)
         dist.all_reduce(n, group=group)
         self.counts = n.round().to(torch.int64).cpu()
+
+
+def noise_grid(S: int, max_positions: int) -> torch.Tensor:
+    """Positions ``0, s, 2s, ...`` (CPU) (stride ``s = ceil(S / max_positions)``) of the group score maps:
+    a constant stride keeps a Toeplitz map Toeplitz, so relativity is judged on the grid as on the map."""
+    return torch.arange(0, S, -(-S // max(1, max_positions)), device="cpu")
