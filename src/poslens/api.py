@@ -72,7 +72,14 @@ class Result:
     def __repr__(self) -> str:
         keys = ", ".join(sorted(self.maps)) if self._maps is not None else "not loaded"
         where = "temporary" if self.temporary else str(self.path)
-        return f"<poslens.Result {self.command} at {where}; maps: {keys}>"
+        backend = f"; backend: {', '.join(self.backends)}" if self.backends else ""
+        return f"<poslens.Result {self.command} at {where}{backend}; maps: {keys}>"
+
+    @property
+    def backends(self) -> dict:
+        """Which backend computed the attention statistics of which decoder layers (from 0), and why:
+        ``{"native": {"layers": [0, 1, ...], "reason": "fused C kernels"}}`` (a scan; else empty)."""
+        return dict(self.summary.get("capture_backends") or {})
 
     # ---- tensors ---------------------------------------------------------------------------
     @property

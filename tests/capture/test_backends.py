@@ -190,7 +190,9 @@ def test_the_choice_and_its_reason():
     assert name == backends.TORCH and "float64" in why
 
 
-def test_a_scan_records_its_backend(tmp_path):
+def test_a_scan_records_its_backend(tmp_path, cli):
+    """config.json names the backend a scan takes, summary.json which layers each backend computed,
+    `poslens scan` prints it (not under --quiet) and the Result shows it."""
     import poslens
 
     path = archs.save_tiny("llama", tmp_path / "m")
@@ -200,3 +202,11 @@ def test_a_scan_records_its_backend(tmp_path):
     assert r.config["capture_backend"]["backend"] == want and r.config["capture_backend"]["reason"]
     assert r.summary["capture_backends"][want]["layers"] == [0, 1]
     assert want in backends.used_line(r.summary["capture_backends"])
+    assert r.backends[want]["layers"] == [0, 1] and f"backend: {want}" in repr(r)
+    code, out, err = cli("scan", path, "--out", tmp_path / "run", "--data", "random", "--seq-len", 16, "--num-seqs", 2,
+                         "--no-figures")
+    assert code == 0, err
+    assert f"capture backend: {want}" in out
+    code, out, _ = cli("scan", path, "--out", tmp_path / "quiet", "--data", "random", "--seq-len", 16, "--num-seqs", 2,
+                       "--no-figures", "--quiet")
+    assert code == 0 and "capture backend" not in out

@@ -79,6 +79,10 @@ def _print_scan(summary: dict, out: Path) -> None:
         peak = tp.get("peak_gpu_memory_bytes")
         console.print(f"{tp['tokens']:,} tokens in {tp['seconds']:.1f} s ({tp['tokens_per_s']:,.0f} tokens/s"
                       + (f"; peak GPU memory {peak / 2**30:.1f} GiB" if peak else "") + ")")
+    if "capture_backends" in summary:
+        from poslens.capture.backends import used_line
+
+        console.print(used_line(summary["capture_backends"]))
     console.print(f"wrote {out}/ ({', '.join(summary['files'])})")
 
 
