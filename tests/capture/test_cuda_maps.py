@@ -9,8 +9,9 @@ here. The interpreter runs every tile in numpy, so its cases are small (two or t
 while still covering GQA, causal and bidirectional masks, head dims 16 and 32, lengths that are not
 multiples of the tile, float32/bf16/fp16 inputs and every statistic combination.
 
-With CUDA the compiled kernels run larger cases (the GPU machine; a CPU-only suite skips them).
-Inputs are random queries and keys in transformers' transposed layout.
+The interpreter never compiles, so Triton also compiles both kernels for an sm_90 GPU ahead of time
+(no GPU needed). With CUDA the compiled kernels run larger cases (the GPU machine; a CPU-only suite
+skips them). Inputs are random queries and keys in transformers' transposed layout.
 """
 
 from __future__ import annotations
@@ -146,6 +147,40 @@ def test_the_interpreter_takes_cpu_tensors(interpreted):
     assert out["interpreted"] and out["supported_cpu"]
     q, k = make_inputs(1, 2, 1, 8, 16, torch.float32, seed=0)
     assert cuda_maps.supported(q, k) == cuda_maps.interpreted()
+
+
+def test_kernels_compile_for_hopper():
+    """The compiled path, on any machine: Triton lowers both kernels to an sm_90 (H100/H200) cubin
+    ahead of time (the interpreter never compiles, so a kernel it runs can still fail to compile).
+    The maps kernel with every output on bf16 tiles, the log-sum-exp kernel with IEEE float32 products."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (`pip install triton`)")
+    from poslens.capture import cuda_maps
+
+    if cuda_maps.interpreted():
+        pytest.skip("TRITON_INTERPRET=1: this process's kernels are the interpreter's")
+    import triton
+
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        pytest.skip(f"this Triton has no ahead-of-time compile API: {e}")
+    lse_kernel, maps_kernel = cuda_maps._kernels()
+
+    def compile_for_sm90(fn, pointers: dict, consts: dict):
+        sig = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in fn.arg_names}
+        return triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+    f32 = "*fp32"
+    maps = compile_for_sm90(maps_kernel, {"Q": "*bf16", "K": "*bf16", "LSE": f32, "SC": f32, "PR": f32, "HS": f32,
+                                          "HP": f32, "SLOT": "*i32", "SL": f32, "scale": "fp32"},
+                            dict(LOG2E=1 / math.log(2), D=64, BM=64, CAUSAL=True, IEEE=False, W_SC=True, W_PR=True,
+                                 W_HEADS=True, W_SLASH=True, NEED_S=True, PER_HEAD=True, STAGES=2, DOT_F32=False))
+    lse = compile_for_sm90(lse_kernel, {"Q": f32, "K": f32, "LSE": f32, "scale2": "fp32"},
+                           dict(D=32, BM=64, CAUSAL=True, IEEE=True, DOT_F32=False))
+    for k in (maps, lse):
+        assert len(k.asm["cubin"]) > 0 and ".target sm_90" in k.asm["ptx"]
 
 
 def _run_interpreted(inputs_path: str, outputs_path: str) -> None:
