@@ -5,9 +5,10 @@ The kernels' logic runs on every machine where Triton is installed: under Triton
 (``TRITON_INTERPRET=1``) they take CPU tensors. The interpreter must be asked for before the kernels
 are built, and this process's kernels must stay compiled for the CUDA tests, so the interpreted runs
 happen in a child process (this file run as a script), once per session; the comparisons happen
-here. The interpreter runs every tile in numpy, so its cases are small (two or three tiles a side)
+here. The interpreter runs every tile in numpy, so its cases are small (one or two tiles a side)
 while still covering GQA, causal and bidirectional masks, head dims 16 and 32, lengths that are not
-multiples of the tile, float32/bf16/fp16 inputs and every statistic combination.
+multiples of the tile, float32/bf16/fp16 inputs and every statistic combination, and a layer's capture
+through the Triton backend against its torch path.
 
 The interpreter never compiles, so Triton also compiles both kernels for an sm_90 GPU ahead of time
 (no GPU needed). With CUDA the compiled kernels run larger cases (the GPU machine; a CPU-only suite
@@ -197,6 +198,10 @@ def _run_interpreted(inputs_path: str, outputs_path: str) -> None:
         block, causal = INTERPRETED[name][7], INTERPRETED[name][5]
         cuda_maps.CONFIG["block"] = block
         out["maps"].append(cuda_maps.attention_maps(q, k, _scaling(q.shape[-1]), causal=causal, heads=heads, **combo))
+    cuda_maps.CONFIG["block"] = 64
+    c = CAPTURE_CASE
+    cap_in = capture_inputs(c["B"], c["H"], c["Hk"], c["S"], c["D"], seed=5)
+    out["capture"] = {m: (capture_means(*cap_in, m, "triton"), capture_means(*cap_in, m, "torch")) for m in (0, 16)}
     torch.save(out, outputs_path)
 
 
@@ -267,43 +272,80 @@ def test_capture_on_cuda_equals_capture_on_cpu():
         torch.testing.assert_close(res["cuda"][n], v, rtol=1e-4, atol=2e-5, msg=n)
 
 
-def _bf16_inputs(B, H, Hk, S, D, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = (torch.randn(B, S, H, D, generator=g, device="cuda") * 2).to(torch.bfloat16).transpose(1, 2)
-    k = (torch.randn(B, S, Hk, D, generator=g, device="cuda") * 2).to(torch.bfloat16).transpose(1, 2)
-    v = torch.randn(B, S, Hk, D, generator=g, device="cuda").to(torch.bfloat16).transpose(1, 2)
-    return q, k, v
+def capture_inputs(B, H, Hk, S, D, seed, device="cpu"):
+    """bf16 queries, keys, the attention output (SDPA, causal) and a hidden state, as a layer hands them over."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = (torch.randn(B, S, H, D, generator=g, device=device) * 2).to(torch.bfloat16).transpose(1, 2)
+    k = (torch.randn(B, S, Hk, D, generator=g, device=device) * 2).to(torch.bfloat16).transpose(1, 2)
+    v = torch.randn(B, S, Hk, D, generator=g, device=device).to(torch.bfloat16).transpose(1, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=CAPTURE_SCALING,
+                                                           enable_gqa=True)
+    hid = torch.randn(B, S, 4 * D, generator=g, device=device).to(torch.bfloat16)
+    return q, k, out, hid
+
+
+CAPTURE_SCALING = 0.125
+
+
+def capture_means(q, k, out, hid, map_size: int, kernel: str) -> tuple[dict, str]:
+    """Every statistic of one layer and one batch with ``POSLENS_CAPTURE_KERNEL=kernel``: the means (on
+    the CPU) and the backend the layer took."""
+    from poslens.capture import attention as att
+
+    B, H, S, D = q.shape
+    before = os.environ.get("POSLENS_CAPTURE_KERNEL")
+    os.environ["POSLENS_CAPTURE_KERNEL"] = kernel
+    try:
+        spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=k.shape[1], head_dim=D, seq_len=S, layers=[0],
+                               heads=[(0, H - 1)], map_size=map_size)
+        cap = att.Capture(spec, device=q.device)
+        cap.begin_batch(B)
+        cap.observe_attention(0, q, k, out, CAPTURE_SCALING)
+        cap.observe_hidden(0, hid)
+        cap.end_batch()
+        return {n: t.cpu() for n, t in cap.means().items()}, cap.backends[0][0]
+    finally:
+        if before is None:
+            del os.environ["POSLENS_CAPTURE_KERNEL"]
+        else:
+            os.environ["POSLENS_CAPTURE_KERNEL"] = before
+
+
+def check_fused_equals_torch(fused: dict, torch_path: dict, S: int, map_size: int) -> None:
+    M = -(-S // -(-S // map_size)) if map_size else S
+    assert fused["scores"].shape == (1, M, M)
+    assert ("probs_key0" in fused) == bool(map_size)
+    assert set(fused) == set(torch_path)
+    for n, t in torch_path.items():
+        torch.testing.assert_close(fused[n], t, rtol=1e-4, atol=2e-5, msg=n)
 
 
 @cuda
 @pytest.mark.parametrize("map_size", [0, 16])
-def test_fused_capture_equals_the_torch_path_on_cuda(map_size, monkeypatch):
+def test_fused_capture_equals_the_torch_path_on_cuda(map_size):
     """Every statistic through the fused kernels, with and without --map-size block maps (f = 13 does not
     divide S = 200), against the chunked torch path on the same CUDA inputs and output."""
-    from poslens.capture import attention as att
+    S = 200
+    inputs = capture_inputs(2, 8, 2, S, 64, seed=5, device="cuda")
+    torch_path, backend = capture_means(*inputs, map_size, "torch")
+    assert backend == "torch"
+    fused, backend = capture_means(*inputs, map_size, "auto")
+    assert backend == "triton"
+    check_fused_equals_torch(fused, torch_path, S, map_size)
 
-    B, H, Hk, S, D = 2, 8, 2, 200, 64
-    q, k, v = _bf16_inputs(B, H, Hk, S, D, 5)
-    scaling = 0.125
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
-    hid = torch.randn(B, S, 256, device="cuda").to(torch.bfloat16)
-    res = {}
-    for mode in ("torch", "auto"):
-        monkeypatch.setenv("POSLENS_CAPTURE_KERNEL", mode)
-        spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
-                               heads=[(0, 3)], map_size=map_size)
-        cap = att.Capture(spec, device="cuda")
-        cap.begin_batch(B)
-        cap.observe_attention(0, q, k, out, scaling)
-        cap.observe_hidden(0, hid)
-        cap.end_batch()
-        res[mode] = {n: t.cpu() for n, t in cap.means().items()}
-    M = -(-S // -(-S // map_size)) if map_size else S
-    assert res["auto"]["scores"].shape == (1, M, M)
-    assert ("probs_key0" in res["auto"]) == bool(map_size)
-    assert set(res["auto"]) == set(res["torch"])
-    for n, t in res["torch"].items():
-        torch.testing.assert_close(res["auto"][n], t, rtol=1e-4, atol=2e-5, msg=n)
+
+#: the interpreted capture: one tile of 64 rows (S = 40), block maps with f = 3 not dividing S
+CAPTURE_CASE = dict(B=2, H=4, Hk=2, S=40, D=16)
+
+
+@pytest.mark.parametrize("map_size", [0, 16])
+def test_interpreted_capture_equals_the_torch_path(map_size, interpreted):
+    """The check above on the CPU: the capture's Triton backend under the interpreter against its
+    torch path, on the same bf16 inputs."""
+    _, out = interpreted
+    (fused, fused_backend), (torch_path, torch_backend) = out["capture"][map_size]
+    assert (fused_backend, torch_backend) == ("triton", "torch")
+    check_fused_equals_torch(fused, torch_path, CAPTURE_CASE["S"], map_size)
 
 
 if __name__ == "__main__":
