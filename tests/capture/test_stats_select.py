@@ -73,10 +73,10 @@ def test_qk_only_skips_the_attention_maps(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("attention maps computed for --stats qk")
 
-    from poslens.capture import attnpass
+    from poslens.capture import attnpass, backends
 
     monkeypatch.setattr(attnpass.AttentionPass, "run", boom)
-    monkeypatch.setattr(attnpass, "triton_pass", boom)
+    monkeypatch.setattr(backends, "triton_pass", boom)
     assert set(_observe("qk,dim_logit").means()) == {"q_gram", "k_gram", "dim_logit"}
 
 

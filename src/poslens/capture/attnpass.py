@@ -13,9 +13,10 @@ of the whole batch would outgrow the CPU cache, it forms the scaled logits once,
   heads' logit sums (``selected_logit_sums``).
 
 Per-sequence intermediates go to their readers slice by slice, batch sums once per chunk. The
-``native`` backend forms the logit sum, softmax and per-head sums of a slice in one C pass; the
-``triton`` backend forms the batch sums of the whole layer without writing a logit, handed over as
-one piece. Readers are ``(needs, callback)`` pairs; nothing here knows a statistic.
+``native`` backend forms the logit sum, softmax and per-head sums of a slice in one C pass (the
+``triton`` backend, :func:`poslens.capture.backends.triton_pass`, forms the batch sums of a whole
+layer without writing a logit). Readers are ``(needs, callback)`` pairs; nothing here knows a
+statistic.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from poslens.capture import cuda_maps
 from poslens.capture.builtin.base import BATCH_SUMS, Piece
 from poslens.capture.kernels import finite, nonfinite_error, sum_first
 
@@ -273,23 +273,3 @@ class AttentionPass:
         for needs, fn in self.readers:
             if needs & BATCH_SUMS:
                 fn(piece)
-
-
-def triton_pass(query, key, scaling: float, causal: bool, heads: list, needs: frozenset) -> Piece | None:
-    """The batch sums of a whole layer from the fused Triton kernels (:mod:`poslens.capture.cuda_maps`),
-    as one piece of rows ``0 .. S - 1``; None when a value is not finite (the caller's checked pass
-    names the head)."""
-    want_k0 = "key0_weights" in needs
-    maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="logit_sum" in needs,
-                                    probs="weight_sum" in needs or (want_k0 and "diagonal_sums" not in needs),
-                                    slash="diagonal_sums" in needs,
-                                    heads=list(heads) if needs & {"selected_logit_sums", "selected_weight_sums"}
-                                    else [])
-    if maps and not bool(torch.stack([torch.isfinite(t).all() for t in maps.values()]).all()):  # one sync
-        return None
-    names = {"scores": "logit_sum", "probs": "weight_sum", "slash": "diagonal_sums", "sink_heads": "key0_weights",
-             "head_scores": "selected_logit_sums", "head_probs": "selected_weight_sums"}
-    values = {names[k]: v for k, v in maps.items() if k in names}
-    S = query.shape[2]
-    return Piece(slice(0, S), slice(0, query.shape[0]), S, values)
-

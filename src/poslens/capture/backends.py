@@ -26,7 +26,7 @@ import torch
 
 from poslens import native
 from poslens.capture import cuda_maps
-from poslens.capture.builtin.base import CHUNKED
+from poslens.capture.builtin.base import CHUNKED, Piece
 from poslens.errors import PoslensError
 
 TORCH, NATIVE, TRITON = "torch", "native", "triton"
@@ -106,6 +106,25 @@ def describe(device) -> dict:
     if dev.type == "cpu" and native.available():
         return {"backend": NATIVE, "reason": "fused C kernels (float32 layers without a window)"}
     return {"backend": TORCH, "reason": native.status()}
+
+
+def triton_pass(query, key, scaling: float, causal: bool, heads: list, needs: frozenset) -> Piece | None:
+    """The batch sums of a whole layer from the fused Triton kernels (:mod:`poslens.capture.cuda_maps`),
+    as one piece of rows ``0 .. S - 1``; None when a value is not finite (the caller's checked pass
+    names the head)."""
+    want_k0 = "key0_weights" in needs
+    maps = cuda_maps.attention_maps(query, key, scaling, causal=causal, scores="logit_sum" in needs,
+                                    probs="weight_sum" in needs or (want_k0 and "diagonal_sums" not in needs),
+                                    slash="diagonal_sums" in needs,
+                                    heads=list(heads) if needs & {"selected_logit_sums", "selected_weight_sums"}
+                                    else [])
+    if maps and not bool(torch.stack([torch.isfinite(t).all() for t in maps.values()]).all()):  # one sync
+        return None
+    names = {"scores": "logit_sum", "probs": "weight_sum", "slash": "diagonal_sums", "sink_heads": "key0_weights",
+             "head_scores": "selected_logit_sums", "head_probs": "selected_weight_sums"}
+    values = {names[k]: v for k, v in maps.items() if k in names}
+    S = query.shape[2]
+    return Piece(slice(0, S), slice(0, query.shape[0]), S, values)
 
 
 # --------------------------------------------------------------------------------------------

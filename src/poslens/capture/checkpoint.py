@@ -41,7 +41,7 @@ def fingerprint(cfg: ScanConfig) -> str:
 
 
 #: how the changed options are named: their flag, else (no flag: set from Python) their field name
-_OPTION_FLAGS = {"model_dir": "MODEL_DIR", "chunk_elems": "chunk_elems", "aps_max_positions": "aps_max_positions"}
+_OPTION_FLAGS = {"model_dir": "MODEL_DIR"}
 
 
 def changed_options(out: Path, cfg: ScanConfig) -> str:

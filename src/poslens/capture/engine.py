@@ -14,7 +14,7 @@ import torch
 
 from poslens import native as poslens_native
 from poslens.capture import backends
-from poslens.capture.attnpass import AttentionPass, Layer, triton_pass
+from poslens.capture.attnpass import AttentionPass, Layer
 from poslens.capture.blocks import BlockMaps
 from poslens.capture.builtin import active_statistics
 from poslens.capture.builtin.base import CHUNKED, LayerBatch, Piece
@@ -251,7 +251,7 @@ class Capture(CaptureSums):
         readers += self.users.readers(batch, points, lambda: held["out"])
         done = False
         if backend == backends.TRITON:
-            piece = triton_pass(query, key, batch.scaling, batch.causal, [h for _, h in batch.heads], needs)
+            piece = backends.triton_pass(query, key, batch.scaling, batch.causal, [h for _, h in batch.heads], needs)
             if piece is not None:
                 for st in stats:
                     st.add(batch, piece)
