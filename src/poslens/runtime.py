@@ -300,13 +300,30 @@ def set_threads(n: int | None) -> Iterator[int]:
             torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def environ_kept() -> Iterator[None]:
+    """Undo whatever the block adds to or changes in ``os.environ``: scikit-learn and threadpoolctl set
+    ``KMP_DUPLICATE_LIB_OK`` when first imported, and a library call of poslens leaves the caller's
+    environment as it was."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for k in [k for k in os.environ if k not in before]:
+            del os.environ[k]
+        for k, v in before.items():
+            if os.environ.get(k) != v:
+                os.environ[k] = v
+
+
 @functools.lru_cache(maxsize=1)
 def _blas_controller():
     """threadpoolctl's handle on the BLAS libraries numpy and scipy load (None without threadpoolctl).
     scipy's BLAS (its own OpenBLAS, which the CPU cosine Gram calls) is loaded first: the handle only
     knows the libraries loaded when it is made."""
     try:
-        from threadpoolctl import ThreadpoolController
+        with environ_kept():
+            from threadpoolctl import ThreadpoolController
     except ImportError:
         return None
     try:

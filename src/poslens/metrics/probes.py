@@ -27,6 +27,8 @@ import math
 
 import torch
 
+from poslens.runtime import environ_kept
+
 
 FEATURES = ("vector", "cosine", "norm")
 
@@ -72,7 +74,8 @@ def _ridge_alpha(X, ridge: float) -> float:
 def fit_linear(X: torch.Tensor, y: torch.Tensor, ridge: float = 1e-6):
     """A fitted :class:`sklearn.linear_model.Ridge` of ``y ~ X w + b`` (the bias is not shrunk); the
     ridge is relative to the mean diagonal of the centred ``XᵀX`` (a tiny one keeps it stable)."""
-    from sklearn.linear_model import Ridge
+    with environ_kept():
+        from sklearn.linear_model import Ridge
 
     X, y = _np(X), _np(y)
     return Ridge(alpha=_ridge_alpha(X, ridge), fit_intercept=True, solver="cholesky").fit(X, y)
@@ -89,10 +92,11 @@ def fit_mlp(X: torch.Tensor, y: torch.Tensor, *, hidden: int = 64, steps: int = 
     (:class:`sklearn.compose.TransformedTargetRegressor`); seeded, independent of global RNGs."""
     import warnings
 
-    from sklearn.compose import TransformedTargetRegressor
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
-    from sklearn.preprocessing import StandardScaler
+    with environ_kept():
+        from sklearn.compose import TransformedTargetRegressor
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.neural_network import MLPRegressor
+        from sklearn.preprocessing import StandardScaler
 
     X, y = _np(X), _np(y)
     mlp = MLPRegressor(hidden_layer_sizes=(hidden,), activation="relu", solver="adam", learning_rate_init=lr,
@@ -121,8 +125,10 @@ def select_ridge(Xa, ya, Xb, yb, ridges=RIDGES) -> float:
     :class:`sklearn.model_selection.GridSearchCV`.
     """
     import numpy as np
-    from sklearn.linear_model import Ridge
-    from sklearn.model_selection import GridSearchCV, PredefinedSplit
+
+    with environ_kept():
+        from sklearn.linear_model import Ridge
+        from sklearn.model_selection import GridSearchCV, PredefinedSplit
 
     A, B = _standardise(Xa.to(torch.float64), Xb.to(torch.float64))
     A, B = _np(A), _np(B)
