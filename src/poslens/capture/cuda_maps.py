@@ -1,6 +1,6 @@
 """Fused CUDA kernels (Triton) for a layer's attention maps: scores, weights, slash, per-head maps.
 
-The chunked torch path (:meth:`poslens.capture.attention.Capture._attention_maps`) materialises
+The chunked torch pass (:class:`poslens.capture.attnpass.AttentionPass`) materialises
 ``B x H x c x S`` float32 logits and reads them five or more times (sum, mask, softmax, batch
 sum, slash gather): on a GPU that is memory traffic of about 20 bytes per logit, more than the
 flash-attention forward it observes. These kernels never write a logit:
@@ -219,7 +219,9 @@ def key0_weights(query: torch.Tensor, key: torch.Tensor, lse2: torch.Tensor, sca
 
 def attention_maps(query: torch.Tensor, key: torch.Tensor, scaling: float, *, causal: bool, scores: bool,
                    probs: bool, slash: bool, heads: list[int]) -> dict[str, torch.Tensor]:
-    """Float32 batch/head sums of one layer's maps (those the chunked pass, ``Capture._attention_maps``, fills).
+    """Float32 batch/head sums of one layer's maps (the batch sums the chunked pass,
+    :class:`poslens.capture.attnpass.AttentionPass`, hands over; :func:`poslens.capture.backends.triton_pass`
+    names them as intermediates).
 
     ``query [B, H, S, D]``, ``key [B, Hk, S, D]`` (any strides, model dtype); ``scaling`` the logit
     scale. Keys: ``scores``/``probs`` ``[S, S]`` (causal: 0 above the diagonal), ``slash`` ``[H, S]``
