@@ -138,12 +138,40 @@ def reference_maps(q, k, scaling, causal):
             "head_probs": p.sum(0)}
 
 
-def _capture_for(B, H, Hk, S, D, stats, heads=()):
-    from poslens.capture.attention import Capture, CaptureSpec
+def torch_pass_maps(q, k, scaling, causal, heads=(), slash=True, checked=False):
+    """The same batch/head sums from the chunked torch pass (:class:`poslens.capture.attnpass.AttentionPass`)
+    over float32 copies of ``q``/``k``: what a layer's statistics receive on the torch backend."""
+    from poslens.capture import backends
+    from poslens.capture.attnpass import AttentionPass, Layer
+    from poslens.capture.sums import Workspace
 
-    spec = CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
-                       heads=[(0, h) for h in heads], stats=frozenset(stats))
-    return Capture(spec, device="cpu")
+    B, H, S, D = q.shape
+    Hk = k.shape[1]
+    qf, kf = q.float().contiguous(), k.float().contiguous()
+    rows = backends.rows_per_chunk(B, H, S, q.device, H // Hk)
+    layer = Layer(0, qf.view(B, Hk, H // Hk, S, D), kf.transpose(2, 3), scaling, causal, None, None, list(heads),
+                  rows, B)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    out = {"scores": torch.zeros(S, S, **f32), "probs": torch.zeros(S, S, **f32)}
+    if slash:
+        out["slash"] = torch.zeros(H, S, **f32)
+    if heads:
+        out["head_scores"], out["head_probs"] = (torch.zeros(len(heads), S, S, **f32) for _ in range(2))
+
+    def read(piece):
+        r, n = piece.rows, piece.keys
+        out["scores"][r, :n] = piece["logit_sum"]
+        out["probs"][r, :n] = piece["weight_sum"]
+        if slash:
+            d = piece["diagonal_sums"]
+            out["slash"][:, :d.shape[1]] += d
+        if heads:
+            out["head_scores"][:, r, :n] = piece["selected_logit_sums"]
+            out["head_probs"][:, r, :n] = piece["selected_weight_sums"]
+    needs = {"logit_sum", "weight_sum"} | ({"diagonal_sums"} if slash else set()) | (
+        {"selected_logit_sums", "selected_weight_sums"} if heads else set())
+    AttentionPass(layer, [(needs, read)], Workspace(), checked=checked).run()
+    return out
 
 
 def part_kernels(a, dev) -> dict:
@@ -163,9 +191,7 @@ def part_kernels(a, dev) -> dict:
         scaling = 1 / math.sqrt(D)
         ref = reference_maps(q, k, scaling, causal)
         heads = [0, H - 1]
-        cap = _capture_for(B, H, Hk, S, D, ("scores", "probs", "slash"), heads)
-        variants = {"torch": lambda: cap._attention_maps(0, q.float().contiguous(), k.float().contiguous(), scaling,
-                                                         causal, None, None, [(0, 0), (1, H - 1)], checked=not cuda)}
+        variants = {"torch": lambda: torch_pass_maps(q, k, scaling, causal, heads, checked=not cuda)}
         if cuda and cuda_maps.supported(q, k):
             variants["fused"] = lambda: cuda_maps.attention_maps(q, k, scaling, causal=causal, scores=True, probs=True,
                                                                  slash=True, heads=heads)
@@ -192,13 +218,11 @@ def part_kernels(a, dev) -> dict:
     timing = {"shape": [B, H, Hk, S, D]}
     ref_maps = None
     for stats in (("scores", "probs"), ("scores", "probs", "slash")):
-        cap = _capture_for(B, H, Hk, S, D, stats)
         lab = ",".join(stats)
 
-        def torch_path():
+        def torch_path(stats=stats):
             with torch.no_grad():
-                return cap._attention_maps(0, q.float().contiguous(), k.float().contiguous(), 0.125, True, None, None, [],
-                                           checked=not cuda)
+                return torch_pass_maps(q, k, 0.125, True, slash="slash" in stats, checked=not cuda)
         if a.torch_path:
             timing[f"torch[{lab}]_ms"] = 1000 * timed(torch_path, dev, reps=3)
         if len(stats) == 3:
