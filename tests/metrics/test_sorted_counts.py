@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from poslens.metrics.diagonal import (_centred, _entries, _groups, _slope_functional, _within, describe_map,
-                                      diagonal_trend, diagonal_trends, is_flat, mask_keys, relativity_index,
+                                      diagonal_trend, diagonal_trends, is_flat, locality, mask_keys, relativity_index,
                                       within_diagonal_rms)
-from poslens.metrics.neighborhood import (_compared_pair_hits, finite_prefix, ordered_pair_counts,
-                                          rising_pair_fraction, row_pair_counts)
+from poslens.metrics.neighborhood import (_compared_pair_counts, adjacency_probability_score, finite_prefix,
+                                          key_pair_counts, norm_score, ordered_pair_counts, rising_pair_fraction,
+                                          row_pair_counts)
 from poslens.metrics.noise import (_flip_patterns, _flip_statistics, cross_mean_square, decisive, jackknife_se,
                                    jackknife_se_of, leave_one_out_means, min_pvalue, signflip_pvalue)
 
@@ -133,7 +134,8 @@ def test_rising_pair_fraction_sorted_equals_compared(ties, include_diagonal):
     for T in (1, 2, 3, 9, 64, 65, 100):
         ms = _maps(T, gen).reshape(2, 2, T, T)
         got = rising_pair_fraction(ms, include_diagonal, ties)
-        hits, total = _compared_pair_hits(ms, include_diagonal, ties, chunk_elems=2**12)
+        rises, tied, total = _compared_pair_counts(ms, include_diagonal, chunk_elems=2**12)
+        hits = rises + ties * tied
         want = hits / total.clamp_min(1) + torch.where(total > 0, 0.0, float("nan"))
         assert got.shape == (2, 2)
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), T
@@ -294,3 +296,56 @@ def test_describe_map_flat_groups_and_the_relativity_flatness_on_every_key():
     assert got["flat"] is True and got["locality"] is None
     for key, value in want.items():
         assert _same(got[key], value), key
+
+
+# ------------------------------------------------------------------------------------------------
+# closed-form counts
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("include_diagonal", [False, True])
+def test_key_pair_counts_complete_the_masked_counts(include_diagonal):
+    """The pairs of excluded key columns added to the counts of the masked map are the counts of the
+    whole map, whichever columns (first, inner, last, several, out of range) and NaN or ties."""
+    gen = torch.Generator().manual_seed(60)
+    for T in (1, 2, 5, 33, 70):
+        ms = _maps(T, gen)
+        whole = row_pair_counts(ms, include_diagonal)
+        for keys in [(0,), (T - 1,), (0, T // 2, T - 1), (1, 2), (T + 3,)]:
+            masked = row_pair_counts(mask_keys(ms, keys), include_diagonal)
+            extra = key_pair_counts(ms, keys, include_diagonal)
+            for a, b, c in zip(whole, masked, extra):
+                assert torch.equal(a, b + c), (T, keys)
+
+
+def test_describe_map_locality_all_keys_is_the_locality_with_every_key():
+    gen = torch.Generator().manual_seed(61)
+    m = torch.randint(0, 5, (20, 20), generator=gen).to(torch.float64)
+    m[:, 0] += 7.0  # a raised sink column
+    for lm in (None, m[::2, ::2]):
+        d = describe_map(m, exclude_keys=(0,), locality_map=lm, locality_all_keys=True)
+        assert d["locality_all_keys"] == locality(m if lm is None else lm)
+        assert d["locality"] == locality(m if lm is None else lm, exclude_keys=(0,))
+    const = torch.ones(6, 6, dtype=torch.float64)
+    const[:, 0] = 2.0  # constant once key 0 is excluded: flat, no locality either way
+    d = describe_map(const, exclude_keys=(0,), locality_all_keys=True)
+    assert d["flat"] and d["locality"] is None and d["locality_all_keys"] is None
+    assert "locality_all_keys" not in describe_map(m)
+
+
+def test_norm_score_closed_form_equals_the_map_count():
+    """The per-vector closed form against the APS of the map whose rows all are -||h||, bit for bit:
+    ties, signed zeros, lengths across the chunking, and non-finite norms (the map's own count)."""
+    gen = torch.Generator().manual_seed(62)
+    for T in (1, 2, 3, 4, 9, 64, 257):
+        norms = torch.rand(3, T, generator=gen, dtype=torch.float64)
+        norms[1] = norms[1].round(decimals=1)
+        norms[2, ::2] = 0.0
+        norms[2, 1::4] = -0.0
+        got = norm_score(norms)
+        want = adjacency_probability_score((-norms)[..., None, :].expand(3, T, T))
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num()), T
+    norms = torch.rand(2, 12, generator=gen, dtype=torch.float64)
+    norms[0, 4] = float("nan")
+    norms[1, 7] = float("inf")
+    for b in range(2):
+        sim = (-norms[b])[None, :].expand(12, 12)
+        assert float(norm_score(norms[b])) == float(adjacency_probability_score(sim))

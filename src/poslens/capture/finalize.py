@@ -58,7 +58,12 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     covers the map, the headline relativity index is the noise-corrected one (group cross-products,
     ``relativity_index_noise_corrected``), the uncorrected index in ``relativity_index_uncorrected``."""
     sub = _subsample(sc, locality_positions)
-    out = describe_map(sc, exclude_keys=sink_columns, locality_map=sub)
+    out = describe_map(sc, exclude_keys=sink_columns, locality_map=sub, locality_all_keys=True)
+    # the with-sink locality from the same pair counts; where the sink-excluded map is constant (no counts)
+    # it is counted on its own
+    locality_with_sink = out.pop("locality_all_keys")
+    if out["flat"]:
+        locality_with_sink = locality(sub)
     if groups is not None and groups.shape[0] >= 2:
         g = causal_view(groups, include_diagonal=True)
         on_grid = sc[grid][:, grid] if grid_map is None else grid_map  # grid_map: the mean map on the grid
@@ -89,7 +94,7 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
         out["noise"] = "no noise estimate: fewer than two sequence groups (scan at least 2 sequences)"
     flat = out["flat"] and groups is not None and groups.shape[0] >= 2
     out["relativity_index_with_sink"] = None if flat else _opt(relativity_index(sc))
-    out["locality_with_sink"] = None if flat else _opt(locality(sub))
+    out["locality_with_sink"] = None if flat else _opt(locality_with_sink)
     out["sink_columns"] = list(sink_columns)
     return out
 

@@ -38,7 +38,8 @@ import torch
 
 from poslens.metrics.noise import (NOISE_P, cross_mean_square, decisive, jackknife_se_of, leave_one_out_means,
                                    min_pvalue, signflip_pvalue)
-from poslens.metrics.neighborhood import finite_prefix, ordered_pair_counts, prefix_bands, rising_pair_fraction
+from poslens.metrics.neighborhood import (dead_leading_keys, finite, finite_prefix, key_pair_counts, ordered_pair_counts,
+                                          pair_counts, pair_fraction, prefix_bands)
 
 
 def as_float64(m) -> torch.Tensor:
@@ -72,12 +73,12 @@ def diagonal_means(m) -> torch.Tensor:
     S = m.shape[-1]
     mask = valid_mask(S, include_diagonal=True, device=m.device)
     off = _offsets(S, m.device)
-    finite = mask & torch.isfinite(m)
-    vals = torch.where(finite, m, torch.zeros((), dtype=m.dtype, device=m.device))
+    fin = mask & finite(m)
+    vals = torch.where(fin, m, torch.zeros((), dtype=m.dtype, device=m.device))
     lead = m.shape[:-2]
     idx = off.reshape(-1).expand(*lead, S * S)
     sums = torch.zeros(*lead, S, dtype=m.dtype, device=m.device).scatter_add_(-1, idx, vals.reshape(*lead, S * S))
-    counts = torch.zeros_like(sums).scatter_add_(-1, idx, finite.to(m.dtype).reshape(*lead, S * S))
+    counts = torch.zeros_like(sums).scatter_add_(-1, idx, fin.to(m.dtype).reshape(*lead, S * S))
     return sums / counts.clamp_min(1) + torch.where(counts > 0, 0.0, float("nan"))
 
 
@@ -94,7 +95,7 @@ def diagonal_normalize(m) -> torch.Tensor:
 def _entries(m: torch.Tensor, include_diagonal: bool) -> torch.Tensor:
     """Bool ``[S, S]``: valid causal entries that are finite in every leading slice of ``m``."""
     S = m.shape[-1]
-    fin = torch.isfinite(m)
+    fin = finite(m)
     while fin.ndim > 2:
         fin = fin.all(0)
     return valid_mask(S, include_diagonal, m.device) & fin
@@ -232,29 +233,34 @@ def diagonal_trends(m: torch.Tensor, include_diagonal: bool = False) -> torch.Te
     """:func:`diagonal_trend` of every map of ``m [..., S, S]`` at once, float64 ``[...]`` (NaN where
     no diagonal has two valid entries; NaN entries take part in no pair).
 
-    Each diagonal k (``D[k, t] = m[t + k, t]``) becomes a row with its finite entries in column order
-    at the front (:func:`poslens.metrics.neighborhood.finite_prefix`), and one value sort per row
-    counts its rising and tied pairs (:func:`poslens.metrics.neighborhood.ordered_pair_counts`); the
-    diagonals of at most ``w`` entries on their first ``w`` columns only."""
+    Each diagonal k (``D[k, t] = m[t + k, t]``, a strided view) becomes a row with its finite entries
+    in column order at the front (:func:`poslens.metrics.neighborhood.finite_prefix`, after the key
+    columns with no finite entry: :func:`poslens.metrics.neighborhood.dead_leading_keys`), and one
+    value sort per row counts its rising and tied pairs
+    (:func:`poslens.metrics.neighborhood.ordered_pair_counts`); the diagonals of at most ``w`` entries
+    on their first ``w`` columns only."""
     m = as_float64(m)
     S = m.shape[-1]
     lead = m.shape[:-2]
     flat = m.reshape(-1, S, S)
     B = flat.shape[0]
     first = 0 if include_diagonal else 1
+    fin = valid_mask(S, include_diagonal, m.device) & finite(flat)
+    c = dead_leading_keys(fin)
+    if c:  # a key column without a finite entry (an excluded sink) starts every diagonal: drop it
+        flat, fin, S = flat[:, c:, c:], fin[:, c:, c:], S - c
     if S - first < 2:
         return torch.full(lead, float("nan"), dtype=torch.float64, device=m.device)
-    k = torch.arange(S - 1, first - 1, -1, device=m.device)  # shortest diagonal first: row r has r + 1 entries
-    t = torch.arange(S, device=m.device)
-    inside = (t[None, :] + k[:, None]) < S
-    rows = (t[None, :] + k[:, None]).clamp_max(S - 1)
-    D = flat[:, rows, t[None, :].expand_as(rows)]  # [B, diagonal, column]
-    D = finite_prefix(D, inside & torch.isfinite(D))
+    # D[b, k - first, t] = m[b, t + k, t] (flat index (t + k) S + t), past the map's end: the NaN padding
+    padded = torch.cat([flat.reshape(B, S * S), flat.new_full((B, S * S), float("nan"))], 1)
+    D = padded.as_strided((B, S - first, S), (2 * S * S, S, S + 1), padded.storage_offset() + first * S)
+    D = finite_prefix(D, finite(D))
     gt, lt, pairs = (torch.zeros(B, dtype=torch.float64, device=m.device) for _ in range(3))
-    for lo, hi, w in prefix_bands(S - first, extra=1):
+    for lo, hi, w in prefix_bands(S - first, extra=1):  # band rows r = S - 1 - k: diagonal k has r + 1 entries
         if w < 2:
             continue
-        g, e, n = (c.reshape(B, hi - lo) for c in ordered_pair_counts(D[:, lo:hi, :w].reshape(-1, w)))
+        rows = D[:, S - hi - first:S - lo - first, :w]
+        g, e, n = (v.reshape(B, hi - lo) for v in ordered_pair_counts(rows.reshape(-1, w)))
         gt += g.sum(1)  # integer counts in float64: exact sums
         lt += (n - g - e).sum(1)
         pairs += n.sum(1)
@@ -299,12 +305,17 @@ def locality(m, groups=None, weights=None, include_diagonal: bool = False,
         raise ValueError("locality takes one [S, S] map")
     if is_flat(m, groups, weights, include_diagonal):
         return None
-    v = float(rising_pair_fraction(m, include_diagonal=include_diagonal, ties=0.5))
+    return _locality(*pair_counts(m, include_diagonal))
+
+
+def _locality(rises: torch.Tensor, tied: torch.Tensor, pairs: torch.Tensor) -> float | None:
+    """``2P - 1`` from a map's pair counts (ties count one half); None without a pair."""
+    v = float(pair_fraction(rises, tied, pairs, ties=0.5))
     return None if v != v else 2.0 * v - 1.0
 
 
 def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False, exclude_keys: Sequence[int] = (),
-                 locality_map=None) -> dict:
+                 locality_map=None, locality_all_keys: bool = False) -> dict:
     """Every number poslens reports on one score map, with its noise floor where groups are given.
 
     Keys: ``relativity_index``, ``locality``, ``diagonal_trend`` (+1 = further right is higher),
@@ -314,6 +325,8 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     mean map's diagonal-normalised entries), ``within_diag_rms_signal`` (noise removed),
     ``diagonal_trend_se`` (jackknife over groups), ``noise_groups``. Without them ``noise`` says why.
     ``locality_map`` (optional) is a position subsample of ``m`` to compute the O(S^3) locality on.
+    ``locality_all_keys``: also ``locality_all_keys``, the :func:`locality` of the map with the
+    excluded keys taken in (None where the map is flat), from the same pair counts.
     """
     m = as_float64(m)
     if m.ndim != 2:
@@ -325,8 +338,10 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     mask_m = _entries(mk, include_diagonal)
     v = mk[mask_m]
     g, w = _groups(groups, weights, exclude_keys)
-    mask = _entries(g, include_diagonal) & mask_m if G >= 2 else None
-    centred_g = _centred(g, mask) if mask is not None else None
+    mask_g = _entries(g, include_diagonal) if G >= 2 else None
+    mask = mask_g & mask_m if G >= 2 else None
+    vals_g = g[:, mask] if mask is not None else None  # [G, n]: the groups' jointly valid entries
+    centred_g = vals_g - vals_g.mean(-1, keepdim=True) if mask is not None else None
     within_g = _within(g, mask) if mask is not None else None
     within_m = _within(mk, mask_m)
     # the flatness tests: the map's (groups with the keys excluded) and relativity_index's, which
@@ -334,11 +349,13 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     p_flat = p_flat_ri = None
     same = False  # the groups' own mask is the joint one: the flat p-value is flat_p
     if v.numel() >= 2 and decisive(G):
-        mask_g = _entries(g, include_diagonal)
         same = torch.equal(mask_g, mask)
         p_flat = None if int(mask_g.sum()) < 2 else signflip_pvalue(centred_g if same else _centred(g, mask_g), w)
-        unmasked = [k for k in exclude_keys if 0 <= k < m.shape[-1]]
-        p_flat_ri = flat_pvalue(groups, weights, include_diagonal) if unmasked else p_flat
+        p_flat_ri = p_flat
+        if any(0 <= k < m.shape[-1] for k in exclude_keys):  # flat_pvalue(groups, weights, include_diagonal)
+            g_all = as_float64(groups)
+            mask_all = _entries(g_all, include_diagonal)
+            p_flat_ri = None if int(mask_all.sum()) < 2 else signflip_pvalue(_centred(g_all, mask_all), w)
     flat = v.numel() < 2 or _flat_verdict(v, p_flat)
     flat_ri = v.numel() < 2 or _flat_verdict(v, p_flat_ri)
     cross = cross_mean_square(within_g, w) if mask is not None else None
@@ -350,8 +367,14 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     }
     if not flat:
         lm = mk if locality_map is None else mask_keys(locality_map, exclude_keys)
-        lv = float(rising_pair_fraction(lm, include_diagonal=include_diagonal, ties=0.5))
-        out["locality"] = None if lv != lv else 2.0 * lv - 1.0
+        counts = pair_counts(lm, include_diagonal)
+        out["locality"] = _locality(*counts)
+        if locality_all_keys:  # the excluded columns' pairs added to the same counts
+            full = m if locality_map is None else as_float64(locality_map)
+            out["locality_all_keys"] = None if is_flat(full, include_diagonal=include_diagonal) else _locality(
+                *(a + b for a, b in zip(counts, key_pair_counts(full, exclude_keys, include_diagonal))))
+    elif locality_all_keys:
+        out["locality_all_keys"] = None
     out["flat"] = flat
     if mask is not None and not bool(mask.any()):  # e.g. a one-position map: nothing to estimate noise on
         out["noise"] = "no valid entry (a map of one position, or every key excluded): no noise estimate"
@@ -360,7 +383,7 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
         out.update({
             "flat_p": p_flat if p_flat is not None and same else signflip_pvalue(centred_g, w),
             "nonrelative_p": signflip_pvalue(within_g, w),
-            "trend_p": signflip_pvalue((g[:, mask] @ _slope_functional(mask))[:, None], w),
+            "trend_p": signflip_pvalue((vals_g @ _slope_functional(mask))[:, None], w),
             "within_diag_rms_noise": float(max(noise, 0.0) ** 0.5),
             "within_diag_rms_signal": float(max(sig, 0.0) ** 0.5),
             "noise_groups": G,

@@ -33,31 +33,40 @@ def rising_pair_fraction(m, include_diagonal: bool = False, ties: float = 0.0, c
     Visible means ``k < i`` (or ``k <= i`` with ``include_diagonal``) and a finite entry: NaN
     entries (masked keys, such as an excluded sink column) take part in no pair. Works on
     ``[..., T, T]`` and returns ``[...]`` (NaN when no pair is left). Ties count ``ties`` (0 as in
-    the APS definition, 0.5 for a symmetric trend measure). On the CPU the pairs are counted by
-    sorting each row (:func:`row_pair_counts`, O(T^2 log^2 T) per map); on other devices every pair
-    is compared, in row blocks of at most ``chunk_elems`` comparisons (O(T^3) per map).
+    the APS definition, 0.5 for a symmetric trend measure). The pairs are counted by
+    :func:`pair_counts`.
     """
-    m = torch.as_tensor(m)
-    m = m.to(torch.float64) if not m.is_floating_point() else m
-    if m.device.type == "cpu":
-        rises, tied, total = row_pair_counts(m, include_diagonal)
-        hits = rises + ties * tied
-    else:
-        hits, total = _compared_pair_hits(m, include_diagonal, ties, chunk_elems)
+    return pair_fraction(*pair_counts(m, include_diagonal, chunk_elems), ties)
+
+
+def pair_fraction(rises: torch.Tensor, tied: torch.Tensor, total: torch.Tensor, ties: float = 0.0) -> torch.Tensor:
+    """``(rises + ties * tied) / total`` of counts from :func:`pair_counts` (NaN where ``total`` is 0)."""
+    hits = rises + ties * tied
     return hits / total.clamp_min(1) + torch.where(total > 0, 0.0, float("nan")).to(hits.device)
 
 
-def _compared_pair_hits(m: torch.Tensor, include_diagonal: bool, ties: float,
-                        chunk_elems: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(hits, pairs)`` of :func:`rising_pair_fraction` by comparing every visible pair of each row
-    (float64 ``[...]``): a few large kernels per row block, for devices where many small sorts are
-    launch-bound."""
+def pair_counts(m, include_diagonal: bool = False, chunk_elems: int = 2**24) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
+    """``(rising, tied, pairs)`` over the same-row pairs of visible keys of maps ``m [..., T, T]``
+    (float64 ``[...]`` each; see :func:`rising_pair_fraction`). On the CPU by sorting each row
+    (:func:`row_pair_counts`, O(T^2 log^2 T) per map); on other devices every pair is compared, in
+    row blocks of at most ``chunk_elems`` comparisons (O(T^3) per map, a few large kernels per block
+    where many small sorts would be launch-bound)."""
+    m = torch.as_tensor(m)
+    m = m.to(torch.float64) if not m.is_floating_point() else m
+    if m.device.type == "cpu":
+        return row_pair_counts(m, include_diagonal)
+    return _compared_pair_counts(m, include_diagonal, chunk_elems)
+
+
+def _compared_pair_counts(m: torch.Tensor, include_diagonal: bool,
+                          chunk_elems: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`pair_counts` by comparing every visible pair of each row."""
     T = m.shape[-1]
     lead = m.shape[:-2]
     flat = m.reshape(-1, T, T)
     B = flat.shape[0]
-    hits = torch.zeros(B, dtype=torch.float64, device=m.device)
-    total = torch.zeros(B, dtype=torch.float64, device=m.device)
+    rises, tied, total = (torch.zeros(B, dtype=torch.float64, device=m.device) for _ in range(3))
     jj = torch.arange(T, device=m.device)
     pair_upper = jj[:, None] < jj[None, :]  # j < k
     rows_per_chunk = max(1, chunk_elems // max(1, B * T * T))
@@ -72,24 +81,41 @@ def _compared_pair_hits(m: torch.Tensor, include_diagonal: bool, ties: float,
         r = flat[:, start:stop, :K]  # [B, R, K]
         ok = torch.isfinite(r) & vis[None]
         valid = ok[:, :, :, None] & ok[:, :, None, :] & pair_upper[None, None, :K, :K]  # [B, R, j, k]
-        greater = r[:, :, None, :] > r[:, :, :, None]  # m[i, k] > m[i, j]
-        hits += (greater & valid).sum(dim=(1, 2, 3), dtype=torch.float64)
-        if ties:
-            hits += ties * ((r[:, :, None, :] == r[:, :, :, None]) & valid).sum(dim=(1, 2, 3), dtype=torch.float64)
+        rises += ((r[:, :, None, :] > r[:, :, :, None]) & valid).sum(dim=(1, 2, 3), dtype=torch.float64)
+        tied += ((r[:, :, None, :] == r[:, :, :, None]) & valid).sum(dim=(1, 2, 3), dtype=torch.float64)
         total += valid.sum(dim=(1, 2, 3), dtype=torch.float64)
-    return hits.reshape(lead), total.reshape(lead)
+    return rises.reshape(lead), tied.reshape(lead), total.reshape(lead)
+
+
+def finite(x: torch.Tensor) -> torch.Tensor:
+    """``torch.isfinite(x)`` in one subtraction and one comparison: ``x - x`` is 0 for a finite float
+    and NaN for NaN or an infinity (about twice as fast as ``isfinite`` on float64 here)."""
+    if not x.is_floating_point():
+        return torch.ones_like(x, dtype=torch.bool)
+    return (x - x) == 0
 
 
 def finite_prefix(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """``x [..., T]`` with the entries where ``keep`` (bool, same shape) moved to the front of each row
-    in their order, and ``-inf`` after them: the layout :func:`ordered_pair_counts` counts."""
+    in their order, and ``-inf`` after them: the layout :func:`ordered_pair_counts` counts. Where the
+    kept entries of every row already are its first ones, only the rest is set to ``-inf``."""
     T = x.shape[-1]
+    if T < 2 or not bool((keep[..., 1:] & ~keep[..., :-1]).any()):  # no kept entry after a dropped one
+        return x.masked_fill(~keep, float("-inf"))
     pos = keep.cumsum(-1, dtype=torch.int64) - 1
     spare = torch.full((), T, dtype=torch.int64, device=x.device)  # dropped entries go to one spare column
     pos = torch.where(keep, pos, spare)
     out = x.new_full((*x.shape[:-1], T + 1), float("-inf"))
     out.scatter_(-1, pos, x)
     return out[..., :T]
+
+
+def dead_leading_keys(visible: torch.Tensor) -> int:
+    """How many first key columns of ``visible [B, T, T]`` (rows: queries, columns: keys) no row of any
+    map sees: with them gone (``m[..., c:, c:]``), row ``i`` still sees the keys before it (an
+    excluded sink column 0 leaves every row's visible keys a prefix again)."""
+    dead = ~visible.any(1).any(0)
+    return int(torch.cumprod(dead.to(torch.int64), 0).sum())
 
 
 #: narrowest column prefix the rows of a map are counted on (:func:`row_pair_counts`,
@@ -115,9 +141,10 @@ def row_pair_counts(m: torch.Tensor, include_diagonal: bool = False) -> tuple[to
     same-row pairs of visible keys ``j < k`` (``k < i``, or ``k <= i`` with ``include_diagonal``, both
     entries finite): pairs with ``m[i, k] > m[i, j]``, with ``m[i, k] == m[i, j]``, and all of them.
 
-    Each row's visible entries are moved to its front (:func:`finite_prefix`) and counted by one
-    value sort per row (:func:`ordered_pair_counts`), rows that see at most ``w`` keys on their first
-    ``w`` columns only. The counts are exact integers (in float64 up to 2^53)."""
+    Each row's visible entries are moved to its front (:func:`finite_prefix`, after the key columns no
+    row sees: :func:`dead_leading_keys`) and counted by one value sort per row
+    (:func:`_sorted_pair_counts`), rows that see at most ``w`` keys on their first ``w`` columns only.
+    The counts are exact integers (in float64 up to 2^53)."""
     m = torch.as_tensor(m)
     m = m.to(torch.float64) if not m.is_floating_point() else m
     T = m.shape[-1]
@@ -126,7 +153,10 @@ def row_pair_counts(m: torch.Tensor, include_diagonal: bool = False) -> tuple[to
     B = flat.shape[0]
     extra = 1 if include_diagonal else 0
     i = torch.arange(T, device=m.device)
-    vis = (i[None, :] < i[:, None] + extra) & torch.isfinite(flat)  # [B, row, key]
+    vis = (i[None, :] < i[:, None] + extra) & finite(flat)  # [B, row, key]
+    c = dead_leading_keys(vis)
+    if c:  # keys no row sees (an excluded column 0): the rows before them see nothing either
+        flat, vis, T = flat[:, c:, c:], vis[:, c:, c:], T - c
     x = finite_prefix(flat, vis)
     n = vis.sum(-1, dtype=torch.int64)
     rises = torch.zeros(B, dtype=torch.int64, device=m.device)
@@ -140,6 +170,32 @@ def row_pair_counts(m: torch.Tensor, include_diagonal: bool = False) -> tuple[to
     pairs = (n * (n - 1) // 2).sum(1)
     as64 = torch.float64
     return rises.to(as64).reshape(lead), tied.to(as64).reshape(lead), pairs.to(as64).reshape(lead)
+
+
+def key_pair_counts(m: torch.Tensor, keys, include_diagonal: bool = False) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
+    """The pairs :func:`row_pair_counts` counts in ``m [..., T, T]`` that involve a key column in ``keys``
+    (one or both keys of the pair): ``(rising, tied, pairs)``, float64 ``[...]`` each. Added to the
+    counts of ``m`` with those columns masked (NaN) they give the counts of ``m`` itself: each such
+    column compared with every other visible finite key of its row, O(T^2) per key column."""
+    m = torch.as_tensor(m)
+    m = m.to(torch.float64) if not m.is_floating_point() else m
+    T = m.shape[-1]
+    keys = sorted({int(k) for k in keys if 0 <= k < T})
+    i = torch.arange(T, device=m.device)
+    vis = (i[None, :] < i[:, None] + (1 if include_diagonal else 0)) & finite(m)  # [..., row, key]
+    in_keys = torch.zeros(T, dtype=torch.bool, device=m.device)
+    in_keys[keys] = True
+    counts = [torch.zeros(m.shape[:-2], dtype=torch.int64, device=m.device) for _ in range(3)]
+    for e in keys:
+        col = m[..., :, e:e + 1]  # [..., row, 1]
+        # partners k of key e: visible, finite, and not a key of `keys` before e (that pair is e's partner's)
+        partner = vis & vis[..., :, e:e + 1] & (~in_keys | (i > e))[None, :] & (i != e)[None, :]
+        rises = torch.where(i[None, :] > e, m > col, col > m)  # the later key's entry higher
+        counts[0] += (rises & partner).sum((-1, -2))
+        counts[1] += ((m == col) & partner).sum((-1, -2))
+        counts[2] += partner.sum((-1, -2))
+    return tuple(c.to(torch.float64) for c in counts)
 
 
 #: block half-size up to which the rising count compares all pairs directly (b^2 comparisons per
@@ -163,7 +219,7 @@ def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch
     N, T = x.shape
     if x.device.type == "cpu":
         gt, eq = _sorted_pair_counts(x) if count_ties else (rising_pair_counts(x), None)
-        n = torch.isfinite(x).sum(1).to(torch.float64)
+        n = finite(x).sum(1).to(torch.float64)
         return gt.to(torch.float64), None if eq is None else eq.to(torch.float64), n * (n - 1) / 2
     P = 1 << max(1, (T - 1).bit_length())
     if P != T:
@@ -424,14 +480,29 @@ def _lower_cosines(u: torch.Tensor) -> torch.Tensor:
     return tie_columns(m, u)
 
 
+#: comparisons per step of :func:`norm_score` (a bool tensor of this many entries)
+_NORM_SCORE_ELEMS = 2**24
+
+
 def norm_score(norms) -> torch.Tensor:
     """The same triple count applied to ``-||h_i||``: 1 when norms shrink monotonically with position.
 
     ``norms`` is ``[..., T]``. Each pair j < k is counted once for every later row i > k, as in
-    the APS count.
+    the APS count: with every row of the map the same vector ``n = -||h||``, the count is
+    ``sum_k c_k (T - 1 - k)`` with ``c_k = #{j < k: n_k > n_j}``, O(T^2) comparisons per vector
+    instead of a map of T rows (non-finite norms: the map's count, :func:`adjacency_probability_score`).
     """
     n = -torch.as_tensor(norms, dtype=torch.float64)
     T = n.shape[-1]
+    if T >= 3 and bool(finite(n).all()):
+        idx = torch.arange(T, device=n.device)
+        count = torch.zeros(n.shape[:-1], dtype=torch.int64, device=n.device)
+        step = max(1, _NORM_SCORE_ELEMS // max(1, T * n[..., 0].numel()))
+        for k0 in range(0, T, step):  # c_k of keys k0 .. k0 + step - 1: every earlier j compared
+            k = idx[k0:k0 + step]
+            rises = ((n[..., None, k] > n[..., :, None]) & (idx[:, None] < k[None, :])).sum(-2)  # [..., k]
+            count += (rises * (T - 1 - k)).sum(-1)
+        return count.to(torch.float64) / (T * (T - 1) * (T - 2) / 6)  # as the map's count divides
     sim = n[..., None, :].expand(*n.shape[:-1], T, T)
     return adjacency_probability_score(sim)
 
