@@ -254,7 +254,8 @@ def _value_order(x: torch.Tensor) -> np.ndarray:
     float32 (and narrower, converted exactly): one sort of int64 keys, the value's bits mapped to an
     integer of the same order in the high word and ``P - 1 - position`` in the low word (numpy's
     vectorised integer sort; ``torch.sort`` took about 5x as long here). ``-0.0`` is made ``+0.0``
-    first (equal values, equal keys). Other dtypes: a stable argsort of the reversed rows in float64.
+    first (equal values, equal keys). Other dtypes: a stable argsort of the reversed rows in float64
+    (an unstable argsort with the ties and the -inf padding put in order afterwards took as long).
     """
     N, P = x.shape
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):  # float64 (integers: exactly)
@@ -275,10 +276,12 @@ def _value_order(x: torch.Tensor) -> np.ndarray:
 def _tied_pairs(sv: np.ndarray) -> np.ndarray:
     """Pairs of equal finite entries in each row of ``sv [N, P]`` (each row sorted ascending, -inf
     entries first and in no pair), int64 ``[N]``: each entry counts the equal ones sorted before it."""
-    P = sv.shape[1]
-    idx = np.arange(P, dtype=np.int64)
+    N, P = sv.shape
     new = np.ones(sv.shape, dtype=bool)
     np.not_equal(sv[:, 1:], sv[:, :-1], out=new[:, 1:])  # -0.0 == +0.0: one run
+    if new[:, 1:].all() or not (~new[:, 1:] & (sv[:, 1:] != -np.inf)).any():  # no equal finite values (float maps, as a rule)
+        return np.zeros(N, dtype=np.int64)
+    idx = np.arange(P, dtype=np.int64)
     start = np.maximum.accumulate(np.where(new, idx, 0), axis=1)  # first index of each entry's run
     before = idx - start
     before[np.isneginf(sv)] = 0
