@@ -349,3 +349,31 @@ def test_norm_score_closed_form_equals_the_map_count():
     for b in range(2):
         sim = (-norms[b])[None, :].expand(12, 12)
         assert float(norm_score(norms[b])) == float(adjacency_probability_score(sim))
+
+
+def test_value_order_of_float64_through_float32_keys_is_the_stable_order():
+    """float64 rows sorted by their float32 roundings: the order (ties latest first) and tie counts of a
+    stable float64 sort, also where rounding merges different values (1 and 1 + 1e-12, 1e-320 and
+    2e-320), overflows (1e39, -1e300 beside -inf) or meets signed zeros, infinities and ties."""
+    from poslens.metrics.neighborhood import _value_order
+
+    gen = torch.Generator().manual_seed(63)
+    specials = [1.0, 1.0 + 1e-12, 1e-320, 2e-320, 0.0, -0.0, 1e39, -1e300, 3.5e38, float("inf"), float("-inf"),
+                2.0, 2.0]
+    for case in range(40):
+        P = int(torch.randint(2, 70, (1,), generator=gen))
+        x = torch.randn(5, P, generator=gen, dtype=torch.float64)
+        if case % 2:
+            pick = torch.randint(0, len(specials), (5, P), generator=gen)
+            use = torch.rand(5, P, generator=gen) < 0.4
+            x = torch.where(use, torch.tensor(specials, dtype=torch.float64)[pick], x)
+        if case % 3 == 0:
+            x = x.round(decimals=1)
+        order, ties = _value_order(x, count_ties=True)
+        v = x.numpy()
+        want = (P - 1) - np.argsort(v[:, ::-1], axis=1, kind="stable")
+        assert (order == want).all(), case
+        for r in range(5):
+            row = [a for a in v[r].tolist() if a != float("-inf")]
+            tied = sum(row[j] == row[k] for j in range(len(row)) for k in range(j + 1, len(row)))
+            assert int(ties[r]) == tied, (case, r)

@@ -251,10 +251,13 @@ def diagonal_trends(m: torch.Tensor, include_diagonal: bool = False) -> torch.Te
         flat, fin, S = flat[:, c:, c:], fin[:, c:, c:], S - c
     if S - first < 2:
         return torch.full(lead, float("nan"), dtype=torch.float64, device=m.device)
-    # D[b, k - first, t] = m[b, t + k, t] (flat index (t + k) S + t), past the map's end: the NaN padding
-    padded = torch.cat([flat.reshape(B, S * S), flat.new_full((B, S * S), float("nan"))], 1)
-    D = padded.as_strided((B, S - first, S), (2 * S * S, S, S + 1), padded.storage_offset() + first * S)
-    D = finite_prefix(D, finite(D))
+    # D[b, k - first, t] = m[b, t + k, t] (flat index (t + k) S + t); past the map's end, the padding:
+    # not kept
+    def diagonals(x: torch.Tensor, pad) -> torch.Tensor:
+        padded = torch.cat([x.reshape(B, S * S), x.new_full((B, S * S), pad)], 1)
+        return padded.as_strided((B, S - first, S), (2 * S * S, S, S + 1), first * S)
+
+    D = finite_prefix(diagonals(flat, float("nan")), diagonals(fin, False))
     gt, lt, pairs = (torch.zeros(B, dtype=torch.float64, device=m.device) for _ in range(3))
     for lo, hi, w in prefix_bands(S - first, extra=1):  # band rows r = S - 1 - k: diagonal k has r + 1 entries
         if w < 2:

@@ -88,11 +88,11 @@ def _compared_pair_counts(m: torch.Tensor, include_diagonal: bool,
 
 
 def finite(x: torch.Tensor) -> torch.Tensor:
-    """``torch.isfinite(x)`` in one subtraction and one comparison: ``x - x`` is 0 for a finite float
-    and NaN for NaN or an infinity (about twice as fast as ``isfinite`` on float64 here)."""
+    """``torch.isfinite(x)`` as ``|x| < inf`` (False for NaN and both infinities), about twice as fast
+    as ``isfinite`` on float64 here."""
     if not x.is_floating_point():
         return torch.ones_like(x, dtype=torch.bool)
-    return (x - x) == 0
+    return x.abs() < float("inf")
 
 
 def finite_prefix(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -247,44 +247,82 @@ def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch
     return gt, (ge - gt) if count_ties else None, n * (n - 1) / 2
 
 
-def _value_order(x: torch.Tensor) -> np.ndarray:
-    """Positions of each row of ``x [N, P]`` (CPU, no NaN) in ascending order of value, equal values in
-    DESCENDING order of position (so a tied pair j < k is not a rise), as int32 ``[N, P]``.
+#: the float32 dtypes (and narrower, converted exactly) whose values :func:`_value_order` sorts as keys
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
 
-    float32 (and narrower, converted exactly): one sort of int64 keys, the value's bits mapped to an
-    integer of the same order in the high word and ``P - 1 - position`` in the low word (numpy's
-    vectorised integer sort; ``torch.sort`` took about 5x as long here). ``-0.0`` is made ``+0.0``
-    first (equal values, equal keys). Other dtypes: a stable argsort of the reversed rows in float64
-    (an unstable argsort with the ties and the -inf padding put in order afterwards took as long).
-    """
-    N, P = x.shape
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):  # float64 (integers: exactly)
-        xs = x.to(torch.float64).numpy()[:, ::-1]
-        return ((P - 1) - np.argsort(xs, axis=1, kind="stable")).astype(np.int32)
-    v = x.to(torch.float32).numpy() + np.float32(0.0)  # a copy; -0.0 + 0.0 = +0.0
-    v = v.view(np.int32)
-    v ^= (v >> 31) & np.int32(0x7FFFFFFF)  # negative floats: reverse the order of the magnitude bits
-    key = v.astype(np.int64)
+
+def _float32_order(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of each row of ``v [N, P]`` (float32, no NaN) in ascending order of value, equal values
+    latest position first (int32), and each row's values' keys in that order (int32: equal values,
+    equal keys). One sort of int64 keys: the value's bits mapped to an integer of the same order in
+    the high word (``-0.0`` made ``+0.0`` first) and ``P - 1 - position`` in the low word."""
+    N, P = v.shape
+    key = (v + np.float32(0.0)).view(np.int32).astype(np.int64)  # -0.0 + 0.0 = +0.0
+    key ^= (key >> 31) & np.int64(0x7FFFFFFF)  # negative floats: reverse the order of the magnitude bits
     key <<= 32
     key |= np.arange(P - 1, -1, -1, dtype=np.int64)  # ties: the later position first
     key.sort(axis=1)
-    out = key.astype(np.int32)  # the low word: P - 1 - position
-    np.subtract(P - 1, out, out=out)
-    return out
+    order = key.astype(np.int32)  # the low word: P - 1 - position
+    np.subtract(P - 1, order, out=order)
+    return order, (key >> 32).astype(np.int32)
 
 
-def _tied_pairs(sv: np.ndarray) -> np.ndarray:
-    """Pairs of equal finite entries in each row of ``sv [N, P]`` (each row sorted ascending, -inf
-    entries first and in no pair), int64 ``[N]``: each entry counts the equal ones sorted before it."""
-    N, P = sv.shape
-    new = np.ones(sv.shape, dtype=bool)
-    np.not_equal(sv[:, 1:], sv[:, :-1], out=new[:, 1:])  # -0.0 == +0.0: one run
-    if new[:, 1:].all() or not (~new[:, 1:] & (sv[:, 1:] != -np.inf)).any():  # no equal finite values (float maps, as a rule)
+def _float32_key(value: float) -> int:
+    """The high-word key :func:`_float32_order` gives ``value``."""
+    k = int(np.array([value], dtype=np.float32).view(np.int32)[0])
+    return k ^ (0x7FFFFFFF if k < 0 else 0)
+
+
+_NEG_INF_KEY, _POS_INF_KEY = _float32_key(float("-inf")), _float32_key(float("inf"))
+
+
+def _value_order(x: torch.Tensor, count_ties: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """Positions of each row of ``x [N, P]`` (CPU, no NaN) in ascending order of value, equal values in
+    DESCENDING order of position (so a tied pair j < k is not a rise), as int32 ``[N, P]``; with
+    ``count_ties``, also each row's pairs of equal values other than ``-inf`` (int64 ``[N]``).
+
+    float32 (and narrower, converted exactly): :func:`_float32_order` (numpy's vectorised integer sort;
+    ``torch.sort`` took about 5x as long here). float64 (integers: exactly): the same sort of the
+    values rounded to float32, which keeps their order wherever rounding merges no two different
+    values (rounding is monotonic): checked on every pair of neighbours in the order with equal keys,
+    and on the infinities (no finite value beyond float32's range). Otherwise, a stable argsort of the
+    reversed rows in float64 (about 3x as long).
+    """
+    N, P = x.shape
+    if x.dtype in _NARROW:
+        order, keys = _float32_order(x.to(torch.float32).numpy())
+        return order, _tied_runs(keys, skip=_NEG_INF_KEY) if count_ties else None
+    v = x.to(torch.float64).numpy()
+    with np.errstate(over="ignore"):  # beyond float32's range: an infinity, caught below
+        v32 = v.astype(np.float32)
+    order, keys = _float32_order(v32)
+    same = keys[:, 1:] == keys[:, :-1]
+    same &= (keys[:, 1:] != _NEG_INF_KEY) & (keys[:, 1:] != _POS_INF_KEY)
+    exact = int(np.isinf(v32).sum()) == int(np.isinf(v).sum())  # no finite value rounded to an infinity
+    if exact and same.any():  # neighbours with one key: equal in float64 too?
+        r, c = np.nonzero(same)
+        exact = bool((v[r, order[r, c]] == v[r, order[r, c + 1]]).all())
+    if exact:
+        return order, _tied_runs(keys, skip=_NEG_INF_KEY) if count_ties else None
+    order = ((P - 1) - np.argsort(v[:, ::-1], axis=1, kind="stable")).astype(np.int32)
+    if not count_ties:
+        return order, None
+    sv = np.take_along_axis(v, order.astype(np.int64), axis=1)
+    return order, _tied_runs(sv, skip=float("-inf"))
+
+
+def _tied_runs(sk: np.ndarray, skip) -> np.ndarray:
+    """Pairs of equal entries in each row of ``sk [N, P]`` (each row sorted ascending; entries equal to
+    ``skip`` in no pair), int64 ``[N]``: each entry counts the equal ones sorted before it."""
+    N, P = sk.shape
+    new = np.ones(sk.shape, dtype=bool)
+    np.not_equal(sk[:, 1:], sk[:, :-1], out=new[:, 1:])  # -0.0 == +0.0: one run
+    if new[:, 1:].all() or not (~new[:, 1:] & (sk[:, 1:] != skip)).any():  # no tie (float maps, as a rule)
         return np.zeros(N, dtype=np.int64)
     idx = np.arange(P, dtype=np.int64)
     start = np.maximum.accumulate(np.where(new, idx, 0), axis=1)  # first index of each entry's run
     before = idx - start
-    before[np.isneginf(sv)] = 0
+    before[sk == skip] = 0
     return before.sum(1)
 
 
@@ -292,7 +330,7 @@ def _sorted_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For each row of ``x [N, T]`` (CPU, no NaN; -inf entries only as a suffix): the pairs j < k with
     ``x[k] > x[j]`` and the pairs of equal finite entries, int64 ``[N]`` each. One value sort per row
     (:func:`_value_order`): the rising pairs are the non-inversions of the positions in value order
-    (:func:`_noninversions`), the tied ones the runs of equal values (:func:`_tied_pairs`)."""
+    (:func:`_noninversions`), the tied ones the runs of equal values."""
     N, T = x.shape
     if T < 2 or N == 0:
         zero = torch.zeros(N, dtype=torch.int64, device=x.device)
@@ -303,11 +341,8 @@ def _sorted_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     P = 1 << (T - 1).bit_length()
     if P != T:  # -inf padding: in no pair
         x = torch.cat([x, x.new_full((N, P - T), float("-inf"))], dim=1)
-    order = _value_order(x)
-    narrow = x.dtype in (torch.float32, torch.float16, torch.bfloat16)
-    vals = x.to(torch.float32 if narrow else torch.float64).numpy()
-    sv = np.take_along_axis(vals, order.astype(np.int64), axis=1)
-    return torch.from_numpy(_noninversions(order)), torch.from_numpy(_tied_pairs(sv))
+    order, tied = _value_order(x, count_ties=True)
+    return torch.from_numpy(_noninversions(order)), torch.from_numpy(tied)
 
 
 #: half-block sizes up to which :func:`_noninversions` compares left and right halves directly
@@ -388,7 +423,7 @@ def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
     P = 1 << (T - 1).bit_length()
     if P != T:  # -inf padding: no rise with or among the added entries
         x = torch.cat([x, x.new_full((N, P - T), float("-inf"))], dim=1)
-    return torch.from_numpy(_noninversions(_value_order(x.detach())))
+    return torch.from_numpy(_noninversions(_value_order(x.detach())[0]))
 
 
 def _rising_pairs_by_merge(m: torch.Tensor) -> torch.Tensor:
