@@ -4,12 +4,12 @@ numbers with their noise floors, APS, norm score, slash heads, rank-one measures
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from poslens.capture.adapters import layer_rope
-from poslens.capture.attention import Capture, noise_grid
-from poslens.capture.plan import ScanPlan
+from poslens.capture.attention import noise_grid
 from poslens.capture.statistic import qualified_name
 from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
 from poslens.metrics.diagonal import causal_view, window_view
@@ -17,6 +17,10 @@ from poslens.metrics.neighborhood import aps_positions
 from poslens.metrics.rank import band_contributions, rank_measures
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, top_slash_heads
 from poslens.rundir import write_tensors
+
+if TYPE_CHECKING:  # annotations only: the capture and the plan are read through the attributes used below
+    from poslens.capture.attention import Capture
+    from poslens.capture.plan import ScanPlan
 
 
 def _subsample(m: torch.Tensor, k: int) -> torch.Tensor:
