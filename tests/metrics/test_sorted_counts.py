@@ -18,9 +18,9 @@ import torch
 from poslens.metrics.diagonal import (_centred, _entries, _groups, _slope_functional, _within, describe_map,
                                       diagonal_trend, diagonal_trends, is_flat, locality, mask_keys, relativity_index,
                                       within_diagonal_rms)
-from poslens.metrics.neighborhood import (_compared_pair_counts, adjacency_probability_score, finite_prefix,
-                                          key_pair_counts, norm_score, ordered_pair_counts, rising_pair_fraction,
-                                          row_pair_counts)
+from poslens.metrics.neighborhood import (_compared_pair_counts, _merged_pair_counts, adjacency_probability_score,
+                                          finite_prefix, key_pair_counts, norm_score, ordered_pair_counts,
+                                          rising_pair_fraction, row_pair_counts)
 from poslens.metrics.noise import (_flip_patterns, _flip_statistics, cross_mean_square, decisive, jackknife_se,
                                    jackknife_se_of, leave_one_out_means, min_pvalue, signflip_pvalue)
 
@@ -149,8 +149,10 @@ def test_finite_prefix_moves_kept_entries_forward():
     assert out.tolist() == [[2.0, 4.0, inf, inf], [5.0, 6.0, 7.0, 8.0]]
 
 
-def test_ordered_pair_counts_with_ties_against_loops():
-    """The CPU's one-sort count of rising and tied pairs, rows of every length with -inf suffixes."""
+@pytest.mark.parametrize("count", [ordered_pair_counts, _merged_pair_counts])
+def test_ordered_pair_counts_with_ties_against_loops(count):
+    """The CPU's one-sort count of rising and tied pairs and the other devices' level-by-level count
+    (run here on the CPU), rows of every length with -inf suffixes."""
     gen = torch.Generator().manual_seed(53)
     for T in range(1, 70):
         x = torch.randint(0, 4, (6, T), generator=gen).to(torch.float64)
@@ -159,12 +161,14 @@ def test_ordered_pair_counts_with_ties_against_loops():
         x[2] = float("-inf")
         x[3, 1:] = float("-inf")
         for dtype in (torch.float64, torch.float32):
-            gt, eq, n = ordered_pair_counts(x.to(dtype))
+            gt, eq, n = count(x.to(dtype))
             for r, row in enumerate(x.tolist()):
                 v = [a for a in row if a != float("-inf")]
                 ps = [(v[j], v[k]) for j in range(len(v)) for k in range(j + 1, len(v))]
                 assert (float(gt[r]), float(eq[r]), float(n[r])) == (
                     sum(b > a for a, b in ps), sum(b == a for a, b in ps), len(ps)), (T, r, dtype)
+            if count is _merged_pair_counts:  # the tie-free count of the per-sequence APS off the CPU
+                assert torch.equal(count(x.to(dtype), count_ties=False)[0], gt)
 
 
 # ------------------------------------------------------------------------------------------------

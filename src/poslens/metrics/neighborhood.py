@@ -216,11 +216,18 @@ def ordered_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch
     k first fall into different halves. A -inf suffix takes part in no pair. ``count_ties=False``
     skips the tie count and returns None in its place.
     """
-    N, T = x.shape
     if x.device.type == "cpu":
         gt, eq = _sorted_pair_counts(x) if count_ties else (rising_pair_counts(x), None)
         n = finite(x).sum(1).to(torch.float64)
         return gt.to(torch.float64), None if eq is None else eq.to(torch.float64), n * (n - 1) / 2
+    return _merged_pair_counts(x, count_ties)
+
+
+def _merged_pair_counts(x: torch.Tensor, count_ties: bool = True) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                            torch.Tensor]:
+    """:func:`ordered_pair_counts` by sorted block halves and ``searchsorted``, level by level (the
+    path off the CPU, in a few kernels per level on any device)."""
+    N, T = x.shape
     P = 1 << max(1, (T - 1).bit_length())
     if P != T:
         x = torch.cat([x, torch.full((N, P - T), float("-inf"), dtype=x.dtype, device=x.device)], dim=1)
@@ -256,7 +263,7 @@ def _float32_order(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     latest position first (int32), and each row's values' keys in that order (int32: equal values,
     equal keys). One sort of int64 keys: the value's bits mapped to an integer of the same order in
     the high word (``-0.0`` made ``+0.0`` first) and ``P - 1 - position`` in the low word."""
-    N, P = v.shape
+    P = v.shape[1]
     key = (v + np.float32(0.0)).view(np.int32).astype(np.int64)  # -0.0 + 0.0 = +0.0
     key ^= (key >> 31) & np.int64(0x7FFFFFFF)  # negative floats: reverse the order of the magnitude bits
     key <<= 32
@@ -288,7 +295,7 @@ def _value_order(x: torch.Tensor, count_ties: bool = False) -> tuple[np.ndarray,
     and on the infinities (no finite value beyond float32's range). The rows where it merges some
     are sorted again by a stable argsort of the reversed rows in float64 (about 3x as long).
     """
-    N, P = x.shape
+    P = x.shape[1]
     if x.dtype in _NARROW:
         order, keys = _float32_order(x.to(torch.float32).numpy())
         return order, _tied_runs(keys, skip=_NEG_INF_KEY) if count_ties else None
