@@ -36,6 +36,11 @@ def _opt(x):
     return None if x is None else float(x)
 
 
+def _at(values: list | None, i: int):
+    """``values[i]``, None where there are no values."""
+    return None if values is None else values[i]
+
+
 #: key columns left out of whole-map statistics by default: real models put most attention on key 0
 #: (the attention sink, the BOS position), which otherwise dominates relativity and locality
 SINK_COLUMNS = (0,)
@@ -153,6 +158,11 @@ class _Reader:
         self.attn_aps = _per_sequence(capture.accs["attn_aps_seq"]) if has("attn_aps_seq") else ([None] * nl,) * 2
         self.windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
         self.blocks = capture.blocks  # --map-size: the S x S maps are block means
+        # the mean-map APS and norm score of every index at once (embeddings and layers; layers): one
+        # count over all the maps
+        self.mean_map_aps = {"cosine": self.of_all("cosine", nl + 1, adjacency_probability_score),
+                             "attn_cosine": self.of_all("attn_cosine", nl, adjacency_probability_score)}
+        self.norm_scores = self.of_all("norms", nl + 1, norm_score)
 
     def has(self, name: str) -> bool:
         return name in self.capture.accs
@@ -163,6 +173,13 @@ class _Reader:
 
     def when(self, name: str, fn):
         return fn() if self.has(name) else None
+
+    def of_all(self, name: str, n: int, fn) -> list | None:
+        """``fn`` of accumulator ``name``'s mean at its ``n`` leading indices, each on the APS positions
+        (:func:`_subsample`, one index read at a time), as floats; None where it was not asked for."""
+        if not self.has(name):
+            return None
+        return fn(torch.stack([_subsample(self.mean(name, i), self.k) for i in range(n)])).tolist()
 
 
 def _score_map_layer(r: _Reader, li: int, l: int) -> dict:
@@ -178,7 +195,7 @@ def _score_map_layer(r: _Reader, li: int, l: int) -> dict:
 
 def _layer_record(r: _Reader, li: int, l: int) -> dict:
     """One entry of the summary's ``layers``: the ``li``-th captured layer, decoder layer ``l``."""
-    spec, mean, when, k = r.spec, r.mean, r.when, r.k
+    spec, mean, when = r.spec, r.mean, r.when
     rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
     rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
     table = layer_rope(r.plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
@@ -199,11 +216,9 @@ def _layer_record(r: _Reader, li: int, l: int) -> dict:
         "attn_aps": attn_aps_mean[li],
         "attn_aps_mean": attn_aps_mean[li],
         "attn_aps_std": attn_aps_std[li],
-        "mean_map_aps": when("cosine", lambda: float(adjacency_probability_score(
-            _subsample(mean("cosine", li + 1), k)))),
-        "attn_mean_map_aps": when("attn_cosine", lambda: float(adjacency_probability_score(
-            _subsample(mean("attn_cosine", li), k)))),
-        "norm_score": when("norms", lambda: float(norm_score(_subsample(mean("norms", li + 1), k)))),
+        "mean_map_aps": _at(r.mean_map_aps["cosine"], li + 1),
+        "attn_mean_map_aps": _at(r.mean_map_aps["attn_cosine"], li),
+        "norm_score": _at(r.norm_scores, li + 1),
         "top_slash_heads": when("slash", lambda: top_slash_heads(mean("slash", slice(li, li + 1)), k=3,
                                                                  layer_ids=[l])) or [],
         "q_top1_energy": rm_q["top1_energy"].tolist() if rm_q else None,
@@ -237,8 +252,7 @@ def _summary(r: _Reader, layers: list) -> dict:
         "embedding_aps": aps_mean[0],
         "embedding_aps_mean": aps_mean[0],
         "embedding_aps_std": aps_std[0],
-        "embedding_mean_map_aps": r.when("cosine", lambda: float(adjacency_probability_score(
-            _subsample(r.mean("cosine", 0), k)))),
+        "embedding_mean_map_aps": _at(r.mean_map_aps["cosine"], 0),
         "aps_positions": min(k, spec.seq_len),
         "sink_columns": list(SINK_COLUMNS),
         "noise": {"groups": int(r.groups.shape[0]), "grid_positions": int(r.grid.numel()),
