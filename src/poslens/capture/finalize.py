@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from poslens.capture.adapters import layer_rope
-from poslens.capture.attention import noise_grid
 from poslens.capture.statistic import qualified_name
+from poslens.capture.stats import noise_grid
 from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
 from poslens.metrics.diagonal import causal_view, window_view
 from poslens.metrics.neighborhood import aps_positions
@@ -19,7 +19,7 @@ from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offse
 from poslens.rundir import write_tensors
 
 if TYPE_CHECKING:  # annotations only: the capture and the plan are read through the attributes used below
-    from poslens.capture.attention import Capture
+    from poslens.capture.engine import Capture
     from poslens.capture.plan import ScanPlan
 
 
