@@ -13,12 +13,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 T = str(ROOT / "tests") + "/"
 P = [
- ("1 rising_pair_fraction: last chunk only", "poslens/metrics/neighborhood.py",
-  "        hits += (greater & valid).sum(dim=(1, 2, 3), dtype=torch.float64)",
-  "        hits = (greater & valid).sum(dim=(1, 2, 3), dtype=torch.float64)", "test_references.py"),
- ("1b rising_pair_fraction: total of last chunk only", "poslens/metrics/neighborhood.py",
-  "        total += valid.sum(dim=(1, 2, 3), dtype=torch.float64)",
-  "        total = valid.sum(dim=(1, 2, 3), dtype=torch.float64)", "test_references.py"),
+ ("1 rising_pair_fraction: rises of the last band of rows only", "poslens/metrics/neighborhood.py",
+  "        rises += gt.reshape(B, hi - lo).sum(1)",
+  "        rises = gt.reshape(B, hi - lo).sum(1)", "metrics/test_sorted_counts.py"),
+ ("1b rising_pair_fraction: pairs counted with the diagonal", "poslens/metrics/neighborhood.py",
+  "    pairs = (n * (n - 1) // 2).sum(1)",
+  "    pairs = (n * (n + 1) // 2).sum(1)", "test_references.py"),
  ("2 kv_head_of: modulo grouping", "poslens/metrics/slash.py",
   "    return h // (num_heads // num_kv_heads)", "    return h % num_kv_heads", "test_references.py"),
  ("3 band_contributions: drops a rotary pair", "poslens/metrics/rank.py",
