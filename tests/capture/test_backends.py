@@ -221,3 +221,31 @@ def test_a_scan_records_its_backend(tmp_path, cli):
     code, out, _ = cli("scan", path, "--out", tmp_path / "quiet", "--data", "random", "--seq-len", 16, "--num-seqs", 2,
                        "--no-figures", "--quiet")
     assert code == 0 and "capture backend" not in out
+
+
+@pytest.mark.skipif(not native.available(), reason="the C kernels are not built here")
+def test_a_non_finite_logit_under_a_users_chunks_is_one_error():
+    """The C pass stops at a non-finite visible logit; a user's statistic has been handed the chunks
+    before it, so the layer is not redone (it would hand them twice): one error names the layer."""
+    import poslens
+    from poslens.capture.attention import Capture, CaptureSpec
+
+    class Rows(poslens.Statistic):
+        needs = ("probs",)
+
+        def __init__(self):
+            self.rows = 0
+
+        def add(self, layer, probs):
+            self.rows += probs.shape[2]
+
+    stat = Rows()
+    B, H, S, D = 1, 2, 300, 8
+    cap = Capture(CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=H, head_dim=D, seq_len=S, layers=[0],
+                              stats=frozenset({"probs"}), user_stats=(stat,)))
+    q, k, v = torch.randn(B, H, S, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
+    q[0, 1, 250, 0] = float("inf")  # a row of the last chunk: the earlier chunks reach the statistic first
+    cap.begin_batch(B)
+    with pytest.raises(PoslensError, match="layer 0"):
+        cap.observe_attention(0, q, k, None, 0.3, value=v)
+    assert 0 < stat.rows < S

@@ -262,6 +262,9 @@ class Capture(CaptureSums):
             v = self.work.f32("v", value) if out is None else None
             checked = not query.is_cuda or bool(self.users.pass_needs())
             p = self._chunked(batch, readers, v, held, checked=checked, native=backend == backends.NATIVE)
+            if p is None and self.users.pass_needs():  # the users' chunks before it were handed over already
+                raise PoslensError(f"non-finite attention scores in layer {batch.layer} (model overflow?); try --dtype "
+                                   "fp32 or check the checkpoint.")
             if p is None:  # a non-finite value the fast pass could not name: redo it checked
                 for st in stats:
                     st.begin_layer(batch, maps)
