@@ -48,6 +48,7 @@ from poslens.metrics.fingerprint import (MASSIVE_LAMBDA, SINK_EPS, UNROTATED, ba
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.report.fingerprint import FIGURE_CAPTIONS, findings, overview_table, render_page, terminal_tables
 from poslens.report.fingerprint import pct as _pct
+from poslens.report.verdicts import LEVEL as VERDICT_LEVEL, RULE as VERDICT_RULE, THRESHOLDS as VERDICT_THRESHOLDS
 from poslens.rope import BANDS, frequency_bands
 from poslens.rundir import (LAYER_CONVENTION, _atomic_write_bytes, prepare_out_dir, versions, write_json,
                             write_summary, write_tensors, written_by)
@@ -527,6 +528,7 @@ def build_summary(records: list[dict], cfg: FingerprintConfig) -> dict:
             "sink_eps": cfg.eps, "slash_kappa": cfg.kappa, "slash_delta": [SLASH_MIN_DELTA, SLASH_MAX_DELTA],
             "massive_lambda": cfg.massive_lambda,
         },
+        "verdicts": {"rule": VERDICT_RULE, "level": VERDICT_LEVEL, "thresholds": dict(VERDICT_THRESHOLDS)},
         "definitions": DEFINITIONS,
         "models": records,
         "lines": [r["line"] for r in records],

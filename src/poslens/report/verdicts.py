@@ -1,0 +1,91 @@
+"""One verdict rule for every paper's claim, held against chance and against the noise floor.
+
+A claim is judged on one number, oriented so that more means the structure the paper describes
+is there, and three numbers it is held against:
+
+- ``value``: the measured number (a share of heads or layers, an APS, a share of energy);
+- ``chance``: what a model without the structure gives (the band's share of dimensions for RoPE
+  energy, 0.5 for APS, no head for sinks and slash heads);
+- ``floor``: the largest value sampling noise alone reaches, one-sided at the level :data:`LEVEL`
+  (``chance + z·SE``); a share of items that each pass their own test (heads, layers) has the
+  binomial bound of that test's false-positive rate over the items;
+- ``threshold``: the effect size the verdict needs (:data:`THRESHOLDS`, stated once in
+  ``docs/fingerprint.md``).
+
+The claim is *reproduced* when ``value − max(chance, floor) ≥ threshold``. Where several layers
+are tested on the same sequences, the per-layer p-values are held at a false discovery rate of
+:data:`LEVEL` (Benjamini & Hochberg, J. R. Stat. Soc. B 57, 1995), the same level and correction
+the report's readings use (:data:`poslens.report.readings.SIGNIFICANT`).
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+from poslens.report.readings import SIGNIFICANT
+
+#: the one significance level of every test a verdict counts (one-sided where a floor is a bound)
+LEVEL = SIGNIFICANT
+#: per claim: how far beyond both chance and the noise floor the value must lie
+THRESHOLDS = {
+    "sink": 0.1,        # share of heads that are sink heads (Gu et al.'s Sink_1^eps)
+    "relativity": 0.5,  # share of layers whose mean score map departs from purely relative / from flat
+    "slash": 0.5,       # share of slash heads that keep their pattern on random tokens
+    "aps": 0.1,         # APS above 0.5 (a tenth of the way from no order to perfect order, halved)
+    "frequency": 0.1,   # share of q·k energy in the low band beyond that band's share of dimensions
+    "massive": 0.1,     # share of massive dims in the low band beyond that band's share of dimensions
+}
+
+
+def z(level: float = LEVEL) -> float:
+    """The one-sided standard normal quantile of ``level`` (2.33 at 0.01)."""
+    return NormalDist().inv_cdf(1.0 - level)
+
+
+def binomial_floor(p0: float, n: int, level: float = LEVEL) -> float:
+    """The share of ``n`` items that noise alone reaches when each passes with probability ``p0``:
+    ``p0 + z·sqrt(p0 (1 − p0) / n)`` (normal bound of the binomial share), capped at 1."""
+    if n <= 0:  # nothing counted: no noise beyond chance to bound
+        return p0
+    return min(1.0, p0 + z(level) * math.sqrt(p0 * (1.0 - p0) / n))
+
+
+def mean_floor(chance: float, se: float | None, level: float = LEVEL) -> float:
+    """``chance + z·se``: the largest mean noise alone gives around ``chance`` (``se`` None: ``chance``)."""
+    return chance + (z(level) * se if se is not None and math.isfinite(se) else 0.0)
+
+
+def bh_significant(ps: list[float], level: float = LEVEL) -> list[bool]:
+    """Which of ``ps`` stay significant at a false discovery rate of ``level`` (Benjamini–Hochberg
+    adjusted p-values, ``scipy.stats.false_discovery_control``, below ``level``)."""
+    if not ps:
+        return []
+    from scipy.stats import false_discovery_control  # lazily: scipy.stats costs a fifth of a second to import
+
+    adj = false_discovery_control([min(max(float(p), 0.0), 1.0) for p in ps], method="bh")
+    return [bool(a < level) for a in adj]
+
+
+def margin(value: float, chance: float, floor: float) -> float:
+    """How far ``value`` lies beyond both chance and the noise floor."""
+    return value - max(chance, floor)
+
+
+def beyond(value: float | None, chance: float, floor: float, threshold: float) -> bool:
+    """The verdict rule: ``value − max(chance, floor) ≥ threshold``."""
+    return value is not None and math.isfinite(value) and margin(value, chance, floor) >= threshold - 1e-12
+
+
+def measured(value: float | None, chance: float, floor: float, threshold: float, measure: str) -> dict:
+    """The numbers a finding carries: ``value``, ``chance``, ``floor``, ``threshold``, ``margin``,
+    ``level`` and ``measure`` (what the value is, in words)."""
+    ok = value is not None and math.isfinite(value)
+    return {"value": value if ok else None, "chance": chance, "floor": floor, "threshold": threshold,
+            "margin": margin(value, chance, floor) if ok else None, "level": LEVEL, "measure": measure}
+
+
+RULE = ("reproduced when value − max(chance, floor) ≥ threshold; chance: what a model without the structure "
+        f"gives; floor: the largest value sampling noise reaches at the one-sided level {LEVEL} (z·SE above chance, "
+        "or the binomial bound of the items' false-positive rate); several layers' tests at a false discovery "
+        f"rate of {LEVEL} (Benjamini–Hochberg)")

@@ -1,0 +1,115 @@
+"""The one verdict rule (value beyond chance and the noise floor by a threshold) and the fingerprint's
+findings built on it, on hand-made model records whose numbers are known."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from poslens.report import verdicts as V
+from poslens.report.fingerprint import findings
+
+
+def test_z_and_floors_closed_form():
+    assert V.z(0.01) == pytest.approx(2.3263, abs=1e-4)
+    assert V.binomial_floor(0.01, 30) == pytest.approx(0.01 + 2.3263 * math.sqrt(0.01 * 0.99 / 30), abs=1e-4)
+    assert V.binomial_floor(0.0, 50) == 0.0  # no item passes by chance: no noise beyond it
+    assert V.binomial_floor(0.3, 0) == 0.3
+    assert V.mean_floor(0.5, 0.01) == pytest.approx(0.5 + 0.023263, abs=1e-5)
+    assert V.mean_floor(0.5, None) == 0.5
+
+
+def test_bh_matches_the_step_up_rule():
+    # BH at q: sorted p_(k) <= k q / m; the largest such k and every smaller p is kept
+    ps = [0.001, 0.008, 0.039, 0.041, 0.042, 0.06, 0.074, 0.205, 0.212, 0.216]
+    q = 0.05
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i])
+    k = max([r + 1 for r, i in enumerate(order) if ps[i] <= (r + 1) * q / m], default=0)
+    expect = [False] * m
+    for i in order[:k]:
+        expect[i] = True
+    assert V.bh_significant(ps, q) == expect
+    assert V.bh_significant([], q) == []
+
+
+def test_rule_needs_the_threshold_beyond_both():
+    assert V.beyond(0.75, 0.62, 0.64, 0.1)
+    assert not V.beyond(0.64, 0.62, 0.60, 0.1)  # beyond chance and floor, but by less than the threshold
+    assert not V.beyond(0.80, 0.62, 0.75, 0.1)  # the floor, not chance, is what it must clear
+    assert not V.beyond(None, 0.0, 0.0, 0.1)
+    assert V.measured(0.8, 0.6, 0.65, 0.1, "x")["margin"] == pytest.approx(0.15)
+
+
+def _layer(i, *, rope=True, low=0.64, fast=(0.18, 0.18), nonrel_p=0.5, flat_p=1e-4, aps=(0.52, 0.02), dims=None):
+    H = 2
+    return {"layer": i, "type": "rope" if rope else "no_rope", "rope": rope, "relativity_index": 1.0,
+            "flat": flat_p >= 0.01, "flat_p": flat_p, "nonrelative_p": nonrel_p, "aps_mean": aps[0], "aps_std": aps[1],
+            "freq_heads": {"high": [fast[0]] * H, "medium": [fast[1]] * H, "low": [low] * H, "unrotated": [0.0] * H},
+            "dims_by_band": dims or {"high": 4, "medium": 2, "low": 10, "unrotated": 0}}
+
+
+def _model(layers, *, slash=(), sink_rate=0.0, massive=(0, 0, 0, 0), name="m"):
+    mq, mk, mql, mkl = massive
+    return {"name": name, "num_layers": len(layers), "num_heads": 2, "head_dim": 16, "seq_len": 128, "num_seqs": 16,
+            "rope_layers": [l["layer"] for l in layers if l["rope"]], "layers": layers, "slash_heads": list(slash),
+            "massive_lambda": 5.0,
+            "overall": {"sink_rate": sink_rate, "sink_rate_random": sink_rate, "relativity_median": 1.0,
+                        "aps_min": min(l["aps_mean"] for l in layers), "aps_max": max(l["aps_mean"] for l in layers),
+                        "freq": {"high": 0.18, "medium": 0.18, "low": 0.64, "unrotated": 0.0},
+                        "massive_q": mq, "massive_k": mk, "massive_q_low": mql, "massive_k_low": mkl,
+                        "massive_q_low_share": mql / mq if mq else None, "massive_k_low_share": mkl / mk if mk else None}}
+
+
+def _by_paper(models):
+    out = findings({"thresholds": {"sink_eps": 0.3, "slash_kappa": 0.3}, "models": models})
+    return {f["paper"].split()[0]: {m["name"]: m for m in f["models"]} for f in out}
+
+
+def test_low_band_at_its_share_of_dimensions_is_not_reproduced():
+    # 64 % of the energy in the low band where 10 / 16 = 62.5 % of the dims lie: about uniform
+    f = _by_paper([_model([_layer(0, low=0.64), _layer(1, low=0.64)])])["Barbero"]["m"]
+    assert f["chance"] == pytest.approx(10 / 16)
+    assert f["verdict"] == "not reproduced"
+    g = _by_paper([_model([_layer(0, low=0.9, fast=(0.05, 0.05)), _layer(1, low=0.88, fast=(0.06, 0.06))])])
+    assert g["Barbero"]["m"]["verdict"] == "reproduced"
+
+
+def test_small_aps_above_half_is_not_the_adjacency_pattern():
+    tiny = _model([_layer(0, rope=False, aps=(0.52, 0.02)), _layer(1, rope=False, aps=(0.53, 0.02))])
+    strong = _model([_layer(0, rope=False, aps=(0.9, 0.05)), _layer(1, rope=False, aps=(0.95, 0.03))], name="s")
+    f = _by_paper([tiny, strong])["Zuo"]
+    assert f["m"]["verdict"] == "not reproduced" and f["m"]["value"] > f["m"]["floor"]  # beyond noise, too small
+    assert f["s"]["verdict"] == "reproduced" and f["s"]["chance"] == 0.5
+
+
+def test_layer_tests_are_held_at_one_false_discovery_rate():
+    # 30 layers at p = 0.02: each below 0.05, none below 0.01 after Benjamini–Hochberg
+    weak = _model([_layer(i, nonrel_p=0.02) for i in range(30)])
+    strong = _model([_layer(i, nonrel_p=1e-4) for i in range(30)], name="s")
+    f = _by_paper([weak, strong])["Kim"]
+    assert f["m"]["value"] == 0 and f["m"]["verdict"] == "not reproduced"
+    assert f["s"]["value"] == 1 and f["s"]["verdict"] == "reproduced"
+
+
+def test_every_reproduced_verdict_carries_its_numbers_and_clears_them():
+    slash = [{"layer": 1, "head": h, "delta": 1, "score": 0.6, "score_random": 0.5, "persists": True,
+              "q_top1_energy": 0.9, "k_top1_energy": 0.9, "predicted_delta": 1} for h in range(2)]
+    m = _model([_layer(0, low=0.9, fast=(0.05, 0.05), nonrel_p=1e-4), _layer(1, low=0.9, fast=(0.05, 0.05),
+                nonrel_p=1e-4)], slash=slash, sink_rate=0.75, massive=(10, 4, 10, 4))
+    seen = 0
+    for paper in _by_paper([m]).values():
+        f = paper["m"]
+        for k in ("value", "chance", "floor", "threshold"):
+            assert k in f
+        if f["verdict"] == "reproduced":
+            seen += 1
+            assert f["value"] - max(f["chance"], f["floor"]) >= f["threshold"]
+    assert seen >= 3  # sinks, Kim, Cheng, Jin (Barbero: the slash heads lean on the fast pairs no more than the rest)
+    cheng = _by_paper([m])["Cheng"]["m"]
+    # the paper's two conditions are stated beside the verdict, each against its chance level
+    conds = {c["condition"]: c for c in cheng["conditions"]}
+    assert conds["queries near rank one"]["met"] and conds["queries near rank one"]["chance"] == pytest.approx(1 / 16)
+    assert not conds["medium and high frequencies dominate"]["met"]
+    assert conds["medium and high frequencies dominate"]["chance"] == pytest.approx(6 / 16)
