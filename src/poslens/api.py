@@ -419,6 +419,8 @@ def scan(model, *, tokenizer=None, progress: bool = True, threads: int | str | N
     model_dir, loaded = _model_arg(model)
     data, out = options["data"], options["out"]
     source = None
+    if not is_python_data(data):
+        tokenizer = _text_tokenizer(loaded, data, tokenizer)
     if is_python_data(data):
         if tokenizer is None and _has_strings(data):
             tokenizer = _tokenizer_for(model_dir, loaded, options["trust_remote_code"])
@@ -440,6 +442,21 @@ def scan(model, *, tokenizer=None, progress: bool = True, threads: int | str | N
         if "layers" not in summary:  # a rank other than 0 of a distributed scan: rank 0 wrote the run
             return None  # type: ignore[return-value]
         return _finish(path, tmp)
+
+
+def _text_tokenizer(loaded, data, tokenizer):
+    """The tokenizer a loaded model's named text data (``"stdlib"``, a text file) needs: ``tokenizer``, else
+    the one saved beside the model; none found is an error in Python's words (``tokenizer=``)."""
+    if tokenizer is not None or loaded is None or str(data) == "random" or str(data).endswith(".jsonl"):
+        return tokenizer
+    from poslens.capture.plan import loaded_model_tokenizer
+
+    found = loaded_model_tokenizer(loaded)
+    if found is None:
+        raise PoslensError(f"data={str(data)!r} is text, and no tokenizer is saved beside this model (a model loaded "
+                           "from a GGUF file or built in memory has none there); pass tokenizer= (e.g. "
+                           "AutoTokenizer.from_pretrained(...)), or data='random' or token ids.")
+    return found
 
 
 def _has_strings(data) -> bool:
@@ -504,23 +521,26 @@ def slash(scan: Result | str | os.PathLike, *, random_scan: Result | str | os.Pa
         return _finish(path, tmp)
 
 
-def neighborhood(model, *, data: str = "random", seq_len: int = 64, num_seqs: int = 32, batch_size: int = 8,
+def neighborhood(model, *, tokenizer=None, data: str = "random", seq_len: int = 64, num_seqs: int = 32,
+                 batch_size: int = 8,
                  seed: int = 0, chars: str | None = None, bidirectional: bool = False, device: str = "auto",
                  out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
                  progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
                  trust_remote_code: bool = False) -> Result:
     """Self-cosine maps, APS and norm score per layer (arXiv 2501.00073, ``poslens neighborhood``) of a
-    model: a loaded causal LM (handed back unchanged) or a model path."""
+    model: a loaded causal LM (handed back unchanged) or a model path; ``tokenizer``: a loaded model's text
+    tokenizer (default: the one saved beside it)."""
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
 
     model_dir, loaded = _model_arg(model)
+    tokenizer = _text_tokenizer(loaded, data, tokenizer) if chars is None else tokenizer
     with _run_dir(out, overwrite=overwrite) as (path, tmp):
         cfg = NeighborhoodConfig(model_dir=model_dir, out=str(path), data=data, seq_len=seq_len, num_seqs=num_seqs,
                                  batch_size=batch_size, seed=seed, bidirectional=bidirectional, chars=chars,
                                  device=device, figures=figures, overwrite=overwrite and out is not None,
                                  allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
         with _threads(threads):
-            run_neighborhood(cfg, progress=progress, model=loaded)
+            run_neighborhood(cfg, progress=progress, model=loaded, tokenizer=tokenizer)
         return _finish(path, tmp)
 
 
@@ -541,16 +561,18 @@ def _model_dir_of(result: Result) -> str | None:
     return name if name and Path(name).exists() else None
 
 
-def panels(model, *, layer: int = 0, data: str = "stdlib", num_seqs: int = 200, seq_len: int = 50,
+def panels(model, *, tokenizer=None, layer: int = 0, data: str = "stdlib", num_seqs: int = 200, seq_len: int = 50,
            batch_size: int = 10, seed: int = 0, device: str = "auto", dtype: str = "fp32",
            out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
            progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
            trust_remote_code: bool = False) -> Result:
     """The nine-panel Gram decomposition of one decoder layer (arXiv 2509.21042, ``poslens panels``) of a
-    loaded causal LM (handed back unchanged) or a model path; ``maps["panels"]`` is ``[9, S, S]``."""
+    loaded causal LM (handed back unchanged) or a model path; ``maps["panels"]`` is ``[9, S, S]``.
+    ``tokenizer``: a loaded model's text tokenizer (default: the one saved beside it)."""
     from poslens.analysis.panels import PanelsConfig, run_panels
 
     model_dir, loaded = _model_arg(model)
+    tokenizer = _text_tokenizer(loaded, data, tokenizer)
     if out is not None and Path(out).exists() and not overwrite:
         raise PoslensError(f"out={str(out)!r} exists; choose a new directory or pass overwrite=True.")
     with _run_dir(out, overwrite=overwrite) as (path, tmp):
@@ -558,7 +580,7 @@ def panels(model, *, layer: int = 0, data: str = "stdlib", num_seqs: int = 200, 
                            seq_len=seq_len, batch_size=batch_size, seed=seed, device=device, dtype=dtype,
                            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, figures=figures)
         with _threads(threads):
-            run_panels(cfg, progress=progress, model=loaded)
+            run_panels(cfg, progress=progress, model=loaded, tokenizer=tokenizer)
         return _finish(path, tmp)
 
 
@@ -621,7 +643,8 @@ def _config(cls, **fields):
     return cls(**fields)
 
 
-def fingerprint(models, *, data: str = "stdlib", seq_len: int | None = None, num_seqs: int | None = None,
+def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | None = None,
+                num_seqs: int | None = None,
                 batch_size: int = 4, seed: int = 0, device: str = "auto", dtype: str = "auto",
                 eps: float | None = None, kappa: float | None = None, massive_lambda: float | None = None,
                 out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
@@ -632,16 +655,23 @@ def fingerprint(models, *, data: str = "stdlib", seq_len: int | None = None, num
     and on random tokens of the same shape; the traits (sinks, slash heads, relativity, APS, RoPE frequency
     use, massive Q/K dimensions) per layer and per model. Returns a :class:`Result`: ``summary`` and
     ``tables()``, ``maps`` (``<model>.sink`` ``[L, H]``, ...), :meth:`Result.traits` (the per-layer or
-    per-model DataFrame), and ``path / "fingerprint.html"`` once saved with figures."""
+    per-model DataFrame), and ``path / "fingerprint.html"`` once saved with figures.
+
+    ``tokenizer``: the text tokenizer of a loaded model (one for every loaded model, or a list beside
+    ``models``); without it, the tokenizer saved beside the model (a loaded GGUF model has none: pass it)."""
     from poslens.analysis import fingerprint as F
 
     items = [models] if isinstance(models, (str, os.PathLike)) or not isinstance(models, (list, tuple)) else models
-    labels, loaded = [], {}
-    for m in items:
+    toks = list(tokenizer) if isinstance(tokenizer, (list, tuple)) else [tokenizer] * len(items)
+    if len(toks) != len(items):
+        raise PoslensError(f"tokenizer=: {len(toks)} tokenizers for {len(items)} models; pass one, or one per model.")
+    labels, loaded, tokenizers = [], {}, {}
+    for m, tok in zip(items, toks):
         label, obj = _model_arg(m)
         if obj is not None:
             label = f"{label[:-1]} #{len(loaded) + 1}>" if label in loaded else label
             loaded[label] = obj
+            tokenizers[label] = _text_tokenizer(obj, data, tok)
         labels.append(label)
     opts = {k: v for k, v in dict(seq_len=seq_len, num_seqs=num_seqs, eps=eps, kappa=kappa,
                                    massive_lambda=massive_lambda).items() if v is not None}
@@ -652,5 +682,5 @@ def fingerprint(models, *, data: str = "stdlib", seq_len: int | None = None, num
                                   device=device, dtype=dtype, figures=figures, overwrite=overwrite,
                                   allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, **opts)
         with _threads(threads):
-            F.run_fingerprint(cfg, progress=progress, loaded=loaded)
+            F.run_fingerprint(cfg, progress=progress, loaded=loaded, tokenizers=tokenizers)
         return _finish(path, tmp)

@@ -139,12 +139,12 @@ def test_page_renders_in_chromium(two_models, tmp_path):
 
 def _record(**over):
     """A model record with known numbers: 4 layers x 2 heads, every field the findings read."""
-    layers = [{"layer": l, "rope": True, "nonrelative_p": 0.01, "flat": False, "aps_mean": 0.6, "aps_std": 0.05,
+    layers = [{"layer": l, "rope": True, "nonrelative_p": 1e-4, "flat": False, "aps_mean": 0.75, "aps_std": 0.05,
                "freq_heads": {"high": [0.1, 0.1], "medium": [0.1, 0.1], "low": [0.8, 0.8], "unrotated": [0, 0]},
                "dims_by_band": {"high": 2, "medium": 2, "low": 4, "unrotated": 0}} for l in range(4)]
     overall = {"sink_rate": 0.5, "sink_rate_random": 0.5, "relativity_median": 0.9, "aps_min": 0.55, "aps_max": 0.65,
-               "freq": {"high": 0.1, "medium": 0.1, "low": 0.8, "unrotated": 0.0}, "massive_q": 4, "massive_k": 0,
-               "massive_q_low": 4, "massive_k_low": 0, "massive_q_low_share": 1.0, "massive_k_low_share": None}
+               "freq": {"high": 0.1, "medium": 0.1, "low": 0.8, "unrotated": 0.0}, "massive_q": 12, "massive_k": 0,
+               "massive_q_low": 12, "massive_k_low": 0, "massive_q_low_share": 1.0, "massive_k_low_share": None}
     m = {"name": "m", "num_layers": 4, "num_heads": 2, "seq_len": 64, "num_seqs": 16, "massive_lambda": 5.0,
          "layers": layers, "overall": overall, "slash_heads": []}
     for k, v in over.items():
@@ -174,13 +174,15 @@ def test_findings_verdicts_follow_the_numbers():
     assert v["Cheng et al., arXiv 2601.08297"] == "cannot be judged here"  # no slash head
     assert v["Zuo et al., COLING 2025"] == "cannot be judged here"  # every layer has RoPE
     assert v["Barbero et al., ICLR 2025"] == "reproduced"  # 80 % low, no slash head to contradict
-    assert v["Jin et al., ICML 2025"] == "reproduced"  # 4 of 4 massive dims low, against 4 of 8 dims by chance
+    assert v["Jin et al., ICML 2025"] == "reproduced"  # 12 of 12 massive dims low, against 4 of 8 dims by chance
     assert _verdicts(_record(sink_rate=0.05))["Gu et al., ICLR 2025"] == "cannot be judged here"
     two_of_three = [_head(True, head=0), _head(True, layer=1, head=1), _head(False, layer=2)]
     assert _verdicts(_record(slash_heads=two_of_three))["Cheng et al., arXiv 2601.08297"] == "reproduced"
     assert _verdicts(_record(slash_heads=[_head(False), _head(False, layer=1)]))[
         "Cheng et al., arXiv 2601.08297"] == "not reproduced"
-    assert _verdicts(_record(massive_q_low=1, massive_q_low_share=0.25))["Jin et al., ICML 2025"] == "not reproduced"
+    assert _verdicts(_record(massive_q_low=3, massive_q_low_share=0.25))["Jin et al., ICML 2025"] == "not reproduced"
+    # 4 of 4 low against 1/2 by chance is within the binomial noise floor at the one-sided level 0.01
+    assert _verdicts(_record(massive_q=4, massive_q_low=4))["Jin et al., ICML 2025"] == "not reproduced"
     m = _record()
     for r in m["layers"]:
         r["nonrelative_p"] = 0.5
@@ -188,8 +190,11 @@ def test_findings_verdicts_follow_the_numbers():
     m = _record()
     for r in m["layers"]:
         r["rope"] = False
-    m["layers"][0]["aps_mean"] = 0.5  # 3 of 4 NoPE layers above 0.5 by more than two standard errors
+    m["layers"][0]["aps_mean"] = 0.5  # mean APS 0.6875: beyond 0.5 and its noise floor by more than 0.1
     assert _verdicts(m)["Zuo et al., COLING 2025"] == "reproduced"
+    for r in m["layers"]:
+        r["aps_mean"] = 0.55  # beyond the noise floor, but a small effect
+    assert _verdicts(m)["Zuo et al., COLING 2025"] == "not reproduced"
     # slash heads using the fast pairs less than the other heads contradict the paper
     m = _record(slash_heads=[_head(True)])
     m["layers"][0]["freq_heads"]["high"] = [0.0, 0.3]

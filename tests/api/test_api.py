@@ -388,3 +388,38 @@ def test_slash_of_a_scan_from_memory():
     s = poslens.scan(model, data="random", seq_len=16, num_seqs=4, progress=False)
     r = poslens.slash(s)  # the model's configuration travels with the scan (no model directory)
     assert r.command == "slash"
+
+
+def _text_model_and_tokenizer():
+    """A tiny Llama built in memory (no tokenizer beside it, as one loaded from a GGUF file) and a
+    byte-level BPE tokenizer of its vocabulary size."""
+    import transformers as tf
+
+    from poslens.data.corpus import iter_texts
+    from poslens.data.tokenizer import train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer([t for _, t in zip(range(10), iter_texts("stdlib"))], vocab_size=300)
+    cfg = tiny_config("llama")
+    cfg.vocab_size = len(tok)
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(cfg).eval(), tok
+
+
+def test_loaded_model_without_a_saved_tokenizer_takes_tokenizer_keyword(tmp_path):
+    """Text data on a model with no tokenizer beside it is refused in Python's words, and
+    ``tokenizer=`` makes scan, fingerprint and panels read the text."""
+    model, tok = _text_model_and_tokenizer()
+    msg = _nothing_written(tmp_path, lambda out: poslens.scan(model, data="stdlib", seq_len=16, num_seqs=2, out=out))
+    assert "tokenizer=" in msg and "--" not in msg
+    with pytest.raises(PoslensError, match="tokenizer="):
+        poslens.fingerprint(model, data="stdlib", seq_len=16, num_seqs=2, progress=False)
+    s = poslens.scan(model, tokenizer=tok, data="stdlib", seq_len=16, num_seqs=4, stats="probs", progress=False)
+    r = poslens.fingerprint(model, tokenizer=tok, data="stdlib", seq_len=16, num_seqs=4, progress=False)
+    name = r.traits("model")["model"].iloc[0]
+    # the fingerprint's text scan read the same tokens as the scan with the same tokenizer
+    text = poslens.load(r.path / "scans" / name / "text")
+    assert torch.equal(text.maps["probs"], s.maps["probs"])
+    p = poslens.panels(model, tokenizer=tok, data="stdlib", seq_len=12, num_seqs=2, progress=False)
+    assert p.maps["panels"].shape[-1] == 12
+    with pytest.raises(PoslensError, match="tokenizer="):
+        poslens.panels(model, data="stdlib", seq_len=12, num_seqs=2, progress=False)

@@ -441,15 +441,16 @@ def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, fig
 # running it
 # --------------------------------------------------------------------------------------------
 def _scan(model: str, out: Path, data: str, stats: Iterable[str], cfg: FingerprintConfig, progress: bool,
-          loaded=None) -> None:
-    """One scan of ``model`` (a path, or the label of ``loaded``, a model in memory) into ``out``."""
+          loaded=None, tokenizer=None) -> None:
+    """One scan of ``model`` (a path, or the label of ``loaded``, a model in memory, read with ``tokenizer``)
+    into ``out``."""
     from poslens.capture.scan import ScanConfig, run_scan
 
     run_scan(ScanConfig(model_dir=str(model), out=str(out), data=data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs,
                         batch_size=cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device,
                         figures=False, overwrite=cfg.overwrite, reservoir=0, stats=list(stats),
                         allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code),
-             progress=progress, model=loaded)
+             progress=progress, model=loaded, tokenizer=tokenizer)
 
 
 def _clear_previous(out: Path, overwrite: bool) -> None:
@@ -475,9 +476,11 @@ def _clear_previous(out: Path, overwrite: bool) -> None:
             p.unlink()
 
 
-def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: dict | None = None) -> FingerprintResult:
+def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: dict | None = None,
+                    tokenizers: dict | None = None) -> FingerprintResult:
     """Scan every model twice (text, random tokens) into ``cfg.out/scans/<model>/``, read the traits
-    and write the fingerprint's files into ``cfg.out``."""
+    and write the fingerprint's files into ``cfg.out``. ``loaded`` / ``tokenizers``: models in memory
+    and their text tokenizers, by their label in ``cfg.models``."""
     from poslens.progress import task_progress
     from poslens.runtime import no_hf_progress_bars
 
@@ -498,7 +501,8 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: di
         for i, (model, name) in enumerate(zip(cfg.models, names)):
             base = out / "scans" / name
             update(3 * i, info=f"{name}: text")
-            _scan(model, base / "text", cfg.data, TEXT_STATS, cfg, progress, loaded.get(model))
+            _scan(model, base / "text", cfg.data, TEXT_STATS, cfg, progress, loaded.get(model),
+                  (tokenizers or {}).get(model))
             update(3 * i + 1, info=f"{name}: random")
             _scan(model, base / "random", "random", RANDOM_STATS, cfg, progress, loaded.get(model))
             update(3 * i + 2, info=f"{name}: traits")

@@ -198,7 +198,7 @@ class NeighborhoodConfig:
     trust_remote_code: bool = False
 
 
-def _plan(cfg: NeighborhoodConfig, model=None):
+def _plan(cfg: NeighborhoodConfig, model=None, given_tokenizer=None):
     """Validate every input and build the sequence source; writes nothing. ``model``: a loaded causal LM
     (its config, device and tokenizer are used instead of the directory's)."""
     require_positive(("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size))
@@ -210,7 +210,7 @@ def _plan(cfg: NeighborhoodConfig, model=None):
 
         config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
         device = model_device(model)
-        tokenizer = loaded_model_tokenizer(model)
+        tokenizer = given_tokenizer if given_tokenizer is not None else loaded_model_tokenizer(model)
     else:
         config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
                                             trust_remote_code=cfg.trust_remote_code)
@@ -252,14 +252,15 @@ class CharSource:
                 "num_seqs": self.num_seqs, "seed": self.seed}
 
 
-def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True, *, model=None) -> dict:
+def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True, *, model=None, tokenizer=None) -> dict:
     """Measure APS / norm score per layer (causal, and with ``bidirectional`` the control) into ``cfg.out``.
+    ``model`` / ``tokenizer``: a loaded causal LM and its text tokenizer (default: the one saved beside it).
 
     Writes ``config.json``, ``neighborhood.safetensors``, ``summary.json`` and figures through a
     staging directory (nothing is half-written); returns the summary.
     """
     t0 = time.time()
-    config, adapter, source, device = _plan(cfg, model)
+    config, adapter, source, device = _plan(cfg, model, tokenizer)
     if model is not None:  # a loaded model: poslens attention and eval mode for the call, restored after
         from poslens.capture.borrow import borrowed
 

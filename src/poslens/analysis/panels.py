@@ -165,9 +165,10 @@ def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
     return fig
 
 
-def run_panels(cfg: PanelsConfig, progress: bool = True, *, model=None) -> dict:
+def run_panels(cfg: PanelsConfig, progress: bool = True, *, model=None, tokenizer=None) -> dict:
     """Validate, compute the nine panels of ``cfg.layer`` and write the run directory ``cfg.out``.
-    ``model``: a loaded causal LM, used where it is and handed back unchanged (``poslens.panels``)."""
+    ``model``: a loaded causal LM, used where it is and handed back unchanged (``poslens.panels``);
+    ``tokenizer``: its text tokenizer (default: the one saved beside it)."""
     t0 = time.time()
     config, adapter = _check_panels(cfg, model)
     if model is not None:
@@ -175,7 +176,8 @@ def run_panels(cfg: PanelsConfig, progress: bool = True, *, model=None) -> dict:
         from poslens.capture.plan import loaded_model_tokenizer
 
         device = model_device(model)
-        tokenizer = None if cfg.data == "random" else loaded_model_tokenizer(model)
+        if tokenizer is None and cfg.data != "random":
+            tokenizer = loaded_model_tokenizer(model)
     else:
         device = parse_device(cfg.device)
         tokenizer = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
