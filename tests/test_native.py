@@ -184,7 +184,9 @@ def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     stamp = built[0].stat().st_mtime_ns
     monkeypatch.setattr(native, "_state", {})
     assert native.available() and built[0].stat().st_mtime_ns == stamp
-    assert [p.name for p in (tmp_path / "native").iterdir()] == [built[0].name]  # no temporary left
+    # no temporary left: the library and its record (size and sha256, checked before each load)
+    assert sorted(p.name for p in (tmp_path / "native").iterdir()) == sorted([built[0].name,
+                                                                             native.record_path(built[0]).name])
 
 
 @needs_kernel

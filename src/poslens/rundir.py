@@ -12,12 +12,19 @@ Layout shared by every command that produces results (simulate, scan, train, ...
 
 Every write goes to a temporary file in the same directory and is renamed into place, so a
 reader never sees a half-written file and an interrupted run leaves the previous version intact.
+
+A run directory records the files poslens wrote into it (``.poslens-files.json``,
+:data:`MANIFEST`): ``--overwrite`` removes exactly those and refuses a directory holding anything
+else. A run that replaces another is written into a sibling staging directory and swapped in only
+once it has succeeded (:func:`staged_dir`, ``create_out_dir(..., staged=True)``), so a failure, a
+full disk or Ctrl-C leaves the previous run as it was.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -26,7 +33,7 @@ import re
 import shutil
 import sys
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, Mapping
 
 from poslens.errors import PoslensError
@@ -52,8 +59,11 @@ os.umask(_UMASK)
 def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Write ``path`` all-or-nothing: ``write(tmp)`` fills a temporary file next to it, which is then
     fsynced, made world-readable (mkstemp creates 0600; results are meant to be shared) and renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise write_error(path, e) from None
     os.close(fd)
     try:
         write(tmp)
@@ -61,12 +71,38 @@ def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if _is_write_error(e):
+            raise write_error(path, e) from None
         raise
+    if path.name != MANIFEST:
+        _note_written(path)
+
+
+#: errno values of a write that the user fixes (a full disk, a quota, a read-only or vanished place)
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ENOENT,
+                 errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EFBIG}
+
+
+def _is_write_error(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in _WRITE_ERRNOS
+    # safetensors reports its file errors as SafetensorError("Error while serializing: I/O error: ...")
+    return type(e).__name__ == "SafetensorError" and ("I/O" in str(e) or "IoError" in str(e) or "space" in str(e))
+
+
+def write_error(path: Path, e: BaseException) -> PoslensError:
+    """One line for a write that failed with ``e`` (a full disk, a read-only place...), naming the file."""
+    why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[-1][:200]
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) or "space" in why.lower():
+        fix = "free some space there or choose another --out"
+    else:
+        fix = "choose a writable --out"
+    return PoslensError(f"cannot write {path} ({why}); {fix}.")
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -189,14 +225,18 @@ def prepare_out_dir(out: str | os.PathLike, *, must_be_new: bool = False) -> Pat
     return path
 
 
-def create_out_dir(path: Path, *, command: str | None = None) -> Path:
-    """Create the run directory ``path`` (once every input is valid) and hold its lock.
+def create_out_dir(path: Path, *, command: str | None = None, overwrite: bool = False,
+                   staged: bool = False) -> Path:
+    """Create the run directory ``path`` (once every input is valid) and hold its lock; returns the
+    directory the run writes into.
 
     Where the caller already holds the lock (:func:`lock_out_dir`), this only carries out a pending
-    ``--overwrite``: the previous run's files are removed now, so the new run keeps none of them.
-    Without a lock it takes one, which :func:`release_out_dir` gives back. A model directory is
-    refused unless ``command`` is ``"train"`` (writing a run there would replace the model's
-    config.json)."""
+    ``--overwrite`` (or ``overwrite`` here): with ``staged`` the new run is written into a sibling
+    staging directory, returned here, and swapped in by :func:`commit_out_dir` once it has succeeded
+    (until then the previous run stays as it was; :func:`release_out_dir` removes an uncommitted
+    stage). Without ``staged`` the previous run's files are removed now. Without a lock it takes
+    one, which :func:`release_out_dir` gives back. A model directory is refused unless ``command``
+    is ``"train"`` (writing a run there would replace the model's config.json)."""
     path = Path(path)
     if command != "train" and path.is_dir() and classify(path) == "model":
         raise PoslensError(f"--out {path} is a model directory (its config.json describes a model); writing a run "
@@ -204,11 +244,39 @@ def create_out_dir(path: Path, *, command: str | None = None) -> Path:
     claim = _claims.get(_key(path))
     if claim is None:
         claim = _acquire(path, implicit=True)
-    path.mkdir(parents=True, exist_ok=True)
-    if claim.overwrite:
+    claim.overwrite = claim.overwrite or overwrite
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(path, e) from None
+    if claim.overwrite and run_entries(path):
+        if command is not None:
+            check_replaceable(path, command)
+        if staged:
+            if claim.stage is None:
+                claim.stage = _make_stage(path)
+            return claim.stage
         clear_run(path)
-        claim.overwrite = False
+    claim.overwrite = False
     return path
+
+
+def _make_stage(out: Path) -> Path:
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as e:
+        raise write_error(out.parent / f".{out.name}.partial-", e) from None
+
+
+def commit_out_dir(path: str | os.PathLike) -> None:
+    """Swap a run written into the staging directory of :func:`create_out_dir` (``staged``) into
+    ``path`` (nothing when it wrote ``path`` itself)."""
+    claim = _claims.get(_key(Path(path)))
+    if claim is None or claim.stage is None:
+        return
+    _swap_in(claim.stage, Path(path), replace=claim.overwrite)
+    shutil.rmtree(claim.stage, ignore_errors=True)
+    claim.stage, claim.overwrite, claim.created = None, False, False
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,6 +296,7 @@ class _Claim:
     overwrite: bool  # the previous run's files are still to be removed (create_out_dir, staged_dir)
     explicit: int = 0  # holds of lock_out_dir / out_dir_lock
     implicit: int = 0  # the hold create_out_dir took itself (given back by release_out_dir)
+    stage: Path | None = None  # the staging directory of a run that replaces the previous one (create_out_dir)
 
 
 _claims: dict[str, _Claim] = {}
@@ -356,6 +425,8 @@ def _maybe_release(claim: _Claim) -> None:
         return
     path = claim.lock.parent
     del _claims[str(path)]
+    if claim.stage is not None:  # a replacing run that did not finish: the previous run stays as it was
+        shutil.rmtree(claim.stage, ignore_errors=True)
     try:
         try:
             if os.stat(claim.lock).st_ino == os.fstat(claim.fd).st_ino:
@@ -381,22 +452,102 @@ def out_dir_lock(out: str | os.PathLike, *, command: str | None = None, overwrit
         unlock_out_dir(path)
 
 
-#: what poslens writes into a run directory: file types, file names (reproduce's index, tokenizer files
-#: of a trained model), and (below a run) folders of them
-_RUN_SUFFIXES = (".json", ".jsonl", ".safetensors", ".png", ".html", ".jinja")
-_RUN_NAMES = ("index.md", "merges.txt", "vocab.txt", "tokenizer.model")
+#: the record of the files poslens wrote into a run directory: JSON ``{"files": [...]}``, paths relative to
+#: the directory with "/" between folders; a path ending in "/" is a folder poslens wrote whole
+MANIFEST = ".poslens-files.json"
+#: what an interrupted write of poslens leaves behind: the temporary file of an atomic write, the
+#: staging folders of a training run's saves and checkpoints
+_LEFTOVER = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$|^\.(save|checkpoint)\.[a-z0-9_]{8}$")
 
 
-def _foreign_files(path: Path, depth: int = 0) -> list[Path]:
-    """Files under ``path`` that no poslens command writes (a user's notes, weights, code)."""
-    found = []
-    for p in run_entries(path):
-        if p.name.startswith("."):  # temporary files of an interrupted atomic write, staging folders
-            continue
-        if p.is_dir() and not p.is_symlink():
-            found += _foreign_files(p, depth + 1) if depth < 3 else [p]
-        elif (p.suffix.lower() not in _RUN_SUFFIXES and p.name not in _RUN_NAMES) or p.is_symlink():
-            found.append(p)
+def read_manifest(path: str | os.PathLike) -> set[str] | None:
+    """The files poslens recorded writing into run directory ``path`` (:data:`MANIFEST`), or None
+    when it holds no record (not a run, or a damaged record)."""
+    try:
+        data = json.loads((Path(path) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return set(files)
+
+
+def _write_manifest(path: Path, files: set[str]) -> None:
+    _atomic_write_bytes(path / MANIFEST, (json.dumps({"files": sorted(files)}, indent=1) + "\n").encode())
+
+
+def record_written(out: str | os.PathLike, *names: str) -> None:
+    """Add ``names`` (relative to run directory ``out``; a folder as ``"name/"``) to the files its
+    record says poslens wrote. Files written with :func:`write_json`, :func:`write_tensors` or
+    :func:`save_figure` into a directory this process holds are recorded by themselves."""
+    out = Path(out)
+    own = read_manifest(out) or set()
+    if not set(names) <= own:
+        _write_manifest(out, own | set(names))
+
+
+def _note_written(path: Path) -> None:
+    """Record ``path`` in the manifest of every run directory this process holds that contains it
+    (a run written inside another, such as a fingerprint's scans, belongs to both)."""
+    if not _claims:
+        return
+    _note_enclosing(path, [""])
+
+
+def _note_enclosing(path: Path, files) -> None:
+    """Record ``files`` (relative to ``path``; ``""``: ``path`` itself) in every held run directory
+    that strictly contains ``path``."""
+    real = os.path.realpath(path)
+    for key in list(_claims):
+        if real.startswith(key + os.sep):
+            rel = PurePosixPath(Path(os.path.relpath(real, key)).as_posix())
+            if not any(part.startswith(".") for part in rel.parts):  # staging folders
+                record_written(Path(key), *[(rel / f).as_posix() if f else rel.as_posix() for f in files])
+
+
+def _tree_files(root: Path) -> set[str]:
+    """Every file below ``root`` (relative, "/"-separated), the record of a run written there whole."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        for name in filenames:
+            if not (rel == Path(".") and name in (LOCK_FILE, MANIFEST)):
+                out.add((rel / name).as_posix())
+    return out
+
+
+def foreign_files(path: str | os.PathLike) -> list[Path]:
+    """What run directory ``path`` holds beyond the files its record (:data:`MANIFEST`) says poslens
+    wrote: a user's files and folders, dotfiles included, in sorted order; every entry when it
+    holds no record."""
+    path = Path(path)
+    own = read_manifest(path)
+    if own is None:
+        return run_entries(path)
+    whole = {n.rstrip("/") for n in own if n.endswith("/")}
+    files = {n for n in own if not n.endswith("/")}
+    parents = {p.as_posix() for n in own for p in PurePosixPath(n.rstrip("/")).parents if p.as_posix() != "."}
+    found: list[Path] = []
+
+    def walk(d: Path, rel: str) -> None:
+        for p in sorted(d.iterdir()):
+            r = rel + p.name
+            if p.name in (LOCK_FILE, MANIFEST):  # this run's, or a run's written inside it
+                continue
+            if _LEFTOVER.match(p.name) and not p.is_symlink():
+                continue
+            if p.is_dir() and not p.is_symlink():
+                if r in whole:
+                    continue
+                if r in parents:
+                    walk(p, r + "/")
+                    continue
+                found.append(p)
+            elif r not in files:
+                found.append(p)
+
+    walk(path, "")
     return found
 
 
@@ -439,51 +590,116 @@ def check_replaceable(out: str | os.PathLike, command: str) -> None:
     if owner != command:
         raise PoslensError(f"--out {path} is a `poslens {owner}` run; --overwrite replaces only a run of "
                            f"`poslens {command}`. Choose a new --out, or delete that run first.")
-    foreign = _foreign_files(path)
+    foreign = foreign_files(path)
+    if foreign and read_manifest(path) is None:
+        raise PoslensError(f"--out {path} holds no record of the files poslens wrote ({MANIFEST}: a run of an older "
+                           "poslens, or one stopped before it wrote anything), so --overwrite cannot tell them from "
+                           "yours. Choose a new --out, or delete the old run yourself.")
     if foreign:
-        names = ", ".join(str(p.relative_to(path)) for p in foreign[:3])
-        raise PoslensError(f"--out {path} is a `poslens {owner}` run but also holds files poslens did not write "
-                           f"({names}); --overwrite would delete them. Move them away, or choose a new --out.")
+        first = foreign[0].relative_to(path)
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise PoslensError(f"--out {path} is a `poslens {owner}` run but also holds {first}{more}, which poslens did "
+                           "not write; --overwrite would delete it. Move it away, or choose a new --out.")
 
 
 def clear_run(path: Path) -> None:
-    """Remove everything in run directory ``path`` but its lock file."""
-    for p in run_entries(path):
+    """Remove what poslens wrote into run directory ``path`` (its record, :data:`MANIFEST`, and the
+    leftovers of interrupted writes), then the folders that left empty; without a record, everything
+    but its lock file (callers check :func:`check_replaceable` first)."""
+    path = Path(path)
+    own = read_manifest(path)
+    if own is None:
+        for p in run_entries(path):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        return
+    for name in sorted(own):
+        p = path / name.rstrip("/")
         if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
+            if name.endswith("/"):
+                shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
             p.unlink()
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            if _LEFTOVER.match(name):
+                p = Path(dirpath) / name
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for d in sorted({p.as_posix() for n in own for p in PurePosixPath(n.rstrip("/")).parents if p.as_posix() != "."},
+                    key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            (path / d).rmdir()  # only when empty
+    (path / MANIFEST).unlink(missing_ok=True)
+
+
+def _swap_in(stage: Path, out: Path, *, replace: bool) -> None:
+    """Move the run written into ``stage`` into ``out``, its files recorded (:data:`MANIFEST`). With
+    ``replace``, the previous run's files are first moved aside and deleted only once every new one
+    is in place; whatever fails on the way (a full disk, Ctrl-C) puts everything back."""
+    files = _tree_files(stage)
+    _write_manifest(stage, files)
+    old: list[str] = []
+    if replace and out.is_dir():
+        foreign = foreign_files(out)
+        if foreign:
+            raise PoslensError(f"--out {out}: {foreign[0].relative_to(out)} appeared there while the run was written "
+                               "(poslens did not write it); the previous run is kept as it was. Move it away and "
+                               "run again, or choose a new --out.")
+        old = sorted(p.name for p in run_entries(out))
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.previous-", dir=out.parent)) if old else None
+    moved_old: list[str] = []
+    moved_new: list[str] = []
+    try:
+        for name in old:
+            os.replace(out / name, aside / name)
+            moved_old.append(name)
+        for f in sorted(stage.iterdir()):
+            target = out / f.name
+            if target.exists() or target.is_symlink():
+                if not (target.is_dir() and f.is_dir() and not any(target.iterdir())):
+                    raise PoslensError(f"{target} already exists; cannot put the new run's {f.name} there. Move it "
+                                       "away, or choose a new --out.")
+                target.rmdir()
+            os.replace(f, target)
+            moved_new.append(f.name)
+    except BaseException as e:
+        for name in reversed(moved_new):
+            os.replace(out / name, stage / name)
+        for name in reversed(moved_old):
+            os.replace(aside / name, out / name)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+        if _is_write_error(e):
+            raise write_error(out, e) from None
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    _note_enclosing(out, sorted(files))
 
 
 @contextlib.contextmanager
 def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
-    """Write a run's files into a hidden sibling directory, then move them into ``out``.
+    """Write a run's files into a hidden sibling directory, then swap them into ``out``.
 
     If anything fails inside the ``with`` block, ``out`` is left exactly as it was (a previous
     run's results stay intact) and the staging directory is removed: nothing is half-written. The
-    move happens under ``out``'s lock (:func:`lock_out_dir`); a pending ``--overwrite`` removes the
-    previous run's files just before it, so none of them is left beside the new ones.
+    swap happens under ``out``'s lock (:func:`lock_out_dir`); a pending ``--overwrite`` replaces the
+    previous run's files (:func:`_swap_in`), so none of them is left beside the new ones.
     """
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(out, e) from None
+    stage = _make_stage(out)
     try:
         yield stage
         with out_dir_lock(out):
             claim = _claims[_key(out)]
-            if claim.overwrite:
-                clear_run(out)
-                claim.overwrite = False
-            for f in sorted(stage.iterdir()):
-                target = out / f.name
-                if target.is_dir() and not f.is_dir():
-                    raise PoslensError(f"{target} is a directory; cannot replace it with a file.")
-                if f.is_dir():
-                    if target.exists():
-                        shutil.rmtree(target)
-                    shutil.move(str(f), str(target))
-                else:
-                    os.replace(f, target)
+            _swap_in(stage, out, replace=claim.overwrite)
+            claim.overwrite = False
             claim.created = False  # the run's files are in it now
     finally:
         shutil.rmtree(stage, ignore_errors=True)

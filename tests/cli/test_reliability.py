@@ -186,11 +186,11 @@ def test_overwrite_keeps_no_file_of_the_old_run(tmp_path):
     out = tmp_path / "sim"
     code, _, err = poslens("simulate", "--out", out, *SIM)
     assert code == 0, err
-    assert list(out.glob("*.png"))
-    (out / "stray.json").write_text("{}")  # a file of the old run that the new one does not write
+    assert list(out.glob("*.png"))  # files of the old run that the new one does not write
     code, _, err = poslens("simulate", "--out", out, *SIM, "--overwrite", "--no-figures")
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "maps.safetensors", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".poslens-files.json", "config.json", "maps.safetensors",
+                                                     "summary.json"]
     (out / "notes.docx").write_text("mine")  # a user's file in a run: --overwrite would delete it
     code, _, err = poslens("simulate", "--out", out, *SIM, "--overwrite")
     one_error_line(code, err, "notes.docx")

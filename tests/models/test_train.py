@@ -215,12 +215,20 @@ def test_existing_model_is_never_damaged(cli, tmp_path):
     code, _, err = cli(*again)
     assert code == 2 and "notes.txt" in err
     assert _tree_digest(run) == before
-    # without it, --overwrite replaces the run whole: no file of the old run is left
+    # a file poslens did not write is refused whatever its suffix; nothing changes
     (run / "notes.txt").unlink()
     (run / "stale.json").write_text("{}")
+    before = _tree_digest(run)
+    code, _, err = cli(*again)
+    assert code == 2 and "stale.json" in err
+    assert _tree_digest(run) == before
+    # without it, --overwrite replaces the run whole: every file left is one the new run recorded
+    (run / "stale.json").unlink()
     code, out, _ = cli(*again)
     assert code == 0 and json.loads(out)["task"] == "reverse"
-    assert not (run / "stale.json").exists()
+    recorded = set(json.loads((run / ".poslens-files.json").read_text())["files"])
+    left = {p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()} - {".poslens-files.json"}
+    assert left and all(f in recorded or f.split("/")[0] + "/" in recorded for f in left), left - recorded
 
 
 def test_zoo_micro(cli, tmp_path):

@@ -5,6 +5,7 @@ weights with the poslens attention function registered."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -64,9 +65,18 @@ _INT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_k
                "vocab_size", "max_position_embeddings", "head_dim")
 
 
+#: config.json fields that must be positive finite numbers where present (RoPE bases, norm epsilons)
+_POSITIVE_FIELDS = ("rope_theta", "rope_local_base_freq", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+                    "norm_eps", "norm_epsilon")
+
+
 def _check_config_values(raw: dict, cfg_path: Path) -> None:
-    """Refuse a config.json whose sizes are not positive integers (``"hidden_size": "abc"``)."""
-    for scope in (raw, raw.get("text_config")):
+    """Refuse a config.json whose sizes are not positive integers (``"hidden_size": "abc"``) or whose
+    RoPE base or norm epsilon is not a positive finite number (``"rope_theta": -5``: every score of
+    the model would be noise)."""
+    scopes = [raw, raw.get("text_config")]
+    scopes += [s.get("rope_parameters") for s in scopes if isinstance(s, dict)]
+    for scope in scopes:
         if not isinstance(scope, dict):
             continue
         for k in _INT_FIELDS:
@@ -74,6 +84,12 @@ def _check_config_values(raw: dict, cfg_path: Path) -> None:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise PoslensError(f"{cfg_path}: {k} is {v!r}, not a positive integer; the file is damaged or was "
                                    "edited by hand: restore it from the model's source.")
+        for k in _POSITIVE_FIELDS:
+            v = scope.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v <= 0):
+                raise PoslensError(f"{cfg_path}: {k} is {v!r}, not a positive finite number; the file is damaged or "
+                                   "was edited by hand: restore it from the model's source.")
 
 
 def check_weight_shapes(model_dir: str | Path, config) -> None:

@@ -41,7 +41,7 @@ from poslens.capture.model_source import source_record
 from poslens.capture.plan import ScanConfig, plan_scan
 from poslens.errors import PoslensError
 from poslens.progress import task_progress
-from poslens.rundir import create_out_dir, release_out_dir, versions, write_json, write_summary
+from poslens.rundir import commit_out_dir, create_out_dir, release_out_dir, versions, write_json, write_summary
 from poslens.runtime import no_hf_progress_bars
 
 
@@ -113,8 +113,8 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
               source=None) -> dict:
     t_start = time.time()
     job = _validate(cfg, ctx, given, tokenizer, source)
-    if ctx.is_main:
-        create_out_dir(job.out)
+    if ctx.is_main:  # a run replacing another is written beside it and swapped in at the end (commit_out_dir)
+        job.out = create_out_dir(job.out, command="scan", overwrite=cfg.overwrite, staged=not ctx.enabled)
     with contextlib.ExitStack() as stack:
         if given is not None:  # the caller's model: poslens attention and eval mode inside, restored after
             stack.enter_context(borrowed(given))
@@ -342,4 +342,5 @@ def _merge_and_write(job: _Job, capture: Capture, tokens: int, elapsed: float, t
     if not cfg.keep_checkpoint:  # finished: the checkpoint (as large as the float64 sums) has done its job
         for f in [out / CHECKPOINT, *rank_checkpoints(out).values()]:
             f.unlink(missing_ok=True)
+    commit_out_dir(cfg.out)
     return summary

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import shlex
 from dataclasses import MISSING
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from rich.console import Console
 
 from poslens.capture.options import ScanConfig, scan_options
 from poslens.cli.app import app, quiet_option, refuse_existing_out, threads_option, use_threads
+from poslens.errors import Interrupted
+from poslens.rundir import run_entries
 
 
 def scan_flags(command):
@@ -63,9 +66,27 @@ def scan(cfg: ScanConfig, quiet: bool = quiet_option(), threads: int = threads_o
     from poslens.capture.scan import run_scan
 
     refuse_existing_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume)
-    summary = run_scan(cfg, progress=not quiet)
+    replacing = cfg.overwrite and Path(cfg.out).is_dir() and bool(run_entries(Path(cfg.out)))
+    try:
+        summary = run_scan(cfg, progress=not quiet)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM under the CLI: say what was kept and how to continue
+        raise Interrupted(_interrupted(cfg, replacing)) from None
     if not quiet and "layers" in summary:  # ranks other than 0 of a distributed scan write and print nothing
         _print_scan(summary, Path(cfg.out))
+
+
+def _interrupted(cfg: ScanConfig, replacing: bool) -> str:
+    """What an interrupted scan kept, and the command that continues it."""
+    from poslens.capture.checkpoint import CHECKPOINT
+
+    out = Path(cfg.out)
+    if replacing:
+        return (f"the previous run in {out} is kept as it was; run the same command again (with --overwrite) to "
+                "replace it.")
+    if (out / CHECKPOINT).is_file():
+        return (f"a checkpoint is saved in {out}; continue with the same command plus --resume: "
+                f"poslens scan {shlex.quote(cfg.model_dir)} --out {shlex.quote(str(out))} ... --resume")
+    return f"stopped before its first checkpoint; rerun the same command (with --resume) to start {out} again."
 
 
 def _print_scan(summary: dict, out: Path) -> None:

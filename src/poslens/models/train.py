@@ -49,7 +49,7 @@ from poslens.errors import Interrupted, PoslensError, require
 from poslens.fmt import fmt
 from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
 from poslens.progress import task_progress
-from poslens.rundir import (check_replaceable, clear_run, create_out_dir, out_dir_lock, prepare_out_dir, read_json, run_entries,
+from poslens.rundir import (check_replaceable, clear_run, create_out_dir, out_dir_lock, prepare_out_dir, read_json, record_written, run_entries,
                             versions, write_json, write_summary, write_tensors)
 from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
 
@@ -290,10 +290,13 @@ def _shareable(path: Path) -> None:
 
 
 def _move_into(tmp: Path, out: Path) -> None:
-    """Rename every file of ``tmp`` into ``out`` (each rename is atomic), then remove ``tmp``."""
-    for f in sorted(tmp.iterdir()):
-        _shareable(f)
-        os.replace(f, out / f.name)
+    """Rename every file of ``tmp`` into ``out`` (each rename is atomic), then remove ``tmp``; the run
+    records them as its own (``--overwrite`` removes them)."""
+    names = sorted(f.name for f in tmp.iterdir())
+    record_written(out, *names)
+    for name in names:
+        _shareable(tmp / name)
+        os.replace(tmp / name, out / name)
     tmp.rmdir()
 
 
@@ -334,6 +337,7 @@ def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, state: d
         write_json(tmp / "state.json", {"step": step, "optimizer_param_groups": osd["param_groups"],
                                         "optimizer_scalars": scalars, "scheduler": scheduler.state_dict(), **state})
         final = out / f"checkpoint-{step:08d}"
+        record_written(out, f"{final.name}/")
         for f in [tmp, *tmp.iterdir()]:
             _shareable(f)
         if final.exists():
@@ -529,6 +533,7 @@ def _start_session(cfg: TrainConfig, out: Path, mode: str, device: str) -> _Sess
         s.log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
     else:
         records = []
+        record_written(out, s.log_path.name)
         meta = {"versions": versions(), "params": count_parameters(model), "warmup_resolved": warmup}
         write_json(out / "train_config.json", {**dataclasses.asdict(cfg), "_meta": meta})
         _save_pretrained_atomic(tokenizer, out)

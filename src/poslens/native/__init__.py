@@ -10,24 +10,37 @@ per source, compiler and CPU with the system C compiler (``$CC``, else ``cc``) i
 Without a compiler, or with ``POSLENS_CAPTURE_KERNEL=torch``, every caller takes its torch path,
 which computes the same numbers (to float32 rounding) more slowly.
 
+The cache is checked before it is loaded: each library has a record beside it (``kernels-*.json``:
+its size and sha256, written once it was compiled and installed), and a library that does not
+match its record (cut short, changed, half-written, another's) is rebuilt, never loaded; loading a
+damaged shared library would kill the process (SIGBUS, SIGILL). A compiler that failed or timed out
+is remembered beside it (``kernels-*.failed``, keyed like the library): later processes take the
+torch path at once instead of compiling again (delete the file to try again). Temporary files of a
+compilation that was killed are removed by the next process; libraries are installed mode 0755.
+
 Nothing here runs at import: the library is built or loaded on the first call that needs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
+from poslens.errors import PoslensWarning
 from poslens.runtime import cache_root
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -65,17 +78,111 @@ def library_path(cc: str) -> Path:
     return cache_root() / "native" / f"kernels-{h.hexdigest()[:16]}.so"
 
 
+#: seconds a compilation may take before it counts as failed
+COMPILE_TIMEOUT = 120
+
+
+def record_path(library: Path) -> Path:
+    """The record of a cached library: its size and sha256 (JSON)."""
+    return library.with_suffix(".json")
+
+
+def failure_path(library: Path) -> Path:
+    """Where a compiler's failure to build ``library`` is remembered."""
+    return library.with_suffix(".failed")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _intact(path: Path) -> bool | None:
+    """Whether the library at ``path`` is the one its record describes: None when there is no
+    library, or no readable record (nothing to warn about: it is built again)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    try:
+        rec = json.loads(record_path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return isinstance(rec, dict) and rec.get("size") == size and rec.get("sha256") == _sha256(path)
+
+
+def _tidy(folder: Path) -> None:
+    """Remove the temporary files of compilations whose process is gone (a SIGKILL mid-compile)."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        m = _TMP_NAME.match(p.name)
+        if m is None:
+            continue
+        pid = int(m.group(1)) if m.group(1) else None
+        if pid is None or (pid != os.getpid() and not _alive(pid)):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+
+#: a compilation's temporary file: ``.kernels-<key>.<pid>.<random>.tmp`` (``tmp*.so``: an older naming)
+_TMP_NAME = re.compile(r"^\.kernels-[0-9a-f]+\.(\d+)\.[^.]+\.tmp$|^tmp[^.]*\.so()$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class CompileError(OSError):
+    """The C compiler failed or timed out (remembered in :func:`failure_path`)."""
+
+
+def _write_small(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _build(cc: str, target: Path) -> None:
     """Compile into a temporary file beside ``target`` and rename it into place (atomic: processes
-    building at once, such as torchrun's ranks, each install a whole library)."""
+    building at once, such as torchrun's ranks, each install a whole library), then write its record.
+    A compiler that fails or times out raises :class:`CompileError`, remembered in
+    :func:`failure_path`."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise OSError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
+        try:
+            proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                                  timeout=COMPILE_TIMEOUT)
+            why = None if proc.returncode == 0 else f"{cc} failed: {proc.stderr.strip()[-500:]}"
+        except subprocess.TimeoutExpired:
+            why = f"{cc} did not finish in {COMPILE_TIMEOUT} s"
+        if why is not None:
+            with contextlib.suppress(OSError):
+                _write_small(failure_path(target), json.dumps({"compiler": cc, "error": why}) + "\n")
+            raise CompileError(why)
+        os.chmod(tmp, 0o755)  # readable and loadable by every user of a shared cache
+        record = json.dumps({"size": os.path.getsize(tmp), "sha256": _sha256(Path(tmp)), "compiler": cc}) + "\n"
         os.replace(tmp, target)
+        _write_small(record_path(target), record)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -108,17 +215,37 @@ def _load():
             why = "no C compiler (set CC, or install one)"
         else:
             try:
-                path = library_path(cc)
-                if not path.exists():
-                    _build(cc, path)
-                lib = ctypes.CDLL(str(path))
+                lib = _checked_library(cc)
                 for name, (args, res) in SIGNATURES.items():
                     fn = getattr(lib, name)
                     fn.argtypes, fn.restype = args, res
             except (OSError, AttributeError, subprocess.SubprocessError) as e:
-                lib, why = None, f"{type(e).__name__}: {e}"
+                lib, why = None, str(e) if isinstance(e, CompileError) else f"{type(e).__name__}: {e}"
         _state.update(lib=lib, why=why)
         return lib
+
+
+def _checked_library(cc: str):
+    """The cached library for ``cc``, loaded only once it matches its record; a library that does not
+    (cut short, changed, half-written) is built again first, with one warning."""
+    path = library_path(cc)
+    _tidy(path.parent)
+    failed = failure_path(path)
+    if failed.exists():
+        try:
+            why = json.loads(failed.read_text()).get("error")
+        except (OSError, ValueError, AttributeError):
+            why = None
+        raise CompileError(f"{why or 'the compiler failed'} (remembered in {failed}; delete it to try again)")
+    intact = _intact(path)
+    if not intact:
+        if intact is False:
+            warnings.warn(f"the cached kernel library {path} does not match its record (damaged or changed); "
+                          "building it again.", PoslensWarning, stacklevel=2)
+        _build(cc, path)
+        if not _intact(path):
+            raise OSError(f"{path} does not match its record after building it (another process changing it?)")
+    return ctypes.CDLL(str(path))
 
 
 def available() -> bool:
