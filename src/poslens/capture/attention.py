@@ -27,6 +27,7 @@ from poslens.capture.attnpass import structure_mask
 from poslens.capture.blocks import BlockMaps
 from poslens.capture.context import active_capture
 from poslens.capture.engine import Capture
+from poslens.capture.intervene import active_edits
 from poslens.capture.rope import half_layout_perm, unrotate_qk
 from poslens.capture.spec import (ALL_STATS, STATS, CaptureSpec, accumulator_shapes, parse_stats, stats_option,
                                   stats_record, user_statistics)
@@ -122,6 +123,11 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
     qk_hooks = getattr(module, "_poslens_qk_hooks", None)
     if qk_hooks:  # q/k capture points: the layer's queries and keys before and after RoPE
         _run_qk_hooks(qk_hooks, query, key)
+    edits = active_edits(module)
+    sink_off = False
+    if edits is not None and edits.takes(layer):  # an intervention (poslens ablate): edited q/k and mask
+        query, key = edits.apply(layer, query, key)
+        sliding_window, sink_off = edits.structure(layer, sliding_window)
     if cap is not None:
         query, key = cap.enter_layer(layer, query, key, sliding_window, scaling)
     Sq, Sk = query.shape[2], key.shape[2]
@@ -134,28 +140,31 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
     if captured and (padding is not None or Sq != Sk):
         raise PoslensError("capture needs full, unpadded sequences without a KV cache; scan feeds packed "
                            "sequences of exactly --seq-len tokens.")
-    if captured and not (dropout and module.training) and cap.computes_output(layer, query, key, window, softcap):
+    if captured and not (dropout and module.training) and cap.computes_output(layer, query, key, window, softcap,
+                                                                                sink_off=sink_off):
         # one pass: the capture's chunks compute the weights it accumulates and, from them, the output
         out = cap.observe_attention(layer, query, key, None, scaling, causal=causal, window=window,
-                                    softcap=softcap, value=value)
+                                    softcap=softcap, value=value, sink_off=sink_off)
         return out.transpose(1, 2).contiguous(), None
     out = _plain_attention(query, key, value, padding, causal=causal, window=window, scaling=scaling,
-                           softcap=softcap, dropout=dropout if module.training else 0.0)
+                           softcap=softcap, dropout=dropout if module.training else 0.0, sink_off=sink_off)
     if captured:
-        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap)
+        cap.observe_attention(layer, query, key, out, scaling, causal=causal, window=window, softcap=softcap,
+                              sink_off=sink_off)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _plain_attention(query, key, value, padding, *, causal, window, scaling, softcap, dropout):
+def _plain_attention(query, key, value, padding, *, causal, window, scaling, softcap, dropout, sink_off=False):
     """The layer's attention output ``[B, H, Sq, D]`` without capture: SDPA with the structure and
-    padding masks (``is_causal`` where no explicit mask is needed), or eager soft-capped attention."""
+    padding masks (``is_causal`` where no explicit mask is needed), or eager soft-capped attention.
+    ``sink_off``: key 0 masked for every query after it (an intervention of ``poslens ablate``)."""
     B, H, Sq = query.shape[:3]
     Sk = key.shape[2]
-    if padding is None and window is None and (not causal or Sq == Sk):
+    if padding is None and window is None and not sink_off and (not causal or Sq == Sk):
         mask, sdpa_causal = None, causal and Sq > 1
     else:
         mask = _full_mask(structure_mask(Sq, Sk, causal=causal, window=window, device=query.device,
-                                          q_offset=Sk - Sq),
+                                          q_offset=Sk - Sq, sink_off=sink_off),
                           padding, B, Sq, Sk, query.device)
         sdpa_causal = False
     if softcap:  # SDPA cannot soft-cap the logits: compute as eager attention does

@@ -49,11 +49,14 @@ class Layer:
     bs: int  # sequences per slice of a chunk
     v: torch.Tensor | None = None  # float32 values [B, Hk, S, D]: compute the output here
     out_dtype: torch.dtype | None = None
+    sink_off: bool = False  # key 0 masked for the queries after it (an intervention of poslens ablate)
 
 
-def structure_mask(Sq: int, Sk: int, *, causal: bool, window: int | None, device, q_offset: int = 0):
-    """Bool ``[Sq, Sk]`` (True = attend) for the causal and sliding-window structure, or None."""
-    if not causal and window is None:
+def structure_mask(Sq: int, Sk: int, *, causal: bool, window: int | None, device, q_offset: int = 0,
+                   sink_off: bool = False):
+    """Bool ``[Sq, Sk]`` (True = attend) for the causal and sliding-window structure, or None.
+    ``sink_off``: key 0 also hidden from every query after position 0."""
+    if not causal and window is None and not sink_off:
         return None
     i = torch.arange(q_offset, q_offset + Sq, device=device)[:, None]  # absolute query positions
     j = torch.arange(Sk, device=device)[None, :]
@@ -62,6 +65,8 @@ def structure_mask(Sq: int, Sk: int, *, causal: bool, window: int | None, device
         m &= j <= i
     if window is not None:
         m &= (i - j) < window
+    if sink_off:
+        m &= (j > 0) | (i == 0)
     return m
 
 
@@ -114,8 +119,9 @@ class AttentionPass:
         L = self.L
         c, nc = stop - start, stop if L.causal else self.S
         allowed = None
-        if L.window is not None:
-            allowed = structure_mask(c, nc, causal=L.causal, window=L.window, device=self.device, q_offset=start)
+        if L.window is not None or L.sink_off:
+            allowed = structure_mask(c, nc, causal=L.causal, window=L.window, device=self.device, q_offset=start,
+                                     sink_off=L.sink_off)
         lsum = self.work.buffer("logit_sum", (c, nc), self.device) if "logit_sum" in self.needs else None
         sel = None
         if "selected_logit_sums" in self.needs:

@@ -55,13 +55,17 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def choose(query: torch.Tensor, key: torch.Tensor, needs: frozenset, *, window, softcap) -> tuple[str, str]:
+def choose(query: torch.Tensor, key: torch.Tensor, needs: frozenset, *, window, softcap,
+           sink_off: bool = False) -> tuple[str, str]:
     """``(backend, reason)`` for a layer with these queries/keys whose statistics need ``needs``
-    (chunk intermediates; the layer-wide ones come from every backend)."""
+    (chunk intermediates; the layer-wide ones come from every backend). ``sink_off``: key 0 is masked
+    for the queries after it (an intervention), which only the torch pass applies."""
     setting = kernel_setting()
     needs = frozenset(needs) & CHUNKED
     if setting == TORCH:
         return TORCH, f"{native.KERNEL_ENV}=torch"
+    if sink_off:
+        return TORCH, "torch pass: the fused kernels do not mask key 0 (sink-off)"
     on_gpu = query.device.type != "cpu"
     if on_gpu or setting == TRITON:
         why = _triton_refusal(query, key, needs, window, softcap)

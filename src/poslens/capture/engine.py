@@ -186,27 +186,31 @@ class Capture(CaptureSums):
         """The chunk intermediates the statistics of ``layer`` need."""
         return frozenset().union(*(st.needs & CHUNKED for st in self._pass_stats_at(layer)), self.users.pass_needs())
 
-    def computes_output(self, layer, query, key, window, softcap) -> bool:
+    def computes_output(self, layer, query, key, window, softcap, *, sink_off: bool = False) -> bool:
         """Whether :meth:`observe_attention` computes ``layer``'s output itself from the weights its
         statistics need anyway (on the CPU, ``spec.own_output``; not from the Triton kernels, which
         form no weights), so the model skips its SDPA pass."""
         if not self.spec.own_output or query.is_cuda or layer not in self.layer_pos:
             return False
         needs = self._needs_at(layer)
-        return bool(needs) and backends.choose(query, key, needs, window=window, softcap=softcap)[0] != backends.TRITON
+        return bool(needs) and backends.choose(query, key, needs, window=window, softcap=softcap,
+                                               sink_off=sink_off)[0] != backends.TRITON
 
     @torch.no_grad()
     def observe_attention(self, layer, query, key, out, scaling, *, causal=True, window=None,
-                          softcap=None, value=None):
+                          softcap=None, value=None, sink_off=False):
         """Add one layer's statistics for a batch. ``out``: the layer's attention output ``[B, H, S, D]``;
         pass ``out=None`` and the ``value`` states instead (when :meth:`computes_output`) to have it
-        computed from the pass's own weights. Returns the output ``[B, H, S, D]``."""
+        computed from the pass's own weights. ``sink_off``: key 0 is masked for the queries after it
+        (an intervention, :mod:`poslens.capture.intervene`). Returns the output ``[B, H, S, D]``."""
         batch = LayerBatch(self, layer, self.layer_pos[layer], None, None, float(scaling), causal, window,
-                           softcap=softcap, query=query, key=key, heads=self.head_pos.get(layer, []))
+                           softcap=softcap, query=query, key=key, heads=self.head_pos.get(layer, []),
+                           sink_off=sink_off)
         stats, needs = self._pass_stats_at(layer), self._needs_at(layer)
         if out is None and not (value is not None and needs and not query.is_cuda):
             raise ValueError("observe_attention: pass the layer output, or the values where computes_output()")
-        backend, why = backends.choose(query, key, needs, window=window, softcap=softcap) if needs else (None, "")
+        backend, why = backends.choose(query, key, needs, window=window, softcap=softcap,
+                                       sink_off=sink_off) if needs else (None, "")
         if backend is not None:
             self.backends[layer] = (backend, why)
         if self._qk_stats or (needs and backend != backends.TRITON):
@@ -292,7 +296,8 @@ class Capture(CaptureSums):
         kT = self.work.buffer("kT", (B, Hk, D, S), q.device).copy_(k.transpose(2, 3)) if q.device.type == "cpu" \
             else k.transpose(2, 3)
         layer = Layer(batch.layer, q.view(B, Hk, g, S, D), kT, batch.scaling, batch.causal, batch.window,
-                      batch.softcap, [h for _, h in batch.heads], rows, bs, v=v, out_dtype=batch.query.dtype)
+                      batch.softcap, [h for _, h in batch.heads], rows, bs, v=v, out_dtype=batch.query.dtype,
+                      sink_off=batch.sink_off)
         if native and self._native is None:
             self._native = poslens_native.SoftmaxSums(self.workers)
         p = AttentionPass(layer, readers, self.work, checked=checked, native=self._native if native else None)

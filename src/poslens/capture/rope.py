@@ -67,3 +67,23 @@ def half_layout_perm(head_dim: int, rotary_dim: int, device=None) -> torch.Tenso
     ``(l, l + r/2)``: ``[0, 2, 4, .., 1, 3, 5, .., r, r+1, ..]`` (the unrotated suffix stays)."""
     return torch.cat([torch.arange(0, rotary_dim, 2, device=device), torch.arange(1, rotary_dim, 2, device=device),
                       torch.arange(rotary_dim, head_dim, device=device)])
+
+
+def rotate_qk(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half") -> torch.Tensor:
+    """RoPE applied to ``x [B, H, S, D]`` (float32) with the model's ``cos``/``sin`` ``[B, S, r]``, in its
+    pair layout: the inverse of :func:`unrotate_qk` (dims beyond the rotary width pass through)."""
+    cos = cos[:, None].to(x.dtype)
+    sin = sin[:, None].to(x.dtype)
+    r = cos.shape[-1]
+    out = x.clone()
+    if layout == "interleaved":
+        xe, xo = x[..., 0:r:2], x[..., 1:r:2]
+        c, s = cos[..., 0:r:2], sin[..., 0:r:2]
+        out[..., 0:r:2] = xe * c - xo * s
+        out[..., 1:r:2] = xo * c + xe * s
+        return out
+    h = r // 2
+    x1, x2 = x[..., :h], x[..., h:r]
+    out[..., :h] = x1 * cos[..., :h] - x2 * sin[..., :h]
+    out[..., h:r] = x2 * cos[..., h:] + x1 * sin[..., h:]
+    return out

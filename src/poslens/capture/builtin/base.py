@@ -84,6 +84,7 @@ class LayerBatch:
     key: torch.Tensor | None = None
     heads: list = field(default_factory=list)  # (per-head map index, head) of the layer's --heads maps
     maps: LayerMaps | None = None  # the layer's float32 sums, while its attention pass runs
+    sink_off: bool = False  # key 0 masked for the queries after it (an intervention of poslens ablate)
     _half: tuple | None = field(default=None, repr=False)
     _pre: tuple | None = field(default=None, repr=False)
 
