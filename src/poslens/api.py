@@ -43,6 +43,62 @@ _NOT_RESULTS = ("checkpoint.safetensors",)
 # --------------------------------------------------------------------------------------------
 # results
 # --------------------------------------------------------------------------------------------
+#: the columns of :meth:`Result.heads` (a scan), each defined
+HEAD_COLUMNS = {
+    "layer": "decoder layer, counted from 0",
+    "head": "query head, counted from 0",
+    "sink": "the head's mean attention weight on key 0 over queries 1 … S−1 and over sequences (Gu et al., ICLR 2025)",
+    "slash_offset": "its strongest offset Δ in 1 … 16 (query − key)",
+    "slash_score": "SlashScore(Δ) there: mean attention weight on the Δ-th sub-diagonal (arXiv 2601.08297)",
+}
+#: the columns :meth:`Result.layers` can have (a scan's; other commands add their own), each defined
+LAYER_COLUMNS = {
+    "layer": "decoder layer, counted from 0 ('embeddings': the input of layer 0)",
+    "rope": "whether the layer rotates its queries and keys",
+    "sliding_window": "the layer's attention window in tokens (None: full causal attention)",
+    "relativity_index": "1 − Var(diagonal-normalised mean score map) / Var(map), key 0 left out (1 = a function of "
+                        "i − j alone; arXiv 2509.21042); noise-corrected where the noise groups cover the whole map "
+                        "(relativity_index_noise_corrected), which can lift it above relativity_index_uncorrected: "
+                        "sampling noise inflates the within-diagonal variance; None where the map is flat",
+    "relativity_index_uncorrected": "the same index before the noise correction (variances with the noise in them)",
+    "relativity_index_noise_corrected": "True where relativity_index is noise-corrected",
+    "relativity_index_with_sink": "the relativity index with key 0 included",
+    "locality": "+1: every query's scores rise as the key gets closer; −1: they fall (key 0 left out)",
+    "locality_with_sink": "locality with key 0 included",
+    "diagonal_trend": "signed trend along each diagonal of the diagonal-normalised map (+1: the entry further right "
+                      "is higher)",
+    "diagonal_trend_se": "standard error of diagonal_trend over sequence groups",
+    "within_diag_rms": "RMS of the diagonal-normalised map (the non-relative part)",
+    "within_diag_rms_noise": "the RMS sampling noise alone gives it (the noise floor)",
+    "flat": "True where the map does not vary with position beyond its noise floor (flat_p ≥ 0.01)",
+    "flat_p": "p-value of 'the map is flat' (sign-flip test over sequence groups)",
+    "nonrelative_p": "p-value of 'the map is purely relative'",
+    "trend_p": "p-value of 'no diagonal trend'",
+    "noise_groups": "number of sequence groups the p-values and standard errors come from",
+    "noise_positions": "positions of the grid the noise groups were kept on",
+    "grid_relativity_index": "relativity index of the map on that grid (the statistic the p-values test)",
+    "grid_diagonal_trend": "diagonal trend on that grid",
+    "grid_within_diag_rms": "within-diagonal RMS on that grid",
+    "grid_locality": "locality on that grid",
+    "sink_weight": "mean attention weight on key 0 over heads, queries 1 … S−1 and sequences",
+    "aps": "adjacency probability score of the residual stream after the layer (arXiv 2501.00073): per sequence, "
+           "mean over sequences (0.5 = no order, 1 = every row rises towards the diagonal); = aps_mean",
+    "aps_mean": "per-sequence APS, mean over sequences",
+    "aps_std": "per-sequence APS, standard deviation over sequences",
+    "attn_aps": "APS of the attention outputs (concatenated heads before the output projection) = attn_aps_mean",
+    "attn_aps_mean": "per-sequence APS of the attention outputs, mean over sequences",
+    "attn_aps_std": "its standard deviation over sequences",
+    "mean_map_aps": "APS of the cosine map averaged over sequences (not the paper's per-sequence APS: it tends to 1 "
+                    "for any consistent trend as sequences are added)",
+    "attn_mean_map_aps": "the same for the attention outputs",
+    "norm_score": "the APS count applied to −‖h_i‖: 1 = norms shrink with position (arXiv 2501.00073)",
+}
+
+
+def _columns_doc(columns: dict) -> str:
+    return "\n".join(f"    {k}: {v}" for k, v in columns.items())
+
+
 class Result:
     """One finished run: ``config``, ``summary``, ``maps`` (tensors), tables and figures.
 
@@ -69,11 +125,69 @@ class Result:
         """True while the result lives only in a temporary directory (see :meth:`save`)."""
         return self._tmp is not None
 
+    def _model_name(self) -> str:
+        s = self.summary
+        if self.command == "fingerprint":
+            return ", ".join(str(m) for m in (self.config.get("models") or {})) or "models"
+        name = str(s.get("model_dir") or (self.config.get("options") or {}).get("model_dir") or "")
+        if name.startswith("<in-memory"):
+            name = name[len("<in-memory "):-1]
+        name = Path(name).name if name and not name.startswith(("<", "unnamed")) and "/" in name else name
+        return name or str(s.get("model_type") or "")
+
+    def _shape(self) -> str:
+        s = self.summary
+        parts = []
+        if s.get("num_layers") or self._run.layers:
+            parts.append(f"{s.get('num_layers') or len(self._run.layers)} layers")
+        heads = s.get("num_heads") or (_heads_from_maps(self._maps) if self._maps is not None else 0)
+        if heads:
+            parts.append(f"{heads} heads")
+        if s.get("num_seqs") and s.get("seq_len"):
+            parts.append(f"{s['num_seqs']} × {s['seq_len']} tokens")
+        return ", ".join(parts)
+
     def __repr__(self) -> str:
-        keys = ", ".join(sorted(self.maps)) if self._maps is not None else "not loaded"
         where = "temporary" if self.temporary else str(self.path)
-        backend = f"; backend: {', '.join(self.backends)}" if self.backends else ""
-        return f"<poslens.Result {self.command} at {where}{backend}; maps: {keys}>"
+        model = self._model_name()
+        shape = self._shape()
+        backend = f"; backend {', '.join(self.backends)}" if self.backends else ""
+        return (f"<poslens.Result {self.command}" + (f" of {model}" if model else "") + (f": {shape}" if shape else "")
+                + f"{backend}; at {where}>")
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the model, the shape, the statistics, the backend, and the top heads."""
+        import html
+
+        s = self.summary
+        rows = [("command", self.command), ("model", self._model_name()), ("shape", self._shape()),
+                ("data", s.get("data") or (self.config.get("options") or {}).get("data")),
+                ("statistics", ", ".join(s.get("stats") or []) if isinstance(s.get("stats"), list) else s.get("stats")),
+                ("backend", "; ".join(f"{k} (layers {', '.join(map(str, v.get('layers', [])[:8]))}"
+                                      f"{' …' if len(v.get('layers', [])) > 8 else ''})"
+                                      for k, v in self.backends.items())),
+                ("saved at", "temporary (see save())" if self.temporary else str(self.path))]
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td style='text-align:left'>"
+                       f"{html.escape(str(v))}</td></tr>" for k, v in rows if v not in (None, ""))
+        top = ""
+        if self.command == "scan":
+            try:
+                h = self.heads()
+            except (PoslensError, KeyError, ValueError):
+                h = None
+            if h is not None and len(h):
+                parts = []
+                for col, label in (("sink", "strongest sinks (weight on key 0)"),
+                                   ("slash_score", "strongest slash heads (SlashScore at Δ)")):
+                    t = h.dropna(subset=[col]).sort_values(col, ascending=False).head(5)
+                    if len(t):
+                        cells = ", ".join(f"{int(r.layer)}.{int(r.head)}: {getattr(r, col):.3g}"
+                                          + (f" at Δ = {int(r.slash_offset)}" if col == "slash_score" else "")
+                                          for r in t.itertuples())
+                        parts.append(f"<tr><th style='text-align:left'>{label}</th><td style='text-align:left'>"
+                                     f"{html.escape(cells)} (layer.head)</td></tr>")
+                top = "".join(parts)
+        return f"<table><caption style='text-align:left'><b>poslens.Result</b></caption>{body}{top}</table>"
 
     @property
     def backends(self) -> dict:
@@ -93,18 +207,24 @@ class Result:
     # ---- tables ----------------------------------------------------------------------------
     def layers(self):
         """One row per layer: the per-layer readings of ``summary.json`` (``layer`` counts decoder layers
-        from 0 unless ``attrs["layer_convention"]`` says otherwise)."""
+        from 0 unless ``attrs["layer_convention"]`` says otherwise). The defined columns come first, in
+        this order (a scan has those of its statistics; other commands add their own after them):
+
+{columns}
+        """
         import pandas as pd
 
         rows = [{k: v for k, v in l.items() if not isinstance(v, (list, dict))} for l in self._run.layers]
         df = pd.DataFrame(rows)
+        df = df[[c for c in LAYER_COLUMNS if c in df.columns] + [c for c in df.columns if c not in LAYER_COLUMNS]]
         df.attrs["layer_convention"] = _layer_convention(self.summary)
         return df
 
     def heads(self):
-        """One row per (layer, head) of a scan: ``sink`` (the head's mean attention weight on key 0 over
-        queries 1 … S−1 and over sequences), ``slash_offset`` / ``slash_score`` (its strongest offset Δ in
-        1 … 16 and SlashScore(Δ) there, arXiv 2601.08297). NaN where the scan did not collect the statistic."""
+        """One row per (layer, head) of a scan; NaN where the scan did not collect the statistic. Columns:
+
+{columns}
+        """
         import numpy as np
         import pandas as pd
 
@@ -129,10 +249,13 @@ class Result:
                         d = int(window.nan_to_num(-1.0).argmax()) + 1
                         row["slash_offset"], row["slash_score"] = d, float(window[d - 1])
                 rows.append(row)
-        df = pd.DataFrame(rows, columns=["layer", "head", "sink", "slash_offset", "slash_score"])
+        df = pd.DataFrame(rows, columns=list(HEAD_COLUMNS))
         df["slash_offset"] = df["slash_offset"].astype("Int64")
         df.attrs["layer_convention"] = _layer_convention(self.summary)
         return df if len(df) else df.astype({"sink": np.float64})
+
+    layers.__doc__ = layers.__doc__.format(columns=_columns_doc(LAYER_COLUMNS))
+    heads.__doc__ = heads.__doc__.format(columns=_columns_doc(HEAD_COLUMNS))
 
     def traits(self, level: str = "layer"):
         """A fingerprint's traits as a DataFrame: one row per (model, layer), or per model (``level="model"``)."""
@@ -162,8 +285,11 @@ class Result:
         """A matplotlib Figure of map ``name`` (``scores``, ``probs``, ``cosine``, ``attn_cosine`` ...) of
         decoder layer ``layer`` (counted from 0; default: the first). ``slash``: the SlashScore profile
         of every head of the layer (or of ``head``). ``diagonal_normalized``: each diagonal minus its own
-        mean (arXiv 2509.21042's view of the non-relative part)."""
-        from poslens.rundir import new_figure
+        mean (arXiv 2509.21042's view of the non-relative part). The causal mask's triangle is blank. In
+        Jupyter the figure shows itself (a :class:`poslens.figures.NotebookFigure`), no magic needed."""
+        import torch
+
+        from poslens.figures import notebook_figure
 
         if name not in self.maps:
             raise PoslensError(f"plot({name!r}): this {self.command} run has no map {name!r}; it has "
@@ -173,7 +299,7 @@ class Result:
         if name == "cosine" and m.shape[0] == len(ids) + 1:  # index 0: the embeddings
             ids = ["embeddings", *ids]
         li = 0 if layer is None else _index_of(layer, ids, name)
-        fig, ax = (ax.figure, ax) if ax is not None else new_figure(figsize=(5.2, 4.2))
+        fig, ax = (ax.figure, ax) if ax is not None else notebook_figure(figsize=(5.2, 4.2))
         if name == "slash":
             prof = m[li].double().numpy()
             for h in range(prof.shape[0]) if head is None else [head]:
@@ -181,8 +307,9 @@ class Result:
             ax.set_xscale("symlog", linthresh=16)
             ax.set_xlabel("offset Δ (query − key)")
             ax.set_ylabel("SlashScore(Δ)")
-            if head is not None or prof.shape[0] <= 16:
-                ax.legend(fontsize=6, ncol=2)
+            if head is not None or prof.shape[0] <= 16:  # beside the axes, never over the curves
+                ax.legend(fontsize=7, ncol=1 if prof.shape[0] <= 8 else 2, loc="upper left", bbox_to_anchor=(1.02, 1),
+                          frameon=False)
         else:
             x = m[li].double()
             if x.dim() != 2:
@@ -191,6 +318,9 @@ class Result:
                 from poslens.metrics import diagonal_normalize
 
                 x = diagonal_normalize(x)
+            upper = torch.triu(torch.ones_like(x, dtype=torch.bool), 1)
+            if x.shape[0] == x.shape[1] and not bool((x[upper].nan_to_num(0.0) != 0).any()):
+                x = x.masked_fill(upper, float("nan"))  # the causal mask's triangle: blank, not the value 0
             finite = x[x.isfinite()]
             lo, hi = (float(finite.quantile(0.01)), float(finite.quantile(0.99))) if finite.numel() else (0, 1)
             im = ax.imshow(x.numpy(), cmap="viridis", vmin=lo, vmax=hi, interpolation="nearest")
@@ -683,4 +813,52 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
                                   allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, **opts)
         with _threads(threads):
             F.run_fingerprint(cfg, progress=progress, loaded=loaded, tokenizers=tokenizers)
+        return _finish(path, tmp)
+
+
+def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, data="stdlib",
+           seq_len: int | None = None, num_seqs: int | None = None, batch_size: int = 4, seed: int = 0,
+           noise_groups: int = 8, massive_lambda: float = 5.0, device: str = "auto", dtype: str = "auto",
+           out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
+           progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
+           trust_remote_code: bool = False) -> Result:
+    """Switch sources of position off and measure what the model loses (``poslens ablate``); returns a
+    :class:`Result`.
+
+    ``model``: a loaded causal LM (handed back unchanged: its logits afterwards equal those before) or a
+    model directory / ``.gguf`` path. ``interventions``: one name or a list of ``rope-off``,
+    ``rope-band:high|medium|low``, ``massive-qk``, ``random-qk`` (its control), ``sink-off``, ``window:W``
+    (:mod:`poslens.capture.intervene`). ``layers``: ``"each"`` (one decoder layer at a time, from 0),
+    ``"all"``, a list of layers ablated together (``[0, 3]`` or ``"0,3,5-7"``), or ``"each:0-5"``.
+    ``data``, ``tokenizer``, ``seq_len`` (default 256), ``num_seqs`` (default 32): as :func:`scan`.
+    ``noise_groups``: sequence groups for the standard errors (sequence n in group n % G).
+
+    The result's ``summary["conditions"]`` holds, per condition, the paired change of the mean
+    next-token loss (``delta``: mean, se, p) overall and per position bucket; ``summary["findings"]``
+    says it in words; ``tables()["conditions"]`` is the table; ``layers()`` the per-layer changes of a
+    layer-at-a-time ablation; ``maps`` the per-token losses (``loss_base`` and ``loss.<condition>``,
+    ``[N, S - 1]``)."""
+    from poslens.analysis.ablate import AblateConfig, run_ablate
+
+    model_dir, loaded = _model_arg(model)
+    ivs = [interventions] if isinstance(interventions, str) else list(interventions or [])
+    py_data = None
+    from poslens.capture.sources import is_python_data
+
+    if is_python_data(data):
+        py_data, data = data, "python"
+    for name, v in (("seq_len", seq_len), ("num_seqs", num_seqs), ("batch_size", batch_size),
+                    ("noise_groups", noise_groups), ("seed", seed)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise PoslensError(f"{name}={v!r}: pass an integer.")
+    if out is not None and Path(out).exists() and not overwrite:
+        raise PoslensError(f"out={str(out)!r} exists; choose a new directory or pass overwrite=True.")
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        cfg = AblateConfig(model_dir=model_dir, out=str(path), interventions=ivs, layers=layers, data=str(data),
+                           seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
+                           seed=seed, noise_groups=noise_groups, massive_lambda=massive_lambda, device=device,
+                           dtype=dtype, figures=figures, overwrite=overwrite and out is not None,
+                           allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        with _threads(threads):
+            run_ablate(cfg, progress=progress, model=loaded, tokenizer=tokenizer, data=py_data)
         return _finish(path, tmp)

@@ -10,11 +10,31 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.figure
 import numpy as np
 import torch
 
 from poslens.metrics import diagonal_normalize
 from poslens.rundir import new_figure, save_figure
+
+
+class NotebookFigure(matplotlib.figure.Figure):
+    """A matplotlib Figure that Jupyter shows as a PNG with no ``%matplotlib`` magic: poslens draws
+    outside pyplot (no backend is chosen or changed), so no backend would display it; IPython asks the
+    object itself (``_repr_png_``)."""
+
+    def _repr_png_(self) -> bytes:
+        import io
+
+        buf = io.BytesIO()
+        self.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        return buf.getvalue()
+
+
+def notebook_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, **subplots_kw):
+    """``(figure, axes)`` as :func:`poslens.rundir.new_figure`, the figure a :class:`NotebookFigure`."""
+    fig = NotebookFigure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **subplots_kw)
 
 
 def _cmap(name: str):

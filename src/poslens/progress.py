@@ -23,6 +23,9 @@ instead and the function stays silent. A callback has the signature of ``update`
 from __future__ import annotations
 
 import contextlib
+import io
+import sys
+import time
 from typing import Callable, Iterator
 
 from rich.console import Console
@@ -33,15 +36,68 @@ from rich.table import Column
 _LIVE: list[Progress] = []
 
 
+def _columns():
+    return (TextColumn("{task.description}", table_column=Column(max_width=22, no_wrap=True, overflow="ellipsis")),
+            BarColumn(bar_width=14), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}", table_column=Column(max_width=20, no_wrap=True, overflow="ellipsis")),
+            TimeRemainingColumn())
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (rich's own test: an IPython ZMQ shell)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class NotebookProgress(Progress):
+    """The same bars in a Jupyter output area, drawn as text through one IPython display handle that is
+    updated in place. rich's own Jupyter display needs ipywidgets (and warns without it); a display
+    handle needs nothing beyond the kernel. Refreshed on updates, at most every ``interval`` seconds."""
+
+    interval = 0.25
+
+    def __init__(self, transient: bool = True):
+        self._buffer = io.StringIO()
+        super().__init__(*_columns(), transient=transient, auto_refresh=False,
+                         console=Console(file=self._buffer, width=100, force_jupyter=False, force_terminal=False,
+                                         color_system=None))
+        self._handle = None
+        self._shown = 0.0
+        self._transient_ = transient
+
+    def _text(self) -> str:
+        out = io.StringIO()
+        Console(file=out, width=100, force_jupyter=False, force_terminal=False, color_system=None).print(
+            self.get_renderable())
+        return out.getvalue().rstrip()
+
+    def refresh(self, force: bool = False) -> None:  # noqa: D102 - rich's refresh, drawn into the handle
+        now = time.monotonic()
+        if not force and now - self._shown < self.interval:
+            return
+        self._shown = now
+        from IPython.display import display
+
+        data = {"text/plain": self._text()}
+        if self._handle is None:
+            self._handle = display(data, raw=True, display_id=True)
+        else:
+            self._handle.update(data, raw=True)
+
+    def stop(self) -> None:
+        super().stop()
+        if self._handle is not None:
+            self._handle.update({"text/plain": "" if self._transient_ else self._text()}, raw=True)
+
+
 def make_progress(transient: bool = True, console: Console | None = None) -> Progress:
     """A progress display that fits 80 columns: description (<= 22), bar, done/total, info (<= 20),
-    time remaining. On stderr unless ``console`` is given."""
-    return Progress(
-        TextColumn("{task.description}", table_column=Column(max_width=22, no_wrap=True, overflow="ellipsis")),
-        BarColumn(bar_width=14), MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}", table_column=Column(max_width=20, no_wrap=True, overflow="ellipsis")),
-        TimeRemainingColumn(), transient=transient, console=console or Console(stderr=True),
-    )
+    time remaining. On stderr unless ``console`` is given; in a Jupyter kernel (and no ``console``
+    given), a :class:`NotebookProgress`."""
+    if console is None and in_notebook():
+        return NotebookProgress(transient=transient)
+    return Progress(*_columns(), transient=transient, console=console or Console(stderr=True))
 
 
 @contextlib.contextmanager
@@ -70,6 +126,8 @@ def task_progress(description: str, total: int | None, enabled: bool = True, *, 
 
         def update(done: int, total_: int | None = None, info: str = "") -> None:
             prog.update(tid, completed=done, total=total_ or total, info=info)
+            if isinstance(prog, NotebookProgress):  # no refresh thread there: draw on the update
+                prog.refresh()
 
         try:
             yield update
