@@ -59,8 +59,8 @@ class AblateConfig:
     interventions: list = field(default_factory=lambda: ["rope-off"])
     layers: str = "each"
     data: str = "stdlib"
-    seq_len: int = DEFAULT_SEQ_LEN
-    num_seqs: int = DEFAULT_NUM_SEQS
+    seq_len: int | None = None  # None: as Python data has it, else DEFAULT_SEQ_LEN
+    num_seqs: int | None = None  # None: every sequence of Python data, else DEFAULT_NUM_SEQS
     batch_size: int = 4
     seed: int = 0
     noise_groups: int = DEFAULT_GROUPS
@@ -71,6 +71,9 @@ class AblateConfig:
     overwrite: bool = False
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    #: replay the layers before a condition's first ablated layer from the unmodified forward (checked
+    #: bit for bit on the first batch); False: every condition runs the whole model
+    replay: bool = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,14 +251,19 @@ class _Setup:
 
 
 def _validate(cfg: AblateConfig, model=None, tokenizer=None, data=None):
-    """Every check that needs no forward; returns ``(config, adapter, ivs, layer_sets, source)``."""
-    from poslens.capture.load import open_model_config, load_tokenizer
+    """Every check that needs no forward; returns ``(config, adapter, ivs, layer_sets, source)``.
+    ``data``: sequences given from Python (``seq_len``/``num_seqs`` None: as the data has them)."""
+    from poslens.capture.load import checked_adapter, load_tokenizer, open_model_config
     from poslens.capture.plan import loaded_model_config, loaded_model_tokenizer
     from poslens.capture.sources import is_python_data, make_source, python_source
     from poslens.errors import require_positive
 
-    require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
-                     ("--noise-groups", cfg.noise_groups))
+    python = data is not None and is_python_data(data)
+    seq_len = cfg.seq_len if cfg.seq_len is not None or python else DEFAULT_SEQ_LEN
+    num_seqs = cfg.num_seqs if cfg.num_seqs is not None or python else DEFAULT_NUM_SEQS
+    require_positive(("--batch-size", cfg.batch_size), ("--noise-groups", cfg.noise_groups),
+                     *((("--num-seqs", num_seqs),) if num_seqs is not None else ()),
+                     *((("--seq-len", seq_len),) if seq_len is not None else ()))
     if not (isinstance(cfg.massive_lambda, (int, float)) and math.isfinite(cfg.massive_lambda)
             and cfg.massive_lambda > 0):
         raise PoslensError(f"--massive-lambda {cfg.massive_lambda!r}: must be a positive number (Jin et al. use 5).")
@@ -266,17 +274,15 @@ def _validate(cfg: AblateConfig, model=None, tokenizer=None, data=None):
     if len({iv.name for iv in ivs}) != len(ivs):
         raise PoslensError(f"--intervention {', '.join(iv.name for iv in ivs)}: each intervention once.")
     if model is not None:
-        config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
+        config, adapter = loaded_model_config(model)
     else:
-        config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+        config, adapter = open_model_config(cfg.model_dir, allow_pickle=cfg.allow_pickle,
                                             trust_remote_code=cfg.trust_remote_code)
     L = adapter.num_layers(config)
     layer_sets = parse_layers(cfg.layers, L)
-    if any(iv.kind in ("rope-off", "rope-band") for iv in ivs) and not adapter.rope_layers(config):
-        raise PoslensError(f"--intervention rope-off/rope-band: model type {adapter.model_type} has no RoPE to remove.")
     vocab = getattr(config, "vocab_size", None)
-    if data is not None and is_python_data(data):
-        src, _ = python_source(data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, tokenizer=tokenizer, vocab_size=vocab)
+    if python:
+        src, _ = python_source(data, seq_len=seq_len, num_seqs=num_seqs, tokenizer=tokenizer, vocab_size=vocab)
     else:
         if tokenizer is None and cfg.data != "random":
             tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code) if model is None \
@@ -284,8 +290,12 @@ def _validate(cfg: AblateConfig, model=None, tokenizer=None, data=None):
             if tokenizer is None:
                 raise PoslensError(f"data={cfg.data!r} is text but no tokenizer was found beside the model; pass "
                                    "tokenizer=... (Python), or --data random / token ids.")
-        src = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
+        src = make_source(cfg.data, seq_len=seq_len, num_seqs=num_seqs, seed=cfg.seed, tokenizer=tokenizer,
                           vocab_size=vocab)
+    where = f"model {type(model).__name__}" if model is not None else cfg.model_dir
+    checked_adapter(config, where, seq_len=src.seq_len, flag="seq_len" if model is not None else "--seq-len")
+    if src.seq_len < 2:
+        raise PoslensError(f"--seq-len {src.seq_len}: the loss needs at least 2 tokens per sequence.")
     return config, adapter, ivs, layer_sets, src
 
 
@@ -410,6 +420,8 @@ def _measure(cfg: AblateConfig, setup: _Setup, bands, progress: bool, task_progr
                 del logits
                 step += 1
                 update(step)
+                if replay_ok is None and not cfg.replay:
+                    replay_ok = False
                 if replay_ok is None:  # the replayed layers must give the full forward's logits, bit for bit
                     k = max(1, L // 2)
                     with replay.replaying(k):
@@ -441,9 +453,12 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
     conditions = []
     for iv in setup.interventions:
         recs = []
+        rope = setup.adapter.rope_layers(setup.config)
         for ls in setup.layer_sets:
             name = condition_name(iv, ls, L)
-            recs.append(condition_record(name, iv, ls, loss0, losses[name], buckets, cfg.noise_groups))
+            rec = condition_record(name, iv, ls, loss0, losses[name], buckets, cfg.noise_groups)
+            rec["applies"] = iv.kind not in ("rope-off", "rope-band") or any(l in rope for l in ls)
+            recs.append(rec)
         for r, sig in zip(recs, bh([r["delta"]["p"] for r in recs])):
             r["beyond_noise"] = sig
         for bi in range(len(buckets)):
@@ -508,6 +523,12 @@ def findings(summary: dict) -> list[str]:
         if not recs:
             continue
         base = f"{_what(iv)}"
+        idle = [l for r in recs if not r["applies"] for l in r["layers"]]
+        if idle:
+            out.append(f"{iv}: no RoPE in {_layers_text(idle)}, nothing to switch off there.")
+            recs = [r for r in recs if r["applies"]]
+            if not recs:
+                continue
         if len(recs) == 1:
             r = recs[0]
             where = "in every layer" if r["layers"] == list(range(L)) else f"in {_layers_text(r['layers'])}"

@@ -33,7 +33,7 @@ def intervention_figure(summary: dict, intervention: str):
         sig = np.array([[bool(b.get("beyond_noise")) for b in r["buckets"]] for r in single])
         lim = float(np.nanmax(np.abs(d))) if np.isfinite(d).any() else 1.0
         lim = lim or 1.0
-        fig, ax = new_figure(figsize=(8.0, 0.9 + 0.22 * len(layers)))
+        fig, ax = new_figure(figsize=(8.0, max(2.4, 0.9 + 0.22 * len(layers))))
         im = ax.imshow(d, aspect="auto", cmap="RdBu_r", norm=TwoSlopeNorm(0.0, -lim, lim), interpolation="nearest")
         yy, xx = np.nonzero(sig)
         ax.scatter(xx, yy, s=6, c="black", marker="o", linewidths=0)
