@@ -113,3 +113,12 @@ def test_every_reproduced_verdict_carries_its_numbers_and_clears_them():
     assert conds["queries near rank one"]["met"] and conds["queries near rank one"]["chance"] == pytest.approx(1 / 16)
     assert not conds["medium and high frequencies dominate"]["met"]
     assert conds["medium and high frequencies dominate"]["chance"] == pytest.approx(6 / 16)
+
+
+def test_too_few_sequence_groups_cannot_judge_the_layers():
+    # 4 groups: the sign-flip test's smallest p-value is 2 / 16 = 0.125, never below 0.01
+    layers = [{**_layer(i, nonrel_p=0.125), "noise_groups": 4} for i in range(4)]
+    f = _by_paper([_model(layers)])["Kim"]["m"]
+    assert f["verdict"] == "cannot be judged here"
+    layers = [{**_layer(i, nonrel_p=0.5), "noise_groups": 16} for i in range(4)]
+    assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == "not reproduced"

@@ -50,8 +50,9 @@ from poslens.report.fingerprint import FIGURE_CAPTIONS, findings, overview_table
 from poslens.report.fingerprint import pct as _pct
 from poslens.report.verdicts import LEVEL as VERDICT_LEVEL, RULE as VERDICT_RULE, THRESHOLDS as VERDICT_THRESHOLDS
 from poslens.rope import BANDS, frequency_bands
-from poslens.rundir import (LAYER_CONVENTION, _atomic_write_bytes, prepare_out_dir, versions, write_json,
-                            write_summary, write_tensors, written_by)
+from poslens.rundir import (LAYER_CONVENTION, _atomic_write_bytes, check_replaceable, commit_out_dir, create_out_dir,
+                            prepare_out_dir, release_out_dir, versions, write_json, write_summary, write_tensors,
+                            written_by)
 
 #: default scan shape: both GGUF models (two scans each) within 5 minutes on an idle 2-core CPU
 #: (benchmarks/bench_fingerprint.py)
@@ -266,6 +267,7 @@ def model_traits(text_dir: str | Path, random_dir: str | Path, *, name: str | No
             "relativity_index": _opt(rec.get("relativity_index")), "diagonal_trend": _opt(rec.get("diagonal_trend")),
             "diagonal_trend_se": _opt(rec.get("diagonal_trend_se")), "trend_p": _opt(rec.get("trend_p")),
             "flat": rec.get("flat"), "flat_p": _opt(rec.get("flat_p")), "nonrelative_p": _opt(rec.get("nonrelative_p")),
+            "noise_groups": rec.get("noise_groups"),
             "aps_mean": _opt(rec.get("aps_mean")), "aps_std": _opt(rec.get("aps_std")),
             "freq": {b: float(v.mean()) for b, v in bands.items()},
             "freq_heads": {b: v.tolist() for b, v in bands.items()},
@@ -440,17 +442,33 @@ def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, fig
 # --------------------------------------------------------------------------------------------
 # running it
 # --------------------------------------------------------------------------------------------
+def _scan_config(model: str, out: Path, data: str, stats: Iterable[str], cfg: FingerprintConfig):
+    from poslens.capture.scan import ScanConfig
+
+    return ScanConfig(model_dir=str(model), out=str(out), data=data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs,
+                      batch_size=cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device,
+                      figures=False, overwrite=cfg.overwrite, reservoir=0, stats=list(stats),
+                      allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
+
+
 def _scan(model: str, out: Path, data: str, stats: Iterable[str], cfg: FingerprintConfig, progress: bool,
           loaded=None, tokenizer=None) -> None:
     """One scan of ``model`` (a path, or the label of ``loaded``, a model in memory, read with ``tokenizer``)
     into ``out``."""
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan import run_scan
 
-    run_scan(ScanConfig(model_dir=str(model), out=str(out), data=data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs,
-                        batch_size=cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device,
-                        figures=False, overwrite=cfg.overwrite, reservoir=0, stats=list(stats),
-                        allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code),
-             progress=progress, model=loaded, tokenizer=tokenizer)
+    run_scan(_scan_config(model, out, data, stats, cfg), progress=progress, model=loaded, tokenizer=tokenizer)
+
+
+def _check_models(cfg: FingerprintConfig, out: Path, loaded: dict, tokenizers: dict) -> None:
+    """Every model's two scans planned (config values, weights' headers and shapes, context length,
+    data) before anything is written, so a bad model is refused before a good one is scanned."""
+    from poslens.capture.plan import plan_scan
+
+    for model in cfg.models:
+        for data, stats in ((cfg.data, TEXT_STATS), ("random", RANDOM_STATS)):
+            plan_scan(_scan_config(model, out / "scans" / "check", data, stats, cfg), model=loaded.get(model),
+                      tokenizer=tokenizers.get(model) if data == cfg.data else None)
 
 
 def _clear_previous(out: Path, overwrite: bool) -> None:
@@ -467,30 +485,38 @@ def _clear_previous(out: Path, overwrite: bool) -> None:
     if written_by(out) != "fingerprint" and not (out / "fingerprint.json").is_file():
         raise PoslensError(f"--out {out} is not a run directory of `poslens fingerprint`, so --overwrite will not "
                            "replace it; choose a new directory.")
-    import shutil
-
-    for p in entries:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+    check_replaceable(out, "fingerprint")  # the previous run is replaced once the new one is written
 
 
 def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: dict | None = None,
                     tokenizers: dict | None = None) -> FingerprintResult:
     """Scan every model twice (text, random tokens) into ``cfg.out/scans/<model>/``, read the traits
     and write the fingerprint's files into ``cfg.out``. ``loaded`` / ``tokenizers``: models in memory
-    and their text tokenizers, by their label in ``cfg.models``."""
+    and their text tokenizers, by their label in ``cfg.models``. Every model is checked before the
+    first is scanned; a fingerprint replacing another (``overwrite``) is swapped in once complete."""
+    loaded = loaded or {}
+    _check(cfg, loaded)
+    final = Path(cfg.out)
+    prepare_out_dir(final)
+    _clear_previous(final, cfg.overwrite)
+    _check_models(cfg, final, loaded, tokenizers or {})
+    names = model_names(cfg.models)
+    # a fingerprint replacing another is written beside it and swapped in once it is complete
+    out = create_out_dir(final, command="fingerprint", overwrite=cfg.overwrite, staged=True)
+    try:
+        result = _run(cfg, out, names, progress, loaded, tokenizers)
+        commit_out_dir(final)
+    finally:
+        release_out_dir(final)
+    result.path = final
+    return result
+
+
+def _run(cfg: FingerprintConfig, out: Path, names: list[str], progress: bool, loaded: dict,
+         tokenizers: dict | None) -> FingerprintResult:
     from poslens.progress import task_progress
     from poslens.runtime import no_hf_progress_bars
 
-    loaded = loaded or {}
-    _check(cfg, loaded)
-    out = Path(cfg.out)
-    prepare_out_dir(out)
-    _clear_previous(out, cfg.overwrite)
-    names = model_names(cfg.models)
-    out.mkdir(parents=True, exist_ok=True)
     # first: an interrupted fingerprint is still recognised as one (--overwrite replaces it)
     write_json(out / "config.json", {"command": "fingerprint", "options": dataclasses.asdict(cfg),
                                      "models": dict(zip(names, cfg.models)), "versions": versions()})
@@ -517,7 +543,6 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: di
     result = FingerprintResult(summary, tensors)
     out.mkdir(parents=True, exist_ok=True)
     write_fingerprint(out, summary, tensors, figures=cfg.figures)
-    result.path = out
     return result
 
 

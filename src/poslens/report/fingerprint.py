@@ -15,6 +15,7 @@ import statistics
 
 from poslens.fmt import fmt
 from poslens.report import verdicts as V
+from poslens.report.readings import smallest_p
 from poslens.report.render import CSP
 from poslens.rope import BANDS
 
@@ -364,6 +365,16 @@ def _layer_share(ls: list[dict], key: str, ok=lambda r: True) -> tuple[list[dict
     return tested, [r for r, s in zip(tested, sig) if s and ok(r)]
 
 
+def _too_few_groups(ls: list[dict]) -> str:
+    """Why the layers' sign-flip tests cannot reach the level ("" where they can): with G sequence groups
+    the smallest p-value is 2 / 2^G (:func:`poslens.report.readings.smallest_p`)."""
+    g, p_min = smallest_p(ls)
+    if p_min is None or p_min < V.LEVEL:
+        return ""
+    return (f"With {g} sequence groups the noise test's smallest p-value is {fmt(p_min)}, not below {V.LEVEL:g}: "
+            "too few sequences to call any layer; scan more sequences (at least 16 for 8 groups).")
+
+
 def _kim_nope_finding(m: dict) -> dict:
     """Without RoPE the paper's claim is that the causal mask alone makes scores depend on position
     (from the second layer on, favouring nearby keys): the test is whether a layer's mean score map is
@@ -381,6 +392,8 @@ def _kim_nope_finding(m: dict) -> dict:
     if not tested:
         return _finding(CANNOT_JUDGE, text, "The scan had too few sequences for a noise floor, or the model has a "
                         "single layer.", n)
+    if _too_few_groups(tested):
+        return _finding(CANNOT_JUDGE, text, _too_few_groups(tested), n)
     if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
         return _finding(REPRODUCED, text, "The causal mask alone gives the scores a position signal after the first "
                         "layer, as the paper predicts.", n)
@@ -407,6 +420,8 @@ def _kim_finding(m: dict) -> dict:
             f"(1 = distance alone) has median {fmt(rel)} over the layers that are not flat." + _against(n))
     if not tested:
         return _finding(CANNOT_JUDGE, text, "The scan had too few sequences for a noise floor.", n)
+    if _too_few_groups(tested):
+        return _finding(CANNOT_JUDGE, text, _too_few_groups(tested), n)
     if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
         return _finding(REPRODUCED, text, "With RoPE and the causal mask together, most layers are not purely "
                         "relative, as the paper finds in Llama, Phi and Qwen.", n)
