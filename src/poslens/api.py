@@ -546,6 +546,7 @@ def scan(model, *, tokenizer=None, progress: bool = True, threads: int | str | N
     from poslens.capture.scan import run_scan
     from poslens.capture.sources import is_python_data, python_source
 
+    _check_keywords(options)
     model_dir, loaded = _model_arg(model)
     data, out = options["data"], options["out"]
     source = None
@@ -587,6 +588,30 @@ def _text_tokenizer(loaded, data, tokenizer):
                            "from a GGUF file or built in memory has none there); pass tokenizer= (e.g. "
                            "AutoTokenizer.from_pretrained(...)), or data='random' or token ids.")
     return found
+
+
+def _check_keywords(options: dict) -> None:
+    """A scan keyword of the wrong type (``seq_len='32'``, ``seq_len=16.5``, ``data=None``), refused in
+    one line naming the keyword, before anything is made."""
+    import types
+    import typing
+
+    if options.get("data") is None:
+        raise PoslensError("data=None: pass 'stdlib' (the default), 'random', a .jsonl/.txt path, a list of "
+                           "strings or token-id lists, or an [N, S] integer tensor.")
+    for o in scan_options():
+        v = options.get(o.name)
+        if not o.python or v is None:
+            continue
+        t = o.type
+        kinds = set(typing.get_args(t)) - {type(None)} if typing.get_origin(t) in (typing.Union, types.UnionType) \
+            else {t}
+        if kinds == {int} and (isinstance(v, bool) or not isinstance(v, int)):
+            raise PoslensError(f"{o.name}={v!r}: pass an integer.")
+        if kinds == {float} and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise PoslensError(f"{o.name}={v!r}: pass a number.")
+        if kinds == {bool} and not isinstance(v, bool):
+            raise PoslensError(f"{o.name}={v!r}: pass True or False.")
 
 
 def _has_strings(data) -> bool:

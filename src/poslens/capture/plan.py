@@ -38,6 +38,10 @@ class ScanPlan:
     rope: dict | None = None
 
 
+#: the largest seed (seeds are 32-bit, as numpy's; larger ones would overflow the per-sequence streams)
+MAX_SEED = 2**32 - 1
+
+
 def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSource | None = None) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing.
 
@@ -54,6 +58,8 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
     H = adapter.num_heads(config)
     require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
                      ("--checkpoint-every", cfg.checkpoint_every), ("--aps-max-positions", cfg.aps_max_positions))
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= MAX_SEED:
+        raise PoslensError(f"--seed {cfg.seed}: must be an integer from 0 to {MAX_SEED}.")
     if cfg.map_size < 0:
         raise PoslensError(f"--map-size {cfg.map_size}: must be 0 (full S x S maps) or a positive number of blocks.")
     if cfg.chunk_elems < 0:

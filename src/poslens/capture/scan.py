@@ -201,6 +201,7 @@ def _load(job: _Job, progress: bool, given=None):
             model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
                                trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
     try:
+        check_finite_weights(model, cfg.model_dir if given is None else "model")
         plan.attention = check_dispatch(model, plan.adapter)
     except PoslensError:
         if ctx.is_main and out.is_dir() and not any(out.iterdir()):
@@ -210,6 +211,18 @@ def _load(job: _Job, progress: bool, given=None):
     if plan.adapter.generic and plan.rope is None:  # an unlisted architecture without a rotary module: no RoPE
         plan.spec.rope_layers = set()
     return model
+
+
+def check_finite_weights(model, where: str) -> None:
+    """Refuse a model with a NaN or infinite weight (a damaged file, a diverged training run): every
+    map it gives would be noise or empty. Names the first such tensor; one pass over the weights."""
+    for name, p in model.named_parameters():
+        if p.device.type == "meta":
+            raise PoslensError(f"{where}: its weights are on the meta device (not loaded: {name}); load the model "
+                               "with its weights (from_pretrained without device_map='meta' or init_empty_weights).")
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise PoslensError(f"{where}: weight {name} holds NaN or infinite values; the model is damaged (a "
+                               "corrupted file or a diverged training run). Restore it from its source.")
 
 
 def _make_capture(job: _Job, model) -> Capture:

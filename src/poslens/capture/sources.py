@@ -85,7 +85,13 @@ def _pack(stream: Iterator[list[int]], seq_len: int, num_seqs: int, origin: str,
     if n == 0:
         raise PoslensError(f"--data {origin}: {len(buf)} tokens, fewer than one sequence of --seq-len {seq_len}; "
                            "pass more data or a smaller --seq-len.")
-    ids = torch.tensor(buf[: n * seq_len], dtype=torch.long, device="cpu").reshape(n, seq_len)
+    try:
+        ids = torch.tensor(buf[: n * seq_len], dtype=torch.long, device="cpu").reshape(n, seq_len)
+    except (OverflowError, RuntimeError, ValueError):  # an id beyond int64
+        big = max(buf[: n * seq_len], key=abs)
+        where = "data" if origin == "data" else f"--data {origin}"
+        raise PoslensError(f"{where}: token id {big} is out of range (beyond a 64-bit integer); token ids index the "
+                           "model's vocabulary: the data is damaged or not token ids.") from None
     if vocab_size is not None and ids.numel() and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
         raise PoslensError(f"--data {origin}: token id {int(ids.max())} outside the model's vocabulary "
                            f"(size {vocab_size}); the data was tokenised for another model.")

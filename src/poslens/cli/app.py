@@ -113,7 +113,7 @@ def batch_size_option(default, help: str = "Sequences per forward pass."):
 
 
 def seed_option(help: str = "Seed of --data random.") -> int:
-    return typer.Option(0, "--seed", help=help)
+    return typer.Option(0, "--seed", min=0, max=2**32 - 1, help=help)
 
 
 def dtype_option(default: str, help: str = "auto | bf16 | fp16 | fp32 (sums are float64 regardless).") -> str:
