@@ -122,3 +122,38 @@ def test_too_few_sequence_groups_cannot_judge_the_layers():
     assert f["verdict"] == "cannot be judged here"
     layers = [{**_layer(i, nonrel_p=0.5), "noise_groups": 16} for i in range(4)]
     assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == "not reproduced"
+
+
+def test_a_report_of_plain_scans_leads_with_the_fingerprints_findings(tmp_path):
+    """Scans of one model on text and on random tokens: the report's plain findings give the sink, the
+    relativity verdict and the slash heads' persistence, each with the numbers of the one rule."""
+    import sys
+    from pathlib import Path
+
+    import torch
+    import transformers as tf
+
+    import poslens
+    from poslens.report import collect
+    from poslens.report.plain import scan_findings
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from archs import tiny_config
+
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(tiny_config("llama")).eval()
+    poslens.scan(model, data=torch.randint(3, 100, (8, 24)), out=tmp_path / "text", progress=False)
+    poslens.scan(model, data="random", seq_len=24, num_seqs=8, out=tmp_path / "rnd", progress=False)
+    runs, _ = collect([tmp_path / "text", tmp_path / "rnd"])
+    blocks = scan_findings(runs)
+    assert [b["paper"].split()[0] for b in blocks] == ["Gu", "Kim", "Cheng"]
+    for b in blocks:
+        (m,) = b["models"]  # one model: the random-token scan is paired with the text scan, not listed
+        assert {"value", "chance", "floor", "threshold", "verdict"} <= set(m)
+        if m["verdict"] == "reproduced":
+            assert m["value"] - max(m["chance"], m["floor"]) >= m["threshold"]
+    sink = blocks[0]["models"][0]
+    heads = poslens.load(tmp_path / "text").heads()
+    assert sink["value"] == pytest.approx(float((heads["sink"] > 0.3).mean()))
+    html = poslens.report([tmp_path / "text", tmp_path / "rnd"], tmp_path / "r.html").read_text()
+    assert html.index("Gu et al.") < html.index("Per run, in the papers")

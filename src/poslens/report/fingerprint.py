@@ -346,8 +346,10 @@ def _sink_finding(m: dict, eps: float) -> dict:
     chance = 1.0 if even > eps else 0.0  # the share of evenly attending heads over eps
     n = V.measured(o["sink_rate"], chance, V.binomial_floor(chance, heads), V.THRESHOLDS["sink"],
                    f"share of heads whose mean weight on key 0 exceeds eps = {eps:g} (text)")
+    rnd = f", {_p(o['sink_rate_random'])} on random tokens" if o.get("sink_rate_random") is not None else ""
+    mean = (f"; their mean weight on it is {_p(o['sink_mean'])}" if o.get("sink_mean") is not None else "")
     text = (f"{_p(o['sink_rate'])} of its {heads} heads put more than {_p(eps)} of their "
-            f"attention on the first token of running text, {_p(o['sink_rate_random'])} on random tokens (a head "
+            f"attention on the first token of running text{rnd}{mean} (a head "
             f"that spread its attention evenly would put {_p(even)} there).")
     if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
         return _finding(REPRODUCED, text, "Many heads use the first position as a resting place, on text and on "
@@ -479,11 +481,17 @@ def _slash_finding(m: dict, kappa: float) -> dict:
     if not sh:
         return _finding(CANNOT_JUDGE, f"no head puts {_p(kappa)} of its attention on one fixed offset (1 … 16 tokens "
                         "back).", "Without slash heads there is nothing to test for persistence.", n, conditions=[])
-    match = sum(s["predicted_delta"] == s["delta"] for s in sh if s["predicted_delta"] is not None)
+    predicted = [s for s in sh if s.get("predicted_delta") is not None]
+    match = sum(s["predicted_delta"] == s["delta"] for s in predicted)
     conds = _slash_conditions(m)
-    text = (f"{len(sh)} heads put at least {_p(kappa)} of their attention a fixed number of tokens back (strongest: "
-            f"{_p(sh[0]['score'])} at {sh[0]['delta']} back, against {_p(uni)} for even attention); {len(persist)} of "
-            f"them keep it on random tokens." + _against(n))
+    head = (f"{len(sh)} heads put at least {_p(kappa)} of their attention a fixed number of tokens back (strongest: "
+            f"layer.head {sh[0]['layer']}.{sh[0]['head']}, {_p(sh[0]['score'])} at {sh[0]['delta']} back, against "
+            f"{_p(uni)} for even attention)")
+    if any(s["persists"] is None for s in sh):
+        return _finding(CANNOT_JUDGE, head + ".", "No scan of the same model on random tokens is given, so whether "
+                        "these heads keep the pattern without meaningful text is not tested (scan with --data random "
+                        "at the same --seq-len and report both).", n, conditions=conds)
+    text = head + f"; {len(persist)} of them keep it on random tokens." + _against(n)
     for c in conds:
         if c["condition"] == "queries near rank one":
             text += (f" Condition 1, queries close to one direction: median {_p(c['value'])} of the energy in the "
@@ -493,9 +501,10 @@ def _slash_finding(m: dict, kappa: float) -> dict:
                      f"heads' energy, where {_p(c['chance'])} of the dimensions lie; "
                      + ("met." if c["met"] else "not met (under half), though above their share of dimensions."
                         if c["value"] > c["chance"] else "not met."))
-    text += f" The RoPE frequencies predict the right offset for {match} of {len(sh)}."
+    if predicted:
+        text += f" The RoPE frequencies predict the right offset for {match} of {len(predicted)}."
     offsets = {s["delta"] for s in sh}
-    if len(sh) > 1 and len(offsets) == 1:  # a predictor that always named this offset would match as often
+    if predicted and len(sh) > 1 and len(offsets) == 1:  # a predictor that always named this offset would match as often
         text += (f" All {len(sh)} sit at the same offset ({offsets.pop()}), so the prediction tells that offset apart "
                  f"from the other offsets, not one head's offset from another's.")
     if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
@@ -592,26 +601,33 @@ def _jin_finding(m: dict) -> dict:
                     "beyond their share of the dimensions.", n)
 
 
+#: per claim: the paper and its claim in plain words (the fingerprint page's and the report's key findings)
+CLAIMS = {
+    "sink": ("Gu et al., ICLR 2025: attention sinks", "Language models put a large share of their attention on the "
+             "first token, in many heads, whatever that token is."),
+    "kim": ("Kim et al., arXiv 2509.21042: the causal mask and RoPE", "The causal mask alone makes attention depend "
+            "on position, and together with RoPE it bends RoPE's purely distance-based pattern into one that also "
+            "depends on where the query sits."),
+    "slash": ("Cheng et al., arXiv 2601.08297: slash heads", "Some heads attend to a fixed offset back; they keep "
+              "doing so on random tokens, and arise when queries and keys point in nearly one direction before RoPE "
+              "and RoPE's medium and high frequencies dominate."),
+    "zuo": ("Zuo et al., COLING 2025: position without positional encoding", "Without any positional encoding, the "
+            "causal mask makes nearby tokens' hidden states more alike than distant ones."),
+    "barbero": ("Barbero et al., ICLR 2025: which RoPE frequencies are used", "Models put most query-key energy in "
+                "the slowly turning RoPE pairs (meaning), and build positional heads from the fast ones."),
+    "jin": ("Jin et al., ICML 2025: massive values in Q and K", "Queries and keys carry a few very large dimensions, "
+            "concentrated in the slowly turning RoPE pairs."),
+}
+
+
 def findings(summary: dict) -> list[dict]:
     """The key findings block: one entry per paper with its claim and, per model, the measured
     sentence, the verdict and why."""
     th = summary["thresholds"]
-    papers = [
-        ("Gu et al., ICLR 2025: attention sinks", "Language models put a large share of their attention on the first "
-         "token, in many heads, whatever that token is.", lambda m: _sink_finding(m, th["sink_eps"])),
-        ("Kim et al., arXiv 2509.21042: the causal mask and RoPE", "The causal mask alone makes attention depend on "
-         "position, and together with RoPE it bends RoPE's purely distance-based pattern into one that also depends on "
-         "where the query sits.", _kim_finding),
-        ("Cheng et al., arXiv 2601.08297: slash heads", "Some heads attend to a fixed offset back; they keep doing so "
-         "on random tokens, and arise when queries and keys point in nearly one direction before RoPE.",
-         lambda m: _slash_finding(m, th["slash_kappa"])),
-        ("Zuo et al., COLING 2025: position without positional encoding", "Without any positional encoding, the "
-         "causal mask makes nearby tokens' hidden states more alike than distant ones.", _zuo_finding),
-        ("Barbero et al., ICLR 2025: which RoPE frequencies are used", "Models put most query-key energy in the slowly "
-         "turning RoPE pairs (meaning), and build positional heads from the fast ones.", _barbero_finding),
-        ("Jin et al., ICML 2025: massive values in Q and K", "Queries and keys carry a few very large dimensions, "
-         "concentrated in the slowly turning RoPE pairs.", _jin_finding),
-    ]
+    fns = {"sink": lambda m: _sink_finding(m, th["sink_eps"]), "kim": _kim_finding,
+           "slash": lambda m: _slash_finding(m, th["slash_kappa"]), "zuo": _zuo_finding, "barbero": _barbero_finding,
+           "jin": _jin_finding}
+    papers = [(title, claim, fns[key]) for key, (title, claim) in CLAIMS.items()]
     out = []
     for title, claim, fn in papers:
         models = []

@@ -85,9 +85,14 @@ def plain_findings(runs) -> list[dict]:
             continue
         for b in blocks:
             if isinstance(b, dict) and isinstance(b.get("models"), list):
-                out.append({"paper": str(b.get("paper", "")), "claim": str(b.get("claim", "")), "run": r.name,
+                out.append({"paper": str(b.get("paper", "")), "claim": str(b.get("claim", "")),
+                            "run": f"the positional fingerprint ({r.name})",
                             "models": [m for m in b["models"] if isinstance(m, dict)]})
         break  # one fingerprint's findings (the first given)
+    if not out:  # no fingerprint: the scans' own plain findings, in the fingerprint's words
+        from poslens.report.plain import scan_findings
+
+        out = scan_findings(runs)
     return out
 
 
