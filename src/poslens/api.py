@@ -201,6 +201,7 @@ class Result:
         """Every tensor the run wrote, by name (``maps.safetensors`` of a scan: ``scores``, ``probs``,
         ``slash``, ...); a name found in two files is prefixed with its file's stem (``file.name``)."""
         if self._maps is None:
+            _check_present(self.path)
             self._maps = _read_maps(self.path)
         return self._maps
 
@@ -337,7 +338,10 @@ class Result:
         ``overwrite=True``); the result then lives there. Returns the path."""
         from poslens.rundir import prepare_out_dir
 
+        from poslens.rundir import record_written
+
         dst = Path(path)
+        _check_present(self.path)
         if dst.resolve() == self.path.resolve():
             return dst
         if dst.exists() and not overwrite:
@@ -346,16 +350,25 @@ class Result:
             _check_replaceable(dst, self.command)
         prepare_out_dir(dst, must_be_new=not overwrite)
         stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent if dst.parent.exists() else None))
+        aside = None
         try:
-            for f in sorted(self.path.iterdir()):
-                if f.is_file() and f.name not in _NOT_RESULTS and not f.name.startswith("."):
-                    shutil.copy2(f, stage / f.name)
-            if dst.exists():
-                shutil.rmtree(dst)
+            names = [f.name for f in sorted(self.path.iterdir())
+                     if f.is_file() and f.name not in _NOT_RESULTS and not f.name.startswith(".")]
+            for name in names:
+                shutil.copy2(self.path / name, stage / name)
+            record_written(stage, *names)
+            if dst.exists():  # the previous run goes aside, and is deleted only once the copy is in place
+                aside = Path(tempfile.mkdtemp(prefix=f".{dst.name}.previous-", dir=dst.parent))
+                os.replace(dst, aside / "run")
             os.replace(stage, dst)
         except BaseException:
+            if aside is not None and (aside / "run").exists() and not dst.exists():
+                os.replace(aside / "run", dst)
             shutil.rmtree(stage, ignore_errors=True)
             raise
+        finally:
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
         maps, tmp = self._maps, self._tmp
         self.__init__(dst)
         self._maps = maps
@@ -365,15 +378,25 @@ class Result:
 
 
 def _check_replaceable(dst: Path, command: str) -> None:
-    from poslens.rundir import classify
+    from poslens.rundir import classify, foreign_files, read_json
 
     if classify(dst) != "command":
         raise PoslensError(f"save({str(dst)!r}): it exists and is not a poslens run; choose a new directory.")
-    from poslens.rundir import read_json
-
     other = (read_json(dst / "config.json") or {}).get("command")
     if other != command:
         raise PoslensError(f"save({str(dst)!r}): it holds a {other} run, not a {command} run; choose a new directory.")
+    foreign = foreign_files(dst)
+    if foreign:
+        raise PoslensError(f"save({str(dst)!r}): it also holds {foreign[0].relative_to(dst)}, which poslens did not "
+                           "write (or the run has no record of its files); overwrite=True would delete it. Move it "
+                           "away, or choose a new directory.")
+
+
+def _check_present(path: Path) -> None:
+    """A result whose run directory was removed (or moved) after the run is one error, not empty maps."""
+    if not path.is_dir():
+        raise PoslensError(f"the run directory {path} no longer exists (removed or moved after the run); run again, "
+                           "or load the run from where it is now with poslens.load(path).")
 
 
 def _read_maps(path: Path) -> dict:

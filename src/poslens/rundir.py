@@ -212,17 +212,37 @@ def prepare_out_dir(out: str | os.PathLike, *, must_be_new: bool = False) -> Pat
     rejected command writes nothing.
     """
     path = Path(out)
+    check_path_name(path, "--out")
+    try:
+        resolved = path.resolve(strict=False)
+    except (RuntimeError, OSError):  # a symbolic link loop
+        raise PoslensError(f"--out {path}: a symbolic link that points (through others) back to itself; choose "
+                           "another --out.") from None
+    if path.is_symlink() and not path.exists():
+        raise PoslensError(f"--out {path} is a symbolic link to {os.readlink(path)}, which does not exist; create "
+                           "that directory first, or choose another --out.")
     if path.exists() and not path.is_dir():
         raise PoslensError(f"--out {path} is an existing file; pass a directory path instead.")
     if must_be_new and path.is_dir() and run_entries(path):
         raise PoslensError(f"--out {path} is not empty; choose a new directory or pass --overwrite.")
-    parent = path.resolve().parent
-    probe = parent
-    while not probe.exists():
+    probe = resolved.parent
+    while not probe.exists() and not probe.is_symlink():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
-        raise PoslensError(f"--out {path}: cannot create it under {probe}; choose a writable location.")
+        what = "a file" if probe.exists() else "missing"
+        raise PoslensError(f"--out {path}: cannot create it under {probe} ({what}); choose a writable location.")
     return path
+
+
+def check_path_name(path: str | os.PathLike, flag: str) -> None:
+    """Refuse a path whose name is not valid text (bytes that are not UTF-8): poslens writes the paths
+    of its runs into JSON and HTML, which could not name it."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        raise PoslensError(f"{flag} {shown}: the path is not valid UTF-8 text; rename it or choose another.") from None
 
 
 def create_out_dir(path: Path, *, command: str | None = None, overwrite: bool = False,
@@ -935,10 +955,19 @@ def _check_run_files(path: Path, summary: dict) -> None:
     """Refuse a run whose ``.safetensors`` files are cut short or have a damaged header (else a reader
     would drop their maps without a word), naming the file; reads the headers only. (A summary.json
     entry of the wrong shape is skipped by :class:`Run`'s readers, like every odd entry.)"""
+    again = "the run is damaged: rerun the command that wrote it"
+    own = read_manifest(path)
+    # (checkpoints are removed by the run that wrote them once it finishes)
+    expected = {f for f in own or () if not f.endswith("/") and not PurePosixPath(f).name.startswith("checkpoint")}
+    if own is None and summary.get("command") == "scan":  # a run without a record: a scan always writes its maps
+        expected = {"maps.safetensors"}
+    missing = sorted(f for f in expected if not (path / f).exists())
+    if missing:
+        raise PoslensError(f"{path / missing[0]} is missing; {again}.")
     for f in sorted(path.glob("*.safetensors")):
         if f.name.startswith("checkpoint"):  # a scan's resumable state: checked when resumed
             continue
-        safetensors_shapes(f, again="the run is damaged: rerun the command that wrote it")
+        safetensors_shapes(f, again=again)
 
 
 def classify(path: Path) -> str | None:

@@ -86,8 +86,8 @@ class SimConfig:
             raise PoslensError(f"--scale {self.scale!r}: choose sqrt-d or d.")
         if self.rope and self.dim % 2:
             raise PoslensError(f"--dim {self.dim}: RoPE needs an even dimension.")
-        if self.rope and not (self.rope_theta > 0):
-            raise PoslensError(f"--rope-theta {self.rope_theta}: must be positive.")
+        if self.rope and not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise PoslensError(f"--rope-theta {self.rope_theta}: must be a positive finite number (e.g. 10000).")
         if self.chunk_size < 0:
             raise PoslensError(f"--chunk-size {self.chunk_size}: must be >= 0 (0 = automatic).")
         if self.target_stderr is not None and not (self.target_stderr > 0):
@@ -294,9 +294,14 @@ def check_memory(cfg: SimConfig, chunk: int) -> None:
     need = memory_needed(cfg, chunk)
     free = available_memory(torch.device(cfg.device))
     if free is not None and need > free:
-        raise PoslensError(f"--seq-len {cfg.seq_len} with {cfg.layers} layer(s): the simulation's [L, S, S] maps need "
-                           f"about {fmt_bytes(need)}, more than the {fmt_bytes(free)} free on {cfg.device}; pass a "
-                           "smaller --seq-len or --num-layers.")
+        L, S, d = cfg.layers, cfg.seq_len, cfg.dim
+        maps = L * S * S * ((3 + NOISE_GROUPS) * 8 + (NOISE_GROUPS + 2) * 4)
+        if maps >= need - maps:  # the [L, S, S] maps dominate
+            what, fix = f"--seq-len {S} with {L} layer(s): the simulation's [L, S, S] maps", "--seq-len or --num-layers"
+        else:  # the per-chunk buffers [chunk, S, d] dominate
+            what, fix = f"--dim {d} at --seq-len {S}: the simulation's [samples, S, dim] buffers", "--dim or --chunk-size"
+        raise PoslensError(f"{what} need about {fmt_bytes(need)}, more than the {fmt_bytes(free)} free on "
+                           f"{cfg.device}; pass a smaller {fix}.")
 
 
 def fmt_bytes(n: float) -> str:

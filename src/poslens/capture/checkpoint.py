@@ -11,7 +11,7 @@ from pathlib import Path
 from poslens.capture.attention import Capture, stats_record
 from poslens.capture.plan import ScanConfig
 from poslens.errors import PoslensError
-from poslens.rundir import read_tensors, write_tensors
+from poslens.rundir import classify, read_tensors, safetensors_shapes, write_tensors, written_by
 
 
 CHECKPOINT = "checkpoint.safetensors"
@@ -72,11 +72,18 @@ def save_checkpoint(out: Path, capture: Capture, next_seq: int, fp: str, *, name
 
 
 def checkpoint_meta(path: Path) -> dict:
+    """The metadata of a scan checkpoint; one that is cut short or damaged is refused naming it and
+    the fix (reads the header only)."""
     from safetensors import safe_open
 
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-    return {k: json.loads(v) for k, v in meta.items()}
+    again = "delete it and rerun without --resume (the scan starts again)"
+    safetensors_shapes(path, again=again)
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        return {k: json.loads(v) for k, v in meta.items()}
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type, or metadata that is not JSON
+        raise PoslensError(f"{path}: damaged checkpoint ({type(e).__name__}); {again}.") from None
 
 
 def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPOINT) -> int:
@@ -99,12 +106,17 @@ def load_checkpoint(out: Path, capture: Capture, fp: str, *, name: str = CHECKPO
 def check_finished(out: Path, ck_name: str, fp: str, cfg: ScanConfig | None = None) -> None:
     """Refuse to resume a finished scan: its checkpoint is gone (deleted unless --keep-checkpoint), so a
     resume would silently start again over its results."""
+    try:
+        written = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        written = None
+    command = written_by(out) or ("model" if classify(out) == "model" else None)
+    if command not in (None, "scan"):
+        what = "a model directory" if command == "model" else f"a `poslens {command}` run"
+        raise PoslensError(f"--resume: {out} is {what}, not a scan; there is no scan to resume. Choose a new --out.")
     if (out / ck_name).exists() or not (out / "summary.json").exists():
         return
-    try:
-        old = json.loads((out / "config.json").read_text()).get("fingerprint")
-    except (OSError, ValueError):
-        old = None
+    old = written.get("fingerprint") if isinstance(written, dict) else None
     if old is not None and old != fp:
         if cfg is not None:
             raise resume_mismatch(out, out, cfg)

@@ -50,6 +50,7 @@ from poslens.fmt import fmt
 from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
 from poslens.progress import task_progress
 from poslens.rundir import (check_replaceable, clear_run, create_out_dir, out_dir_lock, prepare_out_dir, read_json, record_written, run_entries,
+                            safetensors_shapes,
                             versions, write_json, write_summary, write_tensors)
 from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
 
@@ -353,11 +354,29 @@ def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, state: d
 
 
 def _load_checkpoint(out: Path, model, optimizer, scheduler) -> dict:
-    ptr = read_json(out / "checkpoint.json")
-    ck = out / ptr["dir"]
+    """The state of the last checkpoint, loaded into ``model``, ``optimizer`` and ``scheduler``; a
+    checkpoint that is missing, cut short or damaged is one error naming the file."""
+    fix = "the run cannot be continued (pass --overwrite to start again)"
+    try:
+        ptr = read_json(out / "checkpoint.json")
+        ck = out / str(ptr["dir"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PoslensError(f"--resume: {out}/checkpoint.json is damaged ({type(e).__name__}); {fix}.") from None
     if not ck.is_dir():
-        raise PoslensError(f"--resume: {out}/checkpoint.json points to {ck.name}, which is missing; "
-                           "the run cannot be continued (pass --overwrite to start again).")
+        raise PoslensError(f"--resume: {out}/checkpoint.json points to {ck.name}, which is missing; {fix}.")
+    for name in ("state.json", "model.safetensors", "optimizer.safetensors", "rng.safetensors"):
+        if not (ck / name).is_file():
+            raise PoslensError(f"--resume: {ck / name} is missing; {fix}.")
+        if name.endswith(".safetensors"):
+            safetensors_shapes(ck / name, again=fix)
+    try:
+        return _restore(ck, model, optimizer, scheduler)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise PoslensError(f"--resume: the checkpoint {ck} is damaged or does not fit this run ({type(e).__name__}: "
+                           f"{' '.join(str(e).split())[:200]}); {fix}.") from None
+
+
+def _restore(ck: Path, model, optimizer, scheduler) -> dict:
     state = read_json(ck / "state.json")
     load_model(model, str(ck / "model.safetensors"))
     flat = load_file(str(ck / "optimizer.safetensors"))

@@ -397,8 +397,11 @@ def slash_readings(summary: dict) -> list[str]:
         out.append(f"Attention on key 0 (the sink) averages {fmt(sink)}: offsets beyond Δ = {SLASH_MAX_DELTA} reach "
                    "that column and are not counted as slashes.")
     top1 = []
-    for l in summary.get("layers") or []:
-        q = [num(v) for v in (l.get("q_top1_energy") or []) if num(v) is not None]
+    layers = summary.get("layers")
+    for l in layers if isinstance(layers, list) else []:
+        if not isinstance(l, dict) or not isinstance(l.get("q_top1_energy"), list):
+            continue  # an entry of the wrong shape is skipped, like every odd entry
+        q = [num(v) for v in l["q_top1_energy"] if num(v) is not None]
         if q:
             top1.append((l.get("layer"), max(q)))
     if top1:
