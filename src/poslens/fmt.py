@@ -62,27 +62,65 @@ def fmt_pm(mean: Any, std: Any) -> str:
     return m if std is None or fmt(std) == MISSING else f"{m} ± {fmt(std)}"
 
 
-def rich_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], *, show_header: bool = True):
-    """A rich Table that fits an 80-column terminal: cells in :func:`fmt`, long text folded over
-    lines (never cut to "…"), numbers right-aligned and kept on one line."""
+#: the terminal width every table is made to fit
+TERMINAL_WIDTH = 80
+
+
+def _one_table(title, cols: list, rows: list, show_header: bool):
     from rich import box
     from rich.table import Table
 
-    rows = [list(r) for r in rows]
-    cols = list(columns)
     t = Table(title=title, show_header=show_header, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
               title_justify="left")
+
     def numeric_cell(v: Any) -> bool:
         return v is None or isinstance(v, (int, float)) and not isinstance(v, bool) or \
             isinstance(v, str) and v in ("flat", MISSING)
 
     for i, c in enumerate(cols):
         numeric = bool(rows) and all(numeric_cell(r[i]) for r in rows if i < len(r))
-        t.add_column(str(c), justify="right" if numeric else "left", overflow="fold",
-                     no_wrap=bool(numeric), min_width=min(len(str(c)), 8) if numeric else None)
+        # a header is never cut: every column is at least as wide as its header
+        t.add_column(str(c), justify="right" if numeric else "left", overflow="fold", no_wrap=bool(numeric),
+                     min_width=len(str(c)))
     for r in rows:
         t.add_row(*[fmt(x) for x in r])
     return t
+
+
+def _width(cols: list, rows: list, i: int) -> int:
+    """Column ``i``'s width with its header on one line and its cells (long text folded at 24), with its
+    padding (one space each side) and the box's divider."""
+    cells = [len(fmt(r[i])) for r in rows if i < len(r)]
+    return max([len(str(cols[i]))] + [min(c, 24) for c in cells]) + 3
+
+
+def rich_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], *, show_header: bool = True,
+               width: int = TERMINAL_WIDTH):
+    """A rich renderable that fits a ``width``-column terminal: cells in :func:`fmt`, long text folded
+    over lines (never cut to "…"), numbers right-aligned and kept on one line, headers never cut. A
+    table too wide for one block is split into blocks of columns, each repeating the first (the row's
+    name: ``layer.head``, a layer); the title is printed once above them, folded, never cut."""
+    from rich.console import Group
+    from rich.text import Text
+
+    rows = [list(r) for r in rows]
+    cols = list(columns)
+    widths = [_width(cols, rows, i) for i in range(len(cols))]
+    width -= 1  # the box's outer edge
+    if sum(widths) <= width or len(cols) <= 2:
+        return _one_table(title, cols, rows, show_header)
+    blocks, cur = [], [0]
+    for i in range(1, len(cols)):
+        if sum(widths[j] for j in cur) + widths[i] > width and len(cur) > 1:
+            blocks.append(cur)
+            cur = [0]
+        cur.append(i)
+    blocks.append(cur)
+    parts = [Text(title, style="italic")] if title else []
+    for b in blocks:
+        parts.append(_one_table(None, [cols[i] for i in b], [[r[i] if i < len(r) else None for i in b] for r in rows],
+                                show_header))
+    return Group(*parts)
 
 
 def print_table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], *, console=None, **kw) -> None:
