@@ -296,3 +296,27 @@ def test_cli_writes_a_run_that_loads(cli, tmp_path):
     assert not (tmp_path / "b").exists()
     code, _, err = cli("ablate", model, "--out", tmp_path / "c", "--layers", "7", "--data", "random")
     assert code == 2 and "0..1" in err and not (tmp_path / "c").exists()
+
+
+def test_readings_under_an_intervention(llama, tmp_path):
+    """The scans under each condition: without one, the numbers of a plain scan of the same ids; under
+    sink-off, no weight on key 0 after query 0 (sink weight exactly 0)."""
+    ids = _ids()
+    a = _ablate(llama, interventions=["sink-off", "rope-off"], layers="all", readings=True, out=tmp_path / "a")
+    base = a.summary["readings_base"]
+    plain = poslens.scan(llama, data=ids, stats="scores,probs,slash", progress=False, threads=None)
+    from poslens.analysis.ablate import scan_readings
+
+    assert base == scan_readings(plain.path)
+    c = {x["name"]: x for x in a.summary["conditions"]}
+    assert c["sink-off@all"]["readings"]["sink_weight"] == 0.0
+    assert base["sink_weight"] > 0.01
+    assert (tmp_path / "a" / "scans" / "rope-off@all" / "maps.safetensors").exists()
+    assert poslens.load(tmp_path / "a" / "scans" / "sink-off@all").command == "scan"
+
+
+def test_massive_qk_without_massive_dims_is_said(llama):
+    a = _ablate(llama, interventions=["massive-qk"], layers="all", massive_lambda=50.0)
+    c = a.summary["conditions"][0]
+    assert c["applies"] is False and c["delta"]["mean"] == 0.0
+    assert any("no massive" in f for f in a.summary["findings"])

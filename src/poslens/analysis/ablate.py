@@ -74,6 +74,8 @@ class AblateConfig:
     #: replay the layers before a condition's first ablated layer from the unmodified forward (checked
     #: bit for bit on the first batch); False: every condition runs the whole model
     replay: bool = True
+    #: also scan the same sequences under every condition (scores, probs, slash): relativity, sink, slash heads
+    readings: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,124 +330,208 @@ def _hooks_for(edits: Edits, model, adapter, layers) -> list:
 
 
 def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenizer=None, data=None) -> dict:
-    """Run the ablation and write its run directory (``cfg.out``); returns the summary.
+    """Run the ablation and write its run directory (``cfg.out``); returns ``{"summary", "tensors"}``.
 
     ``model``: a causal LM already loaded (handed back as it was); ``tokenizer``/``data``: as
     :func:`poslens.scan` takes them."""
+    import shutil
+    import tempfile
+
     from poslens.capture.adapters import check_dispatch
     from poslens.capture.borrow import borrowed, model_device, model_dtype
     from poslens.capture.load import load_model
     from poslens.capture.model_source import source_record
-    from poslens.progress import task_progress
-    from poslens.rundir import prepare_out_dir, staged_dir
+    from poslens.rundir import prepare_out_dir
     from poslens.runtime import no_hf_progress_bars, parse_device, resolve_dtype
 
     t0 = time.time()
     config, adapter, ivs, layer_sets, src = _validate(cfg, model, tokenizer, data)
     if cfg.out is not None:
         prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
-    with contextlib.ExitStack() as stack:
-        if model is not None:
-            stack.enter_context(borrowed(model))
-            device, dtype, origin = model_device(model), model_dtype(model), {
-                "kind": "in-memory", "class": type(model).__name__,
-                "name_or_path": str(getattr(model, "name_or_path", "") or "")}
-        else:
-            device = parse_device(cfg.device)
-            dtype = resolve_dtype(cfg.dtype, device, config)
-            with no_hf_progress_bars(not progress):
-                model = load_model(cfg.model_dir, dtype=dtype, device=device, allow_pickle=cfg.allow_pickle,
-                                   trust_remote_code=cfg.trust_remote_code)
-            origin = source_record(cfg.model_dir)
-        check_dispatch(model, adapter)
-        bands = _band_labels(model, adapter, config, src.seq_len)
-        ids = src.batch(0, src.num_seqs)
-        setup = _Setup(model, adapter, config, ids, device, dtype, src.describe(), ivs, layer_sets, origin)
-        losses, replay_ok, moments = _measure(cfg, setup, bands, progress, task_progress)
-    summary, tensors = _summarise(cfg, setup, losses, replay_ok, moments, time.time() - t0)
-    if cfg.out is not None:
-        write_run(Path(cfg.out), cfg, setup, summary, tensors)
-    return {"summary": summary, "tensors": tensors}
-
-
-def _measure(cfg: AblateConfig, setup: _Setup, bands, progress: bool, task_progress):
-    """Every condition's per-token losses ``{name: [N, S - 1]}`` (``"none"``: the model as it is)."""
-    model, adapter, ids = setup.model, setup.adapter, setup.ids
-    L = adapter.num_layers(setup.config)
-    N, B = ids.shape[0], cfg.batch_size
-    batches = [(s, min(N, s + B)) for s in range(0, N, B)]
-    attn = [adapter.attention_module(model, l) for l in range(L)]
-    rope_layers = adapter.rope_layers(setup.config)
-    conditions = [(iv, ls) for iv in setup.interventions for ls in setup.layer_sets]
-    moments = None
-    calib_steps = len(batches) if any(iv.kind in CALIBRATED for iv in setup.interventions) else 0
-    total = calib_steps + len(batches) * (1 + len(conditions))
-    with task_progress("ablate", total, enabled=progress) as update:
-        step = 0
-        if calib_steps:  # the massive dims and their means: pre-RoPE q/k moments over every sequence
-            cal = Edits({}, rope_layers=rope_layers, layout=adapter.rope_layout, moments=True)
-            cal.bind(attn)
-            handles = _hooks_for(cal, model, adapter, range(L))
+    scans = Path(tempfile.mkdtemp(prefix="poslens-ablate-scans-")) if cfg.readings else None
+    try:
+        with contextlib.ExitStack() as stack:
+            if model is not None:
+                stack.enter_context(borrowed(model))
+                device, dtype, origin = model_device(model), model_dtype(model), {
+                    "kind": "in-memory", "class": type(model).__name__,
+                    "name_or_path": str(getattr(model, "name_or_path", "") or "")}
+            else:
+                device = parse_device(cfg.device)
+                dtype = resolve_dtype(cfg.dtype, device, config)
+                with no_hf_progress_bars(not progress):
+                    model = load_model(cfg.model_dir, dtype=dtype, device=device, allow_pickle=cfg.allow_pickle,
+                                       trust_remote_code=cfg.trust_remote_code)
+                origin = source_record(cfg.model_dir)
+            check_dispatch(model, adapter)
+            bands = _band_labels(model, adapter, config, src.seq_len)
+            ids = src.batch(0, src.num_seqs)
+            setup = _Setup(model, adapter, config, ids, device, dtype, src.describe(), ivs, layer_sets, origin)
+            moments = _calibrate(cfg, setup, progress) if any(iv.kind in CALIBRATED for iv in ivs) else None
+            edits = _build_edits(cfg, setup, bands, moments)
+            handles = [h for _, _, e in edits for h in _hooks_for(e, model, adapter, sorted(e.layers))]
             try:
-                with cal.active():
-                    for s, e in batches:
-                        _forward_logits(model, ids[s:e].to(setup.device))
-                        step += 1
-                        update(step)
+                losses, replay_ok = _losses(cfg, setup, edits, progress)
+                readings = _readings(cfg, setup, edits, scans, progress) if cfg.readings else None
             finally:
                 for h in handles:
                     h.remove()
-            moments = Moments.from_edits(cal)
-        gen = torch.Generator().manual_seed(cfg.seed)
-        edits = []
-        for iv, ls in conditions:
+        summary, tensors = _summarise(cfg, setup, losses, replay_ok, moments, readings, time.time() - t0)
+        if cfg.out is not None:
+            write_run(Path(cfg.out), cfg, setup, summary, tensors, scans)
+    finally:
+        if scans is not None:
+            shutil.rmtree(scans, ignore_errors=True)
+    return {"summary": summary, "tensors": tensors}
+
+
+def _batches(cfg: AblateConfig, setup: _Setup) -> list[tuple[int, int]]:
+    N = setup.ids.shape[0]
+    return [(s, min(N, s + cfg.batch_size)) for s in range(0, N, cfg.batch_size)]
+
+
+def _attention_modules(setup: _Setup) -> list:
+    return [setup.adapter.attention_module(setup.model, l) for l in range(setup.adapter.num_layers(setup.config))]
+
+
+def _calibrate(cfg: AblateConfig, setup: _Setup, progress: bool) -> Moments:
+    """The massive dims and their means: each layer's pre-RoPE q/k moments over every sequence."""
+    from poslens.progress import task_progress
+
+    model, adapter = setup.model, setup.adapter
+    cal = Edits({}, rope_layers=adapter.rope_layers(setup.config), layout=adapter.rope_layout, moments=True)
+    cal.bind(_attention_modules(setup))
+    handles = _hooks_for(cal, model, adapter, range(adapter.num_layers(setup.config)))
+    batches = _batches(cfg, setup)
+    try:
+        with task_progress("calibrate (massive q/k)", len(batches), enabled=progress) as update, cal.active():
+            for n, (s, e) in enumerate(batches, 1):
+                _forward_logits(model, setup.ids[s:e].to(setup.device))
+                update(n)
+    finally:
+        for h in handles:
+            h.remove()
+    return Moments.from_edits(cal)
+
+
+def _build_edits(cfg: AblateConfig, setup: _Setup, bands, moments) -> list[tuple[str, int, Edits]]:
+    """``(condition name, first ablated layer, Edits)`` of every condition, bound to the model's attention."""
+    adapter = setup.adapter
+    L = adapter.num_layers(setup.config)
+    attn = _attention_modules(setup)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    out = []
+    for iv in setup.interventions:
+        for ls in setup.layer_sets:
             e = Edits({l: layer_edit(iv, l, band_labels=bands[l], moments=moments, massive_lambda=cfg.massive_lambda,
                                      generator=gen) for l in ls},
-                      rope_layers=rope_layers, layout=adapter.rope_layout)
+                      rope_layers=adapter.rope_layers(setup.config), layout=adapter.rope_layout)
             e.bind(attn)
-            edits.append((condition_name(iv, ls, L), min(ls), e))
-        replay = LayerReplay(adapter.decoder_layers(model))
-        handles = []
-        for _, _, e in edits:
-            handles += _hooks_for(e, model, adapter, sorted(e.layers))
-        losses: dict[str, list] = {"none": []}
-        losses.update({name: [] for name, _, _ in edits})
-        replay_ok = None
-        try:
-            for bi, (s, e_) in enumerate(batches):
-                x = ids[s:e_].to(setup.device)
-                with replay.recording():
+            out.append((condition_name(iv, ls, L), min(ls), e))
+    return out
+
+
+def _losses(cfg: AblateConfig, setup: _Setup, edits, progress: bool):
+    """Every condition's per-token losses ``{name: [N, S - 1]}`` (``"none"``: the model as it is) and
+    whether the earlier layers were replayed."""
+    from poslens.progress import task_progress
+
+    model, adapter, ids = setup.model, setup.adapter, setup.ids
+    L = adapter.num_layers(setup.config)
+    batches = _batches(cfg, setup)
+    replay = LayerReplay(adapter.decoder_layers(model))
+    losses: dict[str, list] = {"none": []}
+    losses.update({name: [] for name, _, _ in edits})
+    replay_ok = None if cfg.replay else False
+    with task_progress("ablate", len(batches) * (1 + len(edits)), enabled=progress) as update:
+        step = 0
+        for s, e_ in batches:
+            x = ids[s:e_].to(setup.device)
+            with replay.recording():
+                logits = _forward_logits(model, x)
+            losses["none"].append(token_losses(logits, x).cpu())
+            del logits
+            step += 1
+            update(step)
+            if replay_ok is None:  # the replayed layers must give the full forward's logits, bit for bit
+                with replay.replaying(max(1, L // 2)):
+                    again = _forward_logits(model, x)
+                replay_ok = bool(torch.equal(token_losses(again, x).cpu(), losses["none"][-1]))
+                del again
+            for name, first, ed in edits:
+                with replay.replaying(first if replay_ok else 0), ed.active():
                     logits = _forward_logits(model, x)
-                losses["none"].append(token_losses(logits, x).cpu())
+                losses[name].append(token_losses(logits, x).cpu())
                 del logits
                 step += 1
                 update(step)
-                if replay_ok is None and not cfg.replay:
-                    replay_ok = False
-                if replay_ok is None:  # the replayed layers must give the full forward's logits, bit for bit
-                    k = max(1, L // 2)
-                    with replay.replaying(k):
-                        again = _forward_logits(model, x)
-                    replay_ok = bool(torch.equal(token_losses(again, x).cpu(), losses["none"][-1]))
-                    del again
-                for name, first, ed in edits:
-                    with replay.replaying(first if replay_ok else 0), ed.active():
-                        logits = _forward_logits(model, x)
-                    losses[name].append(token_losses(logits, x).cpu())
-                    del logits
-                    step += 1
-                    update(step)
-                replay.outputs = [None] * len(replay.outputs)
-        finally:
-            for h in handles:
-                h.remove()
-    return {k: torch.cat(v) for k, v in losses.items()}, bool(replay_ok), moments
+            replay.outputs = [None] * len(replay.outputs)
+    return {k: torch.cat(v) for k, v in losses.items()}, bool(replay_ok)
+
+
+#: the statistics of the scans under each condition (``readings``) and the slash threshold κ
+READING_STATS = "scores,probs,slash"
+SLASH_KAPPA = 0.3
+
+
+def scan_dir_name(condition: str) -> str:
+    """A condition's scan folder under ``scans/``: ``rope-band:low@0,3`` -> ``rope-band_low@0,3``."""
+    return condition.replace(":", "_")
+
+
+def _readings(cfg: AblateConfig, setup: _Setup, edits, scans: Path, progress: bool) -> dict:
+    """A scan (scores, probs, slash) of the same sequences under every condition and without one, each
+    into ``scans/<condition>``; returns each one's readings (:func:`scan_readings`)."""
+    from poslens.capture.options import ScanConfig
+    from poslens.capture.scan import run_scan
+    from poslens.capture.sources import python_source
+    from poslens.progress import task_progress
+
+    src, label = python_source(setup.ids, seq_len=None, num_seqs=None)
+    out = {}
+    runs = [("none", None)] + [(name, e) for name, _, e in edits]
+    with task_progress("readings (scans)", len(runs), enabled=progress) as update:
+        for n, (name, e) in enumerate(runs, 1):
+            d = scans / scan_dir_name(name)
+            scfg = ScanConfig(model_dir=str(cfg.model_dir), out=str(d), data=label, seq_len=src.seq_len,
+                              num_seqs=src.num_seqs, batch_size=cfg.batch_size, stats=READING_STATS, figures=False,
+                              seed=cfg.seed)
+            with e.active() if e is not None else contextlib.nullcontext():
+                run_scan(scfg, progress=False, model=setup.model, source=src)
+            out[name] = scan_readings(d)
+            update(n)
+    return out
+
+
+def scan_readings(scan_dir: Path, kappa: float = SLASH_KAPPA) -> dict:
+    """A scan's headline readings: the median relativity index over layers (key 0 left out, noise-corrected;
+    flat layers left out), the mean sink weight over layers, and the slash heads: heads whose SlashScore
+    reaches ``kappa`` at some offset 1 .. 16 (arXiv 2601.08297)."""
+    import statistics
+
+    from poslens.metrics.slash import SLASH_MAX_DELTA
+    from poslens.rundir import read_json, read_tensors
+
+    summary = read_json(scan_dir / "summary.json")
+    layers = [l for l in summary.get("layers") or [] if isinstance(l, dict)]
+    ri = [float(l["relativity_index"]) for l in layers if isinstance(l.get("relativity_index"), (int, float))]
+    sink = [float(l["sink_weight"]) for l in layers if isinstance(l.get("sink_weight"), (int, float))]
+    slash = read_tensors(scan_dir / "maps.safetensors").get("slash")
+    heads = []
+    if slash is not None and slash.shape[-1] > 1:
+        w = slash[..., 1:min(SLASH_MAX_DELTA, slash.shape[-1] - 1) + 1].double().nan_to_num(-1.0)
+        best = w.max(-1).values  # [L, H]
+        heads = [[int(l), int(h)] for l, h in (best >= kappa).nonzero().tolist()]
+    return {"relativity_median": statistics.median(ri) if ri else None, "relativity_layers": len(ri),
+            "sink_weight": sum(sink) / len(sink) if sink else None, "slash_heads": len(heads),
+            "slash_head_list": heads}
 
 
 # --------------------------------------------------------------------------------------------
 # the summary
 # --------------------------------------------------------------------------------------------
-def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, moments, seconds: float):
+def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, moments, readings,
+               seconds: float):
     L = setup.adapter.num_layers(setup.config)
     S = setup.ids.shape[1]
     buckets = position_buckets(S)
@@ -458,6 +544,13 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
             name = condition_name(iv, ls, L)
             rec = condition_record(name, iv, ls, loss0, losses[name], buckets, cfg.noise_groups)
             rec["applies"] = iv.kind not in ("rope-off", "rope-band") or any(l in rope for l in ls)
+            if readings:
+                rec["readings"] = readings[name]
+            if iv.kind in CALIBRATED and moments is not None:  # no massive dim in these layers: nothing replaced
+                from poslens.capture.intervene import massive_mask
+
+                rec["applies"] = any(bool(massive_mask(moments.q_rms[l], cfg.massive_lambda).any()
+                                          or massive_mask(moments.k_rms[l], cfg.massive_lambda).any()) for l in ls)
             recs.append(rec)
         for r, sig in zip(recs, bh([r["delta"]["p"] for r in recs])):
             r["beyond_noise"] = sig
@@ -480,9 +573,10 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
         "interventions": [iv.name for iv in setup.interventions],
         "layer_sets": setup.layer_sets, "buckets": [[lo, hi - 1] for lo, hi in buckets],
         "conditions": conditions, "massive_dims": massive, "replayed_prefix": replay_ok,
+        "readings_base": readings["none"] if readings else None,
         "seconds": seconds,
     }
-    summary["findings"] = findings(summary)
+    summary["findings"] = findings(summary) + readings_findings(summary)
     tensors = {"loss_base": loss0.to(torch.float32)}
     for c in conditions:
         tensors[f"loss.{c['name']}"] = losses[c["name"]].to(torch.float32)
@@ -525,7 +619,8 @@ def findings(summary: dict) -> list[str]:
         base = f"{_what(iv)}"
         idle = [l for r in recs if not r["applies"] for l in r["layers"]]
         if idle:
-            out.append(f"{iv}: no RoPE in {_layers_text(idle)}, nothing to switch off there.")
+            why = "no massive q/k dimension" if iv in ("massive-qk", "random-qk") else "no RoPE"
+            out.append(f"{iv}: {why} in {_layers_text(idle)}, nothing to switch off there.")
             recs = [r for r in recs if r["applies"]]
             if not recs:
                 continue
@@ -536,17 +631,47 @@ def findings(summary: dict) -> list[str]:
             continue
         sig = [r for r in recs if r["beyond_noise"]]
         quiet = [r["layers"][0] for r in recs if not r["beyond_noise"]]
-        top = max(recs, key=lambda r: abs(r["delta"]["mean"]))
+        top = max(sig or recs, key=lambda r: abs(r["delta"]["mean"]))
+        level = f"false discovery rate {summary['level']} over the layers"
+        if not sig:
+            out.append(f"{base[0].upper()}{base[1:]} one layer at a time changes the loss by less than the noise in "
+                       f"every layer (largest: {_layers_text(top['layers'])}, {_change(top, noise=False)}; {level}).")
+            continue
         text = f"{base[0].upper()}{base[1:]} one layer at a time: in {_layers_text(top['layers'])} alone it {_change(top)}"
-        if sig:
-            text += f"; {len(sig)} of {len(recs)} layers change the loss beyond the noise"
+        text += f"; {len(sig)} of {len(recs)} layers change the loss beyond the noise"
         if quiet:
-            text += f"; in {_layers_text(quiet)} by less than the noise"
-        out.append(text + f" (false discovery rate {summary['level']}).")
+            text += f"; {_layers_text(quiet)} by less than the noise"
+        out.append(text + f" ({level}).")
     return out
 
 
-def _change(r: dict) -> str:
+def _reading_text(base: dict, r: dict) -> str:
+    """``slash heads 12 → 3, sink weight 0.61 → 0.02, median relativity index 0.77 → 0.81``."""
+    rd = r["readings"]
+    return (f"slash heads {base['slash_heads']} → {rd['slash_heads']}, sink weight {fmt(base['sink_weight'])} → "
+            f"{fmt(rd['sink_weight'])}, median relativity index {fmt(base['relativity_median'])} → "
+            f"{fmt(rd['relativity_median'])}")
+
+
+def readings_findings(summary: dict) -> list[str]:
+    """What the scans under each intervention show beside the unmodified model's."""
+    base = summary.get("readings_base")
+    if not base:
+        return []
+    out = []
+    for iv in summary["interventions"]:
+        recs = [c for c in summary["conditions"] if c["intervention"] == iv and c.get("readings")]
+        if len(recs) == 1:
+            out.append(f"Scanned under {recs[0]['name']} (the unmodified model first): {_reading_text(base, recs[0])}.")
+        elif recs:
+            low = min(recs, key=lambda r: r["readings"]["slash_heads"])
+            out.append(f"Scanned under {iv} one layer at a time: the fewest slash heads ({low['readings']['slash_heads']} "
+                       f"of the unmodified model's {base['slash_heads']}) with {_layers_text(low['layers'])} ablated "
+                       f"({_reading_text(base, low)}).")
+    return out
+
+
+def _change(r: dict, noise: bool = True) -> str:
     d = r["delta"]
     if d["mean"] == 0.0 and not d["se"]:
         return "leaves the loss unchanged on every sequence"
@@ -557,7 +682,7 @@ def _change(r: dict) -> str:
     if b and abs(d["mean"]) > 0:
         big = max(b, key=lambda x: x["mean"] if d["mean"] > 0 else -x["mean"])
         text += f", most at positions {big['positions'][0]}–{big['positions'][1]} ({fmt(big['mean'])})"
-    if not r.get("beyond_noise"):
+    if noise and not r.get("beyond_noise"):
         text += ", within the noise"
     return text
 
@@ -565,7 +690,8 @@ def _change(r: dict) -> str:
 # --------------------------------------------------------------------------------------------
 # the run directory
 # --------------------------------------------------------------------------------------------
-def write_run(out: Path, cfg: AblateConfig, setup: _Setup, summary: dict, tensors: dict) -> None:
+def write_run(out: Path, cfg: AblateConfig, setup: _Setup, summary: dict, tensors: dict,
+              scans: Path | None = None) -> None:
     """``config.json``, ``summary.json`` (with a ``tables`` entry), ``ablate.safetensors`` and one figure
     per intervention, staged and swapped in whole."""
     from poslens.rundir import staged_dir, versions, write_json, write_summary, write_tensors
@@ -576,12 +702,16 @@ def write_run(out: Path, cfg: AblateConfig, setup: _Setup, summary: dict, tensor
             "source": setup.source, "model_type": setup.adapter.model_type, "dtype": str(setup.dtype),
             "device": setup.device, "versions": versions()})
         write_tensors(stage / "ablate.safetensors", tensors)
+        if scans is not None and any(scans.iterdir()):
+            import shutil
+
+            shutil.copytree(scans, stage / "scans")
         figs = []
         if cfg.figures:
             from poslens.report.ablate import ablate_figures
 
             figs = ablate_figures(summary, stage)
-        s = dict(summary, tables=[condition_table(summary)], figures=figs,
+        s = dict(summary, tables=[condition_table(summary)], figures=figs, readings=summary["findings"],
                  layers=layer_rows(summary))
         write_summary(stage, s, command="ablate", paper=["kim"],
                       layers_describe="each decoder layer ablated alone: the paired change of next-token loss")

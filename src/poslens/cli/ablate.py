@@ -36,6 +36,10 @@ def ablate(
                                      "in group n % G)."),
     massive_lambda: float = typer.Option(5.0, "--massive-lambda", help="A q/k dimension is massive when its RMS "
                                          "exceeds this many times the layer's mean (Jin et al. use 5)."),
+    readings: bool = typer.Option(False, "--readings", help="Also scan the same sequences under every condition "
+                                  "and without one (scores, probs, slash, into scans/): relativity index, sink "
+                                  "weight and slash heads under the intervention. One capture forward per "
+                                  "condition and batch more."),
     device: str = device_option(),
     dtype: str = dtype_option("auto", "auto | bf16 | fp16 | fp32 (auto: fp32 on CPU)."),
     no_figures: bool = no_figures_option(),
@@ -62,7 +66,7 @@ def ablate(
     result = run_ablate(AblateConfig(
         model_dir=str(model_dir), out=str(out), interventions=list(intervention), layers=layers, data=data,
         seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, seed=seed, noise_groups=noise_groups,
-        massive_lambda=massive_lambda, device=device, dtype=dtype, figures=not no_figures, overwrite=overwrite,
+        massive_lambda=massive_lambda, readings=readings, device=device, dtype=dtype, figures=not no_figures, overwrite=overwrite,
         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code), progress=not quiet)
     if quiet:
         return

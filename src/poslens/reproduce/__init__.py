@@ -1,7 +1,8 @@
 """``poslens reproduce``: the papers' figures as experiments, in one explicit registry.
 
 - :mod:`.simulated`: the simulator experiments (:class:`Experiment`, :class:`ReproContext` live there);
-- :mod:`.models`: trained-model experiments (the zoo or random-init stand-ins) and ``real``.
+- :mod:`.models`: trained-model experiments (the zoo or random-init stand-ins) and ``real``;
+- :mod:`.ablations`: the papers' interventions on the real models (``poslens ablate``).
 
 :data:`EXPERIMENTS` lists them all in the order ``reproduce all`` runs them; nothing registers itself
 by being imported. :func:`run_reproduction` runs one (or ``all``) into a staged directory with
@@ -14,12 +15,12 @@ from pathlib import Path
 
 from poslens.errors import PoslensError
 from poslens.report import write_index_html
-from poslens.reproduce import models, simulated
+from poslens.reproduce import ablations, models, simulated
 from poslens.reproduce.simulated import Experiment, ReproContext
 from poslens.rundir import _atomic_write_bytes, staged_dir, write_json
 
 #: every experiment by name, simulator first
-EXPERIMENTS: dict[str, Experiment] = {**simulated.EXPERIMENTS, **models.EXPERIMENTS}
+EXPERIMENTS: dict[str, Experiment] = {**simulated.EXPERIMENTS, **models.EXPERIMENTS, **ablations.EXPERIMENTS}
 
 __all__ = ["EXPERIMENTS", "Experiment", "ReproContext", "names", "run_reproduction"]
 

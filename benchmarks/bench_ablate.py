@@ -1,0 +1,109 @@
+"""Time of ``poslens ablate`` with ``rope-off`` one layer at a time on SmolLM2 (the GGUF model) at 32 x 256
+stdlib tokens, the goal being at most 5 minutes on a 2-core CPU.
+
+Three ways to the same numbers, in one run on the same loaded model:
+
+- **naive**: every condition runs the whole model (``replay=False``): one full forward per layer and
+  batch, plus the unmodified one;
+- **ours**: the layers before the ablated one replayed from the unmodified forward (the default);
+- **floor**: the plain forwards ours cannot avoid, timed with no intervention and no capture: the
+  unmodified forward of every batch, plus, per layer l, the forward from layer l on, counted as the
+  fraction (L - l) / L of the body's time plus the LM head's. Measured as plain full forwards and
+  scaled by that fraction, so the floor assumes the LM head costs as much as a layer's share.
+
+Each prints its wall and CPU time; both runs must give the same losses bit for bit. The load average
+before the run is printed: on a busy machine the times are upper bounds.
+
+    python benchmarks/bench_ablate.py                     # SmolLM2, 32 x 256, 2 threads
+    python benchmarks/bench_ablate.py --num-seqs 8 --json none
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402
+
+GOAL_S = 300.0
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2", help="a name of `poslens models list`")
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--num-seqs", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-naive", action="store_true", help="time ours and the floor only")
+    ap.add_argument("--json", default=_results.default_path("ablate"), help="results file ('none': no file)")
+    args = ap.parse_args()
+
+    import torch
+
+    from poslens.analysis.ablate import AblateConfig, run_ablate
+    from poslens.capture.load import load_model, load_tokenizer
+    from poslens.capture.sources import make_source
+    from poslens.models import realmodels
+
+    torch.set_num_threads(args.threads)
+    path = realmodels.path(args.model)
+    if path is None:
+        sys.exit(f"{args.model} absent: run `python -m poslens models fetch`")
+    load = os.getloadavg()[0]
+    print(f"load average before the run: {load:.2f}")
+    model = load_model(str(path), dtype=torch.float32, device="cpu")
+    tok = load_tokenizer(str(path))
+    L = model.config.num_hidden_layers
+    src = make_source("stdlib", seq_len=args.seq_len, num_seqs=args.num_seqs, tokenizer=tok,
+                      vocab_size=model.config.vocab_size)
+    ids = src.batch(0, src.num_seqs)
+    cfg = dict(model_dir=str(path), interventions=["rope-off"], layers="each", figures=False)
+
+    def timed(**kw):
+        t, c = time.perf_counter(), _cpu()
+        r = run_ablate(AblateConfig(**cfg, **kw), progress=False, model=model, tokenizer=tok, data=ids)
+        return r, time.perf_counter() - t, _cpu() - c
+
+    ours, ours_s, ours_cpu = timed()
+    print(f"ours  (replayed prefix {ours['summary']['replayed_prefix']}): {ours_s:.1f} s wall, {ours_cpu:.1f} s CPU")
+    naive_s = naive_cpu = None
+    if not args.skip_naive:
+        naive, naive_s, naive_cpu = timed(replay=False)
+        same = all(torch.equal(ours["tensors"][k], naive["tensors"][k]) for k in ours["tensors"])
+        print(f"naive (full forwards): {naive_s:.1f} s wall, {naive_cpu:.1f} s CPU; same losses: {same}")
+        if not same:
+            sys.exit("the two runs disagree")
+    # the floor: plain forwards of the same batches (full logits), no intervention, scaled
+    t = time.perf_counter()
+    with torch.no_grad():
+        for s in range(0, ids.shape[0], 4):
+            model(input_ids=ids[s:s + 4], use_cache=False)
+    plain = time.perf_counter() - t
+    fraction = 1 + sum((L - l) / L for l in range(L))
+    floor_s = plain * fraction
+    print(f"floor: one plain pass {plain:.1f} s x {fraction:.1f} = {floor_s:.1f} s")
+    print(f"ours / floor = {ours_s / floor_s:.2f}" + (f", naive / ours = {naive_s / ours_s:.2f}" if naive_s else "")
+          + f"; goal {GOAL_S:.0f} s: {'met' if ours_s <= GOAL_S else 'missed'}")
+    out = _results.wanted(args.json)
+    if out:
+        with open(out, "w") as f:
+            json.dump({"meta": _results.meta(), "load_before": load, "model": args.model, "layers": L,
+                       "seq_len": args.seq_len, "num_seqs": args.num_seqs, "threads": args.threads,
+                       "ours_s": ours_s, "ours_cpu_s": ours_cpu, "naive_s": naive_s, "naive_cpu_s": naive_cpu,
+                       "plain_pass_s": plain, "floor_s": floor_s, "goal_s": GOAL_S,
+                       "replayed_prefix": ours["summary"]["replayed_prefix"]}, f, indent=1)
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
