@@ -157,3 +157,18 @@ def test_a_report_of_plain_scans_leads_with_the_fingerprints_findings(tmp_path):
     assert sink["value"] == pytest.approx(float((heads["sink"] > 0.3).mean()))
     html = poslens.report([tmp_path / "text", tmp_path / "rnd"], tmp_path / "r.html").read_text()
     assert html.index("Gu et al.") < html.index("Per run, in the papers")
+
+
+def test_comparison_lines_keep_one_colour_per_run_and_a_legend_off_the_data():
+    from poslens.report.plots import layer_lines
+
+    panels = [{"title": "a", "series": [{"label": "deep", "layers": list(range(30)), "values": [0.8] * 30},
+                                        {"label": "shallow", "layers": [0, 1], "values": [1.0, 0.9]}]},
+              {"title": "b", "series": [{"label": "shallow", "layers": [0, 1], "values": [0.2, 0.3]},
+                                        {"label": "deep", "layers": list(range(30)), "values": [0.5] * 30}]}]
+    fig = layer_lines(panels)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    colour = [{l.get_label(): l.get_color() for l in ax.get_lines()} for ax in axes]
+    assert colour[0]["deep"] == colour[1]["deep"] and colour[0]["shallow"] == colour[1]["shallow"]
+    assert all(ax.get_legend() is None for ax in axes) and len(fig.legends) == 1  # one legend, beside the panels
+    assert "normalised depth" in axes[0].get_xlabel() and max(axes[0].get_lines()[0].get_xdata()) == 1.0

@@ -27,11 +27,24 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
     ncol = max(1, min(columns, n))
     nrow = -(-n // ncol)
     fig, axes = new_figure(nrow, ncol, figsize=(4.2 * ncol, 2.7 * nrow), squeeze=False)
+    # one colour per run in every panel (the same label, the same colour), in order of first appearance
+    labels = list(dict.fromkeys(s["label"] for p in panels for s in p["series"] if not s.get("dashed")))
+    palette = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+    # runs of very different depth (2 and 30 layers) share the axis as normalised depth, said in its label
+    depths = [max((v for v in s["layers"] if isinstance(v, (int, float))), default=0) for p in panels
+              for s in p["series"]]
+    normalise = len(labels) > 1 and min(depths, default=0) >= 0 and max(depths, default=0) > 1.5 * max(
+        min(depths, default=0), 1)
+    if normalise:
+        layer_label = f"{layer_label} / (layers − 1): normalised depth"
+    handles: dict = {}
     for ax, p in zip(axes.flat, panels):
         color = None  # a dashed companion (noise floor, control, ...) takes the colour of the line before it
         nth = 0  # companions of one line differ in their dash pattern
         for s in p["series"]:
             x = np.asarray(s["layers"], dtype=float)
+            if normalise:
+                x = x / max(float(np.nanmax(x)) if x.size else 1.0, 1.0)
             y = np.asarray([np.nan if v is None else v for v in s["values"]], dtype=float)
             err = s.get("errors")
             dashed = bool(s.get("dashed"))
@@ -46,21 +59,27 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
             elif dashed:
                 (line,) = ax.plot(x, y, ls=ls, lw=1.0, label=s["label"], **({"color": "0.4"} | style))
             else:
-                (line,) = ax.plot(x, y, marker="o", ms=3, lw=1.2, label=s["label"])
+                (line,) = ax.plot(x, y, marker="o", ms=3, lw=1.2, label=s["label"], color=palette[s["label"]])
             if not dashed:
                 color = line.get_color()
+            handles.setdefault(s["label"], line)
         if p.get("ref") is not None:
             ax.axhline(p["ref"], color="0.6", lw=0.8, ls="--")
         ax.set_title(p["title"], fontsize=9)
         ax.set_xlabel(layer_label, fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-        integer_axis(ax.xaxis)
-        if len(p["series"]) > 1:
-            ax.legend(fontsize=7)
+        if not normalise:
+            integer_axis(ax.xaxis)
         if p["title"].startswith("p,"):
             ax.set_yscale("log")
-    return _finish_grid(fig, axes, n, suptitle)
+    fig = _finish_grid(fig, axes, n, suptitle)
+    if len(handles) > 1:  # one legend for the figure, below the panels: it never covers data
+        rows = -(-len(handles) // 4)
+        fig.subplots_adjust(bottom=min(0.45, (0.22 + 0.09 * rows) / nrow))
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=7,
+                   frameon=False)
+    return fig
 
 
 def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
