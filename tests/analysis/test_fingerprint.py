@@ -215,12 +215,17 @@ def test_overwrite_replaces_a_previous_fingerprint(cli, tmp_path, two_models, id
     args = ("fingerprint", str(model), "--out", str(tmp_path / "fp"), "--data", str(ids_file), "--seq-len", str(S),
             "--num-seqs", "2", "--no-figures", "--quiet", "--threads", "1")
     assert cli(*args)[0] == 0
-    (tmp_path / "fp" / "scans" / "stale").mkdir()  # a model of the earlier run
     code, _, err = cli(*args)
     assert code == 2 and "--overwrite" in err
+    (tmp_path / "fp" / "scans" / "stale").mkdir()  # not written by poslens: --overwrite refuses, naming it
+    code, _, err = cli(*args, "--overwrite")
+    assert code == 2 and "scans/stale" in err and (tmp_path / "fp" / "scans" / "stale").is_dir()
+    (tmp_path / "fp" / "scans" / "stale").rmdir()
+    stale = tmp_path / "fp" / "scans" / "phi3" / "text" / "maps.safetensors"
+    before = stale.stat().st_ino
     code, _, err = cli(*args, "--overwrite")
     assert code == 0, err
-    assert not (tmp_path / "fp" / "scans" / "stale").exists()
+    assert stale.stat().st_ino != before  # the earlier run's scans were replaced, not kept
     assert json.loads((tmp_path / "fp" / "config.json").read_text())["command"] == "fingerprint"
     assert json.loads((tmp_path / "fp" / "summary.json").read_text())["command"] == "fingerprint"
 

@@ -128,13 +128,14 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
 
     # a .gguf file: checked, dequantised once into the cache (progress bars on a terminal only: this
     # runs before a command's --quiet is known, and in a log they are noise)
+    given = str(model_dir)  # what the user passed (a .gguf file is named in the errors, not its cache)
     model_dir = str(model_directory(model_dir, progress=sys.stderr.isatty()))
     check_model_dir(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     try:
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except (ValueError, TypeError, KeyError, AttributeError) as e:  # incl. huggingface_hub's field validation
         raise PoslensError(f"{model_dir}/config.json: {' '.join(str(e).split())[:300]}") from None
-    adapter = checked_adapter(config, model_dir, seq_len=seq_len)
+    adapter = checked_adapter(config, given, seq_len=seq_len)
     check_weight_shapes(model_dir, config)
     return config, adapter
 

@@ -35,7 +35,7 @@ from typing import Iterator
 
 from poslens.capture.adapters import ADAPTERS
 from poslens.errors import PoslensError
-from poslens.rundir import versions, write_json
+from poslens.rundir import safetensors_shapes, versions, write_json
 from poslens.runtime import cache_root, no_hf_progress_bars
 
 GGUF_MAGIC = b"GGUF"
@@ -242,7 +242,7 @@ class ModelSource:
 
     @property
     def is_cached(self) -> bool:
-        return self.kind == "dir" or (self.cache_dir / "config.json").is_file()
+        return self.kind == "dir" or _cache_intact(self.cache_dir)
 
     def describe(self) -> dict:
         """What ``config.json`` of a run records about its model."""
@@ -352,6 +352,20 @@ def _file_lock(path: Path):
         yield
 
 
+def _cache_intact(target: Path) -> bool:
+    """Whether a GGUF's dequantised cache is whole: its config.json and weights, none cut short or
+    damaged (reads the headers only). A damaged cache is dequantised again."""
+    if not (target / "config.json").is_file():
+        return False
+    weights = sorted(target.glob("*.safetensors"))
+    try:
+        for f in weights:
+            safetensors_shapes(f)
+    except (PoslensError, OSError):
+        return False
+    return bool(weights)
+
+
 def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
     """Dequantise ``src`` (a GGUF source) into its cache directory; returns it. Idempotent and
     safe under concurrency (file lock + staging directory + rename)."""
@@ -360,7 +374,7 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
 
     target = src.cache_dir
     with _file_lock(target.parent / f".{src.sha256}.lock"):
-        if (target / "config.json").is_file():  # another process finished it while we waited
+        if _cache_intact(target):  # another process finished it while we waited
             return target
         stage = Path(tempfile.mkdtemp(prefix=f".{src.sha256}.partial-", dir=target.parent))
         try:
