@@ -122,6 +122,12 @@ def test_too_few_sequence_groups_cannot_judge_the_layers():
     assert f["verdict"] == "cannot be judged here"
     layers = [{**_layer(i, nonrel_p=0.5), "noise_groups": 16} for i in range(4)]
     assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == "not reproduced"
+    # 8 groups: 2 / 256 lies under 0.01 but not ten times under it; finding nothing is no verdict ...
+    layers = [{**_layer(i, nonrel_p=0.5), "noise_groups": 8} for i in range(4)]
+    assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == "cannot be judged here"
+    # ... while what such a test does find stands
+    layers = [{**_layer(i, nonrel_p=2 / 256), "noise_groups": 8} for i in range(4)]
+    assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == "reproduced"
 
 
 def test_a_report_of_plain_scans_leads_with_the_fingerprints_findings(tmp_path):

@@ -15,7 +15,7 @@ import statistics
 
 from poslens.fmt import fmt
 from poslens.report import verdicts as V
-from poslens.report.readings import smallest_p
+from poslens.report.readings import few_groups
 from poslens.report.render import CSP
 from poslens.rope import BANDS
 
@@ -368,13 +368,11 @@ def _layer_share(ls: list[dict], key: str, ok=lambda r: True) -> tuple[list[dict
 
 
 def _too_few_groups(ls: list[dict]) -> str:
-    """Why the layers' sign-flip tests cannot reach the level ("" where they can): with G sequence groups
-    the smallest p-value is 2 / 2^G (:func:`poslens.report.readings.smallest_p`)."""
-    g, p_min = smallest_p(ls)
-    if p_min is None or p_min < V.LEVEL:
-        return ""
-    return (f"With {g} sequence groups the noise test's smallest p-value is {fmt(p_min)}, not below {V.LEVEL:g}: "
-            "too few sequences to call any layer; scan more sequences (at least 16 for 8 groups).")
+    """Why the layers' sign-flip tests are too weak to find nothing ("" where they are not): with G
+    sequence groups the smallest p-value is 2 / 2^G, which must lie well under the level
+    (:func:`poslens.report.readings.few_groups`, the report's own rule)."""
+    few = few_groups(ls)
+    return few[0].upper() + few[1:] + "; scan more sequences." if few else ""
 
 
 def _kim_nope_finding(m: dict) -> dict:
@@ -394,8 +392,6 @@ def _kim_nope_finding(m: dict) -> dict:
     if not tested:
         return _finding(CANNOT_JUDGE, text, "The scan had too few sequences for a noise floor, or the model has a "
                         "single layer.", n)
-    if _too_few_groups(tested):
-        return _finding(CANNOT_JUDGE, text, _too_few_groups(tested), n)
     if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
         return _finding(REPRODUCED, text, "The causal mask alone gives the scores a position signal after the first "
                         "layer, as the paper predicts.", n)
@@ -422,11 +418,11 @@ def _kim_finding(m: dict) -> dict:
             f"(1 = distance alone) has median {fmt(rel)} over the layers that are not flat." + _against(n))
     if not tested:
         return _finding(CANNOT_JUDGE, text, "The scan had too few sequences for a noise floor.", n)
-    if _too_few_groups(tested):
-        return _finding(CANNOT_JUDGE, text, _too_few_groups(tested), n)
     if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
         return _finding(REPRODUCED, text, "With RoPE and the causal mask together, most layers are not purely "
                         "relative, as the paper finds in Llama, Phi and Qwen.", n)
+    if _too_few_groups(tested):  # a test that could hardly reach the level finds nothing: no verdict
+        return _finding(CANNOT_JUDGE, text, _too_few_groups(tested), n)
     if n["value"] <= n["floor"]:
         return _finding(NOT_REPRODUCED, text, "No more layers depart from a purely relative pattern than noise "
                         "alone would make depart.", n)
