@@ -320,3 +320,25 @@ def test_massive_qk_without_massive_dims_is_said(llama):
     c = a.summary["conditions"][0]
     assert c["applies"] is False and c["delta"]["mean"] == 0.0
     assert any("no massive" in f for f in a.summary["findings"])
+
+
+def test_position_probes():
+    """Strong learned absolute position embeddings (GPT-2's, scaled up) give a probe near r = 1 from the
+    first layer, far above the same model without them; an intervention that changes nothing (no
+    dimension is massive at lambda = 50) changes no probe."""
+    m = _model("gpt2", layers=2)
+    with torch.no_grad():
+        m.transformer.wpe.weight.mul_(50.0)
+    ids = torch.randint(3, V, (32, S), generator=torch.Generator().manual_seed(5))
+    a = _ablate(m, interventions=["massive-qk"], layers="all", massive_lambda=50.0, probes=True, data=ids)
+    base = a.summary["probe_base"]
+    assert [b["layer"] for b in base] == [0, 1]
+    assert base[0]["r"] > 0.95
+    with torch.no_grad():
+        m.transformer.wpe.weight.zero_()
+    flat = _ablate(m, interventions=["massive-qk"], layers="all", massive_lambda=50.0, probes=True, data=ids)
+    assert flat.summary["probe_base"][0]["r"] < base[0]["r"] - 0.1
+    p = a.summary["conditions"][0]["probe"]
+    assert [x["r"] for x in p] == [b["r"] for b in base]
+    assert all(x["delta_mse"]["mean"] == 0.0 for x in p)
+    assert any("probe" in f for f in a.summary["findings"])

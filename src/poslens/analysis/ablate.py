@@ -76,6 +76,9 @@ class AblateConfig:
     replay: bool = True
     #: also scan the same sequences under every condition (scores, probs, slash): relativity, sink, slash heads
     readings: bool = False
+    #: also fit a linear position probe on every layer's residual stream under every condition (held-out test
+    #: sequences: the first half)
+    probes: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,10 +376,11 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
             try:
                 losses, replay_ok = _losses(cfg, setup, edits, progress)
                 readings = _readings(cfg, setup, edits, scans, progress) if cfg.readings else None
+                probes = _probes(cfg, setup, edits, progress) if cfg.probes else None
             finally:
                 for h in handles:
                     h.remove()
-        summary, tensors = _summarise(cfg, setup, losses, replay_ok, moments, readings, time.time() - t0)
+        summary, tensors = _summarise(cfg, setup, losses, replay_ok, moments, readings, probes, time.time() - t0)
         if cfg.out is not None:
             write_run(Path(cfg.out), cfg, setup, summary, tensors, scans)
     finally:
@@ -469,6 +473,74 @@ def _losses(cfg: AblateConfig, setup: _Setup, edits, progress: bool):
     return {k: torch.cat(v) for k, v in losses.items()}, bool(replay_ok)
 
 
+def _resid_vectors(setup: _Setup, batches, edits: Edits | None) -> list[torch.Tensor]:
+    """The residual stream after every decoder layer, ``L x [N, S, d]`` float32 on the CPU, under ``edits``."""
+    from poslens.capture.adapters import hook_point
+
+    model, adapter = setup.model, setup.adapter
+    L = adapter.num_layers(setup.config)
+    parts: list[list] = [[] for _ in range(L)]
+    handles = [hook_point(model, adapter, "resid_post", l, lambda x, l=l: parts[l].append(x.detach().float().cpu()))
+               for l in range(L)]
+    try:
+        with edits.active() if edits is not None else contextlib.nullcontext():
+            for s, e in batches:
+                _forward_logits(model, setup.ids[s:e].to(setup.device))
+    finally:
+        for h in handles:
+            h.remove()
+    return [torch.cat(p) for p in parts]
+
+
+def probe_split(num_seqs: int) -> tuple[list[int], list[int], list[int]]:
+    """``(test, fit_a, fit_b)`` sequence indices: the first half is the test set (paired over conditions,
+    in noise groups), the second half fits the probe, its two halves choose the ridge."""
+    half = num_seqs // 2
+    fit = list(range(half, num_seqs))
+    return list(range(half)), fit[: len(fit) // 2], fit[len(fit) // 2:]
+
+
+def _probe_layer(h: torch.Tensor, split, ridge: float | None) -> dict:
+    """The linear position probe of one layer (:mod:`poslens.metrics.probes`, feature ``vector``: the
+    residual vector, target its absolute position), fit on the fitting sequences and tested on the test
+    ones: ``r``, ``mse`` and the per-test-sequence squared error ``seq_mse``; the ridge chosen on the two
+    halves of the fitting set when ``ridge`` is None."""
+    from poslens.metrics.probes import _standardise, fit_linear, pearson_r, predict_linear, probe_features, select_ridge
+
+    test, fa, fb = split
+    X, y = probe_features(h[fa + fb])["vector"]
+    Xt, yt = probe_features(h[test])["vector"]
+    if ridge is None:
+        ridge = select_ridge(*probe_features(h[fa])["vector"], *probe_features(h[fb])["vector"])
+    Xs, Xts = _standardise(X, Xt)
+    pred = predict_linear(fit_linear(Xs, y, ridge=ridge), Xts)
+    err = (pred - yt) ** 2
+    return {"r": pearson_r(pred, yt), "mse": float(err.mean()), "ridge": ridge,
+            "seq_mse": err.view(len(test), -1).mean(1)}
+
+
+def _probes(cfg: AblateConfig, setup: _Setup, edits, progress: bool) -> dict:
+    """Position probes from every layer's residual stream, without an intervention and under each one:
+    ``{name: [per layer {"layer", "r", "mse", "ridge", "seq_mse"}]}``."""
+    from poslens.progress import task_progress
+
+    N = setup.ids.shape[0]
+    if N < 4:
+        raise PoslensError(f"--probes needs at least 4 sequences (half fit the probe, half test it); got {N}.")
+    split = probe_split(N)
+    batches = _batches(cfg, setup)
+    out: dict = {}
+    runs = [("none", None)] + [(name, e) for name, _, e in edits]
+    with task_progress("position probes", len(runs), enabled=progress) as update:
+        for n, (name, e) in enumerate(runs, 1):
+            vecs = _resid_vectors(setup, batches, e)
+            ridges = [r["ridge"] for r in out["none"]] if "none" in out else [None] * len(vecs)
+            out[name] = [{"layer": l, **_probe_layer(h, split, ridges[l])} for l, h in enumerate(vecs)]
+            del vecs
+            update(n)
+    return out
+
+
 #: the statistics of the scans under each condition (``readings``) and the slash threshold κ
 READING_STATS = "scores,probs,slash"
 SLASH_KAPPA = 0.3
@@ -530,7 +602,7 @@ def scan_readings(scan_dir: Path, kappa: float = SLASH_KAPPA) -> dict:
 # --------------------------------------------------------------------------------------------
 # the summary
 # --------------------------------------------------------------------------------------------
-def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, moments, readings,
+def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, moments, readings, probes,
                seconds: float):
     L = setup.adapter.num_layers(setup.config)
     S = setup.ids.shape[1]
@@ -546,6 +618,8 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
             rec["applies"] = iv.kind not in ("rope-off", "rope-band") or any(l in rope for l in ls)
             if readings:
                 rec["readings"] = readings[name]
+            if probes:
+                rec["probe"] = _probe_record(probes["none"], probes[name], cfg.noise_groups)
             if iv.kind in CALIBRATED and moments is not None:  # no massive dim in these layers: nothing replaced
                 from poslens.capture.intervene import massive_mask
 
@@ -574,13 +648,42 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
         "layer_sets": setup.layer_sets, "buckets": [[lo, hi - 1] for lo, hi in buckets],
         "conditions": conditions, "massive_dims": massive, "replayed_prefix": replay_ok,
         "readings_base": readings["none"] if readings else None,
+        "probe_base": [{k: v for k, v in r.items() if k != "seq_mse"} for r in probes["none"]] if probes else None,
         "seconds": seconds,
     }
-    summary["findings"] = findings(summary) + readings_findings(summary)
+    summary["findings"] = findings(summary) + readings_findings(summary) + probe_findings(summary)
     tensors = {"loss_base": loss0.to(torch.float32)}
     for c in conditions:
         tensors[f"loss.{c['name']}"] = losses[c["name"]].to(torch.float32)
     return summary, tensors
+
+
+def _probe_record(base: list[dict], cond: list[dict], groups: int) -> list[dict]:
+    """Per layer: the probe's ``r`` and ``mse`` under the condition and the paired change of the test
+    sequences' squared error (``delta_mse``: mean, se, p) against the unmodified model."""
+    return [{"layer": c["layer"], "r": c["r"], "mse": c["mse"], "r_base": b["r"],
+             "delta_mse": paired_stats(c["seq_mse"] - b["seq_mse"], groups)} for b, c in zip(base, cond)]
+
+
+def probe_findings(summary: dict) -> list[str]:
+    """How well the residual stream of the last layer still gives position under each intervention."""
+    base = summary.get("probe_base")
+    if not base:
+        return []
+    out, last = [], base[-1]
+    for iv in summary["interventions"]:
+        recs = [c for c in summary["conditions"] if c["intervention"] == iv and c.get("probe")]
+        if not recs:
+            continue
+        worst = min(recs, key=lambda r: r["probe"][-1]["r"] if r["probe"][-1]["r"] == r["probe"][-1]["r"] else 1.0)
+        p = worst["probe"][-1]
+        d = p["delta_mse"]
+        where = "in every layer" if len(recs) == 1 and worst["layers"] == list(range(summary["num_layers"])) else \
+            f"in {_layers_text(worst['layers'])}"
+        out.append(f"A linear probe reads absolute position from layer {last['layer']}'s residual stream with r = "
+                   f"{fmt(last['r'])}; with {iv} {where}, r = {fmt(p['r'])} (squared error {fmt(p['mse'])} against "
+                   f"{fmt(last['mse'])}, change {fmt(d['mean'])} ± {fmt(d['se'])} positions², held-out sequences).")
+    return out
 
 
 def _layers_text(ls: list[int]) -> str:

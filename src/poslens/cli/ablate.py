@@ -16,7 +16,7 @@ DEFAULT_SEQ_LEN = 256
 DEFAULT_NUM_SEQS = 32
 
 
-@app.command("ablate", short_help="Switch RoPE, frequency bands, massive q/k dims or the sink off; measure the loss.")
+@app.command("ablate", short_help="Switch sources of position off; measure the loss.")
 def ablate(
     model_dir: Path = typer.Argument(..., metavar="MODEL", help=MODEL_DIR_HELP),
     out: Path = out_option("Run directory to create: summary.json, ablate.safetensors (per-token losses), one figure "
@@ -40,6 +40,9 @@ def ablate(
                                   "and without one (scores, probs, slash, into scans/): relativity index, sink "
                                   "weight and slash heads under the intervention. One capture forward per "
                                   "condition and batch more."),
+    probes: bool = typer.Option(False, "--probes", help="Also fit a linear position probe on every layer's "
+                                "residual stream under every condition and without one (fit on the second half of "
+                                "the sequences, tested on the first): r and squared error in positions."),
     device: str = device_option(),
     dtype: str = dtype_option("auto", "auto | bf16 | fp16 | fp32 (auto: fp32 on CPU)."),
     no_figures: bool = no_figures_option(),
@@ -66,7 +69,7 @@ def ablate(
     result = run_ablate(AblateConfig(
         model_dir=str(model_dir), out=str(out), interventions=list(intervention), layers=layers, data=data,
         seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size, seed=seed, noise_groups=noise_groups,
-        massive_lambda=massive_lambda, readings=readings, device=device, dtype=dtype, figures=not no_figures, overwrite=overwrite,
+        massive_lambda=massive_lambda, readings=readings, probes=probes, device=device, dtype=dtype, figures=not no_figures, overwrite=overwrite,
         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code), progress=not quiet)
     if quiet:
         return
