@@ -866,8 +866,9 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
 
 def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, data="stdlib",
            seq_len: int | None = None, num_seqs: int | None = None, batch_size: int = 4, seed: int = 0,
-           noise_groups: int = 8, massive_lambda: float = 5.0, device: str = "auto", dtype: str = "auto",
-           out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
+           noise_groups: int = 8, massive_lambda: float = 5.0, readings: bool = False, probes: bool = False,
+           device: str = "auto", dtype: str = "auto", out: str | os.PathLike | None = None, overwrite: bool = False,
+           figures: bool = False,
            progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
            trust_remote_code: bool = False) -> Result:
     """Switch sources of position off and measure what the model loses (``poslens ablate``); returns a
@@ -879,7 +880,10 @@ def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, da
     (:mod:`poslens.capture.intervene`). ``layers``: ``"each"`` (one decoder layer at a time, from 0),
     ``"all"``, a list of layers ablated together (``[0, 3]`` or ``"0,3,5-7"``), or ``"each:0-5"``.
     ``data``, ``tokenizer``, ``seq_len`` (default 256), ``num_seqs`` (default 32): as :func:`scan`.
-    ``noise_groups``: sequence groups for the standard errors (sequence n in group n % G).
+    ``noise_groups``: sequence groups for the standard errors (sequence n in group n % G). ``readings``:
+    also scan the same sequences under every condition (scores, probs, slash; kept under ``scans/``) for
+    the relativity index, sink weight and slash heads under the intervention. ``probes``: also fit a linear
+    position probe on every layer's residual stream under every condition (tested on held-out sequences).
 
     The result's ``summary["conditions"]`` holds, per condition, the paired change of the mean
     next-token loss (``delta``: mean, se, p) overall and per position bucket; ``summary["findings"]``
@@ -904,8 +908,8 @@ def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, da
     with _run_dir(out, overwrite=overwrite) as (path, tmp):
         cfg = AblateConfig(model_dir=model_dir, out=str(path), interventions=ivs, layers=layers, data=str(data),
                            seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
-                           seed=seed, noise_groups=noise_groups, massive_lambda=massive_lambda, device=device,
-                           dtype=dtype, figures=figures, overwrite=overwrite and out is not None,
+                           seed=seed, noise_groups=noise_groups, massive_lambda=massive_lambda, readings=readings,
+                           probes=probes, device=device, dtype=dtype, figures=figures, overwrite=overwrite and out is not None,
                            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
         with _threads(threads):
             run_ablate(cfg, progress=progress, model=loaded, tokenizer=tokenizer, data=py_data)
