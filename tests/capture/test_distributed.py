@@ -92,9 +92,9 @@ def test_two_processes_equal_single_process(llama_dir, reference, tmp_path):
     assert summary["num_seqs"] == 10 and summary["throughput"]["processes"] == 2
     assert summary["throughput"]["tokens"] == 10 * 16
     assert json.loads((out / "config.json").read_text())["world_size"] == 2
-    # rank 0 alone wrote the run directory: nothing but these files
+    # rank 0 alone wrote the run directory: nothing but these files (and its record of them)
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["config.json", "maps.safetensors", "summary.json", "checkpoint.safetensors",
+        [".poslens-files.json", "config.json", "maps.safetensors", "summary.json", "checkpoint.safetensors",
          D.checkpoint_name(0), D.checkpoint_name(1)])
 
 

@@ -325,8 +325,9 @@ def test_report_reads_past_a_summary_entry_of_the_wrong_shape(tmp_path, scan_run
 # interrupts and resume
 # --------------------------------------------------------------------------------------------
 def test_sigint_and_sigterm_of_a_scan(tmp_path, model):
-    """Ctrl-C: 130; SIGTERM: 143; both say "poslens: interrupted"; the periodic checkpoint stays
-    and --resume continues it; a --resume with another option names it."""
+    """Ctrl-C: 130; SIGTERM: 143; both say "poslens: interrupted" and name the command that resumes
+    the run; the periodic checkpoint stays and --resume continues it; a --resume with another option
+    names it."""
     args = ["--data", "random", "--seq-len", 64, "--num-seqs", 100000, "--batch-size", 1, "--checkpoint-every", 1,
             "--quiet", "--threads", 1]
     for sig, code_want in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
@@ -338,7 +339,8 @@ def test_sigint_and_sigterm_of_a_scan(tmp_path, model):
             p.send_signal(sig)
             _, err = p.communicate(timeout=120)
         assert p.returncode == code_want, err
-        assert err.strip().splitlines()[-1] == "poslens: interrupted", err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("poslens: interrupted: ") and f"--out {out}" in last and "--resume" in last, err
         assert (out / "checkpoint.safetensors").is_file() and not (out / ".poslens.lock").exists()
     code, _, err = poslens("scan", model, "--out", out, *[a if a != 64 else 32 for a in args], "--resume")
     one_error_line(code, err, "--seq-len: saved 64 vs now 32")

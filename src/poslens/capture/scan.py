@@ -41,7 +41,7 @@ from poslens.capture.model_source import source_record
 from poslens.capture.plan import ScanConfig, plan_scan
 from poslens.errors import PoslensError
 from poslens.progress import task_progress
-from poslens.rundir import commit_out_dir, create_out_dir, release_out_dir, versions, write_json, write_summary
+from poslens.rundir import commit_out_dir, create_out_dir, record_written, release_out_dir, versions, write_json, write_summary
 from poslens.runtime import no_hf_progress_bars
 
 
@@ -342,6 +342,8 @@ def _merge_and_write(job: _Job, capture: Capture, tokens: int, elapsed: float, t
         # the merged float64 sums, as a single-process run leaves them
         save_checkpoint(out, capture, job.plan.source.num_seqs, job.fp,
                         extra={"world_size": ctx.world_size, "merged": True})
+        # the other ranks' checkpoints are the run's too (their processes hold no lock to record them)
+        record_written(out, *sorted(f.name for f in rank_checkpoints(out).values()))
     summary = finalize(out, capture, job.plan, figures=cfg.figures)
     summary["capture_backends"] = backends_used(capture)
     summary["throughput"] = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed else None,
