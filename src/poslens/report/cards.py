@@ -11,8 +11,7 @@ import json
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.report.collect import Run, expand, load_run
-from poslens.report.elements import (_MIME, HALF_WIDTH_PX, _inside, _slug, embed_figure, embed_file,
-                                     png_width, sparse_sentence, table)
+from poslens.report.elements import _MIME, _inside, _slug, embed_figure, embed_file, sparse_sentence, table
 from poslens.report.readings import PAPERS, SIGNIFICANT, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
 from poslens.rundir import figure_caption, new_figure
 
@@ -90,22 +89,12 @@ def run_figures(run: Run, notes: list[str] | None = None, *, per_layer_drawn: bo
     return out
 
 
-def _sized(figures) -> list[dict]:
-    """Figures with ``half``: narrow ones (a few panels) are laid out two to a row."""
-    out = []
-    for f in figures or []:
-        w = png_width(f.get("src", ""))
-        own = str(f.get("file", "")).lower().endswith(".png") or f.get("half") is not None  # plots drawn here:
-        out.append({**f, "half": own and w is not None and w < HALF_WIDTH_PX})  # wide unless they say otherwise
-    return out
-
-
 def _card(run: Run, *, title: str | None = None, subtitle: str = "", badge: str = "", readings=None, tables=None,
           figures=None, meta=None, notes=None, anchor: str = "") -> dict:
     return {"id": anchor or f"run-{_slug(run.name)}", "title": title or run.name, "subtitle": subtitle,
             "badge": badge or run.command, "path": str(run.display_path if run.display_path is not None else run.path),
             "readings": list(readings or []), "tables": [t for t in tables or [] if t],
-            "figures": _sized(figures), "meta": list(meta or []), "notes": list(notes or [])}
+            "figures": list(figures or []), "meta": list(meta or []), "notes": list(notes or [])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,7 +318,20 @@ def _layer_table(run: Run, keys: list[str]) -> dict | None:
     if n:
         conv += (f"{'; ' if conv else ''}values on the full map, '(grid …)' the same statistic on the {n}-position "
                  "grid the p-values and standard errors describe")
-    return table("Per layer", cols, rows, note=conv)
+    return table("Per layer", cols, rows, note=conv, definitions=_layer_definitions(keys, cols))
+
+
+def _layer_definitions(keys: list[str], cols: list[str]) -> dict[str, str]:
+    """The per-layer table's columns defined: each quantity's definition (:data:`poslens.api.LAYER_COLUMNS`,
+    the columns of ``Result.layers()``), with its error bars and noise grid where the cells show them."""
+    from poslens.api import LAYER_COLUMNS
+
+    out = {}
+    for k, c in zip(keys, cols[1:]):
+        text = LAYER_COLUMNS.get(k) or LAYER_COLUMNS.get(k[:-5] if k.endswith("_mean") else f"{k}_mean")
+        if text:
+            out[c] = f"{text} (summary.json: {k}; '±': its error bar where the run gives one)"
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,7 +417,8 @@ def generic_cards(run: Run, slash_cache: dict | None = None, *, overlaid: bool =
         # a run's own tables already say it; an overlaid run's numbers are in the comparison's line plots
         tables = [_layer_table(run, keys)] if not run.tables and not overlaid else []
         if len(papers) == 1 or paper == run.paper:
-            tables += [table(str(t.get("title") or ""), t["columns"], t["rows"], note=str(t.get("note") or ""))
+            tables += [table(str(t.get("title") or ""), t["columns"], t["rows"],
+                             note=str(t.get("note") or t.get("caption") or ""), definitions=t.get("definitions"))
                        for t in run.tables]
         said = [x for x in (sparse_sentence(str(t.get("title") or ""), t["columns"], t["rows"]) for t in run.tables)
                 if x]
@@ -499,7 +502,8 @@ def comparisons(runs: list[Run]) -> dict[str, list[dict]]:
                     rows = []
                     break
                 rows += [[r.name] + (row if isinstance(row, list) else [row]) for row in match["rows"]]
-            tabs.append(table(f"{t.get('title') or ''} (all runs)", ["run"] + list(t["columns"]), rows))
+            tabs.append(table(f"{t.get('title') or ''} (all runs)", ["run"] + list(t["columns"]), rows,
+                              definitions=t.get("definitions")))
         tabs = [t for t in tabs if t]
         if tabs:
             paper = group[0].paper if group[0].paper in PAPERS else "other"

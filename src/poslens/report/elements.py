@@ -61,9 +61,14 @@ def sparse_sentence(title: str, columns: list, rows: list) -> str | None:
             + "; ".join(f"{name(i, j)}: {fmt(v)}" for i, j, v in nonzero))
 
 
-def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: str = "") -> dict | None:
+def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: str = "",
+          definitions: dict | None = None) -> dict | None:
     """A table for the page, or None when it would say nothing: no rows, or a numeric table that
-    is (almost) all zeros (a κ × Δ count table; :func:`sparse_sentence` says it in words)."""
+    is (almost) all zeros (a κ × Δ count table; :func:`sparse_sentence` says it in words). Its
+    columns' definitions (``defs``, shown under it): ``definitions`` first, then
+    :mod:`poslens.report.columns`."""
+    from poslens.report.columns import definitions as _definitions
+
     def cell(c):
         text = fmt(c)
         return {"v": text, "num": bool(_NUMERIC.match(text))}
@@ -72,11 +77,39 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: s
     if sparse_sentence(title, list(columns), rows) is not None:
         return None
     return {"title": title, "columns": [str(c) for c in columns], "rows": [[cell(c) for c in r] for r in rows],
-            "note": note}
+            "note": note, "defs": _definitions([str(c) for c in columns], definitions)}
+
+
+#: colours of an embedded PNG's palette: a matplotlib colour map has 256 entries, so a heat map's
+#: colours survive (every channel within a few levels of 255); the page weighs a quarter as much
+PALETTE_COLOURS = 256
+
+
+def compact_png(data: bytes) -> bytes:
+    """A PNG re-encoded with a palette of :data:`PALETTE_COLOURS` colours (transparency composited
+    on white, as the page shows it), or the bytes as given when that is not smaller or not a PNG."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if im.format != "PNG" or im.mode == "P":
+                return data
+            im = im.convert("RGBA")
+            flat = Image.new("RGB", im.size, (255, 255, 255))
+            flat.paste(im, mask=im.getchannel("A"))
+            buf = io.BytesIO()
+            flat.quantize(PALETTE_COLOURS, method=Image.Quantize.FASTOCTREE).save(buf, "PNG", optimize=True)
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return data
+    out = buf.getvalue()
+    return out if len(out) < len(data) else data
 
 
 def embed_file(path: Path) -> str | None:
-    """``data:`` URI of an image file, or None if it is missing or not an image."""
+    """``data:`` URI of an image file (a PNG with a palette: :func:`compact_png`), or None if it
+    is missing or not an image."""
     mime = _MIME.get(path.suffix.lower())
     if mime is None or not path.is_file():
         return None
@@ -86,7 +119,7 @@ def embed_file(path: Path) -> str | None:
         return None
     if not data:
         return None
-    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+    return embed_bytes(data, mime)
 
 
 def png_width(uri: str) -> int | None:
@@ -101,11 +134,10 @@ def png_width(uri: str) -> int | None:
     return int.from_bytes(raw[16:20], "big") if raw[12:16] == b"IHDR" else None
 
 
-#: figures narrower than this (in pixels) sit two to a row on the page
-HALF_WIDTH_PX = 1100
-
-
 def embed_bytes(data: bytes, mime: str = "image/png") -> str:
+    """``data:`` URI of image bytes; a PNG is re-encoded with a palette (:func:`compact_png`)."""
+    if mime == "image/png":
+        data = compact_png(data)
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 

@@ -8,7 +8,6 @@ Content-Security-Policy).
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import math
 import statistics
@@ -277,8 +276,15 @@ def overview_table(summary: dict) -> dict:
     """The traits of every model, models in columns (the page's and ``summary.json``'s table)."""
     ms = summary["models"]
     rows = [[label] + [fn(m["overall"]) for m in ms] for label, fn in TRAIT_ROWS]
+    defs = {"trait": "the trait: layers (of them with RoPE); the share of heads with a sink on text and on random "
+                     "tokens; slash heads (of them persisting on random tokens); the median relativity index; "
+                     "layers whose score map is not flat; the mean signed diagonal trend; the range of APS; the "
+                     "share of q·k energy in the high/medium/low RoPE bands; massive query and key dimensions "
+                     "(the share of them in the low band)"}
+    defs |= {m["name"]: f"the traits of the model {m['name']}, over all its layers" for m in ms}
     return {"title": f"positional fingerprint ({summary['num_seqs']} × {summary['seq_len']} tokens, text and random "
-                     "tokens; layers from 0)", "columns": ["trait"] + [m["name"] for m in ms], "rows": rows}
+                     "tokens; layers from 0)", "columns": ["trait"] + [m["name"] for m in ms], "rows": rows,
+            "definitions": defs}
 
 
 def _by_type(summary: dict) -> list[dict]:
@@ -635,7 +641,9 @@ def findings(summary: dict) -> list[dict]:
 
 
 def _uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    from poslens.report.elements import embed_bytes
+
+    return embed_bytes(png)  # with a palette: a quarter of the weight
 
 
 def render_page(summary: dict, *, figures: bool = True, findings: list[dict] | None = None) -> tuple[str, dict]:
