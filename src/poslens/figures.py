@@ -45,9 +45,29 @@ def _cmap(name: str):
     return matplotlib.colormaps[name]
 
 
+def blank_causal_triangle(a: np.ndarray) -> np.ndarray:
+    """A square map whose strict upper triangle is all 0 or NaN (what the causal mask leaves: keys
+    after the query), with that triangle NaN, i.e. blank when drawn; any other map as given. A
+    bidirectional map (values above the diagonal) keeps them."""
+    if a.ndim != 2 or a.shape[0] != a.shape[1] or a.shape[0] < 2:
+        return a
+    upper = np.triu(np.ones(a.shape, dtype=bool), 1)
+    if np.any(np.nan_to_num(a[upper], nan=0.0) != 0) or not np.any(np.nan_to_num(a[~upper], nan=0.0) != 0):
+        return a
+    out = a.astype(float, copy=True)
+    out[upper] = np.nan
+    return out
+
+
+#: font sizes (points) of the heat maps' tick labels, axis labels and colour bars: at the figures' size a
+#: page shows them (:data:`GRID_PANEL_INCHES`), about 10 pixels or more
+TICK_POINTS, LABEL_POINTS, COLORBAR_POINTS = 8, 8, 7
+
+
 def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[float, float] | None = None,
             center_zero: bool = False, colorbar: bool = True, annotate: bool = False, positions: int | None = None):
-    """Draw one ``[S, S]`` map on ``ax``. NaN entries (the masked triangle) are left blank.
+    """Draw one ``[S, S]`` map on ``ax``. NaN entries (the masked triangle) are left blank, and so is
+    a causal map's upper triangle given as zeros (:func:`blank_causal_triangle`).
 
     ``positions``: the sequence length the map stands for when it was block-averaged to fewer
     pixels (the axes then read in positions, not pixels).
@@ -56,7 +76,7 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     the trained-model figures of arXiv 2509.21042 do; ``center_zero`` makes the range symmetric
     (for diagonal-normalised maps).
     """
-    a = torch.as_tensor(m).detach().to(torch.float64).cpu().numpy()
+    a = blank_causal_triangle(torch.as_tensor(m).detach().to(torch.float64).cpu().numpy())
     # Colour range from the off-diagonal entries: a token's score with itself (the diagonal) is a
     # self-similarity that would otherwise swamp the positional structure; it saturates instead.
     off = a.copy()
@@ -79,14 +99,16 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     cm = _cmap(cmap).with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
     extent = None if positions is None or positions == a.shape[-1] else (0, positions, positions, 0)
     im = ax.imshow(np.ma.masked_invalid(a), cmap=cm, vmin=vmin, vmax=vmax, interpolation="nearest", extent=extent)
-    ax.set_xlabel("key position")
-    ax.set_ylabel("query position")
+    ax.set_xlabel("key position", fontsize=LABEL_POINTS)
+    ax.set_ylabel("query position", fontsize=LABEL_POINTS)
+    ax.tick_params(labelsize=TICK_POINTS)
     integer_axis(ax.xaxis, nbins=4)
     integer_axis(ax.yaxis, nbins=4)
     if title:
         ax.set_title(title, fontsize=9)
     if colorbar:
-        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        cb.ax.tick_params(labelsize=COLORBAR_POINTS)
     if annotate and a.shape[-1] <= 8:
         for (i, j), v in np.ndenumerate(a):
             if np.isfinite(v):
@@ -94,19 +116,23 @@ def heatmap(ax, m, *, title: str = "", cmap: str = "rocket", percentile: tuple[f
     return im
 
 
-#: heat maps per row of a layer grid: a page-wide figure keeps every panel large enough to read
+#: heat maps per row of a layer grid, and each panel's width and height in inches: four panels make a
+#: figure about as wide as a report's column at 110 dpi, so a page shows it near its own size, its text
+#: readable (a 30-layer model: eight rows)
 GRID_COLUMNS = 4
+GRID_PANEL_INCHES = (2.6, 2.5)
 
 
 def layer_grid(maps, *, titles: list[str], suptitle: str = "", cmap: str = "rocket",
                percentile: tuple[float, float] | None = None, center_zero: bool = False, positions: int | None = None,
                columns: int = GRID_COLUMNS):
     """Heat maps, one per layer, in rows of ``columns``; returns the figure (``positions``: see
-    :func:`heatmap`). Each panel is 3.3 inches wide whatever the number of layers."""
+    :func:`heatmap`). Each panel is :data:`GRID_PANEL_INCHES` whatever the number of layers."""
     n = len(maps)
     ncol = max(1, min(columns, n))
     nrow = -(-n // ncol)
-    fig, axes = new_figure(nrow, ncol, figsize=(3.3 * ncol, 3.2 * nrow), squeeze=False)
+    w, h = GRID_PANEL_INCHES
+    fig, axes = new_figure(nrow, ncol, figsize=(w * ncol, h * nrow), squeeze=False)
     for k, (ax, m, t) in enumerate(zip(axes.flat, maps, titles)):
         heatmap(ax, m, title=t, cmap=cmap, percentile=percentile, center_zero=center_zero, positions=positions)
         if nrow > 1:  # axis titles once per row / column: more room for the maps themselves
@@ -176,7 +202,7 @@ def score_map_figures(scores, out_dir, *, layer_ids: list | None = None, prefix:
     out_dir = Path(out_dir)
     L, S = scores.shape[0], scores.shape[-1]
     layer_ids = list(range(L)) if layer_ids is None else list(layer_ids)
-    columns = 6 if L > 12 else GRID_COLUMNS
+    columns = GRID_COLUMNS
     lead = f"{label} " if label else ""
     unit = "" if block == 1 else f", blocks of {block} positions"
     files = []

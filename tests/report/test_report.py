@@ -372,6 +372,131 @@ def test_report_screenshot_shows_every_figure(runs, tmp_path):
     assert html.index('id="key-findings"') < html.index("<figure>")
 
 
+_SIZES = """<script>
+window.addEventListener('load', function () {
+  var col = document.querySelector('.content').clientWidth;
+  var rects = [].slice.call(document.images).map(function (i) {
+    var r = i.getBoundingClientRect();
+    return [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height, i.naturalWidth];
+  });
+  var d = document.createElement('div');
+  d.id = 'poslens-sizes';
+  d.textContent = JSON.stringify({rects: rects, column: col, height: document.documentElement.scrollHeight});
+  document.body.appendChild(d);
+});
+</script>"""
+
+
+def glyph_heights(crop) -> list[int]:
+    """Heights in pixels of the glyph-like marks of a screenshot crop: connected dark grey pixels
+    (text is black, antialiased) at most 40 px in either direction whose surroundings are mostly
+    light (text sits on the figure's white; a dark speck inside a coloured heat map does not)."""
+    import numpy as np
+    from scipy import ndimage
+
+    a = np.asarray(crop.convert("RGB"), dtype=int)
+    lum, chroma = a.mean(-1), a.max(-1) - a.min(-1)
+    lab, _ = ndimage.label((lum < 110) & (chroma < 25), structure=np.ones((3, 3)))
+    light = lum > 215
+    out = []
+    for ys, xs in ndimage.find_objects(lab):
+        h, w = ys.stop - ys.start, xs.stop - xs.start
+        if 2 <= h <= 40 and w <= 40 and light[max(ys.start - 2, 0): ys.stop + 2,
+                                               max(xs.start - 2, 0): xs.stop + 2].mean() >= 0.45:
+            out.append(h)
+    return out
+
+
+#: a figure's text is readable on the page when the 75th percentile of its glyph heights (digits,
+#: capitals and ascenders: their dark cores) is at least this many pixels, about a 9-pixel font;
+#: text scaled into a thumbnail of half its size measures 3 to 4
+MIN_TEXT_PX = 6
+
+
+def _screenshot(page: Path, tmp: Path, width: int = 1400):
+    """(sizes the page reports, the screenshot as a greyscale-capable PIL image) in headless Chromium."""
+    from PIL import Image
+
+    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--force-device-scale-factor=1", f"--user-data-dir={tmp / 'profile'}"]
+    try:
+        dom = subprocess.run(common + [f"--window-size={width},1000", "--virtual-time-budget=5000", "--dump-dom",
+                                       page.as_uri()], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.fail(f"{CHROMIUM} is installed but could not run: {e}")
+    m = re.search(r'<div id="poslens-sizes">([^<]*)</div>', dom.stdout)
+    if dom.returncode != 0 or m is None:
+        pytest.fail(f"{CHROMIUM} is installed but the page did not render (exit {dom.returncode}): {dom.stderr[-400:]}")
+    import html as _html
+
+    info = json.loads(_html.unescape(m.group(1)))
+    shot = tmp / "shot.png"
+    subprocess.run(common + [f"--window-size={width},{min(int(info['height']), 16000)}", f"--screenshot={shot}",
+                             page.as_uri()], capture_output=True, text=True, timeout=120, check=True)
+    return info, Image.open(shot).convert("RGB")
+
+
+def test_report_figures_full_width_with_readable_text(runs, tmp_path):
+    """In a 1,400-pixel window every figure (score maps, per-layer plots, head maps, the fingerprint's
+    sink, frequency and slash figures) is shown at its own size or the column's full width, never as a
+    thumbnail, and its text measures at least MIN_TEXT_PX in the screenshot; the same page with the
+    figures squeezed to 45 % measures below it (the probe sees small text)."""
+    import numpy as np
+
+    from poslens.analysis.fingerprint import fingerprint
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent (install Debian's chromium package: apt-get install -y chromium)")
+    fp = tmp_path / "fingerprint"
+    fingerprint([runs["model_none"], runs["model_rope"]], out=fp, data="random", seq_len=16, num_seqs=4,
+                progress=False)
+    html = render_report([runs["sim_nope"], runs["scan_rope"], fp], title="figure sizes")
+    page = tmp_path / "page.html"
+    page.write_text(html.replace("<head>", "<head>" + _SIZES, 1))
+    info, im = _screenshot(page, tmp_path)
+    rects = info["rects"]
+    assert len(rects) == len(_images(html)) >= 8
+    measured = 0
+    for x, y, w, h, natural in rects:
+        assert abs(w - min(natural, info["column"])) <= 2, (w, natural, info["column"])  # own size or full width
+        if y + h > im.height:
+            continue
+        heights = glyph_heights(im.crop((int(x), int(y), int(x + w), int(y + h))))
+        assert len(heights) >= 20, (x, y, w, h)  # the figure's text is found
+        assert np.percentile(heights, 75) >= MIN_TEXT_PX, (y, w, natural, np.bincount(heights))
+        measured += 1
+    assert measured >= 8
+    # the probe itself: the same figures at 45 % of their size measure below the bar
+    small = tmp_path / "small"
+    small.mkdir()
+    squeezed = small / "page.html"
+    squeezed.write_text(page.read_text().replace("</style>", "figure img { width: 45%; }</style>", 1))
+    info, im = _screenshot(squeezed, small)
+    x, y, w, h, _ = max(info["rects"], key=lambda r: r[2] * r[3])
+    assert np.percentile(glyph_heights(im.crop((int(x), int(y), int(x + w), int(y + h)))), 75) < MIN_TEXT_PX
+
+
+def test_heat_maps_leave_the_causal_triangle_blank():
+    """A causal map given with zeros above the diagonal is drawn with that triangle blank (masked), as
+    NaN would be; a bidirectional map keeps its upper triangle."""
+    import numpy as np
+    import torch
+
+    from poslens.figures import blank_causal_triangle, heatmap
+    from poslens.rundir import new_figure
+
+    causal = torch.tril(torch.rand(6, 6) + 0.1)
+    fig, ax = new_figure()
+    im = heatmap(ax, causal)
+    mask = np.ma.getmaskarray(im.get_array())
+    upper = np.triu(np.ones((6, 6), dtype=bool), 1)
+    assert mask[upper].all() and not mask[~upper].any()
+    full = torch.rand(6, 6) + 0.1
+    assert np.isfinite(blank_causal_triangle(full.numpy())).all()
+    assert np.array_equal(blank_causal_triangle(np.zeros((3, 3))), np.zeros((3, 3)))  # all zero: as given
+
+
 def test_companions_of_one_line_differ_in_dash_pattern():
     """Two companions in one panel (with key 0, not noise-corrected) must not look alike: each gets the next
     dash pattern, in the colour of its line; the next run's line starts the patterns again."""

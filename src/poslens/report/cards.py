@@ -211,7 +211,7 @@ def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None
     conv = (runs[0].summary.get("layer_info") or {}).get("convention") or "layer indices as the run wrote them"
     from0 = all("from 0" in str((r.summary.get("layer_info") or {}).get("convention", "from 0")) for r in runs)
     label = "decoder layer (from 0)" if from0 else "layer"
-    fig = layer_lines(panels, suptitle=title, columns=4, layer_label=f"{label[:-1]}; −1: embeddings)" if has_emb and from0
+    fig = layer_lines(panels, suptitle=title, columns=3, layer_label=f"{label[:-1]}; −1: embeddings)" if has_emb and from0
                       else f"{label} (−1: embeddings)" if has_emb else label)
     more = f" ({len(keys) - 9} more quantities in summary.json)" if len(keys) > 9 else ""
     emb = " Layer −1 on the axis: the embeddings." if has_emb else ""

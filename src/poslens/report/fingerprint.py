@@ -105,6 +105,18 @@ def _cols(models) -> int:
     return max(1, len(models))
 
 
+#: the fingerprint's figures: at most this wide (inches, at 100 dpi about a report column's width, so a
+#: page shows them at their own size), one column of panels per model, each at most 4.2 inches and at
+#: least 2.8 (beyond three models a figure grows wider and a page scales it down)
+PAGE_INCHES, MODEL_INCHES = 10.0, (2.8, 4.2)
+
+
+def _width(models, extra: float = 0.0, most: float = MODEL_INCHES[1]) -> float:
+    """Figure width for one column of panels per model plus ``extra`` inches (a colour bar)."""
+    n = _cols(models)
+    return n * min(most, max(MODEL_INCHES[0], (PAGE_INCHES - extra) / n)) + extra
+
+
 def _xlim(models):
     n = max(m["num_layers"] for m in models)
     return (-0.7, n - 0.3)
@@ -121,7 +133,7 @@ def sink_figure(models, eps: float):
     from poslens.rundir import new_figure
 
     n = _cols(models)
-    fig, axes = new_figure(2, n, figsize=(4.2 * n + 0.8, 5.6), squeeze=False)
+    fig, axes = new_figure(2, n, figsize=(_width(models, 0.8), 5.6), squeeze=False)
     im = None
     for c, m in enumerate(models):
         ls = m["layers"]
@@ -147,7 +159,7 @@ def positional_figure(models):
     from poslens.rundir import new_figure
 
     n = _cols(models)
-    fig, axes = new_figure(3, n, figsize=(4.2 * n, 7.2), squeeze=False, sharey="row")
+    fig, axes = new_figure(3, n, figsize=(_width(models), 7.2), squeeze=False, sharey="row")
     for c, m in enumerate(models):
         ls = m["layers"]
         for r in ls:
@@ -188,7 +200,7 @@ def frequency_figure(models):
     from poslens.rundir import new_figure
 
     n = _cols(models)
-    fig, axes = new_figure(2, n, figsize=(4.2 * n + 0.8, 5.6), squeeze=False)
+    fig, axes = new_figure(2, n, figsize=(_width(models, 0.8), 5.6), squeeze=False)
     im = None
     for c, m in enumerate(models):
         ls = m["layers"]
@@ -217,7 +229,7 @@ def massive_figure(models):
     from poslens.rundir import new_figure
 
     n = _cols(models)
-    fig, axes = new_figure(1, n, figsize=(4.2 * n, 3.0), squeeze=False, sharey="row")
+    fig, axes = new_figure(1, n, figsize=(_width(models), 3.0), squeeze=False, sharey="row")
     for c, m in enumerate(models):
         ax = axes[0][c]
         ls = m["layers"]
@@ -241,7 +253,7 @@ def slash_figure(models, kappa: float):
     from poslens.rundir import new_figure
 
     n = _cols(models)
-    fig, axes = new_figure(1, n, figsize=(3.6 * n, 3.6), squeeze=False)
+    fig, axes = new_figure(1, n, figsize=(_width(models, most=3.6), 3.6), squeeze=False)
     for c, m in enumerate(models):
         ax = axes[0][c]
         ax.plot([0, 1], [0, 1], color="k", lw=0.6)

@@ -16,6 +16,12 @@ from poslens.rundir import new_figure
 #: dash patterns of the companions drawn beside one line (noise floor, with key 0, ...), in order
 COMPANION_STYLES = ("--", ":", "-.")
 
+#: the widest figure (inches) the report draws: at its 100 dpi about the width of the page's column, so
+#: the page shows it at its own size and its 8-point text stays readable; panels share it
+PAGE_INCHES = 10.0
+#: the narrowest panel (inches) of a row of panels; fewer panels per row rather than narrower ones
+MIN_PANEL_INCHES = 3.2
+
 
 def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, layer_label: str = "layer"):
     """Small multiples of per-layer quantities: one panel per quantity, one line per run.
@@ -24,9 +30,9 @@ def layer_lines(panels: list[dict], *, suptitle: str = "", columns: int = 3, lay
     "ref": optional y of a reference line (e.g. 0.5 = chance)}]``. Missing values (None) are gaps;
     error bars where ``errors`` are given; integer layer ticks."""
     n = len(panels)
-    ncol = max(1, min(columns, n))
+    ncol = max(1, min(columns, n, int(PAGE_INCHES // MIN_PANEL_INCHES)))
     nrow = -(-n // ncol)
-    fig, axes = new_figure(nrow, ncol, figsize=(4.2 * ncol, 2.7 * nrow), squeeze=False)
+    fig, axes = new_figure(nrow, ncol, figsize=(min(4.2, PAGE_INCHES / ncol) * ncol, 2.7 * nrow), squeeze=False)
     # one colour per run in every panel (the same label, the same colour), in order of first appearance
     labels = list(dict.fromkeys(s["label"] for p in panels for s in p["series"] if not s.get("dashed")))
     palette = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
@@ -89,7 +95,7 @@ def head_layer_maps(maps: list[dict], *, layer_ids: list, suptitle: str = ""):
     n = len(maps)
     L = len(layer_ids)
     H = max(np.asarray(m["values"]).shape[1] for m in maps)
-    w = min(6.0, max(3.2, 1.2 + 0.35 * H))  # wide enough for a two-line title even with few heads
+    w = min(6.0, max(3.2, 1.2 + 0.35 * H), max(MIN_PANEL_INCHES, PAGE_INCHES / n))  # a two-line title's room
     h = min(9.0, max(2.4, 1.4 + 0.22 * L))  # room for the two-line titles of a model with few layers
     fig, axes = new_figure(1, n, figsize=(w * n, h), squeeze=False)
     for ax, m in zip(axes[0], maps):
