@@ -311,9 +311,10 @@ class DeviceMapCapture(Capture):
     def observe_hidden(self, index, hidden):
         return super().observe_hidden(index, self._here(hidden))
 
-    def computes_output(self, layer, query, key, window, softcap) -> bool:
+    def computes_output(self, layer, query, key, window, softcap, *, sink_off: bool = False) -> bool:
         # the output must come back on the layer's own device: only where the layer and the sums share one
-        return query.device == self.device and super().computes_output(layer, query, key, window, softcap)
+        return query.device == self.device and super().computes_output(layer, query, key, window, softcap,
+                                                                         sink_off=sink_off)
 
     def observe_attention(self, layer, query, key, out, *args, **kwargs):
         return super().observe_attention(layer, self._here(query), self._here(key), self._here(out), *args, **kwargs)
