@@ -477,6 +477,32 @@ def test_report_figures_full_width_with_readable_text(runs, tmp_path):
     assert np.percentile(glyph_heights(im.crop((int(x), int(y), int(x + w), int(y + h)))), 75) < MIN_TEXT_PX
 
 
+#: the README quickstart's report (two scans of a 30-layer model at 256 positions and a slash run) stays
+#: under this many bytes
+QUICKSTART_PAGE_BUDGET = 5_000_000
+
+
+def test_quickstart_page_within_budget(tmp_path):
+    """The quickstart page's weight is its two scans' score-map grids (raw, diagonal-normalised and the
+    first 64 positions, 30 layers of 256 positions each); the report's own plots and the slash
+    figure add under 1 MB. Drawn from i.i.d. noise (the least compressible map) and embedded as the
+    report embeds them, the grids leave that room within the budget."""
+    import torch
+
+    from poslens.figures import ZOOM_POSITIONS, score_map_figures
+    from poslens.report.elements import embed_file
+
+    S = 256
+    x = torch.randn(30, S, S, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = x.masked_fill(torch.triu(torch.ones(S, S, dtype=torch.bool), 1), float("nan"))
+    files = score_map_figures(x, tmp_path, zoom=ZOOM_POSITIONS)
+    sizes = {f: len(embed_file(tmp_path / f)) for f in files if f != "scores_diagnorm.png"}
+    assert set(sizes) == {"scores_raw.png", "scores_zoom.png"}
+    grids = 2 * (2 * sizes["scores_raw.png"] + sizes["scores_zoom.png"])  # the diagonal-normalised grid: as raw
+    assert grids + 1_000_000 <= QUICKSTART_PAGE_BUDGET, sizes
+    assert sizes["scores_raw.png"] < (tmp_path / "scores_raw.png").stat().st_size / 2  # the palette's saving
+
+
 def test_heat_maps_leave_the_causal_triangle_blank():
     """A causal map given with zeros above the diagonal is drawn with that triangle blank (masked), as
     NaN would be; a bidirectional map keeps its upper triangle."""
