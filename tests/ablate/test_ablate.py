@@ -342,3 +342,22 @@ def test_position_probes():
     assert [x["r"] for x in p] == [b["r"] for b in base]
     assert all(x["delta_mse"]["mean"] == 0.0 for x in p)
     assert any("probe" in f for f in a.summary["findings"])
+
+
+def test_pair_verdict_follows_the_one_rule():
+    """value − max(chance, floor) ≥ threshold, the floor from the paired difference's standard error."""
+    from poslens.reproduce.ablations import THRESHOLD, pair_verdict
+    from poslens.report.verdicts import z
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(16, 9, generator=g) + 2.0
+    small = base + 0.1 + 0.01 * torch.randn(16, 9, generator=g)
+    t = {"loss_base": base, "loss.a@all": base + 0.5 + 0.01 * torch.randn(16, 9, generator=g), "loss.b@all": small}
+    summ = {"conditions": [{"name": n, "delta": paired_stats((t[f"loss.{n}"] - base).mean(1), 8)}
+                           for n in ("a@all", "b@all")]}
+    v = pair_verdict(summ, t, "a@all", "b@all", 8)
+    se = paired_stats((t["loss.a@all"] - small).mean(1), 8)["se"]
+    assert v["value"] == pytest.approx(0.5, abs=0.02) and v["chance"] == pytest.approx(0.1, abs=0.02)
+    assert v["floor"] == pytest.approx(v["chance"] + z() * se)
+    assert v["threshold"] == THRESHOLD and v["reproduced"] is True
+    assert pair_verdict(summ, t, "b@all", "a@all", 8)["reproduced"] is False
