@@ -61,7 +61,7 @@ def test_summary_tables_and_keys_by_hand():
                       source={"kind": "random"})
     assert s["experiment"] == "neighborhood" and s["paper"] == "neighborhood"
     assert s["model_dir"] == "/models/tiny-rope" and s["pe"] == "rope" and s["model_type"] == "llama"
-    assert "rope PE" in s["title"] and "llama" in s["title"]
+    assert "rope PE" in s["title"] and "tiny-rope" in s["title"] and "llama" not in s["title"]  # named, not by type
     assert s["num_seqs"] == 3 and s["seq_len"] == 5 and s["source"] == {"kind": "random"}
     assert s["modes"] == ["causal", "bidirectional"] and s["layer_convention"] == nb.LAYER_CONVENTION
     # per layer: means and sample standard deviations worked out by hand from the rows above

@@ -374,7 +374,7 @@ def test_run_slash_on_a_hand_made_scan(tmp_path):
     out = tmp_path / "out"
     s = run_slash(SlashConfig(scan_dir=str(scan), out=str(out), kappa=(0.5, 0.3), max_delta=5, figures=False))
     assert s["geometry"]["scaling"] == 0.25 and s["geometry"]["base"] == BASE  # the scan's own logit scale
-    assert s["title"] == "Slash-dominant heads of smollm3 (4 x 8 tokens)" and s["delta_range"] == [1, 5]
+    assert s["title"] == "Slash-dominant heads of model (4 x 8 tokens)" and s["delta_range"] == [1, 5]  # its name
     assert s["kappas"] == [0.3, 0.5] and s["persist_kappa"] == 0.3 and s["persistence"] is None
     assert s["seq_len"] == 8 and s["model_dir"] == str(model) and s["figures"] == [] and s["paper"] == "slash"
     assert len(s["heads"]) == 8 and len(s["tables"]) == 2 and s["readings"][0].startswith("The most slash-dominant")
@@ -433,7 +433,7 @@ def test_run_slash_title_without_a_sequence_count(tmp_path):
     del ssum["num_seqs"]
     (scan / "summary.json").write_text(json.dumps(ssum))
     s = run_slash(SlashConfig(scan_dir=str(scan), out=str(tmp_path / "out"), kappa=(0.5,), max_delta=5, figures=False))
-    assert s["title"] == "Slash-dominant heads of smollm3 (? x 8 tokens)"
+    assert s["title"] == "Slash-dominant heads of model (? x 8 tokens)"
 
 
 def test_run_slash_input_errors(tmp_path):

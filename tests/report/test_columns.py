@@ -120,3 +120,6 @@ def test_page_defines_every_column_of_every_table(tmp_path):
     assert len(tables) >= 3 and html.count("<table>") == len(tables)
     for cols, defined in tables:
         assert cols and cols == defined, (cols, defined)
+    # the contents name the micro model by its name, not by its architecture (model_type smollm3)
+    nav = html[html.index("<nav"): html.index("</nav>")]
+    assert "model_rope" in nav and "smollm3" not in nav

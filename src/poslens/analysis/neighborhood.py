@@ -325,6 +325,14 @@ LAYER_CONVENTION = ("'embeddings' = the token embeddings (the input of decoder l
                     "after it")
 
 
+def _model_name(cfg, fallback: str) -> str:
+    """The model's name as the fingerprint gives it (the directory's name, the ``.gguf`` file's stem),
+    else ``fallback`` (its model_type)."""
+    from poslens.analysis.fingerprint import model_names
+
+    return model_names([str(cfg.model_dir)])[0] if cfg is not None and cfg.model_dir else str(fallback)
+
+
 def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_type: str = "?", num_seqs: int = 0,
                   source: dict | None = None) -> dict:
     """Tables, readings (:func:`poslens.report.readings.neighborhood_command_readings`, from the
@@ -363,7 +371,7 @@ def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_ty
     T = causal["cosine"].shape[-1]
     summary = {
         "experiment": "neighborhood", "paper": "neighborhood",
-        "title": f"Adjacency of nearby embeddings ({pe} PE, {model_type}): APS per layer",
+        "title": f"Adjacency of nearby embeddings ({pe} PE, {_model_name(cfg, model_type)}): APS per layer",
         "model_dir": str(cfg.model_dir) if cfg else None, "pe": pe, "model_type": model_type,
         "num_seqs": num_seqs, "seq_len": T, "source": source,
         "modes": list(results), "layers": layers, "layer_convention": LAYER_CONVENTION,

@@ -293,6 +293,14 @@ def _write_run(cfg: SlashConfig, summary: dict, tensors: dict, layer_ids: list[i
                       "layer (from 0) and head index; 'layer.head' in tables")
 
 
+def _model_name(model_dir, fallback: str) -> str:
+    """The model's name as the fingerprint gives it (the directory's name, the ``.gguf`` file's stem),
+    else ``fallback`` (its model_type)."""
+    from poslens.analysis.fingerprint import model_names
+
+    return model_names([str(model_dir)])[0] if model_dir else str(fallback)
+
+
 def run_slash(cfg: SlashConfig) -> dict:
     """Analyse a scan (and optionally its random-token twin) and write the run directory ``cfg.out``."""
     maps, scfg, ssum, maps_r = _load_inputs(cfg)
@@ -304,7 +312,7 @@ def run_slash(cfg: SlashConfig) -> dict:
     parts, tensors = analyze_scans(maps, geom, rope_flags, layer_ids, cfg, maps_r)
     summary = {
         "experiment": "slash", "paper": "slash",
-        "title": f"Slash-dominant heads of {ssum.get('model_type', geom['model_type'])} "
+        "title": f"Slash-dominant heads of {_model_name(model_dir, ssum.get('model_type', geom['model_type']))} "
                  f"({ssum.get('num_seqs', '?')} x {S} tokens" + (", with random-token control)" if maps_r else ")"),
         "scan_dir": str(cfg.scan_dir), "random_scan": cfg.random_scan, "model_dir": str(model_dir),
         "geometry": geom, "kappas": parts["kappas"], "persist_kappa": parts["persist_kappa"],

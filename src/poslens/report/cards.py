@@ -345,7 +345,7 @@ def run_label(run: Run) -> str:
     ropes = {bool(l.get("rope")) for l in layers if "rope" in l}
     pe = "RoPE" if ropes == {True} else "NoPE" if ropes == {False} else "partly RoPE" if ropes else ""
     ctrl = s.get("controls") or {}
-    bits = [str(s.get("model_type") or ""), pe]
+    bits = [model_name(run), pe]
     if ctrl.get("bidirectional"):
         bits.append("bidirectional control")
     if ctrl.get("no_rope_layers"):
@@ -361,6 +361,17 @@ def run_label(run: Run) -> str:
 
 
 scan_label = run_label  # older name
+
+
+def model_name(run: Run) -> str:
+    """The run's model by name, as the fingerprint names it (its directory's name, the ``.gguf`` file's
+    stem: model_nope, SmolLM2-135M-Instruct.Q4_1), never only its architecture (the micro models are
+    model_type smollm3); the model_type where the run records no model."""
+    from poslens.analysis.fingerprint import model_names
+
+    opts = run.config.get("options") if isinstance(run.config.get("options"), dict) else run.config
+    where = run.summary.get("model_dir") or (opts or {}).get("model_dir")
+    return model_names([str(where)])[0] if isinstance(where, str) and where else str(run.summary.get("model_type") or "")
 
 
 def readings_for(run: Run, paper: str) -> list[str]:
@@ -611,7 +622,7 @@ def model_cards(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
     rows = [] if compared else [[k.replace("_", " "), s.get(k)] for k in _MODEL_KEYS if k in s and s.get(k) is not None]
     figs = [] if compared else [f for f in [_loss_curve(run)] if f]
     notes = [] if s else ["no summary.json: a model directory not written by `poslens train`; architecture only."]
-    card = _card(run, subtitle=f"{c.get('model_type', '')} model", badge="model", readings=model_readings(s, c),
+    card = _card(run, subtitle=f"{c.get('model_type', '')} architecture", badge="model", readings=model_readings(s, c),
                  tables=[table("Training summary", ["quantity", "value"], rows)] if rows else [], figures=figs,
                  meta=arch, notes=notes)
     return [("models", card)]
