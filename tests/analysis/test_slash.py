@@ -170,6 +170,53 @@ def test_slash_command_writes_run_directory(rank_one_scan, cli):
     assert code == 2 and "--kappa" in err and not (root / "bad").exists()
 
 
+def test_slash_terminal_tables_fit_80_columns(rank_one_scan, cli):
+    """`poslens slash` prints its tables within 80 columns, every row named layer.head, no header cut,
+    and its (κ, Δ) table stops at the last offset where some head is slash-dominant."""
+    import json
+    import re
+
+    root, _ = rank_one_scan
+    out = root / "slash-terminal"
+    code, text, err = cli("slash", root / "scan", "--kappa", "0.1,0.3", "--max-delta", 6, "--out", out)
+    assert code == 0, err
+    lines = text.splitlines()
+    assert lines and max(len(l) for l in lines) <= 80
+    s = json.loads((out / "summary.json").read_text())
+    from poslens.analysis.slash import HEAD_COLUMNS
+
+    for c in HEAD_COLUMNS:  # every header whole, in some block of the split head table
+        assert any(c in l for l in lines), c
+    blocks = [l for l in lines if l.strip().startswith("layer.head")]
+    assert len(blocks) >= 2  # the head table is split, each block led by layer.head
+    heads = {f"{h['layer']}.{h['head']}" for h in s["heads"]}
+    named = []
+    for i, l in enumerate(lines):  # the rows of each block: after its header and rule, up to a blank line
+        if l.strip().startswith("layer.head"):
+            for row in lines[i + 2:]:
+                if not row.strip():
+                    break
+                named.append(row.split()[0])
+    assert named and set(named) <= heads and all(re.fullmatch(r"\d+\.\d+", n) for n in named)
+    counts = s["tables"][0]["rows"]
+    empty = [r[0] for r in counts if not any(r[1:-1])]
+    if empty and empty[-1] == counts[-1][0]:
+        assert any(f"{empty[-1]}: no slash-dominant head" in l for l in lines)
+
+
+def test_slash_terminal_count_table_ends_at_the_last_offset_with_a_head():
+    from poslens.cli.kim_slash import _without_empty_offsets
+
+    rows = [[1, 3, 1, "0.1 2.0 1.1"], [2, 1, 0, "3.1"], [3, 0, 0, ""], [4, 0, 0, ""]]
+    s = {"sdh_counts": rows, "readings": ["r"], "tables": [{"title": "t", "columns": ["Δ", "κ=0.1", "κ=0.3", "heads"],
+                                                            "rows": rows}, {"title": "u", "columns": [], "rows": []}]}
+    t = _without_empty_offsets(s)
+    assert t["tables"][0]["rows"] == rows[:2] and t["tables"][1] == s["tables"][1]
+    assert t["readings"][0] == "r" and "Δ 3–4" in t["readings"][1] and s["tables"][0]["rows"] == rows  # a copy
+    full = {**s, "sdh_counts": rows[:2], "tables": [{**s["tables"][0], "rows": rows[:2]}]}
+    assert _without_empty_offsets(full) == full  # nothing to leave out
+
+
 def test_slash_dynamics_small_run(tmp_path, cli):
     import json
 

@@ -16,7 +16,24 @@ from poslens.runtime import parse_device
 
 def _print(summary: dict, out: Path, quiet: bool) -> None:
     if not quiet:
-        print_run(summary, out, max_tables=3, max_rows=25)
+        print_run(_without_empty_offsets(summary), out, max_tables=3, max_rows=25)
+
+
+def _without_empty_offsets(summary: dict) -> dict:
+    """The slash run's summary for the terminal: its (κ, Δ) table ends at the last offset where some
+    head is slash-dominant, and one reading names the offsets left out (summary.json keeps every row)."""
+    rows = summary.get("sdh_counts")
+    tables = summary.get("tables") or []
+    if not rows or not tables or tables[0].get("rows") != rows:
+        return summary
+    width = len(tables[0]["columns"]) - 2  # Δ, one count per κ, the heads at the smallest κ
+    last = max((i for i, r in enumerate(rows) if any(c for c in r[1: 1 + width])), default=0)
+    if last == len(rows) - 1:
+        return summary
+    gone = f"Δ {rows[last + 1][0]}–{rows[-1][0]}" if last + 1 < len(rows) - 1 else f"Δ {rows[-1][0]}"
+    return {**summary, "tables": [{**tables[0], "rows": rows[: last + 1]}, *tables[1:]],
+            "readings": [*summary.get("readings", []), f"{gone}: no slash-dominant head at any κ of the grid (not "
+                                                       "listed in the first table)."]}
 
 
 @app.command("panels", short_help="Nine-panel Gram decomposition of one layer.")
