@@ -236,6 +236,12 @@ class Result:
         layer_ids = self._layer_ids()
         H = int(self.summary.get("num_heads") or 0) or _heads_from_maps(self.maps)
         rows = []
+        for name in ("sink_heads", "slash"):  # a damaged run: one error naming the file, not an IndexError
+            t = self.maps.get(name)
+            if t is not None and (t.dim() != 3 or t.shape[0] != len(layer_ids) or t.shape[1] != H):
+                raise PoslensError(f"{self.path / 'maps.safetensors'}: {name} has shape {list(t.shape)}, not "
+                                   f"[{len(layer_ids)} layers, {H} heads, S] as summary.json says; the run is damaged, "
+                                   "scan again.")
         sink = _head_sink(self.maps)
         slash = self.maps.get("slash")
         for li, layer in enumerate(layer_ids):

@@ -164,8 +164,14 @@ def analyze_scans(maps: dict, geometry: dict, rope_flags: list[bool], layer_ids:
             "max_delta": hi}, tensors
 
 
+def _by_score(r: dict) -> float:
+    """Sort key: highest SlashScore first; a head without a finite score (NaN) last."""
+    v = r["best_score"]
+    return -v if v == v else float("inf")
+
+
 def _profiles_figure(slash, predicted, heads, layer_ids, max_delta, n=8, random=None):
-    top = sorted(heads, key=lambda r: -r["best_score"])[:n]
+    top = sorted(heads, key=_by_score)[:n]
     cols = min(4, len(top))
     rows = (len(top) + cols - 1) // cols
     fig, axes = new_figure(rows, cols, figsize=(3.4 * cols, 2.6 * rows), squeeze=False)
@@ -252,7 +258,7 @@ HEAD_COLUMNS = ["layer.head", "best Δ", "SlashScore", "q σ1²/Σσ²", "k σ1�
 def slash_tables(parts: dict, cfg: SlashConfig, n_heads: int) -> list[dict]:
     """The run's tables from :func:`analyze_scans`' parts: (κ, Δ) counts, the top ``cfg.top`` heads
     and, with a random-token scan, persistence. Cells hold numbers (unrounded) or labels."""
-    top = sorted(parts["heads"], key=lambda r: -r["best_score"])[: cfg.top]
+    top = sorted(parts["heads"], key=_by_score)[: cfg.top]
     head_rows = []
     for r in top:
         bu = r.get("band_usage")

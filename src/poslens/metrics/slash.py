@@ -55,11 +55,13 @@ def top_slash_heads(slash, k: int = 10, min_offset: int = SLASH_MIN_DELTA, max_o
     if len(offs) == 0:
         return []
     min_offset, hi = offs.start, offs.stop - 1
-    window = torch.nan_to_num(s[..., min_offset: hi + 1], nan=-1.0)
+    raw = s[..., min_offset: hi + 1]
+    window = torch.nan_to_num(raw, nan=-1.0)
     best, arg = window.max(dim=-1)  # [L, H]
-    order = torch.argsort(best.reshape(-1), descending=True)[:k]
+    scored = raw.isfinite().any(-1).reshape(-1)  # a head without one finite score (a NaN map) is no head to list
+    order = [i for i in torch.argsort(best.reshape(-1), descending=True).tolist() if scored[i]][:k]
     out = []
-    for flat in order.tolist():
+    for flat in order:
         l, h = divmod(flat, H)
         d = int(arg[l, h]) + min_offset
         uniform = float((1.0 / torch.arange(d + 1, S + 1, dtype=torch.float64, device="cpu")).mean())
@@ -149,8 +151,9 @@ def best_offsets(slash, min_delta: int = 0, max_delta: int | None = None) -> tup
     """``(offset [L, H], score [L, H])`` of each head's highest SlashScore over the Δ range."""
     s = _check_slash(slash)
     hi = s.shape[-1] - 1 if max_delta is None else min(max_delta, s.shape[-1] - 1)
-    window = torch.nan_to_num(s[..., min_delta: hi + 1], nan=-1.0)
-    score, arg = window.max(-1)
+    raw = s[..., min_delta: hi + 1]
+    score, arg = torch.nan_to_num(raw, nan=-1.0).max(-1)
+    score = torch.where(raw.isfinite().any(-1), score, torch.full_like(score, float("nan")))  # no finite score: NaN
     return arg + min_delta, score
 
 

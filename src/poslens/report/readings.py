@@ -66,7 +66,7 @@ def layer_aps(l: dict) -> tuple[float | None, float | None]:
 def layer_slash_head(l: dict, max_delta: int = SLASH_MAX_DELTA) -> dict | None:
     """The layer's strongest head at offsets 1..max_delta among its listed top heads, or None."""
     heads = [t for t in l.get("top_slash_heads") or [] if isinstance(t, dict) and num(t.get("score")) is not None
-             and isinstance(t.get("offset"), int) and 1 <= t["offset"] <= max_delta]
+             and num(t["score"]) >= 0 and isinstance(t.get("offset"), int) and 1 <= t["offset"] <= max_delta]
     return max(heads, key=lambda t: num(t["score"])) if heads else None
 
 
@@ -367,7 +367,7 @@ def slash_top(summary: dict, max_delta: int = SLASH_MAX_DELTA) -> dict | None:
     (``slash_heads``) where present, else from its listed top heads, filtered."""
     for key in ("slash_heads", "slash_top_heads_offset_ge1", "slash_top_heads"):
         heads = [t for t in summary.get(key) or [] if isinstance(t, dict) and num(t.get("score")) is not None
-                 and isinstance(t.get("offset"), int) and 1 <= t["offset"] <= max_delta]
+                 and num(t["score"]) >= 0 and isinstance(t.get("offset"), int) and 1 <= t["offset"] <= max_delta]
         if heads:
             return max(heads, key=lambda t: num(t["score"]))
     tops = [t for t in (layer_slash_head(l, max_delta) for l in summary.get("layers") or [] if isinstance(l, dict))
