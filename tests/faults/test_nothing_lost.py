@@ -159,3 +159,45 @@ def test_a_failed_swap_puts_the_old_run_back(tmp_path, monkeypatch):
         monkeypatch.undo()
         rundir.unlock_out_dir(out)
     assert tree(out) == before
+
+
+def test_an_interrupted_or_failed_train_overwrite_keeps_the_old_run(cli, tmp_path, monkeypatch):
+    """A training run replacing another is written beside it and swapped in at the end: a Ctrl-C or a
+    failure half-way leaves the old run bit-identical; a finished one replaces it whole."""
+    import poslens.models.train as train_mod
+
+    out = tmp_path / "t"
+    args = ("train", "--task", "copy", "--max-len", 4, "--steps", 4, "--preset", "micro", "--batch-size", 4,
+            "--eval-examples", 8, "--quiet", "--threads", 1, "--out", out)
+    code, _, err = cli(*args)
+    assert code == 0, err
+    before = tree(out)
+    real = train_mod._train_step
+    calls = []
+
+    def stops(s):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(s)
+
+    monkeypatch.setattr(train_mod, "_train_step", stops)
+    code, _, err = cli(*args, "--overwrite", "--seed", 1)
+    assert code == 130 and "--overwrite" in err and "Traceback" not in err, err
+    assert tree(out) == before
+    calls.clear()
+
+    def fails(s):
+        raise RuntimeError("a failure half-way")
+
+    monkeypatch.setattr(train_mod, "_train_step", fails)
+    cfg = train_mod.TrainConfig(out=str(out), task="copy", max_len=4, steps=4, preset="micro", batch_size=4,
+                                eval_examples=8, progress=False, threads=1, overwrite=True, seed=1)
+    with pytest.raises(RuntimeError, match="half-way"):
+        train_mod.train_model(cfg)
+    assert tree(out) == before
+    monkeypatch.undo()
+    code, _, err = cli(*args, "--overwrite", "--seed", 1)
+    assert code == 0, err
+    assert tree(out) != before and (out / "summary.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -49,7 +49,7 @@ from poslens.errors import Interrupted, PoslensError, require
 from poslens.fmt import fmt
 from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
 from poslens.progress import task_progress
-from poslens.rundir import (check_replaceable, clear_run, create_out_dir, out_dir_lock, prepare_out_dir, read_json, record_written, run_entries,
+from poslens.rundir import (check_replaceable, commit_out_dir, create_out_dir, out_dir_lock, prepare_out_dir, read_json, record_written, run_entries,
                             safetensors_shapes,
                             versions, write_json, write_summary, write_tensors)
 from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
@@ -535,13 +535,12 @@ def _start_session(cfg: TrainConfig, out: Path, mode: str, device: str) -> _Sess
                         **_shape_overrides(cfg, needed)).to(device)
     model.train()
     optimizer, scheduler, warmup = _build_optimisation(cfg, model)
+    # From here on the directory is ours to write. A run replacing another (--overwrite) is written into a
+    # sibling staging directory and swapped in once it has finished (commit_out_dir): until then, and if
+    # it fails or is interrupted, the previous run stays as it was.
+    out = create_out_dir(out, command="train", overwrite=mode == "overwrite", staged=True)
     s = _Session(cfg, out, device, torch.bfloat16 if device.startswith("cuda") else None, source, tokenizer, model,
                  optimizer, scheduler)
-
-    # From here on the directory is ours to write.
-    create_out_dir(out, command="train")
-    if mode == "overwrite":  # the previous run keeps no file (check_replaceable made sure all are a run's)
-        clear_run(out)
     if mode == "restart":
         _clear_own_files(out)
     if mode == "resume":
@@ -690,11 +689,20 @@ def _train_locked(cfg: TrainConfig, device: str) -> dict:
         s = _start_session(cfg, out, mode, device)
         setup_seconds = time.perf_counter() - t_setup
         stop_at = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-        _train_loop(s, stop_at)
+        try:
+            _train_loop(s, stop_at)
+        except Interrupted:
+            if s.out != out:  # replacing a run: the new one is dropped, the previous one kept as it was
+                raise Interrupted(f"after step {s.step}; --out {out} keeps the previous run as it was (the "
+                                  "replacing run is dropped); rerun with --overwrite to start again.") from None
+            raise
         if s.step < cfg.steps:  # --stop-after: leave a checkpoint for --resume
             s.checkpoint()
+            commit_out_dir(out)
             return {"stopped_at_step": s.step, "steps": cfg.steps, "out": str(out)}
-        return _finish(s, setup_seconds)
+        summary = _finish(s, setup_seconds)
+        commit_out_dir(out)
+        return summary
 
 
 def load_trained(path: str | os.PathLike, device: str = "cpu"):
