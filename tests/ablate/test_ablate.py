@@ -361,3 +361,18 @@ def test_pair_verdict_follows_the_one_rule():
     assert v["floor"] == pytest.approx(v["chance"] + z() * se)
     assert v["threshold"] == THRESHOLD and v["reproduced"] is True
     assert pair_verdict(summ, t, "b@all", "a@all", 8)["reproduced"] is False
+
+
+def test_overwrite_replaces_only_an_ablate_run(llama, tmp_path):
+    out = tmp_path / "a"
+    _ablate(llama, interventions="sink-off", layers="all", out=out)
+    with pytest.raises(PoslensError, match="exists"):
+        _ablate(llama, interventions="rope-off", layers="all", out=out)
+    _ablate(llama, interventions="rope-off", layers="all", out=out, overwrite=True)
+    assert poslens.load(out).summary["interventions"] == ["rope-off"]
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(PoslensError, match="notes.txt"):
+        _ablate(llama, interventions="sink-off", layers="all", out=out, overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert poslens.load(out).summary["interventions"] == ["rope-off"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -344,13 +344,16 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
     from poslens.capture.borrow import borrowed, model_device, model_dtype
     from poslens.capture.load import load_model
     from poslens.capture.model_source import source_record
-    from poslens.rundir import prepare_out_dir
+    from poslens.rundir import commit_out_dir, create_out_dir, prepare_out_dir, release_out_dir
     from poslens.runtime import no_hf_progress_bars, parse_device, resolve_dtype
 
     t0 = time.time()
     config, adapter, ivs, layer_sets, src = _validate(cfg, model, tokenizer, data)
-    if cfg.out is not None:
-        prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
+    out = Path(cfg.out) if cfg.out is not None else None
+    if out is not None:
+        prepare_out_dir(out, must_be_new=not cfg.overwrite)
+        # a run replacing another is written beside it and swapped in at the end (commit_out_dir)
+        target = create_out_dir(out, command="ablate", overwrite=cfg.overwrite, staged=True)
     scans = Path(tempfile.mkdtemp(prefix="poslens-ablate-scans-")) if cfg.readings else None
     try:
         with contextlib.ExitStack() as stack:
@@ -381,11 +384,14 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
                 for h in handles:
                     h.remove()
         summary, tensors = _summarise(cfg, setup, losses, replay_ok, moments, readings, probes, time.time() - t0)
-        if cfg.out is not None:
-            write_run(Path(cfg.out), cfg, setup, summary, tensors, scans)
+        if out is not None:
+            write_run(out, cfg, setup, summary, tensors, scans, into=target)
+            commit_out_dir(out)
     finally:
         if scans is not None:
             shutil.rmtree(scans, ignore_errors=True)
+        if out is not None:
+            release_out_dir(out)  # the hold create_out_dir took (an uncommitted stage goes with it)
     return {"summary": summary, "tensors": tensors}
 
 
@@ -794,30 +800,42 @@ def _change(r: dict, noise: bool = True) -> str:
 # the run directory
 # --------------------------------------------------------------------------------------------
 def write_run(out: Path, cfg: AblateConfig, setup: _Setup, summary: dict, tensors: dict,
-              scans: Path | None = None) -> None:
+              scans: Path | None = None, into: Path | None = None) -> None:
     """``config.json``, ``summary.json`` (with a ``tables`` entry), ``ablate.safetensors`` and one figure
-    per intervention, staged and swapped in whole."""
-    from poslens.rundir import staged_dir, versions, write_json, write_summary, write_tensors
+    per intervention, staged and swapped in whole: into ``into``, the staging directory of a run replacing
+    another (:func:`poslens.rundir.create_out_dir`, swapped in by ``commit_out_dir``), else into a stage of
+    its own."""
+    from poslens.rundir import staged_dir
 
+    if into is not None and into != out:
+        _write_files(into, cfg, setup, summary, tensors, scans)
+        return
     with staged_dir(out) as stage:
-        write_json(stage / "config.json", {
-            "command": "ablate", "options": dataclasses.asdict(cfg), "model_source": setup.origin,
-            "source": setup.source, "model_type": setup.adapter.model_type, "dtype": str(setup.dtype),
-            "device": setup.device, "versions": versions()})
-        write_tensors(stage / "ablate.safetensors", tensors)
-        if scans is not None and any(scans.iterdir()):
-            import shutil
+        _write_files(stage, cfg, setup, summary, tensors, scans)
 
-            shutil.copytree(scans, stage / "scans")
-        figs = []
-        if cfg.figures:
-            from poslens.report.ablate import ablate_figures
 
-            figs = ablate_figures(summary, stage)
-        s = dict(summary, tables=[condition_table(summary)], figures=figs, readings=summary["findings"],
-                 layers=layer_rows(summary))
-        write_summary(stage, s, command="ablate", paper=["kim"],
-                      layers_describe="each decoder layer ablated alone: the paired change of next-token loss")
+def _write_files(stage: Path, cfg: AblateConfig, setup: _Setup, summary: dict, tensors: dict,
+                 scans: Path | None) -> None:
+    from poslens.rundir import versions, write_json, write_summary, write_tensors
+
+    write_json(stage / "config.json", {
+        "command": "ablate", "options": dataclasses.asdict(cfg), "model_source": setup.origin,
+        "source": setup.source, "model_type": setup.adapter.model_type, "dtype": str(setup.dtype),
+        "device": setup.device, "versions": versions()})
+    write_tensors(stage / "ablate.safetensors", tensors)
+    if scans is not None and any(scans.iterdir()):
+        import shutil
+
+        shutil.copytree(scans, stage / "scans")
+    figs = []
+    if cfg.figures:
+        from poslens.report.ablate import ablate_figures
+
+        figs = ablate_figures(summary, stage)
+    s = dict(summary, tables=[condition_table(summary)], figures=figs, readings=summary["findings"],
+             layers=layer_rows(summary))
+    write_summary(stage, s, command="ablate", paper=["kim"],
+                  layers_describe="each decoder layer ablated alone: the paired change of next-token loss")
 
 
 def condition_table(summary: dict) -> dict:
