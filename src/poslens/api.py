@@ -35,64 +35,10 @@ from typing import Any, Iterable, Iterator
 
 from poslens.capture.options import ScanConfig, scan_options
 from poslens.errors import PoslensError
+from poslens.report.columns import HEAD_COLUMNS, LAYER_COLUMNS  # the columns of heads() and layers()
 
 #: files of a run directory that are its bookkeeping, not its results (never copied by :meth:`Result.save`)
 _NOT_RESULTS = ("checkpoint.safetensors",)
-
-
-# --------------------------------------------------------------------------------------------
-# results
-# --------------------------------------------------------------------------------------------
-#: the columns of :meth:`Result.heads` (a scan), each defined
-HEAD_COLUMNS = {
-    "layer": "decoder layer, counted from 0",
-    "head": "query head, counted from 0",
-    "sink": "the head's mean attention weight on key 0 over queries 1 … S−1 and over sequences (Gu et al., ICLR 2025)",
-    "slash_offset": "its strongest offset Δ in 1 … 16 (query − key)",
-    "slash_score": "SlashScore(Δ) there: mean attention weight on the Δ-th sub-diagonal (arXiv 2601.08297)",
-}
-#: the columns :meth:`Result.layers` can have (a scan's; other commands add their own), each defined
-LAYER_COLUMNS = {
-    "layer": "decoder layer, counted from 0 ('embeddings': the input of layer 0)",
-    "rope": "whether the layer rotates its queries and keys",
-    "sliding_window": "the layer's attention window in tokens (None: full causal attention)",
-    "relativity_index": "1 − Var(diagonal-normalised mean score map) / Var(map), key 0 left out (1 = a function of "
-                        "i − j alone; arXiv 2509.21042); noise-corrected where the noise groups cover the whole map "
-                        "(relativity_index_noise_corrected), which can lift it above relativity_index_uncorrected: "
-                        "sampling noise inflates the within-diagonal variance; None where the map is flat",
-    "relativity_index_uncorrected": "the same index before the noise correction (variances with the noise in them)",
-    "relativity_index_noise_corrected": "True where relativity_index is noise-corrected",
-    "relativity_index_with_sink": "the relativity index with key 0 included",
-    "locality": "+1: every query's scores rise as the key gets closer; −1: they fall (key 0 left out)",
-    "locality_with_sink": "locality with key 0 included",
-    "diagonal_trend": "signed trend along each diagonal of the diagonal-normalised map (+1: the entry further right "
-                      "is higher)",
-    "diagonal_trend_se": "standard error of diagonal_trend over sequence groups",
-    "within_diag_rms": "RMS of the diagonal-normalised map (the non-relative part)",
-    "within_diag_rms_noise": "the RMS sampling noise alone gives it (the noise floor)",
-    "flat": "True where the map does not vary with position beyond its noise floor (flat_p ≥ 0.01)",
-    "flat_p": "p-value of 'the map is flat' (sign-flip test over sequence groups)",
-    "nonrelative_p": "p-value of 'the map is purely relative'",
-    "trend_p": "p-value of 'no diagonal trend'",
-    "noise_groups": "number of sequence groups the p-values and standard errors come from",
-    "noise_positions": "positions of the grid the noise groups were kept on",
-    "grid_relativity_index": "relativity index of the map on that grid (the statistic the p-values test)",
-    "grid_diagonal_trend": "diagonal trend on that grid",
-    "grid_within_diag_rms": "within-diagonal RMS on that grid",
-    "grid_locality": "locality on that grid",
-    "sink_weight": "mean attention weight on key 0 over heads, queries 1 … S−1 and sequences",
-    "aps": "adjacency probability score of the residual stream after the layer (arXiv 2501.00073): per sequence, "
-           "mean over sequences (0.5 = no order, 1 = every row rises towards the diagonal); = aps_mean",
-    "aps_mean": "per-sequence APS, mean over sequences",
-    "aps_std": "per-sequence APS, standard deviation over sequences",
-    "attn_aps": "APS of the attention outputs (concatenated heads before the output projection) = attn_aps_mean",
-    "attn_aps_mean": "per-sequence APS of the attention outputs, mean over sequences",
-    "attn_aps_std": "its standard deviation over sequences",
-    "mean_map_aps": "APS of the cosine map averaged over sequences (not the paper's per-sequence APS: it tends to 1 "
-                    "for any consistent trend as sequences are added)",
-    "attn_mean_map_aps": "the same for the attention outputs",
-    "norm_score": "the APS count applied to −‖h_i‖: 1 = norms shrink with position (arXiv 2501.00073)",
-}
 
 
 def _columns_doc(columns: dict) -> str:

@@ -41,6 +41,7 @@ import torch
 from poslens.analysis.panels import load_scan
 from poslens.analysis.slash import SlashConfig, _scan_geometry, analyze_scans
 from poslens.capture.adapters import layer_rope
+from poslens.capture.model_source import model_names
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.metrics.fingerprint import (MASSIVE_LAMBDA, SINK_EPS, UNROTATED, band_shares, dim_bands, dim_rms,
@@ -90,25 +91,6 @@ class FingerprintConfig:
     massive_lambda: float = MASSIVE_LAMBDA
     allow_pickle: bool = False
     trust_remote_code: bool = False
-
-
-def model_names(models: Iterable[str]) -> list[str]:
-    """A short unique name per model path: the ``.gguf`` file's stem or the directory's name (``-2``,
-    ``-3`` ... appended to repeats), safe as a directory name."""
-    names: list[str] = []
-    for m in models:
-        p = Path(str(m))
-        base = p.stem if p.suffix.lower() == ".gguf" else (p.name or str(p))
-        if str(m).startswith("<in-memory"):  # "<in-memory Class: name_or_path>": the name, else the class
-            cls, _, origin = str(m)[len("<in-memory "):-1].partition(": ")
-            base = Path(origin).name if origin and origin != "unnamed" else cls
-        base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "model"
-        name, n = base, 1
-        while name in names:
-            n += 1
-            name = f"{base}-{n}"
-        names.append(name)
-    return names
 
 
 def _check(cfg: FingerprintConfig, loaded: dict | None = None) -> None:

@@ -328,7 +328,7 @@ LAYER_CONVENTION = ("'embeddings' = the token embeddings (the input of decoder l
 def _model_name(cfg, fallback: str) -> str:
     """The model's name as the fingerprint gives it (the directory's name, the ``.gguf`` file's stem),
     else ``fallback`` (its model_type)."""
-    from poslens.analysis.fingerprint import model_names
+    from poslens.capture.model_source import model_names
 
     return model_names([str(cfg.model_dir)])[0] if cfg is not None and cfg.model_dir else str(fallback)
 

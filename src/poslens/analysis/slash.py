@@ -302,7 +302,7 @@ def _write_run(cfg: SlashConfig, summary: dict, tensors: dict, layer_ids: list[i
 def _model_name(model_dir, fallback: str) -> str:
     """The model's name as the fingerprint gives it (the directory's name, the ``.gguf`` file's stem),
     else ``fallback`` (its model_type)."""
-    from poslens.analysis.fingerprint import model_names
+    from poslens.capture.model_source import model_names
 
     return model_names([str(model_dir)])[0] if model_dir else str(fallback)
 

@@ -26,12 +26,13 @@ import hashlib
 import io
 import logging
 import os
+import re
 import shutil
 import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from poslens.capture.adapters import ADAPTERS
 from poslens.errors import PoslensError
@@ -419,3 +420,22 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
     return target
+
+
+def model_names(models: Iterable[str]) -> list[str]:
+    """A short unique name per model path: the ``.gguf`` file's stem or the directory's name (``-2``,
+    ``-3`` ... appended to repeats), safe as a directory name."""
+    names: list[str] = []
+    for m in models:
+        p = Path(str(m))
+        base = p.stem if p.suffix.lower() == ".gguf" else (p.name or str(p))
+        if str(m).startswith("<in-memory"):  # "<in-memory Class: name_or_path>": the name, else the class
+            cls, _, origin = str(m)[len("<in-memory "):-1].partition(": ")
+            base = Path(origin).name if origin and origin != "unnamed" else cls
+        base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "model"
+        name, n = base, 1
+        while name in names:
+            n += 1
+            name = f"{base}-{n}"
+        names.append(name)
+    return names

@@ -322,9 +322,9 @@ def _layer_table(run: Run, keys: list[str]) -> dict | None:
 
 
 def _layer_definitions(keys: list[str], cols: list[str]) -> dict[str, str]:
-    """The per-layer table's columns defined: each quantity's definition (:data:`poslens.api.LAYER_COLUMNS`,
+    """The per-layer table's columns defined: each quantity's definition (:data:`poslens.report.columns.LAYER_COLUMNS`,
     the columns of ``Result.layers()``), with its error bars and noise grid where the cells show them."""
-    from poslens.api import LAYER_COLUMNS
+    from poslens.report.columns import LAYER_COLUMNS
 
     out = {}
     for k, c in zip(keys, cols[1:]):
@@ -367,7 +367,7 @@ def model_name(run: Run) -> str:
     """The run's model by name, as the fingerprint names it (its directory's name, the ``.gguf`` file's
     stem: model_nope, SmolLM2-135M-Instruct.Q4_1), never only its architecture (the micro models are
     model_type smollm3); the model_type where the run records no model."""
-    from poslens.analysis.fingerprint import model_names
+    from poslens.capture.model_source import model_names
 
     opts = run.config.get("options") if isinstance(run.config.get("options"), dict) else run.config
     where = run.summary.get("model_dir") or (opts or {}).get("model_dir")

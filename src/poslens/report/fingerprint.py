@@ -15,7 +15,7 @@ import statistics
 from poslens.fmt import fmt
 from poslens.report import verdicts as V
 from poslens.report.readings import few_groups
-from poslens.report.render import CSP
+from poslens.report.page import CSP, template_env
 from poslens.rope import BANDS
 
 #: band colours (high -> low frequency, then the unrotated dims)
@@ -661,7 +661,6 @@ def _uri(png: bytes) -> str:
 def render_page(summary: dict, *, figures: bool = True, findings: list[dict] | None = None) -> tuple[str, dict]:
     """``(html, {file: png})`` of a fingerprint summary (``figures=False``: a page without figures)."""
     from poslens import __version__ as version
-    from poslens.report.render import _env
 
     figs = globals()["figures"](summary) if figures else {}
     ctx = {
@@ -674,4 +673,4 @@ def render_page(summary: dict, *, figures: bool = True, findings: list[dict] | N
         "definitions": summary["definitions"], "findings": findings if findings is not None else globals()["findings"](summary),
         "isfinite": lambda x: isinstance(x, (int, float)) and math.isfinite(x), "level": V.LEVEL,
     }
-    return _env().get_template("fingerprint.html.j2").render(**ctx), figs
+    return template_env().get_template("fingerprint.html.j2").render(**ctx), figs

@@ -20,10 +20,8 @@ from pathlib import Path
 from poslens.errors import PoslensError
 from poslens.report.cards import cards_for, compared_ids, comparisons, findings, reproduction_block
 from poslens.report.collect import Run, classify, collect, load_run
+from poslens.report.page import CSP, template_env  # CSP: every report's policy, re-exported by poslens.report
 from poslens.report.readings import PAPERS
-
-#: the Content-Security-Policy of every report: no network, no scripts, images only from data: URIs
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'none'; base-uri 'none'; form-action 'none'"
 
 SECTION_ORDER = ["reproduction", "kim", "slash", "neighborhood", "models", "other"]
 
@@ -97,12 +95,7 @@ def plain_findings(runs) -> list[dict]:
 
 
 def _env():
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)),
-                             autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
-                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    return env
+    return template_env()
 
 
 def render_runs(runs: list[Run], title: str = "poslens report", skipped: list[str] | None = None) -> str:
