@@ -7,11 +7,12 @@ import json
 import math
 
 import pytest
+import torch
 from rich.console import Console
 
 from poslens.errors import PoslensError
 from poslens.fmt import fmt, rich_table
-from poslens.rundir import CONTRACT, envelope, load_run, write_json, write_summary
+from poslens.rundir import CONTRACT, envelope, load_run, write_json, write_summary, write_tensors
 
 
 def test_fmt_one_format():
@@ -46,6 +47,9 @@ def test_envelope_and_reader(tmp_path):
     assert raw["tables"] == [{"title": "t", "columns": ["a"], "rows": [[1]]}]
     assert s["readings"] == []
     write_json(tmp_path / "config.json", {"command": "scan"})
+    with pytest.raises(PoslensError, match="maps.safetensors"):  # a scan's tensors are part of the run
+        load_run(tmp_path)
+    write_tensors(tmp_path / "maps.safetensors", {"scores": torch.zeros(2, 3, 3)})
     run = load_run(tmp_path)
     assert run.command == "scan" and run.papers == ["kim", "slash"] and run.paper == "kim"
     assert [l["layer"] for l in run.layers] == [0, 1] and len(run.tables) == 1 and len(run.figures) == 6

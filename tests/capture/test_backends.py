@@ -213,7 +213,7 @@ def test_a_scan_records_its_backend(tmp_path, cli):
     assert r.config["capture_backend"]["backend"] == want and r.config["capture_backend"]["reason"]
     assert r.summary["capture_backends"][want]["layers"] == [0, 1]
     assert want in backends.used_line(r.summary["capture_backends"])
-    assert r.backends[want]["layers"] == [0, 1] and f"backend: {want}" in repr(r)
+    assert r.backends[want]["layers"] == [0, 1] and f"backend {want}" in repr(r)
     code, out, err = cli("scan", path, "--out", tmp_path / "run", "--data", "random", "--seq-len", 16, "--num-seqs", 2,
                          "--no-figures")
     assert code == 0, err

@@ -122,8 +122,11 @@ def token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``[B, S - 1]`` float32: the cross-entropy of token ``t`` given the tokens before it, from the
     logits ``[B, S, V]`` (upcast to float32, as transformers' causal-LM loss does)."""
     B, S, V = logits.shape
-    return torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, V), ids[:, 1:].reshape(-1),
-                                             reduction="none").view(B, S - 1)
+    target = torch.full((B, S), -100, dtype=torch.long, device=ids.device)  # the last position predicts nothing
+    target[:, :-1] = ids[:, 1:]
+    # on the whole contiguous [B * S, V] block: no copy of the logits (the last row is ignored, loss 0)
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, V), target.view(-1), reduction="none")
+    return loss.view(B, S)[:, :-1]
 
 
 def position_buckets(seq_len: int) -> list[tuple[int, int]]:

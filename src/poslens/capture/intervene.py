@@ -116,7 +116,7 @@ class LayerEdit:
 def _pair_dims(pairs: torch.Tensor, head_dim: int, layout: str) -> torch.Tensor:
     """Bool ``[D]``: the dims of the rotary pairs marked in ``pairs [r/2]``, in the model's layout."""
     r2 = pairs.numel()
-    out = torch.zeros(head_dim, dtype=torch.bool)
+    out = torch.zeros(head_dim, dtype=torch.bool, device=pairs.device)
     idx = pairs.nonzero().flatten()
     if layout == "interleaved":
         out[2 * idx] = True
@@ -289,7 +289,7 @@ def random_like(mask: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     free = (~flat).nonzero().flatten()
     n = min(int(flat.sum()), free.numel())
     out = torch.zeros_like(flat)
-    out[free[torch.randperm(free.numel(), generator=generator)[:n]]] = True
+    out[free[torch.randperm(free.numel(), generator=generator, device="cpu").to(free.device)[:n]]] = True
     return out.view(mask.shape)
 
 
@@ -299,11 +299,14 @@ def layer_edit(iv: Intervention, layer: int, *, band_labels: list[str] | None, m
     rotary pair of the layer (None: the layer has no RoPE); ``moments``: the calibration (``massive-qk``,
     ``random-qk``)."""
     if iv.kind == "rope-off":
-        return LayerEdit(unrotated_pairs=None if band_labels is None else torch.ones(len(band_labels), dtype=torch.bool))
+        if band_labels is None:
+            return LayerEdit()
+        return LayerEdit(unrotated_pairs=torch.ones(len(band_labels), dtype=torch.bool, device="cpu"))
     if iv.kind == "rope-band":
         if band_labels is None:
             return LayerEdit()
-        return LayerEdit(unrotated_pairs=torch.tensor([b == iv.arg for b in band_labels], dtype=torch.bool))
+        return LayerEdit(unrotated_pairs=torch.tensor([b == iv.arg for b in band_labels], dtype=torch.bool,
+                                                      device="cpu"))
     if iv.kind == "sink-off":
         return LayerEdit(sink_off=True)
     if iv.kind == "window":
