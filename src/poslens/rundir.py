@@ -361,7 +361,7 @@ def _acquire(path: Path, *, implicit: bool = False, overwrite: bool = False, com
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             else:
                 held = _holder(lock)
-                if held.get("pid") not in (None, os.getpid()) and _pid_alive(int(held["pid"])):
+                if held.get("pid") not in (None, os.getpid()) and pid_alive(int(held["pid"])):
                     raise BlockingIOError
         except BlockingIOError:
             os.close(fd)
@@ -394,7 +394,8 @@ def _acquire(path: Path, *, implicit: bool = False, overwrite: bool = False, com
     return claim
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -305,8 +305,8 @@ def layer_edit(iv: Intervention, layer: int, *, band_labels: list[str] | None, m
     if iv.kind == "rope-band":
         if band_labels is None:
             return LayerEdit()
-        return LayerEdit(unrotated_pairs=torch.tensor([b == iv.arg for b in band_labels], dtype=torch.bool,
-                                                      device="cpu"))
+        band = [b == iv.arg for b in band_labels]
+        return LayerEdit(unrotated_pairs=torch.tensor(band, dtype=torch.bool, device="cpu"))  # host-only mask
     if iv.kind == "sink-off":
         return LayerEdit(sink_off=True)
     if iv.kind == "window":

@@ -113,6 +113,8 @@ def _intact(path: Path) -> bool | None:
 
 def _tidy(folder: Path) -> None:
     """Remove the temporary files of compilations whose process is gone (a SIGKILL mid-compile)."""
+    from poslens.rundir import pid_alive
+
     try:
         entries = list(folder.iterdir())
     except OSError:
@@ -122,7 +124,7 @@ def _tidy(folder: Path) -> None:
         if m is None:
             continue
         pid = int(m.group(1)) if m.group(1) else None
-        if pid is None or (pid != os.getpid() and not _alive(pid)):
+        if pid is None or (pid != os.getpid() and not pid_alive(pid)):
             try:
                 p.unlink()
             except OSError:
@@ -131,16 +133,6 @@ def _tidy(folder: Path) -> None:
 
 #: a compilation's temporary file: ``.kernels-<key>.<pid>.<random>.tmp`` (``tmp*.so``: an older naming)
 _TMP_NAME = re.compile(r"^\.kernels-[0-9a-f]+\.(\d+)\.[^.]+\.tmp$|^tmp[^.]*\.so()$")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class CompileError(OSError):
