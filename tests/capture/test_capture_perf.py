@@ -22,6 +22,7 @@ from poslens.capture.builtin.qk import STATISTIC as QK
 from poslens.capture.gram import symmetric_gram
 from poslens.capture.kernels import finite
 from poslens.metrics.ties import equal_row_representatives
+from poslens.metrics.neighborhood import per_sequence_aps
 from poslens.rope import unapply_rope
 from poslens.runtime import numpy_blas_threads
 
@@ -174,9 +175,10 @@ def test_numpy_blas_threads_follow_torchs_and_are_restored():
     assert blas_threads() == before
 
 
-def test_cosine_accumulators_match_float64():
+@pytest.mark.parametrize("S", [600, 200])  # past aps_max_positions (one Gram), within it (the sequences' maps summed)
+def test_cosine_accumulators_match_float64(S):
     g = torch.Generator().manual_seed(3)
-    B, S, H, D = 2, 600, 3, 8
+    B, H, D = 2, 3, 8
     x = torch.randn(B, S, H, D, generator=g)
     cap = _capture(B, H, H, S, D, 2**20)
     add_cosine(cap, ("attn_cosine", "attn_norms", "attn_aps_seq"), 0, x)  # [B, S, H, D]: trailing dims flattened
@@ -189,6 +191,27 @@ def test_cosine_accumulators_match_float64():
         assert bool((cap.accs[name].sum[idx].triu(1) == 0).all())  # the CPU Gram adds its lower triangle only
         assert (cap.accs[name].sum_at(idx) - ref).abs().max() <= 1e-5  # read back whole, mirrored
     assert torch.allclose(cap.accs["norms"].sum[1], xf.norm(dim=-1).sum(0), rtol=1e-6)
+    aps = per_sequence_aps(x.reshape(B, S, H * D), cap.spec.aps_max_positions).double()
+    assert torch.allclose(cap.accs["aps_seq"].sum[1], aps.sum(), atol=1e-9)
+    assert torch.allclose(cap.accs["aps_seq"].sumsq[1], (aps * aps).sum(), atol=1e-9)
+
+
+def test_summed_sequence_cosine_maps_keep_identical_rows_tied():
+    """Within aps_max_positions the batch's cosine map is the sum of the sequences' own maps; rows
+    whose vectors are equal in every sequence (the same token at two positions) stay exact ties."""
+    gen = torch.Generator().manual_seed(44)
+    vocab = torch.randn(6, 96, generator=gen)
+    tokens = torch.randint(0, 6, (200,), generator=gen)
+    x = torch.stack([vocab[tokens], vocab[tokens] * 2.0])  # [2, 200, 96]: rows equal where tokens are
+    cap = _capture(2, 3, 3, 200, 32, 2**20)
+    cap.observe_hidden(0, x)
+    got = cap.accs["cosine"].sum_at(0)
+    xn = torch.nn.functional.normalize(x.double(), dim=-1)
+    assert (got - (xn @ xn.transpose(1, 2)).sum(0)).abs().max() <= 1e-5
+    first = {}
+    for i, t in enumerate(tokens.tolist()):
+        r = first.setdefault(t, i)
+        assert torch.equal(got[i], got[r]) and torch.equal(got[:, i], got[:, r]), (i, r)
 
 
 @pytest.mark.parametrize("D,r", [(16, 16), (16, 8)])

@@ -119,3 +119,20 @@ def test_a_nan_weight_is_one_error(cli, tiny, tmp_path):
     code, _, err = cli("scan", d, "--out", tmp_path / "o", *SCAN)
     one_error(code, err, "mlp.down_proj.weight")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_weight_check_finds_every_non_finite_value_and_no_overflow(dtype):
+    """The weight check decides by one sum: NaN and either infinity make it non-finite; a sum that
+    overflows on finite weights (as large as the dtype holds) is checked entry by entry and passes."""
+    from poslens.capture.scan import _all_finite
+
+    w = torch.randn(64, 33).to(dtype)
+    assert _all_finite(w)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        v = w.clone()
+        v[17, 4] = bad
+        assert not _all_finite(v)
+    huge = torch.full((4, 4), torch.finfo(dtype).max / 2, dtype=dtype)
+    assert not bool(torch.isfinite(huge.sum(dtype=torch.float64 if dtype == torch.float64 else torch.float32)))
+    assert _all_finite(huge)

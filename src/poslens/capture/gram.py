@@ -39,6 +39,14 @@ def symmetric_gram(a: torch.Tensor, out: torch.Tensor | None = None, *, lower: b
         _lower_bands(a, out)
     else:
         _numpy_gram(a, out, lower, threads)
+    return tie_rows(out, a, lower=lower)
+
+
+def tie_rows(out: torch.Tensor, a: torch.Tensor, *, lower: bool = False) -> torch.Tensor:
+    """``out [S, S]``, a symmetric product of ``a [S, K]``'s rows (its lower triangle alone with
+    ``lower``), with the entries of rows of ``a`` that are bitwise equal taken from the first such row
+    and column, in place: exact ties stay ties however the product was blocked."""
+    S = a.shape[0]
     rep = _equal_row_representatives(a)
     if rep is not None:  # identical rows: their entries from one row and column, exact ties again
         if lower:

@@ -220,9 +220,17 @@ def check_finite_weights(model, where: str) -> None:
         if p.device.type == "meta":
             raise PoslensError(f"{where}: its weights are on the meta device (not loaded: {name}); load the model "
                                "with its weights (from_pretrained without device_map='meta' or init_empty_weights).")
-        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+        if p.is_floating_point() and not _all_finite(p.detach()):
             raise PoslensError(f"{where}: weight {name} holds NaN or infinite values; the model is damaged (a "
                                "corrupted file or a diverged training run). Restore it from its source.")
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every entry of ``t`` is finite. A NaN or infinity makes the sum non-finite, so one
+    reduction (no [numel] bool tensor) decides; only a sum that overflows is checked entry by entry."""
+    if bool(torch.isfinite(t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32))):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def _make_capture(job: _Job, model) -> Capture:

@@ -496,13 +496,18 @@ def unit_rows_aps(u: torch.Tensor, finite: bool = False) -> torch.Tensor:
 
     ``finite``: the caller knows every row's norm is finite, so every cosine is (the count then skips
     its finiteness pass over the maps)."""
-    m = _lower_cosines(u)
+    return lower_cosines_aps(lower_cosines(u), finite)
+
+
+def lower_cosines_aps(m: torch.Tensor, finite: bool = False) -> torch.Tensor:
+    """APS of each map of :func:`lower_cosines` (``[B, T, T]``) -> ``[B]``; ``finite`` as in
+    :func:`unit_rows_aps`. ``m`` is read, not changed."""
     if finite and m.shape[-1] >= 3:
         return _rising_pairs_by_merge(m)
     return adjacency_probability_score(m)
 
 
-def _lower_cosines(u: torch.Tensor) -> torch.Tensor:
+def lower_cosines(u: torch.Tensor) -> torch.Tensor:
     """``u @ u^T`` per sequence (``u [B, T, d]``) where the APS reads it, the strict lower triangle:
     the rows of the first half against the first half's columns and the rows of the second half
     against every column (3/4 of the product); the block above the diagonal is 0.

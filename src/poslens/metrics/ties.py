@@ -29,11 +29,7 @@ def equal_row_representatives(a: torch.Tensor) -> torch.Tensor | None:
         return None
     as_int = _INT_OF[a.dtype]
     dev = a.device
-    cols = torch.linspace(0, K - 1, min(K, TIE_SAMPLE_COLUMNS), device=dev).round().long()
-    bits = a[:, cols].contiguous().view(as_int).long()  # exact bits (-0.0 and +0.0 differ: no false tie)
-    mult = torch.arange(1, 2 * cols.numel(), 2, dtype=torch.long, device=dev) * 0x9E3779B1  # odd multipliers
-    key = (bits * mult).sum(1)  # equal rows, equal keys (integer arithmetic, wrapping)
-    _, inv = torch.unique(key, return_inverse=True)
+    _, inv = torch.unique(_row_keys(a), return_inverse=True)
     if int(inv.max()) == S - 1:  # every key distinct: no identical rows
         return None
     rows = torch.arange(S, device=dev)
@@ -50,8 +46,27 @@ def tie_columns(sim: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
     every column of a repeated vector replaced by the column of its first copy, in place: within a
     row, identical keys then compare as exact ties. A column's first copy comes no later, so the
     strict lower triangle reads only entries at or below it."""
-    for b in range(vectors.shape[0]):
+    for b in _sequences_with_equal_keys(vectors):
         rep = equal_row_representatives(vectors[b])
         if rep is not None:
             sim[b] = sim[b][:, rep]
     return sim
+
+
+def _sequences_with_equal_keys(vectors: torch.Tensor) -> list[int]:
+    """The sequences of ``vectors [B, T, d]`` where two rows share the bits of the sampled columns
+    (the candidates :func:`equal_row_representatives` then checks), found for the whole batch at once."""
+    if vectors.shape[1] < 2 or vectors.shape[2] == 0:
+        return []
+    key = _row_keys(vectors).sort(dim=1).values  # [B, T]
+    return (key[:, 1:] == key[:, :-1]).any(1).nonzero().flatten().tolist()
+
+
+def _row_keys(a: torch.Tensor) -> torch.Tensor:
+    """A key per row of ``a [..., S, K]`` from the exact bits of a few sampled columns (-0.0 and +0.0
+    differ: no false tie): equal rows, equal keys (integer arithmetic, wrapping)."""
+    K = a.shape[-1]
+    cols = torch.linspace(0, K - 1, min(K, TIE_SAMPLE_COLUMNS), device=a.device).round().long()
+    bits = a[..., cols].contiguous().view(_INT_OF[a.dtype]).long()
+    mult = torch.arange(1, 2 * cols.numel(), 2, dtype=torch.long, device=a.device) * 0x9E3779B1  # odd multipliers
+    return (bits * mult).sum(-1)

@@ -14,9 +14,11 @@ import torch
 
 from poslens import native
 from poslens.capture.builtin.base import BuiltinStatistic
-from poslens.capture.gram import symmetric_gram
+from poslens.capture.gram import symmetric_gram, tie_rows
 from poslens.capture.kernels import HALF, half_input_matmuls
-from poslens.metrics.neighborhood import aps_positions, per_sequence_aps, unit_rows_aps
+from poslens.metrics.neighborhood import (aps_positions, lower_cosines, lower_cosines_aps, per_sequence_aps,
+                                         unit_rows_aps)
+
 
 def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor) -> None:
     """Add ``sum_b cos(x_bi, x_bj)``, ``sum_b |x_bi|`` and each sequence's own APS for ``x [B, S, ...]``
@@ -24,8 +26,9 @@ def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor
 
     The unit vectors are written once, sequence-major (``[S, B * d]``), so the batch sum is one
     float32 symmetric product with inner dimension ``B * d`` (:func:`poslens.capture.gram.symmetric_gram`),
-    added to the float64 sum. A half-precision model on a GPU takes each sequence's product of its own
-    values instead (:func:`cosine_rows`).
+    added to the float64 sum. On the CPU, when the per-sequence APS reads every position (``S <=
+    aps_max_positions``), the sequences' own maps it computes anyway are summed instead. A
+    half-precision model on a GPU takes each sequence's product of its own values (:func:`cosine_rows`).
     """
     cos_name, norm_name, aps_name = names
     B, S = x.shape[:2]
@@ -53,14 +56,23 @@ def add_cosine(capture, names: tuple[str, str, str], index: int, x: torch.Tensor
         # each sequence's APS from the same unit rows, at its evenly spaced positions (what
         # per_sequence_aps computes, without normalising them again)
         idx = aps_positions(S, capture.spec.aps_max_positions).to(x.device)
-        u = folded[idx].transpose(0, 1)  # [B, T, d]
-        add_aps(aps_acc, index, unit_rows_aps(u, finite=bool(torch.isfinite(n).all())))
-        folded = folded.reshape(S, -1)
-        if blocks is not None:
-            gram = blocks.gram_means(folded)
+        finite = bool(torch.isfinite(n).all())
+        if cpu and idx.numel() == S:
+            # every position in the APS: the sequences' own cosine maps are this batch's, so their sum
+            # is the batch's map (no second product of the same vectors)
+            maps = lower_cosines(folded.transpose(0, 1))  # [B, S, S], lower triangle and diagonal
+            gram = capture.work.held("gram_lower", (S, S), x.device)
+            torch.sum(maps, dim=0, out=gram)
+            tie_rows(gram, folded.reshape(S, -1), lower=True)
+            add_aps(aps_acc, index, lower_cosines_aps(maps, finite))
         else:
-            gram = symmetric_gram(folded, out=capture.work.held("gram_lower", (S, S), x.device), lower=True) if cpu \
-                else symmetric_gram(folded)
+            add_aps(aps_acc, index, unit_rows_aps(folded[idx].transpose(0, 1), finite=finite))  # u [B, T, d]
+            folded = folded.reshape(S, -1)
+            if blocks is not None:
+                gram = blocks.gram_means(folded)
+            else:
+                gram = symmetric_gram(folded, out=capture.work.held("gram_lower", (S, S), x.device), lower=True) \
+                    if cpu else symmetric_gram(folded)
     capture.work.add64(capture.accs[cos_name].sum[index], gram, lower=True)  # a lower-triangle accumulator
     capture.accs[norm_name].sum[index] += n.sum(0, dtype=torch.float64)
 

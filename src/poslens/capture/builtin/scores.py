@@ -52,17 +52,23 @@ class Scores(BuiltinStatistic):
         0 (as in ``scores``); entries outside a sliding window are masked when the summary reads them.
         """
         cap, query, key = batch.capture, batch.query, batch.key
-        B, H = query.shape[:2]
+        B, H, _, D = query.shape
         Hk = key.shape[1]
         grid = cap.grid.to(query.device)
+        n = grid.numel()
         qg = query[:, :, grid].to(torch.float32)
         kg = key[:, :, grid].to(torch.float32)
-        if Hk != H:
-            kg = kg.repeat_interleave(H // Hk, dim=1)
-        logits = torch.matmul(qg, kg.transpose(-1, -2)).mul_(batch.scaling)  # [B, H, n, n]
-        if batch.softcap is not None:
-            logits = torch.tanh_(logits.div_(batch.softcap)).mul_(batch.softcap)
-        part = logits.sum(dim=1)
+        if batch.softcap is None:
+            # sum_h q_h . k_kv(h) = sum_kv (sum of its query heads' q) . k_kv: one product over the key
+            # heads' concatenated dimensions, [B, n, Hk * D] x [B, Hk * D, n]
+            qs = qg.view(B, Hk, H // Hk, n, D).sum(2)
+            part = torch.bmm(qs.permute(0, 2, 1, 3).reshape(B, n, Hk * D),
+                             kg.permute(0, 1, 3, 2).reshape(B, Hk * D, n)).mul_(batch.scaling)
+        else:  # Gemma 2 caps each head's logits: the heads one by one
+            if Hk != H:
+                kg = kg.repeat_interleave(H // Hk, dim=1)
+            logits = torch.matmul(qg, kg.transpose(-1, -2)).mul_(batch.scaling)  # [B, H, n, n]
+            part = torch.tanh_(logits.div_(batch.softcap)).mul_(batch.softcap).sum(dim=1)
         if batch.causal:
             part.masked_fill_(grid[None, :] > grid[:, None], 0.0)
         part = torch.nan_to_num(part, nan=0.0, posinf=0.0, neginf=0.0).to(torch.float64).div_(H)
