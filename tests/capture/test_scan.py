@@ -469,3 +469,29 @@ def test_scan_prints_its_throughput_and_the_report_card_shows_gpu_memory(cli, ll
     run = SimpleNamespace(summary={"throughput": {"tokens_per_s": 10.0, "peak_gpu_memory_bytes": 3 * 2**30}},
                           config={})
     assert ("peak GPU memory", "3.0 GiB") in _meta(run)
+
+
+def test_a_model_poslens_loaded_is_freed_before_the_results_are_written(llama_dir, tmp_path, monkeypatch):
+    """The weights of a model the scan loaded are gone before the merged sums are read out (both are
+    as large), whether its last reference freed it or a collection had to."""
+    import weakref
+
+    from poslens.capture import scan as scan_module
+
+    refs, seen = [], []
+    load, merge = scan_module._load, scan_module._merge_and_write
+
+    def loading(job, progress, given):
+        model = load(job, progress, given)
+        refs.append(weakref.ref(model))
+        return model
+
+    def merging(*a, **kw):
+        seen.append(refs[0]() is None)
+        return merge(*a, **kw)
+
+    monkeypatch.setattr(scan_module, "_load", loading)
+    monkeypatch.setattr(scan_module, "_merge_and_write", merging)
+    run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=12, num_seqs=4,
+                        batch_size=2, figures=False), progress=False)
+    assert seen == [True]

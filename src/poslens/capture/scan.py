@@ -20,6 +20,7 @@ import dataclasses
 import gc
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,9 +139,11 @@ def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, c
         return result
     tokens, elapsed = result
     loaded_here = given is None
+    held = weakref.ref(model) if loaded_here else None
     del model, given  # free the weights (of a model poslens loaded) before the results are merged and written (sums and maps are as large)
     if loaded_here:  # a caller's model stays alive with the caller: a full collection (0.2 s) would free nothing
-        gc.collect()
+        if held() is not None:  # freed when its last reference went, unless a reference cycle holds it
+            gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return _merge_and_write(job, capture, tokens, elapsed, t_start)
