@@ -12,10 +12,14 @@ large to fetch here, so these experiments run on small models standing in for th
 
 Each experiment writes ordinary run directories (``neighborhood``, ``panels``, ``scan``,
 ``slash``) under ``DIR/NAME/`` and returns the reproduce record (measured, reproduced, runs, note).
+Every verdict follows the one rule of :mod:`poslens.report.verdicts` (``value − max(chance, floor) ≥
+threshold``, thresholds from :data:`poslens.report.verdicts.THRESHOLDS`, as the fingerprint's findings
+for the same claims); each record in ``runs`` carries the rule's numbers (:func:`~poslens.report.verdicts.measured`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -33,6 +37,7 @@ from poslens.fmt import fmt
 from poslens.metrics import diagonal_normalize
 from poslens.models import realmodels
 from poslens.models.families import build_model
+from poslens.report import verdicts as V
 from poslens.reproduce.simulated import Experiment, ReproContext
 
 ZUO = "Position without positional encodings (arXiv 2501.00073)"
@@ -56,13 +61,44 @@ def _model(name: str, pe: str, out: Path) -> tuple[Path, str]:
     """A zoo entry if trained, else a fresh random-init model of the zoo's CPU shape; returns (dir, description)."""
     z = zoo_dir() / name
     if _finished(z):
-        return z, f"zoo model {name} ({z})"
+        return z, f"the zoo's {name} ({z})"
 
     target = out / "models" / f"{'nope' if pe == 'none' else 'rope'}-random-init"
     if not (target / "config.json").is_file():
         build_model(pe, "tiny", vocab_size=256, seed=0).save_pretrained(str(target))
-    return target, f"a randomly initialised {('NoPE' if pe == 'none' else 'RoPE')} model (zoo entry {name} not found " \
-                   f"under {zoo_dir()}; set POSLENS_ZOO or run `poslens zoo`)"
+    return target, (f"a randomly initialised {('NoPE' if pe == 'none' else 'RoPE')} model of the zoo's tiny shape "
+                    "(init N(0, 0.02), seed 0)")
+
+
+def _holds(n: dict) -> bool:
+    """The one verdict rule on a :func:`poslens.report.verdicts.measured` record."""
+    return V.beyond(n["value"], n["chance"], n["floor"], n["threshold"])
+
+
+def _against(n: dict) -> str:
+    """The rule's numbers in words: "[value 0.93; chance 0.5, floor 0.52, threshold 0.1: beyond]"."""
+    v = fmt(n["value"]) if n["value"] is not None else "—"
+    return (f"[value {v}; chance {fmt(n['chance'])}, floor {fmt(n['floor'])}, threshold {fmt(n['threshold'])}: "
+            f"{'beyond' if _holds(n) else 'not beyond'}]")
+
+
+def _se(std, n) -> float | None:
+    """Standard error of a mean of ``n`` per-sequence values with standard deviation ``std``."""
+    return std / math.sqrt(n) if std is not None and n and math.isfinite(std) else None
+
+
+def aps_verdict(aps: float | None, std: float | None, n: int, measure: str) -> dict:
+    """The rule's numbers of an APS: chance 0.5 (no order), floor ``0.5 + z·std/√n`` (the
+    per-sequence spread over ``n`` sequences), threshold ``THRESHOLDS["aps"]`` (as the fingerprint's
+    APS finding)."""
+    return V.measured(aps, 0.5, V.mean_floor(0.5, _se(std, n)), V.THRESHOLDS["aps"], measure)
+
+
+#: the rule's wording for an APS claim and its no-mask control
+APS_RULE = ("value = mean per-sequence APS of decoder layer 0 (index 1), chance 0.5 (no order), floor = 0.5 + z·SE "
+            f"(SE = per-sequence std / √sequences, one-sided at {V.LEVEL:g}), threshold {V.THRESHOLDS['aps']:g} "
+            "(THRESHOLDS['aps']); reproduced when value − max(chance, floor) ≥ threshold with the causal mask, and "
+            "the control without the mask (bidirectional) is not beyond chance by the threshold")
 
 
 def _data_for(model_dir: Path) -> str:
@@ -85,17 +121,21 @@ def _zuo_adjacency(ctx: ReproContext, out: Path) -> dict:
                                                 bidirectional=True, device=ctx.device, figures=ctx.figures,
                                                 overwrite=True), progress=False)
         layers = s["layers"]
+        n_seqs = s.get("num_seqs") or NUM_SEQS
         a1 = layers[1]["aps_mean"]
         b1 = layers[1].get("bidirectional_aps_mean")
-        good = a1 >= 0.8 and b1 is not None and abs(b1 - 0.5) < 0.1
+        n = aps_verdict(a1, layers[1].get("aps_std"), n_seqs, "per-sequence APS of decoder layer 0, causal")
+        c = aps_verdict(b1, layers[1].get("bidirectional_aps_std"), n_seqs,
+                        "per-sequence APS of decoder layer 0 without the causal mask (control)")
+        good = _holds(n) and b1 is not None and not _holds(c)
         ok &= good
-        lines.append(f"{desc}: APS of decoder layer 0 {fmt(a1)} causal vs {fmt(b1)} bidirectional (embeddings "
-                     f"{fmt(layers[0]['aps_mean'])}); APS by decoder layer from 0 "
+        lines.append(f"{desc}: APS of decoder layer 0 {fmt(a1)} causal {_against(n)} vs {fmt(b1)} bidirectional "
+                     f"{_against(c)} (embeddings {fmt(layers[0]['aps_mean'])}); APS by decoder layer from 0 "
                      + " / ".join(f"{fmt(l['aps_mean'])}" for l in layers[1:]))
-        runs.append({"run": run, "model": str(mdir), "aps_layer1": a1, "aps_layer1_bidirectional": b1})
+        runs.append({"run": run, "model": str(mdir), "aps_layer1": a1, "aps_layer1_bidirectional": b1, **n,
+                     "control": c, "reproduced": good})
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs,
-            "note": f"{NUM_SEQS} random-token sequences of {SEQ_LEN} tokens; reproduced = APS of decoder layer 0 "
-                    "(the first attention layer) >= 0.8 causal and within 0.1 of 0.5 without the causal mask."}
+            "note": f"{NUM_SEQS} random-token sequences of {SEQ_LEN} tokens; {APS_RULE}; on every model measured."}
 
 
 def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
@@ -105,20 +145,55 @@ def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
                                 num_seqs=NUM_SEQS * 2, seq_len=50, batch_size=8, seed=ctx.seed, device=ctx.device),
                    progress=False)
     by = {r["panel"]: r for r in s["panels"]}
-    b_loc, i_loc = by["b"]["locality"], by["i"]["locality"]
-    ok = i_loc is not None and i_loc > 0.1 and (b_loc is None or abs(b_loc) < abs(i_loc))
+    n, c = kim_panels_verdict(by["i"], by["b"], s.get("seq_len") or 50)
+    ok = _holds(n) and not _holds(c)
     trained = "random-init" not in mdir.name
-    lines = [f"{desc}, layer 0 (the paper's layer 1), 50-token sequences:",
+    lines = [f"{desc}, layer 0 (the paper's layer 1), {s.get('num_seqs', NUM_SEQS * 2)} x 50 tokens of "
+             f"{s.get('data') or _data_for(mdir)}:",
              "locality by panel: " + ", ".join(f"({k}) {fmt(by[k]['locality'], signed=True, missing='flat')}"
                                                for k in by),
              "relativity index by panel: " + ", ".join(
-                 f"({k}) {fmt(by[k]['relativity_index'], signed=True, missing='flat')}" for k in by)]
-    note = ("reproduced = the next layer's scores (i) favour nearby keys (locality > 0.1) more than the first "
-            "layer's own scores (b); the paper's 1.5B NoPE checkpoint is unreleased.")
+                 f"({k}) {fmt(by[k]['relativity_index'], signed=True, missing='flat')}" for k in by),
+             f"share of key pairs whose score rises towards the query: (i) next layer's scores {_against(n)}; "
+             f"(b) the layer's own scores, either direction (control) {_against(c)}."]
+    note = (f"value = (1 + locality) / 2 of panel (i), the next layer's scores: the share of same-row key pairs "
+            f"whose score rises towards the query, a pairwise order probability like APS (chance 0.5: no position), "
+            f"threshold {V.THRESHOLDS['aps']:g} (THRESHOLDS['aps'], the pairwise-order threshold); the panels run "
+            "keeps only the batch-mean maps, so no per-sequence SE is available: the floor is the binomial bound "
+            "of 0.5 over the key pairs counted (pairs of one map are not independent, so this bound is the "
+            f"smallest noise floor, one-sided at {V.LEVEL:g}). Reproduced when value − max(chance, floor) ≥ "
+            "threshold for (i) and the control, panel (b) (the layer's own scores, (1 + |locality|) / 2), is not "
+            "beyond chance by the threshold. The paper's 1.5B NoPE checkpoint is unreleased.")
     if not trained:
         note += " No trained NoPE model was available, so the claim (about trained models) is not decided here."
     return {"measured": "\n".join(lines), "reproduced": ok if trained else None,
-            "runs": [{"run": "panels_layer0", "model": str(mdir)}], "note": note}
+            "runs": [{"run": "panels_layer0", "model": str(mdir), **n, "control": c,
+                      "reproduced": ok if trained else None}], "note": note}
+
+
+def _key_pairs(seq_len: int, excluded) -> int:
+    """Same-row pairs of visible keys in a causal map (diagonal and ``excluded`` keys left out)."""
+    ex = set(excluded or ())
+    total = 0
+    for q in range(seq_len):
+        k = sum(1 for j in range(q) if j not in ex)
+        total += k * (k - 1) // 2
+    return total
+
+
+def kim_panels_verdict(i_row: dict, b_row: dict, seq_len: int) -> tuple[dict, dict]:
+    """The rule's numbers of panel (i) (the next layer's scores favour nearby keys) and of its control,
+    panel (b) (the layer's own scores carry little position, in either direction)."""
+    def rec(loc, row, what: str, absolute: bool) -> dict:
+        pairs = _key_pairs(seq_len, row.get("sink_columns", (0,)))
+        v = 0.5 if loc is None else (1.0 + (abs(loc) if absolute else loc)) / 2.0  # None: a flat map, no order
+        return V.measured(v, 0.5, V.binomial_floor(0.5, pairs), V.THRESHOLDS["aps"], what)
+
+    n = rec(i_row.get("locality"), i_row, "share of same-row key pairs whose score rises towards the query, "
+            "panel (i), the next layer's scores", False)
+    c = rec(b_row.get("locality"), b_row, "share of same-row key pairs ordered by distance, either direction, panel "
+            "(b), the layer's own scores (control)", True)
+    return n, c
 
 
 def _slash_sdh(ctx: ReproContext, out: Path) -> dict:
@@ -131,20 +206,84 @@ def _slash_sdh(ctx: ReproContext, out: Path) -> dict:
     run_scan(ScanConfig(out=str(out / "scan_random"), data="random", **common), progress=False)
     s = run_slash(SlashConfig(scan_dir=str(out / "scan_in"), out=str(out / "slash"),
                               random_scan=str(out / "scan_random"), max_delta=16))
-    pers = [p for p in s.get("persistence") or [] if isinstance(p, dict)]
-    kappa = s.get("persist_kappa")
-    n_persist = sum(1 for p in pers if p.get("persists"))
-    lines = [f"{desc}; prompts: {data} (in distribution) and i.i.d. random tokens, {NUM_SEQS} x {SEQ_LEN}."]
+    if data == "stdlib":
+        prompts = (f"prompts: stdlib text and, as the control, i.i.d. random tokens (seed {ctx.seed}), "
+                   f"{NUM_SEQS} x {SEQ_LEN} each")
+    else:
+        prompts = (f"prompts: i.i.d. random tokens (seed {ctx.seed}) in both scans, {NUM_SEQS} x {SEQ_LEN}: the "
+                   "model has no tokenizer, so there is no text scan and persistence is not tested")
+    n, said = slash_verdict(s)
+    lines = [f"{desc}; {prompts}."]
     lines += [str(r) for r in s.get("readings") or []][:4]
-    lines.append(f"({kappa}, Δ)-slash-dominant heads with Δ ≥ 1: {len(pers)}; persisting on random tokens: {n_persist}.")
-    trained = "random-init" not in mdir.name
-    ok = bool(pers) and n_persist == len(pers) and trained
-    note = ("reproduced = at least one slash-dominant head with Δ ≥ 1 in a trained RoPE model, and every such head "
-            "persists on random tokens.")
+    lines.append(said)
+    trained = "random-init" not in mdir.name and data == "stdlib"
+    ok = _holds(n) if trained else None
+    note = SLASH_RULE
     if not trained:
-        note += " No trained RoPE model was available, so the claim (about trained models) is not decided here."
-    return {"measured": "\n".join(lines), "reproduced": ok if trained else None,
-            "runs": [{"run": r} for r in ("scan_in", "scan_random", "slash")], "note": note}
+        note += (" No trained RoPE model with a tokenizer was available, so the claim (about trained models on "
+                 "text) is not decided here.")
+    return {"measured": "\n".join(lines), "reproduced": ok,
+            "runs": [{"run": "scan_in"}, {"run": "scan_random"},
+                     {"run": "slash", "model": str(mdir), **n, "reproduced": ok}], "note": note}
+
+
+#: the rule's wording for the slash claim
+SLASH_RULE = ("value = share of the (κ, Δ)-slash-dominant heads (Δ in 1 … 16) that stay κ-dominant on i.i.d. random "
+              "tokens, chance 0 (a head driven by the text falls to about even attention), floor = the binomial bound "
+              "of 0 over the heads (0), threshold "
+              f"{V.THRESHOLDS['slash']:g} (THRESHOLDS['slash']); reproduced when value − max(chance, floor) ≥ "
+              "threshold. The paper's second condition, medium and high RoPE frequencies dominating the slash heads "
+              "(over half of their q·k energy; chance: those bands' share of the rotary pairs), is stated beside the "
+              "verdict, not part of it.")
+
+
+def _fast_chance(s: dict) -> float | None:
+    """The share of rotary pairs in the high and medium bands (where a head without a preference puts its energy)."""
+    from poslens.rope import frequency_bands
+
+    g = s.get("geometry") or {}
+    try:
+        bands = frequency_bands(int(g["rotary_dim"]), g.get("base"), int(s.get("seq_len") or 0))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return sum(b in ("high", "medium") for b in bands) / len(bands) if bands else None
+
+
+def slash_verdict(s: dict) -> tuple[dict, str]:
+    """The rule's numbers of the slash claim from a slash run's summary (share of the slash-dominant heads
+    that persist on random tokens, as the fingerprint's slash finding), and the line stating them with the
+    paper's second condition (band use of the slash heads) and the offset prediction."""
+    kappa = s.get("persist_kappa")
+    pers = [p for p in s.get("persistence") or [] if isinstance(p, dict)]
+    kept = [p for p in pers if p.get("persists")]
+    n = V.measured(len(kept) / len(pers) if pers else None, 0.0, V.binomial_floor(0.0, len(pers)),
+                   V.THRESHOLDS["slash"], f"share of the ({kappa}, Δ)-slash-dominant heads (Δ in 1 … 16) that stay "
+                   "κ-dominant on i.i.d. random tokens")
+    said = (f"({kappa}, Δ)-slash-dominant heads with Δ in 1 … 16: {len(pers)}; persisting on random tokens: "
+            f"{len(kept)} {_against(n)}.")
+    heads = {(h["layer"], h["head"]): h for h in s.get("heads") or []}
+    sh = [heads[(p["layer"], p["head"])] for p in pers if (p["layer"], p["head"]) in heads]
+    fast = [h["band_usage"].get("high", 0.0) + h["band_usage"].get("medium", 0.0) for h in sh if h.get("band_usage")]
+    n["band_high_medium"] = sum(fast) / len(fast) if fast else None
+    n["band_chance"] = _fast_chance(s)
+    if fast:
+        v, ch = n["band_high_medium"], n["band_chance"]
+        said += (f" Condition 2, medium and high RoPE frequencies dominate: they carry {fmt(v)} of the slash heads' "
+                 "q·k energy" + (f", where {fmt(ch)} of the rotary pairs lie" if ch is not None else "") + "; "
+                 + ("met." if v > 0.5 else "not met (under half), though above their share of the pairs."
+                    if ch is not None and v > ch else "not met (under half)."))
+    elif pers:
+        said += " Condition 2 (band use) is not measured: the slash heads have no RoPE decomposition."
+    pred = [h for h in sh if h.get("predicted_peak") is not None]
+    if pred:
+        match = sum(h["predicted_peak"] == h["best_delta"] for h in pred)
+        said += f" The RoPE frequencies predict the right offset for {match} of {len(pred)}."
+        n["predicted_offset_matches"], n["predicted_offset_heads"] = match, len(pred)
+    offsets = {p["delta"] for p in pers}
+    if pred and len(pers) > 1 and len(offsets) == 1:  # a predictor that always named this offset would match as often
+        said += (f" All {len(pers)} sit at the same offset ({next(iter(offsets))}), so the prediction tells that "
+                 "offset apart from the other offsets, not one head's offset from another's.")
+    return n, said
 
 
 def _zuo_sweep(ctx: ReproContext, out: Path) -> dict:
@@ -152,22 +291,46 @@ def _zuo_sweep(ctx: ReproContext, out: Path) -> dict:
     s = run_sweep(SweepConfig(out=str(out / "sweep"), sigmas=list(PAPER_SIGMAS), shapes=["6x384", "2x128"],
                               seq_len=SEQ_LEN, num_seqs=8, seed=ctx.seed, figures=ctx.figures, overwrite=True),
                   progress=False)
-    lines, ok = [], True
+    lines, runs, ok = [], [], True
     for shape in s["shapes"]:
         recs = [r for r in s["results"] if r["shape"] == shape]
-        causal = {r["sigma"]: r["aps_causal_mean"][1] for r in recs}
-        bidir = {r["sigma"]: (r.get("aps_bidirectional_mean") or [None, None])[1] for r in recs}
-        small = [a for sg, a in causal.items() if sg <= 0.02]
-        large = [a for sg, a in causal.items() if sg >= 0.2]
-        good = min(small) >= 0.9 and max(large) < 0.7 and all(b is not None and abs(b - 0.5) < 0.1 for b in bidir.values())
+        cells = sweep_cells(recs, s.get("num_seqs") or 8)
+        good = all(c["reproduced"] for c in cells)
         ok &= good
-        lines.append(f"{shape}: APS of decoder layer 0 causal "
-                     + ", ".join(f"σ={sg:g}: {fmt(a)}" for sg, a in causal.items())
-                     + "; bidirectional within " + f"{fmt(max(abs(b - 0.5) for b in bidir.values()))} of 0.5")
-    return {"measured": "\n".join(lines), "reproduced": ok, "runs": [{"run": "sweep"}],
-            "note": f"untrained NoPE models, {SEQ_LEN}-token i.i.d. character sequences, 8 per cell; reproduced = "
-                    "APS of decoder layer 0 >= 0.9 for σ <= 0.02, < 0.7 for σ >= 0.2, and bidirectional within 0.1 "
-                    "of 0.5."}
+        runs += [{"run": "sweep", **c} for c in cells]
+        lines.append(f"{shape}: APS of decoder layer 0 causal, then bidirectional, by σ: "
+                     + "; ".join(f"σ={c['sigma']:g}: {fmt(c['value'])} (floor {fmt(c['floor'])}, "
+                                 f"{'beyond' if _holds(c) else 'not beyond'}), bidirectional "
+                                 f"{fmt(c['control']['value'])} ({'beyond' if _holds(c['control']) else 'not beyond'})"
+                                 for c in cells)
+                     + f" → {'as claimed' if good else 'NOT as claimed'} (chance 0.5, threshold "
+                     f"{V.THRESHOLDS['aps']:g}).")
+    return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs,
+            "note": f"untrained NoPE models, {SEQ_LEN}-token i.i.d. character sequences, 8 per cell; per cell, value = "
+                    "mean per-sequence APS of decoder layer 0 (index 1), chance 0.5, floor = 0.5 + z·SE (SE = "
+                    f"per-sequence std / √8, one-sided at {V.LEVEL:g}), threshold {V.THRESHOLDS['aps']:g} "
+                    "(THRESHOLDS['aps']); reproduced when every cell with σ ≤ 0.02 is beyond (value − max(chance, "
+                    "floor) ≥ threshold), every cell with σ ≥ 0.2 is not, and no bidirectional cell is."}
+
+
+def sweep_cells(recs: list[dict], num_seqs: int) -> list[dict]:
+    """Per (shape, σ) record of a sweep: the rule's numbers of the causal APS of decoder layer 0, its
+    bidirectional control, what the claim expects (beyond for σ ≤ 0.02, not beyond for σ ≥ 0.2, no
+    expectation between) and whether the cell is as claimed."""
+    out = []
+    for r in recs:
+        k = num_seqs
+        cs = r.get("aps_causal_std")
+        n = aps_verdict(r["aps_causal_mean"][1], cs[1] if cs else None, k,
+                        f"per-sequence APS of decoder layer 0, causal, σ = {r['sigma']:g}")
+        bm, bs = r.get("aps_bidirectional_mean"), r.get("aps_bidirectional_std")
+        c = aps_verdict(bm[1] if bm else None, bs[1] if bs else None, k,
+                        f"per-sequence APS of decoder layer 0 without the causal mask, σ = {r['sigma']:g} (control)")
+        expect = True if r["sigma"] <= 0.02 else False if r["sigma"] >= 0.2 else None
+        good = (expect is None or _holds(n) == expect) and c["value"] is not None and not _holds(c)
+        out.append({"shape": r["shape"], "sigma": r["sigma"], **n, "control": c, "expect_beyond": expect,
+                    "reproduced": good})
+    return out
 
 
 def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
@@ -181,24 +344,49 @@ def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
         dirs.append(str(z))
         labels.append(name)
     if not dirs:
-        return {"measured": f"no zoo copy-task models under {zoo_dir()} (the probes need character-level "
-                            "tokenizers); run `poslens zoo` or set POSLENS_ZOO.", "reproduced": None,
+        return {"measured": f"nothing probed: the probes need the zoo's copy-task models (nope-copy, rope-copy; "
+                            f"character-level tokenizers), and {zoo_dir()} holds neither.", "reproduced": None,
                 "note": "not decided: nothing to probe"}
     s = run_probes(ProbesConfig(model_dirs=dirs, labels=labels, out=str(out / "probes"), seq_len=32, num_train=64,
                                 num_test=32, seed=ctx.seed, figures=ctx.figures, overwrite=True, device=ctx.device))
-    lines, ok = [], None
+    lines, runs, decided = [], [], []
     for v in s.get("verdicts", []):
+        n = probes_verdict(v)
+        judged = v["pe"] == "none"
+        rec = {"run": "probes", "model": v["model"], "state": v["state"], **n, "reproduced": None}
+        if judged:
+            rec["reproduced"] = (_holds(n) and v["cosine_best_r"] > v["norm_best_r"]) if _reachable(n) else None
+            decided.append(rec["reproduced"])
+        runs.append(rec)
         lines.append(f"{v['model']} ({v['state']}): best cosine r {fmt(v['cosine_best_r'])} (layer "
                      f"{v['cosine_best_layer']}), best norm r {fmt(v['norm_best_r'])} (layer {v['norm_best_layer']}), "
-                     f"cosine has the lower test MSE in {v['cosine_lower_mse_layers']} of {v['layers']} layers: "
-                     f"cosine beats norm? {v['cosine_beats_norm']}")
-        if v["pe"] == "none":
-            ok = (ok is not False) and v["cosine_beats_norm"] == "yes"
-    return {"measured": "\n".join(lines), "reproduced": ok, "runs": [{"run": "probes"}],
+                     f"cosine has the lower test MSE in {v['cosine_lower_mse_layers']} of {v['layers']} layers "
+                     f"{_against(n)}" + ("" if judged else " (RoPE: reported, not judged)")
+                     + ("" if not judged or _reachable(n) else
+                        f"; with {v['layers']} layers the share cannot pass the floor by the threshold: not decided"))
+    ok = None if not decided or None in decided else all(decided)
+    return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs or [{"run": "probes"}],
             "note": "MLP probes (d -> 64 -> 1), fit on sequences over characters 01234, tested on 56789, T = 32; "
-                    "reproduced = for every NoPE model (trained and random init) cos(h_i, h_T) predicts T - i "
-                    "better than ||h_i|| (higher r and lower test MSE in most layers)"
-                    + ("" if trained else "; some zoo copy models were missing")}
+                    "per NoPE model (trained and random init), value = share of the layers where cos(h_i, h_T) "
+                    "predicts T - i with a lower test MSE than ||h_i||, chance 0.5 (neither feature better), floor = "
+                    f"the binomial bound of 0.5 over the layers (one-sided at {V.LEVEL:g}; the probes report no "
+                    f"per-layer SE), threshold {V.THRESHOLDS['aps']:g} (THRESHOLDS['aps'], the claims of arXiv "
+                    "2501.00073); reproduced when value − max(chance, floor) ≥ threshold and the best cosine r "
+                    "exceeds the best norm r on every NoPE model; not decided where the floor leaves no room for the "
+                    "threshold (too few layers)" + ("" if trained else "; some zoo copy models were missing")}
+
+
+def probes_verdict(v: dict) -> dict:
+    """The rule's numbers of "cosine beats norm" for one probed model (a ``verdicts`` entry of a probes run)."""
+    k = int(v.get("layers") or 0)
+    return V.measured(v["cosine_lower_mse_layers"] / k if k else None, 0.5, V.binomial_floor(0.5, k),
+                      V.THRESHOLDS["aps"], "share of layers where the cosine probe has the lower test MSE than the "
+                      "norm probe")
+
+
+def _reachable(n: dict) -> bool:
+    """Whether a share (at most 1) can pass the rule at all: ``1 − max(chance, floor) ≥ threshold``."""
+    return V.margin(1.0, n["chance"], n["floor"]) >= n["threshold"] - 1e-12
 
 
 #: the trained-model experiments (``real`` is added below, after its helpers)
@@ -334,18 +522,28 @@ def _real_kim(out: Path) -> dict:
     agree = [v for l in range(L) if (v := residual_agreement(scores[l, 1:, 1:], maps_r["scores"][l, 1:, 1:]))
              is not None]
     shared = sum(v > 0.2 for v in agree)
-    holds = bool(rel) and _median(rel) < 0.95 and sum(v > 0 for v in loc) > len(loc) / 2 and shared > L / 2
+    n = real_kim_verdict(shared, L)
+    holds = _holds(n)
     line = (f"  Behind RoPE, arXiv 2509.21042 (score maps): relativity index without query/key 0 median "
             f"{fmt(_median(rel))} (range {fmt(min(rel))}-{fmt(max(rel))}), with key 0 median {fmt(_median(rel_s))}; locality without key 0 "
             f"> 0 in {sum(v > 0 for v in loc)} of {len(loc)} layers (median {fmt(_median(loc), signed=True)}); "
             f"attention on key 0 median {fmt(_median(sink))}; the non-relative residual (diagonal-normalised map) of the stdlib scan "
             f"correlates with that of the random-token scan, an independent sample (noise alone: about 0), above 0.2 "
-            f"in {shared} of {L} layers (median {fmt(_median(agree))}) → non-relative, nearby-favouring maps "
+            f"in {shared} of {L} layers (median {fmt(_median(agree))}) {_against(n)} → non-relative maps "
             f"{'hold' if holds else 'do NOT hold'}.")
-    return {"line": line, "holds": holds, "relativity_median_no_sink": _median(rel),
+    return {"line": line, "holds": holds, "kim_verdict": n, "relativity_median_no_sink": _median(rel),
             "relativity_median_with_sink": _median(rel_s), "locality_positive_layers": sum(v > 0 for v in loc),
             "layers": L, "sink_median": _median(sink), "residual_agreement_median": _median(agree) if agree else None,
             "residual_shared_layers": shared}
+
+
+def real_kim_verdict(shared: int, layers: int) -> dict:
+    """The rule's numbers of arXiv 2509.21042 on a real model: the share of layers whose non-relative
+    residual reproduces on an independent sample (as the fingerprint's Kim finding: share of layers,
+    chance 0, binomial floor of the level over the layers, ``THRESHOLDS["relativity"]``)."""
+    return V.measured(shared / layers if layers else None, 0.0, V.binomial_floor(V.LEVEL, layers),
+                      V.THRESHOLDS["relativity"], "share of layers whose non-relative residual (diagonal-normalised "
+                      "map) correlates above 0.2 with that of the random-token scan")
 
 
 def _real_slash(sl: dict) -> dict:
@@ -356,18 +554,16 @@ def _real_slash(sl: dict) -> dict:
     pers = [p for p in sl.get("persistence") or [] if isinstance(p, dict)]
     kept = [p for p in pers if p.get("persists")]
     top = sorted(sl.get("heads") or [], key=lambda r: -r["best_score"])[:5]
-    pred = [r for r in top if r.get("predicted_peak") is not None]
-    pred_ok = sum(1 for r in pred if r["predicted_peak"] == r["best_delta"])
-    holds = bool(pers) and len(kept) >= len(pers) / 2
-    line = (f"  Slash: ({kappa}, Δ)-slash-dominant heads with Δ in 1..16: {len(pers)}; persisting on random tokens: "
-            f"{len(kept)}; top heads " + ", ".join(
+    n, said = slash_verdict(sl)
+    holds = _holds(n)
+    line = (f"  Slash: {said} Top heads " + ", ".join(
                 f"{r['layer']}.{r['head']} Δ={r['best_delta']} {fmt(r['best_score'])} (q/k σ1² share "
-                f"{fmt(r['q_top1_energy'])}/{fmt(r['k_top1_energy'])}, predicted Δ {r.get('predicted_peak')})"
+                f"{fmt(r.get('q_top1_energy'))}/{fmt(r.get('k_top1_energy'))}, predicted Δ {r.get('predicted_peak')})"
                 for r in top[:3])
-            + f"; predicted offset = observed in {pred_ok} of {len(pred)} top heads → SDHs that persist "
-            f"{'hold' if holds else 'do NOT hold'}.")
-    return {"line": line, "holds": holds, "sdh": len(pers), "sdh_persisting": len(kept), "persist_kappa": kappa,
-            "predicted_offset_matches": pred_ok, "predicted_offset_heads": len(pred)}
+            + f" → SDHs that persist {'hold' if holds else 'do NOT hold'}.")
+    return {"line": line, "holds": holds, "slash_verdict": n, "sdh": len(pers), "sdh_persisting": len(kept),
+            "persist_kappa": kappa, "predicted_offset_matches": n.get("predicted_offset_matches"),
+            "predicted_offset_heads": n.get("predicted_offset_heads")}
 
 
 def _real_aps(nb: dict) -> dict:
@@ -376,12 +572,16 @@ def _real_aps(nb: dict) -> dict:
     ``line`` and ``seen``."""
     nl = nb["layers"]
     aps = [l["resid_aps_mean"] for l in nl[1:]]
-    seen = _median(aps) > 0.6
+    k = nb.get("num_seqs") or REAL_APS_NUM_SEQS
+    ses = [s for l in nl[1:] if (s := _se(l.get("resid_aps_std"), k)) is not None]
+    n = V.measured(sum(aps) / len(aps), 0.5, V.mean_floor(0.5, sum(ses) / len(ses) if ses else None),
+                   V.THRESHOLDS["aps"], "mean over the layers of the per-sequence APS of the residual stream")
+    seen = _holds(n)
     line = (f"  arXiv 2501.00073 (APS of the residual stream, {REAL_APS_NUM_SEQS} x {REAL_APS_SEQ_LEN} stdlib tokens): "
             f"embeddings {fmt(nl[0]['resid_aps_mean'])}, layers median {fmt(_median(aps))} (range {fmt(min(aps))}-"
-            f"{fmt(max(aps))}) → the adjacency pattern (median APS > 0.6) {'is' if seen else 'is not'} seen in this "
+            f"{fmt(max(aps))}), mean {_against(n)} → the adjacency pattern {'is' if seen else 'is not'} seen in this "
             "RoPE model (the paper claims it for models without positional encoding).")
-    return {"line": line, "seen": seen, "resid_aps_median": _median(aps), "resid_aps_min": min(aps),
+    return {"line": line, "seen": seen, "aps_verdict": n, "resid_aps_median": _median(aps), "resid_aps_min": min(aps),
             "resid_aps_max": max(aps)}
 
 
@@ -397,12 +597,19 @@ def _real(ctx: ReproContext, out: Path) -> dict:
         l, holds, row = _real_one(name, f, ctx, out / name)
         lines += l
         ok &= holds["kim"] and holds["slash"]
-        runs.append({"run": name, **row, "holds": holds})
+        v = {k: row.pop(k) for k in ("kim_verdict", "slash_verdict", "aps_verdict")}
+        runs.append({"run": name, **row, "holds": holds, "kim": v["kim_verdict"], "slash": v["slash_verdict"],
+                     "aps": v["aps_verdict"]})
     missing = [n for n in realmodels.MODELS if n not in ready]
-    note = ("reproduced = on every model: arXiv 2509.21042 — median relativity index (query/key 0 left out) < 0.95 and "
-            "locality > 0 in most layers and, in most layers, the non-relative residual reproduces on an independent sample (correlation > 0.2); Slash — at least one (κ, Δ)-SDH with Δ in 1..16 and most of them persist "
-            "on random tokens. arXiv 2501.00073's claim is for models without positional encoding; on these RoPE models the "
-            "residual-stream APS is reported (pattern seen = median over layers > 0.6), not judged.")
+    note = ("reproduced = on every model, both claims pass value − max(chance, floor) ≥ threshold. arXiv 2509.21042: "
+            "value = share of layers whose non-relative residual (query/key 0 left out) reproduces on the random-token "
+            "scan, an independent sample (correlation > 0.2; noise alone gives about 0), chance 0 (a purely relative "
+            f"map has no residual), floor = the binomial bound of the level {V.LEVEL:g} over the layers (the per-layer "
+            f"test's false-positive rate, at most the level), threshold {V.THRESHOLDS['relativity']:g} "
+            "(THRESHOLDS['relativity']). " + SLASH_RULE + " arXiv 2501.00073's claim is for models without "
+            "positional encoding; on these RoPE models the residual-stream APS is reported with the rule's numbers "
+            "(value = mean over the layers, chance 0.5, floor = 0.5 + z·mean SE, SE = per-sequence std / √sequences, "
+            f"threshold {V.THRESHOLDS['aps']:g}), not judged.")
     if missing:
         note += f" Not measured (absent or no adapter): {', '.join(missing)}."
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs, "note": note}
