@@ -137,6 +137,22 @@ def test_page_renders_in_chromium(two_models, tmp_path):
     assert console == "", console
 
 
+def test_page_defines_every_column_of_every_table(two_models):
+    """Every table of the page (traits, traits per layer type, slash heads, massive dims) is followed by
+    the definitions of its columns, one per header, in the report's markup (tests/report/test_columns.py)."""
+    from poslens.report.fingerprint import render_page
+    from tests.report.test_columns import page_tables
+
+    out, _ = two_models
+    s = json.loads((out / "fingerprint.json").read_text())
+    for html in ((out / "fingerprint.html").read_text(), render_page(s, figures=False)[0]):
+        tables = page_tables(html)
+        assert len(tables) == 6 and html.count("<table>") == len(tables)  # traits, gemma3's types, 2 x 2 per model
+        for cols, defined in tables:
+            assert cols and all(c.strip() for c in cols) and cols == defined, (cols, defined)
+        assert '<th scope="col">sliding_attention</th>' in html and '<dl class="coldefs">' in html
+
+
 def _record(**over):
     """A model record with known numbers: 4 layers x 2 heads, every field the findings read."""
     layers = [{"layer": l, "rope": True, "nonrelative_p": 1e-4, "flat": False, "aps_mean": 0.75, "aps_std": 0.05,

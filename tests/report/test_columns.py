@@ -8,7 +8,7 @@ import ast
 import re
 from pathlib import Path
 
-from poslens.report.columns import definition, definitions
+from poslens.report.columns import COLUMNS, definition, definitions
 from poslens.report.elements import table
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "poslens"
@@ -123,3 +123,47 @@ def test_page_defines_every_column_of_every_table(tmp_path):
     # the contents name the micro model by its name, not by its architecture (model_type smollm3)
     nav = html[html.index("<nav"): html.index("</nav>")]
     assert "model_rope" in nav and "smollm3" not in nav
+
+
+def _fingerprint_summary() -> dict:
+    """A fingerprint summary with every table of the page filled: one model with five layer types (the four
+    named ones and a kind no table knows), a slash head and a massive dim of each of Q and K."""
+    overall = {"layers": 4, "rope_layers": 3, "sink_rate": 0.5, "sink_rate_random": 0.25, "slash_heads": 1,
+               "slash_persist": 1, "relativity_median": 0.9, "nonflat_layers": 3, "trend_mean": 0.1, "aps_min": 0.5,
+               "aps_max": 0.7, "freq": {"high": 0.2, "medium": 0.3, "low": 0.5}, "massive_q": 1,
+               "massive_q_low_share": 1.0, "massive_k": 1, "massive_k_low_share": 0.0}
+    dim = {"layer": 0, "head": 1, "dim": 7, "pair": 3, "band": "low", "ratio": 6.5}
+    head = {"layer": 0, "head": 1, "delta": 2, "score": 0.6, "score_random": 0.5, "persists": True,
+            "q_top1_energy": 0.9, "k_top1_energy": 0.8, "predicted_delta": 2}
+    model = {"name": "m & co", "overall": overall, "slash_heads": [head], "massive": {"q": [dim], "k": [dict(dim, pair=None)]},
+             "layer_types": {t: overall for t in ("rope", "no_rope", "sliding_attention", "full_attention", "yarn")}}
+    return {"num_seqs": 2, "seq_len": 16, "models": [model]}
+
+
+def test_every_fingerprint_column_is_defined():
+    """The fingerprint page's tables (traits, traits per layer type, slash heads, massive dims) define every
+    column: a model's column by the table itself, a layer type by columns.LAYER_TYPES, every other by
+    columns.COLUMNS."""
+    from poslens.report.columns import LAYER_TYPES, layer_type
+    from poslens.report.fingerprint import page_tables
+
+    s = _fingerprint_summary()
+    sections = page_tables(s)
+    assert [len(v) for v in sections.values()] == [1, 1, 1, 1]
+    for ts in sections.values():
+        for t in ts:
+            assert [c for c, _ in t["defs"]] == t["columns"], t["title"]
+    overview, by_type = sections["overview"][0], sections["by_type"][0]
+    assert overview["columns"][1:] == ["m & co"] and "m & co" in dict(overview["defs"])["m & co"]
+    types = by_type["columns"][1:]
+    assert dict(by_type["defs"])["yarn"] == layer_type("yarn") and "'yarn'" in layer_type("yarn")
+    assert all(dict(by_type["defs"])[t] == LAYER_TYPES[t] for t in types if t != "yarn")
+    named = {c for ts in sections.values() for t in ts for c in t["columns"]} - {"m & co", *types}
+    assert {"trait", "layer.head", "Q/K", "RMS / mean", "persists"} <= named
+    missing = [c for c in named if c not in COLUMNS]
+    assert not missing, missing
+    # the trait column's definition explains each row of the table
+    from poslens.report.fingerprint import TRAIT_ROWS
+
+    for label, _ in TRAIT_ROWS:
+        assert label in COLUMNS["trait"], label

@@ -106,13 +106,42 @@ COLUMNS: dict[str, str] = {
     "paper": "the paper it reproduces (arXiv identifier)",
     "verdict": "reproduced, not reproduced, or not decided (by the experiment's stated rule)",
     "run": "the run directory the row comes from",
-    "trait": "the positional trait measured (its definition: the fingerprint's definitions)",
+    "trait": "the trait, one per row; layers (RoPE): decoder layers, and of them those that rotate queries and "
+             "keys; sink heads, text and sink heads, random: share of heads whose mean attention weight on key 0 "
+             "exceeds ε, on text and on random tokens (0 … 100 %; chance: 0 %, as a head attending evenly puts about "
+             "ln(S)/S on key 0, below ε); slash heads (persist): heads whose SlashScore ≥ κ at some Δ in the "
+             "slash range, and of them those still ≥ κ on random tokens; relativity (median): median over the "
+             "non-flat layers of the relativity index, 0 … 1 (1 = the mean score map depends on i − j alone); "
+             "non-flat layers: layers whose mean score map varies beyond its noise floor, of all layers; signed "
+             "trend (mean): mean over the non-flat layers of the signed diagonal trend, −1 … +1 (0 = none); APS "
+             "min–max: the lowest and highest per-sequence APS over layers, 0 … 1 (0.5 = chance, 1 = every row "
+             "rises towards the diagonal); RoPE energy hi/med/lo: percentages of q·k energy in the high-, medium- "
+             "and low-frequency RoPE pairs, mean over the rotating layers (the rest: unrotated dimensions; chance: "
+             "each band's share of the dimensions); massive Q dims (low) and massive K dims (low): query and key "
+             "dimensions whose RMS over tokens exceeds λ × the layer's mean, and the share of them in the low band "
+             "(chance: that band's share of the dimensions)",
     "dim": "the dimension's index in the head's pre-RoPE query or key",
     "pair": "the rotary pair the dimension belongs to (—: a dimension RoPE leaves unrotated)",
     "band": "the RoPE frequency band of that pair (high, medium or low, by its wavelength against the scanned "
             "length)",
     "RMS / mean": "the dimension's RMS over tokens divided by the layer's mean RMS (massive: above λ = 5)",
+    "Q/K": "whether the dimension is one of the head's pre-RoPE queries (Q) or keys (K)",
 }
+
+#: a fingerprint's layer types (its per-type tables' columns): a layer's RoPE table's kind, ``rope`` for a model
+#: with one kind, ``no_rope`` for layers without RoPE
+LAYER_TYPES: dict[str, str] = {
+    "rope": "the traits over the model's layers that rotate queries and keys (its one kind of RoPE layer)",
+    "no_rope": "the traits over the model's layers without RoPE (no positional encoding)",
+    "sliding_attention": "the traits over the model's sliding-window layers (each query sees only the latest keys "
+                         "of its window)",
+    "full_attention": "the traits over the model's global layers (full causal attention)",
+}
+
+
+def layer_type(name: str) -> str:
+    """The definition of a fingerprint's layer-type column (a kind not in :data:`LAYER_TYPES`: by its name)."""
+    return LAYER_TYPES.get(str(name)) or f"the traits over the model's layers of the kind '{name}' (its RoPE table's name)"
 
 #: (pattern, definition with the pattern's groups as {1}, {2}, ...) for columns named after a parameter
 PATTERNS: list[tuple[re.Pattern, str]] = [

@@ -14,6 +14,7 @@ import statistics
 
 from poslens.fmt import fmt
 from poslens.report import verdicts as V
+from poslens.report.columns import definitions, layer_type
 from poslens.report.readings import few_groups
 from poslens.report.page import CSP, template_env
 from poslens.rope import BANDS
@@ -288,12 +289,8 @@ def overview_table(summary: dict) -> dict:
     """The traits of every model, models in columns (the page's and ``summary.json``'s table)."""
     ms = summary["models"]
     rows = [[label] + [fn(m["overall"]) for m in ms] for label, fn in TRAIT_ROWS]
-    defs = {"trait": "the trait: layers (of them with RoPE); the share of heads with a sink on text and on random "
-                     "tokens; slash heads (of them persisting on random tokens); the median relativity index; "
-                     "layers whose score map is not flat; the mean signed diagonal trend; the range of APS; the "
-                     "share of q·k energy in the high/medium/low RoPE bands; massive query and key dimensions "
-                     "(the share of them in the low band)"}
-    defs |= {m["name"]: f"the traits of the model {m['name']}, over all its layers" for m in ms}
+    # the trait column's definition: poslens.report.columns; a model's column: its own
+    defs = {m["name"]: f"the traits of the model {m['name']}, over all its layers" for m in ms}
     return {"title": f"positional fingerprint ({summary['num_seqs']} × {summary['seq_len']} tokens, text and random "
                      "tokens; layers from 0)", "columns": ["trait"] + [m["name"] for m in ms], "rows": rows,
             "definitions": defs}
@@ -306,7 +303,8 @@ def _by_type(summary: dict) -> list[dict]:
             continue
         types = list(m["layer_types"])
         rows = [[label] + [fn(m["layer_types"][t]) for t in types] for label, fn in TRAIT_ROWS]
-        out.append({"title": f"{m['name']}: traits per layer type", "columns": ["trait"] + types, "rows": rows})
+        out.append({"title": f"{m['name']}: traits per layer type", "columns": ["trait"] + types, "rows": rows,
+                    "definitions": {t: layer_type(t) for t in types}})
     return out
 
 
@@ -325,7 +323,19 @@ def _massive_table(m: dict, top: int = 8) -> dict:
             rows.append([key.upper(), f"{d['layer']}.{d['head']}", d["dim"], "—" if d["pair"] is None else d["pair"],
                          d["band"], fmt(d["ratio"])])
     return {"title": f"{m['name']}: strongest massive dims (of {len(m['massive']['q'])} Q, {len(m['massive']['k'])} K)",
-            "columns": ["", "layer.head", "dim", "pair", "band", "RMS / mean"], "rows": rows}
+            "columns": ["Q/K", "layer.head", "dim", "pair", "band", "RMS / mean"], "rows": rows}
+
+
+def page_tables(summary: dict) -> dict[str, list[dict]]:
+    """The page's tables by section (``overview``, ``by_type``, ``slash``, ``massive``), each with
+    ``defs``: its columns' definitions, shown under it (the table's own first, then
+    :mod:`poslens.report.columns`, as in the report)."""
+    def defined(t: dict) -> dict:
+        return {**t, "defs": definitions(t["columns"], t.get("definitions"))}
+
+    ms = summary["models"]
+    return {"overview": [defined(overview_table(summary))], "by_type": [defined(t) for t in _by_type(summary)],
+            "slash": [defined(_slash_table(m)) for m in ms], "massive": [defined(_massive_table(m)) for m in ms]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -663,13 +673,13 @@ def render_page(summary: dict, *, figures: bool = True, findings: list[dict] | N
     from poslens import __version__ as version
 
     figs = globals()["figures"](summary) if figures else {}
+    tables = page_tables(summary)
     ctx = {
         "title": summary["title"], "csp": CSP, "version": version,
         "generated": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "summary": summary, "lines": summary["lines"], "overview": overview_table(summary), "by_type": _by_type(summary),
+        "summary": summary, "lines": summary["lines"], "overview": tables["overview"][0], "by_type": tables["by_type"],
         "figures": [{"file": k, "uri": _uri(v), "caption": FIGURE_CAPTIONS[k]} for k, v in figs.items()],
-        "slash_tables": [_slash_table(m) for m in summary["models"]],
-        "massive_tables": [_massive_table(m) for m in summary["models"]],
+        "slash_tables": tables["slash"], "massive_tables": tables["massive"],
         "definitions": summary["definitions"], "findings": findings if findings is not None else globals()["findings"](summary),
         "isfinite": lambda x: isinstance(x, (int, float)) and math.isfinite(x), "level": V.LEVEL,
     }
