@@ -17,7 +17,9 @@ untimed (first-call costs, and every buffer and heap page at its size for the ti
   capture loop, the summary's readings and the run directory written (``finalize``, whose CPU time
   is also given apart, "final s"), figures off, under glibc's default allocator settings as in any
   Python process (the library leaves the allocator alone). Its process runs no warm-up batch: a
-  user's call pays its first-call costs;
+  user's call pays its first-call costs. The model's transformers code is imported before the
+  timing, as the floor's process imports it before its own (a cost of any transformers model, once
+  per process; its CPU time is printed beside the ratio);
 - ``eager``: the papers' approach: eager attention with ``output_attentions=True`` (``B x H x S^2``
   per layer kept by the forward) and the pre-softmax scores kept as their patched
   ``eager_attention_forward`` did, reduced per batch to the same maps with the same arithmetic.
@@ -204,6 +206,15 @@ def _whole_call(args, src, stats: str) -> dict:
             ru1 = resource.getrusage(resource.RUSAGE_SELF)
             fin.update(finish_cpu_s=_cpu_s(ru1) - _cpu_s(ru0), finish_wall_s=time.perf_counter() - t0)
 
+    # the model's code imported first, untimed, as the floor's process imports it before its timing:
+    # transformers' modeling modules pull in torch._dynamo, torch.distributed.tensor and sympy (about
+    # 2-4 CPU-s), a cost of any transformers model, once per process (recorded apart: import_cpu_s)
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    ru_i = resource.getrusage(resource.RUSAGE_SELF)
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(args.model))]
+    imported = _cpu_s(resource.getrusage(resource.RUSAGE_SELF)) - _cpu_s(ru_i)
     if inner is not None:
         scan_module.finalize = timed_finalize
     try:
@@ -218,7 +229,7 @@ def _whole_call(args, src, stats: str) -> dict:
             scan_module.finalize = inner
     user, sys_ = ru1.ru_utime - ru0.ru_utime, ru1.ru_stime - ru0.ru_stime
     return {"ok": True, "wall_s": wall, "cpu_s": user + sys_, "user_s": user, "sys_s": sys_,
-            "finish_cpu_s": fin.get("finish_cpu_s"), "finish_wall_s": fin.get("finish_wall_s")}
+            "finish_cpu_s": fin.get("finish_cpu_s"), "finish_wall_s": fin.get("finish_wall_s"), "import_cpu_s": imported}
 
 
 def _run_sdpa(model_dir, dtype, dev, stats):
@@ -526,9 +537,12 @@ def whole_call_lines(results: list[dict]) -> list[str]:
         share = [100 * c["finish_cpu_s"] / c["cpu_s"] for c, _ in pairs if c.get("finish_cpu_s") is not None]
         fin = (f"; finalize {_median([c['finish_cpu_s'] for c, _ in pairs if c.get('finish_cpu_s') is not None]):.2f} s"
                f" CPU, {_median(share):.1f} % of the call") if share else ""
+        imp = [c["import_cpu_s"] for c, _ in pairs if c.get("import_cpu_s") is not None]
+        imp = f"; the model's transformers code imported before it, untimed as in the floor's process: " \
+              f"{_median(imp):.1f} s CPU" if imp else ""
         lines.append(f"{entry['model']}: poslens.scan() = {ratio:.2f}x the plain forward's CPU time "
                      f"({_median([c['cpu_s'] for c, _ in pairs]):.1f} s against "
-                     f"{_median([f['cpu_s'] for _, f in pairs]):.1f} s, {floor} row){fin}")
+                     f"{_median([f['cpu_s'] for _, f in pairs]):.1f} s, {floor} row){fin}{imp}")
     return lines
 
 
