@@ -96,6 +96,24 @@ def test_compare_cosine_norm_counts_layers():
     c = compare_cosine_norm(rows)
     assert c["cosine_best"]["layer"] == 0 and c["norm_best"]["layer"] == 1
     assert c["cosine_lower_mse_layers"] == 1 and c["layers"] == 2
+    assert "test_seqs" not in c  # no per-sequence errors given: no paired count
+
+
+def test_per_sequence_errors_are_each_test_sequences_mse_and_pair_over_layers():
+    """``seq_mse`` is each test sequence's own MSE (their mean is the test MSE); the comparison sums
+    each probe's per-sequence errors over the decoder layers and counts the sequences the cosine wins."""
+    g = torch.Generator().manual_seed(1)
+    X, y = torch.randn(90, 3, generator=g, dtype=torch.float64), torch.randn(90, generator=g, dtype=torch.float64)
+    res = evaluate_probe("linear", X[:60], y[:60], X[60:], y[60:], test_seqs=5)
+    assert len(res["seq_mse"]) == 5 and abs(sum(res["seq_mse"]) / 5 - res["mse"]) < 1e-12
+    for i in range(5):  # the same probe (fit on the training rows alone) tested on one sequence's rows
+        rows_i = slice(60 + 6 * i, 66 + 6 * i)
+        assert abs(evaluate_probe("linear", X[:60], y[:60], X[rows_i], y[rows_i])["mse"] - res["seq_mse"][i]) < 1e-9
+    errs = {("cosine", 0): [1, 5, 2], ("norm", 0): [2, 1, 2], ("cosine", 1): [1, 1, 9], ("norm", 1): [1, 4, 1]}
+    rows = [{"layer": k, "feature": f, "probe": "mlp", "r": 0.5, "mse": sum(e) / 3, "seq_mse": e}
+            for (f, k), e in errs.items()]
+    c = compare_cosine_norm(rows)
+    assert c["test_seqs"] == 3 and c["cosine_lower_mse_seqs"] == 1  # sums 2 vs 3, 6 vs 5, 11 vs 3
 
 
 @pytest.fixture(scope="module")

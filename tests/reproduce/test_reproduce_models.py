@@ -112,23 +112,23 @@ def test_zuo_sweep_rule(monkeypatch, tmp_path, small, ok):
     assert all(RULE_KEYS <= set(r) and RULE_KEYS <= set(r["control"]) for r in rec["runs"])
 
 
-def _probe(pe, lower, layers, cr=0.9, nr=0.5):
+def _probe(pe, lower, seqs, cr=0.9, nr=0.5):
     return {"model": f"{pe}-copy", "pe": pe, "state": "trained", "cosine_best_r": cr, "cosine_best_layer": 1,
-            "norm_best_r": nr, "norm_best_layer": 1, "cosine_lower_mse_layers": lower, "layers": layers,
-            "cosine_beats_norm": "yes"}
+            "norm_best_r": nr, "norm_best_layer": 1, "cosine_lower_mse_layers": 2, "layers": 3,
+            "cosine_beats_norm": "yes", "test_seqs": seqs, "cosine_lower_mse_seqs": lower}
 
 
-@pytest.mark.parametrize("lower,ok", [(18, True), (17, False)])
+@pytest.mark.parametrize("lower,ok", [(26, True), (25, False)])
 def test_zuo_probes_rule(monkeypatch, tmp_path, lower, ok):
-    # 20 layers: floor 0.5 + z·0.5/√20 = 0.76; reproduced from 0.86
+    # 32 test sequences: floor 0.5 + z·0.5/√32 = 0.706; reproduced from 0.806 (26 of 32 = 0.81, not 25 = 0.78)
     monkeypatch.setattr(M, "_finished", lambda d: True)
-    monkeypatch.setattr(M, "run_probes", lambda cfg: {"verdicts": [_probe("none", lower, 20), _probe("rope", 0, 20)]})
+    monkeypatch.setattr(M, "run_probes", lambda cfg: {"verdicts": [_probe("none", lower, 32), _probe("rope", 0, 32)]})
     rec = M._zuo_probes(CTX, tmp_path)
     assert rec["reproduced"] is ok
     assert all(RULE_KEYS <= set(r) for r in rec["runs"])
 
 
-def test_zuo_probes_too_few_layers_is_not_decided(monkeypatch, tmp_path):
+def test_zuo_probes_too_few_test_sequences_is_not_decided(monkeypatch, tmp_path):
     monkeypatch.setattr(M, "_finished", lambda d: True)
     monkeypatch.setattr(M, "run_probes", lambda cfg: {"verdicts": [_probe("none", 5, 5)]})
     assert M._zuo_probes(CTX, tmp_path)["reproduced"] is None

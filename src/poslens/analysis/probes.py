@@ -197,7 +197,8 @@ def build_summary(cfg: ProbesConfig, records: list[dict]) -> dict:
                          "cosine_best_layer": c["cosine_best"]["layer"], "norm_best_r": nr,
                          "norm_best_layer": c["norm_best"]["layer"],
                          "cosine_lower_mse_layers": c["cosine_lower_mse_layers"],
-                         "layers": c["layers"], "cosine_beats_norm": verdict})
+                         "layers": c["layers"], "cosine_beats_norm": verdict,
+                         "test_seqs": c.get("test_seqs"), "cosine_lower_mse_seqs": c.get("cosine_lower_mse_seqs")})
     T = cfg.seq_len
     summary = {
         "experiment": "probes", "paper": "neighborhood", "layer_convention": LAYER_CONVENTION,

@@ -143,8 +143,10 @@ def select_ridge(Xa, ya, Xb, yb, ridges=RIDGES) -> float:
 
 
 def evaluate_probe(kind: str, Xtr, ytr, Xte, yte, *, mlp_steps: int = 300, seed: int = 0,
-                   ridge: float = 1e-6) -> dict:
-    """Fit probe ``kind`` (linear | mlp) on the training set; test-set ``{"r", "mse", "chance_mse"}``."""
+                   ridge: float = 1e-6, test_seqs: int | None = None) -> dict:
+    """Fit probe ``kind`` (linear | mlp) on the training set; test-set ``{"r", "mse", "chance_mse"}``,
+    and with ``test_seqs`` (the test samples are that many sequences' rows, sequence by sequence)
+    ``"seq_mse"``: each test sequence's own MSE, the unit a paired comparison of probes counts."""
     Xtr, Xte = _standardise(Xtr.to(torch.float64), Xte.to(torch.float64))
     ytr, yte = ytr.to(torch.float64), yte.to(torch.float64)
     if kind == "linear":
@@ -153,8 +155,11 @@ def evaluate_probe(kind: str, Xtr, ytr, Xte, yte, *, mlp_steps: int = 300, seed:
         pred = predict_mlp(fit_mlp(Xtr, ytr, steps=mlp_steps, seed=seed), Xte)
     else:
         raise ValueError(f"unknown probe {kind!r}; choose from {PROBES}")
-    return {"r": pearson_r(pred, yte), "mse": float(((pred - yte) ** 2).mean()),
-            "chance_mse": float(((ytr.mean() - yte) ** 2).mean())}
+    sq = (pred - yte) ** 2
+    out = {"r": pearson_r(pred, yte), "mse": float(sq.mean()), "chance_mse": float(((ytr.mean() - yte) ** 2).mean())}
+    if test_seqs:
+        out["seq_mse"] = sq.reshape(test_seqs, -1).mean(1).tolist()
+    return out
 
 
 def probe_features(h: torch.Tensor, skip_first: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -195,7 +200,8 @@ def probe_layers(train_vecs: list[torch.Tensor], test_vecs: list[torch.Tensor], 
         for feat in FEATURES:
             ridge = select_ridge(*fva[0][feat], *fva[1][feat]) if fva else 1e-6
             for kind in PROBES:
-                res = evaluate_probe(kind, *ftr[feat], *fte[feat], mlp_steps=mlp_steps, seed=seed, ridge=ridge)
+                res = evaluate_probe(kind, *ftr[feat], *fte[feat], mlp_steps=mlp_steps, seed=seed, ridge=ridge,
+                                     test_seqs=te.shape[0])
                 rows.append({"layer": "embeddings" if k == 0 else k - 1, "feature": feat, "probe": kind, **res,
                              **({"ridge": ridge} if kind == "linear" else {})})
         if update is not None:
@@ -214,4 +220,12 @@ def compare_cosine_norm(rows: list[dict], probe: str = "mlp") -> dict:
     bn, by_n = pick("norm")
     layers = sorted(set(by_c) & set(by_n))
     wins = sum(1 for k in layers if by_c[k]["mse"] < by_n[k]["mse"])
-    return {"cosine_best": bc, "norm_best": bn, "layers": len(layers), "cosine_lower_mse_layers": wins}
+    out = {"cosine_best": bc, "norm_best": bn, "layers": len(layers), "cosine_lower_mse_layers": wins}
+    if layers and all("seq_mse" in by_c[k] and "seq_mse" in by_n[k] for k in layers):
+        # per test sequence (independent draws of characters): the two probes' squared errors summed over
+        # the decoder layers, paired on the same sequence
+        cos = torch.tensor([by_c[k]["seq_mse"] for k in layers], dtype=torch.float64).sum(0)
+        norm = torch.tensor([by_n[k]["seq_mse"] for k in layers], dtype=torch.float64).sum(0)
+        out["test_seqs"] = int(cos.numel())
+        out["cosine_lower_mse_seqs"] = int((cos < norm).sum())
+    return out

@@ -360,28 +360,32 @@ def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
         runs.append(rec)
         lines.append(f"{v['model']} ({v['state']}): best cosine r {fmt(v['cosine_best_r'])} (layer "
                      f"{v['cosine_best_layer']}), best norm r {fmt(v['norm_best_r'])} (layer {v['norm_best_layer']}), "
-                     f"cosine has the lower test MSE in {v['cosine_lower_mse_layers']} of {v['layers']} layers "
+                     f"cosine has the lower test MSE in {v['cosine_lower_mse_layers']} of {v['layers']} layers and "
+                     f"on {v['cosine_lower_mse_seqs']} of {v['test_seqs']} test sequences "
                      f"{_against(n)}" + ("" if judged else " (RoPE: reported, not judged)")
                      + ("" if not judged or _reachable(n) else
-                        f"; with {v['layers']} layers the share cannot pass the floor by the threshold: not decided"))
+                        f"; with {v['test_seqs']} test sequences the share cannot pass the floor by the threshold: "
+                        "not decided"))
     ok = None if not decided or None in decided else all(decided)
     return {"measured": "\n".join(lines), "reproduced": ok, "runs": runs or [{"run": "probes"}],
             "note": "MLP probes (d -> 64 -> 1), fit on sequences over characters 01234, tested on 56789, T = 32; "
-                    "per NoPE model (trained and random init), value = share of the layers where cos(h_i, h_T) "
-                    "predicts T - i with a lower test MSE than ||h_i||, chance 0.5 (neither feature better), floor = "
-                    f"the binomial bound of 0.5 over the layers (one-sided at {V.LEVEL:g}; the probes report no "
-                    f"per-layer SE), threshold {V.THRESHOLDS['aps']:g} (THRESHOLDS['aps'], the claims of arXiv "
-                    "2501.00073); reproduced when value − max(chance, floor) ≥ threshold and the best cosine r "
-                    "exceeds the best norm r on every NoPE model; not decided where the floor leaves no room for the "
-                    "threshold (too few layers)" + ("" if trained else "; some zoo copy models were missing")}
+                    "per NoPE model (trained and random init), value = the share of test sequences on which "
+                    "cos(h_i, h_T) predicts T - i with a lower squared error than ||h_i|| (summed over the decoder "
+                    "layers, paired on the sequence), chance 0.5 (neither feature better), floor = the binomial "
+                    f"bound of 0.5 over the test sequences (one-sided at {V.LEVEL:g}), threshold "
+                    f"{V.THRESHOLDS['aps']:g} (THRESHOLDS['aps'], the claims of arXiv 2501.00073); reproduced when "
+                    "value − max(chance, floor) ≥ threshold and the best cosine r exceeds the best norm r on every "
+                    "NoPE model" + ("" if trained else "; some zoo copy models were missing")}
 
 
 def probes_verdict(v: dict) -> dict:
-    """The rule's numbers of "cosine beats norm" for one probed model (a ``verdicts`` entry of a probes run)."""
-    k = int(v.get("layers") or 0)
-    return V.measured(v["cosine_lower_mse_layers"] / k if k else None, 0.5, V.binomial_floor(0.5, k),
-                      V.THRESHOLDS["aps"], "share of layers where the cosine probe has the lower test MSE than the "
-                      "norm probe")
+    """The rule's numbers of "cosine beats norm" for one probed model (a ``verdicts`` entry of a probes
+    run): the share of test sequences (independent draws of the held-out characters) on which the
+    cosine probe's squared error, summed over the decoder layers, is below the norm probe's."""
+    n = int(v.get("test_seqs") or 0)
+    return V.measured(v["cosine_lower_mse_seqs"] / n if n else None, 0.5, V.binomial_floor(0.5, n),
+                      V.THRESHOLDS["aps"], "share of test sequences on which the cosine probe's squared error "
+                      "(summed over the decoder layers) is below the norm probe's")
 
 
 def _reachable(n: dict) -> bool:
