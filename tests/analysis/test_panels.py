@@ -86,6 +86,30 @@ def test_panels_equal_direct_computation(llama_dir, tmp_path):
                            r["diagonal_trend"], r["mean_offdiag"]]
 
 
+def test_score_panels_carry_a_jackknife_se_of_their_locality(llama_dir, tmp_path):
+    """Panels (b) and (i) of a run carry the delete-one-group jackknife SE of their locality (sequence
+    n in group n % G); on given group sums it equals the jackknife formula computed by hand."""
+    from poslens.analysis.panels import locality_se
+    from poslens.metrics import locality
+    from poslens.metrics.diagonal import causal_view
+
+    summary = run_panels(PanelsConfig(model_dir=str(llama_dir), out=str(tmp_path / "p"), layer=0, data="random",
+                                      num_seqs=12, seq_len=10, batch_size=4, seed=2, figures=False), progress=False)
+    by = {r["panel"]: r for r in summary["panels"]}
+    assert all(by[k]["locality_se"] is not None and by[k]["locality_se"] >= 0 for k in ("b", "i"))
+    G = by["b"]["noise_groups"]
+    assert G >= 2 and "locality_se" not in by["a"]
+    # by hand: the leave-one-group-out maps' localities, and the jackknife formula
+    g = torch.Generator().manual_seed(0)
+    sums, counts = torch.rand(4, 9, 9, generator=g, dtype=torch.float64), torch.tensor([3, 2, 2, 1])
+    loo = [(sums.sum(0) - sums[k]) / (counts.sum() - counts[k]) for k in range(4)]
+    vals = torch.tensor([locality(causal_view(m, include_diagonal=True), exclude_keys=(0,)) for m in loo],
+                        dtype=torch.float64)
+    want = float((3 / 4 * ((vals - vals.mean()) ** 2).sum()).sqrt())
+    assert abs(locality_se(sums, counts) - want) < 1e-12
+    assert locality_se(sums[:1], counts[:1]) is None
+
+
 def test_panel_metrics_known_maps():
     S = 10
     i = torch.arange(S, dtype=torch.float64)

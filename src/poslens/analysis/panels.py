@@ -41,6 +41,7 @@ from poslens.capture.sources import make_source
 from poslens.capture.stats import MeanAccumulator
 from poslens.errors import PoslensError, require_positive
 from poslens.metrics import diagonal_trend, locality, relativity_index
+from poslens.metrics.noise import jackknife_se_of, leave_one_out_means
 from poslens.metrics.slash import sink_weight
 from poslens.report.readings import panels_readings, score_maps_readings
 from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, read_json, read_tensors, save_figure, staged_dir,
@@ -121,8 +122,10 @@ def panel_metrics(m: torch.Tensor, exclude_keys=None) -> dict:
 
 
 def compute_panels(model, adapter, config, source, layer: int, *, batch_size: int, device: str,
-                   progress: bool = True) -> torch.Tensor:
-    """The nine mean panels ``[9, S, S]`` (float64) of ``layer`` over every sequence of ``source``."""
+                   progress: bool = True, groups: dict | None = None) -> torch.Tensor:
+    """The nine mean panels ``[9, S, S]`` (float64) of ``layer`` over every sequence of ``source``.
+    ``groups`` (a dict, filled): the score panels (b) and (i) of each sequence group (sequence
+    ``n % G``) on the noise grid, as sums ``[G, n, n]``, with ``counts [G]`` and the ``grid``."""
     if adapter.resid_mid_path is None:
         raise PoslensError(f"model type {adapter.model_type!r} runs attention and MLP in parallel, so panels (e) and "
                            "(f) (the residual stream between them) do not exist; panels need a sequential block.")
@@ -145,6 +148,11 @@ def compute_panels(model, adapter, config, source, layer: int, *, batch_size: in
     finally:
         for hd in handles:
             hd.remove()
+    if groups is not None:
+        acc = capture.accs["score_groups"]
+        keep = acc.counts > 0
+        sums = acc.sum[keep.to(acc.sum.device)].cpu()
+        groups.update(b=sums[:, 0], i=sums[:, 1], counts=acc.counts[keep].cpu(), grid=capture.grid.cpu())
     scores = capture.means()["scores"].cpu()
     means = {k: a.mean for k, a in accs.items()}
     means["b"] = causal_view(scores[0], include_diagonal=True)
@@ -182,19 +190,20 @@ def run_panels(cfg: PanelsConfig, progress: bool = True, *, model=None, tokenize
         device = parse_device(cfg.device)
         tokenizer = None if cfg.data == "random" else load_tokenizer(cfg.model_dir, cfg.trust_remote_code)
     prepare_out_dir(cfg.out)
+    groups: dict = {}
     source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
                          vocab_size=getattr(config, "vocab_size", None))
     if model is not None:
         with borrowed(model):
             panels = compute_panels(model, adapter, config, source, cfg.layer, batch_size=cfg.batch_size,
-                                    device=device, progress=progress)
+                                    device=device, progress=progress, groups=groups)
     else:
         dtype = resolve_dtype(cfg.dtype, device, config)
         model = load_model(cfg.model_dir, dtype=dtype, device=device, allow_pickle=cfg.allow_pickle,
                            trust_remote_code=cfg.trust_remote_code)
         panels = compute_panels(model, adapter, config, source, cfg.layer, batch_size=cfg.batch_size, device=device,
-                                progress=progress)
-    summary = _panels_summary(cfg, adapter, config, source, panels, wall_s=time.time() - t0)
+                                progress=progress, groups=groups)
+    summary = _panels_summary(cfg, adapter, config, source, panels, wall_s=time.time() - t0, groups=groups)
     with staged_dir(cfg.out) as stage:
         write_json(stage / "config.json", {"command": "panels", **dataclasses.asdict(cfg),
                                            "model_source": source_record(cfg.model_dir)
@@ -233,10 +242,29 @@ def _check_panels(cfg: PanelsConfig, model=None):
     return config, adapter
 
 
-def _panels_summary(cfg: PanelsConfig, adapter, config, source, panels: torch.Tensor, wall_s: float) -> dict:
+def locality_se(group_sums: torch.Tensor, counts: torch.Tensor, exclude_keys=None) -> float | None:
+    """Delete-one-group jackknife SE of a score map's :func:`locality` (key 0 left out, as in
+    :func:`panel_metrics`) from its sequence groups' sums ``[G, n, n]`` and counts ``[G]``; None with
+    fewer than two groups or a flat leave-one-out map."""
+    if group_sums.shape[0] < 2:
+        return None
+    keys = tuple(SINK_COLUMNS if exclude_keys is None else exclude_keys)
+    loo = leave_one_out_means(group_sums.to(torch.float64), counts)
+    return jackknife_se_of([locality(causal_view(m, include_diagonal=True), exclude_keys=keys) for m in loo])
+
+
+def _panels_summary(cfg: PanelsConfig, adapter, config, source, panels: torch.Tensor, wall_s: float,
+                    groups: dict | None = None) -> dict:
     """The summary of a panels run: per-panel metrics, the table (numbers as numbers: the report and
-    the terminal format them), figure captions and readings."""
+    the terminal format them), figure captions and readings. With the score panels' sequence
+    ``groups`` (:func:`compute_panels`), panels (b) and (i) carry ``locality_se`` (jackknife over the
+    groups, on the noise grid's positions) and ``noise_groups``."""
     rows = [{"panel": k, "description": desc, **panel_metrics(m)} for (k, desc), m in zip(PANELS, panels)]
+    for r in rows:
+        if groups and r["panel"] in ("b", "i"):
+            r["locality_se"] = locality_se(groups[r["panel"]], groups["counts"])
+            r["noise_groups"] = int(groups["counts"].numel())
+            r["noise_grid_positions"] = int(groups["grid"].numel())
     summary = {
         "experiment": "kim-panels",
         "title": f"Gram decomposition of decoder layer {cfg.layer} ({adapter.model_type}, {source.num_seqs} x "

@@ -158,10 +158,9 @@ def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
              f"(b) the layer's own scores, either direction (control) {_against(c)}."]
     note = (f"value = (1 + locality) / 2 of panel (i), the next layer's scores: the share of same-row key pairs "
             f"whose score rises towards the query, a pairwise order probability like APS (chance 0.5: no position), "
-            f"threshold {V.THRESHOLDS['aps']:g} (THRESHOLDS['aps'], the pairwise-order threshold); the panels run "
-            "keeps only the batch-mean maps, so no per-sequence SE is available: the floor is the binomial bound "
-            "of 0.5 over the key pairs counted (pairs of one map are not independent, so this bound is the "
-            f"smallest noise floor, one-sided at {V.LEVEL:g}). Reproduced when value − max(chance, floor) ≥ "
+            f"threshold {V.THRESHOLDS['aps']:g} (THRESHOLDS['aps'], the pairwise-order threshold); floor = 0.5 + "
+            "z·SE, the SE from a delete-one-group jackknife of the locality over the run's sequence groups "
+            f"(sequence n in group n % G), one-sided at {V.LEVEL:g}. Reproduced when value − max(chance, floor) ≥ "
             "threshold for (i) and the control, panel (b) (the layer's own scores, (1 + |locality|) / 2), is not "
             "beyond chance by the threshold. The paper's 1.5B NoPE checkpoint is unreleased.")
     if not trained:
@@ -185,9 +184,15 @@ def kim_panels_verdict(i_row: dict, b_row: dict, seq_len: int) -> tuple[dict, di
     """The rule's numbers of panel (i) (the next layer's scores favour nearby keys) and of its control,
     panel (b) (the layer's own scores carry little position, in either direction)."""
     def rec(loc, row, what: str, absolute: bool) -> dict:
-        pairs = _key_pairs(seq_len, row.get("sink_columns", (0,)))
         v = 0.5 if loc is None else (1.0 + (abs(loc) if absolute else loc)) / 2.0  # None: a flat map, no order
-        return V.measured(v, 0.5, V.binomial_floor(0.5, pairs), V.THRESHOLDS["aps"], what)
+        se = row.get("locality_se")
+        if se is not None:  # the jackknife over the sequence groups: SE of (1 + locality) / 2 is se / 2
+            floor = V.mean_floor(0.5, se / 2.0)
+        else:  # no groups: the binomial bound over the key pairs (the smallest floor: pairs are not independent)
+            floor = V.binomial_floor(0.5, _key_pairs(seq_len, row.get("sink_columns", (0,))))
+        out = V.measured(v, 0.5, floor, V.THRESHOLDS["aps"], what)
+        out["se"] = None if se is None else se / 2.0
+        return out
 
     n = rec(i_row.get("locality"), i_row, "share of same-row key pairs whose score rises towards the query, "
             "panel (i), the next layer's scores", False)
