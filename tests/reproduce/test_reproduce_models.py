@@ -138,8 +138,16 @@ def test_real_verdicts_follow_the_rule():
     L = 30
     floor = V.binomial_floor(V.LEVEL, L)
     need = math.ceil((floor + V.THRESHOLDS["relativity"]) * L - 1e-9)
-    assert V.beyond(M.real_kim_verdict(need, L)["value"], 0.0, floor, V.THRESHOLDS["relativity"])
-    assert not V.beyond(M.real_kim_verdict(need - 1, L)["value"], 0.0, floor, V.THRESHOLDS["relativity"])
+
+    def layers(k):  # k layers far beyond the noise, the rest at p 0.5; one flat layer among the beyond is not counted
+        return [{"nonrelative_p": 1e-6 if i < k else 0.5, "flat": False} for i in range(L)]
+    n, tested, nonrel = V.kim_numbers(layers(need))
+    assert len(tested) == L and len(nonrel) == need and V.beyond(n["value"], n["chance"], n["floor"], n["threshold"])
+    n, _, _ = V.kim_numbers(layers(need - 1))
+    assert not V.beyond(n["value"], n["chance"], n["floor"], n["threshold"])
+    ls = layers(need)
+    ls[0]["flat"] = True
+    assert len(V.kim_numbers(ls)[2]) == need - 1
     assert M._real_slash(_slash_summary(10, 5))["holds"] and not M._real_slash(_slash_summary(10, 4))["holds"]
     nb = {"num_seqs": 16, "layers": [{"resid_aps_mean": 0.5, "resid_aps_std": 0.2}]
           + [{"resid_aps_mean": a, "resid_aps_std": 0.2} for a in (0.72, 0.72)]}

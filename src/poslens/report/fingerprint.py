@@ -387,14 +387,6 @@ def _sink_finding(m: dict, eps: float) -> dict:
                     "whatever comes first.", n)
 
 
-def _layer_share(ls: list[dict], key: str, ok=lambda r: True) -> tuple[list[dict], list[dict]]:
-    """``(tested, significant)``: the layers with a p-value ``key``, and those significant at a false
-    discovery rate of LEVEL over them (Benjamini–Hochberg) that also pass ``ok``."""
-    tested = [r for r in ls if r.get(key) is not None]
-    sig = V.bh_significant([r[key] for r in tested])
-    return tested, [r for r, s in zip(tested, sig) if s and ok(r)]
-
-
 def _too_few_groups(ls: list[dict]) -> str:
     """Why the layers' sign-flip tests are too weak to find nothing ("" where they are not): with G
     sequence groups the smallest p-value is 2 / 2^G, which must lie well under the level
@@ -409,7 +401,7 @@ def _kim_nope_finding(m: dict) -> dict:
     flat beyond its noise floor, not whether it is relative."""
     ls = m["layers"]
     later = ls[1:]
-    tested, moved = _layer_share(later, "flat_p")
+    tested, moved = V.layer_share(later, "flat_p")
     n = V.measured(len(moved) / len(later) if later else None, 0.0, V.binomial_floor(V.LEVEL, len(tested)),
                    V.THRESHOLDS["relativity"], "share of the layers after the first whose mean score map varies with "
                    "position beyond its noise floor (a model without position: none)")
@@ -435,10 +427,7 @@ def _kim_finding(m: dict) -> dict:
     ls = m["layers"]
     if not m.get("rope_layers") and not any(r.get("rope") for r in ls):
         return _kim_nope_finding(m)
-    tested, nonrel = _layer_share(ls, "nonrelative_p", lambda r: not r.get("flat"))
-    n = V.measured(len(nonrel) / len(ls) if ls else None, 0.0, V.binomial_floor(V.LEVEL, len(tested)),
-                   V.THRESHOLDS["relativity"], "share of layers whose mean score map departs from a purely relative "
-                   "one beyond its noise floor (RoPE alone: none)")
+    n, tested, nonrel = V.kim_numbers(ls)
     rel = m["overall"]["relativity_median"]
     text = (f"in {len(nonrel)} of {len(ls)} layers the average attention score depends on where the query sits, "
             f"not only on its distance to the key, beyond what sequence-to-sequence noise explains "

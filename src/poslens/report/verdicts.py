@@ -67,6 +67,26 @@ def bh_significant(ps: list[float], level: float = LEVEL) -> list[bool]:
     return [bool(a < level) for a in adj]
 
 
+def layer_share(ls: list[dict], key: str, ok=lambda r: True) -> tuple[list[dict], list[dict]]:
+    """``(tested, significant)``: the layers with a p-value ``key``, and those significant at a false
+    discovery rate of LEVEL over them (Benjamini–Hochberg) that also pass ``ok``."""
+    tested = [r for r in ls if r.get(key) is not None]
+    sig = bh_significant([r[key] for r in tested])
+    return tested, [r for r, s in zip(tested, sig) if s and ok(r)]
+
+
+def kim_numbers(layers: list[dict]) -> tuple[dict, list[dict], list[dict]]:
+    """Kim et al.'s claim with RoPE (arXiv 2509.21042) on a scan's layer records: ``(numbers, tested,
+    non-relative)``, the value being the share of layers whose mean score map departs from a purely
+    relative one beyond its noise floor (``nonrelative_p``, not flat), chance 0, the binomial floor of
+    the level over the layers tested."""
+    tested, nonrel = layer_share(layers, "nonrelative_p", lambda r: not r.get("flat"))
+    n = measured(len(nonrel) / len(layers) if layers else None, 0.0, binomial_floor(LEVEL, len(tested)),
+                 THRESHOLDS["relativity"], "share of layers whose mean score map departs from a purely relative "
+                 "one beyond its noise floor (RoPE alone: none)")
+    return n, tested, nonrel
+
+
 def margin(value: float, chance: float, floor: float) -> float:
     """How far ``value`` lies beyond both chance and the noise floor."""
     return value - max(chance, floor)
