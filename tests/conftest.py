@@ -15,8 +15,7 @@ os.environ.setdefault("POSLENS_DEVICE", "cpu")
 torch.set_num_threads(1)
 
 
-@pytest.fixture
-def cli():
+def run_cli(*args):
     """Invoke the poslens CLI in-process through ``poslens.cli.main`` (its own error handling: a
     ``PoslensError`` becomes one ``poslens: error:`` line on stderr and exit code 2); returns
     ``(exit_code, stdout, stderr)`` with stderr's trailing newline removed. The same error paths
@@ -27,18 +26,21 @@ def cli():
 
     from poslens.cli import main
 
-    def run(*args):
-        out, err = io.StringIO(), io.StringIO()
-        old_term = signal.getsignal(signal.SIGTERM)
-        code = 0
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                main([str(a) for a in args])
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        finally:
-            signal.signal(signal.SIGTERM, old_term)  # main() installs its own SIGTERM handler
-            torch.set_num_threads(1)  # a command's --threads holds for its process; tests keep one thread
-        return code, out.getvalue(), err.getvalue().rstrip("\n")
+    out, err = io.StringIO(), io.StringIO()
+    old_term = signal.getsignal(signal.SIGTERM)
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)  # main() installs its own SIGTERM handler
+        torch.set_num_threads(1)  # a command's --threads holds for its process; tests keep one thread
+    return code, out.getvalue(), err.getvalue().rstrip("\n")
 
-    return run
+
+@pytest.fixture
+def cli():
+    """:func:`run_cli`, for tests that take it as a fixture."""
+    return run_cli

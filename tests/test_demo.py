@@ -1,12 +1,23 @@
 """``poslens demo``: the whole flow in compact form, and its refusal to overwrite foreign folders."""
 
+import pytest
+
 from poslens.rundir import read_json
 
 
-def test_demo_quick(cli, tmp_path):
-    out = tmp_path / "demo"
-    code, stdout, _ = cli("demo", "--quick", "--out", out, "--device", "cpu")
-    assert code == 0
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    """One ``poslens demo --quick`` (figures on) for the tests that read its outputs."""
+    from tests.conftest import run_cli
+
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    code, stdout, err = run_cli("demo", "--quick", "--out", out, "--device", "cpu")
+    return out, code, err
+
+
+def test_demo_quick(quick_demo):
+    out, code, err = quick_demo
+    assert code == 0, err
     assert (out / "sim_rope_causal" / "summary.json").exists()
     assert read_json(out / "demo.json")["finished"] is True
     for run in ("model_nope", "model_rope", "scan_nope", "scan_rope", "scan_rope_random", "slash_rope",
@@ -26,11 +37,10 @@ def test_demo_refuses_foreign_directory(cli, tmp_path):
     assert (tmp_path / "precious.txt").read_text() == "x"
 
 
-def test_demo_quick_has_the_fingerprint(tmp_path, cli):
+def test_demo_quick_has_the_fingerprint(quick_demo):
     from poslens.models import realmodels
 
-    out = tmp_path / "demo"
-    code, stdout, err = cli("demo", "--quick", "--out", out, "--device", "cpu", "--no-figures")
+    out, code, err = quick_demo
     assert code == 0, err
     fp = read_json(out / "fingerprint" / "fingerprint.json")
     names = [m["name"] for m in fp["models"]]
