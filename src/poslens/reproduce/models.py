@@ -46,8 +46,9 @@ SLASH = "Slash pattern (arXiv 2601.08297)"
 #: sizes of the trained-model measurements (seconds on CPU with the zoo's tiny models)
 SEQ_LEN = 64
 NUM_SEQS = 16
-#: sequences of the panels experiment (50 tokens each): the jackknife SE of (1 + locality) / 2 falls as
-#: 1 / √sequences, and the rule asks the value 0.1 beyond 0.5 + z·SE; at 128 the floor sits near 0.55
+#: sequences of the panels experiment (50 tokens each); the rule asks (1 + locality) / 2 to lie 0.1
+#: beyond 0.5 + z·SE, SE from the jackknife over the sequence groups (at 128 on the zoo's nope-stdlib
+#: about 0.03, a floor near 0.57)
 PANELS_NUM_SEQS = 128
 
 
