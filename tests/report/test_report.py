@@ -303,7 +303,7 @@ def test_trained_model_experiments_registered_and_run(tmp_path, monkeypatch):
     monkeypatch.setattr(rm, "SEQ_LEN", 16)
     monkeypatch.setattr(rm, "NUM_SEQS", 4)
     rec = run_reproduction("zuo-adjacency", tmp_path / "out", ReproContext(figures=False))[0]
-    assert "zoo model nope-random" in rec["measured"] and isinstance(rec["reproduced"], bool)
+    assert "the zoo's nope-random" in rec["measured"] and isinstance(rec["reproduced"], bool)
     page = write_index_html(tmp_path / "out").read_text()
     assert "zuo-adjacency" in page and "APS" in page
 

@@ -224,8 +224,8 @@ def compare_cosine_norm(rows: list[dict], probe: str = "mlp") -> dict:
     if layers and all("seq_mse" in by_c[k] and "seq_mse" in by_n[k] for k in layers):
         # per test sequence (independent draws of characters): the two probes' squared errors summed over
         # the decoder layers, paired on the same sequence
-        cos = torch.tensor([by_c[k]["seq_mse"] for k in layers], dtype=torch.float64).sum(0)
-        norm = torch.tensor([by_n[k]["seq_mse"] for k in layers], dtype=torch.float64).sum(0)
+        cos = torch.tensor([by_c[k]["seq_mse"] for k in layers], dtype=torch.float64, device="cpu").sum(0)
+        norm = torch.tensor([by_n[k]["seq_mse"] for k in layers], dtype=torch.float64, device="cpu").sum(0)
         out["test_seqs"] = int(cos.numel())
         out["cosine_lower_mse_seqs"] = int((cos < norm).sum())
     return out
