@@ -61,7 +61,7 @@ class Scores(BuiltinStatistic):
         if batch.softcap is None:
             # sum_h q_h . k_kv(h) = sum_kv (sum of its query heads' q) . k_kv: one product over the key
             # heads' concatenated dimensions, [B, n, Hk * D] x [B, Hk * D, n]
-            qs = qg.view(B, Hk, H // Hk, n, D).sum(2)
+            qs = qg.reshape(B, Hk, H // Hk, n, D).sum(2)
             part = torch.bmm(qs.permute(0, 2, 1, 3).reshape(B, n, Hk * D),
                              kg.permute(0, 1, 3, 2).reshape(B, Hk * D, n)).mul_(batch.scaling)
         else:  # Gemma 2 caps each head's logits: the heads one by one
