@@ -11,9 +11,9 @@
  * - poslens_add_widened: a float32 map added into a float64 sum (its lower triangle alone, if asked).
  * - poslens_unit_rows: vectors' norms and the unit vectors, written sequence-major (cosine maps).
  *
- * Built at first use by poslens.native (C99, -O3 -march=native -fopenmp-simd; no OpenMP
- * runtime, no fast-math: the exponential below is ours and the reductions are vectorised by
- * `omp simd` clauses). Loaded with ctypes, which releases the GIL during the call, so the caller may
+ * Built at first use by poslens.native (GNU C99, -O3 -march=native -fopenmp-simd; no OpenMP
+ * runtime, no fast-math: the exponential below is ours, in GCC/Clang vector types, and the other
+ * reductions are vectorised by `omp simd` clauses). Loaded with ctypes, which releases the GIL during the call, so the caller may
  * run disjoint row ranges of one chunk on several threads.
  */
 #include <stdint.h>
