@@ -379,7 +379,7 @@ def _sink_finding(m: dict, eps: float) -> dict:
     text = (f"{_p(o['sink_rate'])} of its {heads} heads put more than {_p(eps)} of their "
             f"attention on the first token of running text{rnd}{mean} (a head "
             f"that spread its attention evenly would put {_p(even)} there).")
-    if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
+    if V.holds(n):
         return _finding(REPRODUCED, text, "Many heads use the first position as a resting place, on text and on "
                         "meaningless tokens alike.", n)
     return _finding(CANNOT_JUDGE, text, "The sequences are cut from one long stream of text, so they do not begin "
@@ -412,7 +412,7 @@ def _kim_nope_finding(m: dict) -> dict:
     if not tested:
         return _finding(CANNOT_JUDGE, text, "The scan had too few sequences for a noise floor, or the model has a "
                         "single layer.", n)
-    if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
+    if V.holds(n):
         return _finding(REPRODUCED, text, "The causal mask alone gives the scores a position signal after the first "
                         "layer, as the paper predicts.", n)
     return _finding(CANNOT_JUDGE, text,
@@ -435,7 +435,7 @@ def _kim_finding(m: dict) -> dict:
             f"(1 = distance alone) has median {fmt(rel)} over the layers that are not flat." + _against(n))
     if not tested:
         return _finding(CANNOT_JUDGE, text, "The scan had too few sequences for a noise floor.", n)
-    if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
+    if V.holds(n):
         return _finding(REPRODUCED, text, "With RoPE and the causal mask together, most layers are not purely "
                         "relative, as the paper finds in Llama, Phi and Qwen.", n)
     if _too_few_groups(tested):  # a test that could hardly reach the level finds nothing: no verdict
@@ -520,7 +520,7 @@ def _slash_finding(m: dict, kappa: float) -> dict:
     if predicted and len(sh) > 1 and len(offsets) == 1:  # a predictor that always named this offset would match as often
         text += (f" All {len(sh)} sit at the same offset ({offsets.pop()}), so the prediction tells that offset apart "
                  f"from the other offsets, not one head's offset from another's.")
-    if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
+    if V.holds(n):
         return _finding(REPRODUCED, text, "These heads do not need meaningful text: the pattern is built into the "
                         "model, as the paper claims (the verdict is on persistence; the two conditions are stated "
                         "beside it).", n, conditions=conds)
@@ -546,7 +546,7 @@ def _zuo_finding(m: dict) -> dict:
     if not nope:
         return _finding(CANNOT_JUDGE, text, "The paper's claim concerns models without positional encoding; every "
                         "layer of this model rotates its queries and keys, so the number is context only.", n)
-    if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
+    if V.holds(n):
         return _finding(REPRODUCED, text, "The layers without RoPE show the adjacency pattern.", n)
     return _finding(NOT_REPRODUCED, text, "The order is beyond noise but small: the hidden states carry little "
                     "adjacency pattern." if n["value"] > n["floor"] else "The hidden states show no order beyond "
@@ -579,7 +579,7 @@ def _barbero_finding(m: dict) -> dict:
         text += f" Its slash heads put {_p(sh_fast)} in the faster pairs, against {_p(all_fast)} for all heads."
     else:
         text += " It has no slash head, so the claim's second half (positional heads on the fast pairs) is not tested."
-    low_first = V.beyond(n["value"], n["chance"], n["floor"], n["threshold"])
+    low_first = V.holds(n)
     if low_first and pos_fast is not False:
         why = "The slow pairs carry more energy than their share of dimensions" + (
             " and the positional heads lean on the fast ones" if pos_fast else "") + ", as the paper describes."
@@ -607,7 +607,7 @@ def _jin_finding(m: dict) -> dict:
     if total == 0 or chance is None:
         return _finding(CANNOT_JUDGE, text, "No massive dimension, or no RoPE, to place.", n)
     text += _against(n)
-    if V.beyond(n["value"], n["chance"], n["floor"], n["threshold"]):
+    if V.holds(n):
         return _finding(REPRODUCED, text, "The very large values concentrate where RoPE turns slowly, as the paper "
                         "finds.", n)
     return _finding(NOT_REPRODUCED, text, "The very large values are not concentrated in the slowly turning pairs "

@@ -97,6 +97,11 @@ def beyond(value: float | None, chance: float, floor: float, threshold: float) -
     return value is not None and math.isfinite(value) and margin(value, chance, floor) >= threshold - 1e-12
 
 
+def holds(n: dict) -> bool:
+    """The verdict rule on a :func:`measured` record."""
+    return beyond(n["value"], n["chance"], n["floor"], n["threshold"])
+
+
 def measured(value: float | None, chance: float, floor: float, threshold: float, measure: str) -> dict:
     """The numbers a finding carries: ``value``, ``chance``, ``floor``, ``threshold``, ``margin``,
     ``level`` and ``measure`` (what the value is, in words)."""

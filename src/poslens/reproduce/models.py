@@ -74,16 +74,11 @@ def _model(name: str, pe: str, out: Path) -> tuple[Path, str]:
                     "(init N(0, 0.02), seed 0)")
 
 
-def _holds(n: dict) -> bool:
-    """The one verdict rule on a :func:`poslens.report.verdicts.measured` record."""
-    return V.beyond(n["value"], n["chance"], n["floor"], n["threshold"])
-
-
 def _against(n: dict) -> str:
     """The rule's numbers in words: "[value 0.93; chance 0.5, floor 0.52, threshold 0.1: beyond]"."""
     v = fmt(n["value"]) if n["value"] is not None else "—"
     return (f"[value {v}; chance {fmt(n['chance'])}, floor {fmt(n['floor'])}, threshold {fmt(n['threshold'])}: "
-            f"{'beyond' if _holds(n) else 'not beyond'}]")
+            f"{'beyond' if V.holds(n) else 'not beyond'}]")
 
 
 def _se(std, n) -> float | None:
@@ -131,7 +126,7 @@ def _zuo_adjacency(ctx: ReproContext, out: Path) -> dict:
         n = aps_verdict(a1, layers[1].get("aps_std"), n_seqs, "per-sequence APS of decoder layer 0, causal")
         c = aps_verdict(b1, layers[1].get("bidirectional_aps_std"), n_seqs,
                         "per-sequence APS of decoder layer 0 without the causal mask (control)")
-        good = _holds(n) and b1 is not None and not _holds(c)
+        good = V.holds(n) and b1 is not None and not V.holds(c)
         ok &= good
         lines.append(f"{desc}: APS of decoder layer 0 {fmt(a1)} causal {_against(n)} vs {fmt(b1)} bidirectional "
                      f"{_against(c)} (embeddings {fmt(layers[0]['aps_mean'])}); APS by decoder layer from 0 "
@@ -150,7 +145,7 @@ def _kim_trained_panels(ctx: ReproContext, out: Path) -> dict:
                    progress=False)
     by = {r["panel"]: r for r in s["panels"]}
     n, c = kim_panels_verdict(by["i"], by["b"], s.get("seq_len") or 50)
-    ok = _holds(n) and not _holds(c)
+    ok = V.holds(n) and not V.holds(c)
     trained = "random-init" not in mdir.name
     data = s.get("data")
     data = (data.get("origin") or data.get("kind")) if isinstance(data, dict) else (data or _data_for(mdir))
@@ -228,7 +223,7 @@ def _slash_sdh(ctx: ReproContext, out: Path) -> dict:
     lines += [str(r) for r in s.get("readings") or []][:4]
     lines.append(said)
     trained = "random-init" not in mdir.name and data == "stdlib"
-    ok = _holds(n) if trained else None
+    ok = V.holds(n) if trained else None
     note = SLASH_RULE
     if not trained:
         note += (" No trained RoPE model with a tokenizer was available, so the claim (about trained models on "
@@ -311,8 +306,8 @@ def _zuo_sweep(ctx: ReproContext, out: Path) -> dict:
         runs += [{"run": "sweep", **c} for c in cells]
         lines.append(f"{shape}: APS of decoder layer 0 causal, then bidirectional, by σ: "
                      + "; ".join(f"σ={c['sigma']:g}: {fmt(c['value'])} (floor {fmt(c['floor'])}, "
-                                 f"{'beyond' if _holds(c) else 'not beyond'}), bidirectional "
-                                 f"{fmt(c['control']['value'])} ({'beyond' if _holds(c['control']) else 'not beyond'})"
+                                 f"{'beyond' if V.holds(c) else 'not beyond'}), bidirectional "
+                                 f"{fmt(c['control']['value'])} ({'beyond' if V.holds(c['control']) else 'not beyond'})"
                                  for c in cells)
                      + f" → {'as claimed' if good else 'NOT as claimed'} (chance 0.5, threshold "
                      f"{V.THRESHOLDS['aps']:g}).")
@@ -338,7 +333,7 @@ def sweep_cells(recs: list[dict], num_seqs: int) -> list[dict]:
         c = aps_verdict(bm[1] if bm else None, bs[1] if bs else None, k,
                         f"per-sequence APS of decoder layer 0 without the causal mask, σ = {r['sigma']:g} (control)")
         expect = True if r["sigma"] <= 0.02 else False if r["sigma"] >= 0.2 else None
-        good = (expect is None or _holds(n) == expect) and c["value"] is not None and not _holds(c)
+        good = (expect is None or V.holds(n) == expect) and c["value"] is not None and not V.holds(c)
         out.append({"shape": r["shape"], "sigma": r["sigma"], **n, "control": c, "expect_beyond": expect,
                     "reproduced": good})
     return out
@@ -366,7 +361,7 @@ def _zuo_probes(ctx: ReproContext, out: Path) -> dict:
         judged = v["pe"] == "none"
         rec = {"run": "probes", "model": v["model"], "state": v["state"], **n, "reproduced": None}
         if judged:
-            rec["reproduced"] = (_holds(n) and v["cosine_best_r"] > v["norm_best_r"]) if _reachable(n) else None
+            rec["reproduced"] = (V.holds(n) and v["cosine_best_r"] > v["norm_best_r"]) if _reachable(n) else None
             decided.append(rec["reproduced"])
         runs.append(rec)
         lines.append(f"{v['model']} ({v['state']}): best cosine r {fmt(v['cosine_best_r'])} (layer "
@@ -539,7 +534,7 @@ def _real_kim(out: Path) -> dict:
              is not None]
     shared = sum(v > 0.2 for v in agree)
     n, tested, nonrel = V.kim_numbers(summ.get("layers") or [])  # the fingerprint's test, on the same scan
-    holds = _holds(n)
+    holds = V.holds(n)
     line = (f"  Behind RoPE, arXiv 2509.21042 (score maps): relativity index without query/key 0 median "
             f"{fmt(_median(rel))} (range {fmt(min(rel))}-{fmt(max(rel))}), with key 0 median {fmt(_median(rel_s))}; locality without key 0 "
             f"> 0 in {sum(v > 0 for v in loc)} of {len(loc)} layers (median {fmt(_median(loc), signed=True)}); "
@@ -564,7 +559,7 @@ def _real_slash(sl: dict) -> dict:
     kept = [p for p in pers if p.get("persists")]
     top = sorted(sl.get("heads") or [], key=lambda r: -r["best_score"])[:5]
     n, said = slash_verdict(sl)
-    holds = _holds(n)
+    holds = V.holds(n)
     line = (f"  Slash: {said} Top heads " + ", ".join(
                 f"{r['layer']}.{r['head']} Δ={r['best_delta']} {fmt(r['best_score'])} (q/k σ1² share "
                 f"{fmt(r.get('q_top1_energy'))}/{fmt(r.get('k_top1_energy'))}, predicted Δ {r.get('predicted_peak')})"
@@ -585,7 +580,7 @@ def _real_aps(nb: dict) -> dict:
     ses = [s for l in nl[1:] if (s := _se(l.get("resid_aps_std"), k)) is not None]
     n = V.measured(sum(aps) / len(aps), 0.5, V.mean_floor(0.5, sum(ses) / len(ses) if ses else None),
                    V.THRESHOLDS["aps"], "mean over the layers of the per-sequence APS of the residual stream")
-    seen = _holds(n)
+    seen = V.holds(n)
     line = (f"  arXiv 2501.00073 (APS of the residual stream, {REAL_APS_NUM_SEQS} x {REAL_APS_SEQ_LEN} stdlib tokens): "
             f"embeddings {fmt(nl[0]['resid_aps_mean'])}, layers median {fmt(_median(aps))} (range {fmt(min(aps))}-"
             f"{fmt(max(aps))}), mean {_against(n)} → the adjacency pattern {'is' if seen else 'is not'} seen in this "
