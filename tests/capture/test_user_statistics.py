@@ -234,10 +234,17 @@ class ChunkProbe(PointProbe):
         return {}
 
 
-def test_every_capture_point_equals_the_models_own_tensors(llama_dir):
+@pytest.mark.parametrize("piece_elems", [None, 100, 20])
+def test_every_capture_point_equals_the_models_own_tensors(llama_dir, monkeypatch, piece_elems):
     """q/k before RoPE = the q/k projections; head outputs = the output projection's input; the
     residual stream = the decoder layer's input and output; probs = softmax(scores) = eager attention;
-    scores = scaling * q . k after RoPE below the diagonal, -inf above it."""
+    scores = scaling * q . k after RoPE below the diagonal, -inf above it. With users' pieces smaller
+    than the pass's chunks (a few rows; one row of one sequence) the pieces put back together are the
+    same."""
+    import poslens.capture.users as users
+
+    if piece_elems:
+        monkeypatch.setattr(users, "USER_PIECE_ELEMS", piece_elems)
     from transformers import AutoModelForCausalLM
 
     from poslens.capture.adapters import get_adapter
@@ -287,6 +294,25 @@ def test_every_capture_point_equals_the_models_own_tensors(llama_dir):
         assert bool(torch.isneginf(p["scores"][..., above]).all())
         assert not torch.allclose(p["q_pre"], p["q_post"])  # RoPE rotated them (position 0 aside)
     assert torch.equal(probe.seen[1]["resid_pre"], probe.seen[0]["resid_post"])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("limit", [1, 7, 40, 200, 10_000])
+def test_users_pieces_tile_the_chunk_within_the_limit(causal, limit):
+    """Every (sequence, row) of a chunk is in exactly one piece; a piece holds at most ``limit`` values
+    unless one row of one sequence is larger; a causal piece's keys end at its last row."""
+    from poslens.capture.builtin.base import Piece
+    from poslens.capture.users import sub_pieces
+
+    H, start, stop, s0, s1 = 3, 8, 14, 1, 4
+    keys = stop if causal else 20
+    seen = torch.zeros(s1, stop, dtype=torch.int64)
+    for r, s, k in sub_pieces(Piece(slice(start, stop), slice(s0, s1), keys, {}), causal, H, limit):
+        seen[s, r] += 1
+        assert k == (r.stop if causal else keys)
+        n = (s.stop - s.start) * H * (r.stop - r.start) * k
+        assert n <= limit or (s.stop - s.start == 1 and r.stop - r.start == 1)
+    assert bool((seen[s0:, start:] == 1).all()) and int(seen.sum()) == (s1 - s0) * (stop - start)
 
 
 class PreRopeAndProbs(PointProbe):

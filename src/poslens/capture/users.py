@@ -23,6 +23,29 @@ CHUNK_POINTS = {"scores": "logits", "probs": "weights"}
 WHERE_POINTS = ("rows", "seqs")
 
 
+#: values per piece a user's statistic gets at most (one row of a sequence's heads may exceed it). A
+#: statistic's float64 temporaries of a piece (2 MiB each) stay near the core's cache, and fewer of them
+#: are fresh pages from the kernel than with the pass's own chunks (up to 16 MiB of float32); smaller
+#: pieces pay torch's fixed cost per operation more often (``benchmarks/bench_user_statistics.py``)
+USER_PIECE_ELEMS = 1 << 18
+
+
+def sub_pieces(piece: Piece, causal: bool, heads: int, limit: int | None = None):
+    """``(rows, seqs, keys)`` of the pieces a chunk is handed to a user's statistic in: at most
+    ``limit`` values each where one row of a sequence allows, a causal piece's keys cut at its last row
+    (the weights past it are 0, the logits masked)."""
+    limit = limit or USER_PIECE_ELEMS
+    r0, r1 = piece.rows.start, piece.rows.stop
+    s0, s1 = piece.seqs.start, piece.seqs.stop
+    row = heads * piece.keys  # values in one row of one sequence
+    seqs = max(1, min(s1 - s0, limit // max(1, row)))
+    rows = max(1, limit // max(1, row * seqs))
+    for a in range(s0, s1, seqs):
+        for b in range(r0, r1, rows):
+            e = min(r1, b + rows)
+            yield slice(b, e), slice(a, min(s1, a + seqs)), (e if causal else piece.keys)
+
+
 def _needs(stat) -> tuple:
     return tuple(stat.needs) if not isinstance(stat.needs, str) else (stat.needs,)
 
@@ -57,10 +80,10 @@ class UserStatistics:
             st = self.stats[i]
             needs = [p for p in _needs(st) if p in CHUNK_POINTS]
             want = frozenset(CHUNK_POINTS[p] for p in needs)
-            out.append((want, self._chunk_feeder(batch.layer, i, st, want, layer_points, output)))
+            out.append((want, self._chunk_feeder(batch.layer, i, st, want, layer_points, output, batch.causal)))
         return out
 
-    def _chunk_feeder(self, layer, i, st, want, layer_points, output):
+    def _chunk_feeder(self, layer, i, st, want, layer_points, output, causal=True):
         held = {}
 
         def feed(piece: Piece):
@@ -69,21 +92,23 @@ class UserStatistics:
                     held[name] = piece[name] if name == "weights" or want == {"logits"} else piece[name].clone()
             if not want <= held.keys():
                 return
-            pts = {p: held[CHUNK_POINTS[p]] for p in CHUNK_POINTS if p in _needs(st)}
+            whole = {p: held[CHUNK_POINTS[p]] for p in CHUNK_POINTS if p in _needs(st)}
             held.clear()
-            r, s, k = piece.rows, piece.seqs, piece.keys
-            for p in _needs(st):
-                if p in ("q_pre", "q_post"):
-                    pts[p] = layer_points[p][s, :, r]
-                elif p in ("k_pre", "k_post"):
-                    pts[p] = layer_points[p][s, :, :k]
-                elif p == "head_out":
-                    pts[p] = output()[s, r]
-                elif p == "rows":
-                    pts[p] = r
-                elif p == "seqs":
-                    pts[p] = s
-            st.add(layer, **{p: pts[p] for p in _needs(st)})
+            for r, s, k in sub_pieces(piece, causal, whole[next(iter(whole))].shape[1]):
+                pts = {p: t[s.start - piece.seqs.start:s.stop - piece.seqs.start, :,
+                             r.start - piece.rows.start:r.stop - piece.rows.start, :k] for p, t in whole.items()}
+                for p in _needs(st):
+                    if p in ("q_pre", "q_post"):
+                        pts[p] = layer_points[p][s, :, r]
+                    elif p in ("k_pre", "k_post"):
+                        pts[p] = layer_points[p][s, :, :k]
+                    elif p == "head_out":
+                        pts[p] = output()[s, r]
+                    elif p == "rows":
+                        pts[p] = r
+                    elif p == "seqs":
+                        pts[p] = s
+                st.add(layer, **{p: pts[p] for p in _needs(st)})
             self._fed.setdefault(layer, set()).add(i)
         return feed
 
