@@ -231,6 +231,38 @@ def test_rising_pairs_equal_the_merge_count(T, monkeypatch):
 
 
 @needs_kernel
+@pytest.mark.parametrize("T", [2, 3, 15, 16, 17, 33, 130])
+def test_pair_counts_equal_every_pair_compared(T, monkeypatch):
+    """Rising and tied pairs of each row: the kernel against a double loop and against the sort count
+    of poslens.metrics.neighborhood (kernels off), on rows with ties, -0.0 beside +0.0, -inf suffixes,
+    -inf between finite entries (no tie among them) and float32 rows (widened exactly)."""
+    from poslens.metrics import neighborhood as nb
+
+    gen = torch.Generator().manual_seed(T)
+    x = torch.randint(-2, 3, (8, T), generator=gen).to(torch.float64)
+    x[0] = torch.randn(T, generator=gen, dtype=torch.float64)
+    x[1, T // 2:] = float("-inf")
+    x[2] = float("-inf")
+    x[3, ::2] = float("-inf")
+    x[4] = -0.0
+    x[4, ::3] = 0.0
+    x[5] = torch.arange(T, dtype=torch.float64)  # every pair rises
+    gt, eq = native.pair_counts(x)
+    for r, row in enumerate(x.tolist()):
+        ps = [(row[j], row[k]) for j in range(T) for k in range(j + 1, T)]
+        assert int(gt[r]) == sum(b > a for a, b in ps), (T, r)
+        assert int(eq[r]) == sum(b == a and a != float("-inf") for a, b in ps), (T, r)
+    assert int(gt[5]) == T * (T - 1) // 2 and int(gt[4]) == 0 and int(gt[2]) == int(eq[2]) == 0
+    f32 = x.to(torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(native.pair_counts(f32), native.pair_counts(f32.double())))
+    assert native.pair_counts(torch.zeros(2, native.PAIR_COUNTS_MAX_T + 1)) is None  # long rows: the sort count
+    monkeypatch.setenv(native.KERNEL_ENV, "torch")
+    assert native.pair_counts(x) is None
+    ref_gt, ref_eq = nb._sorted_pair_counts(x)
+    assert torch.equal(gt, ref_gt) and torch.equal(eq, ref_eq)
+
+
+@needs_kernel
 @pytest.mark.parametrize("D,r,Bc", [(16, 16, 1), (16, 8, 1), (12, 12, 3)])
 def test_unrotate_half_equals_the_torch_path(D, r, Bc, monkeypatch):
     from poslens.capture.attention import unrotate_qk

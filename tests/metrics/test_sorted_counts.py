@@ -149,10 +149,13 @@ def test_finite_prefix_moves_kept_entries_forward():
     assert out.tolist() == [[2.0, 4.0, inf, inf], [5.0, 6.0, 7.0, 8.0]]
 
 
-@pytest.mark.parametrize("count", [ordered_pair_counts, _merged_pair_counts])
-def test_ordered_pair_counts_with_ties_against_loops(count):
-    """The CPU's one-sort count of rising and tied pairs and the other devices' level-by-level count
-    (run here on the CPU), rows of every length with -inf suffixes."""
+@pytest.mark.parametrize("count,kernel", [(ordered_pair_counts, "auto"), (ordered_pair_counts, "torch"),
+                                          (_merged_pair_counts, "auto")])
+def test_ordered_pair_counts_with_ties_against_loops(count, kernel, monkeypatch):
+    """The CPU's count of rising and tied pairs (every pair compared in C where the kernels are built,
+    one value sort per row without them) and the other devices' level-by-level count (run here on the
+    CPU), rows of every length with -inf suffixes."""
+    monkeypatch.setenv("POSLENS_CAPTURE_KERNEL", kernel)
     gen = torch.Generator().manual_seed(53)
     for T in range(1, 70):
         x = torch.randint(0, 4, (6, T), generator=gen).to(torch.float64)

@@ -271,7 +271,8 @@ def _write_maps(out: Path, r: _Reader) -> dict:
     """``maps.safetensors``: float32 means, converted in place one accumulator at a time (the capture
     is spent afterwards), and the reservoir sample; returns the tensors written."""
     spec, plan, blocks = r.spec, r.plan, r.blocks
-    tensors = r.capture.release_means(torch.float32)
+    tensors = r.capture.release_means(torch.float32, group_means={"score_groups": (r.groups, r.counts)}
+                                      if r.counts is not None else None)
     tensors = {k: tensors.pop(k).cpu() for k in list(tensors)}  # the file, figures and tables: on the CPU
     if r.capture.reservoir is not None:
         tensors.update({k: v.cpu() for k, v in r.capture.reservoir.result().items()})

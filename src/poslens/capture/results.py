@@ -59,13 +59,14 @@ class CaptureSums:
         """Mean of every accumulator (float64); upper triangles of causal maps are left as computed."""
         return {name: acc.mean for name, acc in self.accs.items()}
 
-    def release_means(self, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    def release_means(self, dtype=torch.float32, group_means: dict | None = None) -> dict[str, torch.Tensor]:
         """Means in ``dtype``, converting and freeing the float64 sums one by one (peak memory stays at
-        the sums' size). The accumulators are empty afterwards: call this last."""
+        the sums' size). ``group_means``: a group accumulator's ``group_means()`` by name, where the
+        caller has them already. The accumulators are empty afterwards: call this last."""
         out = {}
         for name, acc in self.accs.items():
             if isinstance(acc, GroupAccumulator):  # group means of the non-empty groups, and their counts
-                out[name], counts = acc.group_means()
+                out[name], counts = (group_means or {}).get(name) or acc.group_means()
                 out[name] = out[name].to(dtype)
                 out[name.replace("groups", "group_counts")] = counts.to(torch.int64)
                 continue

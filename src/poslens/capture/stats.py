@@ -220,7 +220,7 @@ class GroupAccumulator:
         """``(means [g, *shape], counts [g])`` of the non-empty groups only."""
         keep = self.counts > 0
         c = self.counts[keep].to(torch.float64)
-        s = self.sum[keep.to(self.sum.device)]
+        s = self.sum if bool(keep.all()) else self.sum[keep.to(self.sum.device)]  # no copy when none is empty
         return s / c.to(s.device).reshape((-1,) + (1,) * len(self.shape)), c
 
     def state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -339,11 +339,16 @@ def _sorted_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For each row of ``x [N, T]`` (CPU, no NaN; -inf entries only as a suffix): the pairs j < k with
     ``x[k] > x[j]`` and the pairs of equal finite entries, int64 ``[N]`` each. One value sort per row
     (:func:`_value_order`): the rising pairs are the non-inversions of the positions in value order
-    (:func:`_noninversions`), the tied ones the runs of equal values."""
+    (:func:`_noninversions`), the tied ones the runs of equal values. Rows of up to
+    :data:`poslens.native.PAIR_COUNTS_MAX_T` entries: every pair compared in one vectorised C pass
+    (:func:`poslens.native.pair_counts`), where the kernels are built."""
     N, T = x.shape
     if T < 2 or N == 0:
         zero = torch.zeros(N, dtype=torch.int64, device=x.device)
         return zero, zero.clone()
+    fused = native.pair_counts(x) if x.is_floating_point() else None
+    if fused is not None:
+        return fused
     x = x.detach()
     if not x.is_floating_point():
         x = x.to(torch.float64)
@@ -421,14 +426,18 @@ def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
     Strict: ties do not count, and a ``-inf`` entry never rises above another (a -inf suffix takes part
     in no rising pair). One value sort and O(T log^2 T) integer work per row on the CPU (:func:`_value_order`, then
     :func:`_noninversions` of the positions in value order: a pair of positions j < k is a rise exactly
-    when j comes first in value order); elsewhere every pair compared on the device
-    (:func:`_direct_rising_counts`).
+    when j comes first in value order), or for rows of up to :data:`poslens.native.PAIR_COUNTS_MAX_T`
+    entries every pair compared in C (:func:`poslens.native.pair_counts`); elsewhere every pair compared
+    on the device (:func:`_direct_rising_counts`).
     """
     N, T = x.shape
     if x.device.type != "cpu":
         return _direct_rising_counts(x)
     if T < 2:
         return torch.zeros(N, dtype=torch.int64, device=x.device)
+    fused = native.pair_counts(x) if x.is_floating_point() else None  # short rows: every pair in C
+    if fused is not None:
+        return fused[0]
     P = 1 << (T - 1).bit_length()
     if P != T:  # -inf padding: no rise with or among the added entries
         x = torch.cat([x, x.new_full((N, P - T), float("-inf"))], dim=1)

@@ -187,6 +187,8 @@ SIGNATURES = {
                               _I64, ctypes.c_int32], _I64),
     "poslens_causal_pair_dim_sum": ([_F32P, _F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _I64, _I64], None),
     "poslens_rising_pairs": ([_F32P, _I64, _I64, ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
+    "poslens_pair_counts": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, ctypes.POINTER(ctypes.c_int64),
+                             ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
     "poslens_unrotate_half": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _F32P, _I64, _I64], None),
     "poslens_unit_rows": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64], None),
     "poslens_add_widened": ([ctypes.POINTER(ctypes.c_double), _F32P, _I64, _I64, ctypes.c_double, ctypes.c_int32,
@@ -375,6 +377,26 @@ def rising_pairs(m: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(N, dtype=torch.int64)
     _load().poslens_rising_pairs(_ptr(m), N, T, ctypes.cast(out.data_ptr(), ctypes.POINTER(ctypes.c_int64)), 0, N)
     return out
+
+
+#: longest rows :func:`pair_counts` counts (its T^2 / 2 comparisons per row outgrow the one value sort
+#: per row of :mod:`poslens.metrics.neighborhood` beyond about 700-1,000; ``benchmarks/bench_pair_counts.py``)
+PAIR_COUNTS_MAX_T = 512
+
+
+def pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For each row of ``x [N, T]`` (CPU, float, no NaN): the pairs ``j < k`` with ``x[k] > x[j]`` and
+    the pairs of equal entries above ``-inf``, int64 ``[N]`` each; None when the kernels are not
+    available or ``T`` is above :data:`PAIR_COUNTS_MAX_T` (the caller's sort count)."""
+    if x.ndim != 2 or not available() or not _cpu(x) or not x.is_floating_point() or x.shape[1] > PAIR_COUNTS_MAX_T:
+        return None
+    N, T = x.shape
+    x = x.detach().to(torch.float64).contiguous()  # float32 and narrower: exactly
+    gt, eq = torch.empty(N, dtype=torch.int64), torch.empty(N, dtype=torch.int64)
+    as_i64 = ctypes.POINTER(ctypes.c_int64)
+    _load().poslens_pair_counts(ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_double)), N, T,
+                                ctypes.cast(gt.data_ptr(), as_i64), ctypes.cast(eq.data_ptr(), as_i64), 0, N)
+    return gt, eq
 
 
 def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

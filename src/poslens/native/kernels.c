@@ -7,6 +7,7 @@
  *   every row of nc logits is read once and written once, its passes running on a row in L1.
  * - poslens_causal_pair_dim_sum: per head dimension, the sum over causal pairs j <= i of q_i k_j.
  * - poslens_rising_pairs: the APS count of a self-similarity map (rising pairs below the diagonal).
+ * - poslens_pair_counts: rising and tied pairs of rows (locality, diagonal trends of score maps).
  * - poslens_unrotate_half: queries or keys rotated back by their RoPE angles (rotate-half layout).
  * - poslens_add_widened: a float32 map added into a float64 sum (its lower triangle alone, if asked).
  * - poslens_unit_rows: vectors' norms and the unit vectors, written sequence-major (cosine maps).
@@ -227,6 +228,65 @@ void poslens_rising_pairs(const float *restrict m, int64_t N, int64_t T, int64_t
             }
         }
         counts[n] = total;
+    }
+}
+
+/* For each row n0 .. n1 - 1 of x [N, T] (float64, contiguous, no NaN): the pairs j < k with
+ * x[k] > x[j] into gt[n] and the pairs with x[k] == x[j] (both above -inf) into eq[n]. Every pair
+ * compared directly, PK keys k at a time against each earlier j. A key that is -inf becomes NaN in
+ * its lane: it then rises above nothing and ties with nothing (a -inf key rises above nothing
+ * anyway, and may tie only with another -inf, which does not count); a key past the row's end is NaN
+ * too, and a row's trailing -inf entries are skipped. O(T^2) per row: the caller keeps T small.
+ * Vectors of 4 doubles (one AVX2 register: GCC lowers wider double comparisons to scalar code). */
+#define PK 16
+typedef double vd4 __attribute__((vector_size(32)));
+typedef int64_t vl4 __attribute__((vector_size(32)));
+
+void poslens_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t *restrict gt,
+                         int64_t *restrict eq, int64_t n0, int64_t n1) {
+    (void)N;
+    const double ninf = -__builtin_inf();
+    for (int64_t n = n0; n < n1; n++) {
+        const double *row = x + n * T;
+        int64_t last = T - 1;
+        while (last >= 0 && row[last] == ninf) last--;
+        vl4 g[PK / 4], e[PK / 4];
+        for (int v = 0; v < PK / 4; v++) g[v] = e[v] = (vl4){0, 0, 0, 0};
+        for (int64_t k0 = 1; k0 <= last; k0 += PK) {
+            vd4 vk[PK / 4];
+            vl4 kidx[PK / 4];
+            for (int l = 0; l < PK; l++) {
+                int64_t k = k0 + l;
+                vk[l / 4][l % 4] = k <= last && row[k] != ninf ? row[k] : __builtin_nan("");
+                kidx[l / 4][l % 4] = k;
+            }
+            for (int64_t j = 0; j < k0; j++) { /* j before every lane's key */
+                double a = row[j];
+                vd4 b = {a, a, a, a};
+                for (int v = 0; v < PK / 4; v++) {
+                    g[v] -= (vk[v] > b);
+                    e[v] -= (vk[v] == b);
+                }
+            }
+            int64_t jmax = k0 + PK - 1 < last ? k0 + PK - 1 : last;
+            for (int64_t j = k0; j < jmax; j++) { /* j among the lanes' keys: only the later lanes */
+                double a = row[j];
+                vd4 b = {a, a, a, a};
+                for (int v = 0; v < PK / 4; v++) {
+                    vl4 after = kidx[v] > j;
+                    g[v] -= (vk[v] > b) & after;
+                    e[v] -= (vk[v] == b) & after;
+                }
+            }
+        }
+        int64_t gs = 0, es = 0;
+        for (int v = 0; v < PK / 4; v++)
+            for (int l = 0; l < 4; l++) {
+                gs += g[v][l];
+                es += e[v][l];
+            }
+        gt[n] = gs;
+        eq[n] = es;
     }
 }
 
