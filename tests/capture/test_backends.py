@@ -249,3 +249,53 @@ def test_a_non_finite_logit_under_a_users_chunks_is_one_error():
     with pytest.raises(PoslensError, match="layer 0"):
         cap.observe_attention(0, q, k, None, 0.3, value=v)
     assert 0 < stat.rows < S
+
+
+@pytest.mark.skipif(not native.available(), reason="the C kernels are not built here")
+@pytest.mark.parametrize("rows", [5, 24])
+def test_the_native_pass_sums_heads_itself_without_per_head_readers(setup, monkeypatch, rows):
+    """``probs`` and ``sink_heads`` alone (no reader of each head's sums): the native pass adds the
+    weights over heads and the key-0 weights per head directly. Equal to the torch pass's per-head
+    sums and to the float64 reference, in several slices of the batch and one."""
+    from poslens.capture import attnpass
+    from poslens.capture.adapters import get_adapter
+    from poslens.capture.engine import Capture
+    from poslens.capture.load import load_model
+    from poslens.capture.loop import attach, forward
+    from poslens.capture.reference import record_forward
+    from poslens.capture.spec import CaptureSpec
+
+    _, path, ids = setup
+    summed = []
+    real_init = attnpass.AttentionPass.__init__
+
+    def spy(self, *a, **k):
+        real_init(self, *a, **k)
+        summed.append(self.summed)
+
+    monkeypatch.setattr(attnpass.AttentionPass, "__init__", spy)
+
+    def run(kernel):
+        monkeypatch.setenv("POSLENS_CAPTURE_KERNEL", kernel)
+        model = load_model(str(path), dtype=torch.float32, device="cpu")
+        ad = get_adapter(model.config)
+        spec = CaptureSpec(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, seq_len=S, layers=[0, 1],
+                           rope_layers=ad.rope_layers(model.config), stats=frozenset({"probs", "sink_heads"}),
+                           reservoir=0, chunk_elems=2 * 4 * rows * S)
+        cap = Capture(spec)
+        attach(model, ad, cap)
+        for s in range(0, B, 2):
+            forward(model, ids[s:s + 2], capture=cap, seq_start=s)
+        return cap.means()
+
+    fused, plain = run("auto"), run("torch")
+    assert any(summed) and not all(summed)  # the native pass summed, the torch pass did not
+    rec = record_forward(path, ids)
+    for li, l in enumerate(sorted(rec["layers"])):
+        r = rec["layers"][l]
+        k = r["k"].repeat_interleave(r["q"].shape[1] // r["k"].shape[1], dim=1)
+        w = torch.softmax(((r["q"] @ k.transpose(-1, -2)) * r["scaling"]).masked_fill(~r["visible"], float("-inf")), -1)
+        torch.testing.assert_close(fused["probs"][li], w.mean(dim=(0, 1)), rtol=0, atol=2e-6)
+        torch.testing.assert_close(fused["sink_heads"][li], w[..., 0].mean(0), rtol=0, atol=2e-6)
+    for name in ("probs", "sink_heads"):
+        torch.testing.assert_close(fused[name], plain[name], rtol=1e-6, atol=1e-7)

@@ -10,7 +10,8 @@ of the whole batch would outgrow the CPU cache, it forms the scaled logits once,
 - each head's weights summed over the batch (``head_weight_sums``), and what follows from them: their
   head sum (``weight_sum``), their diagonals by offset (``diagonal_sums``), their key-0 column
   (``key0_weights``) and the ``--heads`` heads' rows (``selected_weight_sums``), with the same
-  heads' logit sums (``selected_logit_sums``).
+  heads' logit sums (``selected_logit_sums``). Where no reader needs each head's sums, the native
+  pass sums ``weight_sum`` and ``key0_weights`` directly.
 
 Per-sequence intermediates go to their readers slice by slice, batch sums once per chunk. The
 ``native`` backend forms the logit sum, softmax and per-head sums of a slice in one C pass (the
@@ -31,6 +32,8 @@ from poslens.capture.kernels import finite, nonfinite_error, sum_first
 #: intermediates derived from each head's batch-summed weights
 _FROM_HEAD_SUMS = frozenset({"head_weight_sums", "weight_sum", "diagonal_sums", "key0_weights",
                              "selected_weight_sums"})
+#: the ones the native pass sums directly, without each head's sums (which cost it about 4x as much)
+_SUMMED = frozenset({"weight_sum", "key0_weights"})
 
 
 @dataclass
@@ -90,8 +93,10 @@ class AttentionPass:
         self.readers = [(frozenset(n), fn) for n, fn in readers]
         needs = frozenset().union(*(n for n, _ in self.readers)) if self.readers else frozenset()
         self.needs = needs
-        self.head_sums = bool(needs & _FROM_HEAD_SUMS)
-        self.need_p = self.head_sums or "weights" in needs or layer.v is not None
+        # the native pass sums the weights over heads itself where no reader needs each head's sums
+        self.summed = native is not None and bool(needs & _SUMMED) and not (needs & (_FROM_HEAD_SUMS - _SUMMED))
+        self.head_sums = bool(needs & _FROM_HEAD_SUMS) and not self.summed
+        self.need_p = self.head_sums or self.summed or "weights" in needs or layer.v is not None
         B, Hk, g, S, D = layer.qs.shape
         self.B, self.H, self.S, self.D = B, Hk * g, S, D
         dev = self.device = layer.qs.device
@@ -127,12 +132,17 @@ class AttentionPass:
         if "selected_logit_sums" in self.needs:
             sel = self.work.zeros("selected_logits", (len(L.heads), c, nc), self.device)
         pb = self.zbuf[:, :c, L.rows:L.rows + nc] if self.head_sums else None
+        ws = k0 = None
+        if self.summed:
+            ws = self.work.buffer("weight_sum", (c, nc), self.device)
+            k0 = self.work.buffer("key0_weights", (self.H, c), self.device)
         for b0 in range(0, self.B, L.bs):
             b1 = min(self.B, b0 + L.bs)
             logits = self._logits(b0, b1, start, stop)
             if self.native is not None:
                 part = lsum if (lsum is None or b0 == 0) else self.work.buffer("logit_sum_part", (c, nc), self.device)
-                if self.native(logits, start, L.causal, part, pb, accumulate=b0 > 0, threads=torch.get_num_threads()):
+                if self.native(logits, start, L.causal, part, pb, accumulate=b0 > 0, threads=torch.get_num_threads(),
+                               weight_sum=ws, key0=k0):
                     return False  # a non-finite visible logit: the caller's checked torch pass names its head
                 if part is not lsum:
                     lsum.add_(part)
@@ -157,7 +167,7 @@ class AttentionPass:
             if p is not None:
                 self._output_rows(p, start, b0, b1)
                 self._hand_sequences({"weights": p}, start, b0, b1, nc)
-        self._hand_sums(start, stop, lsum, pb, sel)
+        self._hand_sums(start, stop, lsum, pb, sel, ws, k0)
         return True
 
     def _logits(self, b0: int, b1: int, start: int, stop: int) -> torch.Tensor:
@@ -247,8 +257,10 @@ class AttentionPass:
             if name in needs:
                 fn(Piece(slice(start, start + values[name].shape[2]), slice(b0, b1), nc, values))
 
-    def _hand_sums(self, start, stop, lsum, pb, sel) -> None:
-        """The chunk's batch sums, once its last slice is in, to the readers of batch sums."""
+    def _hand_sums(self, start, stop, lsum, pb, sel, ws=None, k0=None) -> None:
+        """The chunk's batch sums, once its last slice is in, to the readers of batch sums. ``ws``,
+        ``k0``: the weights' sum over heads and each head's key-0 weights, where the native pass
+        summed them itself (no ``pb``)."""
         L, c = self.L, stop - start
         nc = lsum.shape[1] if lsum is not None else (stop if L.causal else self.S)
         values = {}
@@ -257,6 +269,13 @@ class AttentionPass:
         if sel is not None:
             values["selected_logit_sums"] = sel
         probe = None
+        if ws is not None:
+            if "weight_sum" in self.needs:
+                values["weight_sum"] = ws
+            if "key0_weights" in self.needs:
+                values["key0_weights"] = k0
+            if self.bad is not None:
+                self.bad |= ~torch.isfinite(ws).all()
         if pb is not None:
             values["head_weight_sums"] = pb
             if "weight_sum" in self.needs:

@@ -30,7 +30,9 @@
 #define VW 8
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
-typedef double vd __attribute__((vector_size(VW * 8)));
+typedef float vf4 __attribute__((vector_size(16)));
+typedef double vd4 __attribute__((vector_size(32)));
+typedef int64_t vl4 __attribute__((vector_size(32)));
 
 static inline vf splat(float a) {
     vf v;
@@ -64,9 +66,19 @@ static inline vf exp_nonpositive(vf x) {
 
 /* x[0 .. vis - 1] <- exp(x - m) (m: the row's maximum); returns their sum, added in float64 lanes (a
  * float32 sum of a few thousand terms over 8 lanes carried relative errors of 5e-6, 6x torch's
- * softmax). The last partial vector is padded with -inf, whose weight is 0. */
+ * softmax). The last partial vector is padded with -inf, whose weight is 0. The float64 lanes are two
+ * vectors of 4 (one AVX2 register each): a single vector of 8 doubles is kept on the stack by GCC,
+ * which made the loop about twice as slow. */
+static inline void add_widened4(vd4 *lo, vd4 *hi, vf e) {
+    vf4 a, b;
+    memcpy(&a, &e, sizeof a);
+    memcpy(&b, (const char *)&e + sizeof a, sizeof b);
+    *lo += __builtin_convertvector(a, vd4);
+    *hi += __builtin_convertvector(b, vd4);
+}
+
 static inline double exp_row(float *restrict x, int64_t vis, float m) {
-    vd acc = {0};
+    vd4 lo = {0}, hi = {0};
     vf mv = splat(m);
     int64_t j = 0;
     for (; j + VW <= vis; j += VW) {
@@ -74,18 +86,17 @@ static inline double exp_row(float *restrict x, int64_t vis, float m) {
         memcpy(&v, x + j, sizeof v);
         vf e = exp_nonpositive(v - mv);
         memcpy(x + j, &e, sizeof e);
-        acc += __builtin_convertvector(e, vd);
+        add_widened4(&lo, &hi, e);
     }
     if (j < vis) {
         vf v = splat(-INFINITY);
         memcpy(&v, x + j, sizeof(float) * (size_t)(vis - j));
         vf e = exp_nonpositive(v - mv);
         memcpy(x + j, &e, sizeof(float) * (size_t)(vis - j));
-        acc += __builtin_convertvector(e, vd);
+        add_widened4(&lo, &hi, e);
     }
-    double s = 0.0;
-    for (int i = 0; i < VW; i++) s += acc[i];
-    return s;
+    vd4 t = lo + hi;
+    return (t[0] + t[1]) + (t[2] + t[3]);
 }
 
 /* The maximum of x[0 .. vis - 1], the count of its non-finite entries (into *nonfinite), and, with
@@ -116,21 +127,31 @@ static inline float row_max(const float *restrict x, int64_t vis, float *restric
  * - the logits become the softmax weights in place, 0 where masked.
  * - head_sum (or NULL): head h's row r at head_sum + h * hs_h + r * hs_r (nc floats): the sum over
  *   the n sequences of the weights; written, or added to when `accumulate`.
+ * - weight_sum (or NULL; only without head_sum): [c, nc], the sum over the n x H rows of the
+ *   weights, and key0 (or NULL): [H, c], each head's weight on key 0 summed over the n sequences;
+ *   written, or added to when `accumulate`. A row of weight_sum stays in L1 over its n x H rows,
+ *   where a head_sum row is reloaded per head: the head sums cost about 4x as much.
  *
  * Returns the number of visible logits that are not finite (NaN, +-inf); when it is not 0 the
  * outputs are not meaningful and the caller takes its checked path instead.
  */
 int64_t poslens_softmax_sums(float *restrict logits, int64_t n, int64_t H, int64_t c, int64_t nc, int64_t start,
                              int32_t causal, int64_t r0, int64_t r1, float *restrict logit_sum, float *restrict head_sum,
-                             int64_t hs_h, int64_t hs_r, int32_t accumulate) {
+                             int64_t hs_h, int64_t hs_r, int32_t accumulate, float *restrict weight_sum,
+                             float *restrict key0) {
     int64_t bad = 0;
+    if (head_sum) weight_sum = NULL;
     for (int64_t r = r0; r < r1; r++) {
         int64_t vis = causal ? start + r + 1 : nc;
         if (vis > nc) vis = nc;
         float *restrict sum = logit_sum ? logit_sum + r * nc : NULL;
         if (sum) memset(sum, 0, sizeof(float) * (size_t)nc);
+        float *restrict wrow = weight_sum ? weight_sum + r * nc : NULL;
+        if (wrow && !accumulate) memset(wrow, 0, sizeof(float) * (size_t)nc);
         for (int64_t h = 0; h < H; h++) {
-            float *restrict hrow = head_sum ? head_sum + h * hs_h + r * hs_r : NULL;
+            float *restrict hrow = head_sum ? head_sum + h * hs_h + r * hs_r : wrow;
+            int first = head_sum ? !accumulate : 0; /* the first sequence writes a head_sum row */
+            if (key0 && !accumulate) key0[h * c + r] = 0.0f;
             for (int64_t b = 0; b < n; b++) {
                 float *restrict x = logits + ((b * H + h) * c + r) * nc;
                 int32_t nonfinite = 0;
@@ -140,7 +161,8 @@ int64_t poslens_softmax_sums(float *restrict logits, int64_t n, int64_t H, int64
                     continue;
                 }
                 float inv = (float)(1.0 / exp_row(x, vis, m));
-                if (hrow && (b > 0 || accumulate)) {
+                if (key0) key0[h * c + r] += x[0] * inv;
+                if (hrow && (b > 0 || !first)) {
                     #pragma omp simd
                     for (int64_t j = 0; j < vis; j++) {
                         float p = x[j] * inv;
@@ -239,8 +261,6 @@ void poslens_rising_pairs(const float *restrict m, int64_t N, int64_t T, int64_t
  * too, and a row's trailing -inf entries are skipped. O(T^2) per row: the caller keeps T small.
  * Vectors of 4 doubles (one AVX2 register: GCC lowers wider double comparisons to scalar code). */
 #define PK 16
-typedef double vd4 __attribute__((vector_size(32)));
-typedef int64_t vl4 __attribute__((vector_size(32)));
 
 void poslens_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t *restrict gt,
                          int64_t *restrict eq, int64_t n0, int64_t n1) {
@@ -253,13 +273,17 @@ void poslens_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t
         vl4 g[PK / 4], e[PK / 4];
         for (int v = 0; v < PK / 4; v++) g[v] = e[v] = (vl4){0, 0, 0, 0};
         for (int64_t k0 = 1; k0 <= last; k0 += PK) {
-            vd4 vk[PK / 4];
-            vl4 kidx[PK / 4];
+            double kv[PK];
+            int64_t ki[PK];
             for (int l = 0; l < PK; l++) {
                 int64_t k = k0 + l;
-                vk[l / 4][l % 4] = k <= last && row[k] != ninf ? row[k] : __builtin_nan("");
-                kidx[l / 4][l % 4] = k;
+                kv[l] = k <= last && row[k] != ninf ? row[k] : __builtin_nan("");
+                ki[l] = k;
             }
+            vd4 vk[PK / 4];
+            vl4 kidx[PK / 4];
+            memcpy(vk, kv, sizeof vk);
+            memcpy(kidx, ki, sizeof kidx);
             for (int64_t j = 0; j < k0; j++) { /* j before every lane's key */
                 double a = row[j];
                 vd4 b = {a, a, a, a};
