@@ -32,7 +32,8 @@ from poslens.capture.kernels import finite, nonfinite_error, sum_first
 #: intermediates derived from each head's batch-summed weights
 _FROM_HEAD_SUMS = frozenset({"head_weight_sums", "weight_sum", "diagonal_sums", "key0_weights",
                              "selected_weight_sums"})
-#: the ones the native pass sums directly, without each head's sums (which cost it about 4x as much)
+#: the ones the native pass sums directly where no reader needs each head's sums (the pass then costs
+#: about a quarter less per logit: docs/statistics.md)
 _SUMMED = frozenset({"weight_sum", "key0_weights"})
 
 

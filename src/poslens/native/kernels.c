@@ -130,7 +130,8 @@ static inline float row_max(const float *restrict x, int64_t vis, float *restric
  * - weight_sum (or NULL; only without head_sum): [c, nc], the sum over the n x H rows of the
  *   weights, and key0 (or NULL): [H, c], each head's weight on key 0 summed over the n sequences;
  *   written, or added to when `accumulate`. A row of weight_sum stays in L1 over its n x H rows,
- *   where a head_sum row is reloaded per head: the head sums cost about 4x as much.
+ *   where each head's row of head_sum comes from the outer caches (1.3 against 1.7 ns per logit for
+ *   the whole pass on a chunk of 8 heads x 128 rows x 1,024 keys).
  *
  * Returns the number of visible logits that are not finite (NaN, +-inf); when it is not 0 the
  * outputs are not meaningful and the caller takes its checked path instead.
