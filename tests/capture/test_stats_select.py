@@ -43,9 +43,6 @@ def _observe(stats, heads=()):
     return cap
 
 
-SUMMED_BY_THE_PASS = {"probs", "sink_heads"}
-
-
 @pytest.mark.parametrize("stats", ["scores", "probs", "slash", "scores,probs", "qk,dim_logit", "attn_cosine",
                                    "cosine", "probs,slash"])
 def test_requested_statistics_equal_the_full_capture(stats):
@@ -55,10 +52,7 @@ def test_requested_statistics_equal_the_full_capture(stats):
     wanted = {a for s in stats.split(",") for a in att.STATS[s]}
     assert set(part) == wanted  # nothing else allocated
     for name in wanted:
-        # the weights' batch sums: without a reader of each head's sums the native pass adds the weights
-        # over heads itself, in another order than the per-head sums of the full capture (float32 rounding)
-        tol = dict(rtol=1e-6, atol=1e-7) if name in SUMMED_BY_THE_PASS else dict(rtol=0, atol=1e-12)
-        torch.testing.assert_close(part[name], full[name], **tol)
+        torch.testing.assert_close(part[name], full[name], rtol=0, atol=1e-12)
 
 
 def test_unrequested_statistics_are_not_computed(monkeypatch):

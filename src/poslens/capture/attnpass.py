@@ -10,8 +10,9 @@ of the whole batch would outgrow the CPU cache, it forms the scaled logits once,
 - each head's weights summed over the batch (``head_weight_sums``), and what follows from them: their
   head sum (``weight_sum``), their diagonals by offset (``diagonal_sums``), their key-0 column
   (``key0_weights``) and the ``--heads`` heads' rows (``selected_weight_sums``), with the same
-  heads' logit sums (``selected_logit_sums``). Where no reader needs each head's sums, the native
-  pass sums ``weight_sum`` and ``key0_weights`` directly.
+  heads' logit sums (``selected_logit_sums``). The native pass adds ``weight_sum`` and
+  ``key0_weights`` itself, in one order whether or not a reader needs each head's sums (and skips
+  those where none does).
 
 Per-sequence intermediates go to their readers slice by slice, batch sums once per chunk. The
 ``native`` backend forms the logit sum, softmax and per-head sums of a slice in one C pass (the
@@ -133,9 +134,10 @@ class AttentionPass:
         if "selected_logit_sums" in self.needs:
             sel = self.work.zeros("selected_logits", (len(L.heads), c, nc), self.device)
         pb = self.zbuf[:, :c, L.rows:L.rows + nc] if self.head_sums else None
-        ws = k0 = None
-        if self.summed:
+        ws = k0 = None  # the native pass adds them itself, in one order whichever other readers there are
+        if self.native is not None and "weight_sum" in self.needs:
             ws = self.work.buffer("weight_sum", (c, nc), self.device)
+        if self.native is not None and "key0_weights" in self.needs:
             k0 = self.work.buffer("key0_weights", (self.H, c), self.device)
         for b0 in range(0, self.B, L.bs):
             b1 = min(self.B, b0 + L.bs)
@@ -261,7 +263,7 @@ class AttentionPass:
     def _hand_sums(self, start, stop, lsum, pb, sel, ws=None, k0=None) -> None:
         """The chunk's batch sums, once its last slice is in, to the readers of batch sums. ``ws``,
         ``k0``: the weights' sum over heads and each head's key-0 weights, where the native pass
-        summed them itself (no ``pb``)."""
+        added them itself (with or without each head's sums ``pb``)."""
         L, c = self.L, stop - start
         nc = lsum.shape[1] if lsum is not None else (stop if L.causal else self.S)
         values = {}
@@ -271,21 +273,20 @@ class AttentionPass:
             values["selected_logit_sums"] = sel
         probe = None
         if ws is not None:
-            if "weight_sum" in self.needs:
-                values["weight_sum"] = ws
-            if "key0_weights" in self.needs:
-                values["key0_weights"] = k0
-            if self.bad is not None:
-                self.bad |= ~torch.isfinite(ws).all()
+            values["weight_sum"] = probe = ws
+        if k0 is not None:
+            values["key0_weights"] = k0
+        if ws is not None and pb is None and self.bad is not None:
+            self.bad |= ~torch.isfinite(ws).all()
         if pb is not None:
             values["head_weight_sums"] = pb
-            if "weight_sum" in self.needs:
+            if "weight_sum" in self.needs and ws is None:
                 ws = self.work.buffer("weight_sum", (c, nc), pb.device)
                 torch.sum(pb, dim=0, out=ws)
                 values["weight_sum"] = probe = ws  # also the finiteness probe: c x nc values, not H x c x nc
             if "diagonal_sums" in self.needs:
                 values["diagonal_sums"] = diagonal_view(self.zbuf, c, stop, L.rows).sum(dim=1).flip(-1)
-            if "key0_weights" in self.needs:
+            if "key0_weights" in self.needs and k0 is None:
                 values["key0_weights"] = pb[:, :, 0]
             if "selected_weight_sums" in self.needs:
                 values["selected_weight_sums"] = pb[[h for h in L.heads]] if L.heads else pb[:0]
