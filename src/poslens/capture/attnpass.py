@@ -10,9 +10,7 @@ of the whole batch would outgrow the CPU cache, it forms the scaled logits once,
 - each head's weights summed over the batch (``head_weight_sums``), and what follows from them: their
   head sum (``weight_sum``), their diagonals by offset (``diagonal_sums``), their key-0 column
   (``key0_weights``) and the ``--heads`` heads' rows (``selected_weight_sums``), with the same
-  heads' logit sums (``selected_logit_sums``). The native pass adds ``weight_sum`` and
-  ``key0_weights`` itself, in one order whether or not a reader needs each head's sums (and skips
-  those where none does).
+  heads' logit sums (``selected_logit_sums``).
 
 Per-sequence intermediates go to their readers slice by slice, batch sums once per chunk. The
 ``native`` backend forms the logit sum, softmax and per-head sums of a slice in one C pass (the
@@ -33,9 +31,6 @@ from poslens.capture.kernels import finite, nonfinite_error, sum_first
 #: intermediates derived from each head's batch-summed weights
 _FROM_HEAD_SUMS = frozenset({"head_weight_sums", "weight_sum", "diagonal_sums", "key0_weights",
                              "selected_weight_sums"})
-#: the ones the native pass sums directly where no reader needs each head's sums (the pass then costs
-#: about a quarter less per logit: docs/statistics.md)
-_SUMMED = frozenset({"weight_sum", "key0_weights"})
 
 
 @dataclass
@@ -95,10 +90,8 @@ class AttentionPass:
         self.readers = [(frozenset(n), fn) for n, fn in readers]
         needs = frozenset().union(*(n for n, _ in self.readers)) if self.readers else frozenset()
         self.needs = needs
-        # the native pass sums the weights over heads itself where no reader needs each head's sums
-        self.summed = native is not None and bool(needs & _SUMMED) and not (needs & (_FROM_HEAD_SUMS - _SUMMED))
-        self.head_sums = bool(needs & _FROM_HEAD_SUMS) and not self.summed
-        self.need_p = self.head_sums or self.summed or "weights" in needs or layer.v is not None
+        self.head_sums = bool(needs & _FROM_HEAD_SUMS)
+        self.need_p = self.head_sums or "weights" in needs or layer.v is not None
         B, Hk, g, S, D = layer.qs.shape
         self.B, self.H, self.S, self.D = B, Hk * g, S, D
         dev = self.device = layer.qs.device
@@ -134,18 +127,12 @@ class AttentionPass:
         if "selected_logit_sums" in self.needs:
             sel = self.work.zeros("selected_logits", (len(L.heads), c, nc), self.device)
         pb = self.zbuf[:, :c, L.rows:L.rows + nc] if self.head_sums else None
-        ws = k0 = None  # the native pass adds them itself, in one order whichever other readers there are
-        if self.native is not None and "weight_sum" in self.needs:
-            ws = self.work.buffer("weight_sum", (c, nc), self.device)
-        if self.native is not None and "key0_weights" in self.needs:
-            k0 = self.work.buffer("key0_weights", (self.H, c), self.device)
         for b0 in range(0, self.B, L.bs):
             b1 = min(self.B, b0 + L.bs)
             logits = self._logits(b0, b1, start, stop)
             if self.native is not None:
                 part = lsum if (lsum is None or b0 == 0) else self.work.buffer("logit_sum_part", (c, nc), self.device)
-                if self.native(logits, start, L.causal, part, pb, accumulate=b0 > 0, threads=torch.get_num_threads(),
-                               weight_sum=ws, key0=k0):
+                if self.native(logits, start, L.causal, part, pb, accumulate=b0 > 0, threads=torch.get_num_threads()):
                     return False  # a non-finite visible logit: the caller's checked torch pass names its head
                 if part is not lsum:
                     lsum.add_(part)
@@ -170,7 +157,7 @@ class AttentionPass:
             if p is not None:
                 self._output_rows(p, start, b0, b1)
                 self._hand_sequences({"weights": p}, start, b0, b1, nc)
-        self._hand_sums(start, stop, lsum, pb, sel, ws, k0)
+        self._hand_sums(start, stop, lsum, pb, sel)
         return True
 
     def _logits(self, b0: int, b1: int, start: int, stop: int) -> torch.Tensor:
@@ -260,10 +247,8 @@ class AttentionPass:
             if name in needs:
                 fn(Piece(slice(start, start + values[name].shape[2]), slice(b0, b1), nc, values))
 
-    def _hand_sums(self, start, stop, lsum, pb, sel, ws=None, k0=None) -> None:
-        """The chunk's batch sums, once its last slice is in, to the readers of batch sums. ``ws``,
-        ``k0``: the weights' sum over heads and each head's key-0 weights, where the native pass
-        added them itself (with or without each head's sums ``pb``)."""
+    def _hand_sums(self, start, stop, lsum, pb, sel) -> None:
+        """The chunk's batch sums, once its last slice is in, to the readers of batch sums."""
         L, c = self.L, stop - start
         nc = lsum.shape[1] if lsum is not None else (stop if L.causal else self.S)
         values = {}
@@ -272,21 +257,15 @@ class AttentionPass:
         if sel is not None:
             values["selected_logit_sums"] = sel
         probe = None
-        if ws is not None:
-            values["weight_sum"] = probe = ws
-        if k0 is not None:
-            values["key0_weights"] = k0
-        if ws is not None and pb is None and self.bad is not None:
-            self.bad |= ~torch.isfinite(ws).all()
         if pb is not None:
             values["head_weight_sums"] = pb
-            if "weight_sum" in self.needs and ws is None:
+            if "weight_sum" in self.needs:
                 ws = self.work.buffer("weight_sum", (c, nc), pb.device)
                 torch.sum(pb, dim=0, out=ws)
                 values["weight_sum"] = probe = ws  # also the finiteness probe: c x nc values, not H x c x nc
             if "diagonal_sums" in self.needs:
                 values["diagonal_sums"] = diagonal_view(self.zbuf, c, stop, L.rows).sum(dim=1).flip(-1)
-            if "key0_weights" in self.needs and k0 is None:
+            if "key0_weights" in self.needs:
                 values["key0_weights"] = pb[:, :, 0]
             if "selected_weight_sums" in self.needs:
                 values["selected_weight_sums"] = pb[[h for h in L.heads]] if L.heads else pb[:0]

@@ -184,7 +184,7 @@ _I64, _F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
 #: each kernel's argument types
 SIGNATURES = {
     "poslens_softmax_sums": ([_F32P, _I64, _I64, _I64, _I64, _I64, ctypes.c_int32, _I64, _I64, _F32P, _F32P, _I64,
-                              _I64, ctypes.c_int32, _F32P, _F32P], _I64),
+                              _I64, ctypes.c_int32], _I64),
     "poslens_causal_pair_dim_sum": ([_F32P, _F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _I64, _I64], None),
     "poslens_rising_pairs": ([_F32P, _I64, _I64, ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
     "poslens_pair_counts": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, ctypes.POINTER(ctypes.c_int64),
@@ -313,25 +313,20 @@ class SoftmaxSums:
         self._workers = workers if workers is not None else Workers()
 
     def __call__(self, logits: torch.Tensor, start: int, causal: bool, logit_sum: torch.Tensor | None,
-                 head_sum: torch.Tensor | None, accumulate: bool, threads: int = 1,
-                 weight_sum: torch.Tensor | None = None, key0: torch.Tensor | None = None) -> int:
+                 head_sum: torch.Tensor | None, accumulate: bool, threads: int = 1) -> int:
         """Fused pass over ``logits [n, H, c, nc]`` (float32, contiguous, CPU; the softmax in place):
         ``logit_sum [c, nc]`` (contiguous) written, ``head_sum [H, c, nc]`` (unit column stride)
-        written or added to; without ``head_sum``, the weights summed over sequences and heads into
-        ``weight_sum [c, nc]`` and each head's key-0 weight into ``key0 [H, c]`` (both contiguous),
-        written or added to. The rows on ``threads`` threads. Returns the number of non-finite
+        written or added to; the rows on ``threads`` threads. Returns the number of non-finite
         visible logits (0: the outputs hold)."""
         n, H, c, nc = logits.shape
         assert logits.is_contiguous() and logits.dtype == torch.float32
         assert logit_sum is None or (logit_sum.is_contiguous() and tuple(logit_sum.shape) == (c, nc))
-        assert weight_sum is None or (weight_sum.is_contiguous() and tuple(weight_sum.shape) == (c, nc))
-        assert key0 is None or (key0.is_contiguous() and tuple(key0.shape) == (H, c))
         hs_h = hs_r = 0
         if head_sum is not None:
             assert tuple(head_sum.shape) == (H, c, nc) and head_sum.stride(2) == 1
             hs_h, hs_r = head_sum.stride(0), head_sum.stride(1)
         head = (_ptr(logits), n, H, c, nc, start, int(causal))
-        tail = (_ptr(logit_sum), _ptr(head_sum), hs_h, hs_r, int(accumulate), _ptr(weight_sum), _ptr(key0))
+        tail = (_ptr(logit_sum), _ptr(head_sum), hs_h, hs_r, int(accumulate))
         # causal rows see start + r + 1 keys: cut the rows so each part holds about the same logits
         edges = _balanced_rows(start, c, nc, causal, max(1, min(threads, c)))
         return sum(int(b) for b in self._workers.run(self._fn, head, edges, tail))

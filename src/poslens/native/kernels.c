@@ -127,31 +127,21 @@ static inline float row_max(const float *restrict x, int64_t vis, float *restric
  * - the logits become the softmax weights in place, 0 where masked.
  * - head_sum (or NULL): head h's row r at head_sum + h * hs_h + r * hs_r (nc floats): the sum over
  *   the n sequences of the weights; written, or added to when `accumulate`.
- * - weight_sum (or NULL): [c, nc], the sum over the n x H rows of the weights, and key0 (or NULL):
- *   [H, c], each head's weight on key 0 summed over the n sequences; written, or added to when
- *   `accumulate`. Both are added in the same order with or without head_sum, so a statistic reads the
- *   same bits whichever others are asked for. A row of weight_sum stays in L1 over its n x H rows,
- *   where each head's row of head_sum comes from the outer caches (without head_sum the whole pass
- *   costs about a quarter less per logit).
  *
  * Returns the number of visible logits that are not finite (NaN, +-inf); when it is not 0 the
  * outputs are not meaningful and the caller takes its checked path instead.
  */
 int64_t poslens_softmax_sums(float *restrict logits, int64_t n, int64_t H, int64_t c, int64_t nc, int64_t start,
                              int32_t causal, int64_t r0, int64_t r1, float *restrict logit_sum, float *restrict head_sum,
-                             int64_t hs_h, int64_t hs_r, int32_t accumulate, float *restrict weight_sum,
-                             float *restrict key0) {
+                             int64_t hs_h, int64_t hs_r, int32_t accumulate) {
     int64_t bad = 0;
     for (int64_t r = r0; r < r1; r++) {
         int64_t vis = causal ? start + r + 1 : nc;
         if (vis > nc) vis = nc;
         float *restrict sum = logit_sum ? logit_sum + r * nc : NULL;
         if (sum) memset(sum, 0, sizeof(float) * (size_t)nc);
-        float *restrict wrow = weight_sum ? weight_sum + r * nc : NULL;
-        if (wrow && !accumulate) memset(wrow, 0, sizeof(float) * (size_t)nc);
         for (int64_t h = 0; h < H; h++) {
             float *restrict hrow = head_sum ? head_sum + h * hs_h + r * hs_r : NULL;
-            if (key0 && !accumulate) key0[h * c + r] = 0.0f;
             for (int64_t b = 0; b < n; b++) {
                 float *restrict x = logits + ((b * H + h) * c + r) * nc;
                 int32_t nonfinite = 0;
@@ -161,26 +151,7 @@ int64_t poslens_softmax_sums(float *restrict logits, int64_t n, int64_t H, int64
                     continue;
                 }
                 float inv = (float)(1.0 / exp_row(x, vis, m));
-                int hadd = b > 0 || accumulate; /* else the first sequence writes the head_sum row */
-                /* one loop per case (the weight_sum row added in the same order, head then sequence,
-                 * with or without head_sum) */
-                if (hrow && wrow && hadd) {
-                    #pragma omp simd
-                    for (int64_t j = 0; j < vis; j++) {
-                        float p = x[j] * inv;
-                        x[j] = p;
-                        hrow[j] += p;
-                        wrow[j] += p;
-                    }
-                } else if (hrow && wrow) {
-                    #pragma omp simd
-                    for (int64_t j = 0; j < vis; j++) {
-                        float p = x[j] * inv;
-                        x[j] = p;
-                        hrow[j] = p;
-                        wrow[j] += p;
-                    }
-                } else if (hrow && hadd) {
+                if (hrow && (b > 0 || accumulate)) {
                     #pragma omp simd
                     for (int64_t j = 0; j < vis; j++) {
                         float p = x[j] * inv;
@@ -194,20 +165,12 @@ int64_t poslens_softmax_sums(float *restrict logits, int64_t n, int64_t H, int64
                         x[j] = p;
                         hrow[j] = p;
                     }
-                } else if (wrow) {
-                    #pragma omp simd
-                    for (int64_t j = 0; j < vis; j++) {
-                        float p = x[j] * inv;
-                        x[j] = p;
-                        wrow[j] += p;
-                    }
+                    if (vis < nc) memset(hrow + vis, 0, sizeof(float) * (size_t)(nc - vis));
                 } else {
                     #pragma omp simd
                     for (int64_t j = 0; j < vis; j++) x[j] *= inv;
                 }
-                if (hrow && !hadd && vis < nc) memset(hrow + vis, 0, sizeof(float) * (size_t)(nc - vis));
                 if (vis < nc) memset(x + vis, 0, sizeof(float) * (size_t)(nc - vis));
-                if (key0) key0[h * c + r] += x[0];
             }
         }
     }
