@@ -67,8 +67,8 @@ static inline vf exp_nonpositive(vf x) {
 /* x[0 .. vis - 1] <- exp(x - m) (m: the row's maximum); returns their sum, added in float64 lanes (a
  * float32 sum of a few thousand terms over 8 lanes carried relative errors of 5e-6, 6x torch's
  * softmax). The last partial vector is padded with -inf, whose weight is 0. The float64 lanes are two
- * vectors of 4 (one AVX2 register each): a single vector of 8 doubles is kept on the stack by GCC,
- * which made the loop about twice as slow. */
+ * vectors of 4 (one AVX2 register each): GCC keeps a single vector of 8 doubles on the stack, which
+ * makes the loop about twice as slow. */
 static inline void add_widened4(vd4 *lo, vd4 *hi, vf e) {
     vf4 a, b;
     memcpy(&a, &e, sizeof a);
