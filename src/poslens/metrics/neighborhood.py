@@ -346,7 +346,7 @@ def _sorted_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if T < 2 or N == 0:
         zero = torch.zeros(N, dtype=torch.int64, device=x.device)
         return zero, zero.clone()
-    fused = native.pair_counts(x) if x.is_floating_point() else None
+    fused = native.pair_counts(x)  # None for long rows, integers, or without the kernels
     if fused is not None:
         return fused
     x = x.detach()
@@ -435,7 +435,7 @@ def rising_pair_counts(x: torch.Tensor) -> torch.Tensor:
         return _direct_rising_counts(x)
     if T < 2:
         return torch.zeros(N, dtype=torch.int64, device=x.device)
-    fused = native.pair_counts(x) if x.is_floating_point() else None  # short rows: every pair in C
+    fused = native.pair_counts(x)  # short float rows: every pair in C
     if fused is not None:
         return fused[0]
     P = 1 << (T - 1).bit_length()
