@@ -407,7 +407,7 @@ def part_scan(a, dev) -> dict:
 # simulate
 # ------------------------------------------------------------------------------------------------
 def part_simulate(a, dev) -> dict:
-    from poslens.simulate import SimConfig, auto_chunk, run_simulation
+    from poslens.simulator import SimConfig, auto_chunk, run_simulation
 
     out = {}
     sizes = [100_000, 10_000_000] if dev.startswith("cuda") and not a.quick else [20_000]

@@ -5,7 +5,7 @@ Three whole processes on the same samples, at the paper's setting by default (ar
 
 - **naive**: the authors' approach: materialise every sample, keep every layer's scores, weights
   and outputs, average at the end (torch's own threads);
-- **poslens**: :func:`poslens.simulate.run_simulation` (chunks on single-threaded workers);
+- **poslens**: :func:`poslens.simulator.run_simulation` (chunks on single-threaded workers);
 - **GEMM floor**: the same batched products alone (per layer and chunk ``Y Y^T`` and ``A Y``, on
   the same workers), no sampling, normalisation, softmax or statistics: what no implementation
   of this model can beat with these kernels.
@@ -38,7 +38,7 @@ def _naive(args) -> dict:
     """The authors' approach: materialise all samples, keep every layer's tensors, mean at the end."""
     import torch
 
-    from poslens.simulate import RNG_BLOCK, SimConfig, sample_inputs
+    from poslens.simulator import RNG_BLOCK, SimConfig, sample_inputs
 
     torch.set_num_threads(args.threads)
     cfg = SimConfig(samples=args.samples, seq_len=args.seq_len, dim=args.dim, layers=args.layers, alpha=args.alpha)
@@ -68,7 +68,7 @@ def _naive(args) -> dict:
 def _streaming(args) -> dict:
     import torch
 
-    from poslens.simulate import SimConfig, run_simulation
+    from poslens.simulator import SimConfig, run_simulation
 
     cfg = SimConfig(samples=args.samples, seq_len=args.seq_len, dim=args.dim, layers=args.layers, alpha=args.alpha,
                     device=args.device)
@@ -86,7 +86,7 @@ def _floor(args) -> dict:
 
     import torch
 
-    from poslens.simulate import SimConfig, auto_chunk
+    from poslens.simulator import SimConfig, auto_chunk
 
     cfg = SimConfig(samples=args.samples, seq_len=args.seq_len, dim=args.dim, layers=args.layers, device=args.device)
     dev = torch.device(args.device)

@@ -4,7 +4,7 @@ under the poslens thread policy (:mod:`poslens.runtime`).
 Two workloads, each timed in its own process, alone and while this script runs a competitor (one
 busy Python loop, pinned to no CPU):
 
-- **simulate**: :func:`poslens.simulate.run_simulation` at S 50, d 64, 4 layers. Under "torch
+- **simulate**: :func:`poslens.simulator.run_simulation` at S 50, d 64, 4 layers. Under "torch
   default" the chunks run one after another with torch's intra-op threads (the way the simulator
   worked before the policy); under "poslens" they run on single-threaded workers, one per CPU.
 - **train**: training steps (forward, backward, AdamW) of a small RoPE model (``tiny`` preset,
@@ -63,7 +63,7 @@ def _child(args) -> None:
 def _simulate(args, threads: int) -> dict:
     import torch
 
-    from poslens.simulate import SimConfig, run_simulation
+    from poslens.simulator import SimConfig, run_simulation
 
     cfg = SimConfig(samples=args.samples, seq_len=50, dim=64, layers=4, device="cpu")
     if args.policy == "poslens":
@@ -71,7 +71,7 @@ def _simulate(args, threads: int) -> dict:
         run_simulation(cfg)  # workers: one per CPU, single-threaded inside torch
         return {"seconds": time.perf_counter() - t0, "workers": None}
     # torch default: one chunk after another, each operation on torch's intra-op threads
-    from poslens.simulate import RNG_BLOCK, _chunk_sums, auto_chunk, layer_buffers
+    from poslens.simulator import RNG_BLOCK, _chunk_sums, auto_chunk, layer_buffers
 
     torch.set_num_threads(threads)
     chunk = auto_chunk(cfg)

@@ -33,7 +33,7 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from poslens.capture.scan import ScanConfig, run_scan
-    from poslens.report import write_report
+    from poslens.reporting import write_report
 
     model_dir, scan_dir = args.out / "llama30", args.out / "scan_llama30"
     if not (model_dir / "config.json").is_file():

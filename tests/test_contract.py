@@ -68,7 +68,7 @@ def test_every_command_writes_the_contract(tmp_path):
     import torch
 
     from poslens.capture.scan import ScanConfig, run_scan
-    from poslens.simulate import SimConfig, run_simulation, save_result
+    from poslens.simulator import SimConfig, run_simulation, save_result
     from poslens.models.train import TrainConfig, train_model
 
     save_result(run_simulation(SimConfig(samples=50, seq_len=6, dim=8, layers=2)), tmp_path / "sim")
@@ -93,7 +93,7 @@ def test_every_command_writes_the_contract(tmp_path):
     # the analysis commands write the same shape, and their readings are the ones report/readings.py writes
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
     from poslens.analysis.panels import PanelsConfig, run_panels, run_score_maps
-    from poslens.report.readings import command_readings
+    from poslens.reporting.readings import command_readings
 
     run_score_maps(str(tmp_path / "scan"), str(tmp_path / "kim-maps"))
     run_neighborhood(NeighborhoodConfig(model_dir=str(model), out=str(tmp_path / "neighborhood"), seq_len=8,
@@ -162,7 +162,7 @@ def test_scan_terminal_table_uses_delta_limited_heads():
 
 
 def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
-    from poslens.report.readings import neighborhood_readings, slash_readings
+    from poslens.reporting.readings import neighborhood_readings, slash_readings
 
     s = {"seq_len": 512, "slash_top_heads_offset_ge1": [{"layer": 18, "head": 8, "offset": 511, "score": 0.984},
                                                         {"layer": 3, "head": 1, "offset": 2, "score": 0.2}]}
@@ -178,7 +178,7 @@ def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
 
 
 def test_empty_and_all_zero_tables_are_dropped():
-    from poslens.report.elements import sparse_sentence, table
+    from poslens.reporting.elements import sparse_sentence, table
 
     assert table("persistence", ["head", "Δ"], []) is None
     assert sparse_sentence("persistence", ["head", "Δ"], []) == "persistence: no rows"
@@ -196,7 +196,7 @@ def test_empty_and_all_zero_tables_are_dropped():
 def test_layer_plots_have_integer_ticks():
     import matplotlib.pyplot as plt
 
-    from poslens.report.plots import layer_lines
+    from poslens.reporting.plots import layer_lines
 
     fig = layer_lines([{"title": "x", "series": [{"label": "a", "layers": [0, 1, 2], "values": [0.1, None, 0.3],
                                                   "errors": [0.01, None, 0.02]}]}])
@@ -212,7 +212,7 @@ def _mini_run(d, i):
 
 
 def test_report_refuses_an_ambiguous_search(cli, tmp_path):
-    from poslens.report import collect
+    from poslens.reporting import collect
 
     tmp = tmp_path / "tmp"
     for i in range(7):
@@ -251,8 +251,8 @@ def test_newer_scan_keys_render(tmp_path):
     """Keys the sink-aware scans write (per-sequence APS with std, trend with its standard error,
     within-diagonal RMS beside its noise floor, p-values) render as plots, not long tables; a scan
     written without the envelope still lands in all three papers' sections."""
-    from poslens.report import render_report
-    from poslens.report.cards import layer_quantities
+    from poslens.reporting import render_report
+    from poslens.reporting.cards import layer_quantities
 
     layers = [{"layer": l, "relativity_index": 0.9 - 0.01 * l, "relativity_index_with_sink": 0.5, "locality": 0.2,
                "diagonal_trend": -0.5, "diagonal_trend_se": 0.1, "within_diag_rms": 0.02,
@@ -288,7 +288,7 @@ def test_command_readings_are_written_from_the_numbers():
     """Every analysis command's sentences come from report/readings.py and quote its summary's numbers."""
     import importlib
 
-    from poslens.report import readings as R
+    from poslens.reporting import readings as R
 
     assert set(R.COMMAND_READINGS) == {"neighborhood", "panels", "kim-maps", "slash", "slash-dynamics", "sweep",
                                        "probes"}
@@ -363,7 +363,7 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     from poslens.capture.finalize import score_map_numbers
     from poslens.metrics.diagonal import causal_view
     from poslens.metrics import diagonal_trend, relativity_index
-    from poslens.report.readings import kim_readings
+    from poslens.reporting.readings import kim_readings
 
     S, G = 40, 8
     i = torch.arange(S, dtype=torch.float64)
@@ -412,7 +412,7 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
 def test_figure_roles_keep_the_page_short(tmp_path):
     """Details stay in the run directory (named), a figure of the per-layer numbers gives way to the
     report's own line plots, a zoom is shown only on maps much larger than its 64 positions."""
-    from poslens.report.cards import run_figures
+    from poslens.reporting.cards import run_figures
     from poslens.rundir import Run
 
     figs = ["scores_raw.png", "probs.png", "aps_by_layer.png", "scores_zoom.png"]
@@ -431,7 +431,7 @@ def test_figure_roles_keep_the_page_short(tmp_path):
 
 
 def test_kim_readings_say_from_layer_k_on_only_when_it_is_so():
-    from poslens.report.readings import kim_readings
+    from poslens.reporting.readings import kim_readings
 
     live = {"relativity_index": 0.9, "locality": 0.2}
     flat = {"relativity_index": None, "locality": None}

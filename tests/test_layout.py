@@ -263,14 +263,14 @@ def test_cli_membership():
 #: basics): the capture never reaches up into the report or the analyses, metrics are pure functions
 #: of tensors (no capture, no models, no run directories of their own), figures draw tensors only
 FORBIDDEN = {
-    "poslens.capture": ("poslens.report", "poslens.analysis", "poslens.api", "poslens.reproduce", "poslens.demo",
-                        "poslens.simulate"),
-    "poslens.metrics": ("poslens.capture", "poslens.models", "poslens.data", "poslens.simulate", "poslens.report",
+    "poslens.capture": ("poslens.reporting", "poslens.analysis", "poslens.api", "poslens.reproduce", "poslens.demo",
+                        "poslens.simulator"),
+    "poslens.metrics": ("poslens.capture", "poslens.models", "poslens.data", "poslens.simulator", "poslens.reporting",
                         "poslens.analysis", "poslens.api", "poslens.reproduce", "poslens.demo", "poslens.figures"),
-    "poslens.figures": ("poslens.capture", "poslens.report", "poslens.analysis", "poslens.api", "poslens.simulate"),
+    "poslens.figures": ("poslens.capture", "poslens.reporting", "poslens.analysis", "poslens.api", "poslens.simulator"),
     # the C kernels are a basic layer: the capture and the metrics call them, they call neither
-    "poslens.native": ("poslens.capture", "poslens.metrics", "poslens.models", "poslens.data", "poslens.report",
-                       "poslens.analysis", "poslens.api", "poslens.simulate"),
+    "poslens.native": ("poslens.capture", "poslens.metrics", "poslens.models", "poslens.data", "poslens.reporting",
+                       "poslens.analysis", "poslens.api", "poslens.simulator"),
 }
 
 
@@ -285,10 +285,10 @@ def upward_imports(graph: dict[str, set[str]], forbidden=FORBIDDEN) -> list[tupl
 
 
 def test_upward_finder_on_a_known_graph():
-    graph = {"poslens.capture.finalize": {"poslens.report.plots", "poslens.metrics"},
+    graph = {"poslens.capture.finalize": {"poslens.reporting.plots", "poslens.metrics"},
              "poslens.metrics.diagonal": {"poslens.capture.stats"}, "poslens.metrics.noise": {"poslens.errors"},
-             "poslens.report.plots": {"poslens.figures"}, "poslens.capture_extra": {"poslens.report"}}
-    assert upward_imports(graph) == [("poslens.capture.finalize", "poslens.report.plots"),
+             "poslens.reporting.plots": {"poslens.figures"}, "poslens.capture_extra": {"poslens.reporting"}}
+    assert upward_imports(graph) == [("poslens.capture.finalize", "poslens.reporting.plots"),
                                      ("poslens.metrics.diagonal", "poslens.capture.stats")]
 
 

@@ -22,7 +22,7 @@ from poslens.metrics.neighborhood import (adjacency_probability_score, norm_scor
                                           rising_pair_fraction)
 from poslens.metrics.rank import band_contributions
 from poslens.metrics.slash import slash_profile
-from poslens.report.readings import kim_readings, slash_readings, uniform_slash
+from poslens.reporting.readings import kim_readings, slash_readings, uniform_slash
 from poslens.rope import frequency_bands
 from references import brute_cos_aps, brute_rising
 
@@ -391,7 +391,7 @@ def _reference_layers(x, layers, theta, scale=1.0):
 @pytest.mark.parametrize("rope", [False, True])
 def test_simulator_layers_match_explicit_loop(rope):
     from poslens.rope import cos_sin
-    from poslens.simulate import SimConfig, forward_layers
+    from poslens.simulator import SimConfig, forward_layers
 
     cfg = SimConfig(layers=3, seq_len=6, dim=8, samples=2, rope=rope, rope_theta=100.0).validate()
     x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(13), dtype=torch.float64)

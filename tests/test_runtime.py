@@ -255,7 +255,7 @@ def test_library_calls_restore_global_state(odd_global_state, tmp_path):
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
     from poslens.capture.scan import ScanConfig, run_scan
     from poslens.models.train import TrainConfig, train_model
-    from poslens.simulate import SimConfig, run_simulation, save_result
+    from poslens.simulator import SimConfig, run_simulation, save_result
 
     model = save_tiny("llama", tmp_path / "model", layers=2, hidden=32, heads=2, kv=1, positions=32)
     calls = {

@@ -5,7 +5,7 @@ import torch
 
 from poslens.errors import PoslensError
 from poslens.rundir import read_json, read_tensors
-from poslens.simulate import RNG_BLOCK, SimConfig, load_result, run_simulation, sample_inputs
+from poslens.simulator import RNG_BLOCK, SimConfig, load_result, run_simulation, sample_inputs
 from poslens.theory import kim_mean_field, kim_theory
 
 
@@ -143,7 +143,7 @@ def test_workers_restore_torch_threads():
 @pytest.mark.parametrize("kw", [dict(), dict(rope=True, causal=False), dict(norm="layernorm", scale="d")])
 def test_forward_layers_with_buffers_equals_without(kw):
     from poslens.rope import cos_sin
-    from poslens.simulate import forward_layers, layer_buffers
+    from poslens.simulator import forward_layers, layer_buffers
 
     cfg = SimConfig(seq_len=6, dim=8, layers=3, **kw).validate()
     x = sample_inputs(cfg, 0)[:20]
@@ -277,8 +277,8 @@ def test_saved_run_directory_with_figures(tmp_path, monkeypatch):
 
     from safetensors import safe_open
 
-    from poslens.report import plots
-    from poslens.simulate import save_result
+    from poslens.reporting import plots
+    from poslens.simulator import save_result
 
     drawn = {}
     real = plots.layer_grid
@@ -307,7 +307,7 @@ def test_run_directory_round_trip(tmp_path):
     """config.json names the command and the versions; the noise groups' sample counts and an early
     stop load back; a summary written before ``stopped_early`` existed loads as a full run."""
     from poslens.rundir import write_json
-    from poslens.simulate import save_result
+    from poslens.simulator import save_result
 
     res = run_simulation(SimConfig(alpha=0.3, layers=2, seq_len=5, dim=6, samples=5 * RNG_BLOCK, chunk_size=RNG_BLOCK,
                                    target_stderr=10.0))  # met at once: stops after two blocks
@@ -336,7 +336,7 @@ def test_forward_layers_work_inside_the_buffers(causal):
     """With buffers the layers allocate nothing: every layer yields the buffers' own scores and weights
     (with the mask fused into the score product or without a mask), and Y = Norm(X) is written into
     the ``y`` buffer (checked after one layer against F.normalize)."""
-    from poslens.simulate import forward_layers, layer_buffers
+    from poslens.simulator import forward_layers, layer_buffers
 
     cfg = SimConfig(seq_len=6, dim=8, layers=3, causal=causal).validate()
     neg = torch.zeros(6, 6).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf")) if causal else None
@@ -367,7 +367,7 @@ def test_summary_weights_the_noise_groups_by_their_samples():
     from dataclasses import replace as dc_replace
 
     from poslens.metrics.diagonal import describe_map
-    from poslens.simulate import summarize
+    from poslens.simulator import summarize
 
     res = run_simulation(SimConfig(alpha=0.3, layers=2, seq_len=6, dim=6, samples=300))
     assert sorted(set(res.group_counts.tolist())) == [18, 19]

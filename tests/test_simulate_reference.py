@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from poslens.capture.stats import NOISE_GROUPS
-from poslens.simulate import RNG_BLOCK, SimConfig, run_simulation, sample_inputs
+from poslens.simulator import RNG_BLOCK, SimConfig, run_simulation, sample_inputs
 
 
 def _normed(x, norm):
@@ -121,7 +121,7 @@ def test_target_stderr_stops_after_two_blocks_at_the_earliest():
 
 def test_summary_numbers_per_layer(tmp_path):
     from poslens import theory
-    from poslens.simulate import load_result, save_result
+    from poslens.simulator import load_result, save_result
 
     cfg = SimConfig(alpha=0.3, layers=2, seq_len=5, dim=6, samples=300)
     res = run_simulation(cfg)

@@ -17,9 +17,6 @@ functions below import torch and transformers when first called.
 
 __version__ = "0.1.0"
 
-import sys as _sys  # noqa: E402
-import types as _types  # noqa: E402
-
 from poslens.errors import PoslensError  # noqa: E402
 
 #: the public functions and classes, imported on first use (``import poslens`` stays light)
@@ -43,17 +40,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_API))
-
-
-class _Package(_types.ModuleType):
-    """The ``poslens`` package: importing a submodule that shares a public function's name
-    (``poslens.simulate``, the simulator's module) leaves the function in its place; the module is
-    reached through ``sys.modules`` / ``from poslens.simulate import ...`` as usual."""
-
-    def __setattr__(self, name, value):
-        if name in _API and isinstance(value, _types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package

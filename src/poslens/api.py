@@ -35,7 +35,7 @@ from typing import Any, Iterable, Iterator
 
 from poslens.capture.options import ScanConfig, scan_options
 from poslens.errors import PoslensError
-from poslens.report.columns import HEAD_COLUMNS, LAYER_COLUMNS  # the columns of heads() and layers()
+from poslens.reporting.columns import HEAD_COLUMNS, LAYER_COLUMNS  # the columns of heads() and layers()
 
 #: files of a run directory that are its bookkeeping, not its results (never copied by :meth:`Result.save`)
 _NOT_RESULTS = ("checkpoint.safetensors",)
@@ -177,7 +177,7 @@ class Result:
 
         if self.command != "scan":
             raise PoslensError(f"heads(): a {self.command} run has no per-head table; scan a model for one.")
-        from poslens.report.readings import SLASH_MAX_DELTA
+        from poslens.reporting.readings import SLASH_MAX_DELTA
 
         layer_ids = self._layer_ids()
         H = int(self.summary.get("num_heads") or 0) or _heads_from_maps(self.maps)
@@ -618,7 +618,7 @@ def simulate(*, alpha: float = 0.0, num_layers: int = 4, seq_len: int = 50, dim:
     whose ``maps`` are ``scores``, ``scores_stderr`` and ``probs`` ``[L, S, S]``."""
     from poslens.progress import task_progress
     from poslens.runtime import parse_device
-    from poslens.simulate import SimConfig, run_simulation, save_result
+    from poslens.simulator import SimConfig, run_simulation, save_result
 
     cfg = SimConfig(alpha=alpha, layers=num_layers, seq_len=seq_len, dim=dim, samples=samples, norm=norm,
                     scale=scale, rope=rope, rope_theta=rope_theta, causal=causal, seed=seed,
@@ -756,7 +756,7 @@ def sweep(*, out: str | os.PathLike | None = None, overwrite: bool = False, prog
 def report(runs: Iterable[Result | str | os.PathLike] | Result | str | os.PathLike, path: str | os.PathLike,
            *, title: str = "poslens report") -> Path:
     """One self-contained HTML report over results or run directories (``poslens report``); returns its path."""
-    from poslens.report import write_report
+    from poslens.reporting import write_report
 
     runs = [runs] if isinstance(runs, (Result, str, os.PathLike)) else list(runs)
     return write_report([_run_path(r, "runs") for r in runs], path, title=title)

@@ -30,12 +30,12 @@ from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.models.train import TrainConfig, train_model
 from poslens.progress import live_display
-from poslens.report import write_report
-from poslens.report.terminal import print_simulation_summary
+from poslens.reporting import write_report
+from poslens.reporting.terminal import print_simulation_summary
 from poslens.reproduce import ReproContext, run_reproduction
 from poslens.rundir import write_json
 from poslens.runtime import no_hf_progress_bars
-from poslens.simulate import SimConfig, run_simulation, save_result
+from poslens.simulator import SimConfig, run_simulation, save_result
 
 
 @dataclass

@@ -2,7 +2,7 @@
 triangle blank, in grids of layers, and the score-map figures every run directory of maps carries.
 
 Tensors in, figures out, no readings: the capture, the simulator and the report all draw through
-here (the report's own multi-panel figures live in :mod:`poslens.report.plots`).
+here (the report's own multi-panel figures live in :mod:`poslens.reporting.plots`).
 """
 
 from __future__ import annotations

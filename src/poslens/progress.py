@@ -17,7 +17,7 @@ A library function that runs long takes ``progress: bool`` and draws its bar wit
 instead and the function stays silent. A callback has the signature of ``update`` above,
 ``(done, total=None, info="")`` (``info``: what runs now, e.g. the experiment's name), so the
 ``update`` of a :func:`task_progress` block can be passed as it is; a function may call it with
-``(done, total)`` alone (:func:`poslens.simulate.run_simulation`).
+``(done, total)`` alone (:func:`poslens.simulator.run_simulation`).
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def test_page_renders_in_chromium(two_models, tmp_path):
 def test_page_defines_every_column_of_every_table(two_models):
     """Every table of the page (traits, traits per layer type, slash heads, massive dims) is followed by
     the definitions of its columns, one per header, in the report's markup (tests/report/test_columns.py)."""
-    from poslens.report.fingerprint import render_page
+    from poslens.reporting.fingerprint import render_page
     from tests.report.test_columns import page_tables
 
     out, _ = two_models
@@ -172,7 +172,7 @@ def _record(**over):
 
 
 def _verdicts(m):
-    from poslens.report.fingerprint import findings
+    from poslens.reporting.fingerprint import findings
 
     s = {"thresholds": {"sink_eps": 0.3, "slash_kappa": 0.3}, "models": [m]}
     return {f["paper"].split(":")[0]: f["models"][0]["verdict"] for f in findings(s)}

@@ -326,7 +326,7 @@ def test_import_changes_nothing_process_wide():
         torch.set_num_threads(3)
         env, fmt, show = dict(os.environ), warnings.formatwarning, warnings.showwarning
         import poslens, poslens.api, poslens.capture.scan, poslens.capture.adapters, poslens.analysis.neighborhood
-        import poslens.report.render, poslens.cli, poslens.runtime
+        import poslens.reporting.render, poslens.cli, poslens.runtime
         assert dict(os.environ) == env, set(os.environ.items()) ^ set(env.items())
         assert warnings.formatwarning is fmt and warnings.showwarning is show
         assert torch.get_num_threads() == 3
@@ -337,13 +337,17 @@ def test_import_changes_nothing_process_wide():
     assert p.returncode == 0 and "unchanged" in p.stdout, p.stderr
 
 
-def test_public_functions_survive_submodules_of_the_same_name():
+def test_no_submodule_takes_a_public_functions_name():
     import importlib
+    import pkgutil
 
-    importlib.import_module("poslens.simulate")  # the simulator's module
-    from poslens.simulate import run_simulation  # noqa: F401
-
-    assert callable(poslens.simulate) and poslens.simulate.__module__ == "poslens.api"
+    names = {m.name for m in pkgutil.iter_modules(poslens.__path__)}
+    assert not names & set(poslens._API), names & set(poslens._API)
+    for name in names - {"__main__"}:
+        importlib.import_module(f"poslens.{name}")
+    for name in poslens._API:
+        assert not isinstance(getattr(poslens, name), type(poslens)), name
+    assert poslens.simulate.__module__ == "poslens.api"
     assert poslens.simulate(samples=32, seq_len=6, dim=8, num_layers=1, progress=False).command == "simulate"
 
 

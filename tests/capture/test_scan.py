@@ -286,7 +286,7 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
 
 def test_pool_for_figure_block_means_skip_the_causal_triangle():
     from poslens.metrics.diagonal import causal_view
-    from poslens.report.plots import pool_for_figure
+    from poslens.reporting.plots import pool_for_figure
 
     S = 10
     m = torch.arange(S * S, dtype=torch.float64).reshape(S, S)
@@ -458,7 +458,7 @@ def test_scan_prints_its_throughput_and_the_report_card_shows_gpu_memory(cli, ll
     summary with a GPU peak shows it on the report's card."""
     from types import SimpleNamespace
 
-    from poslens.report.cards import _meta
+    from poslens.reporting.cards import _meta
 
     code, out, err = cli("scan", llama_dir, "--out", tmp_path / "run", "--data", "random", "--seq-len", 16,
                          "--num-seqs", 3, "--batch-size", 2, "--no-figures")

@@ -368,7 +368,7 @@ def test_one_sample_reports_no_relativity_from_noise(tmp_path):
     for layer in layers:
         assert layer["relativity_index"] is None and layer["locality"] is None and layer["flat"] is None
         assert "fewer than two independent groups" in layer["missing"]["relativity_index"]
-    from poslens.report.readings import kim_readings
+    from poslens.reporting.readings import kim_readings
 
     text = " ".join(kim_readings(layers))
     assert "flat" not in text and "No relativity index for layers 0 and 1" in text  # not "flat": unknown
@@ -383,7 +383,7 @@ def test_a_size_that_cannot_fit_is_refused_up_front(tmp_path):
 
 def test_memory_estimate_counts_the_maps():
     from poslens.capture.stats import NOISE_GROUPS
-    from poslens.simulate import SimConfig, memory_needed
+    from poslens.simulator import SimConfig, memory_needed
 
     cfg = SimConfig(layers=3, seq_len=100, dim=4)
     maps = 3 * 100 * 100 * ((3 + NOISE_GROUPS) * 8 + (NOISE_GROUPS + 2) * 4)

@@ -8,8 +8,8 @@ import ast
 import re
 from pathlib import Path
 
-from poslens.report.columns import COLUMNS, definition, definitions
-from poslens.report.elements import table
+from poslens.reporting.columns import COLUMNS, definition, definitions
+from poslens.reporting.elements import table
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "poslens"
 
@@ -21,7 +21,7 @@ TERMINAL_ONLY = {"report/terminal.py"}
 
 def _string_items(node) -> list[str]:
     """The plain string constants of a list literal or a sum of lists (f-strings are columns named after
-    a parameter: :data:`poslens.report.columns.PATTERNS`, checked by example below)."""
+    a parameter: :data:`poslens.reporting.columns.PATTERNS`, checked by example below)."""
     if isinstance(node, ast.BinOp):
         return _string_items(node.left) + _string_items(node.right)
     if not isinstance(node, ast.List):
@@ -100,7 +100,7 @@ def test_page_defines_every_column_of_every_table(tmp_path):
     from poslens.analysis.slash import SlashConfig, run_slash
     from poslens.capture.scan import ScanConfig, run_scan
     from poslens.models.families import build_model
-    from poslens.report import render_report
+    from poslens.reporting import render_report
     from poslens.rundir import write_json
 
     runs = []
@@ -144,8 +144,8 @@ def test_every_fingerprint_column_is_defined():
     """The fingerprint page's tables (traits, traits per layer type, slash heads, massive dims) define every
     column: a model's column by the table itself, a layer type by columns.LAYER_TYPES, every other by
     columns.COLUMNS."""
-    from poslens.report.columns import LAYER_TYPES, layer_type
-    from poslens.report.fingerprint import page_tables
+    from poslens.reporting.columns import LAYER_TYPES, layer_type
+    from poslens.reporting.fingerprint import page_tables
 
     s = _fingerprint_summary()
     sections = page_tables(s)
@@ -163,7 +163,7 @@ def test_every_fingerprint_column_is_defined():
     missing = [c for c in named if c not in COLUMNS]
     assert not missing, missing
     # the trait column's definition explains each row of the table
-    from poslens.report.fingerprint import TRAIT_ROWS
+    from poslens.reporting.fingerprint import TRAIT_ROWS
 
     for label, _ in TRAIT_ROWS:
         assert label in COLUMNS["trait"], label

@@ -6,7 +6,7 @@ import pytest
 
 from poslens.fmt import fmt
 
-from poslens.report.readings import (ADJACENT, ADJACENT_WEAK, COMMAND_READINGS, PANEL_TREND, THEORY_CLOSE,
+from poslens.reporting.readings import (ADJACENT, ADJACENT_WEAK, COMMAND_READINGS, PANEL_TREND, THEORY_CLOSE,
                                      command_readings, comparison_readings, dynamics_readings, key_findings,
                                      model_readings, neighborhood_command_readings, neighborhood_readings,
                                      panels_readings, probes_readings, run_readings, score_maps_readings,

@@ -7,7 +7,7 @@ import pytest
 
 from poslens.fmt import fmt
 
-from poslens.report.readings import (NORM_SHRINK, _decoder_layers, _layers_phrase, _series_short, layer_aps,
+from poslens.reporting.readings import (NORM_SHRINK, _decoder_layers, _layers_phrase, _series_short, layer_aps,
                                      layer_slash_head, norm_phrase, num, slash_readings, slash_top, uniform_slash)
 
 

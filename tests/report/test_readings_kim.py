@@ -5,7 +5,7 @@ too few. Expected numbers are computed here by hand."""
 
 import pytest
 
-from poslens.report.readings import (FEW_GROUPS_MARGIN, RELATIVE, SIGNIFICANT, TREND, few_groups, key_findings,
+from poslens.reporting.readings import (FEW_GROUPS_MARGIN, RELATIVE, SIGNIFICANT, TREND, few_groups, key_findings,
                                      kim_readings, noise_phrase, noise_shares, run_readings, smallest_p)
 
 
@@ -271,7 +271,7 @@ def test_kim_finding_is_the_run_readings_entry():
 
 
 def test_fdr_count_against_hand_computed_benjamini_hochberg():
-    from poslens.report.readings import fdr_count
+    from poslens.reporting.readings import fdr_count
 
     # BH: sort p ascending, reject the k smallest for the largest k with p_(k) <= k/m · q
     # m = 4, q = 0.01: thresholds 0.0025, 0.005, 0.0075, 0.01

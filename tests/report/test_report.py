@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from poslens.errors import PoslensError
-from poslens.report import collect, render_report, write_index_html, write_report
+from poslens.reporting import collect, render_report, write_index_html, write_report
 from poslens.rundir import write_json
 
 CHROMIUM = "/usr/bin/chromium"
@@ -35,7 +35,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     from poslens.capture.scan import ScanConfig, run_scan
     from poslens.models.families import build_model
     from poslens.reproduce import ReproContext, run_reproduction
-    from poslens.simulate import SimConfig, run_simulation, save_result
+    from poslens.simulator import SimConfig, run_simulation, save_result
 
     root = tmp_path_factory.mktemp("runs")
     out: dict[str, Path] = {}
@@ -142,7 +142,7 @@ def test_report_structure(runs):
 
 
 def test_flat_and_relative_readings():
-    from poslens.report.readings import kim_readings, uniform_slash
+    from poslens.reporting.readings import kim_readings, uniform_slash
 
     layers = [{"layer": 1, "relativity_index": 0.999, "locality": 0.0},
               {"layer": 2, "relativity_index": 0.41, "locality": 0.68}]
@@ -490,7 +490,7 @@ def test_quickstart_page_within_budget(tmp_path):
     import torch
 
     from poslens.figures import ZOOM_POSITIONS, score_map_figures
-    from poslens.report.elements import embed_file
+    from poslens.reporting.elements import embed_file
 
     S = 256
     x = torch.randn(30, S, S, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -526,7 +526,7 @@ def test_heat_maps_leave_the_causal_triangle_blank():
 def test_companions_of_one_line_differ_in_dash_pattern():
     """Two companions in one panel (with key 0, not noise-corrected) must not look alike: each gets the next
     dash pattern, in the colour of its line; the next run's line starts the patterns again."""
-    from poslens.report.plots import COMPANION_STYLES, layer_lines
+    from poslens.reporting.plots import COMPANION_STYLES, layer_lines
     from poslens.rundir import close_figure
 
     series = [{"label": "a", "layers": [0, 1], "values": [0.9, 0.8]},

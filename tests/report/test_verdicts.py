@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from poslens.report import verdicts as V
-from poslens.report.fingerprint import findings
+from poslens.reporting import verdicts as V
+from poslens.reporting.fingerprint import findings
 
 
 def test_z_and_floors_closed_form():
@@ -140,8 +140,8 @@ def test_a_report_of_plain_scans_leads_with_the_fingerprints_findings(tmp_path):
     import transformers as tf
 
     import poslens
-    from poslens.report import collect
-    from poslens.report.plain import scan_findings
+    from poslens.reporting import collect
+    from poslens.reporting.plain import scan_findings
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from archs import tiny_config
@@ -166,7 +166,7 @@ def test_a_report_of_plain_scans_leads_with_the_fingerprints_findings(tmp_path):
 
 
 def test_comparison_lines_keep_one_colour_per_run_and_a_legend_off_the_data():
-    from poslens.report.plots import layer_lines
+    from poslens.reporting.plots import layer_lines
 
     panels = [{"title": "a", "series": [{"label": "deep", "layers": list(range(30)), "values": [0.8] * 30},
                                         {"label": "shallow", "layers": [0, 1], "values": [1.0, 0.9]}]},

@@ -832,7 +832,7 @@ def _write_files(stage: Path, cfg: AblateConfig, setup: _Setup, summary: dict, t
         shutil.copytree(scans, stage / "scans")
     figs = []
     if cfg.figures:
-        from poslens.report.ablate import ablate_figures
+        from poslens.reporting.ablate import ablate_figures
 
         figs = ablate_figures(summary, stage)
     s = dict(summary, tables=[condition_table(summary)], figures=figs, readings=summary["findings"],

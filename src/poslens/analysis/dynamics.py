@@ -31,7 +31,7 @@ from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt
 from poslens.models.train import TrainConfig, load_trained, train_model
 from poslens.progress import task_progress
-from poslens.report.readings import dynamics_readings
+from poslens.reporting.readings import dynamics_readings
 from poslens.rope import BANDS
 from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
                             write_json, write_summary)

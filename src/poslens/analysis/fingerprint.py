@@ -47,9 +47,9 @@ from poslens.fmt import fmt
 from poslens.metrics.fingerprint import (MASSIVE_LAMBDA, SINK_EPS, UNROTATED, band_shares, dim_bands, dim_rms,
                                          frequency_usage, head_sink, massive_by_band, massive_dims, sink_share)
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA
-from poslens.report.fingerprint import FIGURE_CAPTIONS, findings, overview_table, render_page, terminal_tables
-from poslens.report.fingerprint import pct as _pct
-from poslens.report.verdicts import LEVEL as VERDICT_LEVEL, RULE as VERDICT_RULE, THRESHOLDS as VERDICT_THRESHOLDS
+from poslens.reporting.fingerprint import FIGURE_CAPTIONS, findings, overview_table, render_page, terminal_tables
+from poslens.reporting.fingerprint import pct as _pct
+from poslens.reporting.verdicts import LEVEL as VERDICT_LEVEL, RULE as VERDICT_RULE, THRESHOLDS as VERDICT_THRESHOLDS
 from poslens.rope import BANDS, frequency_bands
 from poslens.rundir import (LAYER_CONVENTION, _atomic_write_bytes, check_replaceable, commit_out_dir, create_out_dir,
                             prepare_out_dir, release_out_dir, versions, write_json, write_summary, write_tensors,

@@ -45,7 +45,7 @@ from poslens.fmt import fmt_pm
 from poslens.metrics.neighborhood import adjacency_probability_score, norm_score, self_cosine, theory_gap
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
-from poslens.report.readings import neighborhood_command_readings
+from poslens.reporting.readings import neighborhood_command_readings
 from poslens.rundir import new_figure, prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 from poslens.runtime import no_hf_progress_bars, parse_device
 
@@ -335,7 +335,7 @@ def _model_name(cfg, fallback: str) -> str:
 
 def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_type: str = "?", num_seqs: int = 0,
                   source: dict | None = None) -> dict:
-    """Tables, readings (:func:`poslens.report.readings.neighborhood_command_readings`, from the
+    """Tables, readings (:func:`poslens.reporting.readings.neighborhood_command_readings`, from the
     numbers) and per-layer values of a neighbourhood run. ``layers`` holds the embeddings
     (``"layer": "embeddings"``) and then decoder layers from 0."""
     causal = results["causal"]
@@ -391,7 +391,7 @@ def _pick_layers(K: int, max_panels: int = 7) -> list[int]:
 
 def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tuple[str, object, str]]:
     """``(file, figure, caption)`` for the cosine maps (per mode) and APS / norm score by layer."""
-    from poslens.report.plots import layer_grid
+    from poslens.reporting.plots import layer_grid
 
     figs = []
     for mode, r in results.items():

@@ -43,7 +43,7 @@ from poslens.errors import PoslensError, require_positive
 from poslens.metrics import diagonal_trend, locality, relativity_index
 from poslens.metrics.noise import jackknife_se_of, leave_one_out_means
 from poslens.metrics.slash import sink_weight
-from poslens.report.readings import panels_readings, score_maps_readings
+from poslens.reporting.readings import panels_readings, score_maps_readings
 from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, read_json, read_tensors, save_figure, staged_dir,
                             versions, write_json, write_summary, write_tensors)
 from poslens.runtime import parse_device, resolve_dtype
@@ -162,7 +162,7 @@ def compute_panels(model, adapter, config, source, layer: int, *, batch_size: in
 
 def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
     """3 x 3 heat maps (1-99 % colour range over the lower triangle), Gram panels masked above the diagonal."""
-    from poslens.report.plots import heatmap
+    from poslens.reporting.plots import heatmap
 
     fig, axes = new_figure(3, 3, figsize=(11, 10.5))
     for ax, (k, desc), m in zip(axes.flat, PANELS, panels):
@@ -319,7 +319,7 @@ def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
 
 def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
-    from poslens.report.plots import score_map_figures  # matplotlib: only when drawing
+    from poslens.reporting.plots import score_map_figures  # matplotlib: only when drawing
 
     maps, scfg, ssum = load_scan(scan_dir)
     prepare_out_dir(out)

@@ -30,7 +30,7 @@ from poslens.fmt import fmt
 from poslens.metrics.probes import FEATURES, PROBES, compare_cosine_norm, probe_layers
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
-from poslens.report.readings import probes_readings
+from poslens.reporting.readings import probes_readings
 from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, save_figures, staged_dir, versions, write_json,
                             write_summary)
 from poslens.runtime import no_hf_progress_bars, parse_device

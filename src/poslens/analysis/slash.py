@@ -24,7 +24,7 @@ from poslens.fmt import fmt
 from poslens.metrics.rank import rank_table
 from poslens.metrics.ropefit import rope_decomposition
 from poslens.metrics.slash import _check_slash, best_offsets, kv_head_of, persistence, sdh_table
-from poslens.report.readings import slash_command_readings
+from poslens.reporting.readings import slash_command_readings
 from poslens.rope import BANDS
 from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, read_json, save_figure, staged_dir, versions, write_json,
                             write_summary, write_tensors)

@@ -28,7 +28,7 @@ from poslens.errors import PoslensError
 from poslens.fmt import fmt, fmt_pm
 from poslens.models.families import build_model
 from poslens.progress import task_progress
-from poslens.report.readings import sweep_readings
+from poslens.reporting.readings import sweep_readings
 from poslens.rundir import new_figure, prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
 from poslens.runtime import parse_device
 

@@ -33,7 +33,7 @@ def report(
     from rich.console import Console
 
     from poslens.errors import PoslensError
-    from poslens.report import collect, write_runs
+    from poslens.reporting import collect, write_runs
 
     if out.suffix.lower() not in (".html", ".htm"):
         raise PoslensError(f"--out {out}: the report is HTML; pass a file name ending in .html.")

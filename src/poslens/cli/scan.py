@@ -90,7 +90,7 @@ def _interrupted(cfg: ScanConfig, replacing: bool) -> str:
 
 
 def _print_scan(summary: dict, out: Path) -> None:
-    from poslens.report.cards import slash_matrix
+    from poslens.reporting.cards import slash_matrix
     from poslens.rundir import load_run
 
     console = Console()
@@ -116,7 +116,7 @@ def scan_table(summary: dict, slash=None):
     import numpy as np
 
     from poslens.fmt import fmt, rich_table
-    from poslens.report.readings import SLASH_MAX_DELTA, layer_aps, layer_slash_head
+    from poslens.reporting.readings import SLASH_MAX_DELTA, layer_aps, layer_slash_head
 
     per_seq = any(l.get("aps_mean") is not None for l in summary["layers"])
     # the signed diagonal trend and the sink's weight, where the scan wrote them

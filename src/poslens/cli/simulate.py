@@ -48,9 +48,9 @@ def simulate(
     from rich.console import Console
 
     from poslens.progress import task_progress
-    from poslens.report.terminal import print_simulation_summary
+    from poslens.reporting.terminal import print_simulation_summary
     from poslens.rundir import prepare_out_dir
-    from poslens.simulate import SimConfig, run_simulation, save_result
+    from poslens.simulator import SimConfig, run_simulation, save_result
 
     cfg = SimConfig(alpha=alpha, layers=num_layers, seq_len=seq_len, dim=dim, samples=samples, norm=norm,
                     scale=scale, rope=rope, rope_theta=rope_theta, causal=causal, seed=seed,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from poslens.errors import PoslensError
-from poslens.report import write_index_html
+from poslens.reporting import write_index_html
 from poslens.reproduce import ablations, models, simulated
 from poslens.reproduce.simulated import Experiment, ReproContext
 from poslens.rundir import _atomic_write_bytes, staged_dir, write_json

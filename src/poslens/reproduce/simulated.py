@@ -15,7 +15,7 @@ from typing import Callable
 from poslens.capture.stats import NOISE_P
 from poslens.fmt import fmt
 from poslens.rundir import new_figure, save_figure, write_json
-from poslens.simulate import SimConfig, run_simulation, save_result
+from poslens.simulator import SimConfig, run_simulation, save_result
 from poslens.theory import kim_theory
 
 PAPER_SETTING = SimConfig(alpha=0.0, layers=4, seq_len=50, dim=64, samples=100_000)
@@ -61,7 +61,7 @@ def _sim(ctx: ReproContext, out: Path, name: str, **kw) -> dict:
 
 
 def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
-    from poslens.report.plots import heatmap
+    from poslens.reporting.plots import heatmap
 
     t = kim_theory(0.0, 3)
     out.mkdir(parents=True, exist_ok=True)

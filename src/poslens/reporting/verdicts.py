@@ -15,7 +15,7 @@ is there, and three numbers it is held against:
 The claim is *reproduced* when ``value − max(chance, floor) ≥ threshold``. Where several layers
 are tested on the same sequences, the per-layer p-values are held at a false discovery rate of
 :data:`LEVEL` (Benjamini & Hochberg, J. R. Stat. Soc. B 57, 1995), the same level and correction
-the report's readings use (:data:`poslens.report.readings.SIGNIFICANT`).
+the report's readings use (:data:`poslens.reporting.readings.SIGNIFICANT`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-from poslens.report.readings import SIGNIFICANT
+from poslens.reporting.readings import SIGNIFICANT
 
 #: the one significance level of every test a verdict counts (one-sided where a floor is a bound)
 LEVEL = SIGNIFICANT

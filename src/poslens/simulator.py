@@ -505,7 +505,7 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
                   metadata={"samples": res.samples, "label": res.config.label(), "layers": "from 0",
                             "score_groups": "[G, L, S, S] means of independent sample groups (sample n in group n % G)"})
     if figures:
-        from poslens.report.plots import layer_grid, score_map_figures
+        from poslens.reporting.plots import layer_grid, score_map_figures
 
         files = score_map_figures(res.scores, out, label=res.config.label(), percentile=None)
         L = res.probs.shape[0]

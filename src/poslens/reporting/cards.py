@@ -1,6 +1,6 @@
 """The report's cards, built the same way for every run from the common summary shape
 (:func:`poslens.rundir.envelope`): one card per paper a run measures (its readings from
-:mod:`poslens.report.readings`, per-layer quantities as line plots with error bars, per-head
+:mod:`poslens.reporting.readings`, per-layer quantities as line plots with error bars, per-head
 quantities as head × layer maps, its own figures by role, the short tables a reader quotes),
 comparison blocks that overlay like runs, the key findings, model cards and the reproduction page."""
 
@@ -10,9 +10,9 @@ import json
 
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
-from poslens.report.collect import Run, expand, load_run
-from poslens.report.elements import _MIME, _inside, _slug, embed_figure, embed_file, sparse_sentence, table
-from poslens.report.readings import PAPERS, SIGNIFICANT, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
+from poslens.reporting.collect import Run, expand, load_run
+from poslens.reporting.elements import _MIME, _inside, _slug, embed_figure, embed_file, sparse_sentence, table
+from poslens.reporting.readings import PAPERS, SIGNIFICANT, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
 from poslens.rundir import figure_caption, new_figure
 
 #: per-layer quantities: key -> (paper, panel title, reference line). Keys not listed are plotted
@@ -171,7 +171,7 @@ def _layer_xy(layers: list[dict], key: str) -> tuple[list, list, list | None, li
 
 def layer_figure(runs: list[Run], keys: list[str], *, title: str) -> dict | None:
     """Line plots (with error bars) of ``keys`` against layer, one line per run; embedded."""
-    from poslens.report.plots import layer_lines
+    from poslens.reporting.plots import layer_lines
 
     panels = []
     has_emb = any(l.get("layer") == "embeddings" for r in runs for l in r.layers)
@@ -270,7 +270,7 @@ def slash_matrix(run: Run, max_delta: int = SLASH_MAX_DELTA):
 
 def head_figure(run: Run, keys: list[str], slash=None) -> dict | None:
     """Head × layer heat maps of SlashScore (Δ-limited) and the per-head lists in ``keys``."""
-    from poslens.report.plots import head_layer_maps
+    from poslens.reporting.plots import head_layer_maps
 
     layers = run.layers
     maps = []
@@ -322,9 +322,9 @@ def _layer_table(run: Run, keys: list[str]) -> dict | None:
 
 
 def _layer_definitions(keys: list[str], cols: list[str]) -> dict[str, str]:
-    """The per-layer table's columns defined: each quantity's definition (:data:`poslens.report.columns.LAYER_COLUMNS`,
+    """The per-layer table's columns defined: each quantity's definition (:data:`poslens.reporting.columns.LAYER_COLUMNS`,
     the columns of ``Result.layers()``), with its error bars and noise grid where the cells show them."""
-    from poslens.report.columns import LAYER_COLUMNS
+    from poslens.reporting.columns import LAYER_COLUMNS
 
     out = {}
     for k, c in zip(keys, cols[1:]):
@@ -375,7 +375,7 @@ def model_name(run: Run) -> str:
 
 
 def readings_for(run: Run, paper: str) -> list[str]:
-    """The run's readings for one paper (:func:`poslens.report.readings.run_readings`)."""
+    """The run's readings for one paper (:func:`poslens.reporting.readings.run_readings`)."""
     return run_readings(run.command, run.papers, run.summary, paper)
 
 

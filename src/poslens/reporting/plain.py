@@ -3,8 +3,8 @@
 A report of scans (no fingerprint among its runs) opens with the same plain findings the
 fingerprint page gives, per model: the sink (Gu et al.), the relativity verdict (Kim et al.) and
 the slash heads with their persistence where a random-token scan of the same model and shape is in
-the report (Cheng et al.). Each is judged by :mod:`poslens.report.verdicts`' one rule, through the
-fingerprint's own finding functions (:mod:`poslens.report.fingerprint`), on a model record built
+the report (Cheng et al.). Each is judged by :mod:`poslens.reporting.verdicts`' one rule, through the
+fingerprint's own finding functions (:mod:`poslens.reporting.fingerprint`), on a model record built
 here from the scans' summaries and their ``sink_heads`` / ``slash`` maps.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from poslens.metrics.fingerprint import SINK_EPS, head_sink, sink_share
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA
-from poslens.report.fingerprint import _VERDICT_CLASS, CLAIMS, _kim_finding, _sink_finding, _slash_finding
+from poslens.reporting.fingerprint import _VERDICT_CLASS, CLAIMS, _kim_finding, _sink_finding, _slash_finding
 
 #: a head is a slash head at SlashScore(Δ) >= this for some Δ in the slash range (as the fingerprint)
 SLASH_KAPPA = 0.3

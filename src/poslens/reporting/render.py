@@ -2,11 +2,11 @@
 
 ``render_report(run_dirs, title)`` collects the runs (expanding folders that hold runs) and renders
 every run the same way, from the common summary shape (:func:`poslens.rundir.envelope`): one card
-per paper it measures (:mod:`poslens.report.cards`), holding its readings (written from the numbers
-by :mod:`poslens.report.readings`, which also holds the papers' prose), its per-layer quantities as
+per paper it measures (:mod:`poslens.reporting.cards`), holding its readings (written from the numbers
+by :mod:`poslens.reporting.readings`, which also holds the papers' prose), its per-layer quantities as
 line plots with error bars, its per-head quantities as head × layer heat maps, its own figures in a
 readable grid, and only the short tables a reader quotes (page elements:
-:mod:`poslens.report.elements`). The page opens with key findings, one block per paper. Several runs
+:mod:`poslens.reporting.elements`). The page opens with key findings, one block per paper. Several runs
 of one command are overlaid in one set of line plots. Every figure is embedded as a base64
 ``data:`` URI; the page loads nothing from anywhere (its Content-Security-Policy forbids every
 fetch but ``data:`` images) and has no scripts.
@@ -18,10 +18,10 @@ import datetime as _dt
 from pathlib import Path
 
 from poslens.errors import PoslensError
-from poslens.report.cards import cards_for, compared_ids, comparisons, findings, reproduction_block
-from poslens.report.collect import Run, classify, collect, load_run
-from poslens.report.page import CSP, template_env  # CSP: every report's policy, re-exported by poslens.report
-from poslens.report.readings import PAPERS
+from poslens.reporting.cards import cards_for, compared_ids, comparisons, findings, reproduction_block
+from poslens.reporting.collect import Run, classify, collect, load_run
+from poslens.reporting.page import CSP, template_env  # CSP: every report's policy, re-exported by poslens.report
+from poslens.reporting.readings import PAPERS
 
 SECTION_ORDER = ["reproduction", "kim", "slash", "neighborhood", "models", "other"]
 
@@ -69,7 +69,7 @@ def build_context(runs: list[Run], title: str, skipped: list[str] | None = None)
 
 def plain_findings(runs) -> list[dict]:
     """The key findings in plain words, where a run holds them (a fingerprint: per paper its claim and, per
-    model, the number against its noise floor, a verdict and why; :mod:`poslens.report.fingerprint`)."""
+    model, the number against its noise floor, a verdict and why; :mod:`poslens.reporting.fingerprint`)."""
     import json
 
     out = []
@@ -88,7 +88,7 @@ def plain_findings(runs) -> list[dict]:
                             "models": [m for m in b["models"] if isinstance(m, dict)]})
         break  # one fingerprint's findings (the first given)
     if not out:  # no fingerprint: the scans' own plain findings, in the fingerprint's words
-        from poslens.report.plain import scan_findings
+        from poslens.reporting.plain import scan_findings
 
         out = scan_findings(runs)
     return out
@@ -99,14 +99,14 @@ def _env():
 
 
 def render_runs(runs: list[Run], title: str = "poslens report", skipped: list[str] | None = None) -> str:
-    """Render already-loaded runs (see :func:`poslens.report.collect.collect`)."""
+    """Render already-loaded runs (see :func:`poslens.reporting.collect.collect`)."""
     ctx = build_context(runs, title, skipped)
     return _env().get_template("template.html.j2").render(**ctx)
 
 
 def render_report(run_dirs: list[str | Path], title: str = "poslens report", *, allow_many: bool = False) -> str:
     """One self-contained HTML page for ``run_dirs`` (folders holding runs are expanded; see
-    :func:`poslens.report.collect.collect` for ``allow_many``)."""
+    :func:`poslens.reporting.collect.collect` for ``allow_many``)."""
     runs, skipped = collect(list(run_dirs), allow_many=allow_many)
     return render_runs(runs, title, skipped)
 

@@ -66,8 +66,8 @@ def table(title: str, columns: list[str], rows: Iterable[Iterable[Any]], note: s
     """A table for the page, or None when it would say nothing: no rows, or a numeric table that
     is (almost) all zeros (a κ × Δ count table; :func:`sparse_sentence` says it in words). Its
     columns' definitions (``defs``, shown under it): ``definitions`` first, then
-    :mod:`poslens.report.columns`."""
-    from poslens.report.columns import definitions as _definitions
+    :mod:`poslens.reporting.columns`."""
+    from poslens.reporting.columns import definitions as _definitions
 
     def cell(c):
         text = fmt(c)

@@ -13,10 +13,10 @@ import math
 import statistics
 
 from poslens.fmt import fmt
-from poslens.report import verdicts as V
-from poslens.report.columns import definitions, layer_type
-from poslens.report.readings import few_groups
-from poslens.report.page import CSP, template_env
+from poslens.reporting import verdicts as V
+from poslens.reporting.columns import definitions, layer_type
+from poslens.reporting.readings import few_groups
+from poslens.reporting.page import CSP, template_env
 from poslens.rope import BANDS
 
 #: band colours (high -> low frequency, then the unrotated dims)
@@ -289,7 +289,7 @@ def overview_table(summary: dict) -> dict:
     """The traits of every model, models in columns (the page's and ``summary.json``'s table)."""
     ms = summary["models"]
     rows = [[label] + [fn(m["overall"]) for m in ms] for label, fn in TRAIT_ROWS]
-    # the trait column's definition: poslens.report.columns; a model's column: its own
+    # the trait column's definition: poslens.reporting.columns; a model's column: its own
     defs = {m["name"]: f"the traits of the model {m['name']}, over all its layers" for m in ms}
     return {"title": f"positional fingerprint ({summary['num_seqs']} × {summary['seq_len']} tokens, text and random "
                      "tokens; layers from 0)", "columns": ["trait"] + [m["name"] for m in ms], "rows": rows,
@@ -329,7 +329,7 @@ def _massive_table(m: dict, top: int = 8) -> dict:
 def page_tables(summary: dict) -> dict[str, list[dict]]:
     """The page's tables by section (``overview``, ``by_type``, ``slash``, ``massive``), each with
     ``defs``: its columns' definitions, shown under it (the table's own first, then
-    :mod:`poslens.report.columns`, as in the report)."""
+    :mod:`poslens.reporting.columns`, as in the report)."""
     def defined(t: dict) -> dict:
         return {**t, "defs": definitions(t["columns"], t.get("definitions"))}
 
@@ -390,7 +390,7 @@ def _sink_finding(m: dict, eps: float) -> dict:
 def _too_few_groups(ls: list[dict]) -> str:
     """Why the layers' sign-flip tests are too weak to find nothing ("" where they are not): with G
     sequence groups the smallest p-value is 2 / 2^G, which must lie well under the level
-    (:func:`poslens.report.readings.few_groups`, the report's own rule)."""
+    (:func:`poslens.reporting.readings.few_groups`, the report's own rule)."""
     few = few_groups(ls)
     return few[0].upper() + few[1:] + "; scan more sequences." if few else ""
 
@@ -652,7 +652,7 @@ def findings(summary: dict) -> list[dict]:
 
 
 def _uri(png: bytes) -> str:
-    from poslens.report.elements import embed_bytes
+    from poslens.reporting.elements import embed_bytes
 
     return embed_bytes(png)  # with a palette: a quarter of the weight
 
