@@ -50,7 +50,8 @@ def main() -> None:
 
     import torch
 
-    from poslens.analysis.ablate import AblateConfig, run_ablate
+    from poslens.analysis.ablate.config import AblateConfig
+    from poslens.analysis.ablate.run import run_ablate
     from poslens.capture.load import load_model, load_tokenizer
     from poslens.capture.sources import make_source
     from poslens.models import realmodels

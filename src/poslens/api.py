@@ -842,7 +842,8 @@ def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, da
     says it in words; ``tables()["conditions"]`` is the table; ``layers()`` the per-layer changes of a
     layer-at-a-time ablation; ``maps`` the per-token losses (``loss_base`` and ``loss.<condition>``,
     ``[N, S - 1]``)."""
-    from poslens.analysis.ablate import AblateConfig, run_ablate
+    from poslens.analysis.ablate.config import AblateConfig
+    from poslens.analysis.ablate.run import run_ablate
 
     model_dir, loaded = _model_arg(model)
     ivs = [interventions] if isinstance(interventions, str) else list(interventions or [])

@@ -14,8 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from archs import V, tiny_config  # noqa: E402
 
 import poslens  # noqa: E402
-from poslens.analysis.ablate import (AblateConfig, bh, paired_stats, parse_layers, position_buckets,  # noqa: E402
-                                     run_ablate, token_losses)
+from poslens.analysis.ablate.config import AblateConfig, parse_layers  # noqa: E402
+from poslens.analysis.ablate.losses import bh, paired_stats, position_buckets, token_losses  # noqa: E402
+from poslens.analysis.ablate.run import run_ablate  # noqa: E402
 from poslens.capture.intervene import (Edits, LayerEdit, layer_edit, massive_mask, parse_intervention,  # noqa: E402
                                        random_like)
 from poslens.capture.rope import rotate_qk, unrotate_qk  # noqa: E402
@@ -305,7 +306,7 @@ def test_readings_under_an_intervention(llama, tmp_path):
     a = _ablate(llama, interventions=["sink-off", "rope-off"], layers="all", readings=True, out=tmp_path / "a")
     base = a.summary["readings_base"]
     plain = poslens.scan(llama, data=ids, stats="scores,probs,slash", progress=False, threads=None)
-    from poslens.analysis.ablate import scan_readings
+    from poslens.analysis.ablate.run import scan_readings
 
     assert base == scan_readings(plain.path)
     c = {x["name"]: x for x in a.summary["conditions"]}

@@ -63,7 +63,8 @@ def ablate(
     key 0; window:W masks keys more than W positions back. The model is left as it was.
     """
     threads = use_threads(threads)
-    from poslens.analysis.ablate import AblateConfig, condition_table, run_ablate
+    from poslens.analysis.ablate.config import AblateConfig
+    from poslens.analysis.ablate.run import condition_table, run_ablate
 
     refuse_existing_out(out, overwrite=overwrite)
     result = run_ablate(AblateConfig(

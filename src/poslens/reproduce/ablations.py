@@ -34,7 +34,7 @@ JIN = "Jin et al., ICML 2025 (arXiv 2502.01563)"
 def pair_verdict(summary: dict, tensors: dict, value_cond: str, chance_cond: str, groups: int) -> dict:
     """``value``/``chance``/``floor``/``threshold`` of "``value_cond`` raises the loss more than
     ``chance_cond``", with the SE of the per-sequence difference of the two conditions."""
-    from poslens.analysis.ablate import paired_stats
+    from poslens.analysis.ablate.losses import paired_stats
     from poslens.reporting.verdicts import beyond, mean_floor, measured
 
     c = {x["name"]: x for x in summary["conditions"]}
@@ -49,7 +49,8 @@ def pair_verdict(summary: dict, tensors: dict, value_cond: str, chance_cond: str
 
 
 def _run(name: str, f: Path, ivs: list[str], ctx: ReproContext, out: Path) -> tuple[dict, dict]:
-    from poslens.analysis.ablate import AblateConfig, run_ablate
+    from poslens.analysis.ablate.config import AblateConfig
+    from poslens.analysis.ablate.run import run_ablate
 
     r = run_ablate(AblateConfig(model_dir=str(f), out=str(out / name), interventions=ivs, layers="all",
                                 seq_len=SEQ_LEN, num_seqs=NUM_SEQS, seed=ctx.seed, device=ctx.device,

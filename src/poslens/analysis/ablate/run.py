@@ -1,30 +1,4 @@
-"""``poslens ablate``: where position comes from, causally.
-
-The other commands measure positional structure in attention maps: correlations. ``ablate``
-switches a source of position off (:mod:`poslens.capture.intervene`: RoPE, one RoPE frequency band,
-the massive q/k dimensions, the attention sink, keys beyond a window), in every layer at once, in a
-list of layers, or in one layer at a time, and measures what the model loses: its next-token loss
-on the same sequences, paired with the unmodified model, overall and by position.
-
-Layer selection (``layers``): ``"each"`` (one condition per decoder layer, from 0), ``"all"`` (one
-condition, every layer together), a list ``"0,3,5-7"`` (one condition, those layers together) or
-``"each:0-5"`` (one condition per listed layer).
-
-**Loss.** ``loss[n, t]``: the cross-entropy of token ``t`` of sequence ``n`` given tokens
-``0 .. t - 1`` (``t = 1 .. S - 1``), from the model's own logits in float32 (as transformers' loss
-with labels computes it). A condition's effect is the paired difference ``loss_c - loss_0`` with the
-unmodified model on the same tokens. Noise floor: sequence ``n`` belongs to group ``n % G``; the
-standard error of a mean difference is the standard deviation of the ``G`` group means over
-``sqrt(G)``, and its p-value a two-sided t-test with ``G - 1`` degrees of freedom on them. Positions
-are pooled into buckets that double in width (``[1, 2)``, ``[2, 4)``, ``[4, 8)``, ...). A condition
-changes the loss *beyond the noise* when its p-value is below :data:`LEVEL`, the layers of one
-intervention held together at that false discovery rate (Benjamini–Hochberg).
-
-**Cost.** A layer-at-a-time condition reruns only the layers from the ablated one on: the earlier
-layers' outputs of the unmodified forward are replayed (checked bit for bit against the full
-forward on the first batch; a model where they differ gets full forwards). No capture runs unless
-``readings`` asks for the scans of :func:`readings`.
-"""
+"""The run of ``poslens ablate``: validate, calibrate, the losses of every condition, probes, readings, the run directory."""
 
 from __future__ import annotations
 
@@ -32,213 +6,37 @@ import contextlib
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from poslens.capture.intervene import CALIBRATED, Edits, Intervention, Moments, layer_edit, parse_intervention
+from poslens.analysis.ablate.config import (
+    DEFAULT_NUM_SEQS,
+    DEFAULT_SEQ_LEN,
+    LEVEL,
+    AblateConfig,
+    _layers_text,
+    condition_name,
+    parse_layers,
+)
+from poslens.analysis.ablate.findings import findings, probe_findings, readings_findings
+from poslens.analysis.ablate.losses import (
+    bh,
+    condition_record,
+    paired_stats,
+    position_buckets,
+    token_losses,
+)
+from poslens.analysis.ablate.replay import LayerReplay
+from poslens.capture.intervene import (
+    CALIBRATED,
+    Edits,
+    Moments,
+    layer_edit,
+    parse_intervention,
+)
 from poslens.errors import PoslensError
-from poslens.fmt import fmt
-
-#: the significance level of every "beyond the noise" (false discovery rate over an intervention's layers)
-LEVEL = 0.01
-#: default scan shape: ``rope-off`` layer by layer on SmolLM2 within 5 minutes on a 2-core CPU
-#: (benchmarks/bench_ablate.py)
-DEFAULT_SEQ_LEN = 256
-DEFAULT_NUM_SEQS = 32
-DEFAULT_GROUPS = 8
-
-
-@dataclass
-class AblateConfig:
-    """Every option of an ablation (the flags of ``poslens ablate``, the keywords of :func:`poslens.ablate`)."""
-
-    model_dir: str
-    out: str | None = None
-    interventions: list = field(default_factory=lambda: ["rope-off"])
-    layers: str = "each"
-    data: str = "stdlib"
-    seq_len: int | None = None  # None: as Python data has it, else DEFAULT_SEQ_LEN
-    num_seqs: int | None = None  # None: every sequence of Python data, else DEFAULT_NUM_SEQS
-    batch_size: int = 4
-    seed: int = 0
-    noise_groups: int = DEFAULT_GROUPS
-    massive_lambda: float = 5.0
-    device: str = "auto"
-    dtype: str = "auto"
-    figures: bool = True
-    overwrite: bool = False
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    #: replay the layers before a condition's first ablated layer from the unmodified forward (checked
-    #: bit for bit on the first batch); False: every condition runs the whole model
-    replay: bool = True
-    #: also scan the same sequences under every condition (scores, probs, slash): relativity, sink, slash heads
-    readings: bool = False
-    #: also fit a linear position probe on every layer's residual stream under every condition (held-out test
-    #: sequences: the first half)
-    probes: bool = False
-
-
-# --------------------------------------------------------------------------------------------
-# options
-# --------------------------------------------------------------------------------------------
-def parse_layers(text, num_layers: int, where: str = "--layers") -> list[list[int]]:
-    """The layer sets of the conditions: ``each`` -> ``[[0], [1], ...]``, ``all`` -> ``[[0 .. L-1]]``,
-    ``"0,3,5-7"`` (or a list of ints) -> ``[[0, 3, 5, 6, 7]]``, ``"each:0-3"`` -> ``[[0], [1], [2], [3]]``."""
-    from poslens.capture.options import parse_int_list
-
-    if isinstance(text, (list, tuple)):
-        chosen, each = sorted({_int_layer(x, where) for x in text}), False
-    else:
-        s = str(text).strip().lower()
-        each = s == "each" or s.startswith("each:")
-        rest = s[5:] if s.startswith("each:") else ("all" if s in ("each", "all") else s)
-        chosen = list(range(num_layers)) if rest == "all" else parse_int_list(rest, where)
-    bad = [l for l in chosen if not 0 <= l < num_layers]
-    if bad or not chosen:
-        raise PoslensError(f"{where} {text!r}: the model has decoder layers 0..{num_layers - 1}; pass each, all, or a "
-                           "list like 0,3,5-7 (each:0-5 for one layer at a time).")
-    return [[l] for l in chosen] if each else [chosen]
-
-
-def _int_layer(x, where: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise PoslensError(f"{where}: {x!r} is not a layer index; pass integers (decoder layers from 0).")
-    return x
-
-
-def condition_name(iv: Intervention, layers: list[int], num_layers: int) -> str:
-    """``rope-off@3``, ``rope-off@all``, ``rope-off@0,3,5``."""
-    where = "all" if layers == list(range(num_layers)) else ",".join(map(str, layers))
-    return f"{iv.name}@{where}"
-
-
-# --------------------------------------------------------------------------------------------
-# statistics (pure functions)
-# --------------------------------------------------------------------------------------------
-def token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``[B, S - 1]`` float32: the cross-entropy of token ``t`` given the tokens before it, from the
-    logits ``[B, S, V]`` (upcast to float32, as transformers' causal-LM loss does)."""
-    B, S, V = logits.shape
-    target = torch.full((B, S), -100, dtype=torch.long, device=ids.device)  # the last position predicts nothing
-    target[:, :-1] = ids[:, 1:]
-    # on the whole contiguous [B * S, V] block: no copy of the logits (the last row is ignored, loss 0)
-    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, V), target.view(-1), reduction="none")
-    return loss.view(B, S)[:, :-1]
-
-
-def position_buckets(seq_len: int) -> list[tuple[int, int]]:
-    """Buckets ``[lo, hi)`` of loss positions ``t = 1 .. S - 1`` doubling in width: ``[1, 2)``, ``[2, 4)``, ..."""
-    out, lo = [], 1
-    while lo < seq_len:
-        hi = min(seq_len, 2 * lo)
-        out.append((lo, hi))
-        lo = hi
-    return out
-
-
-def paired_stats(delta: torch.Tensor, groups: int) -> dict:
-    """Mean, standard error and two-sided p-value of per-sequence differences ``delta [N]`` from the
-    means of ``groups`` groups (sequence ``n`` in group ``n % groups``): SE = sd of the group means /
-    sqrt(G), p from Student's t with G - 1 degrees of freedom. SE and p are None with fewer than two
-    groups holding sequences."""
-    d = delta.to(torch.float64)
-    N = d.numel()
-    G = min(groups, N)
-    mean = float(d.mean()) if N else float("nan")
-    if G < 2:
-        return {"mean": mean, "se": None, "p": None, "groups": G}
-    g = torch.arange(N) % G
-    gm = torch.zeros(G, dtype=torch.float64).index_add_(0, g, d) / torch.bincount(g, minlength=G).to(torch.float64)
-    se = float(gm.std(unbiased=True) / math.sqrt(G))
-    if se == 0.0:
-        p = 1.0 if mean == 0.0 else 0.0
-    else:
-        from scipy.stats import t as student_t
-
-        p = float(2 * student_t.sf(abs(float(gm.mean())) / se, G - 1))
-    return {"mean": float(gm.mean()), "se": se, "p": p, "groups": G}
-
-
-def bh(ps: list, level: float = LEVEL) -> list[bool]:
-    """Which p-values stay significant at false discovery rate ``level`` (Benjamini–Hochberg, via
-    ``scipy.stats.false_discovery_control``); None counts as not significant."""
-    idx = [i for i, p in enumerate(ps) if p is not None and math.isfinite(p)]
-    out = [False] * len(ps)
-    if not idx:
-        return out
-    from scipy.stats import false_discovery_control
-
-    adj = false_discovery_control([min(max(float(ps[i]), 0.0), 1.0) for i in idx], method="bh")
-    for i, a in zip(idx, adj):
-        out[i] = bool(a < level)
-    return out
-
-
-def condition_record(name: str, iv: Intervention, layers: list[int], loss0: torch.Tensor, loss: torch.Tensor,
-                     buckets: list[tuple[int, int]], groups: int) -> dict:
-    """A condition's numbers: the paired loss change overall and per position bucket (mean, SE, p)."""
-    delta = loss.to(torch.float64) - loss0.to(torch.float64)  # [N, S - 1], column t - 1 = position t
-    rec = {"name": name, "intervention": iv.name, "layers": layers,
-           "loss": float(loss.double().mean()), "loss_base": float(loss0.double().mean()),
-           "delta": paired_stats(delta.mean(1), groups), "buckets": []}
-    for lo, hi in buckets:
-        st = paired_stats(delta[:, lo - 1:hi - 1].mean(1), groups)
-        rec["buckets"].append({"positions": [lo, hi - 1], **st})
-    return rec
-
-
-# --------------------------------------------------------------------------------------------
-# the layers replayed: a layer-at-a-time condition reruns the model from the ablated layer on
-# --------------------------------------------------------------------------------------------
-class LayerReplay:
-    """Record each decoder layer's output in a forward, and replay the outputs of the first ``k``
-    layers in a later forward of the same tokens (their modules do not run). The model's modules are
-    given back as they were when the block ends."""
-
-    def __init__(self, layers):
-        self.layers = list(layers)
-        self.outputs: list = [None] * len(self.layers)
-
-    @contextlib.contextmanager
-    def recording(self):
-        def hook(i):
-            def _h(_m, _args, out):
-                self.outputs[i] = out
-            return _h
-        handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(self.layers)]
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-
-    @contextlib.contextmanager
-    def replaying(self, k: int):
-        """Layers ``0 .. k - 1`` return their recorded outputs (copies: a later layer may write in place)."""
-        patched = []
-        try:
-            for i in range(k):
-                m, out = self.layers[i], self.outputs[i]
-
-                def _replay(*_a, _out=out, **_k):
-                    if isinstance(_out, torch.Tensor):
-                        return _out.clone()
-                    if isinstance(_out, tuple):
-                        return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in _out)
-                    return _out
-                had = "forward" in m.__dict__
-                patched.append((m, had, m.__dict__.get("forward")))
-                m.forward = _replay
-            yield
-        finally:
-            for m, had, old in reversed(patched):
-                if had:
-                    m.forward = old
-                else:
-                    del m.forward
 
 
 # --------------------------------------------------------------------------------------------
@@ -347,7 +145,12 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
     from poslens.capture.borrow import borrowed, model_device, model_dtype
     from poslens.capture.load import load_model
     from poslens.capture.model_source import source_record
-    from poslens.rundir import commit_out_dir, create_out_dir, prepare_out_dir, release_out_dir
+    from poslens.rundir import (
+        commit_out_dir,
+        create_out_dir,
+        prepare_out_dir,
+        release_out_dir,
+    )
     from poslens.runtime import no_hf_progress_bars, parse_device, resolve_dtype
 
     t0 = time.time()
@@ -514,7 +317,14 @@ def _probe_layer(h: torch.Tensor, split, ridge: float | None) -> dict:
     residual vector, target its absolute position), fit on the fitting sequences and tested on the test
     ones: ``r``, ``mse`` and the per-test-sequence squared error ``seq_mse``; the ridge chosen on the two
     halves of the fitting set when ``ridge`` is None."""
-    from poslens.metrics.probes import _standardise, fit_linear, pearson_r, predict_linear, probe_features, select_ridge
+    from poslens.metrics.probes import (
+        _standardise,
+        fit_linear,
+        pearson_r,
+        predict_linear,
+        probe_features,
+        select_ridge,
+    )
 
     test, fa, fb = split
     X, y = probe_features(h[fa + fb])["vector"]
@@ -673,130 +483,6 @@ def _probe_record(base: list[dict], cond: list[dict], groups: int) -> list[dict]
     return [{"layer": c["layer"], "r": c["r"], "mse": c["mse"], "r_base": b["r"],
              "delta_mse": paired_stats(c["seq_mse"] - b["seq_mse"], groups)} for b, c in zip(base, cond)]
 
-
-def probe_findings(summary: dict) -> list[str]:
-    """How well the residual stream of the last layer still gives position under each intervention."""
-    base = summary.get("probe_base")
-    if not base:
-        return []
-    out, last = [], base[-1]
-    for iv in summary["interventions"]:
-        recs = [c for c in summary["conditions"] if c["intervention"] == iv and c.get("probe")]
-        if not recs:
-            continue
-        worst = min(recs, key=lambda r: r["probe"][-1]["r"] if r["probe"][-1]["r"] == r["probe"][-1]["r"] else 1.0)
-        p = worst["probe"][-1]
-        d = p["delta_mse"]
-        where = "in every layer" if len(recs) == 1 and worst["layers"] == list(range(summary["num_layers"])) else \
-            f"in {_layers_text(worst['layers'])}"
-        out.append(f"A linear probe reads absolute position from layer {last['layer']}'s residual stream with r = "
-                   f"{fmt(last['r'])}; with {iv} {where}, r = {fmt(p['r'])} (squared error {fmt(p['mse'])} against "
-                   f"{fmt(last['mse'])}, change {fmt(d['mean'])} ± {fmt(d['se'])} positions², held-out sequences).")
-    return out
-
-
-def _layers_text(ls: list[int]) -> str:
-    """``[3]`` -> "layer 3"; ``[20, ..., 29]`` -> "layers 20–29"; ``[1, 4]`` -> "layers 1, 4"."""
-    if len(ls) == 1:
-        return f"layer {ls[0]}"
-    runs, start = [], ls[0]
-    for a, b in zip(ls, ls[1:] + [None]):
-        if b != a + 1:
-            runs.append(f"{start}" if start == a else f"{start}–{a}")
-            start = b
-    return "layers " + ", ".join(runs)
-
-
-_WHAT = {"rope-off": "switching RoPE off", "sink-off": "removing the attention sink (key 0)",
-         "massive-qk": "replacing the massive q/k dimensions by their mean",
-         "random-qk": "replacing as many random non-massive q/k dimensions by their mean"}
-
-
-def _what(iv: str) -> str:
-    if iv.startswith("rope-band:"):
-        return f"leaving RoPE's {iv.split(':')[1]}-frequency pairs unrotated"
-    if iv.startswith("window:"):
-        return f"masking keys more than {iv.split(':')[1]} positions back"
-    return _WHAT.get(iv, iv)
-
-
-def findings(summary: dict) -> list[str]:
-    """One plain sentence per intervention: how much the loss changes, where, and against the noise."""
-    out = []
-    L = summary["num_layers"]
-    for iv in summary["interventions"]:
-        recs = [c for c in summary["conditions"] if c["intervention"] == iv]
-        if not recs:
-            continue
-        base = f"{_what(iv)}"
-        idle = [l for r in recs if not r["applies"] for l in r["layers"]]
-        if idle:
-            why = "no massive q/k dimension" if iv in ("massive-qk", "random-qk") else "no RoPE"
-            out.append(f"{iv}: {why} in {_layers_text(idle)}, nothing to switch off there.")
-            recs = [r for r in recs if r["applies"]]
-            if not recs:
-                continue
-        if len(recs) == 1:
-            r = recs[0]
-            where = "in every layer" if r["layers"] == list(range(L)) else f"in {_layers_text(r['layers'])}"
-            out.append(f"{base[0].upper()}{base[1:]} {where} {_change(r)}.")
-            continue
-        sig = [r for r in recs if r["beyond_noise"]]
-        quiet = [r["layers"][0] for r in recs if not r["beyond_noise"]]
-        top = max(sig or recs, key=lambda r: abs(r["delta"]["mean"]))
-        level = f"false discovery rate {summary['level']} over the layers"
-        if not sig:
-            out.append(f"{base[0].upper()}{base[1:]} one layer at a time changes the loss by less than the noise in "
-                       f"every layer (largest: {_layers_text(top['layers'])}, {_change(top, noise=False)}; {level}).")
-            continue
-        text = f"{base[0].upper()}{base[1:]} one layer at a time: in {_layers_text(top['layers'])} alone it {_change(top)}"
-        text += f"; {len(sig)} of {len(recs)} layers change the loss beyond the noise"
-        if quiet:
-            text += f"; {_layers_text(quiet)} by less than the noise"
-        out.append(text + f" ({level}).")
-    return out
-
-
-def _reading_text(base: dict, r: dict) -> str:
-    """``slash heads 12 → 3, sink weight 0.61 → 0.02, median relativity index 0.77 → 0.81``."""
-    rd = r["readings"]
-    return (f"slash heads {base['slash_heads']} → {rd['slash_heads']}, sink weight {fmt(base['sink_weight'])} → "
-            f"{fmt(rd['sink_weight'])}, median relativity index {fmt(base['relativity_median'])} → "
-            f"{fmt(rd['relativity_median'])}")
-
-
-def readings_findings(summary: dict) -> list[str]:
-    """What the scans under each intervention show beside the unmodified model's."""
-    base = summary.get("readings_base")
-    if not base:
-        return []
-    out = []
-    for iv in summary["interventions"]:
-        recs = [c for c in summary["conditions"] if c["intervention"] == iv and c.get("readings")]
-        if len(recs) == 1:
-            out.append(f"Scanned under {recs[0]['name']} (the unmodified model first): {_reading_text(base, recs[0])}.")
-        elif recs:
-            low = min(recs, key=lambda r: r["readings"]["slash_heads"])
-            out.append(f"Scanned under {iv} one layer at a time: the fewest slash heads ({low['readings']['slash_heads']} "
-                       f"of the unmodified model's {base['slash_heads']}) with {_layers_text(low['layers'])} ablated "
-                       f"({_reading_text(base, low)}).")
-    return out
-
-
-def _change(r: dict, noise: bool = True) -> str:
-    d = r["delta"]
-    if d["mean"] == 0.0 and not d["se"]:
-        return "leaves the loss unchanged on every sequence"
-    se = f" ± {fmt(d['se'])}" if d["se"] is not None else ""
-    verb = "raises" if d["mean"] > 0 else "lowers"
-    text = f"{verb} the loss by {fmt(abs(d['mean']))}{se} nats per token"
-    b = [x for x in r["buckets"] if x["mean"] is not None]
-    if b and abs(d["mean"]) > 0:
-        big = max(b, key=lambda x: x["mean"] if d["mean"] > 0 else -x["mean"])
-        text += f", most at positions {big['positions'][0]}–{big['positions'][1]} ({fmt(big['mean'])})"
-    if noise and not r.get("beyond_noise"):
-        text += ", within the noise"
-    return text
 
 
 # --------------------------------------------------------------------------------------------

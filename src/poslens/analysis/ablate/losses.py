@@ -1,0 +1,86 @@
+"""Per-token losses and their paired statistics: a condition against the unmodified model on the same tokens."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from poslens.analysis.ablate.config import LEVEL
+from poslens.capture.intervene import Intervention
+
+
+# --------------------------------------------------------------------------------------------
+# statistics (pure functions)
+# --------------------------------------------------------------------------------------------
+def token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``[B, S - 1]`` float32: the cross-entropy of token ``t`` given the tokens before it, from the
+    logits ``[B, S, V]`` (upcast to float32, as transformers' causal-LM loss does)."""
+    B, S, V = logits.shape
+    target = torch.full((B, S), -100, dtype=torch.long, device=ids.device)  # the last position predicts nothing
+    target[:, :-1] = ids[:, 1:]
+    # on the whole contiguous [B * S, V] block: no copy of the logits (the last row is ignored, loss 0)
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, V), target.view(-1), reduction="none")
+    return loss.view(B, S)[:, :-1]
+
+
+def position_buckets(seq_len: int) -> list[tuple[int, int]]:
+    """Buckets ``[lo, hi)`` of loss positions ``t = 1 .. S - 1`` doubling in width: ``[1, 2)``, ``[2, 4)``, ..."""
+    out, lo = [], 1
+    while lo < seq_len:
+        hi = min(seq_len, 2 * lo)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def paired_stats(delta: torch.Tensor, groups: int) -> dict:
+    """Mean, standard error and two-sided p-value of per-sequence differences ``delta [N]`` from the
+    means of ``groups`` groups (sequence ``n`` in group ``n % groups``): SE = sd of the group means /
+    sqrt(G), p from Student's t with G - 1 degrees of freedom. SE and p are None with fewer than two
+    groups holding sequences."""
+    d = delta.to(torch.float64)
+    N = d.numel()
+    G = min(groups, N)
+    mean = float(d.mean()) if N else float("nan")
+    if G < 2:
+        return {"mean": mean, "se": None, "p": None, "groups": G}
+    g = torch.arange(N) % G
+    gm = torch.zeros(G, dtype=torch.float64).index_add_(0, g, d) / torch.bincount(g, minlength=G).to(torch.float64)
+    se = float(gm.std(unbiased=True) / math.sqrt(G))
+    if se == 0.0:
+        p = 1.0 if mean == 0.0 else 0.0
+    else:
+        from scipy.stats import t as student_t
+
+        p = float(2 * student_t.sf(abs(float(gm.mean())) / se, G - 1))
+    return {"mean": float(gm.mean()), "se": se, "p": p, "groups": G}
+
+
+def bh(ps: list, level: float = LEVEL) -> list[bool]:
+    """Which p-values stay significant at false discovery rate ``level`` (Benjamini–Hochberg, via
+    ``scipy.stats.false_discovery_control``); None counts as not significant."""
+    idx = [i for i, p in enumerate(ps) if p is not None and math.isfinite(p)]
+    out = [False] * len(ps)
+    if not idx:
+        return out
+    from scipy.stats import false_discovery_control
+
+    adj = false_discovery_control([min(max(float(ps[i]), 0.0), 1.0) for i in idx], method="bh")
+    for i, a in zip(idx, adj):
+        out[i] = bool(a < level)
+    return out
+
+
+def condition_record(name: str, iv: Intervention, layers: list[int], loss0: torch.Tensor, loss: torch.Tensor,
+                     buckets: list[tuple[int, int]], groups: int) -> dict:
+    """A condition's numbers: the paired loss change overall and per position bucket (mean, SE, p)."""
+    delta = loss.to(torch.float64) - loss0.to(torch.float64)  # [N, S - 1], column t - 1 = position t
+    rec = {"name": name, "intervention": iv.name, "layers": layers,
+           "loss": float(loss.double().mean()), "loss_base": float(loss0.double().mean()),
+           "delta": paired_stats(delta.mean(1), groups), "buckets": []}
+    for lo, hi in buckets:
+        st = paired_stats(delta[:, lo - 1:hi - 1].mean(1), groups)
+        rec["buckets"].append({"positions": [lo, hi - 1], **st})
+    return rec
+
