@@ -52,8 +52,8 @@ def main() -> None:
 
     from poslens.analysis.ablate.config import AblateConfig
     from poslens.analysis.ablate.run import run_ablate
-    from poslens.capture.load import load_model, load_tokenizer
-    from poslens.capture.sources import make_source
+    from poslens.capture.model.load import load_model, load_tokenizer
+    from poslens.data.sources import make_source
     from poslens.models import realmodels
 
     torch.set_num_threads(args.threads)

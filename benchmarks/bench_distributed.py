@@ -101,7 +101,8 @@ def run_big(args, tmp: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
 
     cuda = torch.cuda.is_available() and args.device != "cpu"
     if args.big_bytes:

@@ -4,7 +4,7 @@ Parts (``--parts``, comma-separated; default all):
 
 - ``env``: the device, torch version, and the two ceilings measured here (bf16 / TF32 / float32
   matrix products, device-to-device copy bandwidth).
-- ``kernels``: the fused CUDA map kernels (:mod:`poslens.capture.cuda_maps`) and the chunked torch
+- ``kernels``: the fused CUDA map kernels (:mod:`poslens.capture.backends.cuda_maps`) and the chunked torch
   path against a float64 reference on fresh random inputs (bf16, GQA, causal and bidirectional,
   ragged lengths); then one layer's maps at the benchmark shape, fused vs torch.
 - ``scan``: a random-init Llama-3-style 1B model (16 layers, width 2048, 32 heads, 8 KV heads,
@@ -139,11 +139,11 @@ def reference_maps(q, k, scaling, causal):
 
 
 def torch_pass_maps(q, k, scaling, causal, heads=(), slash=True, checked=False):
-    """The same batch/head sums from the chunked torch pass (:class:`poslens.capture.attnpass.AttentionPass`)
+    """The same batch/head sums from the chunked torch pass (:class:`poslens.capture.backends.attnpass.AttentionPass`)
     over float32 copies of ``q``/``k``: what a layer's statistics receive on the torch backend."""
-    from poslens.capture import backends
-    from poslens.capture.attnpass import AttentionPass, Layer
-    from poslens.capture.sums import Workspace
+    from poslens.capture.backends import choice as backends
+    from poslens.capture.backends.attnpass import AttentionPass, Layer
+    from poslens.capture.backends.sums import Workspace
 
     B, H, S, D = q.shape
     Hk = k.shape[1]
@@ -175,7 +175,7 @@ def torch_pass_maps(q, k, scaling, causal, heads=(), slash=True, checked=False):
 
 
 def part_kernels(a, dev) -> dict:
-    from poslens.capture import cuda_maps
+    from poslens.capture.backends import cuda_maps
 
     cuda = dev.startswith("cuda")
     rows = []
@@ -271,7 +271,7 @@ def part_kernels(a, dev) -> dict:
 def build_llama(dev, dtype, *, layers, hidden, heads, kv_heads, inter, vocab, max_pos, seed=0):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from poslens.capture.attention import ATTN_NAME, register
+    from poslens.capture.engine.attention import ATTN_NAME, register
 
     register()
     cfg = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
@@ -284,9 +284,11 @@ def build_llama(dev, dtype, *, layers, hidden, heads, kv_heads, inter, vocab, ma
 
 
 def part_scan(a, dev) -> dict:
-    from poslens.capture.loop import attach
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.attention import ALL_STATS, ATTN_NAME, Capture, CaptureSpec
+    from poslens.capture.engine.loop import attach
+    from poslens.capture.model.adapters import get_adapter
+    from poslens.capture.engine.spec import ALL_STATS, CaptureSpec
+    from poslens.capture.engine.attention import ATTN_NAME
+    from poslens.capture.engine.capture import Capture
 
     cuda = dev.startswith("cuda")
     if cuda and not a.quick:

@@ -134,7 +134,7 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     from transformers import AutoConfig
 
-    from poslens.capture.sources import make_source
+    from poslens.data.sources import make_source
 
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
     B, nb = args.batch_size, args.batches
@@ -191,7 +191,7 @@ def _whole_call(args, src, stats: str) -> dict:
     import resource
 
     import poslens
-    from poslens.capture import scan as scan_module
+    from poslens.capture.scan import run as scan_module
 
     B, nb = args.batch_size, args.batches
     tokens = src.batch(args.warmup, args.warmup + B * nb)
@@ -252,12 +252,13 @@ def _run_poslens(model_dir, dtype, dev, stats):
     import torch
     from transformers import AutoConfig
 
-    from poslens.capture.attention import Capture, CaptureSpec
-    from poslens.capture.load import load_model
-    from poslens.capture.loop import attach
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.attention import parse_stats
-    from poslens.capture.loop import forward, forward_kwargs
+    from poslens.capture.engine.capture import Capture
+    from poslens.capture.engine.spec import CaptureSpec
+    from poslens.capture.model.load import load_model
+    from poslens.capture.engine.loop import attach
+    from poslens.capture.model.adapters import get_adapter
+    from poslens.capture.engine.spec import parse_stats
+    from poslens.capture.engine.loop import forward, forward_kwargs
 
     config = AutoConfig.from_pretrained(model_dir)
     ad = get_adapter(config)
@@ -383,7 +384,7 @@ def interleaved_worker(args) -> dict:
     torch.set_num_threads(args.threads)
     from transformers import AutoConfig
 
-    from poslens.capture.sources import make_source
+    from poslens.data.sources import make_source
 
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
     B, rounds = args.batch_size, args.batches

@@ -22,7 +22,7 @@ import sys
 import torch
 from safetensors import safe_open
 
-from poslens.capture.attention import BlockMaps
+from poslens.capture.backends.blocks import BlockMaps
 
 TOL = 1e-4
 

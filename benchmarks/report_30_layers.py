@@ -32,7 +32,8 @@ def main() -> None:
     torch.set_num_threads(1)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
     from poslens.reporting import write_report
 
     model_dir, scan_dir = args.out / "llama30", args.out / "scan_llama30"

@@ -67,7 +67,8 @@ def test_every_command_writes_the_contract(tmp_path):
     """simulate, scan and train write the common shape (analysis commands go through the same helper)."""
     import torch
 
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
     from poslens.simulator import SimConfig, run_simulation, save_result
     from poslens.models.train import TrainConfig, train_model
 
@@ -360,7 +361,7 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     beside the full-map headline numbers, and the report and readings say which is which."""
     import torch
 
-    from poslens.capture.finalize import score_map_numbers
+    from poslens.capture.scan.finalize import score_map_numbers
     from poslens.metrics.diagonal import causal_view
     from poslens.metrics import diagonal_trend, relativity_index
     from poslens.reporting.readings import kim_readings

@@ -43,7 +43,7 @@ def _resolve(name: str, known: set[str]) -> str | None:
 
 #: modules allowed an ``importlib.import_module`` call whose module name is not written in the source:
 #: the users' statistics, named by their qualified class names (never a poslens module)
-DYNAMIC_IMPORTS = {"poslens.capture.statistic"}
+DYNAMIC_IMPORTS = {"poslens.capture.statistics.protocol"}
 
 
 def _str_values(tree: ast.AST, name: str) -> list[str]:
@@ -253,7 +253,7 @@ def test_cli_starts_without_heavy_modules_and_fast():
 
 def test_cli_membership():
     assert is_cli("poslens.cli") and is_cli("poslens.cli.simulate") and is_cli("poslens.__main__")
-    assert not is_cli("poslens.client") and not is_cli("poslens.capture.scan")
+    assert not is_cli("poslens.client") and not is_cli("poslens.capture.scan.run")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,11 +285,11 @@ def upward_imports(graph: dict[str, set[str]], forbidden=FORBIDDEN) -> list[tupl
 
 
 def test_upward_finder_on_a_known_graph():
-    graph = {"poslens.capture.finalize": {"poslens.reporting.plots", "poslens.metrics"},
-             "poslens.metrics.diagonal": {"poslens.capture.stats"}, "poslens.metrics.noise": {"poslens.errors"},
+    graph = {"poslens.capture.scan.finalize": {"poslens.reporting.plots", "poslens.metrics"},
+             "poslens.metrics.diagonal": {"poslens.capture.statistics.accumulators"}, "poslens.metrics.noise": {"poslens.errors"},
              "poslens.reporting.plots": {"poslens.figures"}, "poslens.capture_extra": {"poslens.reporting"}}
-    assert upward_imports(graph) == [("poslens.capture.finalize", "poslens.reporting.plots"),
-                                     ("poslens.metrics.diagonal", "poslens.capture.stats")]
+    assert upward_imports(graph) == [("poslens.capture.scan.finalize", "poslens.reporting.plots"),
+                                     ("poslens.metrics.diagonal", "poslens.capture.statistics.accumulators")]
 
 
 def test_arrows_point_downward():

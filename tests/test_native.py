@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from poslens.capture import attention as att
+from poslens.capture.engine.capture import Capture
+from poslens.capture.engine.spec import CaptureSpec, parse_stats
 from poslens import native
 from poslens.errors import PoslensError
 
@@ -85,9 +86,9 @@ def _scan_layer(B, H, Hk, S, causal, chunk, stats, map_size=0, q_scale=2.0):
     q = torch.randn(B, H, S, D, generator=g) * q_scale
     k = torch.randn(B, Hk, S, D, generator=g) * 2
     v = torch.randn(B, Hk, S, D, generator=g)
-    spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
-                           chunk_elems=chunk, map_size=map_size, stats=att.parse_stats(stats))
-    cap = att.Capture(spec)
+    spec = CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+                           chunk_elems=chunk, map_size=map_size, stats=parse_stats(stats))
+    cap = Capture(spec)
     cap.begin_batch(B)
     out = cap.observe_attention(0, q, k, None, 1 / math.sqrt(D), causal=causal, value=v).clone()
     cap.end_batch()
@@ -129,17 +130,17 @@ def test_statistics_reading_the_chunks_keep_the_torch_pass(monkeypatch):
     torch pass takes those layers."""
     calls = []
     monkeypatch.setattr(native.SoftmaxSums, "__call__", lambda self, *a, **k: calls.append(1))
-    spec = att.CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, seq_len=20, layers=[0],
-                           heads=[(0, 1)], stats=att.parse_stats("scores,probs"))
-    cap = att.Capture(spec)
+    spec = CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, seq_len=20, layers=[0],
+                           heads=[(0, 1)], stats=parse_stats("scores,probs"))
+    cap = Capture(spec)
     q = torch.randn(2, 2, 20, 8)
     cap.begin_batch(2)
     cap.observe_attention(0, q, q, None, 0.3, value=q)
     cap.end_batch()
     assert not calls
-    spec = att.CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, seq_len=20, layers=[0],
-                           stats=att.parse_stats("scores,probs"))
-    cap = att.Capture(spec)
+    spec = CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=2, head_dim=8, seq_len=20, layers=[0],
+                           stats=parse_stats("scores,probs"))
+    cap = Capture(spec)
     cap.begin_batch(2)
     cap.observe_attention(0, q, q, None, 0.3, window=5, value=q)
     cap.end_batch()
@@ -151,9 +152,9 @@ def test_non_finite_logits_name_their_head_through_the_checked_pass():
     B, H, S, D = 2, 4, 24, 8
     q = torch.randn(B, H, S, D)
     q[1, 2, 5, 0] = float("inf")
-    spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=H, head_dim=D, seq_len=S, layers=[3],
-                           stats=att.parse_stats("scores,probs"))
-    cap = att.Capture(spec)
+    spec = CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=H, head_dim=D, seq_len=S, layers=[3],
+                           stats=parse_stats("scores,probs"))
+    cap = Capture(spec)
     cap.begin_batch(B)
     with pytest.raises(PoslensError, match="layer 3, head 2"):
         cap.observe_attention(3, q, torch.randn(B, H, S, D), None, 0.3, value=torch.randn(B, H, S, D))
@@ -192,7 +193,7 @@ def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
 @needs_kernel
 @pytest.mark.parametrize("B,Hk,g,S,D", [(2, 3, 1, 50, 8), (1, 2, 3, 129, 16), (3, 1, 4, 7, 6)])
 def test_causal_pair_dim_sum_equals_float64(B, Hk, g, S, D):
-    from poslens.capture.builtin.dim_logit import causal_pair_dim_sum
+    from poslens.capture.statistics.builtin.dim_logit import causal_pair_dim_sum
 
     gen = torch.Generator().manual_seed(S)
     qg = torch.randn(B, Hk, g, S, D, generator=gen)
@@ -265,7 +266,7 @@ def test_pair_counts_equal_every_pair_compared(T, monkeypatch):
 @needs_kernel
 @pytest.mark.parametrize("D,r,Bc", [(16, 16, 1), (16, 8, 1), (12, 12, 3)])
 def test_unrotate_half_equals_the_torch_path(D, r, Bc, monkeypatch):
-    from poslens.capture.attention import unrotate_qk
+    from poslens.capture.backends.rope import unrotate_qk
     from poslens.rope import apply_rope
 
     B, H, S = 3, 2, 20

@@ -408,7 +408,8 @@ def test_scan_summary_reads_each_layers_own_cosine_map(tmp_path):
     from safetensors.torch import load_file
 
     from archs import save_tiny
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
 
     model = save_tiny("llama", tmp_path / "m", layers=3)
     run_scan(ScanConfig(model_dir=str(model), out=str(tmp_path / "r"), data="random", seq_len=10, num_seqs=4,

@@ -253,7 +253,8 @@ def test_library_calls_restore_global_state(odd_global_state, tmp_path):
 
     from poslens.analysis.dynamics import DynamicsConfig, run_dynamics
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
     from poslens.models.train import TrainConfig, train_model
     from poslens.simulator import SimConfig, run_simulation, save_result
 

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from poslens.capture.stats import NOISE_GROUPS
+from poslens.capture.statistics.accumulators import NOISE_GROUPS
 from poslens.simulator import RNG_BLOCK, SimConfig, run_simulation, sample_inputs
 
 

@@ -23,7 +23,7 @@ from poslens.errors import PoslensError  # noqa: E402
 _API = {**{name: "poslens.api" for name in ("scan", "simulate", "slash", "neighborhood", "panels", "kim_maps",
                                              "probes", "sweep", "fingerprint", "ablate", "report", "load",
                                              "Result")},
-        "Statistic": "poslens.capture.statistic"}
+        "Statistic": "poslens.capture.statistics.protocol"}
 
 __all__ = ["PoslensError", "__version__", *_API]
 

@@ -17,7 +17,7 @@ A CLI run directory and a saved result are the same thing: :func:`load` reads ei
 
 Nothing here changes the process beyond the call: torch's thread count (``threads=``) is set for
 the call and restored after it, and a model passed in is handed back as it was
-(:mod:`poslens.capture.borrow`).
+(:mod:`poslens.capture.model.borrow`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from poslens.capture.options import ScanConfig, scan_options
+from poslens.capture.scan.options import ScanConfig, scan_options
 from poslens.errors import PoslensError
 from poslens.reporting.columns import HEAD_COLUMNS, LAYER_COLUMNS  # the columns of heads() and layers()
 
@@ -453,7 +453,7 @@ def _model_arg(model) -> tuple[str, Any]:
         return str(model), None
     if isinstance(model, Result):
         raise PoslensError("model: a Result is not a model; pass a loaded causal LM or a model path.")
-    from poslens.capture.borrow import check_causal_lm
+    from poslens.capture.model.borrow import check_causal_lm
 
     check_causal_lm(model)
     return f"<in-memory {type(model).__name__}: {getattr(model, 'name_or_path', '') or 'unnamed'}>", model
@@ -461,7 +461,7 @@ def _model_arg(model) -> tuple[str, Any]:
 
 def _scan_keywords(fn):
     """``fn`` with the options of a scan as keywords: ``fn(model, *, <its own keywords>, **options)``
-    gets every option of :class:`~poslens.capture.options.ScanConfig` that Python passes. Its
+    gets every option of :class:`~poslens.capture.scan.options.ScanConfig` that Python passes. Its
     signature lists them (default and annotation, for ``help()`` and notebooks) and its docstring says
     what each means; a call binds to that signature, so an unknown keyword is a TypeError."""
     own = list(inspect.signature(fn, eval_str=True).parameters.values())
@@ -518,8 +518,8 @@ def scan(model, *, tokenizer=None, progress: bool = True, threads: int | str | N
     threads for this call, restored after it: ``"auto"`` (default) the CLI's policy (the CPUs not busy
     with other processes), a count, or None (torch's current setting).
     """
-    from poslens.capture.scan import run_scan
-    from poslens.capture.sources import is_python_data, python_source
+    from poslens.capture.scan.run import run_scan
+    from poslens.data.sources import is_python_data, python_source
 
     _check_keywords(options)
     model_dir, loaded = _model_arg(model)
@@ -555,7 +555,7 @@ def _text_tokenizer(loaded, data, tokenizer):
     the one saved beside the model; none found is an error in Python's words (``tokenizer=``)."""
     if tokenizer is not None or loaded is None or str(data) == "random" or str(data).endswith(".jsonl"):
         return tokenizer
-    from poslens.capture.plan import loaded_model_tokenizer
+    from poslens.capture.scan.plan import loaded_model_tokenizer
 
     found = loaded_model_tokenizer(loaded)
     if found is None:
@@ -594,8 +594,8 @@ def _has_strings(data) -> bool:
 
 
 def _tokenizer_for(model_dir: str, loaded, trust_remote_code: bool):
-    from poslens.capture.load import load_tokenizer
-    from poslens.capture.plan import loaded_model_tokenizer
+    from poslens.capture.model.load import load_tokenizer
+    from poslens.capture.scan.plan import loaded_model_tokenizer
 
     return loaded_model_tokenizer(loaded) if loaded is not None else load_tokenizer(model_dir, trust_remote_code)
 
@@ -603,7 +603,7 @@ def _tokenizer_for(model_dir: str, loaded, trust_remote_code: bool):
 def _vocab_size(model_dir: str, loaded, allow_pickle: bool, trust_remote_code: bool):
     if loaded is not None:
         return getattr(loaded.config, "vocab_size", None)
-    from poslens.capture.load import open_model_config
+    from poslens.capture.model.load import open_model_config
 
     config, _ = open_model_config(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     return getattr(config, "vocab_size", None)
@@ -829,7 +829,7 @@ def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, da
     ``model``: a loaded causal LM (handed back unchanged: its logits afterwards equal those before) or a
     model directory / ``.gguf`` path. ``interventions``: one name or a list of ``rope-off``,
     ``rope-band:high|medium|low``, ``massive-qk``, ``random-qk`` (its control), ``sink-off``, ``window:W``
-    (:mod:`poslens.capture.intervene`). ``layers``: ``"each"`` (one decoder layer at a time, from 0),
+    (:mod:`poslens.capture.engine.intervene`). ``layers``: ``"each"`` (one decoder layer at a time, from 0),
     ``"all"``, a list of layers ablated together (``[0, 3]`` or ``"0,3,5-7"``), or ``"each:0-5"``.
     ``data``, ``tokenizer``, ``seq_len`` (default 256), ``num_seqs`` (default 32): as :func:`scan`.
     ``noise_groups``: sequence groups for the standard errors (sequence n in group n % G). ``readings``:
@@ -848,7 +848,7 @@ def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, da
     model_dir, loaded = _model_arg(model)
     ivs = [interventions] if isinstance(interventions, str) else list(interventions or [])
     py_data = None
-    from poslens.capture.sources import is_python_data
+    from poslens.data.sources import is_python_data
 
     if is_python_data(data):
         py_data, data = data, "python"

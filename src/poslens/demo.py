@@ -25,7 +25,8 @@ from rich.console import Console
 
 from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
 from poslens.analysis.slash import SlashConfig, run_slash
-from poslens.capture.scan import ScanConfig, run_scan
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.models.train import TrainConfig, train_model

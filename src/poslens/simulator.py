@@ -18,7 +18,7 @@ chunk per worker and the result (``[L, S, S]``), never by the number of samples.
 On CPU, chunks run on single-threaded workers, each with its work space allocated once
 (:func:`layer_buffers`); their sums are folded in chunk order (see :func:`run_simulation`).
 
-Noise: sample n also adds its score map to group ``n % G`` (:data:`poslens.capture.stats.NOISE_GROUPS`
+Noise: sample n also adds its score map to group ``n % G`` (:data:`poslens.capture.statistics.accumulators.NOISE_GROUPS`
 groups); the spread of the group means is the noise floor of every statistic (entries of one
 sample are correlated, e.g. through the shared input component at alpha > 0, so per-entry
 standard errors alone cannot say whether a map is flat).
@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from poslens.capture.stats import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
+from poslens.capture.statistics.accumulators import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.errors import PoslensError
 from poslens.metrics.diagonal import describe_map
 from poslens.rope import apply_rope, cos_sin
@@ -505,7 +505,7 @@ def _write_result(res: SimResult, out: Path, figures: bool) -> None:
                   metadata={"samples": res.samples, "label": res.config.label(), "layers": "from 0",
                             "score_groups": "[G, L, S, S] means of independent sample groups (sample n in group n % G)"})
     if figures:
-        from poslens.reporting.plots import layer_grid, score_map_figures
+        from poslens.figures import layer_grid, score_map_figures
 
         files = score_map_figures(res.scores, out, label=res.config.label(), percentile=None)
         L = res.probs.shape[0]

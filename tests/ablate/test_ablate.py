@@ -17,9 +17,9 @@ import poslens  # noqa: E402
 from poslens.analysis.ablate.config import AblateConfig, parse_layers  # noqa: E402
 from poslens.analysis.ablate.losses import bh, paired_stats, position_buckets, token_losses  # noqa: E402
 from poslens.analysis.ablate.run import run_ablate  # noqa: E402
-from poslens.capture.intervene import (Edits, LayerEdit, layer_edit, massive_mask, parse_intervention,  # noqa: E402
+from poslens.capture.engine.intervene import (Edits, LayerEdit, layer_edit, massive_mask, parse_intervention,  # noqa: E402
                                        random_like)
-from poslens.capture.rope import rotate_qk, unrotate_qk  # noqa: E402
+from poslens.capture.backends.rope import rotate_qk, unrotate_qk  # noqa: E402
 from poslens.errors import PoslensError  # noqa: E402
 from poslens.rope import apply_rope, cos_sin  # noqa: E402
 
@@ -149,7 +149,7 @@ def test_massive_dims_replaced_by_their_mean():
     e0.cos_sin[0] = (cos[None].expand(2, -1, -1), sin[None].expand(2, -1, -1))
     post = apply_rope(pre, cos, sin)
     e0.apply(0, post, post)
-    from poslens.capture.intervene import Moments
+    from poslens.capture.engine.intervene import Moments
 
     mom = Moments.from_edits(e0)
     mask = massive_mask(mom.q_rms[0], 5.0)
@@ -168,7 +168,7 @@ def test_massive_dims_replaced_by_their_mean():
 
 
 def test_sink_off_is_attention_without_key_0():
-    from poslens.capture.attention import _plain_attention
+    from poslens.capture.engine.attention import _plain_attention
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, 5, 4, generator=g) for _ in range(3))
@@ -241,10 +241,11 @@ def test_wide_window_changes_nothing_and_short_window_does(llama):
 def test_rope_off_all_equals_the_no_rope_control(llama):
     """rope-off in every layer = a forward with each layer's q/k un-rotated (scan's --no-rope-layers
     control), computed here by the capture's own route."""
-    from poslens.capture.borrow import borrowed
-    from poslens.capture.attention import CaptureSpec, Capture
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.loop import attach
+    from poslens.capture.model.borrow import borrowed
+    from poslens.capture.engine.spec import CaptureSpec
+    from poslens.capture.engine.capture import Capture
+    from poslens.capture.model.adapters import get_adapter
+    from poslens.capture.engine.loop import attach
 
     ids = _ids()
     r = run_ablate(AblateConfig(model_dir="-", interventions=["rope-off"], layers="all"), progress=False, model=llama,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import poslens
-from poslens.capture.load import load_model, load_tokenizer
-from poslens.capture.sources import make_source
+from poslens.capture.model.load import load_model, load_tokenizer
+from poslens.data.sources import make_source
 from real_models import real_model_file
 
 pytestmark = pytest.mark.real_model

@@ -106,7 +106,7 @@ def test_result_object_reads_back(two_models):
 
 
 def test_model_names_unique_and_safe():
-    from poslens.analysis.fingerprint import model_names
+    from poslens.capture.model.source import model_names
 
     assert model_names(["/a/m.gguf", "/b/m.gguf", "/c/m", "/d/we ird"]) == ["m", "m-2", "m-3", "we_ird"]
 

@@ -56,9 +56,9 @@ def _eager(model_dir, ids: torch.Tensor):
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     from poslens.analysis.fingerprint import load_fingerprint, run_fingerprint, FingerprintConfig
-    from poslens.capture.load import load_tokenizer
-    from poslens.capture.model_source import model_directory
-    from poslens.capture.sources import make_source
+    from poslens.capture.model.load import load_tokenizer
+    from poslens.capture.model.source import model_directory
+    from poslens.data.sources import make_source
 
     f = real_model_file("smollm2")
     out = tmp_path_factory.mktemp("fp") / "fingerprint"

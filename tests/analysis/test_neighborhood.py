@@ -142,7 +142,7 @@ def test_cli_chars_source(cli, tmp_path):
 def test_collect_vectors_uses_the_adapters_capture_points(arch, tmp_path):
     """attn_z (head outputs before the output projection) rebuilds the layer output through the model's own
     modules: sequential GPT-2 and the parallel-residual GPT-NeoX and Cohere blocks."""
-    from poslens.capture.load import load_model
+    from poslens.capture.model.load import load_model
     from tests.capture.test_capture import V, save_tiny
 
     path = save_tiny(arch, tmp_path / "m")

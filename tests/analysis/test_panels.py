@@ -58,7 +58,7 @@ def _reference(model_dir, ids, layer):
 
 
 def test_panels_equal_direct_computation(llama_dir, tmp_path):
-    from poslens.capture.sources import make_source
+    from poslens.data.sources import make_source
 
     out = tmp_path / "p"
     summary = run_panels(PanelsConfig(model_dir=str(llama_dir), out=str(out), layer=1, data="random", num_seqs=5,
@@ -140,7 +140,8 @@ def test_panels_bad_input(llama_dir, tmp_path, cli):
 
 
 def test_score_maps_of_a_scan(llama_dir, tmp_path):
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
 
     run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "scan"), data="random", seq_len=10,
                         num_seqs=3, figures=False), progress=False)
@@ -166,9 +167,9 @@ def test_panels_read_the_adapters_capture_points(arch, tmp_path):
     OLMo 2 has no pre-attention norm), (g) = Gram of the layer output, (h) = the next layer's (a)."""
     from transformers import AutoModelForCausalLM
 
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.load import load_model
-    from poslens.capture.sources import make_source
+    from poslens.capture.model.adapters import get_adapter
+    from poslens.capture.model.load import load_model
+    from poslens.data.sources import make_source
     from poslens.analysis.panels import compute_panels
 
     path = save_tiny(arch, tmp_path / "m")
@@ -192,7 +193,7 @@ def test_panels_read_the_adapters_capture_points(arch, tmp_path):
 
 def test_panels_refuse_parallel_blocks():
     from poslens.analysis.panels import compute_panels
-    from poslens.capture.adapters import ADAPTERS
+    from poslens.capture.model.adapters import ADAPTERS
     from poslens.errors import PoslensError
 
     for arch in ("phi", "gpt_neox", "cohere"):  # attention and MLP in parallel: no panels (e), (f)

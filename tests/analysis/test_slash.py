@@ -82,7 +82,8 @@ def _rank_one_model(path, seed=0):
 
 @pytest.fixture(scope="module")
 def rank_one_scan(tmp_path_factory):
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
     from poslens.rundir import read_tensors
 
     root = tmp_path_factory.mktemp("r1")

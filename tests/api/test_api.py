@@ -118,7 +118,7 @@ def test_model_left_as_it_was():
 
 
 def test_model_left_as_it_was_after_an_exception(monkeypatch, tmp_path):
-    import poslens.capture.scan as scan_mod
+    import poslens.capture.scan.run as scan_mod
 
     model = tiny()
     model.train()
@@ -138,7 +138,7 @@ def test_weights_are_not_copied():
     model = tiny()
     ptrs = [p.data_ptr() for p in model.parameters()]
     seen = []
-    import poslens.capture.scan as scan_mod
+    import poslens.capture.scan.run as scan_mod
 
     real = scan_mod._scan_batches
 
@@ -325,7 +325,7 @@ def test_import_changes_nothing_process_wide():
         import torch
         torch.set_num_threads(3)
         env, fmt, show = dict(os.environ), warnings.formatwarning, warnings.showwarning
-        import poslens, poslens.api, poslens.capture.scan, poslens.capture.adapters, poslens.analysis.neighborhood
+        import poslens, poslens.api, poslens.capture.scan.run, poslens.capture.model.adapters, poslens.analysis.neighborhood
         import poslens.reporting.render, poslens.cli, poslens.runtime
         assert dict(os.environ) == env, set(os.environ.items()) ^ set(env.items())
         assert warnings.formatwarning is fmt and warnings.showwarning is show

@@ -20,7 +20,7 @@ def smollm2():
     p = real_model_file("smollm2")
     from transformers import AutoModelForCausalLM
 
-    from poslens.capture.model_source import model_directory
+    from poslens.capture.model.source import model_directory
 
     d = model_directory(str(p))
     return p, AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()

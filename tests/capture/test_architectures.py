@@ -15,10 +15,12 @@ import pytest
 import torch
 from archs import ARCHS, V, WINDOW, save_tiny
 
-from poslens.capture.adapters import ADAPTERS, check_dispatch, get_adapter, hook_point, rope_tables
-from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, poslens_attention, register
-from poslens.capture.load import load_model
-from poslens.capture.loop import attach
+from poslens.capture.model.adapters import ADAPTERS, check_dispatch, get_adapter, hook_point, rope_tables
+from poslens.capture.engine.attention import ATTN_NAME, poslens_attention, register
+from poslens.capture.engine.capture import Capture
+from poslens.capture.engine.spec import CaptureSpec
+from poslens.capture.model.load import load_model
+from poslens.capture.engine.loop import attach
 from poslens.errors import PoslensError
 
 S, B = 24, 2
@@ -33,7 +35,7 @@ _REC: dict = {}
 
 
 def _recording(module, query, key, value, attention_mask, **kwargs):
-    from poslens.capture import attention as A
+    from poslens.capture.engine import attention as A
 
     out = poslens_attention(module, query, key, value, attention_mask, **kwargs)
     cap, l = A.active_capture(module), module.layer_idx
@@ -49,7 +51,7 @@ def _run(arch, path, ids):
     from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
     from transformers.masking_utils import AttentionMaskInterface
 
-    from poslens.capture.attention import _padding_only_mask
+    from poslens.capture.engine.attention import _padding_only_mask
 
     eager = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="eager").eval()
     with torch.no_grad():
@@ -255,7 +257,8 @@ def test_llama3_scaled_rope_bands_use_the_models_frequencies(tmp_path):
 
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
     from poslens.metrics.rank import band_contributions
     from poslens.rope import frequency_bands, inv_freq
     from poslens.rundir import read_tensors
@@ -296,7 +299,8 @@ def test_gemma3_scan_records_two_tables_and_windows(tmp_path):
     without the unseen entries, bands of each layer from its own table."""
     import json
 
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
     from poslens.metrics.diagonal import causal_view, window_view
     from poslens.metrics import relativity_index
     from poslens.metrics.rank import band_contributions
@@ -347,7 +351,7 @@ def test_scan_of_unlisted_architectures(cli, tmp_path):
     probs equal eager. BLOOM (custom ALiBi attention code): a one-line error, non-zero exit, nothing written."""
     import transformers as tf
 
-    from poslens.capture.sources import make_source
+    from poslens.data.sources import make_source
     from poslens.rundir import read_tensors
 
     torch.manual_seed(0)

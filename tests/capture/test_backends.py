@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from poslens import native
-from poslens.capture import backends
+from poslens.capture.backends import choice as backends
 from poslens.errors import PoslensError
 
 S, B = 24, 4
@@ -26,7 +26,7 @@ PREV_TOKEN = '''
 """``prev_token``: each head's mean attention weight on the previous token, ``A_h[i, i - 1]`` over
 queries ``i >= 1`` and sequences."""
 
-from poslens.capture.builtin.base import BuiltinStatistic
+from poslens.capture.statistics.builtin.base import BuiltinStatistic
 
 
 class PrevToken(BuiltinStatistic):
@@ -60,14 +60,14 @@ import torch
 from safetensors.torch import save_file
 sys.path.insert(0, sys.argv[1])
 import prev_token
-import poslens.capture.builtin as builtin
+import poslens.capture.statistics.builtin as builtin
 builtin.REGISTRY = builtin.REGISTRY + (prev_token.STATISTIC,)
 
-from poslens.capture.adapters import get_adapter
-from poslens.capture.engine import Capture
-from poslens.capture.load import load_model
-from poslens.capture.loop import attach, forward
-from poslens.capture.spec import CaptureSpec
+from poslens.capture.model.adapters import get_adapter
+from poslens.capture.engine.capture import Capture
+from poslens.capture.model.load import load_model
+from poslens.capture.engine.loop import attach, forward
+from poslens.capture.engine.spec import CaptureSpec
 from transformers import AutoConfig
 
 path, ids, out = sys.argv[2], torch.load(sys.argv[3]), sys.argv[4]
@@ -125,7 +125,7 @@ def _run_scan(setup, kernel, extra_env, heads):
 
 def _reference(path, ids):
     """prev_token, probs and slash from the eager float64 record of the same forward."""
-    from poslens.capture.reference import record_forward
+    from poslens.capture.statistics.reference import record_forward
 
     rec = record_forward(path, ids)
     prev, probs, slash = [], [], []
@@ -178,7 +178,8 @@ def test_backends_agree_on_every_map(setup):
 
 
 def test_the_kernel_setting_takes_only_its_documented_values(monkeypatch):
-    from poslens.capture.attention import Capture, CaptureSpec
+    from poslens.capture.engine.capture import Capture
+    from poslens.capture.engine.spec import CaptureSpec
 
     for value in backends.KERNEL_VALUES:
         monkeypatch.setenv(native.KERNEL_ENV, value)
@@ -228,7 +229,8 @@ def test_a_non_finite_logit_under_a_users_chunks_is_one_error():
     """The C pass stops at a non-finite visible logit; a user's statistic has been handed the chunks
     before it, so the layer is not redone (it would hand them twice): one error names the layer."""
     import poslens
-    from poslens.capture.attention import Capture, CaptureSpec
+    from poslens.capture.engine.capture import Capture
+    from poslens.capture.engine.spec import CaptureSpec
 
     class Rows(poslens.Statistic):
         needs = ("probs",)

@@ -12,10 +12,12 @@ import archs
 import pytest
 import torch
 
-from poslens.capture.adapters import get_adapter
-from poslens.capture.attention import Capture, CaptureSpec, register
-from poslens.capture.load import load_model
-from poslens.capture.loop import attach
+from poslens.capture.model.adapters import get_adapter
+from poslens.capture.engine.capture import Capture
+from poslens.capture.engine.spec import CaptureSpec
+from poslens.capture.engine.attention import register
+from poslens.capture.model.load import load_model
+from poslens.capture.engine.loop import attach
 from poslens.metrics.rank import rank_measures
 from poslens.metrics.slash import slash_profile, top_slash_heads
 

@@ -12,15 +12,18 @@ import math
 import pytest
 import torch
 
-from poslens.capture import attention as att
-from poslens.capture import backends
-from poslens.capture.attnpass import AttentionPass
-from poslens.capture.sums import LayerMaps, Workspace
-from poslens.capture.builtin.base import LayerBatch
-from poslens.capture.builtin.cosine import add_cosine, cosine_rows
-from poslens.capture.builtin.qk import STATISTIC as QK
-from poslens.capture.gram import symmetric_gram
-from poslens.capture.kernels import finite
+from poslens.capture.backends.blocks import BlockMaps
+from poslens.capture.backends.rope import half_layout_perm, unrotate_qk
+from poslens.capture.engine.capture import Capture
+from poslens.capture.engine.spec import CaptureSpec, parse_stats
+from poslens.capture.backends import choice as backends
+from poslens.capture.backends.attnpass import AttentionPass
+from poslens.capture.backends.sums import LayerMaps, Workspace
+from poslens.capture.statistics.builtin.base import LayerBatch
+from poslens.capture.statistics.builtin.cosine import add_cosine, cosine_rows
+from poslens.capture.statistics.builtin.qk import STATISTIC as QK
+from poslens.capture.backends.gram import symmetric_gram
+from poslens.capture.backends.kernels import finite
 from poslens.metrics.ties import equal_row_representatives
 from poslens.metrics.neighborhood import per_sequence_aps
 from poslens.rope import unapply_rope
@@ -47,9 +50,9 @@ def _direct(q, k, scaling, causal=True, window=None):
 
 
 def _capture(B, H, Hk, S, D, chunk_elems, heads=(), rope=False):
-    spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+    spec = CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
                            rope_layers={0} if rope else set(), heads=list(heads), chunk_elems=chunk_elems)
-    return att.Capture(spec)
+    return Capture(spec)
 
 
 @pytest.mark.parametrize("B,H,Hk,S,causal,window,chunk", [
@@ -313,9 +316,9 @@ def test_block_maps_equal_block_means_of_full_maps(S, N, window, causal, chunk):
     x = torch.randn(B, S, 24, generator=g)
     res = {}
     for map_size in (0, N):
-        spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+        spec = CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
                                heads=[(0, 2)], chunk_elems=chunk, map_size=map_size)
-        cap = att.Capture(spec)
+        cap = Capture(spec)
         cap.begin_batch(B)
         cap.observe_attention(0, q, k, None, 0.3, causal=causal, window=window, value=v)
         cap.observe_hidden(0, x)
@@ -338,7 +341,7 @@ def test_block_maps_equal_block_means_of_full_maps(S, N, window, causal, chunk):
         torch.testing.assert_close(blk[name], full[name], rtol=0, atol=1e-9, msg=name)  # O(S) statistics: exact
     torch.testing.assert_close(blk["probs_key0"][0], full["probs"][0][:, 0], rtol=0, atol=1e-7)  # the sink column
     # blocks without a visible entry are the zero blocks, and exactly those
-    empty = att.BlockMaps(S, N).counts(causal, window) == 0
+    empty = BlockMaps(S, N).counts(causal, window) == 0
     assert bool((blk["scores"][0][empty] == 0).all())
     if causal:
         upper = torch.ones(n, n, dtype=torch.bool).triu(1)
@@ -351,7 +354,7 @@ def test_block_maps_equal_block_means_of_full_maps(S, N, window, causal, chunk):
 def test_whole_layer_maps_reduce_to_the_block_means(S, N, causal, monkeypatch):
     """A whole layer's float32 maps handed as one piece (the Triton backend's), put into the layer's
     --map-size sums band by band (bands of a few block rows here), equal the brute-force block means."""
-    from poslens.capture import sums
+    from poslens.capture.backends import sums
 
     g = torch.Generator().manual_seed(S + N)
     i, j = torch.arange(S)[:, None], torch.arange(S)[None, :]
@@ -359,15 +362,15 @@ def test_whole_layer_maps_reduce_to_the_block_means(S, N, causal, monkeypatch):
     full = {"scores": torch.randn(S, S, generator=g).masked_fill(~valid, 0.0),
             "probs": torch.rand(S, S, generator=g).masked_fill(~valid, 0.0),
             "head_scores": torch.randn(2, S, S, generator=g).masked_fill(~valid, 0.0)}
-    blocks = att.BlockMaps(S, N)
+    blocks = BlockMaps(S, N)
     f = blocks.f
-    orig = att.BlockMaps.add_rows
+    orig = BlockMaps.add_rows
     bands = []
 
     def spy(self, dst, part, start):
         bands.append((start, part.shape[0]))
         return orig(self, dst, part, start)
-    monkeypatch.setattr(att.BlockMaps, "add_rows", spy)
+    monkeypatch.setattr(BlockMaps, "add_rows", spy)
     monkeypatch.setattr(sums, "BAND_ROWS", 2 * f)  # several bands, each of whole block rows
     maps = LayerMaps(Workspace(), blocks, S, "cpu")
     for name, t in full.items():
@@ -394,7 +397,7 @@ def test_cosine_rows_of_raw_products_equal_the_unit_vector_gram(map_size):
     # two different products (and kernels, chosen by the CPU's instruction set): equal to a few float32 ulps
     # of entries up to B (a sum of B cosines)
     if map_size:
-        bm = att.BlockMaps(S, map_size)
+        bm = BlockMaps(S, map_size)
         torch.testing.assert_close(bm.gram_means(rows, "cpu"), bm.gram_means(u), rtol=1e-6, atol=1e-6)
     else:
         torch.testing.assert_close(rows(0, S), u @ u.T, rtol=1e-6, atol=1e-6)
@@ -443,10 +446,10 @@ def test_reused_buffers_keep_layers_apart():
     xs = [torch.randn(B, S, 16, generator=g) for _ in range(3)]
 
     def spec(layers):
-        return att.CaptureSpec(num_layers=2, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=layers,
+        return CaptureSpec(num_layers=2, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=layers,
                                heads=[(l, 1) for l in layers], chunk_elems=B * H * S * 9)
 
-    both = att.Capture(spec([0, 1]))
+    both = Capture(spec([0, 1]))
     both.begin_batch(B)
     both.observe_hidden(0, xs[0])
     outs = []
@@ -455,7 +458,7 @@ def test_reused_buffers_keep_layers_apart():
         both.observe_hidden(l + 1, xs[l + 1])
     both.end_batch()
     for l in (0, 1):
-        one = att.Capture(spec([l]))
+        one = Capture(spec([l]))
         one.begin_batch(B)
         one.observe_hidden(0, xs[0])
         out = one.observe_attention(l, qs[l], ks[l], None, 0.3, value=vs[l])
@@ -477,7 +480,7 @@ def test_float64_accumulation_through_the_widening_buffer_is_add_bit_for_bit(ker
     from poslens import native
 
     monkeypatch.setenv(native.KERNEL_ENV, kernel)
-    cap = att.Capture(att.CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=2, head_dim=4, seq_len=8, layers=[0]))
+    cap = Capture(CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=2, head_dim=4, seq_len=8, layers=[0]))
     g = torch.Generator().manual_seed(5)
     for shape, alpha in (((37, 37), 1.0 / 9), ((5, 37, 37), 1.0), ((64, 64), 1.0 / 3), ((3,), 0.5)):
         acc = torch.randn(shape, dtype=torch.float64, generator=g) * 1e3
@@ -510,7 +513,7 @@ def test_per_sequence_qk_moments_and_reservoir_equal_whole_batch(layout, H, Hk):
     """The q/k second moments and reservoir rows, computed one sequence at a time, against the
     whole-batch computation (RoPE inverse of all of q and k, float64 sum of the per-sequence float32
     products, reservoir rows gathered from the whole batch), with a different cos/sin per sequence."""
-    from poslens.capture.reservoir import QKReservoir
+    from poslens.capture.statistics.reservoir import QKReservoir
 
     g = torch.Generator().manual_seed(5)
     B, S, D = 3, 40, 8
@@ -520,9 +523,9 @@ def test_per_sequence_qk_moments_and_reservoir_equal_whole_batch(layout, H, Hk):
     ang = pos[..., None] * torch.tensor([1.0, 0.3, 0.05, 0.01])  # [B, S, 4]
     ang = torch.cat([ang, ang], -1) if layout == "half" else ang.repeat_interleave(2, -1)
     cos, sin = ang.cos(), ang.sin()
-    spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
-                           rope_layers={0}, reservoir=16, stats=att.parse_stats("qk"), rope_layout=layout)
-    cap = att.Capture(spec)
+    spec = CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+                           rope_layers={0}, reservoir=16, stats=parse_stats("qk"), rope_layout=layout)
+    cap = Capture(spec)
     cap.rope_cos_sin = (cos, sin)
     ref = QKReservoir(16, 1, H, Hk, D, S)
     q_ref, k_ref = torch.zeros(H, D, D, dtype=torch.float64), torch.zeros(Hk, D, D, dtype=torch.float64)
@@ -530,9 +533,9 @@ def test_per_sequence_qk_moments_and_reservoir_equal_whole_batch(layout, H, Hk):
         cap.begin_batch(B, seq0)
         QK.add(LayerBatch(cap, 0, 0, q, k, 1.0, True, None), None)
         cap.end_batch()
-        q_pre, k_pre = att.unrotate_qk(q, k, cos, sin, layout=layout)
+        q_pre, k_pre = unrotate_qk(q, k, cos, sin, layout=layout)
         if layout == "interleaved":
-            perm = att.half_layout_perm(D, D)
+            perm = half_layout_perm(D, D)
             q_pre, k_pre = q_pre[..., perm], k_pre[..., perm]
         q_ref += torch.matmul(q_pre.transpose(-1, -2), q_pre).sum(0, dtype=torch.float64) / S
         k_ref += torch.matmul(k_pre.transpose(-1, -2), k_pre).sum(0, dtype=torch.float64) / S
@@ -563,9 +566,9 @@ def test_chunk_slices_of_the_batch_equal_the_whole_batch(causal, window, map_siz
     v = torch.randn(B, Hk, S, D, generator=g)
     res, outs, slices = {}, {}, {}
     for chunk in (10**9, 2 * H * S):  # one slice; one query row per chunk, 2 sequences per slice
-        spec = att.CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
+        spec = CaptureSpec(num_layers=1, num_heads=H, num_kv_heads=Hk, head_dim=D, seq_len=S, layers=[0],
                                heads=[(0, 1), (0, 3)], chunk_elems=chunk, map_size=map_size)
-        cap = att.Capture(spec)
+        cap = Capture(spec)
         seen = []
         inner = AttentionPass._logits
 

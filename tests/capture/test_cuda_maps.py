@@ -1,4 +1,4 @@
-"""The fused map kernels (:mod:`poslens.capture.cuda_maps`) against a float64 reference, and the fused
+"""The fused map kernels (:mod:`poslens.capture.backends.cuda_maps`) against a float64 reference, and the fused
 capture against the chunked torch path.
 
 The kernels' logic runs on every machine where Triton is installed: under Triton's interpreter
@@ -57,7 +57,7 @@ def reference_maps(q, k, scaling, causal):
 
 
 def expected_names(combo: dict, heads: list[int]) -> set[str]:
-    """The keys :func:`~poslens.capture.cuda_maps.attention_maps` returns for these switches."""
+    """The keys :func:`~poslens.capture.backends.cuda_maps.attention_maps` returns for these switches."""
     names = {n for n, on in combo.items() if on}
     if heads:
         names |= {"head_scores", "head_probs"}
@@ -142,7 +142,7 @@ def test_interpreted_kernels_match_float64(name, interpreted):
 def test_the_interpreter_takes_cpu_tensors(interpreted):
     """The child's kernels were the interpreter's, and :func:`supported` accepted CPU tensors there;
     this process's kernels take CPU tensors only if it runs under the interpreter too."""
-    from poslens.capture import cuda_maps
+    from poslens.capture.backends import cuda_maps
 
     _, out = interpreted
     assert out["interpreted"] and out["supported_cpu"]
@@ -156,7 +156,7 @@ def test_kernels_compile_for_hopper():
     The maps kernel with every output on bf16 tiles, the log-sum-exp kernel with IEEE float32 products."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed (`pip install triton`)")
-    from poslens.capture import cuda_maps
+    from poslens.capture.backends import cuda_maps
 
     if cuda_maps.interpreted():
         pytest.skip("TRITON_INTERPRET=1: this process's kernels are the interpreter's")
@@ -187,7 +187,7 @@ def test_kernels_compile_for_hopper():
 def _run_interpreted(inputs_path: str, outputs_path: str) -> None:
     """The child process: every interpreted call on the saved inputs, outputs saved in call order."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    from poslens.capture import cuda_maps
+    from poslens.capture.backends import cuda_maps
 
     inputs = torch.load(inputs_path)
     out = {"interpreted": cuda_maps.interpreted(), "maps": []}
@@ -217,7 +217,7 @@ def _run_interpreted(inputs_path: str, outputs_path: str) -> None:
 ])
 @pytest.mark.parametrize("block", [64, 128])
 def test_fused_maps_match_float64(B, H, Hk, S, D, causal, dtype, block, monkeypatch):
-    from poslens.capture import cuda_maps
+    from poslens.capture.backends import cuda_maps
 
     if not cuda_maps.supported(torch.empty(1, 1, 1, D, device="cuda", dtype=dtype), torch.empty(1, 1, 1, D)):
         pytest.skip("triton not importable")
@@ -246,7 +246,7 @@ def test_capture_on_cuda_equals_capture_on_cpu():
     """The whole observe_attention and observe_hidden (fused maps, the whole-batch q/k Grams and
     reservoir, TF32 products of the bf16 values, the all-pairs APS count) against the CPU capture of the
     same bf16 values."""
-    from poslens.capture import attention as att
+    from poslens.capture.engine import attention as att
 
     B, H, Hk, S, D = 2, 8, 2, 200, 64
     g = torch.Generator().manual_seed(0)
@@ -290,7 +290,7 @@ CAPTURE_SCALING = 0.125
 def capture_means(q, k, out, hid, map_size: int, kernel: str) -> tuple[dict, str]:
     """Every statistic of one layer and one batch with ``POSLENS_CAPTURE_KERNEL=kernel``: the means (on
     the CPU) and the backend the layer took."""
-    from poslens.capture import attention as att
+    from poslens.capture.engine import attention as att
 
     B, H, S, D = q.shape
     before = os.environ.get("POSLENS_CAPTURE_KERNEL")

@@ -15,9 +15,10 @@ import sys
 import pytest
 import torch
 
-from poslens.capture import distributed as D
-from poslens.capture.checkpoint import check_resume_layout
-from poslens.capture.scan import ScanConfig, run_scan
+from poslens.capture.scan import distributed as D
+from poslens.capture.scan.checkpoint import check_resume_layout
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
 from poslens.errors import PoslensError
 from poslens.rundir import read_tensors
 from tests.capture.test_capture import save_tiny
@@ -143,7 +144,8 @@ def test_device_map_auto_equals_plain_scan(llama_dir, reference, tmp_path):
 def test_device_map_capture_moves_tensors_to_the_accumulators():
     """The device-map capture accumulates exactly what Capture does (a CPU machine has only one device to
     move to, so this checks the wrapper's plumbing; the moves themselves need a GPU)."""
-    from poslens.capture.attention import Capture, CaptureSpec
+    from poslens.capture.engine.capture import Capture
+    from poslens.capture.engine.spec import CaptureSpec
 
     spec = CaptureSpec(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4, seq_len=6, layers=[0])
     torch.manual_seed(0)

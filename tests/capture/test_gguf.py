@@ -109,7 +109,7 @@ def _sha(path) -> str:
 def test_header_reader_matches_the_gguf_package(tiny):
     import gguf
 
-    from poslens.capture.model_source import read_gguf_header
+    from poslens.capture.model.source import read_gguf_header
 
     _, _, f = tiny
     hdr = read_gguf_header(f)
@@ -125,8 +125,8 @@ def test_header_reader_matches_the_gguf_package(tiny):
 # dequantised cache and loading
 # ------------------------------------------------------------------------------------------------
 def test_gguf_loads_exactly_and_is_cached_once(tiny, cache):
-    from poslens.capture.model_source import SOURCE_FILE, resolve_model
-    from poslens.capture.load import load_model, open_model_config
+    from poslens.capture.model.source import SOURCE_FILE, resolve_model
+    from poslens.capture.model.load import load_model, open_model_config
 
     model, _, f = tiny
     config, adapter = open_model_config(str(f), seq_len=64)
@@ -233,8 +233,8 @@ def test_bad_gguf_inputs(case, tiny, cache, cli, tmp_path):
 
 
 def test_supported_architectures_follow_the_adapters(monkeypatch):
-    from poslens.capture import adapters
-    from poslens.capture.model_source import supported_gguf_architectures
+    from poslens.capture.model import adapters
+    from poslens.capture.model.source import supported_gguf_architectures
 
     have = supported_gguf_architectures()
     assert "llama" in have and "mamba" not in have

@@ -13,11 +13,12 @@ import archs
 import pytest
 import torch
 
-from poslens.capture import attention as A
-from poslens.capture.adapters import get_adapter
-from poslens.capture.attention import Capture, CaptureSpec
-from poslens.capture.load import load_model
-from poslens.capture.loop import attach, forward
+from poslens.capture.engine.context import active_capture
+from poslens.capture.model.adapters import get_adapter
+from poslens.capture.engine.capture import Capture
+from poslens.capture.engine.spec import CaptureSpec
+from poslens.capture.model.load import load_model
+from poslens.capture.engine.loop import attach, forward
 
 S, B = 16, 2
 
@@ -118,7 +119,7 @@ def test_two_models_in_one_thread_with_both_captures_active(two_models):
         ca.begin_batch(B)
         cb.begin_batch(B)
         with torch.no_grad(), ca.active(), cb.active():
-            assert A.active_capture() is cb and ca.is_active() and cb.is_active()
+            assert active_capture() is cb and ca.is_active() and cb.is_active()
             ma(input_ids=ida, use_cache=False)
             mb(input_ids=idb, use_cache=False)
         ca.end_batch()
@@ -128,7 +129,7 @@ def test_two_models_in_one_thread_with_both_captures_active(two_models):
             h.remove()
     _assert_same(ca.means(), two_models[0]["alone"])
     _assert_same(cb.means(), two_models[1]["alone"])
-    assert A.active_capture() is None and not ca.is_active()
+    assert active_capture() is None and not ca.is_active()
 
     # model b, with nothing attached, under a's capture: a is untouched, b's logits are the plain ones
     (cc, hc) = _fresh(two_models[0])

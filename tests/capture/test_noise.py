@@ -12,7 +12,7 @@ import torch
 
 from poslens.metrics import describe_map, nonrelative_pvalue, trend_pvalue
 from poslens.simulator import SimConfig, run_simulation, save_result
-from poslens.capture.stats import GroupAccumulator
+from poslens.capture.statistics.accumulators import GroupAccumulator
 from poslens.metrics.noise import NOISE_P, cross_mean_square, jackknife_se, signflip_pvalue
 
 S = 10

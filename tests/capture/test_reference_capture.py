@@ -1,4 +1,4 @@
-"""The fast capture against the readable one (:mod:`poslens.capture.reference`): every built-in
+"""The fast capture against the readable one (:mod:`poslens.capture.statistics.reference`): every built-in
 statistic of tiny grouped-query models (Llama; Mistral with a sliding window shorter than the
 sequences; Qwen3 with q/k norms; Gemma 2 with soft-capped logits and alternating windows), with
 per-head maps, equals its definition computed eagerly, one layer, sequence and head
@@ -10,11 +10,12 @@ import archs
 import pytest
 import torch
 
-from poslens.capture.adapters import get_adapter
-from poslens.capture.attention import ALL_STATS, Capture, CaptureSpec
-from poslens.capture.load import load_model
-from poslens.capture.loop import attach, forward
-from poslens.capture.reference import aps, cosine_map, reference_capture
+from poslens.capture.model.adapters import get_adapter
+from poslens.capture.engine.spec import ALL_STATS, CaptureSpec
+from poslens.capture.engine.capture import Capture
+from poslens.capture.model.load import load_model
+from poslens.capture.engine.loop import attach, forward
+from poslens.capture.statistics.reference import aps, cosine_map, reference_capture
 
 S, B = 12, 5
 HEADS = [(0, 1), (1, 3)]

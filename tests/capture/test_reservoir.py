@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from poslens.capture.reservoir import QKReservoir, slot_keys
-from poslens.capture.scan import ScanConfig, run_scan
+from poslens.capture.statistics.reservoir import QKReservoir, slot_keys
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
 from poslens.rundir import read_tensors
 
 L, H, HK, D, S = 2, 4, 2, 8, 12

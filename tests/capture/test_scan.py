@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from poslens.capture.scan import ScanConfig, run_scan
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
 from poslens.rundir import read_tensors
 from tests.capture.test_capture import V, save_tiny
 
@@ -57,7 +58,7 @@ def test_scan_maps_equal_eager_reference(llama_dir, tmp_path):
     """The whole pipeline (from_pretrained, data, batches, float32 on disk) against eager attentions."""
     from transformers import AutoModelForCausalLM
 
-    from poslens.capture.sources import make_source
+    from poslens.data.sources import make_source
 
     cfg = ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=12, num_seqs=5,
                      batch_size=2, figures=False, seed=3)
@@ -188,8 +189,8 @@ def test_data_sources(cli, tokenized_dir, tmp_path, kind):
 
 
 def test_packed_text_is_deterministic(tokenized_dir):
-    from poslens.capture.load import load_tokenizer
-    from poslens.capture.sources import make_source
+    from poslens.capture.model.load import load_tokenizer
+    from poslens.data.sources import make_source
 
     tok = load_tokenizer(str(tokenized_dir))
     a = make_source("stdlib", seq_len=16, num_seqs=4, tokenizer=tok, vocab_size=260)
@@ -286,7 +287,7 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
 
 def test_pool_for_figure_block_means_skip_the_causal_triangle():
     from poslens.metrics.diagonal import causal_view
-    from poslens.reporting.plots import pool_for_figure
+    from poslens.figures import pool_for_figure
 
     S = 10
     m = torch.arange(S * S, dtype=torch.float64).reshape(S, S)
@@ -328,7 +329,7 @@ def test_per_sequence_aps_equals_hidden_state_reference(llama_dir, tmp_path):
     before o_proj, on a position subsample."""
     from transformers import AutoModelForCausalLM
 
-    from poslens.capture.sources import make_source
+    from poslens.data.sources import make_source
 
     S, N = 20, 6
     cfg = ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=S, num_seqs=N,
@@ -372,7 +373,7 @@ def test_slash_summary_stays_in_the_offset_range(llama_dir, tmp_path):
 
 def test_score_groups_partition_the_sequences(llama_dir, tmp_path):
     """Sequence n is in noise group n % 16; the groups' sums add up to the scores on the grid."""
-    from poslens.capture.attention import noise_grid
+    from poslens.capture.statistics.accumulators import noise_grid
 
     S, N = 12, 20
     run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=S, num_seqs=N,
@@ -476,7 +477,7 @@ def test_a_model_poslens_loaded_is_freed_before_the_results_are_written(llama_di
     as large), whether its last reference freed it or a collection had to."""
     import weakref
 
-    from poslens.capture import scan as scan_module
+    from poslens.capture.scan import run as scan_module
 
     refs, seen = [], []
     load, merge = scan_module._load, scan_module._merge_and_write

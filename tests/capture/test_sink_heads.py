@@ -3,7 +3,7 @@
 The reference is transformers' eager attention (``output_attentions=True``) reduced by the plain
 loops of :func:`references.brute_sink_heads`; the capture runs its fast chunked CPU path, in
 chunks sliced over sequences, under ``--map-size`` and with ``slash`` alone. The fused CUDA path's
-key-0 column (:func:`poslens.capture.cuda_maps.key0_weights`) is checked against a float64
+key-0 column (:func:`poslens.capture.backends.cuda_maps.key0_weights`) is checked against a float64
 softmax on the CPU (it reads the kernels' base-2 log-sum-exp)."""
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import archs
 import pytest
 import torch
 
-from poslens.capture import cuda_maps
-from poslens.capture.adapters import get_adapter
-from poslens.capture.attention import Capture, CaptureSpec, parse_stats
-from poslens.capture.load import load_model
-from poslens.capture.loop import attach, forward
-from poslens.capture.scan import ScanConfig, run_scan
-from poslens.capture.sources import make_source
+from poslens.capture.backends import cuda_maps
+from poslens.capture.model.adapters import get_adapter
+from poslens.capture.engine.capture import Capture
+from poslens.capture.engine.spec import CaptureSpec, parse_stats
+from poslens.capture.model.load import load_model
+from poslens.capture.engine.loop import attach, forward
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
+from poslens.data.sources import make_source
 from poslens.rundir import read_tensors
 from references import brute_sink_heads
 

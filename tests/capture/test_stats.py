@@ -1,4 +1,4 @@
-"""Direct tests of the statistics objects in ``poslens.capture.stats`` against numpy / scipy on the same samples."""
+"""Direct tests of the statistics objects in ``poslens.capture.statistics.accumulators`` against numpy / scipy on the same samples."""
 
 import os
 import socket
@@ -8,7 +8,7 @@ import pytest
 import scipy.stats
 import torch
 
-from poslens.capture.stats import AccumulatorSet, MeanAccumulator
+from poslens.capture.statistics.accumulators import AccumulatorSet, MeanAccumulator
 
 
 def _samples(n, shape=(3, 4), seed=0):
@@ -182,7 +182,7 @@ def test_all_reduce_on_a_one_process_gloo_group():
 # group sums, sign-flip test, cross-group mean squares, jackknife
 # --------------------------------------------------------------------------------------------
 def test_group_accumulator_add_merge_state_dict():
-    from poslens.capture.stats import GroupAccumulator
+    from poslens.capture.statistics.accumulators import GroupAccumulator
 
     x = _samples(12, (2, 2))
     a, b = GroupAccumulator(3, (2, 2)), GroupAccumulator(3, (2, 2))

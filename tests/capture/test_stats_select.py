@@ -13,13 +13,14 @@ import math
 import pytest
 import torch
 
-from poslens.capture import attention as att
-from poslens.capture.builtin import attn_cosine as builtin_attn_cosine
-from poslens.capture.builtin import cosine as builtin_cosine
-from poslens.capture.builtin import dim_logit as builtin_dim_logit
-from poslens.capture.builtin import qk as builtin_qk
-from poslens.capture.checkpoint import fingerprint
-from poslens.capture.scan import ScanConfig, run_scan
+from poslens.capture.engine import attention as att
+from poslens.capture.statistics.builtin import attn_cosine as builtin_attn_cosine
+from poslens.capture.statistics.builtin import cosine as builtin_cosine
+from poslens.capture.statistics.builtin import dim_logit as builtin_dim_logit
+from poslens.capture.statistics.builtin import qk as builtin_qk
+from poslens.capture.scan.checkpoint import fingerprint
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
 from poslens.errors import PoslensError
 from poslens.rundir import read_tensors
 from tests.capture.test_capture import save_tiny
@@ -151,17 +152,17 @@ def test_resume_fingerprint_includes_stats(llama_dir, tmp_path):
 
 
 def test_builtin_statistic_modules_are_registered_once():
-    """Each module of poslens.capture.builtin: one registry line, its --stats name in STATS with the
+    """Each module of poslens.capture.statistics.builtin: one registry line, its --stats name in STATS with the
     accumulators it fills (and those of the statistics it brings along), their shapes in
     maps.safetensors' table, and nothing else filled."""
     import importlib
     import pkgutil
 
-    import poslens.capture.builtin as builtin
-    from poslens.capture.builtin import BUILTINS, REGISTRY, requirements
+    import poslens.capture.statistics.builtin as builtin
+    from poslens.capture.statistics.builtin import BUILTINS, REGISTRY, requirements
 
     modules = [m.name for m in pkgutil.iter_modules(builtin.__path__) if m.name != "base"]
-    assert sorted(importlib.import_module(f"poslens.capture.builtin.{m}").STATISTIC.name for m in modules) == sorted(
+    assert sorted(importlib.import_module(f"poslens.capture.statistics.builtin.{m}").STATISTIC.name for m in modules) == sorted(
         st.name for st in REGISTRY)  # every module registered, once
     assert len({st.name for st in REGISTRY}) == len(REGISTRY)
     spec = _spec("all", heads=[(0, 1)])

@@ -21,9 +21,10 @@ import pytest
 import torch
 
 import poslens
-from poslens.capture.scan import ScanConfig, run_scan
-from poslens.capture.sources import make_source
-from poslens.capture.statistic import CAPTURE_POINTS, flatten_state, state_bytes, state_from_bytes, unflatten_state
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
+from poslens.data.sources import make_source
+from poslens.capture.statistics.protocol import CAPTURE_POINTS, flatten_state, state_bytes, state_from_bytes, unflatten_state
 from poslens.errors import PoslensError
 from poslens.rundir import read_tensors
 
@@ -241,16 +242,17 @@ def test_every_capture_point_equals_the_models_own_tensors(llama_dir, monkeypatc
     scores = scaling * q . k after RoPE below the diagonal, -inf above it. With users' pieces smaller
     than the pass's chunks (a few rows; one row of one sequence) the pieces put back together are the
     same."""
-    import poslens.capture.users as users
+    import poslens.capture.statistics.users as users
 
     if piece_elems:
         monkeypatch.setattr(users, "USER_PIECE_ELEMS", piece_elems)
     from transformers import AutoModelForCausalLM
 
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.attention import Capture, CaptureSpec
-    from poslens.capture.load import load_model
-    from poslens.capture.loop import attach, forward
+    from poslens.capture.model.adapters import get_adapter
+    from poslens.capture.engine.capture import Capture
+    from poslens.capture.engine.spec import CaptureSpec
+    from poslens.capture.model.load import load_model
+    from poslens.capture.engine.loop import attach, forward
 
     ids = _ids(3, 12)
     model = load_model(str(llama_dir), dtype=torch.float32, device="cpu")
@@ -301,8 +303,8 @@ def test_every_capture_point_equals_the_models_own_tensors(llama_dir, monkeypatc
 def test_users_pieces_tile_the_chunk_within_the_limit(causal, limit):
     """Every (sequence, row) of a chunk is in exactly one piece; a piece holds at most ``limit`` values
     unless one row of one sequence is larger; a causal piece's keys end at its last row."""
-    from poslens.capture.builtin.base import Piece
-    from poslens.capture.users import sub_pieces
+    from poslens.capture.statistics.builtin.base import Piece
+    from poslens.capture.statistics.users import sub_pieces
 
     H, start, stop, s0, s1 = 3, 8, 14, 1, 4
     keys = stop if causal else 20
@@ -322,10 +324,11 @@ class PreRopeAndProbs(PointProbe):
 def _qk_scan(llama_dir, monkeypatch, users):
     """A qk+probs scan of 5 sequences (one batch), with or without a user's statistic reading q_pre,
     k_pre and probs: the sizes of the batches Capture.unrotate saw, the capture, the user's statistic."""
-    from poslens.capture.adapters import get_adapter
-    from poslens.capture.attention import Capture, CaptureSpec
-    from poslens.capture.load import load_model
-    from poslens.capture.loop import attach, forward
+    from poslens.capture.model.adapters import get_adapter
+    from poslens.capture.engine.capture import Capture
+    from poslens.capture.engine.spec import CaptureSpec
+    from poslens.capture.model.load import load_model
+    from poslens.capture.engine.loop import attach, forward
 
     model = load_model(str(llama_dir), dtype=torch.float32, device="cpu")
     ad = get_adapter(model.config)
@@ -417,7 +420,7 @@ def test_states_travel_without_pickle_and_come_back_exactly():
 # --------------------------------------------------------------------------------------------
 @pytest.mark.real_model
 def test_entropy_on_smollm2_equals_eager(tmp_path):
-    from poslens.capture.model_source import model_directory
+    from poslens.capture.model.source import model_directory
     from poslens.models import realmodels
 
     p = realmodels.path("smollm2")

@@ -382,7 +382,7 @@ def test_a_size_that_cannot_fit_is_refused_up_front(tmp_path):
 
 
 def test_memory_estimate_counts_the_maps():
-    from poslens.capture.stats import NOISE_GROUPS
+    from poslens.capture.statistics.accumulators import NOISE_GROUPS
     from poslens.simulator import SimConfig, memory_needed
 
     cfg = SimConfig(layers=3, seq_len=100, dim=4)
@@ -402,7 +402,7 @@ def test_quiet_dequantisation_prints_no_bars(tmp_path, monkeypatch, capfd):
     pytest.importorskip("gguf")
     from tests.capture.test_gguf import tiny_llama, write_gguf
 
-    from poslens.capture.model_source import resolve_model
+    from poslens.capture.model.source import resolve_model
 
     monkeypatch.setenv("POSLENS_CACHE", str(tmp_path / "cache"))
     write_gguf(tiny_llama(), tmp_path / "m.gguf")

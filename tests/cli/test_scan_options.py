@@ -1,4 +1,4 @@
-"""A scan's options are declared once (``ScanConfig`` in poslens.capture.options): every field is a
+"""A scan's options are declared once (``ScanConfig`` in poslens.capture.scan.options): every field is a
 flag of ``poslens scan`` and a keyword of ``poslens.scan``, with the same default and help text, and
 neither face has an option the other lacks beyond its own short, named list."""
 
@@ -11,7 +11,7 @@ import re
 import pytest
 
 import poslens
-from poslens.capture.options import ScanConfig, scan_options
+from poslens.capture.scan.options import ScanConfig, scan_options
 from poslens.cli import command
 
 #: the CLI's own options (the process: progress bars, torch's threads) and Python's own keywords
@@ -101,10 +101,10 @@ def test_an_unknown_keyword_is_a_type_error():
 
 def test_flags_and_keywords_make_the_same_config(cli, tmp_path, monkeypatch):
     """The same options given as flags and as keywords reach the scan as equal ``ScanConfig``s."""
-    import poslens.capture.scan
+    import poslens.capture.scan.run
 
     seen = []
-    monkeypatch.setattr(poslens.capture.scan, "run_scan", lambda cfg, **kw: seen.append(cfg) or {})
+    monkeypatch.setattr(poslens.capture.scan.run, "run_scan", lambda cfg, **kw: seen.append(cfg) or {})
     model, out = str(tmp_path / "m"), str(tmp_path / "r")
     code, _, err = cli("scan", model, "--out", out, "--data", "random", "--seq-len", 16, "--layers", "0,2-3",
                        "--heads", "2.1,0.3", "--no-rope-layers", 1, "--stats", "scores,probs", "--no-figures",

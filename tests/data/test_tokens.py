@@ -2,7 +2,7 @@
 
 import torch
 
-from poslens.capture.sources import make_source
+from poslens.data.sources import make_source
 from poslens.data.tokens import SEED_STRIDE, random_tokens
 
 

@@ -125,7 +125,7 @@ def test_a_nan_weight_is_one_error(cli, tiny, tmp_path):
 def test_the_weight_check_finds_every_non_finite_value_and_no_overflow(dtype):
     """The weight check decides by one sum: NaN and either infinity make it non-finite; a sum that
     overflows on finite weights (as large as the dtype holds) is checked entry by entry and passes."""
-    from poslens.capture.scan import _all_finite
+    from poslens.capture.scan.run import _all_finite
 
     w = torch.randn(64, 33).to(dtype)
     assert _all_finite(w)

@@ -108,7 +108,7 @@ def test_a_full_disk_during_overwrite_keeps_the_old_run(cli, tiny, scan_run, mon
 
 def test_an_interrupted_overwrite_keeps_the_old_run(cli, tiny, scan_run, monkeypatch):
     """Cause 3: Ctrl-C in the middle of the new run leaves the old one bit-identical (exit 130)."""
-    import poslens.capture.scan as scan_mod
+    import poslens.capture.scan.run as scan_mod
 
     real = scan_mod.forward
     calls = []

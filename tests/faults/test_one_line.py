@@ -173,7 +173,7 @@ def test_resume_into_a_training_run_names_it(cli, tiny, stopped_training, tmp_pa
 
 def test_an_interrupted_scan_names_the_resume_command(cli, tiny, tmp_path, monkeypatch):
     """Cause 16: an interrupted scan printed only "poslens: interrupted" with no resume hint."""
-    import poslens.capture.scan as scan_mod
+    import poslens.capture.scan.run as scan_mod
 
     real, calls = scan_mod.forward, []
 

@@ -182,7 +182,7 @@ def test_rope_decomposition_of_an_exactly_rank_one_head(coef):
     """q_i = u, k_j = coef * v at every position: the logit depends on i - j alone and is known
     exactly from explicit rotations; the decomposition must reproduce it (sign included), coherence 1,
     pair fit 1, and the causal-softmax profile of that logit."""
-    from poslens.analysis.slash import rope_decomposition
+    from poslens.metrics.ropefit import rope_decomposition
 
     D, S, base, scaling = 8, 12, 10.0, 0.5
     gen = torch.Generator().manual_seed(6)

@@ -25,7 +25,7 @@ KNOWN_PREV_TOKEN_HEADS = {
 
 
 def _needs_adapter(model_type: str) -> None:
-    from poslens.capture.adapters import ADAPTERS
+    from poslens.capture.model.adapters import ADAPTERS
 
     if model_type not in ADAPTERS:
         pytest.skip(f"model type {model_type} has no poslens adapter in this build yet")
@@ -51,10 +51,11 @@ def eager_reference(model_dir, ids: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 def _scan_vs_eager(name: str, tmp_path_factory, seq_len: int = SEQ_LEN, num_seqs: int = NUM_SEQS):
-    from poslens.capture.model_source import model_directory
-    from poslens.capture.load import load_tokenizer
-    from poslens.capture.scan import ScanConfig, run_scan
-    from poslens.capture.sources import make_source
+    from poslens.capture.model.source import model_directory
+    from poslens.capture.model.load import load_tokenizer
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
+    from poslens.data.sources import make_source
     from poslens.rundir import read_tensors
 
     f = real_model_file(name)

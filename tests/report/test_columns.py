@@ -98,7 +98,8 @@ def test_page_defines_every_column_of_every_table(tmp_path):
     import torch
 
     from poslens.analysis.slash import SlashConfig, run_slash
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
     from poslens.models.families import build_model
     from poslens.reporting import render_report
     from poslens.rundir import write_json

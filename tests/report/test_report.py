@@ -32,7 +32,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     models), an analysis run dir per the contract, a model dir, and a reproduction folder."""
     import torch
 
-    from poslens.capture.scan import ScanConfig, run_scan
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
     from poslens.models.families import build_model
     from poslens.reproduce import ReproContext, run_reproduction
     from poslens.simulator import SimConfig, run_simulation, save_result

@@ -4,7 +4,7 @@ A shallow RoPE transformer is trained by poslens' own trainer on the ``offset`` 
 must output the token Δ positions back, which one head can do by attending along the Δ-th
 sub-diagonal). Weights are snapshotted at chosen steps (the trainer's ``stop_after`` + resume,
 which reproduces the uninterrupted trajectory), and every snapshot is scanned twice with
-:func:`poslens.capture.scan.run_scan`: on in-distribution prompts (``<bos>`` + random letters,
+:func:`poslens.capture.scan.run.run_scan`: on in-distribution prompts (``<bos>`` + random letters,
 the task's own inputs) and on i.i.d. uniformly random tokens of the whole vocabulary. Per step
 and head the run records SlashScore(Δ) (both prompt sets), the rank-one measures of pre-RoPE
 q/k and the RoPE band usage of the rank-one decomposition (:mod:`poslens.analysis.slash`).
@@ -24,7 +24,8 @@ import torch
 
 from poslens.analysis.slash import decompose_scan, model_rope_geometry
 from poslens.metrics.rank import rank_table
-from poslens.capture.scan import ScanConfig, run_scan
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
 from poslens.data.tasks import encode_example, evaluate_task, get_task
 from poslens.data.tokenizer import char_vocab
 from poslens.errors import PoslensError, require_positive

@@ -40,8 +40,8 @@ import torch
 
 from poslens.analysis.panels import load_scan
 from poslens.analysis.slash import SlashConfig, _scan_geometry, analyze_scans
-from poslens.capture.adapters import layer_rope
-from poslens.capture.model_source import model_names
+from poslens.capture.model.adapters import layer_rope
+from poslens.capture.model.source import model_names
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.metrics.fingerprint import (MASSIVE_LAMBDA, SINK_EPS, UNROTATED, band_shares, dim_bands, dim_rms,
@@ -425,7 +425,7 @@ def write_fingerprint(out: Path, summary: dict, tensors: dict[str, dict], *, fig
 # running it
 # --------------------------------------------------------------------------------------------
 def _scan_config(model: str, out: Path, data: str, stats: Iterable[str], cfg: FingerprintConfig):
-    from poslens.capture.scan import ScanConfig
+    from poslens.capture.scan.options import ScanConfig
 
     return ScanConfig(model_dir=str(model), out=str(out), data=data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs,
                       batch_size=cfg.batch_size, seed=cfg.seed, dtype=cfg.dtype, device=cfg.device,
@@ -437,7 +437,7 @@ def _scan(model: str, out: Path, data: str, stats: Iterable[str], cfg: Fingerpri
           loaded=None, tokenizer=None) -> None:
     """One scan of ``model`` (a path, or the label of ``loaded``, a model in memory, read with ``tokenizer``)
     into ``out``."""
-    from poslens.capture.scan import run_scan
+    from poslens.capture.scan.run import run_scan
 
     run_scan(_scan_config(model, out, data, stats, cfg), progress=progress, model=loaded, tokenizer=tokenizer)
 
@@ -445,7 +445,7 @@ def _scan(model: str, out: Path, data: str, stats: Iterable[str], cfg: Fingerpri
 def _check_models(cfg: FingerprintConfig, out: Path, loaded: dict, tokenizers: dict) -> None:
     """Every model's two scans planned (config values, weights' headers and shapes, context length,
     data) before anything is written, so a bad model is refused before a good one is scanned."""
-    from poslens.capture.plan import plan_scan
+    from poslens.capture.scan.plan import plan_scan
 
     for model in cfg.models:
         for data, stats in ((cfg.data, TEXT_STATS), ("random", RANDOM_STATS)):

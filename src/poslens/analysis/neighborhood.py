@@ -13,7 +13,7 @@ concatenated head outputs before the output projection (``attn``: the adapter's 
 measured too, because it is what later layers read.
 
 Controls. The model runs through poslens' registered attention function
-(:mod:`poslens.capture.attention`), whose bidirectional switch drops the causal mask in every
+(:mod:`poslens.capture.engine.attention`), whose bidirectional switch drops the causal mask in every
 layer (the paper's non-causal control) without touching the weights.
 
 Per-sequence maps are needed (the APS of a mean map is not the mean APS), so this module keeps
@@ -31,13 +31,15 @@ from typing import Callable
 
 import torch
 
-from poslens.capture.adapters import get_adapter
-from poslens.capture.attention import ATTN_NAME, Capture, CaptureSpec, register
-from poslens.capture.loop import forward, hooked
-from poslens.capture.model_source import source_record
-from poslens.capture.load import load_model, load_tokenizer, open_model_config
+from poslens.capture.model.adapters import get_adapter
+from poslens.capture.engine.attention import ATTN_NAME, register
+from poslens.capture.engine.capture import Capture
+from poslens.capture.engine.spec import CaptureSpec
+from poslens.capture.engine.loop import forward, hooked
+from poslens.capture.model.source import source_record
+from poslens.capture.model.load import load_model, load_tokenizer, open_model_config
 from poslens.metrics.diagonal import causal_view
-from poslens.capture.sources import make_source
+from poslens.data.sources import make_source
 from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError, require_positive
@@ -205,8 +207,8 @@ def _plan(cfg: NeighborhoodConfig, model=None, given_tokenizer=None):
     if cfg.seq_len < 3:
         raise PoslensError(f"--seq-len {cfg.seq_len}: the APS counts position triples; use at least 3 tokens.")
     if model is not None:
-        from poslens.capture.borrow import model_device
-        from poslens.capture.plan import loaded_model_config, loaded_model_tokenizer
+        from poslens.capture.model.borrow import model_device
+        from poslens.capture.scan.plan import loaded_model_config, loaded_model_tokenizer
 
         config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
         device = model_device(model)
@@ -262,7 +264,7 @@ def run_neighborhood(cfg: NeighborhoodConfig, progress: bool = True, *, model=No
     t0 = time.time()
     config, adapter, source, device = _plan(cfg, model, tokenizer)
     if model is not None:  # a loaded model: poslens attention and eval mode for the call, restored after
-        from poslens.capture.borrow import borrowed
+        from poslens.capture.model.borrow import borrowed
 
         with borrowed(model):
             return _run_neighborhood(cfg, progress, model, config, adapter, source, t0)
@@ -328,7 +330,7 @@ LAYER_CONVENTION = ("'embeddings' = the token embeddings (the input of decoder l
 def _model_name(cfg, fallback: str) -> str:
     """The model's name as the fingerprint gives it (the directory's name, the ``.gguf`` file's stem),
     else ``fallback`` (its model_type)."""
-    from poslens.capture.model_source import model_names
+    from poslens.capture.model.source import model_names
 
     return model_names([str(cfg.model_dir)])[0] if cfg is not None and cfg.model_dir else str(fallback)
 
@@ -391,7 +393,7 @@ def _pick_layers(K: int, max_panels: int = 7) -> list[int]:
 
 def neighborhood_figures(results: dict[str, dict], title: str = "") -> list[tuple[str, object, str]]:
     """``(file, figure, caption)`` for the cosine maps (per mode) and APS / norm score by layer."""
-    from poslens.reporting.plots import layer_grid
+    from poslens.figures import layer_grid
 
     figs = []
     for mode, r in results.items():

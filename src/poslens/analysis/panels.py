@@ -11,7 +11,7 @@ layer, and per-layer score maps with their non-relativity numbers.
 
 Capture: the adapter's capture points (:data:`PANEL_POINTS`: ``attn_in``, ``attn_z``, ``attn_out``,
 ``resid_mid``, ``mlp_in``, ``resid_post`` and the next layer's ``attn_in``) and, for (b) and (i),
-poslens' registered attention function (:class:`poslens.capture.attention.Capture` ``scores``). Nothing is
+poslens' registered attention function (:class:`poslens.capture.engine.attention.Capture` ``scores``). Nothing is
 monkeypatched. Every architecture with a sequential block works (not Phi, GPT-NeoX, Cohere, whose
 attention and MLP run in parallel); in Gemma 2/3 (d) is the projection before the post-attention
 norm, and in OLMo 2 (f) equals (e) (the MLP reads the residual stream unnormalised). Sums are float64 over batches; memory is ``9 x S x S`` plus one batch.
@@ -29,16 +29,18 @@ from pathlib import Path
 
 import torch
 
-from poslens.capture.adapters import ADAPTERS
-from poslens.capture.attention import BlockMaps, Capture, CaptureSpec
-from poslens.capture.loop import hooked, run_batches
-from poslens.capture.model_source import source_record
-from poslens.capture.finalize import SINK_COLUMNS, map_view
-from poslens.capture.load import load_model, load_tokenizer, open_model_config
-from poslens.capture.loop import attach
+from poslens.capture.model.adapters import ADAPTERS
+from poslens.capture.backends.blocks import BlockMaps
+from poslens.capture.engine.capture import Capture
+from poslens.capture.engine.spec import CaptureSpec
+from poslens.capture.engine.loop import hooked, run_batches
+from poslens.capture.model.source import source_record
+from poslens.capture.scan.finalize import SINK_COLUMNS, map_view
+from poslens.capture.model.load import load_model, load_tokenizer, open_model_config
+from poslens.capture.engine.loop import attach
 from poslens.metrics.diagonal import causal_view, window_view
-from poslens.capture.sources import make_source
-from poslens.capture.stats import MeanAccumulator
+from poslens.data.sources import make_source
+from poslens.capture.statistics.accumulators import MeanAccumulator
 from poslens.errors import PoslensError, require_positive
 from poslens.metrics import diagonal_trend, locality, relativity_index
 from poslens.metrics.noise import jackknife_se_of, leave_one_out_means
@@ -93,7 +95,7 @@ PANEL_POINTS = {"a": ("attn_in", 0), "c": ("attn_z", 0), "d": ("attn_out", 0), "
 
 def panel_points(adapter, layer: int, accs: dict[str, MeanAccumulator]) -> dict:
     """``{(point, layer): fn}`` adding the Gram panels a, c-h of ``layer`` into ``accs``
-    (for :func:`poslens.capture.loop.hooked`)."""
+    (for :func:`poslens.capture.engine.loop.hooked`)."""
     def adder(name):
         def add(x):
             accs[name].sum += _gram(x).to(accs[name].sum.device)
@@ -105,7 +107,7 @@ def panel_metrics(m: torch.Tensor, exclude_keys=None) -> dict:
     """Relativity index, non-relativity, locality and signed diagonal trend of one panel's causal
     lower triangle (the diagonal, a self-similarity, excluded). Sink-aware as ``poslens scan``: key
     0 (the attention-sink / BOS column; ``exclude_keys``, default
-    :data:`poslens.capture.finalize.SINK_COLUMNS`) is left out of the headline numbers, and the
+    :data:`poslens.capture.scan.finalize.SINK_COLUMNS`) is left out of the headline numbers, and the
     values with it (``*_with_sink``) are given beside them."""
     keys = tuple(SINK_COLUMNS if exclude_keys is None else exclude_keys)
     cv = causal_view(m.to(torch.float64), include_diagonal=True)
@@ -162,7 +164,7 @@ def compute_panels(model, adapter, config, source, layer: int, *, batch_size: in
 
 def panels_figure(panels: torch.Tensor, layer: int, title: str = ""):
     """3 x 3 heat maps (1-99 % colour range over the lower triangle), Gram panels masked above the diagonal."""
-    from poslens.reporting.plots import heatmap
+    from poslens.figures import heatmap
 
     fig, axes = new_figure(3, 3, figsize=(11, 10.5))
     for ax, (k, desc), m in zip(axes.flat, PANELS, panels):
@@ -180,8 +182,8 @@ def run_panels(cfg: PanelsConfig, progress: bool = True, *, model=None, tokenize
     t0 = time.time()
     config, adapter = _check_panels(cfg, model)
     if model is not None:
-        from poslens.capture.borrow import borrowed, model_device
-        from poslens.capture.plan import loaded_model_tokenizer
+        from poslens.capture.model.borrow import borrowed, model_device
+        from poslens.capture.scan.plan import loaded_model_tokenizer
 
         device = model_device(model)
         if tokenizer is None and cfg.data != "random":
@@ -224,7 +226,7 @@ def _check_panels(cfg: PanelsConfig, model=None):
     """``(config, adapter)`` of ``cfg.model_dir`` (or of a loaded ``model``) once every option is valid
     for panels (writes nothing)."""
     if model is not None:
-        from poslens.capture.plan import loaded_model_config
+        from poslens.capture.scan.plan import loaded_model_config
 
         config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
     else:
@@ -319,7 +321,7 @@ def layer_score_metrics(scores: torch.Tensor) -> list[dict]:
 
 def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
     """Raw and diagonal-normalised score maps of every layer of a scan, with non-relativity per layer."""
-    from poslens.reporting.plots import score_map_figures  # matplotlib: only when drawing
+    from poslens.figures import score_map_figures  # matplotlib: only when drawing
 
     maps, scfg, ssum = load_scan(scan_dir)
     prepare_out_dir(out)

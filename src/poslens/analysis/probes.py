@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from poslens.analysis.neighborhood import collect_vectors, use_poslens_attention
-from poslens.capture.model_source import source_record
-from poslens.capture.load import load_model, load_tokenizer, open_model_config
+from poslens.capture.model.source import source_record
+from poslens.capture.model.load import load_model, load_tokenizer, open_model_config
 from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError, require_positive

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from poslens.analysis.panels import load_scan
-from poslens.capture.adapters import get_adapter, layer_rope
-from poslens.capture.model_source import model_directory
+from poslens.capture.model.adapters import get_adapter, layer_rope
+from poslens.capture.model.source import model_directory
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.metrics.rank import rank_table
@@ -36,7 +36,7 @@ def decompose_scan(maps: dict, *, rotary_dim: int | None, base: float | None, sc
     """RoPE decomposition of every head of every RoPE layer of a scan; one dict per head.
 
     ``rope`` is the scan's record of the model's own RoPE tables (summary ``rope``:
-    :func:`poslens.capture.adapters.rope_tables`); each layer then uses its table's ``inv_freq`` and
+    :func:`poslens.capture.model.adapters.rope_tables`); each layer then uses its table's ``inv_freq`` and
     ``attention_scaling``. Without it ``rotary_dim`` and ``base`` recompute the frequencies.
 
     Each dict: layer, head, observed/predicted peak offset (Δ in ``min_delta..max_delta``) and
@@ -302,7 +302,7 @@ def _write_run(cfg: SlashConfig, summary: dict, tensors: dict, layer_ids: list[i
 def _model_name(model_dir, fallback: str) -> str:
     """The model's name as the fingerprint gives it (the directory's name, the ``.gguf`` file's stem),
     else ``fallback`` (its model_type)."""
-    from poslens.capture.model_source import model_names
+    from poslens.capture.model.source import model_names
 
     return model_names([str(model_dir)])[0] if model_dir else str(fallback)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from poslens.capture.options import ALLOW_PICKLE_HELP, DATA_HELP, DEVICE_HELP, MODEL_DIR_HELP, NO_FIGURES_HELP
+from poslens.capture.scan.options import ALLOW_PICKLE_HELP, DATA_HELP, DEVICE_HELP, MODEL_DIR_HELP, NO_FIGURES_HELP
 
 
 app = typer.Typer(
@@ -35,7 +35,7 @@ def _global_options(verbose: bool = typer.Option(False, "--verbose", help="Show 
     """Measure where positional information in causal transformers comes from: the causal mask, RoPE, and
     their interaction. Start with `poslens demo`."""
     if verbose:
-        from poslens.capture.model_source import SHOW_LOAD_REPORTS
+        from poslens.capture.model.source import SHOW_LOAD_REPORTS
 
         _verbose_token.append(SHOW_LOAD_REPORTS.set(True))
 
@@ -43,13 +43,13 @@ def _global_options(verbose: bool = typer.Option(False, "--verbose", help="Show 
 def reset_verbose() -> None:
     """``--verbose`` ends with its command (an in-process caller's next command starts without it)."""
     if _verbose_token:
-        from poslens.capture.model_source import SHOW_LOAD_REPORTS
+        from poslens.capture.model.source import SHOW_LOAD_REPORTS
 
         SHOW_LOAD_REPORTS.reset(_verbose_token.pop())
 
 
 # The CLI conventions of docs/cli.md, one definition each, so every command spells them alike. The
-# words of the options a command shares with `poslens scan` are the scan's (poslens.capture.options).
+# words of the options a command shares with `poslens scan` are the scan's (poslens.capture.scan.options).
 
 def quiet_option(help: str = "No progress bars and no result table (errors still print).") -> bool:
     return typer.Option(False, "--quiet", help=help)

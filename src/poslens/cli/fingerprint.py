@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
-from poslens.cli.app import (DATA_HELP, MODEL_DIR_HELP, allow_pickle_option, app, batch_size_option, data_option,
-                             device_option, dtype_option,
+from poslens.capture.scan.options import DATA_HELP, MODEL_DIR_HELP
+from poslens.cli.app import (allow_pickle_option, app, batch_size_option, data_option, device_option, dtype_option,
                              no_figures_option, num_seqs_option, out_option, overwrite_option, quiet_option,
-                             refuse_existing_out, seed_option, seq_len_option, threads_option,
-                             trust_remote_code_option, use_threads)
+                             refuse_existing_out, seed_option, seq_len_option, threads_option, trust_remote_code_option,
+                             use_threads)
 
 # the defaults live with the library (poslens.analysis.fingerprint); repeated here so --help needs no torch
 DEFAULT_SEQ_LEN = 256

@@ -147,7 +147,7 @@ def slash_dynamics(
     usage per step. A few CPU minutes at the defaults."""
     threads = use_threads(threads)
     from poslens.analysis.dynamics import DynamicsConfig, run_dynamics
-    from poslens.cli.parse import parse_int_list
+    from poslens.capture.scan.options import parse_int_list
 
     refuse_existing_out(out, overwrite=overwrite)
     s = run_dynamics(DynamicsConfig(out=str(out), delta=delta, steps=steps,

@@ -1,9 +1,9 @@
 """Parsers of the CLI's list-valued options. Those of a scan's options (layers, heads) are declared with
-the options, in :mod:`poslens.capture.options`, since :func:`poslens.scan` takes the same text."""
+the options, in :mod:`poslens.capture.scan.options`, since :func:`poslens.scan` takes the same text."""
 
 from __future__ import annotations
 
-from poslens.capture.options import parse_heads, parse_int_list  # noqa: F401
+from poslens.capture.scan.options import parse_heads, parse_int_list  # noqa: F401
 from poslens.errors import PoslensError
 
 

@@ -1,6 +1,6 @@
 """``poslens scan``: accumulate positional maps of a Hugging Face causal LM into a run directory.
 
-Its flags are made from the fields of :class:`~poslens.capture.options.ScanConfig` (:func:`scan_flags`),
+Its flags are made from the fields of :class:`~poslens.capture.scan.options.ScanConfig` (:func:`scan_flags`),
 as are the keywords of :func:`poslens.scan`; only ``--quiet`` and ``--threads`` are the CLI's own."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from poslens.capture.options import ScanConfig, scan_options
+from poslens.capture.scan.options import ScanConfig, scan_options
 from poslens.cli.app import app, quiet_option, refuse_existing_out, threads_option, use_threads
 from poslens.errors import Interrupted
 from poslens.rundir import run_entries
@@ -22,7 +22,7 @@ from poslens.rundir import run_entries
 
 def scan_flags(command):
     """``command(cfg, **cli_only)`` as a typer command whose flags are the options of
-    :class:`~poslens.capture.options.ScanConfig` (each with its help and default), followed by the
+    :class:`~poslens.capture.scan.options.ScanConfig` (each with its help and default), followed by the
     command's own CLI-only parameters; the flags' values become ``cfg``."""
     options = scan_options()
     names = [o.name if o.argument else o.flag[2:].replace("-", "_") for o in options]
@@ -63,7 +63,7 @@ def scan(cfg: ScanConfig, quiet: bool = quiet_option(), threads: int = threads_o
     ranks and all-reduces the sums; rank 0 writes OUT (docs/distributed.md).
     """
     use_threads(threads)
-    from poslens.capture.scan import run_scan
+    from poslens.capture.scan.run import run_scan
 
     refuse_existing_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume)
     replacing = cfg.overwrite and Path(cfg.out).is_dir() and bool(run_entries(Path(cfg.out)))
@@ -77,7 +77,7 @@ def scan(cfg: ScanConfig, quiet: bool = quiet_option(), threads: int = threads_o
 
 def _interrupted(cfg: ScanConfig, replacing: bool) -> str:
     """What an interrupted scan kept, and the command that continues it."""
-    from poslens.capture.checkpoint import CHECKPOINT
+    from poslens.capture.scan.checkpoint import CHECKPOINT
 
     out = Path(cfg.out)
     if replacing:
@@ -101,7 +101,7 @@ def _print_scan(summary: dict, out: Path) -> None:
         console.print(f"{tp['tokens']:,} tokens in {tp['seconds']:.1f} s ({tp['tokens_per_s']:,.0f} tokens/s"
                       + (f"; peak GPU memory {peak / 2**30:.1f} GiB" if peak else "") + ")")
     if "capture_backends" in summary:
-        from poslens.capture.backends import used_line
+        from poslens.capture.backends.choice import used_line
 
         console.print(used_line(summary["capture_backends"]))
     console.print(f"wrote {out}/ ({', '.join(summary['files'])})")

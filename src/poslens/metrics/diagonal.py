@@ -24,7 +24,7 @@ whole key columns (real models' attention-sink column 0, a BOS position): a Toep
 raised sink column is purely relative everywhere else and reads 1 with ``exclude_keys=(0,)``.
 
 Noise: with ``groups`` (group means of the map over independent groups of samples, see
-:class:`poslens.capture.stats.GroupAccumulator`) every significance statement comes from the spread of
+:class:`poslens.capture.statistics.accumulators.GroupAccumulator`) every significance statement comes from the spread of
 the groups, which holds whatever the correlation between entries of one sample: a sign-flip test
 for "no variation" (flat) and for "no non-relative part", and noise-free (cross-group) estimates
 of the variances. A flat map has relativity index and locality ``None``.

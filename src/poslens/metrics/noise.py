@@ -1,7 +1,7 @@
 """Noise tests on independent groups of samples: is a mean map's structure beyond sampling noise?
 
 A scan or simulation adds each sample to one of ``G`` groups
-(:class:`poslens.capture.stats.GroupAccumulator`); these functions read the group sums. Under the
+(:class:`poslens.capture.statistics.accumulators.GroupAccumulator`); these functions read the group sums. Under the
 null each group's vector is an independent, symmetric, zero-mean draw, and no assumption is made
 about the correlation of entries within a vector (a shared input component correlates every entry
 of a score map).

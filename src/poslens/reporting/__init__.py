@@ -8,8 +8,10 @@
   that hold them (an ambiguous search is refused); :func:`load_run` (from :mod:`poslens.rundir`) loads one.
 """
 
-from poslens.reporting.collect import Run, collect, load_run
-from poslens.reporting.render import CSP, render_report, render_runs, write_index_html, write_report, write_runs
+from poslens.rundir import Run, load_run
+from poslens.reporting.collect import collect
+from poslens.reporting.page import CSP
+from poslens.reporting.render import render_report, render_runs, write_index_html, write_report, write_runs
 
 __all__ = ["CSP", "Run", "collect", "load_run", "render_report", "render_runs", "write_index_html", "write_report",
            "write_runs"]

@@ -10,7 +10,8 @@ import json
 
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
-from poslens.reporting.collect import Run, expand, load_run
+from poslens.rundir import Run, load_run
+from poslens.reporting.collect import expand
 from poslens.reporting.elements import _MIME, _inside, _slug, embed_figure, embed_file, sparse_sentence, table
 from poslens.reporting.readings import PAPERS, SIGNIFICANT, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
 from poslens.rundir import figure_caption, new_figure
@@ -367,7 +368,7 @@ def model_name(run: Run) -> str:
     """The run's model by name, as the fingerprint names it (its directory's name, the ``.gguf`` file's
     stem: model_nope, SmolLM2-135M-Instruct.Q4_1), never only its architecture (the micro models are
     model_type smollm3); the model_type where the run records no model."""
-    from poslens.capture.model_source import model_names
+    from poslens.capture.model.source import model_names
 
     opts = run.config.get("options") if isinstance(run.config.get("options"), dict) else run.config
     where = run.summary.get("model_dir") or (opts or {}).get("model_dir")

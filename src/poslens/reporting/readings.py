@@ -32,7 +32,7 @@ TREND = 0.3
 SLASH_MAX_DELTA = 16
 #: norm score at or above which norms shrink with position; at or below 1 − this, they grow
 NORM_SHRINK = 0.7
-#: p-value below which a sample-group test is called significant (as :data:`poslens.capture.stats.NOISE_P`)
+#: p-value below which a sample-group test is called significant (as :data:`poslens.capture.statistics.accumulators.NOISE_P`)
 SIGNIFICANT = 0.01
 #: the smallest attainable p-value of a sign-flip test (2 / 2^G with G groups) must lie this many times
 #: under SIGNIFICANT for a test to call anything: else the readings say there are too few sequences

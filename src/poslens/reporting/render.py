@@ -19,7 +19,8 @@ from pathlib import Path
 
 from poslens.errors import PoslensError
 from poslens.reporting.cards import cards_for, compared_ids, comparisons, findings, reproduction_block
-from poslens.reporting.collect import Run, classify, collect, load_run
+from poslens.rundir import Run, classify, load_run
+from poslens.reporting.collect import collect
 from poslens.reporting.page import CSP, template_env  # CSP: every report's policy, re-exported by poslens.report
 from poslens.reporting.readings import PAPERS
 

@@ -28,9 +28,10 @@ from poslens.analysis.panels import PanelsConfig, load_scan, panel_metrics, run_
 from poslens.analysis.probes import ProbesConfig, run_probes
 from poslens.analysis.slash import SlashConfig, run_slash
 from poslens.analysis.sweep import PAPER_SIGMAS, SweepConfig, run_sweep
-from poslens.capture.model_source import resolve_model
-from poslens.capture.load import load_tokenizer
-from poslens.capture.scan import ScanConfig, run_scan
+from poslens.capture.model.source import resolve_model
+from poslens.capture.model.load import load_tokenizer
+from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.run import run_scan
 from poslens.metrics.diagonal import causal_view
 from poslens.errors import PoslensError
 from poslens.fmt import fmt

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from poslens.capture.stats import NOISE_P
+from poslens.metrics.noise import NOISE_P
 from poslens.fmt import fmt
 from poslens.rundir import new_figure, save_figure, write_json
 from poslens.simulator import SimConfig, run_simulation, save_result
@@ -61,7 +61,7 @@ def _sim(ctx: ReproContext, out: Path, name: str, **kw) -> dict:
 
 
 def _kim_fig1(ctx: ReproContext, out: Path) -> dict:
-    from poslens.reporting.plots import heatmap
+    from poslens.figures import heatmap
 
     t = kim_theory(0.0, 3)
     out.mkdir(parents=True, exist_ok=True)

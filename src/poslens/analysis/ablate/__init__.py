@@ -5,7 +5,7 @@ paired statistics), :mod:`.replay` (``LayerReplay``), :mod:`.run` (``run_ablate`
 run directory).
 
 The other commands measure positional structure in attention maps: correlations. ``ablate``
-switches a source of position off (:mod:`poslens.capture.intervene`: RoPE, one RoPE frequency band,
+switches a source of position off (:mod:`poslens.capture.engine.intervene`: RoPE, one RoPE frequency band,
 the massive q/k dimensions, the attention sink, keys beyond a window), in every layer at once, in a
 list of layers, or in one layer at a time, and measures what the model loses: its next-token loss
 on the same sequences, paired with the unmodified model, overall and by position.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from poslens.capture.intervene import Intervention
+from poslens.capture.engine.intervene import Intervention
 from poslens.errors import PoslensError
 
 #: the significance level of every "beyond the noise" (false discovery rate over an intervention's layers)
@@ -53,7 +53,7 @@ class AblateConfig:
 def parse_layers(text, num_layers: int, where: str = "--layers") -> list[list[int]]:
     """The layer sets of the conditions: ``each`` -> ``[[0], [1], ...]``, ``all`` -> ``[[0 .. L-1]]``,
     ``"0,3,5-7"`` (or a list of ints) -> ``[[0, 3, 5, 6, 7]]``, ``"each:0-3"`` -> ``[[0], [1], [2], [3]]``."""
-    from poslens.capture.options import parse_int_list
+    from poslens.capture.scan.options import parse_int_list
 
     if isinstance(text, (list, tuple)):
         chosen, each = sorted({_int_layer(x, where) for x in text}), False

@@ -7,7 +7,7 @@ import math
 import torch
 
 from poslens.analysis.ablate.config import LEVEL
-from poslens.capture.intervene import Intervention
+from poslens.capture.engine.intervene import Intervention
 
 
 # --------------------------------------------------------------------------------------------

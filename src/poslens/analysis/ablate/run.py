@@ -29,7 +29,7 @@ from poslens.analysis.ablate.losses import (
     token_losses,
 )
 from poslens.analysis.ablate.replay import LayerReplay
-from poslens.capture.intervene import (
+from poslens.capture.engine.intervene import (
     CALIBRATED,
     Edits,
     Moments,
@@ -59,9 +59,9 @@ class _Setup:
 def _validate(cfg: AblateConfig, model=None, tokenizer=None, data=None):
     """Every check that needs no forward; returns ``(config, adapter, ivs, layer_sets, source)``.
     ``data``: sequences given from Python (``seq_len``/``num_seqs`` None: as the data has them)."""
-    from poslens.capture.load import checked_adapter, load_tokenizer, open_model_config
-    from poslens.capture.plan import loaded_model_config, loaded_model_tokenizer
-    from poslens.capture.sources import is_python_data, make_source, python_source
+    from poslens.capture.model.load import checked_adapter, load_tokenizer, open_model_config
+    from poslens.capture.scan.plan import loaded_model_config, loaded_model_tokenizer
+    from poslens.data.sources import is_python_data, make_source, python_source
     from poslens.errors import require_positive
 
     python = data is not None and is_python_data(data)
@@ -107,7 +107,7 @@ def _validate(cfg: AblateConfig, model=None, tokenizer=None, data=None):
 
 def _band_labels(model, adapter, config, seq_len: int) -> dict[int, list[str] | None]:
     """Each layer's rotary-pair bands against ``seq_len`` (None: no RoPE in the layer), as the fingerprint's."""
-    from poslens.capture.adapters import layer_rope, rope_tables
+    from poslens.capture.model.adapters import layer_rope, rope_tables
     from poslens.rope import frequency_bands
 
     tables = rope_tables(model, adapter, config)
@@ -125,7 +125,7 @@ def _forward_logits(model, ids):
 
 def _hooks_for(edits: Edits, model, adapter, layers) -> list:
     """The rotary cos/sin of each edited layer, handed to ``edits`` while it is active."""
-    from poslens.capture.adapters import hook_position_embeddings
+    from poslens.capture.model.adapters import hook_position_embeddings
 
     def _rope(layer, cs):
         if edits.is_active():
@@ -141,10 +141,10 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
     import shutil
     import tempfile
 
-    from poslens.capture.adapters import check_dispatch
-    from poslens.capture.borrow import borrowed, model_device, model_dtype
-    from poslens.capture.load import load_model
-    from poslens.capture.model_source import source_record
+    from poslens.capture.model.adapters import check_dispatch
+    from poslens.capture.model.borrow import borrowed, model_device, model_dtype
+    from poslens.capture.model.load import load_model
+    from poslens.capture.model.source import source_record
     from poslens.rundir import (
         commit_out_dir,
         create_out_dir,
@@ -287,7 +287,7 @@ def _losses(cfg: AblateConfig, setup: _Setup, edits, progress: bool):
 
 def _resid_vectors(setup: _Setup, batches, edits: Edits | None) -> list[torch.Tensor]:
     """The residual stream after every decoder layer, ``L x [N, S, d]`` float32 on the CPU, under ``edits``."""
-    from poslens.capture.adapters import hook_point
+    from poslens.capture.model.adapters import hook_point
 
     model, adapter = setup.model, setup.adapter
     L = adapter.num_layers(setup.config)
@@ -373,9 +373,9 @@ def scan_dir_name(condition: str) -> str:
 def _readings(cfg: AblateConfig, setup: _Setup, edits, scans: Path, progress: bool) -> dict:
     """A scan (scores, probs, slash) of the same sequences under every condition and without one, each
     into ``scans/<condition>``; returns each one's readings (:func:`scan_readings`)."""
-    from poslens.capture.options import ScanConfig
-    from poslens.capture.scan import run_scan
-    from poslens.capture.sources import python_source
+    from poslens.capture.scan.options import ScanConfig
+    from poslens.capture.scan.run import run_scan
+    from poslens.data.sources import python_source
     from poslens.progress import task_progress
 
     src, label = python_source(setup.ids, seq_len=None, num_seqs=None)
@@ -440,7 +440,7 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
             if probes:
                 rec["probe"] = _probe_record(probes["none"], probes[name], cfg.noise_groups)
             if iv.kind in CALIBRATED and moments is not None:  # no massive dim in these layers: nothing replaced
-                from poslens.capture.intervene import massive_mask
+                from poslens.capture.engine.intervene import massive_mask
 
                 rec["applies"] = any(bool(massive_mask(moments.q_rms[l], cfg.massive_lambda).any()
                                           or massive_mask(moments.k_rms[l], cfg.massive_lambda).any()) for l in ls)
@@ -453,7 +453,7 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
         conditions += recs
     massive = None
     if moments is not None:
-        from poslens.capture.intervene import massive_mask
+        from poslens.capture.engine.intervene import massive_mask
 
         massive = {str(l): {"q": int(massive_mask(moments.q_rms[l], cfg.massive_lambda).sum()),
                             "k": int(massive_mask(moments.k_rms[l], cfg.massive_lambda).sum())}

@@ -1,0 +1,162 @@
+"""A scan before it runs: ``ScanConfig`` (every option, declared in :mod:`poslens.capture.scan.options`) and
+``plan_scan``, which validates every input without writing anything and returns the ``ScanPlan`` the
+loop runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from poslens.capture.model.adapters import Adapter
+from poslens.capture.engine.spec import CaptureSpec, parse_stats, user_statistics
+from poslens.capture.model.borrow import model_device, model_dtype
+from poslens.capture.model.load import load_tokenizer, open_model_config
+from poslens.capture.scan.options import ScanConfig
+from poslens.data.sources import SequenceSource, make_source
+from poslens.errors import PoslensError, require_positive
+from poslens.rundir import prepare_out_dir
+from poslens.runtime import parse_device, resolve_dtype
+
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+@dataclass
+class ScanPlan:
+    """Everything validated and loaded; nothing written yet."""
+
+    cfg: ScanConfig
+    config: object
+    adapter: Adapter
+    spec: CaptureSpec
+    source: SequenceSource
+    device: str
+    dtype: torch.dtype
+    #: set once the model is loaded: the dry run's per-layer windows / logit scales, the RoPE tables
+    attention: dict | None = None
+    rope: dict | None = None
+
+
+#: the largest seed (seeds are 32-bit, as numpy's; larger ones would overflow the per-sequence streams)
+MAX_SEED = 2**32 - 1
+
+
+def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSource | None = None) -> ScanPlan:
+    """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing.
+
+    ``model``: a causal LM already in memory (``poslens.scan``); its config replaces the directory's,
+    it runs on its own device(s) and in its own dtype. ``tokenizer`` and ``source``: given by the
+    caller instead of read from the model directory / built from ``cfg.data``."""
+    stats = parse_stats(cfg.stats)
+    if model is not None:
+        config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
+    else:
+        config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
+                                            trust_remote_code=cfg.trust_remote_code)
+    L = adapter.num_layers(config)
+    H = adapter.num_heads(config)
+    require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
+                     ("--checkpoint-every", cfg.checkpoint_every), ("--aps-max-positions", cfg.aps_max_positions))
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= MAX_SEED:
+        raise PoslensError(f"--seed {cfg.seed}: must be an integer from 0 to {MAX_SEED}.")
+    if cfg.map_size < 0:
+        raise PoslensError(f"--map-size {cfg.map_size}: must be 0 (full S x S maps) or a positive number of blocks.")
+    if cfg.chunk_elems < 0:
+        raise PoslensError(f"--chunk-elems {cfg.chunk_elems}: must be 0 (chosen per device) or a positive count.")
+    if cfg.reservoir < 0:
+        raise PoslensError(f"--reservoir {cfg.reservoir}: must be 0 (none) or a positive number of token slots.")
+    layers = list(range(L)) if cfg.layers is None else sorted(set(cfg.layers))
+    bad = [l for l in layers if not 0 <= l < L]
+    if bad or not layers:
+        raise PoslensError(f"--layers {bad or layers}: the model has layers 0..{L - 1}.")
+    bad = [l for l in cfg.no_rope_layers if not 0 <= l < L]
+    if bad:
+        raise PoslensError(f"--no-rope-layers {bad}: the model has layers 0..{L - 1}.")
+    rope_layers = adapter.rope_layers(config)
+    if cfg.no_rope_layers and not rope_layers:
+        raise PoslensError(f"--no-rope-layers: model type {adapter.model_type} has no RoPE to remove.")
+    for l, h in cfg.heads:
+        if l not in layers:
+            raise PoslensError(f"--heads {l}.{h}: layer {l} is not scanned (--layers); add it or drop the head.")
+        if not 0 <= h < H:
+            raise PoslensError(f"--heads {l}.{h}: the model has heads 0..{H - 1} per layer.")
+    device = parse_device(cfg.device) if model is None else _loaded_device(model, cfg)
+    if cfg.device_map is not None and model is None:
+        if cfg.device_map not in DEVICE_MAPS:
+            raise PoslensError(f"--device-map {cfg.device_map!r} is not one of {', '.join(DEVICE_MAPS)}.")
+        try:
+            import accelerate  # noqa: F401
+        except ImportError:
+            raise PoslensError("--device-map needs the accelerate package: pip install accelerate.") from None
+        if cfg.device == "cpu" and torch.cuda.is_available():
+            raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
+                               "--device-map to scan on the CPU).")
+    dtype = resolve_dtype(cfg.dtype, device, config) if model is None else _loaded_dtype(model, cfg)
+    if cfg.resume and cfg.overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
+    if source is None:
+        if tokenizer is None and cfg.data != "random":
+            tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code) if model is None else \
+                loaded_model_tokenizer(model)
+        source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
+                             vocab_size=getattr(config, "vocab_size", None))
+    spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
+                       head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
+                       heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
+                       chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats,
+                       aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout,
+                       map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0,
+                       user_stats=user_statistics(cfg.stats))
+    return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# a model already in memory
+# --------------------------------------------------------------------------------------------
+def loaded_model_config(model, *, seq_len: int | None = None):
+    """``(config, adapter)`` of a loaded causal LM, with the same checks as :func:`open_model_config`."""
+    from poslens.capture.model.borrow import check_causal_lm
+    from poslens.capture.model.load import checked_adapter
+
+    check_causal_lm(model)
+    return model.config, checked_adapter(model.config, f"model {type(model).__name__}", seq_len=seq_len,
+                                         flag="seq_len")
+
+
+def loaded_model_tokenizer(model):
+    """The tokenizer saved beside a loaded model (``model.name_or_path`` is a local directory or
+    ``.gguf`` file), or None."""
+    from pathlib import Path
+
+    name = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+    if not name or not Path(str(name)).exists():
+        return None
+    try:
+        return load_tokenizer(str(name))
+    except PoslensError:
+        return None
+
+
+def _loaded_device(model, cfg: ScanConfig) -> str:
+    """A loaded model runs where it is: ``device`` must be ``auto`` or that device."""
+    here = model_device(model)
+    if cfg.device not in ("auto", None) and torch.device(parse_device(cfg.device)) != torch.device(here) and \
+            not (torch.device(here).type == "cuda" and cfg.device == "cuda"):
+        raise PoslensError(f"device={cfg.device!r}: the model is on {here}; poslens scans a loaded model where it is "
+                           f"(move it with model.to(...) first, or pass device='auto').")
+    if cfg.device_map is not None:
+        raise PoslensError("device_map: a loaded model is already placed; load it with device_map=... and pass "
+                           "the model, without device_map.")
+    return here
+
+
+def _loaded_dtype(model, cfg: ScanConfig) -> torch.dtype:
+    """A loaded model runs in its own dtype (its weights are never copied): ``dtype`` must be ``auto`` or that."""
+    have = model_dtype(model)
+    if cfg.dtype not in ("auto", None) and resolve_dtype(cfg.dtype, "cpu", None) != have:
+        raise PoslensError(f"dtype={cfg.dtype!r}: the model's weights are {str(have).replace('torch.', '')}; poslens "
+                           "never copies a loaded model's weights. Cast it yourself (model.to(dtype)) or pass "
+                           "dtype='auto'.")
+    return have
