@@ -84,7 +84,7 @@ def run_scaling(args, tmp: str) -> dict:
         print(f"  {p} process(es): {thr['tokens_per_s']:.0f} tokens/s (loop {thr['seconds']:.1f} s, "
               f"wall incl. start-up {wall:.1f} s)", flush=True)
     base = results[args.procs[0]]
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     ref = read_tensors(os.path.join(tmp, f"run{args.procs[0]}", "maps.safetensors"))
     for p, r in results.items():

@@ -12,7 +12,9 @@ from rich.console import Console
 
 from poslens.errors import PoslensError
 from poslens.fmt import fmt, rich_table
-from poslens.rundir import CONTRACT, envelope, load_run, write_json, write_summary, write_tensors
+from poslens.rundir.summary import CONTRACT, envelope, write_summary
+from poslens.rundir.load import load_run
+from poslens.rundir.io import write_json, write_tensors
 
 
 def test_fmt_one_format():
@@ -414,7 +416,7 @@ def test_figure_roles_keep_the_page_short(tmp_path):
     """Details stay in the run directory (named), a figure of the per-layer numbers gives way to the
     report's own line plots, a zoom is shown only on maps much larger than its 64 positions."""
     from poslens.reporting.cards import run_figures
-    from poslens.rundir import Run
+    from poslens.rundir.load import Run
 
     figs = ["scores_raw.png", "probs.png", "aps_by_layer.png", "scores_zoom.png"]
     for f in figs:

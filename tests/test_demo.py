@@ -2,7 +2,7 @@
 
 import pytest
 
-from poslens.rundir import read_json
+from poslens.rundir.io import read_json
 
 
 @pytest.fixture(scope="module")

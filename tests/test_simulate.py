@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from poslens.errors import PoslensError
-from poslens.rundir import read_json, read_tensors
+from poslens.rundir.io import read_json, read_tensors
 from poslens.simulator import RNG_BLOCK, SimConfig, load_result, run_simulation, sample_inputs
 from poslens.theory import kim_mean_field, kim_theory
 
@@ -306,7 +306,7 @@ def test_saved_run_directory_with_figures(tmp_path, monkeypatch):
 def test_run_directory_round_trip(tmp_path):
     """config.json names the command and the versions; the noise groups' sample counts and an early
     stop load back; a summary written before ``stopped_early`` existed loads as a full run."""
-    from poslens.rundir import write_json
+    from poslens.rundir.io import write_json
     from poslens.simulator import save_result
 
     res = run_simulation(SimConfig(alpha=0.3, layers=2, seq_len=5, dim=6, samples=5 * RNG_BLOCK, chunk_size=RNG_BLOCK,

@@ -52,7 +52,7 @@ class Result:
     temporary directory (``temporary`` is then True) until :meth:`save` gives it a lasting one."""
 
     def __init__(self, path: str | os.PathLike, *, _tmp: tempfile.TemporaryDirectory | None = None):
-        from poslens.rundir import load_run
+        from poslens.rundir.load import load_run
 
         self._tmp = _tmp
         self.path = Path(path)
@@ -288,9 +288,9 @@ class Result:
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Copy the run to ``path`` (a new directory, or an existing run of the same command with
         ``overwrite=True``); the result then lives there. Returns the path."""
-        from poslens.rundir import prepare_out_dir
+        from poslens.rundir.outdir import prepare_out_dir
 
-        from poslens.rundir import record_written
+        from poslens.rundir.io import record_written
 
         dst = Path(path)
         _check_present(self.path)
@@ -330,7 +330,9 @@ class Result:
 
 
 def _check_replaceable(dst: Path, command: str) -> None:
-    from poslens.rundir import classify, foreign_files, read_json
+    from poslens.rundir.load import classify
+    from poslens.rundir.staging import foreign_files
+    from poslens.rundir.io import read_json
 
     if classify(dst) != "command":
         raise PoslensError(f"save({str(dst)!r}): it exists and is not a poslens run; choose a new directory.")
@@ -352,7 +354,7 @@ def _check_present(path: Path) -> None:
 
 
 def _read_maps(path: Path) -> dict:
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     out: dict = {}
     files = sorted(p for p in path.glob("*.safetensors") if p.name not in _NOT_RESULTS)
@@ -411,7 +413,7 @@ def _run_dir(out, *, overwrite: bool = False, resume: bool = False) -> Iterator[
     if out is not None:
         out = Path(out)
         if out.exists() and overwrite and not resume:
-            from poslens.rundir import prepare_out_dir
+            from poslens.rundir.outdir import prepare_out_dir
 
             prepare_out_dir(out, must_be_new=False)
         yield out, None

@@ -34,7 +34,7 @@ from poslens.progress import live_display
 from poslens.reporting import write_report
 from poslens.reporting.terminal import print_simulation_summary
 from poslens.reproduce import ReproContext, run_reproduction
-from poslens.rundir import write_json
+from poslens.rundir.io import write_json
 from poslens.runtime import no_hf_progress_bars
 from poslens.simulator import SimConfig, run_simulation, save_result
 

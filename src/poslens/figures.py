@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from poslens.metrics import diagonal_normalize
-from poslens.rundir import new_figure, save_figure
+from poslens.rundir.figures import new_figure, save_figure
 
 
 class NotebookFigure(matplotlib.figure.Figure):
@@ -32,7 +32,7 @@ class NotebookFigure(matplotlib.figure.Figure):
 
 
 def notebook_figure(nrows: int = 1, ncols: int = 1, *, figsize=None, **subplots_kw):
-    """``(figure, axes)`` as :func:`poslens.rundir.new_figure`, the figure a :class:`NotebookFigure`."""
+    """``(figure, axes)`` as :func:`poslens.rundir.figures.new_figure`, the figure a :class:`NotebookFigure`."""
     fig = NotebookFigure(figsize=figsize)
     return fig, fig.subplots(nrows, ncols, **subplots_kw)
 

@@ -46,8 +46,10 @@ from poslens.capture.statistics.accumulators import AccumulatorSet, GroupAccumul
 from poslens.errors import PoslensError
 from poslens.metrics.diagonal import describe_map
 from poslens.rope import apply_rope, cos_sin
-from poslens.rundir import (read_json, read_tensors, save_figure, staged_dir, versions, write_json, write_summary,
-                            write_tensors)
+from poslens.rundir.io import read_json, read_tensors, versions, write_json, write_tensors
+from poslens.rundir.figures import save_figure
+from poslens.rundir.staging import staged_dir
+from poslens.rundir.summary import write_summary
 from poslens.runtime import available_cpus, parse_device, set_threads
 from poslens.theory import kim_mean_field
 

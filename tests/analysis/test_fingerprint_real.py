@@ -160,7 +160,7 @@ def test_massive_dims_equal_eager(smollm2):
 
 def test_scan_numbers_passed_through(smollm2):
     """relativity, trend and APS are the text scan's own summary numbers (same code, same data: equal)."""
-    from poslens.rundir import read_json
+    from poslens.rundir.io import read_json
 
     result = smollm2[0]
     m = result.models[0]

@@ -9,7 +9,7 @@ import torch
 
 from poslens.analysis.panels import PANELS, PanelsConfig, panel_metrics, run_panels, run_score_maps
 from poslens.rope import apply_rope
-from poslens.rundir import read_tensors
+from poslens.rundir.io import read_tensors
 from tests.capture.test_capture import V, save_tiny
 
 

@@ -84,7 +84,7 @@ def _rank_one_model(path, seed=0):
 def rank_one_scan(tmp_path_factory):
     from poslens.capture.scan.options import ScanConfig
     from poslens.capture.scan.run import run_scan
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     root = tmp_path_factory.mktemp("r1")
     model = _rank_one_model(root / "model")
@@ -232,7 +232,7 @@ def test_slash_dynamics_small_run(tmp_path, cli):
         assert len(r["heads"]) == 2 and abs(sum(r["best"]["band_usage"].values()) - 1) < 1e-9
     assert (out / "snapshots" / "step-000003" / "scan-random" / "maps.safetensors").is_file()
     # weights differ between snapshots (each snapshot really is its own step)
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
     w0 = read_tensors(out / "snapshots" / "step-000000" / "model.safetensors")
     w3 = read_tensors(out / "snapshots" / "step-000003" / "model.safetensors")
     k = next(n for n in w0 if "q_proj" in n)
@@ -394,7 +394,7 @@ def _fake_scan(root, maps, layers_rope=(True, True), layer_ids=(0, 1), **summary
     import json
 
     from poslens.models.families import build_config
-    from poslens.rundir import write_tensors
+    from poslens.rundir.io import write_tensors
 
     model = root / "model"
     model.mkdir(parents=True, exist_ok=True)
@@ -413,7 +413,7 @@ def test_run_slash_on_a_hand_made_scan(tmp_path):
     import json
 
     from poslens.analysis.slash import SlashConfig, model_rope_geometry, run_slash
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     maps = {k: v.float().double() for k, v in _fake_maps(Dh=8).items()}
     scan, model = _fake_scan(tmp_path, maps, (True, False), (4, 6), attention={"scaling": [0.25, 0.25]})

@@ -261,7 +261,7 @@ def test_llama3_scaled_rope_bands_use_the_models_frequencies(tmp_path):
     from poslens.capture.scan.run import run_scan
     from poslens.metrics.rank import band_contributions
     from poslens.rope import frequency_bands, inv_freq
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -304,7 +304,7 @@ def test_gemma3_scan_records_two_tables_and_windows(tmp_path):
     from poslens.metrics.diagonal import causal_view, window_view
     from poslens.metrics import relativity_index
     from poslens.metrics.rank import band_contributions
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     path = save_tiny("gemma3_text", tmp_path / "m")
     run_scan(ScanConfig(model_dir=str(path), out=str(tmp_path / "r"), data="random", seq_len=S, num_seqs=2,
@@ -352,7 +352,7 @@ def test_scan_of_unlisted_architectures(cli, tmp_path):
     import transformers as tf
 
     from poslens.data.sources import make_source
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     torch.manual_seed(0)
     tf.AutoModelForCausalLM.from_config(tf.OPTConfig(

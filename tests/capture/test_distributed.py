@@ -20,7 +20,7 @@ from poslens.capture.scan.checkpoint import check_resume_layout
 from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.run import run_scan
 from poslens.errors import PoslensError
-from poslens.rundir import read_tensors
+from poslens.rundir.io import read_tensors
 from tests.capture.test_capture import save_tiny
 
 # 5 batches of 2 sequences: rank 0 gets batches 0, 2, 4 and rank 1 gets 1, 3 (uneven on purpose)

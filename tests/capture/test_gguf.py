@@ -150,7 +150,7 @@ def test_gguf_loads_exactly_and_is_cached_once(tiny, cache):
 
 
 def test_scan_of_gguf_equals_scan_of_directory_and_records_source(tiny, cache, cli, tmp_path):
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     _, hf, f = tiny
     args = ("--data", "random", "--seq-len", 24, "--num-seqs", 3, "--batch-size", 2, "--no-figures", "--quiet")

@@ -8,7 +8,7 @@ import torch
 from poslens.capture.statistics.reservoir import QKReservoir, slot_keys
 from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.run import run_scan
-from poslens.rundir import read_tensors
+from poslens.rundir.io import read_tensors
 
 L, H, HK, D, S = 2, 4, 2, 8, 12
 

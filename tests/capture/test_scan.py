@@ -16,7 +16,7 @@ import torch
 
 from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.run import run_scan
-from poslens.rundir import read_tensors
+from poslens.rundir.io import read_tensors
 from tests.capture.test_capture import V, save_tiny
 
 NAMES = ["scores", "probs", "slash", "cosine", "norms", "attn_cosine", "attn_norms", "q_gram", "k_gram", "dim_logit"]

@@ -21,7 +21,7 @@ from poslens.capture.engine.loop import attach, forward
 from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.run import run_scan
 from poslens.data.sources import make_source
-from poslens.rundir import read_tensors
+from poslens.rundir.io import read_tensors
 from references import brute_sink_heads
 
 S, B = 20, 3

@@ -22,7 +22,7 @@ from poslens.capture.scan.checkpoint import fingerprint
 from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.run import run_scan
 from poslens.errors import PoslensError
-from poslens.rundir import read_tensors
+from poslens.rundir.io import read_tensors
 from tests.capture.test_capture import save_tiny
 
 

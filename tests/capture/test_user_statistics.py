@@ -26,7 +26,7 @@ from poslens.capture.scan.run import run_scan
 from poslens.data.sources import make_source
 from poslens.capture.statistics.protocol import CAPTURE_POINTS, flatten_state, state_bytes, state_from_bytes, unflatten_state
 from poslens.errors import PoslensError
-from poslens.rundir import read_tensors
+from poslens.rundir.io import read_tensors
 
 HERE = Path(__file__).resolve().parent
 

@@ -137,7 +137,8 @@ def test_the_lock_of_a_dead_process_is_taken_over(tmp_path):
 def test_the_lock_within_one_process(tmp_path):
     """Holds nest and are given back; a later call of the same process is not refused; another
     process is refused while the lock is held, and the directory made for the lock alone goes."""
-    from poslens.rundir import create_out_dir, lock_out_dir, out_dir_lock, release_out_dir, unlock_out_dir
+    from poslens.rundir.outdir import create_out_dir
+    from poslens.rundir.lock import lock_out_dir, out_dir_lock, release_out_dir, unlock_out_dir
 
     out = tmp_path / "run"
     with out_dir_lock(out, command="scan"):
@@ -145,7 +146,7 @@ def test_the_lock_within_one_process(tmp_path):
         with out_dir_lock(out):
             pass
         assert (out / ".poslens.lock").is_file()  # the outer hold remains
-        probe = subprocess.run([sys.executable, "-c", "import sys; from poslens.rundir import lock_out_dir;\n"
+        probe = subprocess.run([sys.executable, "-c", "import sys; from poslens.rundir.lock import lock_out_dir;\n"
                                 f"lock_out_dir({str(out)!r})"], env=ENV, capture_output=True, text=True)
         assert probe.returncode != 0 and "being written by another poslens process" in probe.stderr
     assert not out.exists()  # made for the lock, nothing written: removed
@@ -415,7 +416,7 @@ def test_quiet_dequantisation_prints_no_bars(tmp_path, monkeypatch, capfd):
 def test_safetensors_header_check_names_the_damage(tmp_path):
     from safetensors.torch import save_file
 
-    from poslens.rundir import safetensors_shapes
+    from poslens.rundir.io import safetensors_shapes
 
     f = tmp_path / "t.safetensors"
     save_file({"a": torch.zeros(3, 4), "b": torch.ones(5)}, str(f))

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from poslens.rundir import MANIFEST, load_run
+from poslens.rundir.io import MANIFEST
+from poslens.rundir.load import load_run
 
 from faultkit import SCAN, one_error, tree
 
@@ -131,12 +132,15 @@ def test_a_failed_swap_puts_the_old_run_back(tmp_path, monkeypatch):
     """The swap itself failing half-way (a rename refused) moves every file back where it was."""
     import os
 
-    from poslens import rundir
+    from poslens.errors import PoslensError
+    from poslens.rundir.io import _atomic_write_bytes, write_json
+    from poslens.rundir.lock import lock_out_dir, unlock_out_dir
+    from poslens.rundir.staging import staged_dir
 
     out = tmp_path / "sim"
-    with rundir.staged_dir(out) as stage:
-        rundir.write_json(stage / "config.json", {"command": "simulate"})
-        rundir.write_json(stage / "summary.json", {"v": 1})
+    with staged_dir(out) as stage:
+        write_json(stage / "config.json", {"command": "simulate"})
+        write_json(stage / "summary.json", {"v": 1})
     before = tree(out)
     real = os.replace
     seen = []
@@ -147,17 +151,17 @@ def test_a_failed_swap_puts_the_old_run_back(tmp_path, monkeypatch):
             raise OSError(errno.EIO, "Input/output error")
         return real(a, b)
 
-    rundir.lock_out_dir(out, overwrite=True)
+    lock_out_dir(out, overwrite=True)
     try:
-        monkeypatch.setattr(rundir.os, "replace", failing)
-        with pytest.raises(rundir.PoslensError):
-            with rundir.staged_dir(out) as stage:
+        monkeypatch.setattr(os, "replace", failing)
+        with pytest.raises(PoslensError):
+            with staged_dir(out) as stage:
                 real(stage, stage)  # nothing: keeps the name bound
-                rundir._atomic_write_bytes(stage / "config.json", b'{"command": "simulate"}')
-                rundir._atomic_write_bytes(stage / "summary.json", b'{"v": 2}')
+                _atomic_write_bytes(stage / "config.json", b'{"command": "simulate"}')
+                _atomic_write_bytes(stage / "summary.json", b'{"v": 2}')
     finally:
         monkeypatch.undo()
-        rundir.unlock_out_dir(out)
+        unlock_out_dir(out)
     assert tree(out) == before
 
 

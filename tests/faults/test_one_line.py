@@ -42,8 +42,6 @@ def test_a_full_disk_is_one_error(cli, tiny, run, tmp_path, monkeypatch):
     """Cause 7: scan, simulate --overwrite and report on a full disk gave tracebacks (exit 1)."""
     import safetensors.torch
 
-    from poslens import rundir
-
     code, _, err = cli("simulate", "--out", tmp_path / "sim", *SIM)
     assert code == 0, err
     before = tree(tmp_path / "sim")
@@ -55,7 +53,7 @@ def test_a_full_disk_is_one_error(cli, tiny, run, tmp_path, monkeypatch):
         one_error(code, err, "space")
     assert tree(tmp_path / "sim") == before
     with monkeypatch.context() as m:
-        m.setattr(rundir.os, "fsync", _full)
+        m.setattr(os, "fsync", _full)
         code, _, err = cli("report", run, "--out", tmp_path / "report.html")
         one_error(code, err, "space")
     assert not (tmp_path / "report.html").exists()

@@ -56,7 +56,7 @@ def _scan_vs_eager(name: str, tmp_path_factory, seq_len: int = SEQ_LEN, num_seqs
     from poslens.capture.scan.options import ScanConfig
     from poslens.capture.scan.run import run_scan
     from poslens.data.sources import make_source
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     f = real_model_file(name)
     out = tmp_path_factory.mktemp(name) / "scan"

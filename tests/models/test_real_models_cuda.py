@@ -29,7 +29,7 @@ TOL = {"fp32": 1e-3, "bf16": 5e-2}
 def _scan(model_file, out, device: str, dtype: str) -> dict[str, torch.Tensor]:
     from poslens.capture.scan.options import ScanConfig
     from poslens.capture.scan.run import run_scan
-    from poslens.rundir import read_tensors
+    from poslens.rundir.io import read_tensors
 
     run_scan(ScanConfig(model_dir=str(model_file), out=str(out), data="stdlib", seq_len=SEQ_LEN, num_seqs=NUM_SEQS,
                         batch_size=BATCH, figures=False, device=device, dtype=dtype), progress=False)

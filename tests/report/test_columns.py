@@ -102,7 +102,7 @@ def test_page_defines_every_column_of_every_table(tmp_path):
     from poslens.capture.scan.run import run_scan
     from poslens.models.families import build_model
     from poslens.reporting import render_report
-    from poslens.rundir import write_json
+    from poslens.rundir.io import write_json
 
     runs = []
     for pe in ("none", "rope"):

@@ -20,7 +20,7 @@ import pytest
 
 from poslens.errors import PoslensError
 from poslens.reporting import collect, render_report, write_index_html, write_report
-from poslens.rundir import write_json
+from poslens.rundir.io import write_json
 
 CHROMIUM = "/usr/bin/chromium"
 _IMG = re.compile(r'<img\b[^>]*\bsrc="([^"]*)"')
@@ -511,7 +511,7 @@ def test_heat_maps_leave_the_causal_triangle_blank():
     import torch
 
     from poslens.figures import blank_causal_triangle, heatmap
-    from poslens.rundir import new_figure
+    from poslens.rundir.figures import new_figure
 
     causal = torch.tril(torch.rand(6, 6) + 0.1)
     fig, ax = new_figure()
@@ -528,7 +528,7 @@ def test_companions_of_one_line_differ_in_dash_pattern():
     """Two companions in one panel (with key 0, not noise-corrected) must not look alike: each gets the next
     dash pattern, in the colour of its line; the next run's line starts the patterns again."""
     from poslens.reporting.plots import COMPANION_STYLES, layer_lines
-    from poslens.rundir import close_figure
+    from poslens.rundir.figures import close_figure
 
     series = [{"label": "a", "layers": [0, 1], "values": [0.9, 0.8]},
               {"label": "a: with key 0", "layers": [0, 1], "values": [0.5, 0.4], "dashed": True},

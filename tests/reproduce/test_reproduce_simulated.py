@@ -1,6 +1,6 @@
 """The simulator experiments of ``poslens reproduce`` (arXiv 2509.21042 figures) and its index."""
 
-from poslens.rundir import read_json
+from poslens.rundir.io import read_json
 
 
 def test_reproduce_fig1_and_index(cli, tmp_path):

@@ -34,8 +34,11 @@ from poslens.models.train import TrainConfig, load_trained, train_model
 from poslens.progress import task_progress
 from poslens.reporting.readings import dynamics_readings
 from poslens.rope import BANDS
-from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, read_tensors, save_figure, staged_dir, versions,
-                            write_json, write_summary)
+from poslens.rundir.figures import new_figure, save_figure
+from poslens.rundir.summary import LAYER_CONVENTION, write_summary
+from poslens.rundir.outdir import prepare_out_dir
+from poslens.rundir.io import read_tensors, versions, write_json
+from poslens.rundir.staging import staged_dir
 from poslens.runtime import set_threads
 
 

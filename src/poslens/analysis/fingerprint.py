@@ -51,9 +51,11 @@ from poslens.reporting.fingerprint import FIGURE_CAPTIONS, findings, overview_ta
 from poslens.reporting.fingerprint import pct as _pct
 from poslens.reporting.verdicts import LEVEL as VERDICT_LEVEL, RULE as VERDICT_RULE, THRESHOLDS as VERDICT_THRESHOLDS
 from poslens.rope import BANDS, frequency_bands
-from poslens.rundir import (LAYER_CONVENTION, _atomic_write_bytes, check_replaceable, commit_out_dir, create_out_dir,
-                            prepare_out_dir, release_out_dir, versions, write_json, write_summary, write_tensors,
-                            written_by)
+from poslens.rundir.summary import LAYER_CONVENTION, write_summary
+from poslens.rundir.io import _atomic_write_bytes, versions, write_json, write_tensors
+from poslens.rundir.staging import check_replaceable, written_by
+from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
+from poslens.rundir.lock import release_out_dir
 
 #: default scan shape: both GGUF models (two scans each) within 5 minutes on an idle 2-core CPU
 #: (benchmarks/bench_fingerprint.py)
@@ -597,7 +599,7 @@ def fingerprint(models, *, out: str | Path | None = None, data: str = "stdlib", 
 
 def load_fingerprint(path: str | Path) -> FingerprintResult:
     """A written fingerprint read back (``fingerprint.json`` and ``fingerprint.safetensors``)."""
-    from poslens.rundir import read_json, read_tensors
+    from poslens.rundir.io import read_json, read_tensors
 
     p = Path(path)
     if not (p / "fingerprint.json").is_file():

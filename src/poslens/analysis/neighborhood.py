@@ -48,7 +48,11 @@ from poslens.metrics.neighborhood import adjacency_probability_score, norm_score
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
 from poslens.reporting.readings import neighborhood_command_readings
-from poslens.rundir import new_figure, prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
+from poslens.rundir.figures import new_figure, save_figures
+from poslens.rundir.outdir import prepare_out_dir
+from poslens.rundir.staging import staged_dir
+from poslens.rundir.io import versions, write_json, write_tensors
+from poslens.rundir.summary import write_summary
 from poslens.runtime import no_hf_progress_bars, parse_device
 
 #: families of vectors measured per layer

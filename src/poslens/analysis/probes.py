@@ -31,8 +31,11 @@ from poslens.metrics.probes import FEATURES, PROBES, compare_cosine_norm, probe_
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
 from poslens.reporting.readings import probes_readings
-from poslens.rundir import (new_figure, LAYER_CONVENTION, prepare_out_dir, save_figures, staged_dir, versions, write_json,
-                            write_summary)
+from poslens.rundir.figures import new_figure, save_figures
+from poslens.rundir.summary import LAYER_CONVENTION, write_summary
+from poslens.rundir.outdir import prepare_out_dir
+from poslens.rundir.staging import staged_dir
+from poslens.rundir.io import versions, write_json
 from poslens.runtime import no_hf_progress_bars, parse_device
 
 

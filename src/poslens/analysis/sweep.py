@@ -29,7 +29,11 @@ from poslens.fmt import fmt, fmt_pm
 from poslens.models.families import build_model
 from poslens.progress import task_progress
 from poslens.reporting.readings import sweep_readings
-from poslens.rundir import new_figure, prepare_out_dir, save_figures, staged_dir, versions, write_json, write_summary, write_tensors
+from poslens.rundir.figures import new_figure, save_figures
+from poslens.rundir.outdir import prepare_out_dir
+from poslens.rundir.staging import staged_dir
+from poslens.rundir.io import versions, write_json, write_tensors
+from poslens.rundir.summary import write_summary
 from poslens.runtime import parse_device
 
 PAPER_SIGMAS = (0.0002, 0.002, 0.02, 0.08, 0.2, 2.0)

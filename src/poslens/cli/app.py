@@ -124,7 +124,7 @@ def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None, com
     """The existing-output convention for a run directory ``out`` (docs/cli.md), checked before any
     work starts:
 
-    - the directory is locked for the rest of the command (:func:`poslens.rundir.lock_out_dir`):
+    - the directory is locked for the rest of the command (:func:`poslens.rundir.lock.lock_out_dir`):
       a second poslens process writing it is refused, naming the first;
     - a non-empty directory is refused with a one-line error naming the fix unless ``overwrite``
       (or ``resume``, where the command can continue a run: pass ``resume`` only for such commands);
@@ -136,7 +136,9 @@ def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None, com
     from pathlib import Path
 
     from poslens.errors import PoslensError
-    from poslens.rundir import check_replaceable, prepare_out_dir, run_entries
+    from poslens.rundir.staging import check_replaceable
+    from poslens.rundir.outdir import prepare_out_dir
+    from poslens.rundir.lock import run_entries
 
     path = Path(out)
     if resume and overwrite:
@@ -169,7 +171,7 @@ def hold_out_dir(path, *, command: str | None = None, overwrite: bool = False) -
     rank 0 alone holds it: the ranks of one job write one directory together."""
     import os
 
-    from poslens.rundir import lock_out_dir
+    from poslens.rundir.lock import lock_out_dir
 
     if os.environ.get("RANK", "0") not in ("", "0"):
         return
@@ -178,7 +180,7 @@ def hold_out_dir(path, *, command: str | None = None, overwrite: bool = False) -
 
 def release_out_dirs() -> None:
     """Give back every run directory lock the command took (called by :func:`poslens.cli.main`)."""
-    from poslens.rundir import unlock_out_dir
+    from poslens.rundir.lock import unlock_out_dir
 
     while _held:
         unlock_out_dir(_held.pop())

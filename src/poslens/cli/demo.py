@@ -33,7 +33,7 @@ def demo(
 
     from poslens.demo import DemoConfig, run_demo
     from poslens.errors import PoslensError
-    from poslens.rundir import prepare_out_dir
+    from poslens.rundir.outdir import prepare_out_dir
 
     if samples < 1:
         raise PoslensError(f"--samples {samples}: must be a positive integer.")

@@ -38,7 +38,7 @@ def reproduce(
     from poslens.errors import PoslensError
     from poslens.progress import task_progress
     from poslens.reproduce import ReproContext, names, run_reproduction
-    from poslens.rundir import prepare_out_dir
+    from poslens.rundir.outdir import prepare_out_dir
 
     if name not in names():
         raise PoslensError(f"unknown experiment {name!r}; choose one of: {', '.join(names())}.")

@@ -17,7 +17,7 @@ from rich.console import Console
 from poslens.capture.scan.options import ScanConfig, scan_options
 from poslens.cli.app import app, quiet_option, refuse_existing_out, threads_option, use_threads
 from poslens.errors import Interrupted
-from poslens.rundir import run_entries
+from poslens.rundir.lock import run_entries
 
 
 def scan_flags(command):
@@ -91,7 +91,7 @@ def _interrupted(cfg: ScanConfig, replacing: bool) -> str:
 
 def _print_scan(summary: dict, out: Path) -> None:
     from poslens.reporting.cards import slash_matrix
-    from poslens.rundir import load_run
+    from poslens.rundir.load import load_run
 
     console = Console()
     console.print(scan_table(summary, slash_matrix(load_run(out))))

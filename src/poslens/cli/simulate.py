@@ -49,7 +49,7 @@ def simulate(
 
     from poslens.progress import task_progress
     from poslens.reporting.terminal import print_simulation_summary
-    from poslens.rundir import prepare_out_dir
+    from poslens.rundir.outdir import prepare_out_dir
     from poslens.simulator import SimConfig, run_simulation, save_result
 
     cfg = SimConfig(alpha=alpha, layers=num_layers, seq_len=seq_len, dim=dim, samples=samples, norm=norm,

@@ -49,9 +49,11 @@ from poslens.errors import Interrupted, PoslensError, require
 from poslens.fmt import fmt
 from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
 from poslens.progress import task_progress
-from poslens.rundir import (check_replaceable, commit_out_dir, create_out_dir, out_dir_lock, prepare_out_dir, read_json, record_written, run_entries,
-                            safetensors_shapes,
-                            versions, write_json, write_summary, write_tensors)
+from poslens.rundir.staging import check_replaceable
+from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
+from poslens.rundir.lock import out_dir_lock, run_entries
+from poslens.rundir.io import read_json, record_written, safetensors_shapes, versions, write_json, write_tensors
+from poslens.rundir.summary import write_summary
 from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
 
 # Options that may differ between a run and its --resume (they do not change the trajectory).

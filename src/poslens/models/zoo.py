@@ -22,7 +22,8 @@ from typing import Callable
 
 from poslens.errors import PoslensError
 from poslens.models.train import TrainConfig, train_model
-from poslens.rundir import prepare_out_dir, read_json, write_json
+from poslens.rundir.outdir import prepare_out_dir
+from poslens.rundir.io import read_json, write_json
 
 SCALES = ("micro", "cpu", "gpu")
 

@@ -113,7 +113,7 @@ def _intact(path: Path) -> bool | None:
 
 def _tidy(folder: Path) -> None:
     """Remove the temporary files of compilations whose process is gone (a SIGKILL mid-compile)."""
-    from poslens.rundir import pid_alive
+    from poslens.rundir.lock import pid_alive
 
     try:
         entries = list(folder.iterdir())

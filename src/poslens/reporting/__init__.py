@@ -5,10 +5,10 @@
 - :func:`write_index_html` ``(out_dir) -> Path``: the reproduction page of a ``poslens reproduce`` folder;
 - :func:`write_runs` ``(runs, out, title, skipped) -> Path``: the same for runs already collected;
 - :func:`collect` ``(paths, allow_many=False) -> (runs, skipped)``: load run directories, expanding folders
-  that hold them (an ambiguous search is refused); :func:`load_run` (from :mod:`poslens.rundir`) loads one.
+  that hold them (an ambiguous search is refused); :func:`load_run` (from :mod:`poslens.rundir.load`) loads one.
 """
 
-from poslens.rundir import Run, load_run
+from poslens.rundir.load import Run, load_run
 from poslens.reporting.collect import collect
 from poslens.reporting.page import CSP
 from poslens.reporting.render import render_report, render_runs, write_index_html, write_report, write_runs

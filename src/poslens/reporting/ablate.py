@@ -20,7 +20,7 @@ def intervention_figure(summary: dict, intervention: str):
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
-    from poslens.rundir import new_figure
+    from poslens.rundir.figures import new_figure
 
     recs = [c for c in summary["conditions"] if c["intervention"] == intervention]
     if not recs:
@@ -68,7 +68,7 @@ def intervention_figure(summary: dict, intervention: str):
 
 def ablate_figures(summary: dict, out: Path) -> list[dict]:
     """Save one figure per intervention into ``out``; returns the ``summary["figures"]`` entries."""
-    from poslens.rundir import save_figures
+    from poslens.rundir.figures import save_figures
 
     figs = []
     for iv in summary["interventions"]:

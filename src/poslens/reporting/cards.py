@@ -1,5 +1,5 @@
 """The report's cards, built the same way for every run from the common summary shape
-(:func:`poslens.rundir.envelope`): one card per paper a run measures (its readings from
+(:func:`poslens.rundir.summary.envelope`): one card per paper a run measures (its readings from
 :mod:`poslens.reporting.readings`, per-layer quantities as line plots with error bars, per-head
 quantities as head × layer maps, its own figures by role, the short tables a reader quotes),
 comparison blocks that overlay like runs, the key findings, model cards and the reproduction page."""
@@ -10,11 +10,12 @@ import json
 
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
-from poslens.rundir import Run, load_run
+from poslens.rundir.load import Run, load_run
 from poslens.reporting.collect import expand
 from poslens.reporting.elements import _MIME, _inside, _slug, embed_figure, embed_file, sparse_sentence, table
 from poslens.reporting.readings import PAPERS, SIGNIFICANT, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
-from poslens.rundir import figure_caption, new_figure
+from poslens.rundir.summary import figure_caption
+from poslens.rundir.figures import new_figure
 
 #: per-layer quantities: key -> (paper, panel title, reference line). Keys not listed are plotted
 #: under the run's first paper with their own name.
@@ -71,7 +72,7 @@ def _hidden(run: Run, role: str, per_layer_drawn: bool) -> bool:
 
 def run_figures(run: Run, notes: list[str] | None = None, *, per_layer_drawn: bool = False) -> list[dict]:
     """The run's own figures (``summary["figures"]``, older runs' ``files`` or PNGs), embedded; those
-    whose role keeps them off the page (:data:`poslens.rundir.FIGURE_ROLES`) are named in ``notes``."""
+    whose role keeps them off the page (:data:`poslens.rundir.summary.FIGURE_ROLES`) are named in ``notes``."""
     out, kept_back = [], []
     for f in run.figures:
         rel, cap = f["file"], f["caption"]

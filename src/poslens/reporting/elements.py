@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from poslens.fmt import fmt
-from poslens.rundir import figure_png
+from poslens.rundir.figures import figure_png
 
 _MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
          ".svg": "image/svg+xml", ".webp": "image/webp"}

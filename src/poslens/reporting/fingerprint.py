@@ -97,7 +97,7 @@ def terminal_tables(summary: dict, per_table: int = 3) -> list:
 
 
 def _png(fig) -> bytes:
-    from poslens.rundir import figure_png
+    from poslens.rundir.figures import figure_png
 
     return figure_png(fig, dpi=100)
 
@@ -131,7 +131,7 @@ def _heat(ax, rows, title, vmax=1.0, cmap="viridis"):
 
 
 def sink_figure(models, eps: float):
-    from poslens.rundir import new_figure
+    from poslens.rundir.figures import new_figure
 
     n = _cols(models)
     fig, axes = new_figure(2, n, figsize=(_width(models, 0.8), 5.6), squeeze=False)
@@ -157,7 +157,7 @@ def sink_figure(models, eps: float):
 
 
 def positional_figure(models):
-    from poslens.rundir import new_figure
+    from poslens.rundir.figures import new_figure
 
     n = _cols(models)
     fig, axes = new_figure(3, n, figsize=(_width(models), 7.2), squeeze=False, sharey="row")
@@ -198,7 +198,7 @@ def positional_figure(models):
 
 
 def frequency_figure(models):
-    from poslens.rundir import new_figure
+    from poslens.rundir.figures import new_figure
 
     n = _cols(models)
     fig, axes = new_figure(2, n, figsize=(_width(models, 0.8), 5.6), squeeze=False)
@@ -227,7 +227,7 @@ def frequency_figure(models):
 
 
 def massive_figure(models):
-    from poslens.rundir import new_figure
+    from poslens.rundir.figures import new_figure
 
     n = _cols(models)
     fig, axes = new_figure(1, n, figsize=(_width(models), 3.0), squeeze=False, sharey="row")
@@ -251,7 +251,7 @@ def massive_figure(models):
 
 
 def slash_figure(models, kappa: float):
-    from poslens.rundir import new_figure
+    from poslens.rundir.figures import new_figure
 
     n = _cols(models)
     fig, axes = new_figure(1, n, figsize=(_width(models, most=3.6), 3.6), squeeze=False)

@@ -10,7 +10,7 @@ import numpy as np
 # the heat maps and score-map figures live one layer down (the capture draws them too); named here as well
 from poslens.figures import (FIGURE_MAX_POSITIONS, GRID_COLUMNS, ZOOM_POSITIONS, _cmap,  # noqa: F401
                              _finish_grid, heatmap, integer_axis, layer_grid, pool_for_figure, score_map_figures)
-from poslens.rundir import new_figure
+from poslens.rundir.figures import new_figure
 
 
 #: dash patterns of the companions drawn beside one line (noise floor, with key 0, ...), in order

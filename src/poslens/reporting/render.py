@@ -1,7 +1,7 @@
 """Render run directories into one self-contained HTML report.
 
 ``render_report(run_dirs, title)`` collects the runs (expanding folders that hold runs) and renders
-every run the same way, from the common summary shape (:func:`poslens.rundir.envelope`): one card
+every run the same way, from the common summary shape (:func:`poslens.rundir.summary.envelope`): one card
 per paper it measures (:mod:`poslens.reporting.cards`), holding its readings (written from the numbers
 by :mod:`poslens.reporting.readings`, which also holds the papers' prose), its per-layer quantities as
 line plots with error bars, its per-head quantities as head × layer heat maps, its own figures in a
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from poslens.errors import PoslensError
 from poslens.reporting.cards import cards_for, compared_ids, comparisons, findings, reproduction_block
-from poslens.rundir import Run, classify, load_run
+from poslens.rundir.load import Run, classify, load_run
 from poslens.reporting.collect import collect
 from poslens.reporting.page import CSP, template_env  # CSP: every report's policy, re-exported by poslens.report
 from poslens.reporting.readings import PAPERS
@@ -115,7 +115,7 @@ def render_report(run_dirs: list[str | Path], title: str = "poslens report", *, 
 def write_runs(runs: list[Run], out: str | Path, title: str = "poslens report",
                skipped: list[str] | None = None) -> Path:
     """Render loaded runs and atomically write the page to ``out``; returns the path."""
-    from poslens.rundir import _atomic_write_bytes
+    from poslens.rundir.io import _atomic_write_bytes
 
     out = Path(out)
     if out.exists() and out.is_dir():
@@ -137,7 +137,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "posl
 
 def write_index_html(out_dir: str | Path, title: str = "poslens reproduction") -> Path:
     """Write ``out_dir/index.html``: the reproduction page of a folder holding ``index.json``."""
-    from poslens.rundir import _atomic_write_bytes
+    from poslens.rundir.io import _atomic_write_bytes
 
     out_dir = Path(out_dir)
     if classify(out_dir) != "reproduce":

@@ -17,7 +17,8 @@ from poslens.errors import PoslensError
 from poslens.reporting import write_index_html
 from poslens.reproduce import ablations, models, simulated
 from poslens.reproduce.simulated import Experiment, ReproContext
-from poslens.rundir import _atomic_write_bytes, staged_dir, write_json
+from poslens.rundir.io import _atomic_write_bytes, write_json
+from poslens.rundir.staging import staged_dir
 
 #: every experiment by name, simulator first
 EXPERIMENTS: dict[str, Experiment] = {**simulated.EXPERIMENTS, **models.EXPERIMENTS, **ablations.EXPERIMENTS}

@@ -14,7 +14,8 @@ from typing import Callable
 
 from poslens.metrics.noise import NOISE_P
 from poslens.fmt import fmt
-from poslens.rundir import new_figure, save_figure, write_json
+from poslens.rundir.figures import new_figure, save_figure
+from poslens.rundir.io import write_json
 from poslens.simulator import SimConfig, run_simulation, save_result
 from poslens.theory import kim_theory
 

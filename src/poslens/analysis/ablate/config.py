@@ -80,6 +80,7 @@ def condition_name(iv: Intervention, layers: list[int], num_layers: int) -> str:
     where = "all" if layers == list(range(num_layers)) else ",".join(map(str, layers))
     return f"{iv.name}@{where}"
 
+
 def _layers_text(ls: list[int]) -> str:
     """``[3]`` -> "layer 3"; ``[20, ..., 29]`` -> "layers 20–29"; ``[1, 4]`` -> "layers 1, 4"."""
     if len(ls) == 1:

@@ -27,7 +27,6 @@ def probe_findings(summary: dict) -> list[str]:
     return out
 
 
-
 _WHAT = {"rope-off": "switching RoPE off", "sink-off": "removing the attention sink (key 0)",
          "massive-qk": "replacing the massive q/k dimensions by their mean",
          "random-qk": "replacing as many random non-massive q/k dimensions by their mean"}

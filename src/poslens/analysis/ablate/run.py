@@ -145,12 +145,8 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
     from poslens.capture.model.borrow import borrowed, model_device, model_dtype
     from poslens.capture.model.load import load_model
     from poslens.capture.model.source import source_record
-    from poslens.rundir import (
-        commit_out_dir,
-        create_out_dir,
-        prepare_out_dir,
-        release_out_dir,
-    )
+    from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
+    from poslens.rundir.lock import release_out_dir
     from poslens.runtime import no_hf_progress_bars, parse_device, resolve_dtype
 
     t0 = time.time()
@@ -401,7 +397,7 @@ def scan_readings(scan_dir: Path, kappa: float = SLASH_KAPPA) -> dict:
     import statistics
 
     from poslens.metrics.slash import SLASH_MAX_DELTA
-    from poslens.rundir import read_json, read_tensors
+    from poslens.rundir.io import read_json, read_tensors
 
     summary = read_json(scan_dir / "summary.json")
     layers = [l for l in summary.get("layers") or [] if isinstance(l, dict)]
@@ -484,7 +480,6 @@ def _probe_record(base: list[dict], cond: list[dict], groups: int) -> list[dict]
              "delta_mse": paired_stats(c["seq_mse"] - b["seq_mse"], groups)} for b, c in zip(base, cond)]
 
 
-
 # --------------------------------------------------------------------------------------------
 # the run directory
 # --------------------------------------------------------------------------------------------
@@ -492,9 +487,9 @@ def write_run(out: Path, cfg: AblateConfig, setup: _Setup, summary: dict, tensor
               scans: Path | None = None, into: Path | None = None) -> None:
     """``config.json``, ``summary.json`` (with a ``tables`` entry), ``ablate.safetensors`` and one figure
     per intervention, staged and swapped in whole: into ``into``, the staging directory of a run replacing
-    another (:func:`poslens.rundir.create_out_dir`, swapped in by ``commit_out_dir``), else into a stage of
+    another (:func:`poslens.rundir.outdir.create_out_dir`, swapped in by ``commit_out_dir``), else into a stage of
     its own."""
-    from poslens.rundir import staged_dir
+    from poslens.rundir.staging import staged_dir
 
     if into is not None and into != out:
         _write_files(into, cfg, setup, summary, tensors, scans)
@@ -505,7 +500,8 @@ def write_run(out: Path, cfg: AblateConfig, setup: _Setup, summary: dict, tensor
 
 def _write_files(stage: Path, cfg: AblateConfig, setup: _Setup, summary: dict, tensors: dict,
                  scans: Path | None) -> None:
-    from poslens.rundir import versions, write_json, write_summary, write_tensors
+    from poslens.rundir.io import versions, write_json, write_tensors
+    from poslens.rundir.summary import write_summary
 
     write_json(stage / "config.json", {
         "command": "ablate", "options": dataclasses.asdict(cfg), "model_source": setup.origin,

@@ -15,7 +15,7 @@ from poslens.capture.model.adapters import get_adapter
 from poslens.capture.engine.attention import ATTN_NAME, register
 from poslens.capture.model.source import model_directory, quiet_hf_loading
 from poslens.errors import PoslensError
-from poslens.rundir import safetensors_shapes
+from poslens.rundir.io import safetensors_shapes
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -93,7 +93,7 @@ def _check_config_values(raw: dict, cfg_path: Path) -> None:
 
 
 def check_weight_shapes(model_dir: str | Path, config) -> None:
-    """Refuse ``.safetensors`` files cut short or damaged (:func:`poslens.rundir.safetensors_shapes`), and
+    """Refuse ``.safetensors`` files cut short or damaged (:func:`poslens.rundir.io.safetensors_shapes`), and
     weights whose tensor shapes differ from the ones ``config`` builds (a config.json edited or mixed
     up with other weights), naming the file and the first tensor; reads only the files' headers.
     Names the model class does not have (other conventions) are left to the loader."""

@@ -36,7 +36,7 @@ from typing import Iterable, Iterator
 
 from poslens.capture.model.adapters import ADAPTERS
 from poslens.errors import PoslensError
-from poslens.rundir import safetensors_shapes, versions, write_json
+from poslens.rundir.io import safetensors_shapes, versions, write_json
 from poslens.runtime import cache_root, no_hf_progress_bars
 
 GGUF_MAGIC = b"GGUF"

@@ -12,7 +12,9 @@ from poslens.capture.engine.capture import Capture
 from poslens.capture.engine.spec import stats_record
 from poslens.capture.scan.options import ScanConfig
 from poslens.errors import PoslensError
-from poslens.rundir import classify, read_tensors, safetensors_shapes, write_tensors, written_by
+from poslens.rundir.load import classify
+from poslens.rundir.io import read_tensors, safetensors_shapes, write_tensors
+from poslens.rundir.staging import written_by
 
 
 CHECKPOINT = "checkpoint.safetensors"

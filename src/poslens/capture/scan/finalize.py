@@ -16,7 +16,7 @@ from poslens.metrics.diagonal import causal_view, window_view
 from poslens.metrics.neighborhood import aps_positions
 from poslens.metrics.rank import band_contributions, rank_measures
 from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, top_slash_heads
-from poslens.rundir import write_tensors
+from poslens.rundir.io import write_tensors
 
 if TYPE_CHECKING:  # annotations only: the capture and the plan are read through the attributes used below
     from poslens.capture.engine.capture import Capture

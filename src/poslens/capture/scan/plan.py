@@ -15,7 +15,7 @@ from poslens.capture.model.load import load_tokenizer, open_model_config
 from poslens.capture.scan.options import ScanConfig
 from poslens.data.sources import SequenceSource, make_source
 from poslens.errors import PoslensError, require_positive
-from poslens.rundir import prepare_out_dir
+from poslens.rundir.outdir import prepare_out_dir
 from poslens.runtime import parse_device, resolve_dtype
 
 

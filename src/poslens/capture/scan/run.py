@@ -43,7 +43,10 @@ from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.plan import plan_scan
 from poslens.errors import PoslensError
 from poslens.progress import task_progress
-from poslens.rundir import commit_out_dir, create_out_dir, record_written, release_out_dir, versions, write_json, write_summary
+from poslens.rundir.outdir import commit_out_dir, create_out_dir
+from poslens.rundir.io import record_written, versions, write_json
+from poslens.rundir.lock import release_out_dir
+from poslens.rundir.summary import write_summary
 from poslens.runtime import no_hf_progress_bars
 
 
