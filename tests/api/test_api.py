@@ -347,7 +347,7 @@ def test_no_submodule_takes_a_public_functions_name():
         importlib.import_module(f"poslens.{name}")
     for name in poslens._API:
         assert not isinstance(getattr(poslens, name), type(poslens)), name
-    assert poslens.simulate.__module__ == "poslens.api"
+    assert poslens.simulate.__module__ == "poslens.api.commands"
     assert poslens.simulate(samples=32, seq_len=6, dim=8, num_layers=1, progress=False).command == "simulate"
 
 
