@@ -93,10 +93,10 @@ def test_every_command_writes_the_contract(tmp_path):
     scan = load_run(tmp_path / "scan")
     assert scan.papers == ["kim", "slash", "neighborhood"]
     assert "scores_zoom.png" in [f["file"] for f in scan.figures]  # 80 positions > the 64-position zoom
-    # the analysis commands write the same shape, and their readings are the ones report/readings.py writes
+    # the analysis commands write the same shape, and their readings are the ones reporting/readings/ writes
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
     from poslens.analysis.panels import PanelsConfig, run_panels, run_score_maps
-    from poslens.reporting.readings import command_readings
+    from poslens.reporting.readings.commands import command_readings
 
     run_score_maps(str(tmp_path / "scan"), str(tmp_path / "kim-maps"))
     run_neighborhood(NeighborhoodConfig(model_dir=str(model), out=str(tmp_path / "neighborhood"), seq_len=8,
@@ -165,7 +165,8 @@ def test_scan_terminal_table_uses_delta_limited_heads():
 
 
 def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
-    from poslens.reporting.readings import neighborhood_readings, slash_readings
+    from poslens.reporting.readings.neighborhood import neighborhood_readings
+    from poslens.reporting.readings.slash import slash_readings
 
     s = {"seq_len": 512, "slash_top_heads_offset_ge1": [{"layer": 18, "head": 8, "offset": 511, "score": 0.984},
                                                         {"layer": 3, "head": 1, "offset": 2, "score": 0.2}]}
@@ -288,10 +289,12 @@ def test_newer_scan_keys_render(tmp_path):
 
 
 def test_command_readings_are_written_from_the_numbers():
-    """Every analysis command's sentences come from report/readings.py and quote its summary's numbers."""
+    """Every analysis command's sentences come from reporting/readings/ and quote its summary's numbers."""
     import importlib
 
-    from poslens.reporting import readings as R
+    from poslens.reporting.readings import commands as R
+    from poslens.reporting.readings.findings import run_readings
+    from poslens.reporting.readings.slash import uniform_slash
 
     assert set(R.COMMAND_READINGS) == {"neighborhood", "panels", "kim-maps", "slash", "slash-dynamics", "sweep",
                                        "probes"}
@@ -328,7 +331,7 @@ def test_command_readings_are_written_from_the_numbers():
     sl = {"heads": heads, "kappas": [0.1, 0.3, 0.5], "delta_range": [1, 16], "seq_len": 8, "persistence": []}
     text = " ".join(R.slash_command_readings(sl))
     assert f"layer 1 head 1 with SlashScore(1) = 0.3 (uniform causal attention would give about " \
-           f"{fmt(R.uniform_slash(8, 1))})" in text
+           f"{fmt(uniform_slash(8, 1))})" in text
     assert "1 of 4 heads are (0.3, Δ)" in text and "at κ = 0.1: 4" in text
     assert "persistence is untested" in text and "no RoPE decomposition" in text
 
@@ -354,7 +357,7 @@ def test_command_readings_are_written_from_the_numbers():
     # a scan (three papers) is read per paper from its numbers; 'flat' names the noise it was judged against
     scan = {"layers": [{"layer": 0, "relativity_index": None, "locality": None, "noise_groups": 16},
                        {"layer": 1, "relativity_index": 0.9, "locality": 0.5, "noise_groups": 16}]}
-    text = " ".join(R.run_readings("scan", ["kim", "slash", "neighborhood"], scan, "kim"))
+    text = " ".join(run_readings("scan", ["kim", "slash", "neighborhood"], scan, "kim"))
     assert text.startswith("Layer 0 is flat within sampling noise (the noise floor of 16 independent groups")
 
 
@@ -366,7 +369,7 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     from poslens.capture.scan.finalize import score_map_numbers
     from poslens.metrics.diagonal import causal_view
     from poslens.metrics import diagonal_trend, relativity_index
-    from poslens.reporting.readings import kim_readings
+    from poslens.reporting.readings.kim import kim_readings
 
     S, G = 40, 8
     i = torch.arange(S, dtype=torch.float64)
@@ -434,7 +437,7 @@ def test_figure_roles_keep_the_page_short(tmp_path):
 
 
 def test_kim_readings_say_from_layer_k_on_only_when_it_is_so():
-    from poslens.reporting.readings import kim_readings
+    from poslens.reporting.readings.kim import kim_readings
 
     live = {"relativity_index": 0.9, "locality": 0.2}
     flat = {"relativity_index": None, "locality": None}

@@ -22,7 +22,8 @@ from poslens.metrics.neighborhood import (adjacency_probability_score, norm_scor
                                           rising_pair_fraction)
 from poslens.metrics.rank import band_contributions
 from poslens.metrics.slash import slash_profile
-from poslens.reporting.readings import kim_readings, slash_readings, uniform_slash
+from poslens.reporting.readings.kim import kim_readings
+from poslens.reporting.readings.slash import slash_readings, uniform_slash
 from poslens.rope import frequency_bands
 from references import brute_cos_aps, brute_rising
 

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from poslens.capture.statistics.accumulators import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
+from poslens.conventions import LAYER_CONVENTION
 from poslens.errors import PoslensError
 from poslens.metrics.diagonal import describe_map
 from poslens.rope import apply_rope, cos_sin
@@ -442,7 +443,6 @@ def _ordered(pool: ThreadPoolExecutor, fn, items, ahead: int):
             f.cancel()
 
 
-LAYER_CONVENTION = "layers from 0 (the paper's layer 1 is our layer 0)"
 
 
 #: statistics reported as missing (null, with the reason under ``missing``) when the sample groups

@@ -13,7 +13,8 @@ import torch
 from poslens.metrics import describe_map, nonrelative_pvalue, trend_pvalue
 from poslens.simulator import SimConfig, run_simulation, save_result
 from poslens.capture.statistics.accumulators import GroupAccumulator
-from poslens.metrics.noise import NOISE_P, cross_mean_square, jackknife_se, signflip_pvalue
+from poslens.conventions import NOISE_P
+from poslens.metrics.noise import cross_mean_square, jackknife_se, signflip_pvalue
 
 S = 10
 

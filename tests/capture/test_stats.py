@@ -234,7 +234,8 @@ def test_signflip_pvalue_matches_enumeration(shift):
 
 
 def test_decisive_needs_eight_groups():
-    from poslens.metrics.noise import NOISE_P, decisive, min_pvalue
+    from poslens.conventions import NOISE_P
+    from poslens.metrics.noise import decisive, min_pvalue
 
     assert min_pvalue(1) == 1.0 and min_pvalue(8) == 1 / 128 and min_pvalue(7) == 1 / 64
     assert not decisive(7) and decisive(8) and min_pvalue(7) > NOISE_P > min_pvalue(8)

@@ -369,7 +369,7 @@ def test_one_sample_reports_no_relativity_from_noise(tmp_path):
     for layer in layers:
         assert layer["relativity_index"] is None and layer["locality"] is None and layer["flat"] is None
         assert "fewer than two independent groups" in layer["missing"]["relativity_index"]
-    from poslens.reporting.readings import kim_readings
+    from poslens.reporting.readings.kim import kim_readings
 
     text = " ".join(kim_readings(layers))
     assert "flat" not in text and "No relativity index for layers 0 and 1" in text  # not "flat": unknown

@@ -9,7 +9,7 @@ import torch
 import poslens
 from poslens.errors import PoslensError
 from poslens.metrics.slash import best_offsets, top_slash_heads
-from poslens.reporting.readings import slash_readings, slash_top
+from poslens.reporting.readings.slash import slash_readings, slash_top
 
 
 def test_all_nan_slash_maps_name_no_head():

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from poslens.metrics.slash import (SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, slash_dominant,
-                                   slash_profile, top_slash_heads)
+from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
+from poslens.metrics.slash import scored_offsets, sink_weight, slash_dominant, slash_profile, top_slash_heads
 
 
 def brute_offsets(S, lo, hi):

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "poslens"
 
 #: modules whose tables go to the terminal only (their short headers are explained in the readings printed
 #: with them), never onto a page
-TERMINAL_ONLY = {"report/terminal.py"}
+TERMINAL_ONLY = {"reporting/terminal.py"}
 
 
 def _string_items(node) -> list[str]:

@@ -6,11 +6,13 @@ import pytest
 
 from poslens.fmt import fmt
 
-from poslens.reporting.readings import (ADJACENT, ADJACENT_WEAK, COMMAND_READINGS, PANEL_TREND, THEORY_CLOSE,
-                                     command_readings, comparison_readings, dynamics_readings, key_findings,
-                                     model_readings, neighborhood_command_readings, neighborhood_readings,
-                                     panels_readings, probes_readings, run_readings, score_maps_readings,
-                                     slash_command_readings, slash_readings, sweep_readings, uniform_slash)
+from poslens.conventions import ADJACENT, ADJACENT_WEAK, PANEL_TREND, THEORY_CLOSE
+from poslens.reporting.readings.commands import (COMMAND_READINGS, command_readings, dynamics_readings,
+                                                 neighborhood_command_readings, panels_readings, probes_readings,
+                                                 score_maps_readings, slash_command_readings, sweep_readings)
+from poslens.reporting.readings.findings import comparison_readings, key_findings, model_readings, run_readings
+from poslens.reporting.readings.neighborhood import neighborhood_readings
+from poslens.reporting.readings.slash import slash_readings, uniform_slash
 
 
 def J(out):

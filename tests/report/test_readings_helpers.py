@@ -7,8 +7,11 @@ import pytest
 
 from poslens.fmt import fmt
 
-from poslens.reporting.readings import (NORM_SHRINK, _decoder_layers, _layers_phrase, _series_short, layer_aps,
-                                     layer_slash_head, norm_phrase, num, slash_readings, slash_top, uniform_slash)
+from poslens.conventions import NORM_SHRINK
+from poslens.reporting.readings.common import (_decoder_layers, _layers_phrase, _series_short, layer_aps,
+                                               layer_slash_head, num)
+from poslens.reporting.readings.neighborhood import norm_phrase
+from poslens.reporting.readings.slash import slash_readings, slash_top, uniform_slash
 
 
 def test_num_reads_finite_numbers_only():

@@ -5,8 +5,10 @@ too few. Expected numbers are computed here by hand."""
 
 import pytest
 
-from poslens.reporting.readings import (FEW_GROUPS_MARGIN, RELATIVE, SIGNIFICANT, TREND, few_groups, key_findings,
-                                     kim_readings, noise_phrase, noise_shares, run_readings, smallest_p)
+from poslens.conventions import FEW_GROUPS_MARGIN, NOISE_P, RELATIVE, TREND
+from poslens.reporting.readings.common import few_groups, noise_phrase, noise_shares, smallest_p
+from poslens.reporting.readings.findings import key_findings, run_readings
+from poslens.reporting.readings.kim import kim_readings
 
 
 def L(i, ri=0.5, loc=0.5, **kw):
@@ -18,7 +20,7 @@ def text(layers, noise="noise"):
 
 
 def test_constants():
-    assert (RELATIVE, TREND, SIGNIFICANT, FEW_GROUPS_MARGIN) == (0.98, 0.3, 0.01, 10)
+    assert (RELATIVE, TREND, NOISE_P, FEW_GROUPS_MARGIN) == (0.98, 0.3, 0.01, 10)
 
 
 def test_no_layers_and_only_flat_layers():
@@ -271,7 +273,7 @@ def test_kim_finding_is_the_run_readings_entry():
 
 
 def test_fdr_count_against_hand_computed_benjamini_hochberg():
-    from poslens.reporting.readings import fdr_count
+    from poslens.reporting.readings.common import fdr_count
 
     # BH: sort p ascending, reject the k smallest for the largest k with p_(k) <= k/m · q
     # m = 4, q = 0.01: thresholds 0.0025, 0.005, 0.0075, 0.01

@@ -32,10 +32,11 @@ from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt
 from poslens.models.train import TrainConfig, load_trained, train_model
 from poslens.progress import task_progress
-from poslens.reporting.readings import dynamics_readings
+from poslens.reporting.readings.commands import dynamics_readings
 from poslens.rope import BANDS
 from poslens.rundir.figures import new_figure, save_figure
-from poslens.rundir.summary import LAYER_CONVENTION, write_summary
+from poslens.conventions import LAYER_CONVENTION
+from poslens.rundir.summary import write_summary
 from poslens.rundir.outdir import prepare_out_dir
 from poslens.rundir.io import read_tensors, versions, write_json
 from poslens.rundir.staging import staged_dir

@@ -46,12 +46,14 @@ from poslens.errors import PoslensError
 from poslens.fmt import fmt
 from poslens.metrics.fingerprint import (MASSIVE_LAMBDA, SINK_EPS, UNROTATED, band_shares, dim_bands, dim_rms,
                                          frequency_usage, head_sink, massive_by_band, massive_dims, sink_share)
-from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA
+from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.reporting.fingerprint import FIGURE_CAPTIONS, findings, overview_table, render_page, terminal_tables
 from poslens.reporting.fingerprint import pct as _pct
-from poslens.reporting.verdicts import LEVEL as VERDICT_LEVEL, RULE as VERDICT_RULE, THRESHOLDS as VERDICT_THRESHOLDS
+from poslens.conventions import NOISE_P as VERDICT_LEVEL, VERDICT_THRESHOLDS as VERDICT_THRESHOLDS
+from poslens.reporting.verdicts import RULE as VERDICT_RULE
 from poslens.rope import BANDS, frequency_bands
-from poslens.rundir.summary import LAYER_CONVENTION, write_summary
+from poslens.conventions import LAYER_CONVENTION
+from poslens.rundir.summary import write_summary
 from poslens.rundir.io import _atomic_write_bytes, versions, write_json, write_tensors
 from poslens.rundir.staging import check_replaceable, written_by
 from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir

@@ -42,12 +42,13 @@ from poslens.metrics.diagonal import causal_view
 from poslens.data.sources import make_source
 from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
+from poslens.conventions import LAYER_CONVENTION
 from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt_pm
 from poslens.metrics.neighborhood import adjacency_probability_score, norm_score, self_cosine, theory_gap
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
-from poslens.reporting.readings import neighborhood_command_readings
+from poslens.reporting.readings.commands import neighborhood_command_readings
 from poslens.rundir.figures import new_figure, save_figures
 from poslens.rundir.outdir import prepare_out_dir
 from poslens.rundir.staging import staged_dir
@@ -326,9 +327,6 @@ def layer_title(k: int) -> str:
 
 
 #: how the layers of a neighbourhood summary count (tensors keep index 0 = embeddings, k = layer k − 1)
-LAYER_CONVENTION = ("'embeddings' = the token embeddings (the input of decoder layer 0); decoder layers counted "
-                    "from 0, each giving its head outputs before the output projection and the residual stream "
-                    "after it")
 
 
 def _model_name(cfg, fallback: str) -> str:
@@ -341,7 +339,7 @@ def _model_name(cfg, fallback: str) -> str:
 
 def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_type: str = "?", num_seqs: int = 0,
                   source: dict | None = None) -> dict:
-    """Tables, readings (:func:`poslens.reporting.readings.neighborhood_command_readings`, from the
+    """Tables, readings (:func:`poslens.reporting.readings.commands.neighborhood_command_readings`, from the
     numbers) and per-layer values of a neighbourhood run. ``layers`` holds the embeddings
     (``"layer": "embeddings"``) and then decoder layers from 0."""
     causal = results["causal"]

@@ -45,9 +45,10 @@ from poslens.errors import PoslensError, require_positive
 from poslens.metrics import diagonal_trend, locality, relativity_index
 from poslens.metrics.noise import jackknife_se_of, leave_one_out_means
 from poslens.metrics.slash import sink_weight
-from poslens.reporting.readings import panels_readings, score_maps_readings
+from poslens.reporting.readings.commands import panels_readings, score_maps_readings
 from poslens.rundir.figures import new_figure, save_figure
-from poslens.rundir.summary import LAYER_CONVENTION, write_summary
+from poslens.conventions import LAYER_CONVENTION
+from poslens.rundir.summary import write_summary
 from poslens.rundir.outdir import prepare_out_dir
 from poslens.rundir.io import read_json, read_tensors, versions, write_json, write_tensors
 from poslens.rundir.staging import staged_dir

@@ -30,9 +30,10 @@ from poslens.fmt import fmt
 from poslens.metrics.probes import FEATURES, PROBES, compare_cosine_norm, probe_layers
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
-from poslens.reporting.readings import probes_readings
+from poslens.reporting.readings.commands import probes_readings
 from poslens.rundir.figures import new_figure, save_figures
-from poslens.rundir.summary import LAYER_CONVENTION, write_summary
+from poslens.conventions import LAYER_CONVENTION
+from poslens.rundir.summary import write_summary
 from poslens.rundir.outdir import prepare_out_dir
 from poslens.rundir.staging import staged_dir
 from poslens.rundir.io import versions, write_json

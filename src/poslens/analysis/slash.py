@@ -24,10 +24,11 @@ from poslens.fmt import fmt
 from poslens.metrics.rank import rank_table
 from poslens.metrics.ropefit import rope_decomposition
 from poslens.metrics.slash import _check_slash, best_offsets, kv_head_of, persistence, sdh_table
-from poslens.reporting.readings import slash_command_readings
+from poslens.reporting.readings.commands import slash_command_readings
 from poslens.rope import BANDS
 from poslens.rundir.figures import new_figure, save_figure
-from poslens.rundir.summary import LAYER_CONVENTION, write_summary
+from poslens.conventions import LAYER_CONVENTION
+from poslens.rundir.summary import write_summary
 from poslens.rundir.outdir import prepare_out_dir
 from poslens.rundir.io import read_json, versions, write_json, write_tensors
 from poslens.rundir.staging import staged_dir

@@ -28,7 +28,7 @@ from poslens.errors import PoslensError
 from poslens.fmt import fmt, fmt_pm
 from poslens.models.families import build_model
 from poslens.progress import task_progress
-from poslens.reporting.readings import sweep_readings
+from poslens.reporting.readings.commands import sweep_readings
 from poslens.rundir.figures import new_figure, save_figures
 from poslens.rundir.outdir import prepare_out_dir
 from poslens.rundir.staging import staged_dir

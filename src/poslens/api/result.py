@@ -151,7 +151,7 @@ class Result:
 
         if self.command != "scan":
             raise PoslensError(f"heads(): a {self.command} run has no per-head table; scan a model for one.")
-        from poslens.reporting.readings import SLASH_MAX_DELTA
+        from poslens.conventions import SLASH_MAX_DELTA
 
         layer_ids = self._layer_ids()
         H = int(self.summary.get("num_heads") or 0) or _heads_from_maps(self.maps)

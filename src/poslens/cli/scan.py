@@ -116,7 +116,8 @@ def scan_table(summary: dict, slash=None):
     import numpy as np
 
     from poslens.fmt import fmt, rich_table
-    from poslens.reporting.readings import SLASH_MAX_DELTA, layer_aps, layer_slash_head
+    from poslens.conventions import SLASH_MAX_DELTA
+    from poslens.reporting.readings.common import layer_aps, layer_slash_head
 
     per_seq = any(l.get("aps_mean") is not None for l in summary["layers"])
     # the signed diagonal trend and the sink's weight, where the scan wrote them

@@ -36,8 +36,9 @@ from typing import Sequence
 
 import torch
 
-from poslens.metrics.noise import (NOISE_P, cross_mean_square, decisive, jackknife_se_of, leave_one_out_means,
-                                   min_pvalue, signflip_pvalue)
+from poslens.conventions import NOISE_P
+from poslens.metrics.noise import (cross_mean_square, decisive, jackknife_se_of, leave_one_out_means, min_pvalue,
+                                   signflip_pvalue)
 from poslens.metrics.neighborhood import (dead_leading_keys, finite, finite_prefix, key_pair_counts, ordered_pair_counts,
                                           pair_counts, pair_fraction, prefix_bands)
 

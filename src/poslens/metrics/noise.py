@@ -13,10 +13,7 @@ import functools
 
 import torch
 
-#: p-value below which a map is said to carry structure beyond sampling noise (the test's stated
-#: false-positive rate).
-NOISE_P = 0.01
-
+from poslens.conventions import NOISE_P
 
 #: most groups whose sign patterns are all enumerated (2^(G-1) of them); more groups draw patterns
 MAX_EXACT_GROUPS = 16

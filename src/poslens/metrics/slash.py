@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.errors import PoslensError
 from poslens.metrics.diagonal import as_float64
 
-#: The offsets slash heads are sought over (as ``poslens slash``): the paper's slash-dominant heads
-#: have small offsets, and SlashScore at large offsets is the attention sink (SlashScore(S-1) is the
-#: single entry A[S-1, 0], the weight of the last query on key 0).
-SLASH_MIN_DELTA = 1
-SLASH_MAX_DELTA = 16
 
 
 def scored_offsets(S: int, min_offset: int = SLASH_MIN_DELTA, max_offset: int | None = SLASH_MAX_DELTA) -> range:

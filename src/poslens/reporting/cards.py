@@ -13,7 +13,10 @@ from poslens.fmt import fmt
 from poslens.rundir.load import Run, load_run
 from poslens.reporting.collect import expand
 from poslens.reporting.elements import _MIME, _inside, _slug, embed_figure, embed_file, sparse_sentence, table
-from poslens.reporting.readings import PAPERS, SIGNIFICANT, SLASH_MAX_DELTA, key_findings, model_readings, num, run_readings
+from poslens.conventions import NOISE_P, SLASH_MAX_DELTA
+from poslens.reporting.readings.papers import PAPERS
+from poslens.reporting.readings.findings import key_findings, model_readings, run_readings
+from poslens.reporting.readings.common import num
 from poslens.rundir.summary import figure_caption
 from poslens.rundir.figures import new_figure
 
@@ -24,8 +27,8 @@ LAYER_QUANTITIES: dict[str, tuple[str, str, float | None]] = {
     "locality": ("kim", "locality (+1 = nearer keys score higher)", 0.0),
     "diagonal_trend": ("kim", "signed trend along diagonals (+1 = right higher)", 0.0),
     "within_diag_rms": ("kim", "within-diagonal RMS (dashed: noise floor)", None),
-    "nonrelative_p": ("kim", "p, non-relative (sample-group test; noise grid)", SIGNIFICANT),
-    "trend_p": ("kim", "p, diagonal trend (noise grid)", SIGNIFICANT),
+    "nonrelative_p": ("kim", "p, non-relative (sample-group test; noise grid)", NOISE_P),
+    "trend_p": ("kim", "p, diagonal trend (noise grid)", NOISE_P),
     "sink_weight": ("kim", "attention weight on key 0 (sink)", None),
     "relativity_index_with_sink": ("kim", "relativity index with key 0", None),
     "locality_with_sink": ("kim", "locality with key 0", 0.0),
@@ -377,7 +380,7 @@ def model_name(run: Run) -> str:
 
 
 def readings_for(run: Run, paper: str) -> list[str]:
-    """The run's readings for one paper (:func:`poslens.reporting.readings.run_readings`)."""
+    """The run's readings for one paper (:func:`poslens.reporting.readings.findings.run_readings`)."""
     return run_readings(run.command, run.papers, run.summary, paper)
 
 

@@ -15,7 +15,7 @@ import statistics
 from poslens.fmt import fmt
 from poslens.reporting import verdicts as V
 from poslens.reporting.columns import definitions, layer_type
-from poslens.reporting.readings import few_groups
+from poslens.reporting.readings.common import few_groups
 from poslens.reporting.page import CSP, template_env
 from poslens.rope import BANDS
 
@@ -390,7 +390,7 @@ def _sink_finding(m: dict, eps: float) -> dict:
 def _too_few_groups(ls: list[dict]) -> str:
     """Why the layers' sign-flip tests are too weak to find nothing ("" where they are not): with G
     sequence groups the smallest p-value is 2 / 2^G, which must lie well under the level
-    (:func:`poslens.reporting.readings.few_groups`, the report's own rule)."""
+    (:func:`poslens.reporting.readings.common.few_groups`, the report's own rule)."""
     few = few_groups(ls)
     return few[0].upper() + few[1:] + "; scan more sequences." if few else ""
 

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 from poslens.metrics.fingerprint import SINK_EPS, head_sink, sink_share
-from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA
+from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.reporting.fingerprint import _VERDICT_CLASS, CLAIMS, _kim_finding, _sink_finding, _slash_finding
 
 #: a head is a slash head at SlashScore(Δ) >= this for some Δ in the slash range (as the fingerprint)

@@ -22,7 +22,7 @@ from poslens.reporting.cards import cards_for, compared_ids, comparisons, findin
 from poslens.rundir.load import Run, classify, load_run
 from poslens.reporting.collect import collect
 from poslens.reporting.page import CSP, template_env  # CSP: every report's policy, re-exported by poslens.report
-from poslens.reporting.readings import PAPERS
+from poslens.reporting.readings.papers import PAPERS
 
 SECTION_ORDER = ["reproduction", "kim", "slash", "neighborhood", "models", "other"]
 

@@ -15,7 +15,7 @@ is there, and three numbers it is held against:
 The claim is *reproduced* when ``value − max(chance, floor) ≥ threshold``. Where several layers
 are tested on the same sequences, the per-layer p-values are held at a false discovery rate of
 :data:`LEVEL` (Benjamini & Hochberg, J. R. Stat. Soc. B 57, 1995), the same level and correction
-the report's readings use (:data:`poslens.reporting.readings.SIGNIFICANT`).
+the report's readings use (:data:`poslens.conventions.NOISE_P`).
 """
 
 from __future__ import annotations
@@ -23,19 +23,8 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-from poslens.reporting.readings import SIGNIFICANT
-
-#: the one significance level of every test a verdict counts (one-sided where a floor is a bound)
-LEVEL = SIGNIFICANT
-#: per claim: how far beyond both chance and the noise floor the value must lie
-THRESHOLDS = {
-    "sink": 0.1,        # share of heads that are sink heads (Gu et al.'s Sink_1^eps)
-    "relativity": 0.5,  # share of layers whose mean score map departs from purely relative / from flat
-    "slash": 0.5,       # share of slash heads that keep their pattern on random tokens
-    "aps": 0.1,         # APS above 0.5 (a tenth of the way from no order to perfect order, halved)
-    "frequency": 0.1,   # share of q·k energy in the low band beyond that band's share of dimensions
-    "massive": 0.1,     # share of massive dims in the low band beyond that band's share of dimensions
-}
+from poslens.conventions import NOISE_P as LEVEL
+from poslens.conventions import VERDICT_THRESHOLDS as THRESHOLDS
 
 
 def z(level: float = LEVEL) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from poslens.metrics.noise import NOISE_P
+from poslens.conventions import NOISE_P
 from poslens.fmt import fmt
 from poslens.rundir.figures import new_figure, save_figure
 from poslens.rundir.io import write_json

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from poslens.conventions import LAYER_CONVENTION
 from poslens.rundir.io import write_json
 
 # --------------------------------------------------------------------------------------------
@@ -15,9 +16,6 @@ from poslens.rundir.io import write_json
 # --------------------------------------------------------------------------------------------
 #: version of the common summary shape written by :func:`write_summary`
 CONTRACT = 1
-#: how every ``layers`` list names its entries
-LAYER_CONVENTION = ("decoder layers counted from 0 (layer 0 = the first attention layer); "
-                    "'embeddings' = the token embeddings before layer 0")
 
 #: captions of the figure files commands write under fixed names (``summary["figures"]`` may
 #: also give its own caption per file, which wins)

@@ -21,7 +21,7 @@ unmodified model on the same tokens. Noise floor: sequence ``n`` belongs to grou
 standard error of a mean difference is the standard deviation of the ``G`` group means over
 ``sqrt(G)``, and its p-value a two-sided t-test with ``G - 1`` degrees of freedom on them. Positions
 are pooled into buckets that double in width (``[1, 2)``, ``[2, 4)``, ``[4, 8)``, ...). A condition
-changes the loss *beyond the noise* when its p-value is below :data:`LEVEL`, the layers of one
+changes the loss *beyond the noise* when its p-value is below :data:`poslens.conventions.NOISE_P`, the layers of one
 intervention held together at that false discovery rate (Benjamini–Hochberg).
 
 **Cost.** A layer-at-a-time condition reruns only the layers from the ablated one on: the earlier

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 from poslens.capture.engine.intervene import Intervention
 from poslens.errors import PoslensError
 
-#: the significance level of every "beyond the noise" (false discovery rate over an intervention's layers)
-LEVEL = 0.01
 #: default scan shape: ``rope-off`` layer by layer on SmolLM2 within 5 minutes on a 2-core CPU
 #: (benchmarks/bench_ablate.py)
 DEFAULT_SEQ_LEN = 256

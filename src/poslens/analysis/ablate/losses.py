@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from poslens.analysis.ablate.config import LEVEL
 from poslens.capture.engine.intervene import Intervention
+from poslens.conventions import NOISE_P
 
 
 # --------------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def paired_stats(delta: torch.Tensor, groups: int) -> dict:
     return {"mean": float(gm.mean()), "se": se, "p": p, "groups": G}
 
 
-def bh(ps: list, level: float = LEVEL) -> list[bool]:
+def bh(ps: list, level: float = NOISE_P) -> list[bool]:
     """Which p-values stay significant at false discovery rate ``level`` (Benjamini–Hochberg, via
     ``scipy.stats.false_discovery_control``); None counts as not significant."""
     idx = [i for i, p in enumerate(ps) if p is not None and math.isfinite(p)]

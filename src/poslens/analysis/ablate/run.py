@@ -14,7 +14,6 @@ import torch
 from poslens.analysis.ablate.config import (
     DEFAULT_NUM_SEQS,
     DEFAULT_SEQ_LEN,
-    LEVEL,
     AblateConfig,
     _layers_text,
     condition_name,
@@ -36,6 +35,7 @@ from poslens.capture.engine.intervene import (
     layer_edit,
     parse_intervention,
 )
+from poslens.conventions import NOISE_P
 from poslens.errors import PoslensError
 
 
@@ -396,7 +396,7 @@ def scan_readings(scan_dir: Path, kappa: float = SLASH_KAPPA) -> dict:
     reaches ``kappa`` at some offset 1 .. 16 (arXiv 2601.08297)."""
     import statistics
 
-    from poslens.metrics.slash import SLASH_MAX_DELTA
+    from poslens.conventions import SLASH_MAX_DELTA
     from poslens.rundir.io import read_json, read_tensors
 
     summary = read_json(scan_dir / "summary.json")
@@ -456,7 +456,7 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
                    for l in sorted(moments.q_rms)}
     summary = {
         "model_type": setup.adapter.model_type, "num_layers": L, "seq_len": S, "num_seqs": int(setup.ids.shape[0]),
-        "noise_groups": min(cfg.noise_groups, int(setup.ids.shape[0])), "level": LEVEL,
+        "noise_groups": min(cfg.noise_groups, int(setup.ids.shape[0])), "level": NOISE_P,
         "loss_base": float(loss0.double().mean()),
         "loss_base_se": paired_stats(loss0.double().mean(1), cfg.noise_groups)["se"],
         "interventions": [iv.name for iv in setup.interventions],

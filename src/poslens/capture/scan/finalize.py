@@ -11,11 +11,13 @@ import torch
 from poslens.capture.model.adapters import layer_rope
 from poslens.capture.statistics.protocol import qualified_name
 from poslens.capture.statistics.accumulators import noise_grid
+from poslens.conventions import LAYER_CONVENTION
 from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
 from poslens.metrics.diagonal import causal_view, window_view
 from poslens.metrics.neighborhood import aps_positions
 from poslens.metrics.rank import band_contributions, rank_measures
-from poslens.metrics.slash import SLASH_MAX_DELTA, SLASH_MIN_DELTA, scored_offsets, sink_weight, top_slash_heads
+from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
+from poslens.metrics.slash import scored_offsets, sink_weight, top_slash_heads
 from poslens.rundir.io import write_tensors
 
 if TYPE_CHECKING:  # annotations only: the capture and the plan are read through the attributes used below
@@ -46,7 +48,6 @@ def _at(values: list | None, i: int):
 SINK_COLUMNS = (0,)
 
 
-LAYER_CONVENTION = "decoder layers from 0; 'embeddings' = the input of decoder layer 0"
 
 
 def _per_sequence(acc) -> tuple[list, list]:

@@ -12,8 +12,6 @@ from typing import Iterable, Mapping
 import torch
 
 # the noise tests on group sums are metrics (pure functions of tensors); scans and simulations fill the groups
-from poslens.metrics.noise import (NOISE_P, cross_mean_square, decisive, jackknife_se,  # noqa: F401
-                                   min_pvalue, signflip_pvalue)
 
 
 def symmetric_from_lower(t: torch.Tensor) -> torch.Tensor:

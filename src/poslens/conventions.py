@@ -1,0 +1,48 @@
+"""The facts every stage shares, each defined here once and imported everywhere else: how layers
+are counted, the significance level, the offsets slash heads are sought over, and the thresholds
+that turn numbers into verdicts (the readings' wording states them, so a reader can check them).
+
+``tests/test_layout.py`` checks that none of these names is assigned anywhere else.
+"""
+
+#: how every ``layers`` list names its entries (summary.json's ``layer_info.convention``)
+LAYER_CONVENTION = ("decoder layers counted from 0 (layer 0 = the first attention layer); "
+                    "'embeddings' = the token embeddings before layer 0")
+
+#: the one significance level: a sample-group test's p-value below it calls structure beyond
+#: sampling noise, and a false discovery rate over several layers is held at it (Benjamini–Hochberg)
+NOISE_P = 0.01
+#: the smallest attainable p-value of a sign-flip test (2 / 2^G with G groups) must lie this many
+#: times under NOISE_P for a test to call anything: else there are too few sequences to tell
+FEW_GROUPS_MARGIN = 10
+
+#: the offsets Δ slash heads are sought over (arXiv 2601.08297; as ``poslens slash``): the paper's
+#: slash-dominant heads have small offsets, and SlashScore at large offsets is the attention sink
+#: (SlashScore(S − 1) is the single entry A[S − 1, 0], the weight of the last query on key 0)
+SLASH_MIN_DELTA = 1
+SLASH_MAX_DELTA = 16
+
+#: relativity index at or above which a map counts as a function of i − j alone (arXiv 2509.21042)
+RELATIVE = 0.98
+#: |locality| above which scores are said to rise (or fall) towards nearby keys
+TREND = 0.3
+#: |locality| of a panel above which it is said to favour nearby (or distant) keys
+PANEL_TREND = 0.1
+#: norm score at or above which norms shrink with position; at or below 1 − this, they grow
+#: (arXiv 2501.00073)
+NORM_SHRINK = 0.7
+#: APS at or above which an adjacency pattern is "clear" (and at or above ADJACENT_WEAK "weak")
+ADJACENT, ADJACENT_WEAK = 0.8, 0.6
+#: a neighbourhood map's mean |cosine − theory| below which attention is called nearly uniform
+THEORY_CLOSE = 0.05
+
+#: per claim of a verdict (``poslens fingerprint``): how far beyond both chance and the noise floor
+#: the value must lie (stated in docs/fingerprint.md)
+VERDICT_THRESHOLDS = {
+    "sink": 0.1,        # share of heads that are sink heads (Gu et al.'s Sink_1^eps)
+    "relativity": 0.5,  # share of layers whose mean score map departs from purely relative / from flat
+    "slash": 0.5,       # share of slash heads that keep their pattern on random tokens
+    "aps": 0.1,         # APS above 0.5 (a tenth of the way from no order to perfect order, halved)
+    "frequency": 0.1,   # share of q·k energy in the low band beyond that band's share of dimensions
+    "massive": 0.1,     # share of massive dims in the low band beyond that band's share of dimensions
+}
