@@ -349,7 +349,7 @@ def test_position_probes():
 def test_pair_verdict_follows_the_one_rule():
     """value − max(chance, floor) ≥ threshold, the floor from the paired difference's standard error."""
     from poslens.reproduce.ablations import THRESHOLD, pair_verdict
-    from poslens.reporting.verdicts import z
+    from poslens.metrics.verdicts import z
 
     g = torch.Generator().manual_seed(0)
     base = torch.rand(16, 9, generator=g) + 2.0

@@ -1,5 +1,5 @@
 """The trained- and real-model experiments of ``poslens reproduce`` judge by the one verdict rule
-(:mod:`poslens.reporting.verdicts`), on fixed summaries (the run functions are replaced)."""
+(:mod:`poslens.metrics.verdicts`), on fixed summaries (the run functions are replaced)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import poslens.reproduce.models as M
-from poslens.reporting import verdicts as V
+from poslens.metrics import verdicts as V
 from poslens.reproduce.simulated import ReproContext
 
 RULE_KEYS = {"value", "chance", "floor", "threshold", "margin", "level", "measure"}

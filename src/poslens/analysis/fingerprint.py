@@ -50,7 +50,7 @@ from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.reporting.fingerprint import FIGURE_CAPTIONS, findings, overview_table, render_page, terminal_tables
 from poslens.reporting.fingerprint import pct as _pct
 from poslens.conventions import NOISE_P as VERDICT_LEVEL, VERDICT_THRESHOLDS as VERDICT_THRESHOLDS
-from poslens.reporting.verdicts import RULE as VERDICT_RULE
+from poslens.metrics.verdicts import RULE as VERDICT_RULE
 from poslens.rope import BANDS, frequency_bands
 from poslens.conventions import LAYER_CONVENTION
 from poslens.rundir.summary import write_summary

@@ -13,7 +13,7 @@ import math
 import statistics
 
 from poslens.fmt import fmt
-from poslens.reporting import verdicts as V
+from poslens.metrics import verdicts as V
 from poslens.reporting.columns import definitions, layer_type
 from poslens.reporting.readings.common import few_groups
 from poslens.reporting.page import CSP, template_env
@@ -354,7 +354,7 @@ def _uniform_slash(S: int, d: int) -> float:
 
 
 def _finding(verdict: str, text: str, why: str, numbers: dict, **extra) -> dict:
-    return {"verdict": verdict, "text": text, "why": why, **numbers, **extra}
+    return {"text": text, "why": why, **numbers, **extra, "verdict": verdict}
 
 
 def _against(n: dict, share: bool = True) -> str:

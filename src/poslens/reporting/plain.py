@@ -3,7 +3,7 @@
 A report of scans (no fingerprint among its runs) opens with the same plain findings the
 fingerprint page gives, per model: the sink (Gu et al.), the relativity verdict (Kim et al.) and
 the slash heads with their persistence where a random-token scan of the same model and shape is in
-the report (Cheng et al.). Each is judged by :mod:`poslens.reporting.verdicts`' one rule, through the
+the report (Cheng et al.). Each is judged by :mod:`poslens.metrics.verdicts`' one rule, through the
 fingerprint's own finding functions (:mod:`poslens.reporting.fingerprint`), on a model record built
 here from the scans' summaries and their ``sink_heads`` / ``slash`` maps.
 """

@@ -8,7 +8,7 @@
   than replacing as many random other dimensions (``random-qk``, the control).
 
 Both take every layer at once on :data:`SEQ_LEN` x :data:`NUM_SEQS` stdlib tokens, and judge the
-claim by the one verdict rule of :mod:`poslens.reporting.verdicts`: ``value`` is the loss change of the
+claim by the one verdict rule of :mod:`poslens.metrics.verdicts`: ``value`` is the loss change of the
 intervention the claim says matters, ``chance`` the loss change of its control (the band the claim
 says matters less, the random dimensions), ``floor = chance + z·SE`` with the standard error of the
 paired difference over sequence groups, and the claim holds when ``value − max(chance, floor) ≥``
@@ -35,7 +35,7 @@ def pair_verdict(summary: dict, tensors: dict, value_cond: str, chance_cond: str
     """``value``/``chance``/``floor``/``threshold`` of "``value_cond`` raises the loss more than
     ``chance_cond``", with the SE of the per-sequence difference of the two conditions."""
     from poslens.analysis.ablate.losses import paired_stats
-    from poslens.reporting.verdicts import beyond, mean_floor, measured
+    from poslens.metrics.verdicts import beyond, mean_floor, measured
 
     c = {x["name"]: x for x in summary["conditions"]}
     v, ch = c[value_cond]["delta"]["mean"], c[chance_cond]["delta"]["mean"]

@@ -12,9 +12,9 @@ large to fetch here, so these experiments run on small models standing in for th
 
 Each experiment writes ordinary run directories (``neighborhood``, ``panels``, ``scan``,
 ``slash``) under ``DIR/NAME/`` and returns the reproduce record (measured, reproduced, runs, note).
-Every verdict follows the one rule of :mod:`poslens.reporting.verdicts` (``value − max(chance, floor) ≥
-threshold``, thresholds from :data:`poslens.reporting.verdicts.THRESHOLDS`, as the fingerprint's findings
-for the same claims); each record in ``runs`` carries the rule's numbers (:func:`~poslens.reporting.verdicts.measured`).
+Every verdict follows the one rule of :mod:`poslens.metrics.verdicts` (``value − max(chance, floor) ≥
+threshold``, thresholds from :data:`poslens.metrics.verdicts.THRESHOLDS`, as the fingerprint's findings
+for the same claims); each record in ``runs`` carries the rule's numbers (:func:`~poslens.metrics.verdicts.measured`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from poslens.fmt import fmt
 from poslens.metrics import diagonal_normalize
 from poslens.models import realmodels
 from poslens.models.families import build_model
-from poslens.reporting import verdicts as V
+from poslens.metrics import verdicts as V
 from poslens.reproduce.simulated import Experiment, ReproContext
 
 ZUO = "Position without positional encodings (arXiv 2501.00073)"

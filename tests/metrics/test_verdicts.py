@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from poslens.reporting import verdicts as V
+from poslens.metrics import verdicts as V
 from poslens.reporting.fingerprint import findings
 
 

@@ -91,11 +91,25 @@ def holds(n: dict) -> bool:
     return beyond(n["value"], n["chance"], n["floor"], n["threshold"])
 
 
+#: the verdict codes of a record (:func:`measured`): the rule holds, it does not, or nothing was measured
+REPRODUCED, NOT_REPRODUCED, NOT_JUDGED = "reproduced", "not_reproduced", "not_judged"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_JUDGED)
+
+
+def verdict(value: float | None, chance: float, floor: float, threshold: float) -> str:
+    """The verdict code of the rule on these numbers (:data:`NOT_JUDGED` when there is no finite value)."""
+    if value is None or not math.isfinite(value):
+        return NOT_JUDGED
+    return REPRODUCED if beyond(value, chance, floor, threshold) else NOT_REPRODUCED
+
+
 def measured(value: float | None, chance: float, floor: float, threshold: float, measure: str) -> dict:
-    """The numbers a finding carries: ``value``, ``chance``, ``floor``, ``threshold``, ``margin``,
-    ``level`` and ``measure`` (what the value is, in words)."""
+    """The record of a verdict, as ``summary.json`` holds it: ``value``, ``chance``, ``floor``,
+    ``threshold``, ``verdict`` (:data:`VERDICTS`), with ``margin``, ``level`` and ``measure`` (the name
+    of what the value is)."""
     ok = value is not None and math.isfinite(value)
     return {"value": value if ok else None, "chance": chance, "floor": floor, "threshold": threshold,
+            "verdict": verdict(value, chance, floor, threshold),
             "margin": margin(value, chance, floor) if ok else None, "level": LEVEL, "measure": measure}
 
 
