@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from poslens.capture.scan.options import ALLOW_PICKLE_HELP, DATA_HELP, DEVICE_HELP, MODEL_DIR_HELP, NO_FIGURES_HELP
+from poslens.errors import PoslensError
 
 
 app = typer.Typer(
@@ -242,3 +243,14 @@ def print_run(summary: dict, out, *, max_tables: int | None = None, max_rows: in
     if max_tables is not None and len(tables) > max_tables:
         console.print(f"({len(tables) - max_tables} more table(s) in {out}/summary.json)")
     console.print(f"wrote {out}/")
+
+
+def parse_floats(text: str, flag: str) -> list[float]:
+    """``"0.1,0.3"`` -> ``[0.1, 0.3]``; a one-line error naming ``flag`` for anything else or nothing."""
+    try:
+        vals = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise PoslensError(f"{flag} {text!r}: expected comma-separated numbers, e.g. 0.002,0.02,0.2.") from None
+    if not vals:
+        raise PoslensError(f"{flag}: give at least one value.")
+    return vals

@@ -10,7 +10,7 @@ from poslens.cli.app import (allow_pickle_option, app, batch_size_option, data_o
                              model_dir_argument, no_figures_option, num_seqs_option, out_option, overwrite_option,
                              print_run, quiet_option, refuse_existing_out, scan_dir_argument, seed_option,
                              seq_len_option, threads_option, trust_remote_code_option, use_threads)
-from poslens.cli.parse import parse_floats
+from poslens.cli.app import parse_floats
 from poslens.runtime import parse_device
 
 

@@ -81,7 +81,7 @@ def sweep(
     """
     threads = use_threads(threads)
     from poslens.analysis.sweep import SweepConfig, run_sweep
-    from poslens.cli.parse import parse_floats
+    from poslens.cli.app import parse_floats
 
     refuse_existing_out(out, overwrite=overwrite)
     cfg = SweepConfig(out=str(out), sigmas=parse_floats(sigmas, "--sigmas"),
