@@ -296,3 +296,109 @@ def test_arrows_point_downward():
     graph, where = import_graph()
     bad = [f"{m} imports {t} (line {where[(m, t)]})" for m, t in upward_imports(graph)]
     assert not bad, "imports against the layering (DESIGN.md):\n" + "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# a house a newcomer can walk: small packages, modules of one job, each fact at one home
+# ---------------------------------------------------------------------------------------------
+#: modules per package at most; the CLI has one module per command group, so it may hold more
+MAX_MODULES, MAX_LINES = 12, 600
+MANY_MODULES_OK = {"poslens.cli"}
+
+
+def test_packages_are_small_and_say_what_they_hold():
+    big, silent = [], []
+    for init in sorted(PKG.rglob("__init__.py")):
+        pkg = module_name(init)
+        mods = [p for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+        if len(mods) > MAX_MODULES and pkg not in MANY_MODULES_OK:
+            big.append(f"{pkg}: {len(mods)} modules")
+        if not ast.get_docstring(ast.parse(init.read_text())):
+            silent.append(pkg)
+    assert not big, f"packages of more than {MAX_MODULES} modules (split them by stage):\n" + "\n".join(big)
+    assert not silent, "packages whose __init__.py does not say what they hold:\n" + "\n".join(silent)
+
+
+def test_modules_are_at_most_600_lines():
+    long = [f"{m}: {n} lines" for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines (split them by what they hold):\n" + "\n".join(long)
+
+
+def _top_level(tree: ast.Module) -> tuple[set[str], dict[str, tuple[str, str]]]:
+    """``(names the module defines, {name: (module, name) it imports from a poslens module})``."""
+    defined, imported = set(), {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                defined |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("poslens"):
+            imported.update({a.asname or a.name: (node.module, a.name) for a in node.names})
+    return defined, imported
+
+
+def test_names_are_imported_from_the_module_that_defines_them():
+    """No module passes on a name it imported itself (a package's ``__init__`` that forms the public API
+    aside): ``from poslens.a import f`` needs ``f`` to be defined in ``poslens.a``."""
+    mods = modules()
+    tops = {m: _top_level(ast.parse(p.read_text())) for m, p in mods.items()}
+    files = [*mods.values(), *sorted((SRC.parent / "tests").rglob("*.py"))]
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and not node.level and node.module in tops):
+                continue
+            if mods[node.module].name == "__init__.py":
+                continue
+            defined, imported = tops[node.module]
+            for a in node.names:
+                if a.name in imported and a.name not in defined and f"{node.module}.{a.name}" not in mods:
+                    bad.append(f"{path.relative_to(SRC.parent)} line {node.lineno}: {a.name} from {node.module} "
+                               f"(defined in {imported[a.name][0]})")
+    assert not bad, "names imported through a module that only imports them:\n" + "\n".join(bad)
+
+
+#: the facts every stage shares (poslens.conventions): each assigned there and nowhere else
+FACTS = ("LAYER_CONVENTION", "NOISE_P", "FEW_GROUPS_MARGIN", "SLASH_MIN_DELTA", "SLASH_MAX_DELTA", "RELATIVE",
+         "TREND", "PANEL_TREND", "NORM_SHRINK", "ADJACENT", "ADJACENT_WEAK", "THEORY_CLOSE", "VERDICT_THRESHOLDS")
+#: names that restate a fact under another name (a significance level, a layer convention, a slash range)
+RESTATED = ("LEVEL", "SIGNIFICANT", "ALPHA", "THRESHOLDS")
+
+
+def restates_a_fact(name: str) -> bool:
+    return name in RESTATED or name.endswith("_CONVENTION") or (name.startswith("SLASH") and "DELTA" in name)
+
+
+def module_assignments() -> dict[str, list[tuple[str, int, ast.AST]]]:
+    """Module-level assignments: ``{name: [(module, line, value)]}``."""
+    out: dict[str, list] = {}
+    for m, p in modules().items():
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name):
+                            out.setdefault(n.id, []).append((m, node.lineno, node.value))
+    return out
+
+
+def test_each_fact_has_one_home():
+    assigned = module_assignments()
+    for fact in FACTS:
+        homes = [m for m, _, _ in assigned.get(fact, [])]
+        assert homes == ["poslens.conventions"], (fact, homes)
+    restated = [f"{m} line {line}: {name}" for name, where in assigned.items()
+                for m, line, value in where if m != "poslens.conventions"
+                and restates_a_fact(name)]
+    assert not restated, "facts restated outside poslens.conventions:\n" + "\n".join(restated)
+    # the layer convention's words are written once
+    from poslens.conventions import LAYER_CONVENTION
+
+    again = [m for m, p in modules().items() if m != "poslens.conventions" and LAYER_CONVENTION[:40] in p.read_text()]
+    assert not again, again
+
+
+def test_the_fact_check_knows_a_restatement():
+    assert all(map(restates_a_fact, ("LEVEL", "SIGNIFICANT", "SCAN_LAYER_CONVENTION", "SLASH_MAX_DELTA")))
+    assert not any(map(restates_a_fact, ("NOISE_GROUPS", "SLASH_KAPPA", "CONTRACT")))
