@@ -277,7 +277,7 @@ def test_saved_run_directory_with_figures(tmp_path, monkeypatch):
 
     from safetensors import safe_open
 
-    from poslens.reporting import plots
+    from poslens import figures as plots
     from poslens.simulator import save_result
 
     drawn = {}
@@ -320,7 +320,9 @@ def test_run_directory_round_trip(tmp_path):
     assert back.stopped_early is True and back.samples == 2 * RNG_BLOCK
     assert back.group_counts.tolist() == res.group_counts.tolist()
     assert back.summary["command"] == "simulate" and back.summary["layers"] == res.summary["layers"]
-    assert "layers from 0" in back.summary["layer_info"]["convention"]  # the simulator's own convention
+    from poslens.conventions import LAYER_CONVENTION
+
+    assert back.summary["layer_info"]["convention"] == LAYER_CONVENTION
     # a summary whose layers count from 1 (as the paper's do) says so in its convention instead
     res.summary = dict(res.summary, layers=[dict(l, layer=l["layer"] + 1) for l in res.summary["layers"]])
     save_result(res, tmp_path / "from1", figures=False)

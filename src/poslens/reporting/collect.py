@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from poslens.errors import PoslensError
-from poslens.rundir.load import Run, classify, load_run  # noqa: F401  (the one reader; re-exported)
+from poslens.rundir.load import Run, classify, load_run
 
 #: how deep a container is searched for run directories
 MAX_DEPTH = 3

@@ -7,9 +7,7 @@ import textwrap
 
 import numpy as np
 
-# the heat maps and score-map figures live one layer down (the capture draws them too); named here as well
-from poslens.figures import (FIGURE_MAX_POSITIONS, GRID_COLUMNS, ZOOM_POSITIONS, _cmap,  # noqa: F401
-                             _finish_grid, heatmap, integer_axis, layer_grid, pool_for_figure, score_map_figures)
+from poslens.figures import _cmap, _finish_grid, integer_axis
 from poslens.rundir.figures import new_figure
 
 
