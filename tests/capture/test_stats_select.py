@@ -74,7 +74,8 @@ def test_qk_only_skips_the_attention_maps(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("attention maps computed for --stats qk")
 
-    from poslens.capture import attnpass, backends
+    from poslens.capture.backends import attnpass
+    from poslens.capture.backends import choice as backends
 
     monkeypatch.setattr(attnpass.AttentionPass, "run", boom)
     monkeypatch.setattr(backends, "triton_pass", boom)
