@@ -19,8 +19,8 @@ Determinism and exact resume: the initial weights depend only on the seed, and t
 step ``s`` depends only on (seed, s) (see :class:`poslens.data.tasks.TaskSource`,
 :class:`CorpusSource`), so a checkpoint needs no data cursor. A checkpoint holds the model,
 the optimiser and scheduler state and the torch RNG states, all in safetensors/JSON (no
-pickle); it is written to a temporary directory and renamed into place. Resuming reproduces
-the uninterrupted loss trajectory bit for bit on the same device and thread count.
+pickle); it is written to a temporary directory and renamed into place (:mod:`poslens.models.checkpoint`).
+Resuming reproduces the uninterrupted loss trajectory bit for bit on the same device and thread count.
 """
 
 from __future__ import annotations
