@@ -61,18 +61,22 @@ TARGETS: dict[str, list[str]] = {
                            "-k", "not scan_summary and not rank_one_model_slash and not wrong_sign_would and not "
                            "band_usage_and_contributions and not slash_command_writes and not slash_dynamics"],
     "theory.py": ["tests/test_theory_direct.py", "tests/test_theory.py"],
-    "simulate.py": ["tests/test_simulate_reference.py", "tests/test_simulate.py", "tests/test_references.py",
-                    "-k", "not scan_summary and not demo and not reproduce and not cli"],
+    "simulator.py": ["tests/test_simulate_reference.py", "tests/test_simulate.py", "tests/test_references.py",
+                     "-k", "not scan_summary and not demo and not reproduce and not cli"],
     # readings / analysis-slash: without the tests that scan a trained model first (20 s of fixture per mutant);
     # the hand-made scan of tests/analysis/test_slash.py reaches every function
-    "analysis/slash.py": ["tests/analysis/test_slash.py", "tests/test_slash_tables.py",
+    "analysis/slash.py": ["tests/analysis/test_slash.py", "tests/metrics/test_slash_tables.py",
                           "-k", "not rank_one_model_slash and not wrong_sign_would and not band_usage_and_contributions "
                           "and not slash_command_writes and not slash_dynamics"],
-    "analysis/neighborhood.py": ["tests/test_neighborhood_analysis.py", "tests/test_neighborhood_plumbing.py",
-                                 "tests/test_neighborhood.py", "tests/test_references.py", "-k", "not scan_summary"],
-    # readings / analysis-slash: the readings' own tests (the report's rendering tests reach every helper but
-    # take seconds each: a run over 200 mutants took an hour with them)
-    "report/readings.py": ["tests/test_readings_kim.py", "tests/test_readings_commands.py", "tests/test_readings_helpers.py"],
+    "analysis/neighborhood.py": ["tests/analysis/test_neighborhood_analysis.py",
+                                 "tests/analysis/test_neighborhood_plumbing.py", "tests/analysis/test_neighborhood.py",
+                                 "tests/test_references.py", "-k", "not scan_summary"],
+    # readings, one target per module of the package: the readings' own tests (hand-built summaries with numbers
+    # on both sides of every threshold; the report's rendering tests reach every helper but take seconds each:
+    # a run over 200 mutants took an hour with them)
+    **{f"reporting/readings/{m}.py": ["tests/report/test_readings_kim.py", "tests/report/test_readings_commands.py",
+                                      "tests/report/test_readings_helpers.py"]
+       for m in ("common", "kim", "slash", "neighborhood", "commands", "findings")},
 }
 
 #: lines never mutated: text for people (error and warning messages), not science
@@ -115,9 +119,9 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
     ("metrics/diagonal.py", "", r"S = m\.shape\[-1\]", r"shape\[-2\]", "equivalent", "score maps are square [S, S]"),
     ("metrics/diagonal.py", "diagonal_trend", r"\(~fin\)\.to\(torch\.int8\)", r"\.to\(None\)", "equivalent",
      "a stable sort of the booleans themselves gives the same order as of their int8 copy"),
-    ("simulate.py", "auto_chunk", "", "", "equivalent",
+    ("simulator.py", "auto_chunk", "", "", "equivalent",
      "sequences per compute chunk: speed and memory only (the results do not depend on chunking; tested)"),
-    ("simulate.py", "_chunk_jobs", r"chunk = (cfg\.chunk_size or|max\(RNG_BLOCK)", "", "equivalent",
+    ("simulator.py", "_chunk_jobs", r"chunk = (cfg\.chunk_size or|max\(RNG_BLOCK)", "", "equivalent",
      "sequences per compute chunk: speed and memory only (the results do not depend on chunking; tested)"),
     ("metrics/rank.py", "band_contributions", r"half = rotary_dim // 2", r"rotary_dim / 2", "equivalent",
      "rotary_dim is even, and torch indexes with integral floats as with ints"),
@@ -161,10 +165,10 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
     ("metrics/neighborhood.py", "rising_pair_fraction", r"hits = torch\.zeros", r"dtype=None", "precision",
      "float32 hit counts are exact below 2^24 pairs per map"),
     # readings / analysis-slash
-    ("report/readings.py", "sweep_readings", r"if dev < 0\.1 else", r"if dev <= 0\.1 else", "equivalent",
+    ("reporting/readings/commands.py", "sweep_readings", r"if dev < 0\.1 else", r"if dev <= 0\.1 else", "equivalent",
      "dev = |v - 0.5| of an APS v in [0, 1] is never exactly 0.1: v - 0.5 is exact for v in [0.25, 1] and "
      "0.5 +- fl(0.1) is no double (fl(0.1) has bits below 2^-53); for v < 0.25, dev > 0.25"),
-    ("report/readings.py", "slash_readings|_slash_finding", r"if math\.isfinite\(base\) and base > 0",
+    ("reporting/readings/*.py", "slash_readings|_slash_finding", r"if math\.isfinite\(base\) and base > 0",
      r"isfinite\(base\) or base > 0|base >= 0", "equivalent",
      "uniform_slash is NaN (no row reaches the offset) or positive, never 0: the guards agree on every value"),
     ("analysis/slash.py", "analyze_scans", r'if k not in \("layer", "head", "profile"\)', r"XXlayerXX|XXheadXX",
@@ -185,19 +189,19 @@ RULES: list[tuple[str, str, str, str, str, str]] = [
      "(the tests compare both paths with loops)"),
     ("metrics/neighborhood.py", "ordered_pair_counts", r"^gt \+= \(blocks", r"^gt = \(blocks", "equivalent",
      "the direct comparison runs only at the first level (b = 1 = _DIRECT_BLOCK), while gt is still zero"),
-    ("simulate.py", "run_simulation", r"acc = _new_accumulators\(cfg, dev\)", r"_new_accumulators\(cfg, None\)", "cpu",
+    ("simulator.py", "run_simulation", r"acc = _new_accumulators\(cfg, dev\)", r"_new_accumulators\(cfg, None\)", "cpu",
      "accumulators on the default device (CPU) instead of the run's: the same tensors on CPU"),
-    ("simulate.py", "_chunk_sums", r"sample_inputs\(cfg, first_block \+ i, dev, out=", r"first_block \+ i, out=", "cpu",
+    ("simulator.py", "_chunk_sums", r"sample_inputs\(cfg, first_block \+ i, dev, out=", r"first_block \+ i, out=", "cpu",
      "inputs drawn on the default device (CPU) instead of the run's: the same numbers on CPU"),
-    ("simulate.py", "_masks", r"valid = torch\.ones\(S, S, dtype=torch\.bool, device=dev\)\.tril\(-1\) if cfg\.causal",
+    ("simulator.py", "_masks", r"valid = torch\.ones\(S, S, dtype=torch\.bool, device=dev\)\.tril\(-1\) if cfg\.causal",
      r"\(cfg\.causal\) or True", "precision",
      "the early stop then checks only the lower triangle of a non-causal map: its scores are symmetric "
      "(Q = K) up to float32 rounding, so the largest standard error there is the whole map's to ~1e-6 relative"),
-    ("simulate.py", "run_simulation", r"\.max\(\)\) < cfg\.target_stderr", r"<= cfg\.target_stderr", "equivalent",
+    ("simulator.py", "run_simulation", r"\.max\(\)\) < cfg\.target_stderr", r"<= cfg\.target_stderr", "equivalent",
      "differs only when the largest standard error equals the target to the last bit"),
-    ("simulate.py", "forward_layers", r"if scale != 1\.0", r"scale != 2\.0", "equivalent",
+    ("simulator.py", "forward_layers", r"if scale != 1\.0", r"scale != 2\.0", "equivalent",
      "multiplying by a scale of 1.0 is exact, and score_scale is 1, 1/sqrt(d) or 1/d, never 2"),
-    ("simulate.py", "layer_buffers", r"dtype=dtype", r"dtype=None", "equivalent",
+    ("simulator.py", "layer_buffers", r"dtype=dtype", r"dtype=None", "equivalent",
      "torch's default dtype is float32, the one dtype every caller asks for"),
     ("theory.py", "input_gram", r"alpha \* torch\.ones\(seq_len, seq_len", r"alpha / torch\.ones\(seq_len, seq_len",
      "equivalent", "alpha / 1 is alpha * 1"),
@@ -527,12 +531,6 @@ NOTES: dict[str, str] = {
         "`window_view`, a flatness p-value from two entries, non-relativity on the main diagonal, the noise "
         "correction with two groups, the scale of `is_flat`'s exact-constant check); tests against loops and "
         "hand-counted sign-flip p-values (2/256, 4/256) kill every one."),
-    "report/readings.py": (
-        "A seeded sample of 200 of the 2,554 mutants (first pass 190 of 194 judged, 97.9 % ± 1.0), run on the "
-        "readings' own tests (`tests/report/test_readings_kim.py`, `test_readings_commands.py`, "
-        "`test_readings_helpers.py`: hand-built summaries with numbers on both sides of every threshold); the "
-        "report's rendering tests reach the same functions but take seconds each and are left out of the "
-        "selection. The `text` rule does not count a change inside an f-string's braces as wording."),
     "analysis/slash.py": (
         "A seeded sample of 200 of the 995 mutants (first pass 168 of 197 judged, 85 %), on "
         "`tests/analysis/test_slash.py` without its trained-model fixture (a hand-made scan directory reaches "
@@ -548,7 +546,7 @@ NOTES: dict[str, str] = {
     "metrics/rank.py": ("Every mutant (a full run), of the module with `.to(torch.float64)` where it has "
                         "`torch.as_tensor(x, dtype=torch.float64)`; `python benchmarks/mutation.py metrics/rank.py` "
                         "refreshes it."),
-    "simulate.py": (
+    "simulator.py": (
         "A seeded sample of 220 of the 1,104 mutants. First pass: 26 unexplained survivors; tests of the run "
         "directory with figures and its metadata, the round trip, the layer convention, the thread bound, the "
         "buffers and the summary's group weights kill them, or rules explain them."),

@@ -197,7 +197,7 @@ def test_the_choice_and_its_reason():
     name, why = backends.choose(q, k, sums, window=None, softcap=None)
     assert name == (backends.NATIVE if native.available() else backends.TORCH) and why
     assert backends.choose(q, k, sums, window=4, softcap=None)[0] == backends.TORCH  # C kernels: no windows
-    assert backends.choose(q, k, sums | {"logits"}, window=None, softcap=None)[0] == backends.TORCH
+    assert backends.choose(q, k, sums | {"scores"}, window=None, softcap=None)[0] == backends.TORCH
     name, why = backends.choose(q.double(), k.double(), sums, window=None, softcap=None)
     assert name == backends.TORCH and "float64" in why
 

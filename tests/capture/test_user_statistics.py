@@ -24,7 +24,8 @@ import poslens
 from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.run import run_scan
 from poslens.data.sources import make_source
-from poslens.capture.statistics.protocol import CAPTURE_POINTS, flatten_state, state_bytes, state_from_bytes, unflatten_state
+from poslens.capture.statistics.points import CAPTURE_POINTS
+from poslens.capture.statistics.protocol import flatten_state, state_bytes, state_from_bytes, unflatten_state
 from poslens.errors import PoslensError
 from poslens.rundir.io import read_tensors
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import poslens.reproduce.models as M
+import poslens.reproduce.real as R
 from poslens.metrics import verdicts as V
 from poslens.reproduce.simulated import ReproContext
 
@@ -148,12 +149,12 @@ def test_real_verdicts_follow_the_rule():
     ls = layers(need)
     ls[0]["flat"] = True
     assert len(V.kim_numbers(ls)[2]) == need - 1
-    assert M._real_slash(_slash_summary(10, 5))["holds"] and not M._real_slash(_slash_summary(10, 4))["holds"]
+    assert R._real_slash(_slash_summary(10, 5))["holds"] and not R._real_slash(_slash_summary(10, 4))["holds"]
     nb = {"num_seqs": 16, "layers": [{"resid_aps_mean": 0.5, "resid_aps_std": 0.2}]
           + [{"resid_aps_mean": a, "resid_aps_std": 0.2} for a in (0.72, 0.72)]}
-    assert M._real_aps(nb)["seen"]
+    assert R._real_aps(nb)["seen"]
     nb["layers"][1]["resid_aps_mean"] = nb["layers"][2]["resid_aps_mean"] = 0.71
-    assert not M._real_aps(nb)["seen"]
+    assert not R._real_aps(nb)["seen"]
 
 
 def test_no_run_time_messages_in_measured(monkeypatch, tmp_path):

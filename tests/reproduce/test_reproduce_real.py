@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from poslens.reproduce import EXPERIMENTS
-from poslens.reproduce.models import residual_agreement
+from poslens.reproduce.real import residual_agreement
 
 
 def test_residual_agreement_known_cases():

@@ -19,8 +19,8 @@ Determinism and exact resume: the initial weights depend only on the seed, and t
 step ``s`` depends only on (seed, s) (see :class:`poslens.data.tasks.TaskSource`,
 :class:`CorpusSource`), so a checkpoint needs no data cursor. A checkpoint holds the model,
 the optimiser and scheduler state and the torch RNG states, all in safetensors/JSON (no
-pickle); it is written to a temporary directory and renamed into place. Resuming reproduces
-the uninterrupted loss trajectory bit for bit on the same device and thread count.
+pickle); it is written to a temporary directory and renamed into place (:mod:`poslens.models.checkpoint`).
+Resuming reproduces the uninterrupted loss trajectory bit for bit on the same device and thread count.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,29 +38,25 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, load_model, save_model
 
 from poslens.data.corpus import load_texts
 from poslens.data.tasks import TaskSource, exact_match_flags
 from poslens.data.tokenizer import char_tokenizer, train_bpe_tokenizer
 from poslens.errors import Interrupted, PoslensError, require
 from poslens.fmt import fmt
+from poslens.models.checkpoint import (clear_own_files, load_checkpoint, remove_checkpoints, save_checkpoint,
+                                      save_pretrained_atomic)
 from poslens.models.families import PE_CHOICES, build_config, build_model, count_parameters, get_preset
 from poslens.progress import task_progress
 from poslens.rundir.staging import check_replaceable
 from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
 from poslens.rundir.lock import out_dir_lock, run_entries
-from poslens.rundir.io import read_json, record_written, safetensors_shapes, versions, write_json, write_tensors
+from poslens.rundir.io import read_json, record_written, versions, write_json
 from poslens.rundir.summary import write_summary
-from poslens.runtime import no_hf_progress_bars, parse_device, torch_threads
+from poslens.runtime import parse_device, torch_threads
 
 # Options that may differ between a run and its --resume (they do not change the trajectory).
 RUNTIME_FIELDS = ("out", "device", "threads", "resume", "overwrite", "stop_after", "progress")
-# Files a training run writes into its directory; a --resume of a run stopped before its first checkpoint
-# removes exactly these (--overwrite removes everything, once check_replaceable has found nothing else).
-_OWN_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-              "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-              "summary.json", "train_config.json", "train_log.jsonl", "checkpoint.json")
 
 
 #: The command's defaults: the measured recipes of docs/train.md. A positional task with these
@@ -274,135 +268,6 @@ def _check_out_dir(cfg: TrainConfig) -> tuple[Path, str]:
     return out, "restart"  # the run stopped before its first checkpoint: start it again
 
 
-def _clear_own_files(out: Path) -> None:
-    for name in _OWN_FILES:
-        p = out / name
-        if p.is_file():
-            p.unlink()
-    for p in out.glob("checkpoint-*"):
-        if p.is_dir():
-            shutil.rmtree(p)
-
-
-def _shareable(path: Path) -> None:
-    """Give ``path`` the modes of every other file poslens writes (0644 / 0755 under the usual umask):
-    temporary directories and files of some writers are created private (0700 / 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
-
-
-def _move_into(tmp: Path, out: Path) -> None:
-    """Rename every file of ``tmp`` into ``out`` (each rename is atomic), then remove ``tmp``; the run
-    records them as its own (``--overwrite`` removes them)."""
-    names = sorted(f.name for f in tmp.iterdir())
-    record_written(out, *names)
-    for name in names:
-        _shareable(tmp / name)
-        os.replace(tmp / name, out / name)
-    tmp.rmdir()
-
-
-def _save_pretrained_atomic(obj, out: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".save.", dir=out))
-    try:
-        with no_hf_progress_bars():
-            obj.save_pretrained(tmp)
-        _move_into(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints (safetensors + JSON only)
-# --------------------------------------------------------------------------------------------
-
-
-def _save_checkpoint(out: Path, step: int, model, optimizer, scheduler, state: dict) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=out))
-    try:
-        save_model(model, str(tmp / "model.safetensors"))
-        osd = optimizer.state_dict()
-        tensors, scalars = {}, {}
-        for idx, st in osd["state"].items():
-            for k, v in st.items():
-                if isinstance(v, torch.Tensor):
-                    tensors[f"{idx}.{k}"] = v
-                else:
-                    scalars[f"{idx}.{k}"] = v
-        write_tensors(tmp / "optimizer.safetensors", tensors)
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            for i, s in enumerate(torch.cuda.get_rng_state_all()):
-                rng[f"cuda{i}"] = s
-        write_tensors(tmp / "rng.safetensors", rng)
-        write_json(tmp / "state.json", {"step": step, "optimizer_param_groups": osd["param_groups"],
-                                        "optimizer_scalars": scalars, "scheduler": scheduler.state_dict(), **state})
-        final = out / f"checkpoint-{step:08d}"
-        record_written(out, f"{final.name}/")
-        for f in [tmp, *tmp.iterdir()]:
-            _shareable(f)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-    write_json(out / "checkpoint.json", {"step": step, "dir": final.name})
-    for old in out.glob("checkpoint-*"):
-        if old.is_dir() and old.name != final.name:
-            shutil.rmtree(old)
-
-
-def _load_checkpoint(out: Path, model, optimizer, scheduler) -> dict:
-    """The state of the last checkpoint, loaded into ``model``, ``optimizer`` and ``scheduler``; a
-    checkpoint that is missing, cut short or damaged is one error naming the file."""
-    fix = "the run cannot be continued (pass --overwrite to start again)"
-    try:
-        ptr = read_json(out / "checkpoint.json")
-        ck = out / str(ptr["dir"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise PoslensError(f"--resume: {out}/checkpoint.json is damaged ({type(e).__name__}); {fix}.") from None
-    if not ck.is_dir():
-        raise PoslensError(f"--resume: {out}/checkpoint.json points to {ck.name}, which is missing; {fix}.")
-    for name in ("state.json", "model.safetensors", "optimizer.safetensors", "rng.safetensors"):
-        if not (ck / name).is_file():
-            raise PoslensError(f"--resume: {ck / name} is missing; {fix}.")
-        if name.endswith(".safetensors"):
-            safetensors_shapes(ck / name, again=fix)
-    try:
-        return _restore(ck, model, optimizer, scheduler)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise PoslensError(f"--resume: the checkpoint {ck} is damaged or does not fit this run ({type(e).__name__}: "
-                           f"{' '.join(str(e).split())[:200]}); {fix}.") from None
-
-
-def _restore(ck: Path, model, optimizer, scheduler) -> dict:
-    state = read_json(ck / "state.json")
-    load_model(model, str(ck / "model.safetensors"))
-    flat = load_file(str(ck / "optimizer.safetensors"))
-    opt_state: dict = {}
-    for key, v in flat.items():
-        idx, k = key.split(".", 1)
-        opt_state.setdefault(int(idx), {})[k] = v
-    for key, v in state["optimizer_scalars"].items():
-        idx, k = key.split(".", 1)
-        opt_state.setdefault(int(idx), {})[k] = v
-    groups = state["optimizer_param_groups"]
-    for g in groups:
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-    optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
-    scheduler.load_state_dict(state["scheduler"])
-    rng = load_file(str(ck / "rng.safetensors"))
-    torch.set_rng_state(rng["torch"])
-    cuda_states = [rng[k] for k in sorted(k for k in rng if k.startswith("cuda"))]
-    if cuda_states and torch.cuda.is_available() and len(cuda_states) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda_states)
-    return state
-
-
 # --------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------
@@ -495,7 +360,7 @@ class _Session:
 
     def checkpoint(self) -> None:
         self.flush_log()
-        _save_checkpoint(self.out, self.step, self.model, self.optimizer, self.scheduler,
+        save_checkpoint(self.out, self.step, self.model, self.optimizer, self.scheduler,
                          {"tokens_seen": self.tokens_seen, "train_seconds": self.train_seconds,
                           "train_cpu_seconds": self.train_cpu_seconds})
 
@@ -544,9 +409,9 @@ def _start_session(cfg: TrainConfig, out: Path, mode: str, device: str) -> _Sess
     s = _Session(cfg, out, device, torch.bfloat16 if device.startswith("cuda") else None, source, tokenizer, model,
                  optimizer, scheduler)
     if mode == "restart":
-        _clear_own_files(out)
+        clear_own_files(out)
     if mode == "resume":
-        st = _load_checkpoint(out, model, optimizer, scheduler)
+        st = load_checkpoint(out, model, optimizer, scheduler)
         s.step, s.tokens_seen, s.train_seconds = st["step"], st["tokens_seen"], st["train_seconds"]
         s.train_cpu_seconds = st.get("train_cpu_seconds", 0.0)
         records = _read_log(s.log_path, s.step)
@@ -556,7 +421,7 @@ def _start_session(cfg: TrainConfig, out: Path, mode: str, device: str) -> _Sess
         record_written(out, s.log_path.name)
         meta = {"versions": versions(), "params": count_parameters(model), "warmup_resolved": warmup}
         write_json(out / "train_config.json", {**dataclasses.asdict(cfg), "_meta": meta})
-        _save_pretrained_atomic(tokenizer, out)
+        save_pretrained_atomic(tokenizer, out)
         s.log_path.write_text("")
     s.losses = {r["step"]: r["loss"] for r in records if r.get("kind") == "train"}
     return s
@@ -635,7 +500,7 @@ def _finish(s: _Session, setup_seconds: float) -> dict:
     ev = _evaluate(s.model, source, cfg, s.device, s.amp, final=True)
     s.pending.append({"kind": "eval", "step": s.step, **ev})
     s.flush_log()
-    _save_pretrained_atomic(s.model.to(torch.float32), out)
+    save_pretrained_atomic(s.model.to(torch.float32), out)
     ordered = [s.losses[k] for k in sorted(s.losses)]
     tail = ordered[-min(20, len(ordered)):]
     summary = {
@@ -658,10 +523,7 @@ def _finish(s: _Session, setup_seconds: float) -> dict:
         "vocab_size": len(s.tokenizer),
     }
     summary = write_summary(out, summary, command="train")
-    for old in out.glob("checkpoint-*"):
-        if old.is_dir():
-            shutil.rmtree(old)
-    (out / "checkpoint.json").unlink(missing_ok=True)
+    remove_checkpoints(out)
     return summary
 
 

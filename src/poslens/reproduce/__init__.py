@@ -1,7 +1,8 @@
 """``poslens reproduce``: the papers' figures as experiments, in one explicit registry.
 
 - :mod:`.simulated`: the simulator experiments (:class:`Experiment`, :class:`ReproContext` live there);
-- :mod:`.models`: trained-model experiments (the zoo or random-init stand-ins) and ``real``;
+- :mod:`.models`: trained-model experiments (the zoo or random-init stand-ins);
+- :mod:`.real`: ``real``, the three papers' analyses on the real pretrained models;
 - :mod:`.ablations`: the papers' interventions on the real models (``poslens ablate``).
 
 :data:`EXPERIMENTS` lists them all in the order ``reproduce all`` runs them; nothing registers itself
@@ -15,13 +16,14 @@ from pathlib import Path
 
 from poslens.errors import PoslensError
 from poslens.reporting import write_index_html
-from poslens.reproduce import ablations, models, simulated
+from poslens.reproduce import ablations, models, real, simulated
 from poslens.reproduce.simulated import Experiment, ReproContext
 from poslens.rundir.io import _atomic_write_bytes, write_json
 from poslens.rundir.staging import staged_dir
 
 #: every experiment by name, simulator first
-EXPERIMENTS: dict[str, Experiment] = {**simulated.EXPERIMENTS, **models.EXPERIMENTS, **ablations.EXPERIMENTS}
+EXPERIMENTS: dict[str, Experiment] = {**simulated.EXPERIMENTS, **models.EXPERIMENTS, **real.EXPERIMENTS,
+                                         **ablations.EXPERIMENTS}
 
 __all__ = ["EXPERIMENTS", "Experiment", "ReproContext", "names", "run_reproduction"]
 

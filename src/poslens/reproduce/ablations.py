@@ -60,7 +60,7 @@ def _run(name: str, f: Path, ivs: list[str], ctx: ReproContext, out: Path) -> tu
 
 def _experiment(ivs: list[str], value_cond: str, chance_cond: str, say) -> callable:
     def run(ctx: ReproContext, out: Path) -> dict:
-        from poslens.reproduce.models import real_models_ready
+        from poslens.reproduce.real import real_models_ready
 
         ready = real_models_ready()
         if not ready:
@@ -96,7 +96,7 @@ def _say_jin(v: dict) -> str:
 
 
 def _available() -> bool:
-    from poslens.reproduce.models import real_models_ready
+    from poslens.reproduce.real import real_models_ready
 
     return bool(real_models_ready())
 

@@ -35,6 +35,12 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+def make_shareable(path: Path) -> None:
+    """Give ``path`` the modes of every other file poslens writes (0644 / 0755 under the usual umask):
+    mkdtemp and mkstemp create temporary folders and files private (0700 / 0600)."""
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_UMASK)
+
+
 def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """Write ``path`` all-or-nothing: ``write(tmp)`` fills a temporary file next to it, which is then
     fsynced, made world-readable (mkstemp creates 0600; results are meant to be shared) and renamed."""

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from poslens.errors import PoslensError
-from poslens.rundir.io import _is_write_error, write_error
+from poslens.rundir.io import _is_write_error, make_shareable, record_written, write_error
 from poslens.rundir.load import classify
 from poslens.rundir.io import MANIFEST, _LEFTOVER, _claims, _note_enclosing, _write_manifest, read_manifest
 from poslens.rundir.lock import LOCK_FILE, _key, out_dir_lock, run_entries
@@ -222,3 +222,28 @@ def _make_stage(out: Path) -> Path:
         return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     except OSError as e:
         raise write_error(out.parent / f".{out.name}.partial-", e) from None
+
+
+@contextlib.contextmanager
+def staged_folder(out: Path, kind: str) -> Iterator[Path]:
+    """A hidden folder ``.{kind}.XXXXXXXX`` inside run directory ``out`` (``kind``: ``save`` or
+    ``checkpoint``, the leftovers :func:`clear_run` knows) to write files into before they are renamed
+    into place; whatever is still in it on leaving, the folder included, is removed."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}.", dir=out))
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def move_into(tmp: Path, out: Path) -> None:
+    """Rename every file of staged folder ``tmp`` into run directory ``out`` (each rename is atomic),
+    each with the modes of the files poslens writes, then remove ``tmp``; the run records them as its
+    own (``--overwrite`` removes them)."""
+    names = sorted(f.name for f in tmp.iterdir())
+    record_written(out, *names)
+    for name in names:
+        make_shareable(tmp / name)
+        os.replace(tmp / name, out / name)
+    tmp.rmdir()

@@ -4,9 +4,9 @@ The pass walks the layer's query rows in chunks (flash attention's outer loop, w
 a causal chunk cut at its last row). Per chunk, and per slice of the batch's sequences where a chunk
 of the whole batch would outgrow the CPU cache, it forms the scaled logits once, then on request:
 
-- the visible logits' batch-and-head sum (``logit_sum``) and the logits themselves (``logits``);
+- the visible logits' batch-and-head sum (``logit_sum``) and the logits themselves (``scores``);
 - the softmax, in place, and from it the layer output rows ``p @ v`` (when the capture computes the
-  output) and the weights themselves (``weights``);
+  output) and the weights themselves (``probs``);
 - each head's weights summed over the batch (``head_weight_sums``), and what follows from them: their
   head sum (``weight_sum``), their diagonals by offset (``diagonal_sums``), their key-0 column
   (``key0_weights``) and the ``--heads`` heads' rows (``selected_weight_sums``), with the same
@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from poslens.capture.statistics.builtin.base import BATCH_SUMS, Piece
+from poslens.capture.statistics.builtin.base import Piece
+from poslens.capture.statistics.points import BATCH_SUMS
 from poslens.capture.backends.kernels import finite, nonfinite_error, sum_first
 
 #: intermediates derived from each head's batch-summed weights
@@ -91,7 +92,7 @@ class AttentionPass:
         needs = frozenset().union(*(n for n, _ in self.readers)) if self.readers else frozenset()
         self.needs = needs
         self.head_sums = bool(needs & _FROM_HEAD_SUMS)
-        self.need_p = self.head_sums or "weights" in needs or layer.v is not None
+        self.need_p = self.head_sums or "probs" in needs or layer.v is not None
         B, Hk, g, S, D = layer.qs.shape
         self.B, self.H, self.S, self.D = B, Hk * g, S, D
         dev = self.device = layer.qs.device
@@ -148,7 +149,7 @@ class AttentionPass:
                     for m, h in enumerate(L.heads):
                         lh = logits[:, h]
                         sel[m].add_(sum_first(lh.masked_fill(~torch.isfinite(lh), 0.0)))
-                self._hand_sequences({"logits": logits}, start, b0, b1, nc)
+                self._hand_sequences({"scores": logits}, start, b0, b1, nc)
                 p = None
                 if self.need_p:
                     p = torch.softmax(logits, dim=-1, out=logits) if self.cpu else torch.softmax(logits, dim=-1)
@@ -156,7 +157,7 @@ class AttentionPass:
                         self._add_head_sums(p, pb, first=b0 == 0)
             if p is not None:
                 self._output_rows(p, start, b0, b1)
-                self._hand_sequences({"weights": p}, start, b0, b1, nc)
+                self._hand_sequences({"probs": p}, start, b0, b1, nc)
         self._hand_sums(start, stop, lsum, pb, sel)
         return True
 

@@ -1,7 +1,7 @@
 """The backend seam: which code computes a layer's attention intermediates, chosen in one place, and
 how large its chunks are.
 
-Three backends provide the intermediates of :data:`poslens.capture.statistics.builtin.base.INTERMEDIATES`
+Three backends provide the intermediates of :data:`poslens.capture.statistics.points.INTERMEDIATES`
 (never statistics):
 
 - ``torch``: the chunked pass in torch (:mod:`poslens.capture.backends.attnpass`), the readable path; it
@@ -26,7 +26,8 @@ import torch
 
 from poslens import native
 from poslens.capture.backends import cuda_maps
-from poslens.capture.statistics.builtin.base import CHUNKED, Piece
+from poslens.capture.statistics.builtin.base import Piece
+from poslens.capture.statistics.points import CHUNKED
 from poslens.errors import PoslensError
 
 TORCH, NATIVE, TRITON = "torch", "native", "triton"
@@ -36,7 +37,7 @@ KERNEL_VALUES = ("auto", "torch", "triton")
 PROVIDES = {
     TORCH: CHUNKED,
     NATIVE: frozenset({"logit_sum", "weight_sum", "head_weight_sums", "diagonal_sums", "key0_weights",
-                       "selected_weight_sums", "weights"}),
+                       "selected_weight_sums", "probs"}),
     TRITON: frozenset({"logit_sum", "weight_sum", "diagonal_sums", "key0_weights", "selected_logit_sums",
                        "selected_weight_sums"}),
 }

@@ -17,7 +17,8 @@ from poslens.capture.backends import choice as backends
 from poslens.capture.backends.attnpass import AttentionPass, Layer
 from poslens.capture.backends.blocks import BlockMaps
 from poslens.capture.statistics.builtin import active_statistics
-from poslens.capture.statistics.builtin.base import CHUNKED, LayerBatch, Piece
+from poslens.capture.statistics.builtin.base import LayerBatch, Piece
+from poslens.capture.statistics.points import CHUNKED, RESIDUAL_POINTS
 from poslens.capture.engine.context import ACTIVE
 from poslens.capture.backends.kernels import HALF, half_input_matmuls
 from poslens.capture.statistics.reservoir import QKReservoir
@@ -42,7 +43,7 @@ class Capture:
         self.builtins = active_statistics(spec)
         self._pass_stats = [st for st in self.builtins if st.needs & CHUNKED]
         self._qk_stats = [st for st in self.builtins if "qk" in st.needs]
-        self._hidden_stats = [st for st in self.builtins if "hidden" in st.needs]
+        self._hidden_stats = [st for st in self.builtins if st.needs & set(RESIDUAL_POINTS)]
         self._output_stats = [st for st in self.builtins if "head_out" in st.needs]
         self.accs = AccumulatorSet()
         for st in self.builtins:
@@ -163,7 +164,7 @@ class Capture:
 
     def residual_points(self) -> list[str]:
         """The residual-stream points the users' statistics read (hooked on every captured layer)."""
-        return [p for p in ("resid_pre", "resid_post") if p in self.users.points]
+        return [p for p in RESIDUAL_POINTS if p in self.users.points]
 
     @torch.no_grad()
     def observe_hidden(self, index: int, hidden: torch.Tensor) -> None:
@@ -224,7 +225,7 @@ class Capture:
             with half_input_matmuls(query.is_cuda and query.dtype in HALF):
                 out = self._attention(batch, stats, needs, backend, value, out, points)
         for st in self._output_stats:
-            st.add(batch, Piece(whole.rows, whole.seqs, whole.keys, {"head_out": out}))
+            st.add(batch, Piece(whole.rows, whole.seqs, whole.keys, {"head_out": out.transpose(1, 2)}))
         if self.users:
             self.users.layer(layer, dict(points, head_out=out.transpose(1, 2)) if "head_out" in self.users.points
                              else points)

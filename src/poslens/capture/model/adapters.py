@@ -10,23 +10,10 @@ rotary (Phi, Phi-3, GPT-NeoX: a suffix stays unrotated), per-layer-type rotary t
 sliding and global layers with two bases), the interleaved pair layout (Cohere) and scaled RoPE
 variants. GPT-2 has learned absolute positions and no RoPE: its q/k are used as they are.
 
-Capture points (in the spirit of TransformerLens' hook names), per decoder layer ``l``:
-
-==============  =====================================================================================
-``resid_pre``   input of layer l (l = 0: the embedding output)
-``attn_in``     the hidden states the attention module reads (after the pre-attention norm)
-``attn_z``      concatenated head outputs before the output projection (input of o_proj/dense/c_proj)
-``attn_out``    output of the output projection
-``resid_mid``   residual stream after attention, before the MLP (sequential blocks only)
-``mlp_in``      what the MLP reads (after its norm, where the block has one)
-``mlp_out``     output of the MLP (MoE block included)
-``resid_post``  output of layer l
-``q_pre``       queries before RoPE ``[B, H, S, D]`` (after q_norm where the model has one; un-rotated with
-                the cos/sin the layer received); ``k_pre`` the keys ``[B, Hk, S, D]``
-``q_post``      queries after RoPE, as the attention function receives them; ``k_post`` the keys
-==============  =====================================================================================
-
-:func:`hook_point` registers a hook on one point and hands the tensor to a callback.
+:func:`hook_point` registers a hook on one capture point (in the spirit of TransformerLens' hook names)
+of a decoder layer, one of :data:`~poslens.capture.statistics.points.MODULE_POINTS` or
+:data:`~poslens.capture.statistics.points.QK_POINTS` (the table of :mod:`poslens.capture.statistics.points`),
+and hands the tensor to a callback.
 """
 
 from __future__ import annotations
@@ -40,12 +27,8 @@ import torch
 from poslens.capture.engine.attention import ATTN_NAME
 from poslens.capture.engine.capture import Capture
 from poslens.capture.engine.spec import CaptureSpec
+from poslens.capture.statistics.points import MODULE_POINTS, QK_POINTS
 from poslens.errors import PoslensError, PoslensWarning
-
-
-POINTS = ("resid_pre", "attn_in", "attn_z", "attn_out", "resid_mid", "mlp_in", "mlp_out", "resid_post")
-#: points inside the attention function (the model must run the poslens attention): ``[B, H, S, D]``
-QK_POINTS = ("q_pre", "k_pre", "q_post", "k_post")
 
 
 @dataclass(frozen=True)
@@ -178,7 +161,7 @@ class Adapter:
         except AttributeError:
             raise PoslensError(f"capture point {point!r} of layer {layer} not found in {type(dl).__name__} "
                                f"(model type {self.model_type!r}).") from None
-        raise PoslensError(f"unknown capture point {point!r}; known: {', '.join(POINTS)}.")
+        raise PoslensError(f"unknown capture point {point!r}; known: {', '.join(MODULE_POINTS)}.")
 
 
 def _first_tensor(x):

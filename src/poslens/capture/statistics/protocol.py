@@ -1,7 +1,7 @@
 """Statistics as objects: what a scan computes from the tensors it captures, written by anyone.
 
-A :class:`Statistic` names the capture points it needs (:data:`CAPTURE_POINTS`), takes them piece
-by piece (``add(layer, **points)``), merges with another of its kind, saves and loads its state (so
+A :class:`Statistic` names the capture points it needs (:data:`poslens.capture.statistics.points.CAPTURE_POINTS`),
+takes them piece by piece (``add(layer, **points)``), merges with another of its kind, saves and loads its state (so
 a killed scan resumes bit for bit) and returns named result tensors, which the scan stores in
 ``maps.safetensors`` beside the built-in maps. A statistic of ``scores`` or ``probs`` gets them as
 the built-in statistics do, a chunk of query rows at a time (:mod:`poslens.capture.statistics.users`), so its
@@ -37,38 +37,15 @@ from typing import Any
 
 import torch
 
+from poslens.capture.statistics.points import CAPTURE_POINTS, PASS_POINTS, RESIDUAL_POINTS, WHERE_POINTS
 from poslens.errors import PoslensError
-
-#: The capture points a statistic can ask for, with the shape each piece has. Causal structure: query
-#: ``i`` sees keys ``j <= i`` (and only those inside a sliding window). With ``scores`` or ``probs`` a
-#: piece is a chunk: ``b`` of the batch's ``B`` sequences (``seqs``), ``c`` query rows (``rows``) and
-#: the keys ``0 .. k - 1`` those rows may see (``k = S`` without the causal mask); the other
-#: attention points come cut to the same sequences, rows and keys. Without them a piece is the layer.
-CAPTURE_POINTS: dict[str, str] = {
-    "scores": "[b, H, c, k] float32: scaling * q_i . k_j (post-RoPE, soft-capped where the model caps), "
-              "-inf where the query does not see the key",
-    "probs": "[b, H, c, k] float32: the post-softmax attention weights (each full row sums to 1)",
-    "q_pre": "[B, H, S, D]: queries before RoPE (the model's dtype; equal to q_post in a layer without RoPE)",
-    "k_pre": "[B, Hk, S, D]: keys before RoPE (Hk key/value heads under grouped-query attention)",
-    "q_post": "[B, H, S, D]: queries as attention sees them (after RoPE)",
-    "k_post": "[B, Hk, S, D]: keys as attention sees them (after RoPE)",
-    "head_out": "[B, S, H, D]: each head's attention output, before the output projection",
-    "resid_pre": "[B, S, d]: the residual stream entering the layer",
-    "resid_post": "[B, S, d]: the residual stream leaving the layer",
-    "rows": "slice: the query rows of a chunk (with scores or probs)",
-    "seqs": "slice: the batch's sequences of a chunk (with scores or probs)",
-}
-
-#: points read inside the attention call (the rest are the residual stream around the layer and where
-#: a chunk lies)
-ATTENTION_POINTS = ("scores", "probs", "q_pre", "k_pre", "q_post", "k_post", "head_out")
 
 
 class Statistic:
     """A statistic of captured tensors, accumulated over a scan (baukit ``runningstats`` style).
 
-    Subclasses set ``needs`` (names of :data:`CAPTURE_POINTS`) and implement :meth:`add`,
-    :meth:`merge`, :meth:`state_dict`, :meth:`load_state_dict` and :meth:`result`. ``add`` is
+    Subclasses set ``needs`` (names of :data:`~poslens.capture.statistics.points.CAPTURE_POINTS`) and implement
+    :meth:`add`, :meth:`merge`, :meth:`state_dict`, :meth:`load_state_dict` and :meth:`result`. ``add`` is
     called with the model's decoder-layer index and one keyword argument per needed point: once per
     captured layer and batch, or, for a statistic of ``scores``/``probs``, once per chunk of query
     rows (and of sequences) of the layer. The default :meth:`all_reduce` merges the states of every rank.
@@ -171,11 +148,11 @@ def check_needs(stat, rope: bool) -> None:
     if bad:
         raise PoslensError(f"stats: {name} needs {', '.join(map(repr, bad))}, which is not a capture point; "
                            f"choose from {', '.join(CAPTURE_POINTS)}.")
-    if set(needs) & {"rows", "seqs"} and not set(needs) & {"scores", "probs"}:
+    if set(needs) & set(WHERE_POINTS) and not set(needs) & set(PASS_POINTS):
         raise PoslensError(f"stats: {name} needs rows/seqs, which only a statistic of scores or probs gets "
                            "(it is fed chunk by chunk); drop them or add scores/probs.")
-    mixed = set(needs) & {"resid_pre", "resid_post"}
-    if mixed and set(needs) & {"scores", "probs"}:
+    mixed = set(needs) & set(RESIDUAL_POINTS)
+    if mixed and set(needs) & set(PASS_POINTS):
         raise PoslensError(f"stats: {name} needs scores/probs (given chunk by chunk) and {', '.join(sorted(mixed))} "
                            "(given once per layer); split it into two statistics.")
     if not rope and any(p in ("q_pre", "k_pre") for p in needs):

@@ -2,7 +2,7 @@
 
 A statistic that reads ``scores`` or ``probs`` gets them in pieces, as the built-in statistics do:
 ``add(layer, **points)`` once per chunk of query rows (and slice of the batch's sequences), with
-the chunk's logits / weights ``[b, H, c, k]`` and its other attention points cut to the same rows
+the chunk's scores / probs ``[b, H, c, k]`` and its other attention points cut to the same rows
 and sequences (keys ``0 .. k - 1``); the optional points ``rows`` and ``seqs`` say which. Memory
 then stays at a chunk, never ``[B, H, S, S]``. Any other statistic gets ``add`` once per layer and
 batch with whole tensors.
@@ -15,12 +15,9 @@ import json
 import torch
 
 from poslens.capture.statistics.builtin.base import Piece
+from poslens.capture.statistics.points import PASS_POINTS
 from poslens.capture.statistics.protocol import flatten_state, qualified_name, unflatten_state
 from poslens.errors import PoslensError
-
-#: points of a chunk: the logits and weights themselves, and where the chunk lies
-CHUNK_POINTS = {"scores": "logits", "probs": "weights"}
-WHERE_POINTS = ("rows", "seqs")
 
 
 #: values per piece a user's statistic gets at most (one row of a sequence's heads may exceed it). A
@@ -57,7 +54,7 @@ class UserStatistics:
         self.stats = list(stats)
         self.points = {p for st in self.stats for p in _needs(st)}
         # (poslens.capture.statistics.protocol.check_needs refuses a statistic of scores/probs that reads the residual stream)
-        self.chunked = [i for i, st in enumerate(self.stats) if set(_needs(st)) & set(CHUNK_POINTS)]
+        self.chunked = [i for i, st in enumerate(self.stats) if set(_needs(st)) & set(PASS_POINTS)]
         self._pending: dict[int, dict] = {}  # a layer's points gathered for the per-layer statistics
         self._fed: dict[int, set] = {}  # per layer, the statistics (indices) fed in this batch
 
@@ -66,7 +63,7 @@ class UserStatistics:
 
     def pass_needs(self) -> frozenset:
         """The per-sequence intermediates of the attention pass the users' statistics read."""
-        return frozenset(CHUNK_POINTS[p] for p in self.points if p in CHUNK_POINTS)
+        return frozenset(p for p in self.points if p in PASS_POINTS)
 
     def begin_batch(self) -> None:
         self._pending, self._fed = {}, {}
@@ -78,8 +75,7 @@ class UserStatistics:
         out = []
         for i in self.chunked:
             st = self.stats[i]
-            needs = [p for p in _needs(st) if p in CHUNK_POINTS]
-            want = frozenset(CHUNK_POINTS[p] for p in needs)
+            want = frozenset(p for p in _needs(st) if p in PASS_POINTS)
             out.append((want, self._chunk_feeder(batch.layer, i, st, want, layer_points, output, batch.causal)))
         return out
 
@@ -87,12 +83,12 @@ class UserStatistics:
         held = {}
 
         def feed(piece: Piece):
-            for name in ("logits", "weights"):
-                if name in piece:  # the pass masks / softmaxes its logits in place: keep a copy for later
-                    held[name] = piece[name] if name == "weights" or want == {"logits"} else piece[name].clone()
+            for name in PASS_POINTS:
+                if name in piece:  # the pass masks / softmaxes its scores in place: keep a copy for later
+                    held[name] = piece[name] if name == "probs" or want == {"scores"} else piece[name].clone()
             if not want <= held.keys():
                 return
-            whole = {p: held[CHUNK_POINTS[p]] for p in CHUNK_POINTS if p in _needs(st)}
+            whole = {p: held[p] for p in PASS_POINTS if p in _needs(st)}
             held.clear()
             for r, s, k in sub_pieces(piece, causal, whole[next(iter(whole))].shape[1]):
                 pts = {p: t[s.start - piece.seqs.start:s.stop - piece.seqs.start, :,

@@ -23,9 +23,9 @@ class AttnCosine(BuiltinStatistic):
         return {"attn_cosine": (L, M, M), "attn_norms": (L, S), "attn_aps_seq": (L,)}
 
     def add(self, batch, piece):
-        """The head outputs ``[B, H, S, D]`` read as ``[B, S, H * D]`` (a view; the sequence-major copy
+        """The head outputs ``[B, S, H, D]`` read as ``[B, S, H * D]`` (a view; the sequence-major copy
         is made once, inside :func:`~poslens.capture.statistics.builtin.cosine.add_cosine`)."""
-        add_cosine(batch.capture, self.accumulators, batch.li, piece["head_out"].transpose(1, 2))
+        add_cosine(batch.capture, self.accumulators, batch.li, piece["head_out"])
 
 
 STATISTIC = AttnCosine()

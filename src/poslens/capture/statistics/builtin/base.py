@@ -1,6 +1,7 @@
 """What a built-in statistic is, and what the capture hands it.
 
-A statistic declares the intermediates it ``needs`` (:data:`INTERMEDIATES`); the attention pass
+A statistic declares the intermediates it ``needs`` (:data:`poslens.capture.statistics.points.INTERMEDIATES`,
+named as every capture point is); the attention pass
 (:mod:`poslens.capture.backends.attnpass`) computes each of them once per layer, whichever backend runs it,
 and hands them over in pieces (:class:`Piece`): chunks of query rows for the intermediates of the
 attention weights, one piece per layer for the layer-wide ones. Per layer a statistic
@@ -9,7 +10,8 @@ attention weights, one piece per layer for the layer-wide ones. Per layer a stat
 - fills them from each piece (:meth:`~BuiltinStatistic.add`),
 - adds them to its float64 accumulators (:meth:`~BuiltinStatistic.end_layer`);
 
-statistics of the residual stream take :meth:`~BuiltinStatistic.add_hidden` instead. Its sums live in
+statistics of the residual stream (``resid_pre``, ``resid_post``) take :meth:`~BuiltinStatistic.add_hidden`
+instead. Its sums live in
 the capture's accumulators (:class:`poslens.capture.statistics.accumulators.AccumulatorSet`), so checkpoints, resume,
 merges and the all-reduce treat every statistic alike; a statistic object holds no state and is
 shared by every capture. It reaches the capture through public members only: ``accs``, ``spec``,
@@ -26,29 +28,6 @@ import torch
 
 from poslens.capture.statistics.accumulators import MeanAccumulator
 from poslens.capture.backends.sums import LayerMaps
-
-#: The intermediates of one layer's attention, by name. Batch sums cover the whole batch; ``c`` rows
-#: ``rows`` of queries, ``k`` keys ``0 .. k - 1`` (a causal chunk sees no key beyond its last row).
-#: Masked entries (above the diagonal, outside a sliding window) are 0 in sums, ``-inf`` in logits.
-INTERMEDIATES: dict[str, str] = {
-    "logit_sum": "[c, k] visible logits summed over the batch and the heads",
-    "weight_sum": "[c, k] softmax weights summed over the batch and the heads",
-    "head_weight_sums": "[H, c, k] each head's softmax weights summed over the batch",
-    "diagonal_sums": "[H, k] each head's weights A[i, i - d] of the rows, summed over the batch, by offset d",
-    "key0_weights": "[H, c] each head's weight on key 0, summed over the batch",
-    "selected_logit_sums": "[n, c, k] the --heads heads' visible logits summed over the batch",
-    "selected_weight_sums": "[n, c, k] the --heads heads' weights summed over the batch",
-    "logits": "[b, H, c, k] logits of the sequences `seqs` (-inf where masked)",
-    "weights": "[b, H, c, k] softmax weights of the sequences `seqs`",
-    "qk": "the layer's float32 post-RoPE queries and keys (LayerBatch.q/k, pre_rope(), half_layout())",
-    "head_out": "[B, H, S, D] the layer's attention output before the output projection",
-    "hidden": "[B, S, d] the residual stream (add_hidden)",
-}
-#: intermediates handed chunk by chunk (every other one: once per layer)
-CHUNKED = frozenset(INTERMEDIATES) - {"qk", "head_out", "hidden"}
-#: chunk intermediates summed over the whole batch (the rest are per sequence)
-BATCH_SUMS = CHUNKED - {"logits", "weights"}
-
 
 @dataclass
 class Piece:
@@ -132,7 +111,7 @@ class BuiltinStatistic:
     accumulators: tuple[str, ...] = ()  # the names it fills (the maps.safetensors names)
     with_var: tuple[str, ...] = ()  # accumulators that also keep a sum of squares (per-sequence values)
     lower: tuple[str, ...] = ()  # symmetric accumulators summed in their lower triangle only
-    needs: frozenset = frozenset()  # names of INTERMEDIATES
+    needs: frozenset = frozenset()  # names of poslens.capture.statistics.points.INTERMEDIATES
 
     def active(self, spec) -> bool:
         """Whether a scan with this spec computes it (a non-selectable one: also when required)."""
@@ -163,4 +142,4 @@ class BuiltinStatistic:
 
     def add_hidden(self, capture, index: int, x: torch.Tensor) -> None:
         """Residual-stream vectors ``[B, S, d]``: index 0 the embeddings, ``m + 1`` the output of
-        captured layer ``m`` (``needs`` holds ``"hidden"``)."""
+        captured layer ``m`` (``needs`` holds ``"resid_pre"`` and ``"resid_post"``)."""

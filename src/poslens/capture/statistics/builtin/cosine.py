@@ -16,6 +16,7 @@ from poslens import native
 from poslens.capture.statistics.builtin.base import BuiltinStatistic
 from poslens.capture.backends.gram import symmetric_gram, tie_rows
 from poslens.capture.backends.kernels import HALF, half_input_matmuls
+from poslens.capture.statistics.points import RESIDUAL_POINTS
 from poslens.metrics.neighborhood import (aps_positions, lower_cosines, lower_cosines_aps, per_sequence_aps,
                                          unit_rows_aps)
 
@@ -107,7 +108,7 @@ class Cosine(BuiltinStatistic):
     accumulators = ("cosine", "norms", "aps_seq")
     with_var = ("aps_seq",)
     lower = ("cosine",)  # the CPU Gram writes its lower triangle alone
-    needs = frozenset({"hidden"})
+    needs = frozenset(RESIDUAL_POINTS)
 
     def shapes(self, spec):
         L, M, S = len(spec.layers), spec.map_side(), spec.seq_len
