@@ -22,10 +22,9 @@ def test_num_reads_finite_numbers_only():
 
 
 def test_layer_aps_prefers_the_per_sequence_value():
-    mean_map = "mean_map_aps"  # the APS of the sequence-averaged map (named once: a key, not a phrase)
-    assert layer_aps({"aps_mean": 0.7, "aps_std": 0.1, mean_map: 0.9}) == (0.7, 0.1)
-    assert layer_aps({"aps_mean": 0.0, mean_map: 0.9}) == (0.0, None)  # 0 is a value, not missing
-    assert layer_aps({"aps_mean": None, mean_map: 0.9, "aps": 0.8}) == (0.9, None)
+    assert layer_aps({"aps_mean": 0.7, "aps_std": 0.1, "mean_map_aps": 0.9}) == (0.7, 0.1)
+    assert layer_aps({"aps_mean": 0.0, "mean_map_aps": 0.9}) == (0.0, None)  # 0 is a value, not missing
+    assert layer_aps({"aps_mean": None, "mean_map_aps": 0.9, "aps": 0.8}) == (0.9, None)
     assert layer_aps({"aps": 0.8}) == (0.8, None)
     assert layer_aps({}) == (None, None)
 
@@ -33,22 +32,19 @@ def test_layer_aps_prefers_the_per_sequence_value():
 def test_layer_slash_head_offsets_one_to_max():
     heads = [{"offset": 0, "score": 0.99}, {"offset": 1, "score": 0.3}, {"offset": 16, "score": 0.5},
              {"offset": 17, "score": 0.98}, {"offset": 2, "score": None}, {"offset": 2.0, "score": 0.97}, "x"]
-    layer, first, none = {"top_slash_heads": heads}, {"top_slash_heads": heads[:1]}, {"top_slash_heads": None}
-    assert layer_slash_head(layer) == {"offset": 16, "score": 0.5}
-    assert layer_slash_head(layer, max_delta=15) == {"offset": 1, "score": 0.3}
-    assert layer_slash_head(first) is None
-    assert layer_slash_head({}) is None and layer_slash_head(none) is None
+    assert layer_slash_head({"top_slash_heads": heads}) == {"offset": 16, "score": 0.5}
+    assert layer_slash_head({"top_slash_heads": heads}, max_delta=15) == {"offset": 1, "score": 0.3}
+    assert layer_slash_head({"top_slash_heads": heads[:1]}) is None
+    assert layer_slash_head({}) is None and layer_slash_head({"top_slash_heads": None}) is None
 
 
 def test_layers_phrase():
-    assert _layers_phrase([4]) == "layer 4"
-    assert _layers_phrase([1, 3]) == "layers 1 and 3"
-    assert _layers_phrase([1, 3, 5]) == "layers 1, 3 and 5"
-    assert _layers_phrase([0, 1, 2]) == "layers 0, 1 and 2"  # three in a row are listed
-    assert _layers_phrase([0, 1, 2, 3]) == "layers 0 … 3"
-    assert _layers_phrase([0, 2, 4, 6, 8, 10]) == "layers 0, 2, 4, 6, 8 and 10"
-    assert _layers_phrase([0, 2, 4, 6, 8, 10, 12]) == "7 layers (0, 2, 4, …, 12)"
-    assert _layers_phrase(["embeddings", 0, 1, 2]) == "layers embeddings, 0, 1 and 2"
+    ids = [[4], [1, 3], [1, 3, 5], [0, 1, 2], [0, 1, 2, 3], [0, 2, 4, 6, 8, 10], [0, 2, 4, 6, 8, 10, 12],
+           ["embeddings", 0, 1, 2]]
+    assert [_layers_phrase(i) for i in ids] == [
+        "layer 4", "layers 1 and 3", "layers 1, 3 and 5",
+        "layers 0, 1 and 2",  # three in a row are listed
+        "layers 0 … 3", "layers 0, 2, 4, 6, 8 and 10", "7 layers (0, 2, 4, …, 12)", "layers embeddings, 0, 1 and 2"]
 
 
 def test_series_short():
@@ -79,10 +75,8 @@ def test_uniform_slash_is_the_mean_of_one_over_i():
 def test_slash_top_sources_in_order():
     good = [{"offset": 2, "score": 0.4, "layer": 1}, {"offset": 20, "score": 0.9, "layer": 2}]
     assert slash_top({"slash_heads": good}) == good[0]
-    ge1 = {"slash_heads": [], "slash_top_heads_offset_ge1": good[::-1]}
-    tops = {"slash_top_heads": [{"offset": 3, "score": 0.2}, {"offset": 1, "score": 0.25}]}
-    assert slash_top(ge1) == good[0]
-    assert slash_top(tops)["offset"] == 1
+    assert slash_top({"slash_heads": [], "slash_top_heads_offset_ge1": good[::-1]}) == good[0]
+    assert slash_top({"slash_top_heads": [{"offset": 3, "score": 0.2}, {"offset": 1, "score": 0.25}]})["offset"] == 1
     layers = [{"top_slash_heads": [{"offset": 1, "score": 0.1}]}, {"top_slash_heads": [{"offset": 4, "score": 0.6}]},
               "x"]
     assert slash_top({"layers": layers}) == {"offset": 4, "score": 0.6}
