@@ -182,7 +182,7 @@ def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
     layers = [{"layer": i, "aps": 0.6, "norm_score": 0.55} for i in range(3)]
     j = judged(layers)
     assert (j["norm"], j["median"], j["per_seq"], j["control"]) == ("steady", 0.55, False, None)
-    assert "chance" not in " ".join(neighborhood_readings({"layers": layers}))  # a mean map has no chance level
+    assert "0.5 = chance" not in " ".join(neighborhood_readings({"layers": layers}))  # a mean map has no chance level
     per_seq = [{"layer": i, "aps_mean": 0.7, "aps_std": 0.05, "aps": 0.95} for i in range(3)]
     j = judged(per_seq)
     assert j["per_seq"] and j["aps"] == [0.7, 0.7, 0.7] and j["max"] == 0.7
