@@ -165,20 +165,28 @@ def test_scan_terminal_table_uses_delta_limited_heads():
 
 
 def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
+    from poslens.metrics.judgements import judge_neighborhood, judge_slash
+    from poslens.reporting.readings.common import layer_aps
     from poslens.reporting.readings.neighborhood import neighborhood_readings
-    from poslens.reporting.readings.slash import slash_readings
+    from poslens.reporting.readings.slash import slash_readings, slash_top
 
     s = {"seq_len": 512, "slash_top_heads_offset_ge1": [{"layer": 18, "head": 8, "offset": 511, "score": 0.984},
                                                         {"layer": 3, "head": 1, "offset": 2, "score": 0.2}]}
-    text = " ".join(slash_readings(s))
-    assert "511" not in text and "layer 3 head 1" in text and "Δ = 1 … 16" in text
+    head = judge_slash(s, slash_top(s))["head"]
+    assert (head["layer"], head["head"], head["offset"], head["score"]) == (3, 1, 2, 0.2)
+    assert "511" not in " ".join(slash_readings(s))
+
+    def judged(layers):
+        return judge_neighborhood({"layers": layers}, layers, [layer_aps(l)[0] for l in layers])
+
     layers = [{"layer": i, "aps": 0.6, "norm_score": 0.55} for i in range(3)]
-    text = " ".join(neighborhood_readings({"layers": layers}))
-    assert "do not change consistently" in text and "norms shrink with position" not in text
-    assert "Mean-map APS" in text and "0.5 = chance" not in text
+    j = judged(layers)
+    assert (j["norm"], j["median"], j["per_seq"], j["control"]) == ("steady", 0.55, False, None)
+    assert "0.5 = chance" not in " ".join(neighborhood_readings({"layers": layers}))  # a mean map has no chance level
     per_seq = [{"layer": i, "aps_mean": 0.7, "aps_std": 0.05, "aps": 0.95} for i in range(3)]
-    text = " ".join(neighborhood_readings({"layers": per_seq}))
-    assert "per sequence" in text and "0.7" in text and "0.95" not in text
+    j = judged(per_seq)
+    assert j["per_seq"] and j["aps"] == [0.7, 0.7, 0.7] and j["max"] == 0.7
+    assert "0.95" not in " ".join(neighborhood_readings({"layers": per_seq}))
 
 
 def test_empty_and_all_zero_tables_are_dropped():
@@ -369,7 +377,7 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     from poslens.capture.scan.finalize import score_map_numbers
     from poslens.metrics.diagonal import causal_view
     from poslens.metrics import diagonal_trend, relativity_index
-    from poslens.reporting.readings.kim import kim_readings
+    from poslens.metrics.judgements import judge_kim
 
     S, G = 40, 8
     i = torch.arange(S, dtype=torch.float64)
@@ -411,8 +419,9 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     assert truth - nfull["relativity_index_uncorrected"] > 0.008
     assert "relativity_index_noise_corrected" not in out
 
-    text = " ".join(kim_readings([{"layer": 0, **out}], noise="x"))
-    assert "20-position grid" in text and f"on that grid the trend reads {fmt(out['grid_diagonal_trend'])}" in text
+    noise = judge_kim([{"layer": 0, **out}])["noise"]["grid"]
+    assert (noise["positions"], noise["trend"], noise["relativity"]) == \
+        (20, [out["grid_diagonal_trend"]], [out["grid_relativity_index"]])
 
 
 def test_figure_roles_keep_the_page_short(tmp_path):
@@ -437,15 +446,15 @@ def test_figure_roles_keep_the_page_short(tmp_path):
 
 
 def test_kim_readings_say_from_layer_k_on_only_when_it_is_so():
-    from poslens.reporting.readings.kim import kim_readings
+    from poslens.metrics.judgements import judge_kim
 
     live = {"relativity_index": 0.9, "locality": 0.2}
     flat = {"relativity_index": None, "locality": None}
-    tail = [{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **live}]
-    assert "From layer 1 on the scores depend on position" in " ".join(kim_readings(tail, noise="noise"))
-    mixed = [{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **flat}, {"layer": 3, **live}]
-    text = " ".join(kim_readings(mixed, noise="noise"))
-    assert "In layers 1 and 3 the scores depend on position" in text and "on the scores" not in text
+    tail = judge_kim([{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **live}])
+    assert tail["series"]["tail"] and tail["live"] == [1, 2]
+    mixed = judge_kim([{"layer": 0, **flat}, {"layer": 1, **live}, {"layer": 2, **flat}, {"layer": 3, **live}])
+    assert not mixed["series"]["tail"] and mixed["live"] == [1, 3]
     many = [{"layer": l, **flat} for l in range(30)]
     many[16], many[23] = {"layer": 16, **live}, {"layer": 23, **live}
-    assert kim_readings(many, noise="noise")[0].startswith("All 30 layers but 16 and 23 (28 of 30) are flat")
+    j = judge_kim(many)
+    assert (j["count"], j["live"], len(j["flat"])) == (30, [16, 23], 28)

@@ -1,4 +1,4 @@
-"""Independent references for the metrics and the prose readings.
+"""Independent references for the metrics and the readings' judges.
 
 Every expected value here is computed by a plain loop written for the test (a pure-Python triple
 count, an explicit per-diagonal loop, hand-labelled rotary pairs) or by hand, never by the code
@@ -8,7 +8,6 @@ as in grouped-query attention, and every reading is given numbers on both sides 
 
 import itertools
 import math
-import re
 
 import numpy as np
 import pytest
@@ -22,8 +21,8 @@ from poslens.metrics.neighborhood import (adjacency_probability_score, norm_scor
                                           rising_pair_fraction)
 from poslens.metrics.rank import band_contributions
 from poslens.metrics.slash import slash_profile
-from poslens.reporting.readings.kim import kim_readings
-from poslens.reporting.readings.slash import slash_readings, uniform_slash
+from poslens.metrics.judgements import judge_kim, judge_slash, uniform_slash
+from poslens.reporting.readings.slash import slash_top
 from poslens.rope import frequency_bands
 from references import brute_cos_aps, brute_rising
 
@@ -320,47 +319,47 @@ def test_band_contributions_count_every_rotary_pair():
 # --------------------------------------------------------------------------------------------
 def _kim(locs, ris=None):
     ris = ris or [0.5] * len(locs)
-    return " ".join(kim_readings([{"layer": i, "relativity_index": r, "locality": v}
-                                  for i, (r, v) in enumerate(zip(ris, locs))], noise="Monte Carlo noise"))
+    return judge_kim([{"layer": i, "relativity_index": r, "locality": v} for i, (r, v) in enumerate(zip(ris, locs))])
 
 
-def test_kim_readings_locality_sign():
-    near, far = "favours nearby keys", "distant keys are favoured"
-    assert near in _kim([0.8, 0.31]) and far not in _kim([0.8, 0.31])
-    assert far in _kim([-0.8, -0.31]) and near not in _kim([-0.8, -0.31])
-    mixed = _kim([0.8, -0.8])
-    assert near not in mixed and far not in mixed and "clear only in layers 0 and 1" in mixed
-    for one_weak in ([0.8, 0.1], [-0.8, -0.1]):  # one layer within ±0.3: neither blanket sentence
-        text = _kim(one_weak)
-        assert near not in text and far not in text and "clear only in layer 0" in text
-    weak = _kim([0.3, -0.3])  # |locality| <= 0.3: no trend
-    assert "No layer shows a clear trend" in weak
+def test_kim_judge_locality_sign():
+    assert _kim([0.8, 0.31])["locality"]["code"] == "near"
+    assert _kim([-0.8, -0.31])["locality"]["code"] == "far"
+    assert _kim([0.8, -0.8])["locality"] == {"code": "some", "strong": [0, 1], "threshold": 0.3}
+    for one_weak in ([0.8, 0.1], [-0.8, -0.1]):  # one layer within ±0.3: neither blanket code
+        assert _kim(one_weak)["locality"] == {"code": "some", "strong": [0], "threshold": 0.3}
+    assert _kim([0.3, -0.3])["locality"]["code"] == "none"  # |locality| <= 0.3: no trend
 
 
-def test_kim_readings_relativity_thresholds():
-    assert "All of them are purely relative" in _kim([0.5, 0.5], [0.98, 0.99])
-    assert "purely relative" not in _kim([0.5, 0.5], [0.97, 0.99])
-    drop = _kim([0.5, 0.5], [0.99, 0.9])
-    assert "Layer 0 is purely relative" in drop and re.search(r"drop to 0\.90? \(layer 1\)", drop)
-    assert "Up to 0.4 of the variation" in _kim([0.5, 0.5], [0.6, 0.95])
-    flat = kim_readings([{"layer": 0, "relativity_index": None, "locality": None},
-                         {"layer": 1, "relativity_index": 0.5, "locality": 0.5}], noise="Monte Carlo noise")
-    assert flat[0].startswith("Layer 0 is flat within Monte Carlo noise")
+def test_kim_judge_relativity_thresholds():
+    assert _kim([0.5, 0.5], [0.98, 0.99])["relativity"]["code"] == "relative"
+    assert _kim([0.5, 0.5], [0.97, 0.99])["relativity"]["code"] is None
+    drop = _kim([0.5, 0.5], [0.99, 0.9])["relativity"]
+    assert (drop["code"], drop["first_layer"], drop["drop"], drop["drop_layer"]) == ("drop", 0, 0.9, 1)
+    part = _kim([0.5, 0.5], [0.6, 0.95])["relativity"]
+    assert part["code"] == "partial" and part["unexplained"] == pytest.approx(0.4)
+    flat = judge_kim([{"layer": 0, "relativity_index": None, "locality": None},
+                      {"layer": 1, "relativity_index": 0.5, "locality": 0.5}])
+    assert flat["flat"] == [0] and flat["live"] == [1]
 
 
 def _slash_summary(score, n=8, offset=1):
     return {"seq_len": n, "slash_heads": [{"layer": 2, "head": 1, "offset": offset, "score": score}]}
 
 
-def test_slash_reading_ratio_direction():
+def _slash(summary):
+    return judge_slash(summary, slash_top(summary))
+
+
+def test_slash_judge_ratio_direction():
     n = 8
     base = sum(1.0 / i for i in range(2, n + 1)) / (n - 1)  # uniform causal attention at Δ = 1, by hand
-    strong = " ".join(slash_readings(_slash_summary(3 * base, n)))
-    assert "ratio 3)" in strong and "3× more concentrated" in strong and "No head is clearly" not in strong
-    weak = " ".join(slash_readings(_slash_summary(1.5 * base, n)))
-    assert "ratio 1.5)" in weak and "No head is clearly slash-dominant" in weak and "slash pattern" not in weak
-    edge = " ".join(slash_readings(_slash_summary(2 * base, n)))  # exactly twice uniform: a slash pattern
-    assert "No head is clearly" not in edge and "slash pattern" in edge
+    strong = _slash(_slash_summary(3 * base, n))
+    assert strong["code"] == "slash" and strong["head"]["ratio"] == pytest.approx(3)
+    weak = _slash(_slash_summary(1.5 * base, n))
+    assert weak["code"] == "weak" and weak["head"]["ratio"] == pytest.approx(1.5)
+    edge = _slash(_slash_summary(2 * base, n))  # exactly twice uniform: a slash pattern
+    assert edge["code"] == "slash"
 
 
 # --------------------------------------------------------------------------------------------

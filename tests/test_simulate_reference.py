@@ -104,9 +104,10 @@ def test_score_scale_and_label():
     assert SimConfig(norm="layernorm", dim=16).score_scale == 0.25
     assert SimConfig(norm="layernorm", dim=16, scale="d").score_scale == 1 / 16
     assert SimConfig(norm="layernorm", dim=16, scale="sqrt-d").score_scale == 0.25
-    assert SimConfig(alpha=0.5, rope=True).label() == "alpha=0.5, l2, RoPE, causal"
-    assert SimConfig(norm="layernorm", causal=False).label() == "alpha=0, LN/sqrt-d, NoPE, non-causal"
-    assert SimConfig(norm="layernorm", scale="d").label() == "alpha=0, LN/d, NoPE, causal"
+    labels = [SimConfig(alpha=0.5, rope=True), SimConfig(norm="layernorm", causal=False),
+              SimConfig(norm="layernorm", scale="d")]
+    assert [c.label() for c in labels] == ["alpha=0.5, l2, RoPE, causal", "alpha=0, LN/sqrt-d, NoPE, non-causal",
+                                           "alpha=0, LN/d, NoPE, causal"]
 
 
 def test_target_stderr_stops_after_two_blocks_at_the_earliest():

@@ -8,10 +8,11 @@ import pytest
 from poslens.fmt import fmt
 
 from poslens.conventions import NORM_SHRINK
+from poslens.metrics.judgements import judge_slash, norm_trend, uniform_slash
 from poslens.reporting.readings.common import (_decoder_layers, _layers_phrase, _series_short, layer_aps,
                                                layer_slash_head, num)
 from poslens.reporting.readings.neighborhood import norm_phrase
-from poslens.reporting.readings.slash import slash_readings, slash_top, uniform_slash
+from poslens.reporting.readings.slash import slash_readings, slash_top
 
 
 def test_num_reads_finite_numbers_only():
@@ -38,14 +39,12 @@ def test_layer_slash_head_offsets_one_to_max():
 
 
 def test_layers_phrase():
-    assert _layers_phrase([4]) == "layer 4"
-    assert _layers_phrase([1, 3]) == "layers 1 and 3"
-    assert _layers_phrase([1, 3, 5]) == "layers 1, 3 and 5"
-    assert _layers_phrase([0, 1, 2]) == "layers 0, 1 and 2"  # three in a row are listed
-    assert _layers_phrase([0, 1, 2, 3]) == "layers 0 … 3"
-    assert _layers_phrase([0, 2, 4, 6, 8, 10]) == "layers 0, 2, 4, 6, 8 and 10"
-    assert _layers_phrase([0, 2, 4, 6, 8, 10, 12]) == "7 layers (0, 2, 4, …, 12)"
-    assert _layers_phrase(["embeddings", 0, 1, 2]) == "layers embeddings, 0, 1 and 2"
+    ids = [[4], [1, 3], [1, 3, 5], [0, 1, 2], [0, 1, 2, 3], [0, 2, 4, 6, 8, 10], [0, 2, 4, 6, 8, 10, 12],
+           ["embeddings", 0, 1, 2]]
+    assert [_layers_phrase(i) for i in ids] == [
+        "layer 4", "layers 1 and 3", "layers 1, 3 and 5",
+        "layers 0, 1 and 2",  # three in a row are listed
+        "layers 0 … 3", "layers 0, 2, 4, 6, 8 and 10", "7 layers (0, 2, 4, …, 12)", "layers embeddings, 0, 1 and 2"]
 
 
 def test_series_short():
@@ -89,39 +88,52 @@ def _slash_summary(score, offset=1, n=10, **kw):
     return {"seq_len": n, "slash_heads": [{"layer": 3, "head": 2, "offset": offset, "score": score}], **kw}
 
 
-def test_slash_reading_ratio_against_uniform_attention():
+def test_slash_judge_ratio_against_uniform_attention():
+    n, d = 10, 1
+    base = sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)
+    strong = judge_slash(s := _slash_summary(2.5 * base, d, n), slash_top(s))
+    assert strong["code"] == "slash" and strong["head"]["ratio"] == pytest.approx(2.5)
+    assert strong["head"]["uniform"] == pytest.approx(base, rel=1e-14) and strong["head"]["score"] == 2.5 * base
+    assert (strong["head"]["layer"], strong["head"]["head"], strong["head"]["offset"]) == (3, 2, 1)
+    three = sum(1.0 / i for i in range(4, n + 1)) / (n - 3)  # uniform attention at Δ = 3, by hand
+    at3 = judge_slash(s := _slash_summary(2.5 * three, 3, n), slash_top(s))
+    assert at3["head"]["offset"] == 3 and at3["head"]["ratio"] == pytest.approx(2.5)
+    weak = judge_slash(s := _slash_summary(1.5 * base, d, n), slash_top(s))
+    assert weak["code"] == "weak" and weak["head"]["ratio"] == pytest.approx(1.5)
+    edge = judge_slash(s := _slash_summary(2.0 * base, d, n), slash_top(s))  # exactly twice: a slash
+    assert edge["code"] == "slash"
+    no_len = judge_slash(s := _slash_summary(0.5, d, 0), slash_top(s))
+    assert no_len["code"] is None and no_len["head"]["ratio"] is None
+    assert judge_slash({}, None) == {"head": None, "code": None, "sink": None, "rank_one": None}
+
+
+def test_slash_judge_sink_and_rank_one():
+    s = {"sink_weight": 0.83, "layers": [{"layer": 0, "q_top1_energy": [0.2, 0.5]},
+                                         {"layer": 4, "q_top1_energy": [0.9, None, 0.1]}, {"layer": 5}, "x",
+                                         {"layer": 6, "q_top1_energy": 0.99}]}
+    j = judge_slash(s, slash_top(s))
+    assert j["head"] is None and j["sink"] == 0.83 and j["rank_one"] == {"layer": 4, "energy": 0.9}
+
+
+def test_rendering_the_slash_readings_quotes_the_numbers():
     n, d = 10, 1
     base = sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)
     strong = slash_readings(_slash_summary(2.5 * base, d, n))
-    assert "layer 3 head 2" in strong[0] and "ratio 2.5" in strong[0]
-    assert "2.5× more concentrated" in strong[1] and len(strong) == 2
-    # the numbers inside the sentence: the head's score, its offset and the uniform baseline
-    assert f"puts {fmt(2.5 * base)} of its attention on the token 1 position(s) back" in strong[0]
-    assert f"uniform causal attention would put {fmt(base)} there" in strong[0]
-    three = sum(1.0 / i for i in range(4, n + 1)) / (n - 3)  # uniform attention at Δ = 3, by hand
-    assert "token 3 position(s) back" in slash_readings(_slash_summary(2.5 * three, 3, n))[0]
-    assert "ratio 2.5)" in slash_readings(_slash_summary(2.5 * three, 3, n))[0]
     weak = slash_readings(_slash_summary(1.5 * base, d, n))
-    assert "ratio 1.5" in weak[0] and weak[1].startswith("No head is clearly slash-dominant")
-    edge = slash_readings(_slash_summary(2.0 * base, d, n))  # exactly twice: a slash
-    assert "more concentrated" in edge[1]
-    no_len = slash_readings(_slash_summary(0.5, d, 0))
-    assert len(no_len) == 1 and "ratio" not in no_len[0]
-
-
-def test_slash_reading_sink_and_rank_one():
-    s = slash_readings({"sink_weight": 0.83, "layers": [{"layer": 0, "q_top1_energy": [0.2, 0.5]},
-                                                         {"layer": 4, "q_top1_energy": [0.9, None, 0.1]},
-                                                         {"layer": 5}]})
-    assert len(s) == 2
-    assert "averages 0.83" in s[0]
-    assert "layer 4" in s[1] and "holds 0.9 of the energy" in s[1]
+    s = slash_readings({"sink_weight": 0.83, "layers": [{"layer": 4, "q_top1_energy": [0.9, None, 0.1]}]})
+    assert (len(strong) == 2 and f"layer 3 head 2 puts {fmt(2.5 * base)} of its attention on the token 1 position(s) "
+            f"back; uniform causal attention would put {fmt(base)} there (ratio 2.5)" in strong[0]
+            and "2.5× more concentrated" in strong[1] and weak[1].startswith("No head is clearly slash-dominant")
+            and "averages 0.83" in s[0] and "layer 4" in s[1] and "holds 0.9 of the energy" in s[1])
+    assert len(slash_readings(_slash_summary(0.5, d, 0))) == 1 and "ratio" not in slash_readings(_slash_summary(0.5, d, 0))[0]
     assert slash_readings({}) == []
 
 
-def test_norm_phrase_thresholds():
+def test_norm_trend_thresholds():
     assert NORM_SHRINK == 0.7
-    assert norm_phrase(0.7) == norm_phrase(0.95) == "norms shrink with position, as running means do"
-    assert norm_phrase(0.69) == norm_phrase(0.31) == "norms do not change consistently with position"
-    assert norm_phrase(0.3 + 1e-12) == "norms do not change consistently with position"
-    assert norm_phrase(0.3) == norm_phrase(0.0) == "norms grow with position"
+    assert norm_trend(0.7) == norm_trend(0.95) == "shrink"
+    assert norm_trend(0.69) == norm_trend(0.31) == norm_trend(0.3 + 1e-12) == "steady"
+    assert norm_trend(0.3) == norm_trend(0.0) == "grow"
+    assert (norm_phrase(0.7), norm_phrase(0.5), norm_phrase(0.3)) == (
+        "norms shrink with position, as running means do", "norms do not change consistently with position",
+        "norms grow with position")

@@ -6,18 +6,19 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from poslens.conventions import (SLASH_MAX_DELTA)
+from poslens.conventions import SLASH_MAX_DELTA
 from poslens.fmt import fmt
+from poslens.metrics.judgements import judge_model, kim_finding, uniform_slash
 from poslens.reporting.readings.commands import command_readings
-from poslens.reporting.readings.common import (_count_phrase, _span, _decoder_layers, _pct_span, few_groups, layer_aps,
-                                               noise_phrase, noise_shares, num)
+from poslens.reporting.readings.common import (_count_phrase, _span, _decoder_layers, _pct_span, few_phrase, layer_aps,
+                                               noise_phrase, num)
 from poslens.reporting.readings.kim import kim_readings
 from poslens.reporting.readings.neighborhood import neighborhood_readings
-from poslens.reporting.readings.slash import slash_readings, slash_top, uniform_slash
+from poslens.reporting.readings.slash import slash_readings, slash_top
 
 
 def model_readings(summary: dict, config: dict) -> list[str]:
-    """Sentences on a trained model directory's summary."""
+    """Sentences on a trained model directory's summary (:func:`poslens.metrics.judgements.judge_model`)."""
     out: list[str] = []
     pe = summary.get("pe")
     pe_text = {"none": "no positional encoding (NoPE)", "rope": "RoPE", "learned": "learned absolute positions"}
@@ -25,17 +26,17 @@ def model_readings(summary: dict, config: dict) -> list[str]:
     if pe or what:
         out.append(f"A model with {pe_text.get(pe, pe or 'unknown positional encoding')}"
                    + (f", trained on {what}" if what else "") + ".")
-    il, fl, steps = num(summary.get("initial_loss")), num(summary.get("final_loss")), summary.get("steps")
-    if steps == 0:
+    j = judge_model(summary)
+    if j["trained"] == "untrained":
         out.append("It is untrained (0 steps): a random-initialisation control.")
-    elif il is not None and fl is not None:
-        out.append(f"Training lowered the loss from {fmt(il)} to {fmt(fl)} over {fmt(steps)} steps.")
-    acc, acc_long = num(summary.get("eval_accuracy")), num(summary.get("eval_accuracy_long"))
-    if acc is not None:
-        s = f"Exact-match accuracy {fmt(acc)} at the training lengths"
-        if acc_long is not None:
-            s += f", {fmt(acc_long)} at lengths beyond them"
-            if acc - acc_long > 0.3:
+    elif j["trained"] == "trained":
+        out.append(f"Training lowered the loss from {fmt(j['initial_loss'])} to {fmt(j['final_loss'])} over "
+                   f"{fmt(j['steps'])} steps.")
+    if j["accuracy"] is not None:
+        s = f"Exact-match accuracy {fmt(j['accuracy'])} at the training lengths"
+        if j["long"] is not None:
+            s += f", {fmt(j['long'])} at lengths beyond them"
+            if j["generalises"] is False:
                 s += " (it does not generalise to longer inputs)"
         out.append(s + ".")
     return out
@@ -59,51 +60,43 @@ PAPER_KEYS = ("kim", "slash", "neighborhood")
 
 
 def _kim_finding(name: str, command: str, summary: dict) -> str | None:
-    """A run's relativity index, locality and trend, led by the noise-corrected (grid) index and its
-    test where a scan has one; a scan's full-map index, noise-corrected where its grid is the whole map
-    and otherwise quoted with its noise floor beside it; the layers whose tests are significant, each at
-    p < 0.01 and after a Benjamini–Hochberg false discovery rate over the layers; and a warning where
-    too few sequence groups were scanned to call anything."""
-    layers = [l for l in summary.get("layers") or [] if isinstance(l, dict) and "relativity_index" in l]
-    if not layers:
+    """A run's relativity index, locality and trend (:func:`poslens.metrics.judgements.kim_finding`), led by
+    the noise-corrected (grid) index and its test where a scan has one; a scan's full-map index,
+    noise-corrected where its grid is the whole map and otherwise quoted with its noise floor beside it;
+    the layers whose tests are significant, each at p < 0.01 and after a Benjamini–Hochberg false discovery
+    rate over the layers; and a warning where too few sequence groups were scanned to call anything."""
+    j = kim_finding(summary.get("layers"))
+    if j is None:
         return None
-    live = [l for l in layers if num(l.get("relativity_index")) is not None]
-    missing = [l for l in layers if isinstance(l.get("missing"), dict) and "relativity_index" in l["missing"]]
-    flat = len(layers) - len(live) - len(missing)
-    if missing and not live:
-        return f"{name}: no relativity index ({missing[0]['missing']['relativity_index']})."
-    if not live:
-        return f"{name}: every one of {len(layers)} layers is flat (no positional information in the scores)."
-    lo = min(live, key=lambda l: num(l["relativity_index"]))
-    sink = " (key 0 excluded)" if any("relativity_index_with_sink" in l for l in live) else ""
-    ri = _span([l["relativity_index"] for l in live])
-    test = _count_phrase(live, "nonrelative_p", "not purely relative")
+    if j["missing"] and not j["live"]:
+        return f"{name}: no relativity index ({j['reason']})."
+    if not j["live"]:
+        return f"{name}: every one of {j['count']} layers is flat (no positional information in the scores)."
+    sink = " (key 0 excluded)" if j["sink"] else ""
+    ri = _span(j["relativity"])
+    test = _count_phrase(j["nonrelative"], "not purely relative")
     test = f", {test}" if test else ""
-    grid = [l for l in live if num(l.get("grid_relativity_index")) is not None]
-    share = noise_shares(live)
-    if grid:
-        n = max(int(num(l.get("noise_positions")) or 0) for l in grid)
-        text = (f"{name}: noise-corrected relativity index{sink} {_span([l['grid_relativity_index'] for l in grid])} "
-                f"on a {n}-position grid over {len(grid)} layer(s){test}; full-map index {ri} (not noise-corrected), "
-                f"lowest in layer {lo.get('layer')}")
-    elif all(l.get("relativity_index_noise_corrected") for l in live):
-        text = (f"{name}: noise-corrected relativity index{sink} {ri} over {len(live)} layer(s) (full map){test}, "
-                f"lowest in layer {lo.get('layer')}")
-    elif share:
-        text = (f"{name}: relativity index{sink} {ri} over {len(live)} layer(s) (full map, not noise-corrected: "
-                f"sampling noise alone gives {_pct_span(share)} % of the within-diagonal variation){test}, "
-                f"lowest in layer {lo.get('layer')}")
+    lowest, live = j["lowest"], j["live"]
+    if j["lead"] == "grid":
+        text = (f"{name}: noise-corrected relativity index{sink} {_span(j['grid'])} on a {j['positions']}-position "
+                f"grid over {j['grid_layers']} layer(s){test}; full-map index {ri} (not noise-corrected), "
+                f"lowest in layer {lowest}")
+    elif j["lead"] == "corrected":
+        text = (f"{name}: noise-corrected relativity index{sink} {ri} over {live} layer(s) (full map){test}, "
+                f"lowest in layer {lowest}")
+    elif j["lead"] == "shares":
+        text = (f"{name}: relativity index{sink} {ri} over {live} layer(s) (full map, not noise-corrected: "
+                f"sampling noise alone gives {_pct_span(j['shares'])} % of the within-diagonal variation){test}, "
+                f"lowest in layer {lowest}")
     else:
-        text = (f"{name}: relativity index{sink} {ri} over {len(live)} layer(s){test}, "
-                f"lowest in layer {lo.get('layer')}")
-    text += f"; locality {_span([l.get('locality') for l in live])}"
-    if flat:
-        text += f"; {flat} flat layer(s)"
-    trend = [num(l.get("diagonal_trend")) for l in live if num(l.get("diagonal_trend")) is not None]
-    if trend:
-        tcount = _count_phrase(live, "trend_p", "significant")
-        text += f"; diagonal trend {_span(trend)}" + (f" ({tcount})" if tcount else "")
-    few = few_groups(live)
+        text = f"{name}: relativity index{sink} {ri} over {live} layer(s){test}, lowest in layer {lowest}"
+    text += f"; locality {_span(j['locality'])}"
+    if j["flat"]:
+        text += f"; {j['flat']} flat layer(s)"
+    if j["trend"]:
+        tcount = _count_phrase(j["trend_counts"], "significant")
+        text += f"; diagonal trend {_span(j['trend'])}" + (f" ({tcount})" if tcount else "")
+    few = few_phrase(j["groups"])
     return text + (f"; {few}." if few else ".")
 
 

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
-from poslens.conventions import (SLASH_MAX_DELTA)
+from poslens.conventions import SLASH_MAX_DELTA
 from poslens.fmt import fmt
+from poslens.metrics.judgements import judge_slash
+from poslens.metrics.judgements import uniform_slash  # noqa: F401  (the baseline the command readings quote)
 from poslens.reporting.readings.common import layer_slash_head, num
-
-
-def uniform_slash(n: int, d: int) -> float:
-    """SlashScore(d) of uniform causal attention over ``n`` tokens: mean over i > d of 1/i."""
-    if n <= d:
-        return float("nan")
-    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)
 
 
 def slash_top(summary: dict, max_delta: int = SLASH_MAX_DELTA) -> dict | None:
@@ -29,38 +22,33 @@ def slash_top(summary: dict, max_delta: int = SLASH_MAX_DELTA) -> dict | None:
     return max(tops, key=lambda t: num(t["score"])) if tops else None
 
 
-def slash_readings(summary: dict) -> list[str]:
-    """Sentences on a scan's slash heads and rank-one measures (arXiv 2601.08297)."""
+def render_slash(j: dict) -> list[str]:
+    """The sentences of :func:`poslens.metrics.judgements.judge_slash`'s dict ``j``."""
     out: list[str] = []
-    n = int(num(summary.get("seq_len")) or 0)
-    t = slash_top(summary)
-    if t is not None:
-        base = uniform_slash(n, int(t.get("offset", 1))) if n else float("nan")
-        ratio = num(t["score"]) / base if math.isfinite(base) and base > 0 else None
-        cmp = (f"; uniform causal attention would put {fmt(base)} there (ratio {fmt(ratio)})" if ratio else "")
-        out.append(f"Strongest slash head at offsets Δ = 1 … {SLASH_MAX_DELTA}: layer {t.get('layer')} head "
-                   f"{t.get('head')} puts {fmt(num(t['score']))} of its attention on the token {t.get('offset')} "
+    h = j["head"]
+    if h is not None:
+        ratio = h["ratio"]
+        cmp = (f"; uniform causal attention would put {fmt(h['uniform'])} there (ratio {fmt(ratio)})" if ratio else "")
+        out.append(f"Strongest slash head at offsets Δ = 1 … {SLASH_MAX_DELTA}: layer {h['layer']} head "
+                   f"{h['head']} puts {fmt(h['score'])} of its attention on the token {h['offset']} "
                    f"position(s) back{cmp}.")
-        if ratio is not None and ratio < 2:
+        if j["code"] == "weak":
             out.append("No head is clearly slash-dominant here (less than twice the uniform baseline).")
-        elif ratio is not None:
+        elif j["code"] == "slash":
             out.append(f"That head is {fmt(ratio)}× more concentrated on its sub-diagonal than uniform attention: "
                        "a slash pattern.")
-    sink = num(summary.get("sink_weight"))
-    if sink is not None:
-        out.append(f"Attention on key 0 (the sink) averages {fmt(sink)}: offsets beyond Δ = {SLASH_MAX_DELTA} reach "
-                   "that column and are not counted as slashes.")
-    top1 = []
-    layers = summary.get("layers")
-    for l in layers if isinstance(layers, list) else []:
-        if not isinstance(l, dict) or not isinstance(l.get("q_top1_energy"), list):
-            continue  # an entry of the wrong shape is skipped, like every odd entry
-        q = [num(v) for v in l["q_top1_energy"] if num(v) is not None]
-        if q:
-            top1.append((l.get("layer"), max(q)))
-    if top1:
-        best = max(top1, key=lambda x: x[1])
-        out.append(f"Pre-RoPE queries are closest to rank one in layer {best[0]}: the top singular direction holds "
-                   f"{fmt(best[1])} of the energy in its most rank-one head (1 = rank one, the first condition for "
-                   "slash-dominant heads).")
+    if j["sink"] is not None:
+        out.append(f"Attention on key 0 (the sink) averages {fmt(j['sink'])}: offsets beyond Δ = {SLASH_MAX_DELTA} "
+                   "reach that column and are not counted as slashes.")
+    if j["rank_one"] is not None:
+        r = j["rank_one"]
+        out.append(f"Pre-RoPE queries are closest to rank one in layer {r['layer']}: the top singular direction holds "
+                   f"{fmt(r['energy'])} of the energy in its most rank-one head (1 = rank one, the first condition "
+                   "for slash-dominant heads).")
     return out
+
+
+def slash_readings(summary: dict) -> list[str]:
+    """Sentences on a scan's slash heads and rank-one measures (arXiv 2601.08297): :func:`render_slash` of
+    :func:`poslens.metrics.judgements.judge_slash` with its strongest head (:func:`slash_top`)."""
+    return render_slash(judge_slash(summary, slash_top(summary)))
