@@ -379,4 +379,4 @@ def test_summary_weights_the_noise_groups_by_their_samples():
         assert {k: entry[k] for k in want} == want
         assert want != equal
     bare = summarize(dc_replace(res, score_groups=None, group_counts=None))
-    assert all("noise_groups" not in l and "0 groups" in l["noise"] for l in bare["layers"])
+    assert all("noise_groups" not in l and l["noise"] == "no_groups" for l in bare["layers"])

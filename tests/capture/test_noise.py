@@ -118,7 +118,7 @@ def test_one_sample_says_so_instead_of_nan(tmp_path):
     text = (tmp_path / "one" / "summary.json").read_text()
     assert "NaN" not in text
     for l in json.loads(text)["layers"]:
-        assert "fewer than two independent groups" in l["noise"]
+        assert l["noise"] == "no_groups" and set(l["missing"].values()) == {"no_groups"}
         assert l["max_stderr"] is None
 
 
@@ -128,4 +128,9 @@ def test_too_few_groups_decide_nothing():
     groups = torch.randn(2, S, S, generator=g, dtype=torch.float64)
     d = describe_map(groups.mean(0), groups)
     assert d["flat"] is False and d["relativity_index"] is not None
-    assert "smallest attainable p-value is 0.5" in d["noise"]
+    assert d["noise"] == "too_few_groups" and d["noise_groups"] == 2
+
+    from poslens.reporting.readings.notes import noise_note
+
+    assert noise_note(d["noise"], d["noise_groups"]).startswith("only 2 independent groups of samples: the smallest "
+                                                               "attainable p-value is 0.5, above 0.01")

@@ -37,7 +37,7 @@ from typing import Sequence
 import torch
 
 from poslens.conventions import NOISE_P
-from poslens.metrics.noise import (cross_mean_square, decisive, jackknife_se_of, leave_one_out_means, min_pvalue,
+from poslens.metrics.noise import (cross_mean_square, decisive, jackknife_se_of, leave_one_out_means,
                                    signflip_pvalue)
 from poslens.metrics.neighborhood import (dead_leading_keys, finite, finite_prefix, key_pair_counts, ordered_pair_counts,
                                           pair_counts, pair_fraction, prefix_bands)
@@ -111,6 +111,13 @@ def _centred(m: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def _within(m: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[..., n]``: the diagonal-normalised valid entries (the projection behind "non-relative")."""
     return diagonal_normalize(torch.where(mask, m, float("nan")))[..., mask]
+
+
+#: why a map carries no noise floor (``describe_map``'s ``noise``), rendered by poslens.reporting.readings:
+#: no valid entry to estimate noise on; fewer than two groups of samples; too few groups for the
+#: smallest attainable p-value to lie under NOISE_P (p-values are given, nothing is called)
+NO_VALID_ENTRY, NO_GROUPS, TOO_FEW_GROUPS = "no_valid_entry", "no_groups", "too_few_groups"
+NOISE_NOTES = (NO_VALID_ENTRY, NO_GROUPS, TOO_FEW_GROUPS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,7 +334,8 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     "no variation"), ``nonrelative_p`` (of "purely relative"), ``trend_p`` (of "no trend along
     the diagonals"), ``within_diag_rms_noise`` (the RMS that sampling noise alone gives the
     mean map's diagonal-normalised entries), ``within_diag_rms_signal`` (noise removed),
-    ``diagonal_trend_se`` (jackknife over groups), ``noise_groups``. Without them ``noise`` says why.
+    ``diagonal_trend_se`` (jackknife over groups), ``noise_groups``. Without them ``noise`` gives the code of why
+    (:data:`NOISE_NOTES`).
     ``locality_map`` (optional) is a position subsample of ``m`` to compute the O(S^3) locality on.
     ``locality_all_keys``: also ``locality_all_keys``, the :func:`locality` of the map with the
     excluded keys taken in (None where the map is flat), from the same pair counts.
@@ -381,7 +389,7 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
         out["locality_all_keys"] = None
     out["flat"] = flat
     if mask is not None and not bool(mask.any()):  # e.g. a one-position map: nothing to estimate noise on
-        out["noise"] = "no valid entry (a map of one position, or every key excluded): no noise estimate"
+        out["noise"] = NO_VALID_ENTRY
     elif G >= 2:
         sig, noise = cross
         out.update({
@@ -395,12 +403,9 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
         loo = leave_one_out_means(g * w.reshape(-1, 1, 1), w)  # every group's leave-one-out mean map
         out["diagonal_trend_se"] = jackknife_se_of(diagonal_trends(loo, include_diagonal).tolist())
         if not decisive(G):
-            out["noise"] = (f"only {G} independent groups of samples: the smallest attainable p-value is "
-                            f"{min_pvalue(G):.3g}, above {NOISE_P:g}; p-values are given but nothing is called flat "
-                            "or significant (8 groups or more are needed)")
+            out["noise"] = TOO_FEW_GROUPS
     else:
-        out["noise"] = ("no noise estimate: fewer than two independent groups of samples "
-                        f"({G} group{'s' if G != 1 else ''}); add samples for p-values and noise floors")
+        out["noise"] = NO_GROUPS
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from poslens.fmt import fmt, rich_table
+from poslens.reporting.readings.notes import noise_note
 
 
 def print_simulation_summary(summary: dict, console) -> None:
@@ -22,6 +23,6 @@ def print_simulation_summary(summary: dict, console) -> None:
     console.print(t)
     console.print("rel.: relativity index; loc.: locality; trend: +1 = the entry further right on each diagonal is "
                   "higher; p non-rel: sign-flip test over sample groups; RMS: within-diagonal, beside its noise floor")
-    notes = {l["noise"] for l in summary["layers"] if l.get("noise")}
+    notes = {noise_note(l["noise"], l.get("noise_groups")) for l in summary["layers"] if l.get("noise")}
     for n in notes:
         console.print(f"note: {n}")

@@ -13,7 +13,7 @@ from poslens.capture.statistics.protocol import qualified_name
 from poslens.capture.statistics.accumulators import noise_grid
 from poslens.conventions import LAYER_CONVENTION
 from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
-from poslens.metrics.diagonal import causal_view, window_view
+from poslens.metrics.diagonal import NO_GROUPS, causal_view, window_view
 from poslens.metrics.neighborhood import aps_positions
 from poslens.metrics.rank import band_contributions, rank_measures
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
@@ -101,7 +101,7 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
             if "relativity_index_uncorrected" in out:
                 out["relativity_index_uncorrected"] = None
     else:
-        out["noise"] = "no noise estimate: fewer than two sequence groups (scan at least 2 sequences)"
+        out["noise"] = NO_GROUPS
     flat = out["flat"] and groups is not None and groups.shape[0] >= 2
     out["relativity_index_with_sink"] = None if flat else _opt(relativity_index(sc))
     out["locality_with_sink"] = None if flat else _opt(locality_with_sink)

@@ -10,6 +10,7 @@ from poslens.conventions import SLASH_MAX_DELTA
 from poslens.fmt import fmt
 from poslens.metrics.judgements import judge_model, kim_finding, uniform_slash
 from poslens.reporting.readings.commands import command_readings
+from poslens.reporting.readings.notes import noise_note
 from poslens.reporting.readings.common import (_count_phrase, _span, _decoder_layers, _pct_span, few_phrase, layer_aps,
                                                noise_phrase, num)
 from poslens.reporting.readings.kim import kim_readings
@@ -69,7 +70,7 @@ def _kim_finding(name: str, command: str, summary: dict) -> str | None:
     if j is None:
         return None
     if j["missing"] and not j["live"]:
-        return f"{name}: no relativity index ({j['reason']})."
+        return f"{name}: no relativity index ({noise_note(j['reason'])})."
     if not j["live"]:
         return f"{name}: every one of {j['count']} layers is flat (no positional information in the scores)."
     sink = " (key 0 excluded)" if j["sink"] else ""

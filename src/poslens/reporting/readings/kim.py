@@ -7,6 +7,7 @@ from __future__ import annotations
 from poslens.conventions import NOISE_P
 from poslens.fmt import fmt
 from poslens.metrics.judgements import judge_kim
+from poslens.reporting.readings.notes import noise_note
 from poslens.reporting.readings.common import _count_phrase, _layers_phrase, _pct_span, _series_short, f2, few_phrase
 
 
@@ -133,7 +134,7 @@ def render_kim(j: dict, *, noise: str = "") -> list[str]:
     "flat" is judged against ("Monte Carlo noise")."""
     out = []
     if j["missing"]:
-        out = [f"No relativity index for {_layers_phrase(j['missing'])}: {j['reason']}."]
+        out = [f"No relativity index for {_layers_phrase(j['missing'])}: {noise_note(j['reason'])}."]
         if not j["count"]:
             return out
     out += _kim_flat(j, noise)
