@@ -22,12 +22,13 @@ from poslens.api.result import Result
 # running
 # --------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _run_dir(out, *, overwrite: bool = False, resume: bool = False) -> Iterator[tuple[Path, Any]]:
+def _run_dir(out, *, overwrite: bool = False) -> Iterator[tuple[Path, Any]]:
     """``(directory to write, TemporaryDirectory or None)``: ``out``, or a fresh temporary directory that is
-    removed again if the run fails."""
+    removed again if the run fails. An existing ``out`` to ``overwrite`` is checked to be a directory
+    poslens can write (a scan checks its ``out`` when it plans, :func:`poslens.rundir.outdir.check_out_dir`)."""
     if out is not None:
         out = Path(out)
-        if out.exists() and overwrite and not resume:
+        if out.exists() and overwrite:
             from poslens.rundir.outdir import prepare_out_dir
 
             prepare_out_dir(out, must_be_new=False)

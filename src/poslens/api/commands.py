@@ -55,7 +55,7 @@ def scan(model, *, tokenizer=None, progress: bool = True, threads: int | str | N
         for name in ("seq_len", "num_seqs"):  # None: the CLI's default
             if options[name] is None:
                 options[name] = getattr(ScanConfig, name)
-    with _run_dir(out, overwrite=options["overwrite"], resume=options["resume"]) as (path, tmp):
+    with _run_dir(out) as (path, tmp):  # out (checked when the scan is planned), or a temporary one
         options.update(out=path, overwrite=options["overwrite"] and out is not None)
         cfg = ScanConfig(model_dir=model_dir, **{o.name: o.from_keyword(options[o.name])
                                                   for o in scan_options() if o.python})

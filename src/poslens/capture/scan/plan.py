@@ -1,6 +1,6 @@
 """A scan before it runs: ``ScanConfig`` (every option, declared in :mod:`poslens.capture.scan.options`) and
-``plan_scan``, which validates every input without writing anything and returns the ``ScanPlan`` the
-loop runs."""
+``plan_scan``, which validates every input without writing anything and returns the frozen ``ScanPlan``
+the loop runs."""
 
 from __future__ import annotations
 
@@ -15,39 +15,41 @@ from poslens.capture.model.load import load_tokenizer, open_model_config
 from poslens.capture.scan.options import ScanConfig
 from poslens.data.sources import SequenceSource, make_source
 from poslens.errors import PoslensError, require_positive
-from poslens.rundir.outdir import prepare_out_dir
+from poslens.rundir.outdir import check_out_dir, hold_run_dir
 from poslens.runtime import parse_device, resolve_dtype
 
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScanPlan:
-    """Everything validated and loaded; nothing written yet."""
+    """Everything validated and loaded; nothing written yet. Frozen: what only the loaded model tells
+    (its dry run, its RoPE tables, where a --device-map placed it) is the run's, not the plan's."""
 
     cfg: ScanConfig
     config: object
     adapter: Adapter
     spec: CaptureSpec
     source: SequenceSource
-    device: str
+    device: str  #: the device asked for (under torchrun each rank resolves its own)
     dtype: torch.dtype
-    #: set once the model is loaded: the dry run's per-layer windows / logit scales, the RoPE tables
-    attention: dict | None = None
-    rope: dict | None = None
 
 
 #: the largest seed (seeds are 32-bit, as numpy's; larger ones would overflow the per-sequence streams)
 MAX_SEED = 2**32 - 1
 
 
-def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSource | None = None) -> ScanPlan:
+def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSource | None = None,
+              lock: bool = False) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing.
 
     ``model``: a causal LM already in memory (``poslens.scan``); its config replaces the directory's,
     it runs on its own device(s) and in its own dtype. ``tokenizer`` and ``source``: given by the
-    caller instead of read from the model directory / built from ``cfg.data``."""
+    caller instead of read from the model directory / built from ``cfg.data``. ``lock``: take --out's
+    lock (for the run about to write it, which gives it back) before its contents are checked."""
+    check_out_dir(cfg.out, command="scan", overwrite=cfg.overwrite, resume=cfg.resume,
+                  hold=(lambda path: hold_run_dir(path, command="scan")) if lock else None)
     stats = parse_stats(cfg.stats)
     if model is not None:
         config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
@@ -73,7 +75,7 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
     bad = [l for l in cfg.no_rope_layers if not 0 <= l < L]
     if bad:
         raise PoslensError(f"--no-rope-layers {bad}: the model has layers 0..{L - 1}.")
-    rope_layers = adapter.rope_layers(config)
+    rope_layers = planned_rope_layers(adapter, config, model, trust_remote_code=cfg.trust_remote_code)
     if cfg.no_rope_layers and not rope_layers:
         raise PoslensError(f"--no-rope-layers: model type {adapter.model_type} has no RoPE to remove.")
     for l, h in cfg.heads:
@@ -93,9 +95,6 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
             raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
                                "--device-map to scan on the CPU).")
     dtype = resolve_dtype(cfg.dtype, device, config) if model is None else _loaded_dtype(model, cfg)
-    if cfg.resume and cfg.overwrite:
-        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
-    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
     if source is None:
         if tokenizer is None and cfg.data != "random":
             tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code) if model is None else \
@@ -110,6 +109,24 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
                        map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0,
                        user_stats=user_statistics(cfg.stats))
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
+
+
+def planned_rope_layers(adapter: Adapter, config, model=None, *, trust_remote_code: bool = False) -> set[int]:
+    """The layers that rotate q/k. An unlisted architecture (the generic adapter) rotates them only where
+    its module tree has a rotary module at one of the usual places: looked up in ``model``, or in the
+    model built from ``config`` on the meta device (no weights, no memory)."""
+    layers = adapter.rope_layers(config)
+    if not adapter.generic or not layers:
+        return layers
+    if model is None:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        except Exception:  # a model class that cannot be built without weights: its config's word stands
+            return layers
+    return layers if adapter.rotary_modules(model) else set()
 
 
 # --------------------------------------------------------------------------------------------
