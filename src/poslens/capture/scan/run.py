@@ -54,13 +54,14 @@ from poslens.runtime import no_hf_progress_bars
 # the scan
 # --------------------------------------------------------------------------------------------
 def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int | None = None, model=None,
-             tokenizer=None, source=None) -> dict:
+             tokenizer=None, source=None, data=None) -> dict:
     """Run (or resume) a scan and write its run directory; returns the summary dict.
 
     ``model``: a causal LM already in memory, scanned where it is (its device(s), its dtype) instead of
     loading ``cfg.model_dir``; it is handed back as it was (:mod:`poslens.capture.model.borrow`).
     ``tokenizer`` / ``source``: the text tokenizer / the sequences, given instead of read from the
-    model directory / built from ``cfg.data`` (:func:`poslens.data.sources.python_source`).
+    model directory / built from ``cfg.data``; ``data``: sequences in memory, packed when the scan is
+    planned (:func:`poslens.data.sources.python_source`, :func:`~poslens.capture.scan.plan.plan_scan`).
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank scans its shard of the batches
     (:mod:`poslens.capture.scan.distributed`), the accumulators are all-reduced and rank 0 alone
@@ -72,7 +73,8 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
     ctx = D.detect()
     restore = D.announce_sigterm(ctx)
     try:
-        return _run_scan(cfg, progress, stop_after_batches, ctx, model, tokenizer, source)
+        return _run_scan(cfg, progress, stop_after_batches, ctx, model,
+                         dict(tokenizer=tokenizer, source=source, data=data))
     except PoslensError as e:
         if ctx.enabled and not str(e).startswith("rank "):
             raise PoslensError(f"{ctx.label}: {e}") from None
@@ -118,10 +120,10 @@ class _Shard:
     already: int  # batches done by all ranks together (where the progress bar starts)
 
 
-def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx, given=None, tokenizer=None,
-              source=None) -> dict:
+def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx, given, inputs: dict) -> dict:
     t_start = time.time()
-    job = _validate(cfg, ctx, given, tokenizer, source)
+    job = _validate(cfg, ctx, given, inputs)
+    cfg = job.cfg  # as planned (in-memory data: its label and shape)
     if ctx.is_main:  # a run replacing another is written beside it and swapped in at the end (commit_out_dir)
         job.out = create_out_dir(job.out, overwrite=cfg.overwrite, staged=not ctx.enabled, checked=True)
     with contextlib.ExitStack() as stack:
@@ -164,13 +166,13 @@ def _remove_if_empty(job: _Job) -> None:
         out.rmdir()
 
 
-def _validate(cfg: ScanConfig, ctx, model=None, tokenizer=None, source=None) -> _Job:
+def _validate(cfg: ScanConfig, ctx, model, inputs: dict) -> _Job:
     """Every check before anything is written, then the process group. Every rank validates before
     any rank creates --out (else a fast rank 0 makes it "not empty"); a rank whose inputs fail
     still joins the group (same backend as the others) so that every rank can be told."""
     err, job = None, None
     try:
-        job = _check_inputs(cfg, ctx, model, tokenizer, source)
+        job = _check_inputs(cfg, ctx, model, inputs)
         device = job.device
     except PoslensError as e:
         err = e
@@ -181,10 +183,12 @@ def _validate(cfg: ScanConfig, ctx, model=None, tokenizer=None, source=None) -> 
     return job
 
 
-def _check_inputs(cfg: ScanConfig, ctx, model=None, tokenizer=None, source=None) -> _Job:
+def _check_inputs(cfg: ScanConfig, ctx, model, inputs: dict) -> _Job:
     """The plan and this rank's device; a --resume whose checkpoint was written with other options
-    is refused here, before anything is loaded or written."""
-    plan = plan_scan(cfg, model=model, tokenizer=tokenizer, source=source, lock=ctx.is_main)
+    is refused here, before anything is loaded or written. ``inputs``: the tokenizer, source and data
+    given to :func:`run_scan`."""
+    plan = plan_scan(cfg, model=model, lock=ctx.is_main, **inputs)
+    cfg = plan.cfg
     if ctx.enabled and cfg.device_map and ctx.local_world_size > 1:
         raise PoslensError(f"--device-map spreads one model over this node's devices; launch one process per "
                            f"node (--nproc-per-node 1), not {ctx.local_world_size}.")
