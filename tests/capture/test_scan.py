@@ -496,3 +496,60 @@ def test_a_model_poslens_loaded_is_freed_before_the_results_are_written(llama_di
     run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "r"), data="random", seq_len=12, num_seqs=4,
                         batch_size=2, figures=False), progress=False)
     assert seen == [True]
+
+
+def test_the_plan_is_frozen_and_decides_the_rope_layers(llama_dir, tmp_path):
+    """A plan is made once and not changed afterwards; it knows which layers rotate q/k before anything is
+    loaded (an unlisted architecture without a rotary module: none), and planning writes nothing."""
+    import dataclasses
+
+    import transformers as tf
+
+    from poslens.capture.scan.plan import plan_scan
+
+    common = dict(data="random", seq_len=8, num_seqs=2)
+    plan = plan_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "run"), **common))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.device = "cpu"
+    assert plan.spec.rope_layers == set(range(plan.spec.num_layers))
+    tf.AutoModelForCausalLM.from_config(tf.OPTConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+        max_position_embeddings=64, word_embed_proj_dim=32)).save_pretrained(str(tmp_path / "opt"))
+    with pytest.warns(UserWarning, match="'opt' has no adapter"):
+        plan = plan_scan(ScanConfig(model_dir=str(tmp_path / "opt"), out=str(tmp_path / "run"), **common))
+    assert plan.adapter.generic and plan.spec.rope_layers == set()
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_out_dir_is_checked_once_per_scan(cli, llama_dir, tmp_path, monkeypatch):
+    """``poslens scan`` and ``poslens.scan`` check --out in one place, once, before anything is loaded."""
+    import poslens
+    import poslens.capture.scan.plan as plan_module
+    from poslens.rundir import outdir
+
+    seen = []
+
+    def counted(out, **kw):
+        seen.append(Path(out))
+        return real(out, **kw)
+
+    real = outdir.check_out_dir
+    monkeypatch.setattr(outdir, "check_out_dir", counted)
+    monkeypatch.setattr(plan_module, "check_out_dir", counted)
+    args = ("--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures")
+    assert _scan(cli, llama_dir, tmp_path / "cli", *args)[0] == 0
+    assert seen == [tmp_path / "cli"]
+    seen.clear()
+    assert _scan(cli, llama_dir, tmp_path / "cli", *args, "--overwrite")[0] == 0
+    assert seen == [tmp_path / "cli"]
+    seen.clear()
+    poslens.scan(str(llama_dir), data="random", seq_len=8, num_seqs=2, out=tmp_path / "api", progress=False)
+    assert seen == [tmp_path / "api"]
+    seen.clear()
+    poslens.scan(str(llama_dir), data="random", seq_len=8, num_seqs=2, out=tmp_path / "api", overwrite=True,
+                 progress=False)
+    assert seen == [tmp_path / "api"]
+    seen.clear()
+    with pytest.raises(poslens.PoslensError, match="contradict"):
+        poslens.scan(str(llama_dir), data="random", out=tmp_path / "api", resume=True, overwrite=True)
+    assert len(seen) == 1

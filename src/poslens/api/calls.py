@@ -22,12 +22,13 @@ from poslens.api.result import Result
 # running
 # --------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _run_dir(out, *, overwrite: bool = False, resume: bool = False) -> Iterator[tuple[Path, Any]]:
+def _run_dir(out, *, overwrite: bool = False) -> Iterator[tuple[Path, Any]]:
     """``(directory to write, TemporaryDirectory or None)``: ``out``, or a fresh temporary directory that is
-    removed again if the run fails."""
+    removed again if the run fails. An existing ``out`` to ``overwrite`` is checked to be a directory
+    poslens can write (a scan checks its ``out`` when it plans, :func:`poslens.rundir.outdir.check_out_dir`)."""
     if out is not None:
         out = Path(out)
-        if out.exists() and overwrite and not resume:
+        if out.exists() and overwrite:
             from poslens.rundir.outdir import prepare_out_dir
 
             prepare_out_dir(out, must_be_new=False)
@@ -120,14 +121,9 @@ def _text_tokenizer(loaded, data, tokenizer):
     the one saved beside the model; none found is an error in Python's words (``tokenizer=``)."""
     if tokenizer is not None or loaded is None or str(data) == "random" or str(data).endswith(".jsonl"):
         return tokenizer
-    from poslens.capture.scan.plan import loaded_model_tokenizer
+    from poslens.capture.scan.plan import text_tokenizer
 
-    found = loaded_model_tokenizer(loaded)
-    if found is None:
-        raise PoslensError(f"data={str(data)!r} is text, and no tokenizer is saved beside this model (a model loaded "
-                           "from a GGUF file or built in memory has none there); pass tokenizer= (e.g. "
-                           "AutoTokenizer.from_pretrained(...)), or data='random' or token ids.")
-    return found
+    return text_tokenizer(loaded, data)
 
 
 def _check_keywords(options: dict) -> None:
@@ -152,26 +148,6 @@ def _check_keywords(options: dict) -> None:
             raise PoslensError(f"{o.name}={v!r}: pass a number.")
         if kinds == {bool} and not isinstance(v, bool):
             raise PoslensError(f"{o.name}={v!r}: pass True or False.")
-
-
-def _has_strings(data) -> bool:
-    return isinstance(data, (list, tuple)) and any(isinstance(x, str) for x in data)
-
-
-def _tokenizer_for(model_dir: str, loaded, trust_remote_code: bool):
-    from poslens.capture.model.load import load_tokenizer
-    from poslens.capture.scan.plan import loaded_model_tokenizer
-
-    return loaded_model_tokenizer(loaded) if loaded is not None else load_tokenizer(model_dir, trust_remote_code)
-
-
-def _vocab_size(model_dir: str, loaded, allow_pickle: bool, trust_remote_code: bool):
-    if loaded is not None:
-        return getattr(loaded.config, "vocab_size", None)
-    from poslens.capture.model.load import open_model_config
-
-    config, _ = open_model_config(model_dir, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-    return getattr(config, "vocab_size", None)
 
 
 def _run_path(run, what: str) -> Path:

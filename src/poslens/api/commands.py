@@ -9,8 +9,8 @@ from typing import Iterable
 
 from poslens.capture.scan.options import ScanConfig, scan_options
 from poslens.errors import PoslensError
-from poslens.api.calls import (_check_keywords, _config, _finish, _has_strings, _model_arg, _model_dir_of, _run_dir,
-                               _run_path, _scan_keywords, _text_tokenizer, _threads, _tokenizer_for, _vocab_size)
+from poslens.api.calls import (_check_keywords, _config, _finish, _model_arg, _model_dir_of, _run_dir, _run_path,
+                               _scan_keywords, _text_tokenizer, _threads)
 from poslens.api.result import Result
 
 
@@ -35,32 +35,24 @@ def scan(model, *, tokenizer=None, progress: bool = True, threads: int | str | N
     with other processes), a count, or None (torch's current setting).
     """
     from poslens.capture.scan.run import run_scan
-    from poslens.data.sources import is_python_data, python_source
+    from poslens.data.sources import is_python_data
 
     _check_keywords(options)
     model_dir, loaded = _model_arg(model)
     data, out = options["data"], options["out"]
-    source = None
-    if not is_python_data(data):
-        tokenizer = _text_tokenizer(loaded, data, tokenizer)
-    if is_python_data(data):
-        if tokenizer is None and _has_strings(data):
-            tokenizer = _tokenizer_for(model_dir, loaded, options["trust_remote_code"])
-        vocab = _vocab_size(model_dir, loaded, options["allow_pickle"], options["trust_remote_code"])
-        source, label = python_source(data, seq_len=options["seq_len"], num_seqs=options["num_seqs"],
-                                      tokenizer=tokenizer, vocab_size=vocab)
-        options.update(data=label, seq_len=source.seq_len, num_seqs=source.num_seqs)
+    if is_python_data(data):  # packed when the scan is planned: its label, and its shape unless given
+        options["data"] = "in-memory"
     else:
-        options["data"] = str(data)
+        data, options["data"] = None, str(data)
         for name in ("seq_len", "num_seqs"):  # None: the CLI's default
             if options[name] is None:
                 options[name] = getattr(ScanConfig, name)
-    with _run_dir(out, overwrite=options["overwrite"], resume=options["resume"]) as (path, tmp):
+    with _run_dir(out) as (path, tmp):  # out (checked when the scan is planned), or a temporary one
         options.update(out=path, overwrite=options["overwrite"] and out is not None)
         cfg = ScanConfig(model_dir=model_dir, **{o.name: o.from_keyword(options[o.name])
                                                   for o in scan_options() if o.python})
         with _threads(threads):
-            summary = run_scan(cfg, progress=progress, model=loaded, tokenizer=tokenizer, source=source)
+            summary = run_scan(cfg, progress=progress, model=loaded, tokenizer=tokenizer, data=data)
         if "layers" not in summary:  # a rank other than 0 of a distributed scan: rank 0 wrote the run
             return None  # type: ignore[return-value]
         return _finish(path, tmp)

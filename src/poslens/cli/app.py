@@ -123,39 +123,21 @@ def dtype_option(default: str, help: str = "auto | bf16 | fp16 | fp32 (sums are 
 
 def refuse_existing_out(out, *, overwrite: bool, resume: bool | None = None, command: str | None = None) -> None:
     """The existing-output convention for a run directory ``out`` (docs/cli.md), checked before any
-    work starts:
-
-    - the directory is locked for the rest of the command (:func:`poslens.rundir.lock.lock_out_dir`):
-      a second poslens process writing it is refused, naming the first;
-    - a non-empty directory is refused with a one-line error naming the fix unless ``overwrite``
-      (or ``resume``, where the command can continue a run: pass ``resume`` only for such commands);
-    - ``overwrite`` replaces only a run directory of the same ``command`` (default: the command
-      being run) that holds nothing poslens did not write, and removes its files only once the new
-      run starts writing.
+    work starts by :func:`poslens.rundir.outdir.check_out_dir`, with the directory locked for the rest
+    of the command (:func:`poslens.rundir.lock.lock_out_dir`) before its contents are checked: a second
+    poslens process writing it is refused, naming the first. ``resume``: pass it only for a command that
+    can continue a run. ``overwrite`` replaces only a run directory of the same ``command`` (default:
+    the command being run); a container (``demo``) checks what it may replace itself.
 
     :func:`poslens.cli.main` gives the lock back when the command ends."""
-    from pathlib import Path
+    from poslens.rundir.outdir import check_out_dir
 
-    from poslens.errors import PoslensError
-    from poslens.rundir.staging import check_replaceable
-    from poslens.rundir.outdir import prepare_out_dir
-    from poslens.rundir.lock import run_entries
-
-    path = Path(out)
-    if resume and overwrite:
-        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
-    prepare_out_dir(path)  # an existing file, an unwritable parent
     command = command or _current_command()
-    if command not in _CONTAINERS:  # first: what is checked below cannot change under another process
-        hold_out_dir(path, command=command, overwrite=overwrite)
-    if path.is_dir() and run_entries(path):
-        if overwrite:
-            if command not in _CONTAINERS:  # a container checks its own (demo: an earlier demo.json)
-                check_replaceable(path, command)
-        elif not resume:
-            fix = "pass --resume to continue it or --overwrite to replace it" if resume is not None else \
-                "pass --overwrite to replace it"
-            raise PoslensError(f"--out {path} already exists and is not empty; {fix}, or choose a new directory.")
+    if command in _CONTAINERS:  # its run directories are each locked by the run that writes it
+        check_out_dir(out, command=None, overwrite=overwrite, resume=resume)
+        return
+    check_out_dir(out, command=command, overwrite=overwrite, resume=resume,
+                  hold=lambda path: hold_out_dir(path, command=command, overwrite=overwrite))
 
 
 #: commands whose --out holds other commands' run directories, each locked by the run that writes it;

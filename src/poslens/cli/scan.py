@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from poslens.capture.scan.options import ScanConfig, scan_options
-from poslens.cli.app import app, quiet_option, refuse_existing_out, threads_option, use_threads
+from poslens.cli.app import app, quiet_option, threads_option, use_threads
 from poslens.errors import Interrupted
 from poslens.rundir.lock import run_entries
 
@@ -65,7 +65,6 @@ def scan(cfg: ScanConfig, quiet: bool = quiet_option(), threads: int = threads_o
     use_threads(threads)
     from poslens.capture.scan.run import run_scan
 
-    refuse_existing_out(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume)
     replacing = cfg.overwrite and Path(cfg.out).is_dir() and bool(run_entries(Path(cfg.out)))
     try:
         summary = run_scan(cfg, progress=not quiet)

@@ -1,11 +1,12 @@
-"""The output directory of a command: its name checked, created (or staged beside the run it
-replaces) and committed."""
+"""The output directory of a command: the rule it must meet, checked once before any work starts
+(:func:`check_out_dir`), then created (or staged beside the run it replaces) and committed."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from poslens.errors import PoslensError
 from poslens.rundir.io import write_error
@@ -13,6 +14,48 @@ from poslens.rundir.load import classify
 from poslens.rundir.io import _claims
 from poslens.rundir.lock import _acquire, _key, run_entries
 from poslens.rundir.staging import _make_stage, _swap_in, check_replaceable, clear_run
+
+
+def check_out_dir(out: str | os.PathLike, *, command: str | None, overwrite: bool = False,
+                  resume: bool | None = None, hold: Callable[[Path], object] | None = None) -> Path:
+    """The rule of a command's run directory ``out`` (docs/cli.md), checked once before any work starts;
+    raises a :class:`PoslensError` in one line naming the input and the fix, writes nothing itself:
+
+    - ``resume`` and ``overwrite`` together contradict each other;
+    - ``out`` is a directory that can be created (:func:`prepare_out_dir`);
+    - ``hold(path)``, where given, takes the directory's lock before the rest is checked, so that it
+      cannot change under another process;
+    - a non-empty directory is refused unless ``overwrite``, or ``resume`` (pass ``resume`` only for a
+      command that can continue a run; None: the error does not offer it);
+    - ``overwrite`` replaces only a run directory of ``command`` holding nothing poslens did not write
+      (:func:`check_replaceable`); a run continued in place (``resume``) is never a model directory.
+      ``command`` None: the caller decides what may be replaced."""
+    path = Path(out)
+    if resume and overwrite:
+        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
+    prepare_out_dir(path)  # an existing file, an unwritable parent
+    if hold is not None:
+        hold(path)
+    if not path.is_dir() or not run_entries(path):
+        return path
+    if overwrite:
+        if command is not None:
+            check_replaceable(path, command)
+    elif not resume:
+        fix = "pass --resume to continue it or --overwrite to replace it" if resume is not None else \
+            "pass --overwrite to replace it"
+        raise PoslensError(f"--out {path} already exists and is not empty; {fix}, or choose a new directory.")
+    elif command not in (None, "train"):
+        _refuse_model_dir(path)
+    return path
+
+
+def hold_run_dir(path: str | os.PathLike, *, command: str | None = None) -> None:
+    """Take the lock of run directory ``path`` for the run about to write it (unless this process holds
+    it already): the hold :func:`create_out_dir` uses, which :func:`release_out_dir` gives back."""
+    path = Path(path)
+    if _claims.get(_key(path)) is None:
+        _acquire(path, implicit=True, command=command)
 
 
 def prepare_out_dir(out: str | os.PathLike, *, must_be_new: bool = False) -> Path:
@@ -58,7 +101,7 @@ def check_path_name(path: str | os.PathLike, flag: str) -> None:
 
 
 def create_out_dir(path: Path, *, command: str | None = None, overwrite: bool = False,
-                   staged: bool = False) -> Path:
+                   staged: bool = False, checked: bool = False) -> Path:
     """Create the run directory ``path`` (once every input is valid) and hold its lock; returns the
     directory the run writes into.
 
@@ -68,11 +111,11 @@ def create_out_dir(path: Path, *, command: str | None = None, overwrite: bool = 
     (until then the previous run stays as it was; :func:`release_out_dir` removes an uncommitted
     stage). Without ``staged`` the previous run's files are removed now. Without a lock it takes
     one, which :func:`release_out_dir` gives back. A model directory is refused unless ``command``
-    is ``"train"`` (writing a run there would replace the model's config.json)."""
+    is ``"train"`` (writing a run there would replace the model's config.json). ``checked``: the
+    caller ran :func:`check_out_dir` under the lock it holds, so neither check is made again."""
     path = Path(path)
-    if command != "train" and path.is_dir() and classify(path) == "model":
-        raise PoslensError(f"--out {path} is a model directory (its config.json describes a model); writing a run "
-                           "there would replace the model's files. Choose a new --out.")
+    if command != "train" and not checked:
+        _refuse_model_dir(path)
     claim = _claims.get(_key(path))
     if claim is None:
         claim = _acquire(path, implicit=True)
@@ -82,7 +125,7 @@ def create_out_dir(path: Path, *, command: str | None = None, overwrite: bool = 
     except OSError as e:
         raise write_error(path, e) from None
     if claim.overwrite and run_entries(path):
-        if command is not None:
+        if command is not None and not checked:
             check_replaceable(path, command)
         if staged:
             if claim.stage is None:
@@ -91,6 +134,12 @@ def create_out_dir(path: Path, *, command: str | None = None, overwrite: bool = 
         clear_run(path)
     claim.overwrite = False
     return path
+
+
+def _refuse_model_dir(path: Path) -> None:
+    if path.is_dir() and classify(path) == "model":
+        raise PoslensError(f"--out {path} is a model directory (its config.json describes a model); writing a run "
+                           "there would replace the model's files. Choose a new --out.")
 
 
 def commit_out_dir(path: str | os.PathLike) -> None:

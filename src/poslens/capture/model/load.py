@@ -153,12 +153,17 @@ def checked_adapter(config, where: str, *, seq_len: int | None = None, flag: str
         raise PoslensError(f"{where}: model type {getattr(config, 'model_type', None)!r} has no attention "
                            f"geometry poslens can read ({str(e).splitlines()[0][:120]}); supported: "
                            f"{', '.join(sorted(ADAPTERS))}.") from None
+    check_seq_len(adapter, config, seq_len, where, flag)
+    return adapter
+
+
+def check_seq_len(adapter, config, seq_len: int | None, where: str, flag: str = "--seq-len") -> None:
+    """Refuse a ``seq_len`` beyond the model's positions (``where`` names the model, ``flag`` the option)."""
     maxpos = adapter.max_positions(config)
     if seq_len is not None and maxpos is not None and seq_len > maxpos:
         sep = " " if flag.startswith("--") else "="
         raise PoslensError(f"{flag} {seq_len} exceeds the model's maximum of {maxpos} positions ({where}); "
                            f"pass {flag}{sep}{maxpos} or less.")
-    return adapter
 
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):

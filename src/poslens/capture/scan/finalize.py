@@ -144,8 +144,9 @@ class _Reader:
     freed), what was not asked for (--stats) as None, and what every layer's numbers share (the
     noise grid and groups, per-sequence APS, sliding windows, the --map-size blocks)."""
 
-    def __init__(self, capture: Capture, plan: ScanPlan):
+    def __init__(self, capture: Capture, plan: ScanPlan, rope: dict | None = None, attention: dict | None = None):
         self.capture, self.plan, self.spec = capture, plan, plan.spec
+        self.rope, self.attention = rope, attention
         spec, has = plan.spec, self.has
         self.n_seqs = capture.sequences
         self.k = plan.cfg.aps_max_positions
@@ -157,7 +158,7 @@ class _Reader:
         nl = len(spec.layers)
         self.aps = _per_sequence(capture.accs["aps_seq"]) if has("aps_seq") else ([None] * (nl + 1),) * 2
         self.attn_aps = _per_sequence(capture.accs["attn_aps_seq"]) if has("attn_aps_seq") else ([None] * nl,) * 2
-        self.windows = (plan.attention or {}).get("windows") or [None] * spec.num_layers
+        self.windows = (attention or {}).get("windows") or [None] * spec.num_layers
         self.blocks = capture.blocks  # --map-size: the S x S maps are block means
         # the mean-map APS and norm score of every index at once (embeddings and layers; layers): one
         # count over all the maps
@@ -199,7 +200,7 @@ def _layer_record(r: _Reader, li: int, l: int) -> dict:
     spec, mean, when = r.spec, r.mean, r.when
     rm_q = when("q_gram", lambda: rank_measures(mean("q_gram", li)))
     rm_k = when("k_gram", lambda: rank_measures(mean("k_gram", li)))
-    table = layer_rope(r.plan.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
+    table = layer_rope(r.rope, l)  # the model's own frequencies (scaled RoPE, Gemma 3's two bases)
     bands = when("dim_logit", lambda: band_contributions(
         mean("dim_logit", li), r.rot_dim if l in spec.rope_layers else None, r.base, spec.seq_len,
         inv_freq=table["inv_freq"] if table else None))
@@ -263,15 +264,15 @@ def _summary(r: _Reader, layers: list) -> dict:
         "slash_top_heads": r.when("slash", lambda: top_slash_heads(r.mean("slash"), k=10,
                                                                    layer_ids=spec.layers)) or [],
         "files": ["config.json", "maps.safetensors", "summary.json"],
-        "rope": r.plan.rope,
-        "attention": r.plan.attention,
+        "rope": r.rope,
+        "attention": r.attention,
     }
 
 
 def _write_maps(out: Path, r: _Reader) -> dict:
     """``maps.safetensors``: float32 means, converted in place one accumulator at a time (the capture
     is spent afterwards), and the reservoir sample; returns the tensors written."""
-    spec, plan, blocks = r.spec, r.plan, r.blocks
+    spec, blocks = r.spec, r.blocks
     tensors = r.capture.release_means(torch.float32, group_means={"score_groups": (r.groups, r.counts)}
                                       if r.counts is not None else None)
     tensors = {k: tensors.pop(k).cpu() for k in list(tensors)}  # the file, figures and tables: on the CPU
@@ -281,7 +282,7 @@ def _write_maps(out: Path, r: _Reader) -> dict:
     write_tensors(out / "maps.safetensors", tensors,
                   metadata={"layers": spec.layers, "heads": [list(h) for h in spec.heads], "num_seqs": r.n_seqs,
                             "seq_len": spec.seq_len, "cosine_index": "0 = embeddings, k = output of layers[k-1]",
-                            "rope": plan.rope, "attention": plan.attention,
+                            "rope": r.rope, "attention": r.attention,
                             "layer_convention": LAYER_CONVENTION,
                             "map_block": blocks.f if blocks is not None else 1,
                             "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
@@ -290,14 +291,16 @@ def _write_maps(out: Path, r: _Reader) -> dict:
     return tensors
 
 
-def finalize(out: Path, capture: Capture, plan: ScanPlan, figures: bool = True) -> dict:
-    """Write ``maps.safetensors`` (float32 means) and figures; return the summary dict.
+def finalize(out: Path, capture: Capture, plan: ScanPlan, *, rope: dict | None = None, attention: dict | None = None,
+             figures: bool = True) -> dict:
+    """Write ``maps.safetensors`` (float32 means) and figures; return the summary dict. ``rope`` and
+    ``attention``: what the loaded model told the run (its RoPE tables, its dry run's windows and scales).
 
     Decoder layers count from 0. Score-map statistics leave out the sink column (key 0) by default
     and give the with-sink values beside them; the APS is the paper's per-sequence APS (mean and
     std over sequences), the APS of the mean map is ``mean_map_aps``.
     """
-    r = _Reader(capture, plan)
+    r = _Reader(capture, plan, rope, attention)
     summary = _summary(r, [_layer_record(r, li, l) for li, l in enumerate(r.spec.layers)])
     tensors = _write_maps(out, r)
     if figures and "scores" in tensors:

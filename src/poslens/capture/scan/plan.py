@@ -1,9 +1,10 @@
 """A scan before it runs: ``ScanConfig`` (every option, declared in :mod:`poslens.capture.scan.options`) and
-``plan_scan``, which validates every input without writing anything and returns the ``ScanPlan`` the
-loop runs."""
+``plan_scan``, which validates every input without writing anything and returns the frozen ``ScanPlan``
+the loop runs."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -11,49 +12,62 @@ import torch
 from poslens.capture.model.adapters import Adapter
 from poslens.capture.engine.spec import CaptureSpec, parse_stats, user_statistics
 from poslens.capture.model.borrow import model_device, model_dtype
-from poslens.capture.model.load import load_tokenizer, open_model_config
+from poslens.capture.model.load import check_seq_len, load_tokenizer, open_model_config
 from poslens.capture.scan.options import ScanConfig
-from poslens.data.sources import SequenceSource, make_source
+from poslens.data.sources import SequenceSource, make_source, python_source
 from poslens.errors import PoslensError, require_positive
-from poslens.rundir.outdir import prepare_out_dir
+from poslens.rundir.outdir import check_out_dir, hold_run_dir
 from poslens.runtime import parse_device, resolve_dtype
 
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScanPlan:
-    """Everything validated and loaded; nothing written yet."""
+    """Everything validated and loaded; nothing written yet. Frozen: what only the loaded model tells
+    (its dry run, its RoPE tables, where a --device-map placed it) is the run's, not the plan's."""
 
     cfg: ScanConfig
     config: object
     adapter: Adapter
     spec: CaptureSpec
     source: SequenceSource
-    device: str
+    device: str  #: the device asked for (under torchrun each rank resolves its own)
     dtype: torch.dtype
-    #: set once the model is loaded: the dry run's per-layer windows / logit scales, the RoPE tables
-    attention: dict | None = None
-    rope: dict | None = None
 
 
 #: the largest seed (seeds are 32-bit, as numpy's; larger ones would overflow the per-sequence streams)
 MAX_SEED = 2**32 - 1
 
 
-def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSource | None = None) -> ScanPlan:
+def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSource | None = None, data=None,
+              lock: bool = False) -> ScanPlan:
     """Validate all inputs and build the sequence source; raises :class:`PoslensError`, writes nothing.
 
     ``model``: a causal LM already in memory (``poslens.scan``); its config replaces the directory's,
     it runs on its own device(s) and in its own dtype. ``tokenizer`` and ``source``: given by the
-    caller instead of read from the model directory / built from ``cfg.data``."""
+    caller instead of read from the model directory / built from ``cfg.data``. ``data``: sequences
+    given in memory (:func:`poslens.data.sources.python_source`), packed with the model's tokenizer and
+    vocabulary; the plan's ``cfg`` records their label as its ``data``, and their ``seq_len`` and
+    ``num_seqs`` where ``cfg`` leaves them None. ``lock``: take --out's lock (for the run about to write
+    it, which gives it back) before its contents are checked."""
+    check_out_dir(cfg.out, command="scan", overwrite=cfg.overwrite, resume=cfg.resume,
+                  hold=(lambda path: hold_run_dir(path, command="scan")) if lock else None)
     stats = parse_stats(cfg.stats)
+    where, flag = (f"model {type(model).__name__}", "seq_len") if model is not None else (cfg.model_dir, "--seq-len")
     if model is not None:
-        config, adapter = loaded_model_config(model, seq_len=cfg.seq_len)
+        config, adapter = loaded_model_config(model, seq_len=None if data is not None else cfg.seq_len)
     else:
-        config, adapter = open_model_config(cfg.model_dir, seq_len=cfg.seq_len, allow_pickle=cfg.allow_pickle,
-                                            trust_remote_code=cfg.trust_remote_code)
+        config, adapter = open_model_config(cfg.model_dir, seq_len=None if data is not None else cfg.seq_len,
+                                            allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
+    if data is not None:  # in memory: its rows give seq_len and num_seqs unless they are set
+        if tokenizer is None and isinstance(data, (list, tuple)) and any(isinstance(x, str) for x in data):
+            tokenizer = _model_tokenizer(cfg, model)
+        source, label = python_source(data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, tokenizer=tokenizer,
+                                      vocab_size=getattr(config, "vocab_size", None))
+        cfg = dataclasses.replace(cfg, data=label, seq_len=source.seq_len, num_seqs=source.num_seqs)
+        check_seq_len(adapter, config, cfg.seq_len, where, flag)
     L = adapter.num_layers(config)
     H = adapter.num_heads(config)
     require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
@@ -73,7 +87,7 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
     bad = [l for l in cfg.no_rope_layers if not 0 <= l < L]
     if bad:
         raise PoslensError(f"--no-rope-layers {bad}: the model has layers 0..{L - 1}.")
-    rope_layers = adapter.rope_layers(config)
+    rope_layers = planned_rope_layers(adapter, config, model, trust_remote_code=cfg.trust_remote_code)
     if cfg.no_rope_layers and not rope_layers:
         raise PoslensError(f"--no-rope-layers: model type {adapter.model_type} has no RoPE to remove.")
     for l, h in cfg.heads:
@@ -93,13 +107,9 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
             raise PoslensError("--device-map places the model on the visible GPUs; drop --device cpu (or drop "
                                "--device-map to scan on the CPU).")
     dtype = resolve_dtype(cfg.dtype, device, config) if model is None else _loaded_dtype(model, cfg)
-    if cfg.resume and cfg.overwrite:
-        raise PoslensError("--resume and --overwrite contradict each other; pass one.")
-    prepare_out_dir(cfg.out, must_be_new=not (cfg.resume or cfg.overwrite))
     if source is None:
         if tokenizer is None and cfg.data != "random":
-            tokenizer = load_tokenizer(cfg.model_dir, cfg.trust_remote_code) if model is None else \
-                loaded_model_tokenizer(model)
+            tokenizer = _model_tokenizer(cfg, model) if model is None else text_tokenizer(model, cfg.data)
         source = make_source(cfg.data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, seed=cfg.seed, tokenizer=tokenizer,
                              vocab_size=getattr(config, "vocab_size", None))
     spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
@@ -110,6 +120,24 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
                        map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0,
                        user_stats=user_statistics(cfg.stats))
     return ScanPlan(cfg, config, adapter, spec, source, device, dtype)
+
+
+def planned_rope_layers(adapter: Adapter, config, model=None, *, trust_remote_code: bool = False) -> set[int]:
+    """The layers that rotate q/k. An unlisted architecture (the generic adapter) rotates them only where
+    its module tree has a rotary module at one of the usual places: looked up in ``model``, or in the
+    model built from ``config`` on the meta device (no weights, no memory)."""
+    layers = adapter.rope_layers(config)
+    if not adapter.generic or not layers:
+        return layers
+    if model is None:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        except Exception:  # a model class that cannot be built without weights: its config's word stands
+            return layers
+    return layers if adapter.rotary_modules(model) else set()
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,6 +151,22 @@ def loaded_model_config(model, *, seq_len: int | None = None):
     check_causal_lm(model)
     return model.config, checked_adapter(model.config, f"model {type(model).__name__}", seq_len=seq_len,
                                          flag="seq_len")
+
+
+def _model_tokenizer(cfg: ScanConfig, model=None):
+    """The tokenizer of the model: saved beside a loaded one, or in the model directory; None when it has none."""
+    return load_tokenizer(cfg.model_dir, cfg.trust_remote_code) if model is None else loaded_model_tokenizer(model)
+
+
+def text_tokenizer(model, data: str):
+    """The tokenizer a loaded model's named data (``"stdlib"``, a text file) needs, saved beside the model;
+    none found is an error in Python's words (``tokenizer=``). Token ids (JSONL) need none."""
+    found = loaded_model_tokenizer(model)
+    if found is None and not str(data).endswith(".jsonl"):
+        raise PoslensError(f"data={str(data)!r} is text, and no tokenizer is saved beside this model (a model loaded "
+                           "from a GGUF file or built in memory has none there); pass tokenizer= (e.g. "
+                           "AutoTokenizer.from_pretrained(...)), or data='random' or token ids.")
+    return found
 
 
 def loaded_model_tokenizer(model):

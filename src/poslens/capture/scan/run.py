@@ -40,7 +40,7 @@ from poslens.capture.model.load import load_model
 from poslens.capture.engine.loop import attach, forward, forward_kwargs
 from poslens.capture.model.source import source_record
 from poslens.capture.scan.options import ScanConfig
-from poslens.capture.scan.plan import plan_scan
+from poslens.capture.scan.plan import ScanPlan, plan_scan
 from poslens.errors import PoslensError
 from poslens.progress import task_progress
 from poslens.rundir.outdir import commit_out_dir, create_out_dir
@@ -54,13 +54,14 @@ from poslens.runtime import no_hf_progress_bars
 # the scan
 # --------------------------------------------------------------------------------------------
 def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int | None = None, model=None,
-             tokenizer=None, source=None) -> dict:
+             tokenizer=None, source=None, data=None) -> dict:
     """Run (or resume) a scan and write its run directory; returns the summary dict.
 
     ``model``: a causal LM already in memory, scanned where it is (its device(s), its dtype) instead of
     loading ``cfg.model_dir``; it is handed back as it was (:mod:`poslens.capture.model.borrow`).
     ``tokenizer`` / ``source``: the text tokenizer / the sequences, given instead of read from the
-    model directory / built from ``cfg.data`` (:func:`poslens.data.sources.python_source`).
+    model directory / built from ``cfg.data``; ``data``: sequences in memory, packed when the scan is
+    planned (:func:`poslens.data.sources.python_source`, :func:`~poslens.capture.scan.plan.plan_scan`).
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank scans its shard of the batches
     (:mod:`poslens.capture.scan.distributed`), the accumulators are all-reduced and rank 0 alone
@@ -72,7 +73,8 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
     ctx = D.detect()
     restore = D.announce_sigterm(ctx)
     try:
-        return _run_scan(cfg, progress, stop_after_batches, ctx, model, tokenizer, source)
+        return _run_scan(cfg, progress, stop_after_batches, ctx, model,
+                         dict(tokenizer=tokenizer, source=source, data=data))
     except PoslensError as e:
         if ctx.enabled and not str(e).startswith("rank "):
             raise PoslensError(f"{ctx.label}: {e}") from None
@@ -90,15 +92,19 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
 
 @dataclass
 class _Job:
-    """What the steps of one scan share: its options, plan, process context and output."""
+    """What the steps of one scan share: its options, frozen plan, process context and output, and what
+    only the run learns (this rank's device, what the loaded model tells)."""
 
     cfg: ScanConfig
     ctx: Any  # poslens.capture.scan.distributed context (a single process: disabled)
-    plan: Any  # ScanPlan
-    device: str
+    plan: ScanPlan
+    device: str  # this rank's device (the collectives')
     out: Path
     fp: str  # the options' fingerprint, stored in every checkpoint
     ck_name: str  # this rank's checkpoint file
+    where: str = ""  # the device of the inputs and the accumulators (a --device-map model: its first device)
+    attention: dict | None = None  # the dry run's per-layer windows / logit scales (check_dispatch)
+    rope: dict | None = None  # the model's RoPE tables (rope_tables)
 
 
 @dataclass
@@ -114,12 +120,12 @@ class _Shard:
     already: int  # batches done by all ranks together (where the progress bar starts)
 
 
-def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx, given=None, tokenizer=None,
-              source=None) -> dict:
+def _run_scan(cfg: ScanConfig, progress: bool, stop_after_batches: int | None, ctx, given, inputs: dict) -> dict:
     t_start = time.time()
-    job = _validate(cfg, ctx, given, tokenizer, source)
+    job = _validate(cfg, ctx, given, inputs)
+    cfg = job.cfg  # as planned (in-memory data: its label and shape)
     if ctx.is_main:  # a run replacing another is written beside it and swapped in at the end (commit_out_dir)
-        job.out = create_out_dir(job.out, command="scan", overwrite=cfg.overwrite, staged=not ctx.enabled)
+        job.out = create_out_dir(job.out, overwrite=cfg.overwrite, staged=not ctx.enabled, checked=True)
     with contextlib.ExitStack() as stack:
         if given is not None:  # the caller's model: poslens attention and eval mode inside, restored after
             stack.enter_context(borrowed(given))
@@ -160,13 +166,13 @@ def _remove_if_empty(job: _Job) -> None:
         out.rmdir()
 
 
-def _validate(cfg: ScanConfig, ctx, model=None, tokenizer=None, source=None) -> _Job:
+def _validate(cfg: ScanConfig, ctx, model, inputs: dict) -> _Job:
     """Every check before anything is written, then the process group. Every rank validates before
     any rank creates --out (else a fast rank 0 makes it "not empty"); a rank whose inputs fail
     still joins the group (same backend as the others) so that every rank can be told."""
     err, job = None, None
     try:
-        job = _check_inputs(cfg, ctx, model, tokenizer, source)
+        job = _check_inputs(cfg, ctx, model, inputs)
         device = job.device
     except PoslensError as e:
         err = e
@@ -174,19 +180,21 @@ def _validate(cfg: ScanConfig, ctx, model=None, tokenizer=None, source=None) -> 
     D.init(ctx, device)
     if not ctx.all_ok(err is None, device):
         raise err or PoslensError("another rank rejected the inputs (its error is printed above).")
-    job.plan.device = device
     return job
 
 
-def _check_inputs(cfg: ScanConfig, ctx, model=None, tokenizer=None, source=None) -> _Job:
+def _check_inputs(cfg: ScanConfig, ctx, model, inputs: dict) -> _Job:
     """The plan and this rank's device; a --resume whose checkpoint was written with other options
-    is refused here, before anything is loaded or written."""
-    plan = plan_scan(cfg, model=model, tokenizer=tokenizer, source=source)
+    is refused here, before anything is loaded or written. ``inputs``: the tokenizer, source and data
+    given to :func:`run_scan`."""
+    plan = plan_scan(cfg, model=model, lock=ctx.is_main, **inputs)
+    cfg = plan.cfg
     if ctx.enabled and cfg.device_map and ctx.local_world_size > 1:
         raise PoslensError(f"--device-map spreads one model over this node's devices; launch one process per "
                            f"node (--nproc-per-node 1), not {ctx.local_world_size}.")
-    job = _Job(cfg, ctx, plan, D.resolve_device(ctx, plan.device), Path(cfg.out), fingerprint(cfg),
-               D.checkpoint_name(ctx.rank) if ctx.enabled else CHECKPOINT)
+    device = D.resolve_device(ctx, plan.device)
+    job = _Job(cfg, ctx, plan, device, Path(cfg.out), fingerprint(cfg),
+               D.checkpoint_name(ctx.rank) if ctx.enabled else CHECKPOINT, where=device)
     out, ck = job.out, job.out / job.ck_name
     if cfg.resume and out.is_dir():
         check_resume_layout(out, ctx.world_size)
@@ -205,18 +213,20 @@ def _load(job: _Job, progress: bool, given=None):
         model = given
     else:  # one set of loading bars per job; none with --quiet
         with no_hf_progress_bars((ctx.enabled and not ctx.is_main) or not progress):
-            model = load_model(cfg.model_dir, dtype=plan.dtype, device=plan.device, allow_pickle=cfg.allow_pickle,
+            model = load_model(cfg.model_dir, dtype=plan.dtype, device=job.where, allow_pickle=cfg.allow_pickle,
                                trust_remote_code=cfg.trust_remote_code, device_map=cfg.device_map)
     try:
         check_finite_weights(model, cfg.model_dir if given is None else "model")
-        plan.attention = check_dispatch(model, plan.adapter)
+        job.attention = check_dispatch(model, plan.adapter)
+        job.rope = rope_tables(model, plan.adapter, plan.config)
+        if plan.spec.rope_layers and job.rope is None:  # the plan read RoPE in the config; the model has none
+            raise PoslensError(f"{cfg.model_dir if given is None else 'model'}: its config describes RoPE, but the "
+                               f"model (type {plan.adapter.model_type}) has no rotary module at "
+                               f"{plan.adapter.rotary_path}; poslens cannot tell which layers rotate q/k.")
     except PoslensError:
         if ctx.is_main and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # nothing written
         raise
-    plan.rope = rope_tables(model, plan.adapter, plan.config)
-    if plan.adapter.generic and plan.rope is None:  # an unlisted architecture without a rotary module: no RoPE
-        plan.spec.rope_layers = set()
     return model
 
 
@@ -242,11 +252,10 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 def _make_capture(job: _Job, model) -> Capture:
     """The accumulators, on the device that holds them (a --device-map model: its first device)."""
-    plan = job.plan
     if job.cfg.device_map or spread_over_devices(model):
-        plan.device = D.main_device(model)
-        return D.DeviceMapCapture(plan.spec, device=plan.device)
-    return Capture(plan.spec, device=plan.device)
+        job.where = D.main_device(model)
+        return D.DeviceMapCapture(job.plan.spec, device=job.where)
+    return Capture(job.plan.spec, device=job.where)
 
 
 def spread_over_devices(model) -> bool:
@@ -265,10 +274,10 @@ def _write_config(job: _Job, model, in_memory: bool = False) -> None:
         "command": "scan", "options": dataclasses.asdict(dataclasses.replace(cfg, stats=stats_option(cfg.stats))),
         "fingerprint": job.fp,
         "model_source": origin, "source": plan.source.describe(),
-        "model_type": plan.adapter.model_type, "dtype": str(plan.dtype), "device": plan.device,
+        "model_type": plan.adapter.model_type, "dtype": str(plan.dtype), "device": job.where,
         "world_size": job.ctx.world_size,
-        "capture_backend": backends.describe(plan.device),
-        "device_map": (getattr(model, "hf_device_map", None) or {"": plan.device})
+        "capture_backend": backends.describe(job.where),
+        "device_map": (getattr(model, "hf_device_map", None) or {"": job.where})
         if cfg.device_map or spread_over_devices(model) else None,
         "versions": versions()})
 
@@ -324,7 +333,7 @@ def _scan_batches(job: _Job, model, capture: Capture, shard: _Shard, progress: b
             did = 0
             if done <= t < len(mine):
                 s, e = mine[t]
-                ids = plan.source.batch(s, e).to(plan.device)
+                ids = plan.source.batch(s, e).to(job.where)
                 forward(model, ids, capture=capture, kwargs=fwd_kwargs, seq_start=s)
                 tokens += ids.numel()
                 done, did = t + 1, 1
@@ -359,7 +368,7 @@ def _merge_and_write(job: _Job, capture: Capture, tokens: int, elapsed: float, t
                         extra={"world_size": ctx.world_size, "merged": True})
         # the other ranks' checkpoints are the run's too (their processes hold no lock to record them)
         record_written(out, *sorted(f.name for f in rank_checkpoints(out).values()))
-    summary = finalize(out, capture, job.plan, figures=cfg.figures)
+    summary = finalize(out, capture, job.plan, rope=job.rope, attention=job.attention, figures=cfg.figures)
     summary["capture_backends"] = backends_used(capture)
     summary["throughput"] = {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed if elapsed else None,
                              "wall_s": time.time() - t_start, "processes": ctx.world_size}
