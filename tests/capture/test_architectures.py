@@ -16,7 +16,7 @@ import torch
 from archs import ARCHS, V, WINDOW, save_tiny
 
 from poslens.capture.model.adapters import ADAPTERS, check_dispatch, get_adapter, hook_point, rope_tables
-from poslens.capture.engine.attention import ATTN_NAME, poslens_attention, register
+from poslens.capture.engine.attention import _QK_HOOKS, ATTN_NAME, poslens_attention, register
 from poslens.capture.engine.capture import Capture
 from poslens.capture.engine.spec import CaptureSpec
 from poslens.capture.model.load import load_model
@@ -418,4 +418,5 @@ def test_qk_capture_points_equal_the_projections(arch, tmp_path):
         assert torch.allclose(got[("k_pre", l)], k, atol=1e-5 * float(k.abs().max())), (arch, l)
         moved = not torch.allclose(got[("q_post", l)], q, atol=1e-4)
         assert moved == (l in ad.rope_layers(model.config)), (arch, l)  # RoPE moved them, NoPE layers not
-    assert not any(getattr(ad.attention_module(model, l), "_poslens_qk_hooks", []) for l in range(2))
+    assert not any(ad.attention_module(model, l) in _QK_HOOKS for l in range(2))  # the handles took them out
+    assert not any(k.startswith("_poslens") for m in model.modules() for k in m.__dict__)

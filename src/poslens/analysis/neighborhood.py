@@ -13,8 +13,9 @@ concatenated head outputs before the output projection (``attn``: the adapter's 
 measured too, because it is what later layers read.
 
 Controls. The model runs through poslens' registered attention function
-(:mod:`poslens.capture.engine.attention`), whose bidirectional switch drops the causal mask in every
-layer (the paper's non-causal control) without touching the weights.
+(:mod:`poslens.capture.engine.attention`); the bidirectional intervention
+(:func:`poslens.capture.engine.intervene.bidirectional_control`) drops the causal mask there in every
+layer (the paper's non-causal control) without touching the weights or the modules.
 
 Per-sequence maps are needed (the APS of a mean map is not the mean APS), so this module keeps
 ``batch x T x d`` vectors per layer for one batch at a time and reduces them immediately; memory is
@@ -23,6 +24,7 @@ bounded by one batch, never by the number of sequences.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -33,8 +35,7 @@ import torch
 
 from poslens.capture.model.adapters import get_adapter
 from poslens.capture.engine.attention import ATTN_NAME, register
-from poslens.capture.engine.capture import Capture
-from poslens.capture.engine.spec import CaptureSpec
+from poslens.capture.engine.intervene import bidirectional_control
 from poslens.capture.engine.loop import forward, hooked
 from poslens.capture.model.source import source_record
 from poslens.capture.model.load import load_model, load_tokenizer, open_model_config
@@ -75,15 +76,6 @@ def use_poslens_attention(model):
     return model
 
 
-def _bidirectional_capture(model, adapter, seq_len: int):
-    """A capture with no layers to record and the causal mask switched off (the control)."""
-    cfg = model.config
-    spec = CaptureSpec(num_layers=adapter.num_layers(cfg), num_heads=adapter.num_heads(cfg),
-                       num_kv_heads=adapter.num_kv_heads(cfg), head_dim=adapter.head_dim(cfg), seq_len=seq_len,
-                       layers=[], bidirectional=True)
-    return Capture(spec, device=next(model.parameters()).device)
-
-
 @torch.no_grad()
 def collect_vectors(model, input_ids: torch.Tensor, *, bidirectional: bool = False, adapter=None
                     ) -> dict[str, torch.Tensor]:
@@ -111,9 +103,9 @@ def collect_vectors(model, input_ids: torch.Tensor, *, bidirectional: bool = Fal
         points[("resid_post", l)] = keep(resid, l + 1)
     if bidirectional and getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         raise PoslensError("the bidirectional control needs the poslens attention; call use_poslens_attention(model).")
-    capture = _bidirectional_capture(model, adapter, input_ids.shape[1]) if bidirectional else None
-    with hooked(model, adapter, points):
-        forward(model, input_ids, capture=capture)
+    control = bidirectional_control(adapter.attention_module(model, l) for l in range(L)) if bidirectional else None
+    with hooked(model, adapter, points), control.active() if control is not None else contextlib.nullcontext():
+        forward(model, input_ids)
     attn[0] = resid[0]
     return {"attn": attn, "resid": torch.stack(resid)}
 

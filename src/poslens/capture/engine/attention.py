@@ -19,6 +19,7 @@ also names the capture's public pieces for callers that import them from here.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +42,37 @@ __all__ = ["ALL_STATS", "ATTN_NAME", "STATS", "BlockMaps", "Capture", "CaptureSp
            "stats_option", "stats_record", "unrotate_qk", "user_statistics"]
 
 
+#: the q/k capture-point hooks by attention module: ``[(point, fn, state), ...]``. Weak keys: the registry
+#: keeps no model alive and puts nothing on its modules.
+_QK_HOOKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class QKHookHandle:
+    """Takes one q/k capture-point hook out of the registry (the module's entry with its last hook)."""
+
+    def __init__(self, module, entry):
+        self._module, self._entry = weakref.ref(module), entry
+
+    def remove(self) -> None:
+        module = self._module()
+        hooks = _QK_HOOKS.get(module) if module is not None else None
+        if hooks is not None and self._entry in hooks:
+            hooks.remove(self._entry)
+            if not hooks:
+                del _QK_HOOKS[module]
+
+
+def add_qk_hook(module, point: str, fn, state: dict) -> QKHookHandle:
+    """Hand ``module``'s queries (``q_pre``/``q_post``) or keys (``k_pre``/``k_post``) to ``fn`` on every
+    call of the attention function from it; ``state``: ``{"cos_sin", "layout", "rope"}`` to un-rotate with."""
+    entry = (point, fn, state)
+    _QK_HOOKS.setdefault(module, []).append(entry)
+    return QKHookHandle(module, entry)
+
+
 def _run_qk_hooks(hooks: list, query: torch.Tensor, key: torch.Tensor) -> None:
     """Hand a layer's q/k to the ``q_pre``/``k_pre``/``q_post``/``k_post`` capture-point hooks
-    (:func:`poslens.capture.model.adapters.hook_point`) registered on its attention module."""
+    (:func:`poslens.capture.model.adapters.hook_point`) registered for its attention module."""
     pre = None
     for point, fn, state in list(hooks):
         if point in ("q_post", "k_post"):
@@ -120,14 +149,15 @@ def poslens_attention(module, query, key, value, attention_mask, scaling=None, d
         causal = False
     if sliding_window is None:  # Qwen2-MoE keeps its window on the module and passes it only in the mask
         sliding_window = getattr(module, "sliding_window", None)
-    qk_hooks = getattr(module, "_poslens_qk_hooks", None)
+    qk_hooks = _QK_HOOKS.get(module)
     if qk_hooks:  # q/k capture points: the layer's queries and keys before and after RoPE
         _run_qk_hooks(qk_hooks, query, key)
     edits = active_edits(module)
     sink_off = False
-    if edits is not None and edits.takes(layer):  # an intervention (poslens ablate): edited q/k and mask
+    if edits is not None and edits.takes(layer):  # an intervention (poslens ablate, a control): edited q/k and mask
         query, key = edits.apply(layer, query, key)
         sliding_window, sink_off = edits.structure(layer, sliding_window)
+        causal = causal and edits.causal
     if cap is not None:
         query, key = cap.enter_layer(layer, query, key, sliding_window, scaling)
     Sq, Sk = query.shape[2], key.shape[2]

@@ -25,6 +25,10 @@ The interventions (``Intervention.name``):
   renormalised over the other keys it sees (query 0 keeps key 0, the only key it sees);
 - ``window:W``: keys more than ``W`` positions back masked (a query sees itself and the ``W`` keys
   before it).
+
+The bidirectional control of the neighbourhood analysis is an intervention too, on every layer at
+once and not one of ablate's: :func:`bidirectional_control` drops the causal mask (every query sees
+every key; queries, keys, windows and padding as they are).
 """
 
 from __future__ import annotations
@@ -132,13 +136,16 @@ class Edits:
 
     ``layers``: ``{layer: LayerEdit}``; ``rope_layers``: the layers that rotate q/k; ``layout``: the
     model's RoPE pair layout. ``moments``: also collect each layer's pre-RoPE q/k moments (the
-    calibration of ``massive-qk``), into :attr:`moments`.
+    calibration of ``massive-qk``), into :attr:`moments`. ``causal=False``: every layer attends
+    without the causal mask (:func:`bidirectional_control`).
     """
 
     _ACTIVE: contextvars.ContextVar[tuple] = contextvars.ContextVar("poslens_active_edits", default=())
 
-    def __init__(self, layers: dict[int, LayerEdit], *, rope_layers, layout: str = "half", moments: bool = False):
+    def __init__(self, layers: dict[int, LayerEdit], *, rope_layers, layout: str = "half", moments: bool = False,
+                 causal: bool = True):
         self.layers = dict(layers)
+        self.causal = bool(causal)
         self.rope_layers = set(rope_layers)
         self.layout = layout
         self.cos_sin: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -167,7 +174,7 @@ class Edits:
 
     def takes(self, layer) -> bool:
         """Whether a call from ``layer`` is edited or measured."""
-        return layer in self.layers or (self.moments is not None and layer is not None)
+        return not self.causal or layer in self.layers or (self.moments is not None and layer is not None)
 
     # -- queries and keys ---------------------------------------------------------------------
     def _pre(self, layer, query, key):
@@ -241,6 +248,15 @@ class Edits:
             else:
                 m[name + "_sum"], m[name + "_sq"] = s, s2
         m["n"] += q.shape[0] * q.shape[2]
+
+
+def bidirectional_control(modules=None) -> Edits:
+    """The bidirectional control: every layer's attention without the causal mask, nothing else edited.
+    ``modules``: the attention modules whose calls it takes (None: any)."""
+    edits = Edits({}, rope_layers=(), causal=False)
+    if modules is not None:
+        edits.bind(modules)
+    return edits
 
 
 def active_edits(module=None):

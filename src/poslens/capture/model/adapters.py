@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from poslens.capture.engine.attention import ATTN_NAME
+from poslens.capture.engine.attention import ATTN_NAME, add_qk_hook
 from poslens.capture.engine.capture import Capture
 from poslens.capture.engine.spec import CaptureSpec
 from poslens.capture.statistics.points import MODULE_POINTS, QK_POINTS
@@ -190,20 +190,19 @@ def hook_point(model, adapter: Adapter, point: str, layer: int, fn: Callable[[to
 class _QKHandle:
     """Removes a q/k capture-point hook (and its rotary-table pre-hook)."""
 
-    def __init__(self, hooks: list, entry, pre_handle):
-        self.hooks, self.entry, self.pre_handle = hooks, entry, pre_handle
+    def __init__(self, handle, pre_handle):
+        self.handle, self.pre_handle = handle, pre_handle
 
     def remove(self) -> None:
-        if self.entry in self.hooks:
-            self.hooks.remove(self.entry)
+        self.handle.remove()
         if self.pre_handle is not None:
             self.pre_handle.remove()
             self.pre_handle = None
 
 
 def _hook_qk(model, adapter: Adapter, point: str, layer: int, fn):
-    """q/k points: the callback list lives on the layer's attention module, where the registered
-    attention function finds it (no module-level state)."""
+    """q/k points: the callback goes into the attention function's registry under the layer's attention
+    module (:func:`poslens.capture.engine.attention.add_qk_hook`); nothing is set on the module."""
     if getattr(model.config, "_attn_implementation", None) != ATTN_NAME:
         raise PoslensError(f"capture point {point!r} needs the poslens attention (load the model with "
                            f"attn_implementation={ATTN_NAME!r}, e.g. poslens.capture.model.load.load_model).")
@@ -212,10 +211,7 @@ def _hook_qk(model, adapter: Adapter, point: str, layer: int, fn):
     state = {"cos_sin": None, "layout": adapter.rope_layout, "rope": rope}
     pre = hook_position_embeddings(model, adapter, layer, lambda _l, cs: state.__setitem__("cos_sin", cs)) \
         if rope else None
-    hooks = attn.__dict__.setdefault("_poslens_qk_hooks", [])
-    entry = (point, fn, state)
-    hooks.append(entry)
-    return _QKHandle(hooks, entry, pre)
+    return _QKHandle(add_qk_hook(attn, point, fn, state), pre)
 
 
 def hook_position_embeddings(model, adapter: Adapter, layer: int, fn: Callable[[int, tuple], None]):
