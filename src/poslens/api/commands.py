@@ -219,6 +219,7 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
     ``tokenizer``: the text tokenizer of a loaded model (one for every loaded model, or a list beside
     ``models``); without it, the tokenizer saved beside the model (a loaded GGUF model has none: pass it)."""
     from poslens.analysis import fingerprint as F
+    from poslens.reporting.fingerprint import fingerprint_page
 
     items = [models] if isinstance(models, (str, os.PathLike)) or not isinstance(models, (list, tuple)) else models
     toks = list(tokenizer) if isinstance(tokenizer, (list, tuple)) else [tokenizer] * len(items)
@@ -241,7 +242,7 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
                                   device=device, dtype=dtype, figures=figures, overwrite=overwrite,
                                   allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, **opts)
         with _threads(threads):
-            F.run_fingerprint(cfg, progress=progress, loaded=loaded, tokenizers=tokenizers)
+            F.run_fingerprint(cfg, progress=progress, loaded=loaded, tokenizers=tokenizers, page=fingerprint_page)
         return _finish(path, tmp)
 
 
