@@ -269,7 +269,8 @@ def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, da
 
     The result's ``summary["conditions"]`` holds, per condition, the paired change of the mean
     next-token loss (``delta``: mean, se, p) overall and per position bucket, and whether it is beyond the
-    noise (``beyond_noise``); :func:`poslens.reporting.readings.ablate.ablate_readings` says it in words; ``tables()["conditions"]`` is the table; ``layers()`` the per-layer changes of a
+    noise (``beyond_noise``); :func:`poslens.reporting.readings.ablate.ablate_readings` says it in words;
+    ``tables()["conditions"]`` is the table; ``layers()`` the per-layer changes of a
     layer-at-a-time ablation; ``maps`` the per-token losses (``loss_base`` and ``loss.<condition>``,
     ``[N, S - 1]``)."""
     from poslens.analysis.ablate.config import AblateConfig

@@ -17,8 +17,8 @@ from poslens.reporting.elements import _MIME, _inside, _slug, embed_figure, embe
 from poslens.reporting.readings.papers import PAPERS
 from poslens.reporting.readings.findings import key_findings, model_readings, run_readings
 from poslens.reporting.readings.common import num
-from poslens.reporting.quantities import (HEAD_QUANTITIES, LAYER_QUANTITIES, MAX_TABLE_LAYERS, head_figure, layer_figure,
-                                         layer_quantities, layer_table, slash_matrix, slash_profiles)
+from poslens.reporting.quantities import (HEAD_QUANTITIES, LAYER_QUANTITIES, MAX_TABLE_LAYERS, head_figure,
+                                         layer_figure, layer_quantities, layer_table, slash_matrix, slash_profiles)
 from poslens.rundir.summary import figure_caption
 from poslens.rundir.figures import new_figure
 
