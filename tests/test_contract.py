@@ -264,7 +264,7 @@ def test_newer_scan_keys_render(tmp_path):
     within-diagonal RMS beside its noise floor, p-values) render as plots, not long tables; a scan
     written without the envelope still lands in all three papers' sections."""
     from poslens.reporting import render_report
-    from poslens.reporting.cards import layer_quantities
+    from poslens.reporting.quantities import layer_quantities
 
     layers = [{"layer": l, "relativity_index": 0.9 - 0.01 * l, "relativity_index_with_sink": 0.5, "locality": 0.2,
                "diagonal_trend": -0.5, "diagonal_trend_se": 0.1, "within_diag_rms": 0.02,

@@ -62,6 +62,18 @@ def fmt_pm(mean: Any, std: Any) -> str:
     return m if std is None or fmt(std) == MISSING else f"{m} ± {fmt(std)}"
 
 
+def layers_text(ls: list[int]) -> str:
+    """``[3]`` -> "layer 3"; ``[20, ..., 29]`` -> "layers 20–29"; ``[1, 4]`` -> "layers 1, 4"."""
+    if len(ls) == 1:
+        return f"layer {ls[0]}"
+    runs, start = [], ls[0]
+    for a, b in zip(ls, ls[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}" if start == a else f"{start}–{a}")
+            start = b
+    return "layers " + ", ".join(runs)
+
+
 #: the terminal width every table is made to fit
 TERMINAL_WIDTH = 80
 

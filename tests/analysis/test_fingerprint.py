@@ -65,8 +65,8 @@ def test_files_and_models(two_models):
             assert len(r["sink_heads"]) == m["num_heads"] and 0 <= r["sink_share"] <= 1
             shares = sum(r["freq"].values())
             assert shares == pytest.approx(1.0, abs=1e-9)
-        assert m["line"].startswith(m["name"] + ": ")
-    assert s["lines"] == [m["line"] for m in s["models"]]
+        assert "line" not in m  # numbers only: the one line per model is rendered (tests/report)
+    assert "lines" not in s and json.loads((out / "summary.json").read_text())["readings"] == []
     html = (out / "fingerprint.html").read_text()
     assert "gemma3" in html and "phi3" in html and "data:image/png;base64," in html
     assert "<script" not in html
@@ -171,11 +171,14 @@ def _record(**over):
     return m
 
 
-def _verdicts(m):
-    from poslens.reporting.fingerprint import findings
+def _judged(m):
+    from poslens.metrics.judge_fingerprint import judge_claims
 
-    s = {"thresholds": {"sink_eps": 0.3, "slash_kappa": 0.3}, "models": [m]}
-    return {f["paper"].split(":")[0]: f["models"][0]["verdict"] for f in findings(s)}
+    return {f["claim"]: f["models"][0] for f in judge_claims([m], {"sink_eps": 0.3, "slash_kappa": 0.3})}
+
+
+def _verdicts(m):
+    return {k: r["verdict"] for k, r in _judged(m).items()}
 
 
 def _head(persists, layer=0, head=0, delta=1):
@@ -184,43 +187,56 @@ def _head(persists, layer=0, head=0, delta=1):
 
 
 def test_findings_verdicts_follow_the_numbers():
-    v = _verdicts(_record())
-    assert v["Gu et al., ICLR 2025"] == "reproduced"
-    assert v["Kim et al., arXiv 2509.21042"] == "reproduced"  # 4 of 4 layers non-relative beyond the noise
-    assert v["Cheng et al., arXiv 2601.08297"] == "cannot be judged here"  # no slash head
-    assert v["Zuo et al., COLING 2025"] == "cannot be judged here"  # every layer has RoPE
-    assert v["Barbero et al., ICLR 2025"] == "reproduced"  # 80 % low, no slash head to contradict
-    assert v["Jin et al., ICML 2025"] == "reproduced"  # 12 of 12 massive dims low, against 4 of 8 dims by chance
-    assert _verdicts(_record(sink_rate=0.05))["Gu et al., ICLR 2025"] == "cannot be judged here"
+    from poslens.metrics.verdicts import NOT_JUDGED, NOT_REPRODUCED, REPRODUCED
+
+    j = _judged(_record())
+    assert j["sink"]["verdict"] == REPRODUCED and j["sink"]["value"] == 0.5
+    assert j["kim"]["verdict"] == REPRODUCED and j["kim"]["nonrelative"] == 4  # 4 of 4 layers beyond the noise
+    assert (j["slash"]["verdict"], j["slash"]["reason"]) == (NOT_JUDGED, "no_slash_heads")
+    assert (j["zuo"]["verdict"], j["zuo"]["reason"]) == (NOT_JUDGED, "all_rope")  # every layer has RoPE
+    assert j["barbero"]["verdict"] == REPRODUCED and j["barbero"]["slash_lean_fast"] is None  # 80 % low, no slash head
+    # 12 of 12 massive dims low, against 4 of 8 dims by chance
+    assert j["jin"]["verdict"] == REPRODUCED and (j["jin"]["value"], j["jin"]["chance"]) == (1.0, 0.5)
+    assert all(k in r for r in j.values() for k in ("value", "chance", "floor", "threshold", "verdict", "reason"))
+    sink = _judged(_record(sink_rate=0.05))["sink"]
+    assert (sink["verdict"], sink["reason"]) == (NOT_JUDGED, "no_bos")
     two_of_three = [_head(True, head=0), _head(True, layer=1, head=1), _head(False, layer=2)]
-    assert _verdicts(_record(slash_heads=two_of_three))["Cheng et al., arXiv 2601.08297"] == "reproduced"
-    assert _verdicts(_record(slash_heads=[_head(False), _head(False, layer=1)]))[
-        "Cheng et al., arXiv 2601.08297"] == "not reproduced"
-    assert _verdicts(_record(massive_q_low=3, massive_q_low_share=0.25))["Jin et al., ICML 2025"] == "not reproduced"
+    slash = _judged(_record(slash_heads=two_of_three))["slash"]
+    assert slash["verdict"] == REPRODUCED and (slash["persist"], slash["heads"]) == (2, 3)
+    assert _verdicts(_record(slash_heads=[_head(False), _head(False, layer=1)]))["slash"] == NOT_REPRODUCED
+    assert _verdicts(_record(massive_q_low=3, massive_q_low_share=0.25))["jin"] == NOT_REPRODUCED
     # 4 of 4 low against 1/2 by chance is within the binomial noise floor at the one-sided level 0.01
-    assert _verdicts(_record(massive_q=4, massive_q_low=4))["Jin et al., ICML 2025"] == "not reproduced"
+    assert _verdicts(_record(massive_q=4, massive_q_low=4))["jin"] == NOT_REPRODUCED
     m = _record()
     for r in m["layers"]:
         r["nonrelative_p"] = 0.5
-    assert _verdicts(m)["Kim et al., arXiv 2509.21042"] == "not reproduced"
+    assert _verdicts(m)["kim"] == NOT_REPRODUCED
     m = _record()
     for r in m["layers"]:
         r["rope"] = False
     m["layers"][0]["aps_mean"] = 0.5  # mean APS 0.6875: beyond 0.5 and its noise floor by more than 0.1
-    assert _verdicts(m)["Zuo et al., COLING 2025"] == "reproduced"
+    assert _verdicts(m)["zuo"] == REPRODUCED
     for r in m["layers"]:
         r["aps_mean"] = 0.55  # beyond the noise floor, but a small effect
-    assert _verdicts(m)["Zuo et al., COLING 2025"] == "not reproduced"
+    zuo = _judged(m)["zuo"]
+    assert (zuo["verdict"], zuo["reason"]) == (NOT_REPRODUCED, "small")
     # slash heads using the fast pairs less than the other heads contradict the paper
     m = _record(slash_heads=[_head(True)])
     m["layers"][0]["freq_heads"]["high"] = [0.0, 0.3]
-    assert _verdicts(m)["Barbero et al., ICLR 2025"] == "not reproduced"
+    barbero = _judged(m)["barbero"]
+    assert (barbero["verdict"], barbero["reason"], barbero["slash_lean_fast"]) == (NOT_REPRODUCED, "slash_not_fast",
+                                                                                   False)
 
 
 def test_findings_in_json_and_page(two_models):
     out, _ = two_models
     s = json.loads((out / "fingerprint.json").read_text())
     assert len(s["findings"]) == 6 and all(len(f["models"]) == 2 for f in s["findings"])
+    from poslens.metrics.verdicts import VERDICTS
+
+    assert [f["claim"] for f in s["findings"]] == ["sink", "kim", "slash", "zuo", "barbero", "jin"]
+    assert all(m["verdict"] in VERDICTS and "text" not in m and "why" not in m for f in s["findings"]
+               for m in f["models"])
     html = (out / "fingerprint.html").read_text()
     assert html.index("Key findings") < html.index("One line per model")
 
@@ -248,14 +264,15 @@ def test_overwrite_replaces_a_previous_fingerprint(cli, tmp_path, two_models, id
 
 def test_python_call_without_out_then_save(tmp_path, two_models, ids_file):
     from poslens.analysis.fingerprint import fingerprint, load_fingerprint
+    from poslens.reporting.fingerprint import fingerprint_page
 
     out, _ = two_models
-    r = fingerprint(out.parent / "phi3", data=ids_file, seq_len=S, num_seqs=2, progress=False)
+    r = fingerprint(out.parent / "phi3", data=ids_file, seq_len=S, num_seqs=2, progress=False, page=fingerprint_page)
     assert r.path is None and [m["name"] for m in r.models] == ["phi3"]
     assert r.table().shape[0] == 2
     saved = r.save(tmp_path / "kept", figures=False)
     back = load_fingerprint(saved)
-    assert back.models[0]["line"] == r.models[0]["line"]
+    assert back.models[0]["overall"] == r.models[0]["overall"]
     assert torch.equal(back.tensors["phi3"]["sink"], r.tensors["phi3"]["sink"])
     assert (saved / "fingerprint.html").is_file() and not (saved / "fingerprint_sink.png").exists()
 
@@ -274,5 +291,5 @@ def test_nope_layers_are_their_own_type(tmp_path, ids_file):
     assert set(m["layer_types"]) == {"rope", "no_rope"}
     o = m["overall"]["freq"]
     assert o["unrotated"] == pytest.approx(0.0) and o["high"] + o["medium"] + o["low"] == pytest.approx(1.0)
-    zuo = next(f for f in r.summary["findings"] if f["paper"].startswith("Zuo"))
-    assert zuo["models"][0]["verdict"] != "cannot be judged here"
+    zuo = next(f for f in r.summary["findings"] if f["claim"] == "zuo")
+    assert zuo["models"][0]["verdict"] != "not_judged" and zuo["models"][0]["value"] is not None

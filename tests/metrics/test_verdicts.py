@@ -8,7 +8,7 @@ import math
 import pytest
 
 from poslens.metrics import verdicts as V
-from poslens.reporting.fingerprint import findings
+from poslens.metrics.judge_fingerprint import FAST_BANDS, RANK_ONE, judge_claims
 
 
 def test_z_and_floors_closed_form():
@@ -62,26 +62,29 @@ def _model(layers, *, slash=(), sink_rate=0.0, massive=(0, 0, 0, 0), name="m"):
                         "massive_q_low_share": mql / mq if mq else None, "massive_k_low_share": mkl / mk if mk else None}}
 
 
+_PAPERS = {"sink": "Gu", "kim": "Kim", "slash": "Cheng", "zuo": "Zuo", "barbero": "Barbero", "jin": "Jin"}
+
+
 def _by_paper(models):
-    out = findings({"thresholds": {"sink_eps": 0.3, "slash_kappa": 0.3}, "models": models})
-    return {f["paper"].split()[0]: {m["name"]: m for m in f["models"]} for f in out}
+    out = judge_claims(models, {"sink_eps": 0.3, "slash_kappa": 0.3})
+    return {_PAPERS[f["claim"]]: {m["name"]: m for m in f["models"]} for f in out}
 
 
 def test_low_band_at_its_share_of_dimensions_is_not_reproduced():
     # 64 % of the energy in the low band where 10 / 16 = 62.5 % of the dims lie: about uniform
     f = _by_paper([_model([_layer(0, low=0.64), _layer(1, low=0.64)])])["Barbero"]["m"]
     assert f["chance"] == pytest.approx(10 / 16)
-    assert f["verdict"] == "not reproduced"
+    assert f["verdict"] == V.NOT_REPRODUCED
     g = _by_paper([_model([_layer(0, low=0.9, fast=(0.05, 0.05)), _layer(1, low=0.88, fast=(0.06, 0.06))])])
-    assert g["Barbero"]["m"]["verdict"] == "reproduced"
+    assert g["Barbero"]["m"]["verdict"] == V.REPRODUCED
 
 
 def test_small_aps_above_half_is_not_the_adjacency_pattern():
     tiny = _model([_layer(0, rope=False, aps=(0.52, 0.02)), _layer(1, rope=False, aps=(0.53, 0.02))])
     strong = _model([_layer(0, rope=False, aps=(0.9, 0.05)), _layer(1, rope=False, aps=(0.95, 0.03))], name="s")
     f = _by_paper([tiny, strong])["Zuo"]
-    assert f["m"]["verdict"] == "not reproduced" and f["m"]["value"] > f["m"]["floor"]  # beyond noise, too small
-    assert f["s"]["verdict"] == "reproduced" and f["s"]["chance"] == 0.5
+    assert f["m"]["verdict"] == V.NOT_REPRODUCED and f["m"]["value"] > f["m"]["floor"]  # beyond noise, too small
+    assert f["s"]["verdict"] == V.REPRODUCED and f["s"]["chance"] == 0.5
 
 
 def test_layer_tests_are_held_at_one_false_discovery_rate():
@@ -89,8 +92,8 @@ def test_layer_tests_are_held_at_one_false_discovery_rate():
     weak = _model([_layer(i, nonrel_p=0.02) for i in range(30)])
     strong = _model([_layer(i, nonrel_p=1e-4) for i in range(30)], name="s")
     f = _by_paper([weak, strong])["Kim"]
-    assert f["m"]["value"] == 0 and f["m"]["verdict"] == "not reproduced"
-    assert f["s"]["value"] == 1 and f["s"]["verdict"] == "reproduced"
+    assert f["m"]["value"] == 0 and f["m"]["verdict"] == V.NOT_REPRODUCED
+    assert f["s"]["value"] == 1 and f["s"]["verdict"] == V.REPRODUCED
 
 
 def test_every_reproduced_verdict_carries_its_numbers_and_clears_them():
@@ -103,31 +106,32 @@ def test_every_reproduced_verdict_carries_its_numbers_and_clears_them():
         f = paper["m"]
         for k in ("value", "chance", "floor", "threshold"):
             assert k in f
-        if f["verdict"] == "reproduced":
+        if f["verdict"] == V.REPRODUCED:
             seen += 1
             assert f["value"] - max(f["chance"], f["floor"]) >= f["threshold"]
     assert seen >= 3  # sinks, Kim, Cheng, Jin (Barbero: the slash heads lean on the fast pairs no more than the rest)
     cheng = _by_paper([m])["Cheng"]["m"]
     # the paper's two conditions are stated beside the verdict, each against its chance level
     conds = {c["condition"]: c for c in cheng["conditions"]}
-    assert conds["queries near rank one"]["met"] and conds["queries near rank one"]["chance"] == pytest.approx(1 / 16)
-    assert not conds["medium and high frequencies dominate"]["met"]
-    assert conds["medium and high frequencies dominate"]["chance"] == pytest.approx(6 / 16)
+    assert conds[RANK_ONE]["met"] and conds[RANK_ONE]["chance"] == pytest.approx(1 / 16)
+    assert not conds[FAST_BANDS]["met"]
+    assert conds[FAST_BANDS]["chance"] == pytest.approx(6 / 16)
 
 
 def test_too_few_sequence_groups_cannot_judge_the_layers():
     # 4 groups: the sign-flip test's smallest p-value is 2 / 16 = 0.125, never below 0.01
     layers = [{**_layer(i, nonrel_p=0.125), "noise_groups": 4} for i in range(4)]
     f = _by_paper([_model(layers)])["Kim"]["m"]
-    assert f["verdict"] == "cannot be judged here"
+    assert f["verdict"] == V.NOT_JUDGED and f["reason"] == "few_groups" and (f["groups"], f["p_min"]) == (4, 2 / 16)
     layers = [{**_layer(i, nonrel_p=0.5), "noise_groups": 16} for i in range(4)]
-    assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == "not reproduced"
+    assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == V.NOT_REPRODUCED
     # 8 groups: 2 / 256 lies under 0.01 but not ten times under it; finding nothing is no verdict ...
     layers = [{**_layer(i, nonrel_p=0.5), "noise_groups": 8} for i in range(4)]
-    assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == "cannot be judged here"
+    f = _by_paper([_model(layers)])["Kim"]["m"]
+    assert f["verdict"] == V.NOT_JUDGED and f["reason"] == "few_groups" and f["groups"] == 8
     # ... while what such a test does find stands
     layers = [{**_layer(i, nonrel_p=2 / 256), "noise_groups": 8} for i in range(4)]
-    assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == "reproduced"
+    assert _by_paper([_model(layers)])["Kim"]["m"]["verdict"] == V.REPRODUCED
 
 
 def test_a_report_of_plain_scans_leads_with_the_fingerprints_findings(tmp_path):
@@ -156,7 +160,7 @@ def test_a_report_of_plain_scans_leads_with_the_fingerprints_findings(tmp_path):
     for b in blocks:
         (m,) = b["models"]  # one model: the random-token scan is paired with the text scan, not listed
         assert {"value", "chance", "floor", "threshold", "verdict"} <= set(m)
-        if m["verdict"] == "reproduced":
+        if m["verdict"] == V.REPRODUCED:
             assert m["value"] - max(m["chance"], m["floor"]) >= m["threshold"]
     sink = blocks[0]["models"][0]
     heads = poslens.load(tmp_path / "text").heads()

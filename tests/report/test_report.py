@@ -447,12 +447,13 @@ def test_report_figures_full_width_with_readable_text(runs, tmp_path):
     import numpy as np
 
     from poslens.analysis.fingerprint import fingerprint
+    from poslens.reporting.fingerprint import fingerprint_page
 
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is absent (install Debian's chromium package: apt-get install -y chromium)")
     fp = tmp_path / "fingerprint"
     fingerprint([runs["model_none"], runs["model_rope"]], out=fp, data="random", seq_len=16, num_seqs=4,
-                progress=False)
+                progress=False, page=fingerprint_page)
     html = render_report([runs["sim_nope"], runs["scan_rope"], fp], title="figure sizes")
     page = tmp_path / "page.html"
     page.write_text(html.replace("<head>", "<head>" + _SIZES, 1))

@@ -211,6 +211,7 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
     ``tokenizer``: the text tokenizer of a loaded model (one for every loaded model, or a list beside
     ``models``); without it, the tokenizer saved beside the model (a loaded GGUF model has none: pass it)."""
     from poslens.analysis import fingerprint as F
+    from poslens.reporting.fingerprint import fingerprint_page
 
     items = [models] if isinstance(models, (str, os.PathLike)) or not isinstance(models, (list, tuple)) else models
     toks = list(tokenizer) if isinstance(tokenizer, (list, tuple)) else [tokenizer] * len(items)
@@ -233,7 +234,7 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
                                   device=device, dtype=dtype, figures=figures, overwrite=overwrite,
                                   allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, **opts)
         with _threads(threads):
-            F.run_fingerprint(cfg, progress=progress, loaded=loaded, tokenizers=tokenizers)
+            F.run_fingerprint(cfg, progress=progress, loaded=loaded, tokenizers=tokenizers, page=fingerprint_page)
         return _finish(path, tmp)
 
 
@@ -259,8 +260,9 @@ def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, da
     position probe on every layer's residual stream under every condition (tested on held-out sequences).
 
     The result's ``summary["conditions"]`` holds, per condition, the paired change of the mean
-    next-token loss (``delta``: mean, se, p) overall and per position bucket; ``summary["findings"]``
-    says it in words; ``tables()["conditions"]`` is the table; ``layers()`` the per-layer changes of a
+    next-token loss (``delta``: mean, se, p) overall and per position bucket, and whether it is beyond the
+    noise (``beyond_noise``); :func:`poslens.reporting.readings.ablate.ablate_readings` says it in words;
+    ``tables()["conditions"]`` is the table; ``layers()`` the per-layer changes of a
     layer-at-a-time ablation; ``maps`` the per-token losses (``loss_base`` and ``loss.<condition>``,
     ``[N, S - 1]``)."""
     from poslens.analysis.ablate.config import AblateConfig

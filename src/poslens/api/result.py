@@ -151,7 +151,7 @@ class Result:
 
         if self.command != "scan":
             raise PoslensError(f"heads(): a {self.command} run has no per-head table; scan a model for one.")
-        from poslens.conventions import SLASH_MAX_DELTA
+        from poslens.metrics.slash import best_slash
 
         layer_ids = self._layer_ids()
         H = int(self.summary.get("num_heads") or 0) or _heads_from_maps(self.maps)
@@ -164,17 +164,15 @@ class Result:
                                    "scan again.")
         sink = _head_sink(self.maps)
         slash = self.maps.get("slash")
+        best = best_slash(slash) if slash is not None else None  # the one best-slash-head rule
         for li, layer in enumerate(layer_ids):
             for h in range(H):
                 row = {"layer": layer, "head": h, "sink": float("nan"), "slash_offset": None,
                        "slash_score": float("nan")}
                 if sink is not None:
                     row["sink"] = float(sink[li, h])
-                if slash is not None and slash.shape[-1] > 1:
-                    window = slash[li, h, 1: min(SLASH_MAX_DELTA, slash.shape[-1] - 1) + 1].double()
-                    if bool(window.isfinite().any()):
-                        d = int(window.nan_to_num(-1.0).argmax()) + 1
-                        row["slash_offset"], row["slash_score"] = d, float(window[d - 1])
+                if best is not None and int(best[0][li, h]) >= 0:
+                    row["slash_offset"], row["slash_score"] = int(best[0][li, h]), float(best[1][li, h])
                 rows.append(row)
         df = pd.DataFrame(rows, columns=list(HEAD_COLUMNS))
         df["slash_offset"] = df["slash_offset"].astype("Int64")

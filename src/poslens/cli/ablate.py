@@ -78,6 +78,7 @@ def ablate(
     from rich.console import Console
 
     from poslens.fmt import print_table
+    from poslens.reporting.readings.ablate import ablate_readings
 
     summary = result["summary"]
     console = Console()
@@ -85,6 +86,6 @@ def ablate(
     print_table(f"Δ next-token loss vs the unmodified model (base {summary['loss_base']:.4f} nats/token; decoder "
                 "layers from 0)", ["condition", "Δ loss", "± SE", "p", "beyond noise"],
                 [[r[0], r[3], r[4], r[5], "yes" if r[6] else "no"] for r in t["rows"]], console=console)
-    for line in summary["findings"]:
+    for line in ablate_readings(summary):
         console.print(f"- {line}", soft_wrap=False)
     console.print(f"wrote {out}/ (summary.json, ablate.safetensors, figures)")

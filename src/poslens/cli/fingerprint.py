@@ -56,20 +56,23 @@ def fingerprint(
     """
     threads = use_threads(threads)
     from poslens.analysis.fingerprint import FingerprintConfig, run_fingerprint
+    from poslens.reporting.fingerprint import fingerprint_page, terminal_tables
 
     refuse_existing_out(out, overwrite=overwrite)
     result = run_fingerprint(FingerprintConfig(
         models=[str(m) for m in models], out=str(out), data=data, seq_len=seq_len, num_seqs=num_seqs, batch_size=batch_size,
         seed=seed, device=device, dtype=dtype, figures=not no_figures, overwrite=overwrite, eps=eps, kappa=kappa,
         massive_lambda=massive_lambda, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code),
-        progress=not quiet)
+        progress=not quiet, page=fingerprint_page)
     if quiet:
         return
     from rich.console import Console
 
+    from poslens.reporting.readings.fingerprint import fingerprint_readings
+
     console = Console()
-    for t in result.terminal_tables():
+    for t in terminal_tables(result.summary):
         console.print(t)
-    for line in result.summary["lines"]:
+    for line in fingerprint_readings(result.summary):
         console.print(f"- {line}", soft_wrap=False)
     console.print(f"wrote {out}/ ({', '.join(result.summary['files'][:3])}, figures, scans/)")

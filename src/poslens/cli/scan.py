@@ -89,7 +89,7 @@ def _interrupted(cfg: ScanConfig, replacing: bool) -> str:
 
 
 def _print_scan(summary: dict, out: Path) -> None:
-    from poslens.reporting.cards import slash_matrix
+    from poslens.reporting.quantities import slash_matrix
     from poslens.rundir.load import load_run
 
     console = Console()

@@ -7,6 +7,8 @@ Profiles are ``[..., S]`` tensors indexed by d = 0 .. S-1.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
@@ -36,30 +38,60 @@ def slash_profile(attn) -> torch.Tensor:
     return torch.stack([torch.diagonal(a, offset=-d, dim1=-2, dim2=-1).mean(-1) for d in range(S)], dim=-1)
 
 
+def best_slash(slash, min_offset: int = SLASH_MIN_DELTA, max_offset: int | None = SLASH_MAX_DELTA,
+               seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best slash head rule: each head's strongest SlashScore over the :func:`scored_offsets`
+    ``min_offset..max_offset`` of a length-``seq_len`` map (default: the profiles' length; a profile cut
+    short after the largest offset gives the same answer), NaN entries ignored, a tie going to the
+    smallest offset. ``slash`` is ``[..., S]``; returns ``(offset [...], score [...])`` (float64), offset
+    -1 and score NaN for a head without one finite score in range."""
+    s = torch.as_tensor(slash, dtype=torch.float64)
+    offs = scored_offsets(seq_len or s.shape[-1], min_offset, max_offset)
+    if len(offs) == 0 or offs.start >= s.shape[-1]:
+        return (torch.full(s.shape[:-1], -1, dtype=torch.long, device=s.device),
+                torch.full(s.shape[:-1], float("nan"), dtype=torch.float64, device=s.device))
+    raw = s[..., offs.start: offs.stop]
+    best, arg = torch.nan_to_num(raw, nan=-1.0).max(dim=-1)
+    scored = raw.isfinite().any(-1)
+    return (torch.where(scored, arg + offs.start, torch.full_like(arg, -1)),
+            torch.where(scored, best, torch.full_like(best, float("nan"))))
+
+
+def strongest_listed(heads, max_offset: int = SLASH_MAX_DELTA) -> dict | None:
+    """The strongest of listed heads (dicts with ``offset`` and ``score``, as :func:`top_slash_heads`
+    writes them) at offsets SLASH_MIN_DELTA .. ``max_offset``, the first listed on a tie; None without one."""
+    def score(t):
+        v = t.get("score") if isinstance(t, dict) else None
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        return float(v) if ok else None
+
+    ok = [t for t in heads or [] if score(t) is not None and isinstance(t.get("offset"), int)
+          and not isinstance(t["offset"], bool) and SLASH_MIN_DELTA <= t["offset"] <= max_offset]
+    return max(ok, key=score) if ok else None
+
+
 def top_slash_heads(slash, k: int = 10, min_offset: int = SLASH_MIN_DELTA, max_offset: int | None = SLASH_MAX_DELTA,
                     layer_ids: list[int] | None = None) -> list[dict]:
-    """The ``k`` heads with the largest SlashScore over the :func:`scored_offsets` ``min_offset..max_offset``.
+    """The ``k`` heads with the largest SlashScore, each at its best offset (:func:`best_slash`).
 
     ``slash`` is ``[L, H, S]``; each head appears once, at its best offset. Returns dicts
     ``{layer, head, offset, score, uniform}`` sorted by score, descending (``uniform``: the
     SlashScore at that offset of uniform causal attention, mean of 1/(i+1) over the queries).
-    ``layer_ids`` maps row index to the model's layer number (decoder layers from 0).
+    ``layer_ids`` maps row index to the model's layer number (decoder layers from 0). A head without
+    one finite score (a NaN map) is no head to list.
     """
     s = torch.as_tensor(slash, dtype=torch.float64)
     L, H, S = s.shape
-    offs = scored_offsets(S, min_offset, max_offset)
-    if len(offs) == 0:
+    if len(scored_offsets(S, min_offset, max_offset)) == 0:
         return []
-    min_offset, hi = offs.start, offs.stop - 1
-    raw = s[..., min_offset: hi + 1]
-    window = torch.nan_to_num(raw, nan=-1.0)
-    best, arg = window.max(dim=-1)  # [L, H]
-    scored = raw.isfinite().any(-1).reshape(-1)  # a head without one finite score (a NaN map) is no head to list
+    offset, score = best_slash(s, min_offset, max_offset)
+    scored = (offset >= 0).reshape(-1)
+    best = torch.nan_to_num(score, nan=-1.0)  # [L, H]
     order = [i for i in torch.argsort(best.reshape(-1), descending=True).tolist() if scored[i]][:k]
     out = []
     for flat in order:
         l, h = divmod(flat, H)
-        d = int(arg[l, h]) + min_offset
+        d = int(offset[l, h])
         uniform = float((1.0 / torch.arange(d + 1, S + 1, dtype=torch.float64, device="cpu")).mean())
         out.append({"layer": layer_ids[l] if layer_ids else l, "head": h,
                     "offset": d, "score": float(best[l, h]), "uniform": uniform})

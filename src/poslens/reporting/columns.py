@@ -187,7 +187,8 @@ HEAD_COLUMNS = {
     "layer": "decoder layer, counted from 0",
     "head": "query head, counted from 0",
     "sink": "the head's mean attention weight on key 0 over queries 1 … S−1 and over sequences (Gu et al., ICLR 2025)",
-    "slash_offset": "its strongest offset Δ in 1 … 16 (query − key)",
+    "slash_offset": "its strongest offset Δ in 1 … 16 (query − key), at most S − ⌈S/2⌉ (half the queries see a key "
+                    "that far back)",
     "slash_score": "SlashScore(Δ) there: mean attention weight on the Δ-th sub-diagonal (arXiv 2601.08297)",
 }
 #: the columns :meth:`Result.layers` can have (a scan's; other commands add their own), each defined

@@ -4,8 +4,9 @@ A report of scans (no fingerprint among its runs) opens with the same plain find
 fingerprint page gives, per model: the sink (Gu et al.), the relativity verdict (Kim et al.) and
 the slash heads with their persistence where a random-token scan of the same model and shape is in
 the report (Cheng et al.). Each is judged by :mod:`poslens.metrics.verdicts`' one rule, through the
-fingerprint's own finding functions (:mod:`poslens.reporting.fingerprint`), on a model record built
-here from the scans' summaries and their ``sink_heads`` / ``slash`` maps.
+fingerprint's own judges (:mod:`poslens.metrics.judge_fingerprint`), on a model record built here from
+the scans' summaries and their ``sink_heads`` / ``slash`` maps, and rendered in the fingerprint's words
+(:mod:`poslens.reporting.readings.fingerprint`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 from poslens.metrics.fingerprint import SINK_EPS, head_sink, sink_share
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
-from poslens.reporting.fingerprint import _VERDICT_CLASS, CLAIMS, _kim_finding, _sink_finding, _slash_finding
+from poslens.metrics.judge_fingerprint import judge_claims
+from poslens.reporting.readings.fingerprint import render_findings, scans_label
 
 #: a head is a slash head at SlashScore(Δ) >= this for some Δ in the slash range (as the fingerprint)
 SLASH_KAPPA = 0.3
@@ -111,15 +113,5 @@ def scan_findings(runs, *, eps: float = SINK_EPS, kappa: float = SLASH_KAPPA) ->
             records.append(rec)
     if not records:
         return []
-    out = []
-    for key in ("sink", "kim", "slash"):
-        title, claim = CLAIMS[key]
-        models = []
-        for m in records:
-            f = (_sink_finding(m, eps) if key == "sink" else _kim_finding(m) if key == "kim"
-                 else _slash_finding(m, kappa))
-            models.append({"name": m["name"], **f, "verdict_class": _VERDICT_CLASS[f["verdict"]]})
-        out.append({"paper": title, "claim": claim, "run": "the scans " + ", ".join(
-            m["name"] + (f" (random tokens: {m['random_scan']})" if m["random_scan"] else "") for m in records),
-            "models": models})
-    return out
+    blocks = judge_claims(records, {"sink_eps": eps, "slash_kappa": kappa}, keys=("sink", "kim", "slash"))
+    return [{**b, "run": scans_label(records)} for b in render_findings(blocks)]

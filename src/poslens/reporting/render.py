@@ -70,8 +70,10 @@ def build_context(runs: list[Run], title: str, skipped: list[str] | None = None)
 
 def plain_findings(runs) -> list[dict]:
     """The key findings in plain words, where a run holds them (a fingerprint: per paper its claim and, per
-    model, the number against its noise floor, a verdict and why; :mod:`poslens.reporting.fingerprint`)."""
+    model, the number against its noise floor, a verdict and why; :mod:`poslens.reporting.readings.fingerprint`)."""
     import json
+
+    from poslens.reporting.readings.fingerprint import render_findings
 
     out = []
     for r in runs:
@@ -82,7 +84,9 @@ def plain_findings(runs) -> list[dict]:
             blocks = json.loads(f.read_text()).get("findings") or []
         except (OSError, ValueError):
             continue
-        for b in blocks:
+        blocks = blocks if isinstance(blocks, list) else []
+        # the verdict records, rendered; a fingerprint.json that holds its findings in words is shown as it is
+        for b in render_findings(blocks) or [b for b in blocks if isinstance(b, dict) and "paper" in b]:
             if isinstance(b, dict) and isinstance(b.get("models"), list):
                 out.append({"paper": str(b.get("paper", "")), "claim": str(b.get("claim", "")),
                             "run": f"the positional fingerprint ({r.name})",

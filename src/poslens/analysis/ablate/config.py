@@ -78,14 +78,3 @@ def condition_name(iv: Intervention, layers: list[int], num_layers: int) -> str:
     where = "all" if layers == list(range(num_layers)) else ",".join(map(str, layers))
     return f"{iv.name}@{where}"
 
-
-def _layers_text(ls: list[int]) -> str:
-    """``[3]`` -> "layer 3"; ``[20, ..., 29]`` -> "layers 20–29"; ``[1, 4]`` -> "layers 1, 4"."""
-    if len(ls) == 1:
-        return f"layer {ls[0]}"
-    runs, start = [], ls[0]
-    for a, b in zip(ls, ls[1:] + [None]):
-        if b != a + 1:
-            runs.append(f"{start}" if start == a else f"{start}–{a}")
-            start = b
-    return "layers " + ", ".join(runs)

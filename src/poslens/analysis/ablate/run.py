@@ -15,11 +15,9 @@ from poslens.analysis.ablate.config import (
     DEFAULT_NUM_SEQS,
     DEFAULT_SEQ_LEN,
     AblateConfig,
-    _layers_text,
     condition_name,
     parse_layers,
 )
-from poslens.analysis.ablate.findings import findings, probe_findings, readings_findings
 from poslens.analysis.ablate.losses import (
     bh,
     condition_record,
@@ -37,6 +35,7 @@ from poslens.capture.engine.intervene import (
 )
 from poslens.conventions import NOISE_P
 from poslens.errors import PoslensError
+from poslens.fmt import layers_text
 
 
 # --------------------------------------------------------------------------------------------
@@ -466,7 +465,6 @@ def _summarise(cfg: AblateConfig, setup: _Setup, losses: dict, replay_ok: bool, 
         "probe_base": [{k: v for k, v in r.items() if k != "seq_mse"} for r in probes["none"]] if probes else None,
         "seconds": seconds,
     }
-    summary["findings"] = findings(summary) + readings_findings(summary) + probe_findings(summary)
     tensors = {"loss_base": loss0.to(torch.float32)}
     for c in conditions:
         tensors[f"loss.{c['name']}"] = losses[c["name"]].to(torch.float32)
@@ -514,10 +512,10 @@ def _write_files(stage: Path, cfg: AblateConfig, setup: _Setup, summary: dict, t
         shutil.copytree(scans, stage / "scans")
     figs = []
     if cfg.figures:
-        from poslens.reporting.ablate import ablate_figures
+        from poslens.analysis.ablate.figures import ablate_figures
 
         figs = ablate_figures(summary, stage)
-    s = dict(summary, tables=[condition_table(summary)], figures=figs, readings=summary["findings"],
+    s = dict(summary, tables=[condition_table(summary)], figures=figs, readings=[],
              layers=layer_rows(summary))
     write_summary(stage, s, command="ablate", paper=["kim"],
                   layers_describe="each decoder layer ablated alone: the paired change of next-token loss")
@@ -525,7 +523,7 @@ def _write_files(stage: Path, cfg: AblateConfig, setup: _Setup, summary: dict, t
 
 def condition_table(summary: dict) -> dict:
     """The conditions as one table (``summary["tables"]``): loss change, SE, p, beyond the noise."""
-    rows = [[c["name"], c["intervention"], _layers_text(c["layers"]), c["delta"]["mean"], c["delta"]["se"],
+    rows = [[c["name"], c["intervention"], layers_text(c["layers"]), c["delta"]["mean"], c["delta"]["se"],
              c["delta"]["p"], c["beyond_noise"]] for c in summary["conditions"]]
     return {"name": "conditions", "columns": ["condition", "intervention", "layers", "delta_loss", "se", "p",
                                               "beyond_noise"], "rows": rows,

@@ -7,6 +7,8 @@ import math
 
 from poslens.conventions import (ADJACENT, ADJACENT_WEAK, NORM_SHRINK, PANEL_TREND, THEORY_CLOSE)
 from poslens.fmt import fmt
+from poslens.reporting.readings.ablate import ablate_readings
+from poslens.reporting.readings.fingerprint import fingerprint_readings
 from poslens.reporting.readings.common import _decoder_layers, _series_short, _span, num
 from poslens.reporting.readings.neighborhood import norm_phrase
 from poslens.reporting.readings.slash import uniform_slash
@@ -278,6 +280,8 @@ def probes_readings(summary: dict) -> list[str]:
 
 #: the readings of each analysis command, from its summary (the report and the commands share them)
 COMMAND_READINGS = {
+    "ablate": ablate_readings,
+    "fingerprint": fingerprint_readings,
     "neighborhood": neighborhood_command_readings,
     "panels": panels_readings,
     "kim-maps": score_maps_readings,

@@ -37,10 +37,11 @@ def layer_aps(l: dict) -> tuple[float | None, float | None]:
 
 
 def layer_slash_head(l: dict, max_delta: int = SLASH_MAX_DELTA) -> dict | None:
-    """The layer's strongest head at offsets 1..max_delta among its listed top heads, or None."""
-    heads = [t for t in l.get("top_slash_heads") or [] if isinstance(t, dict) and num(t.get("score")) is not None
-             and num(t["score"]) >= 0 and isinstance(t.get("offset"), int) and 1 <= t["offset"] <= max_delta]
-    return max(heads, key=lambda t: num(t["score"])) if heads else None
+    """The layer's strongest head at offsets 1..max_delta among its listed top heads
+    (:func:`poslens.metrics.slash.strongest_listed`), or None."""
+    from poslens.metrics.slash import strongest_listed  # lazily: the readings need no torch until here
+
+    return strongest_listed(l.get("top_slash_heads"), max_delta)
 
 
 def _layers_phrase(ids: list) -> str:

@@ -1,9 +1,15 @@
-"""The ablation's findings in words (rendered from ``summary.json``)."""
+"""The findings of ``poslens ablate`` in words, rendered from its ``summary.json``: per condition the paired
+change of the loss (``delta``), whether it is beyond the noise (``beyond_noise``, Benjamini–Hochberg over an
+intervention's layers), whether the intervention applies (``applies``), and the readings and probes under it."""
 
 from __future__ import annotations
 
-from poslens.analysis.ablate.config import _layers_text
-from poslens.fmt import fmt
+from poslens.fmt import fmt, layers_text
+
+
+def ablate_readings(summary: dict) -> list[str]:
+    """Every finding of an ablation: the loss per intervention, the scans' readings, the probes."""
+    return findings(summary) + readings_findings(summary) + probe_findings(summary)
 
 
 def probe_findings(summary: dict) -> list[str]:
@@ -20,7 +26,7 @@ def probe_findings(summary: dict) -> list[str]:
         p = worst["probe"][-1]
         d = p["delta_mse"]
         where = "in every layer" if len(recs) == 1 and worst["layers"] == list(range(summary["num_layers"])) else \
-            f"in {_layers_text(worst['layers'])}"
+            f"in {layers_text(worst['layers'])}"
         out.append(f"A linear probe reads absolute position from layer {last['layer']}'s residual stream with r = "
                    f"{fmt(last['r'])}; with {iv} {where}, r = {fmt(p['r'])} (squared error {fmt(p['mse'])} against "
                    f"{fmt(last['mse'])}, change {fmt(d['mean'])} ± {fmt(d['se'])} positions², held-out sequences).")
@@ -52,13 +58,13 @@ def findings(summary: dict) -> list[str]:
         idle = [l for r in recs if not r["applies"] for l in r["layers"]]
         if idle:
             why = "no massive q/k dimension" if iv in ("massive-qk", "random-qk") else "no RoPE"
-            out.append(f"{iv}: {why} in {_layers_text(idle)}, nothing to switch off there.")
+            out.append(f"{iv}: {why} in {layers_text(idle)}, nothing to switch off there.")
             recs = [r for r in recs if r["applies"]]
             if not recs:
                 continue
         if len(recs) == 1:
             r = recs[0]
-            where = "in every layer" if r["layers"] == list(range(L)) else f"in {_layers_text(r['layers'])}"
+            where = "in every layer" if r["layers"] == list(range(L)) else f"in {layers_text(r['layers'])}"
             out.append(f"{base[0].upper()}{base[1:]} {where} {_change(r)}.")
             continue
         sig = [r for r in recs if r["beyond_noise"]]
@@ -67,12 +73,12 @@ def findings(summary: dict) -> list[str]:
         level = f"false discovery rate {summary['level']} over the layers"
         if not sig:
             out.append(f"{base[0].upper()}{base[1:]} one layer at a time changes the loss by less than the noise in "
-                       f"every layer (largest: {_layers_text(top['layers'])}, {_change(top, noise=False)}; {level}).")
+                       f"every layer (largest: {layers_text(top['layers'])}, {_change(top, noise=False)}; {level}).")
             continue
-        text = f"{base[0].upper()}{base[1:]} one layer at a time: in {_layers_text(top['layers'])} alone it {_change(top)}"
+        text = f"{base[0].upper()}{base[1:]} one layer at a time: in {layers_text(top['layers'])} alone it {_change(top)}"
         text += f"; {len(sig)} of {len(recs)} layers change the loss beyond the noise"
         if quiet:
-            text += f"; {_layers_text(quiet)} by less than the noise"
+            text += f"; {layers_text(quiet)} by less than the noise"
         out.append(text + f" ({level}).")
     return out
 
@@ -98,7 +104,7 @@ def readings_findings(summary: dict) -> list[str]:
         elif recs:
             low = min(recs, key=lambda r: r["readings"]["slash_heads"])
             out.append(f"Scanned under {iv} one layer at a time: the fewest slash heads ({low['readings']['slash_heads']} "
-                       f"of the unmodified model's {base['slash_heads']}) with {_layers_text(low['layers'])} ablated "
+                       f"of the unmodified model's {base['slash_heads']}) with {layers_text(low['layers'])} ablated "
                        f"({_reading_text(base, low)}).")
     return out
 
