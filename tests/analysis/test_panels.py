@@ -157,7 +157,7 @@ def test_score_maps_of_a_scan(llama_dir, tmp_path):
         assert l["sink_columns"] == [0] and "relativity_index_with_sink" in l
         assert l["sink_weight"] == pytest.approx(float(probs[li, 1:, 0].mean()), abs=1e-6)
     j = s["judgement"]  # key 0 is out of the headline numbers, the sink's weight beside them
-    assert j["non_relativity_with_sink"] == [l["non_relativity_with_sink"] for l in s["layers"]]
+    assert j["with_sink"] == [l["non_relativity_with_sink"] for l in s["layers"]]
     assert j["sink_weight"] == [l["sink_weight"] for l in s["layers"]]
     for f in s["figures"]:
         assert (tmp_path / "maps" / f["file"]).is_file()

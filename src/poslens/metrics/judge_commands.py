@@ -7,7 +7,7 @@ Codes: ``adjacency`` ``clear`` / ``weak`` / ``none`` (APS ≥ ADJACENT, ≥ ADJA
 ``mask`` ``creates`` / ``partial`` / ``little`` (the causal mask against the bidirectional control);
 ``norm`` ``shrink`` / ``flat`` / ``grow`` (NORM_SHRINK); ``theory`` ``close`` / ``far`` (THEORY_CLOSE);
 ``trend`` ``nearby`` / ``distant`` / ``none`` (PANEL_TREND); ``persistence`` ``persists`` /
-``does_not_persist`` / ``untested``; ``emergence`` ``emerged`` / ``not_emerged``; a probe verdict's
+``transient`` / ``untested``; ``emergence`` ``emerged`` / ``not_emerged``; a probe verdict's
 ``cosine_beats_norm`` ``yes`` / ``no`` / ``mixed`` (as ``poslens probes`` writes it).
 """
 
@@ -105,7 +105,7 @@ def judge_panels(summary: dict) -> dict:
         out["non_relativity"] = {"a": _num(a["non_relativity"]), "i": _num(i["non_relativity"])}
         ws = [_num(r.get("non_relativity_with_sink")) for r in (a, i)]
         if all(w is not None for w in ws):
-            out["non_relativity_with_sink"] = {"a": ws[0], "i": ws[1]}
+            out["with_sink"] = {"a": ws[0], "i": ws[1]}
     b = byk.get("b")
     if b and _num(b.get("locality")) is not None:
         v = _num(b["locality"])
@@ -130,7 +130,7 @@ def judge_score_maps(summary: dict) -> dict:
         ws = [_num(l.get("non_relativity_with_sink")) for l in dec
               if _num(l.get("non_relativity_with_sink")) is not None]
         if ws:
-            out["non_relativity_with_sink"] = ws
+            out["with_sink"] = ws
     loc = [_num(l.get("locality")) for l in dec if _num(l.get("locality")) is not None]
     if loc:
         out.update(rising=sum(v > 0 for v in loc), layers=len(loc), mean_locality=sum(loc) / len(loc))
@@ -208,7 +208,7 @@ def judge_dynamics(summary: dict) -> dict:
         rand = _num(b1.get("slash_random"))
         out.update(emergence="emerged" if emerge is not None else "not_emerged", emerged_at=emerge,
                    slash_random=rand, persistence="untested" if rand is None
-                   else "persists" if rand >= kappa else "does_not_persist")
+                   else "persists" if rand >= kappa else "transient")
     bu = {k: _num(v) or 0.0 for k, v in (b1.get("band_usage") or {}).items()}
     if bu:
         out.update(band_usage=bu, top_band=max(bu, key=bu.get), predicted_peak=b1.get("predicted_peak"))
@@ -244,7 +244,7 @@ def judge_sweep(summary: dict) -> dict:
     bid = [v for v in bid if v is not None]
     if bid:
         dev = max(abs(v - 0.5) for v in bid)
-        out.update(bidirectional_max_dev=dev, mask="creates" if dev < MASK_MARGIN else "other")
+        out.update(bidirectional_dev=dev, mask="creates" if dev < MASK_MARGIN else "other")
     return out
 
 

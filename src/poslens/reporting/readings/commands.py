@@ -18,7 +18,7 @@ NORM = {"shrink": "norms shrink with position, as running means do",
         "flat": "norms do not change consistently with position", "grow": "norms grow with position"}
 THEORY = {"close": " (close: attention is nearly uniform).", "far": " (attention is far from uniform)."}
 TREND = {"nearby": "favour nearby keys", "distant": "favour distant keys", "none": "show little distance trend"}
-PERSISTS = {"persists": "persists", "does_not_persist": "does not persist"}
+PERSISTS = {"persists": "persists", "transient": "does not persist"}
 PROBE_VERDICT = {"yes": ": cosine beats the norm.", "no": ": cosine does not beat the norm.",
                  "mixed": ": the two criteria disagree."}
 SWEEP_MASK = {"creates": ": the pattern comes from the mask.",
@@ -63,7 +63,7 @@ def panels_readings(summary: dict) -> list[str]:
                    f"(locality > 0); strongest in ({hi['panel']}) at {fmt(hi['locality'])}, weakest in "
                    f"({lo['panel']}) at {fmt(lo['locality'])}.")
     if "non_relativity" in j:
-        nr, ws = j["non_relativity"], j.get("non_relativity_with_sink")
+        nr, ws = j["non_relativity"], j.get("with_sink")
         text = (f"Non-relativity (1 − relativity index, key 0 excluded) goes from {fmt(nr['a'])} in "
                 f"the layer's normalised input (a) to {fmt(nr['i'])} in the next layer's scores (i)")
         if ws:
@@ -84,9 +84,9 @@ def score_maps_readings(summary: dict) -> list[str]:
         out.append(f"Non-relativity (key 0 excluded) ranges from {fmt(lo['non_relativity'])} (layer {lo['layer']}) to "
                    f"{fmt(hi['non_relativity'])} (layer {hi['layer']}): the diagonals explain {fmt(pct[0])} … "
                    f"{fmt(pct[1])} % of the score maps' variation.")
-        if j.get("non_relativity_with_sink"):
+        if j.get("with_sink"):
             out.append(f"With key 0 (the attention sink column) included, non-relativity reads "
-                       f"{_span(j['non_relativity_with_sink'])}.")
+                       f"{_span(j['with_sink'])}.")
     if "layers" in j:
         out.append(f"{j['rising']} of {j['layers']} layers' mean scores rise as keys approach the query "
                    f"(mean locality {fmt(j['mean_locality'])}).")
@@ -189,7 +189,7 @@ def sweep_readings(summary: dict) -> list[str]:
                        f"σ = {', '.join(fmt(s) for s in deep['sigmas'])}.")
     if "mask" in j:
         out.append(f"Without the causal mask no decoder layer of any model departs from chance (0.5) by more than "
-                   f"{fmt(j['bidirectional_max_dev'])} in mean APS" + SWEEP_MASK[j["mask"]])
+                   f"{fmt(j['bidirectional_dev'])} in mean APS" + SWEEP_MASK[j["mask"]])
     return out
 
 
