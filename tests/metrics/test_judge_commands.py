@@ -69,9 +69,9 @@ def test_panels():
     assert judge_panels(s) == {
         "layer": 4, "rising": 2, "panels": 4, "strongest": {"panel": "i", "locality": 0.75},
         "weakest": {"panel": "b", "locality": -0.5}, "non_relativity": {"a": 0.125, "i": 0.375},
-        "non_relativity_with_sink": {"a": 0.5, "i": 0.625}, "b_locality": -0.5, "trend": "distant"}
+        "with_sink": {"a": 0.5, "i": 0.625}, "b_locality": -0.5, "trend": "distant"}
     no_sink = judge_panels({**s, "panels": [{**s["panels"][0], "non_relativity_with_sink": None}, s["panels"][3]]})
-    assert no_sink["non_relativity"] == {"a": 0.125, "i": 0.375} and "non_relativity_with_sink" not in no_sink
+    assert no_sink["non_relativity"] == {"a": 0.125, "i": 0.375} and "with_sink" not in no_sink
     assert judge_panels({"panels": [{"panel": "a", "non_relativity": 0.1}]}) == {"layer": None}
 
 
@@ -88,7 +88,7 @@ def test_score_maps():
                     {"layer": 2, "non_relativity": 0.5, "non_relativity_with_sink": 0.75, "locality": 0.25}]}
     assert judge_score_maps(s) == {
         "lowest": {"layer": 1, "non_relativity": 0.125}, "highest": {"layer": 2, "non_relativity": 0.5},
-        "explained_pct": [50.0, 87.5], "non_relativity_with_sink": [0.5, 0.75], "rising": 2, "layers": 3,
+        "explained_pct": [50.0, 87.5], "with_sink": [0.5, 0.75], "rising": 2, "layers": 3,
         "mean_locality": pytest.approx(0.5 / 3), "sink_weight": [0.125, 0.5]}
     assert judge_score_maps({"layers": [{"layer": 0, "non_relativity": 0.25}]}) == {
         "lowest": {"layer": 0, "non_relativity": 0.25}, "highest": {"layer": 0, "non_relativity": 0.25},
