@@ -190,7 +190,8 @@ def test_dynamics():
 # sweep and probes
 # --------------------------------------------------------------------------------------------
 def test_sweep():
-    res = [{"shape": "tiny", "sigma": 0.5, "aps_causal_mean": [0.5, 0.75, 0.875], "aps_bidirectional_mean": [0.5, 0.55]},
+    res = [{"shape": "tiny", "sigma": 0.5, "aps_causal_mean": [0.5, 0.75, 0.875],
+            "aps_bidirectional_mean": [0.5, 0.55]},
            {"shape": "tiny", "sigma": 2.0, "aps_causal_mean": [0.5, 0.875, 0.625]},
            {"shape": "tiny", "sigma": 1.0, "aps_causal_mean": [0.5, 0.9, 0.5]},
            {"shape": "tiny", "sigma": 0.25, "aps_causal_mean": [0.5, 0.8, 0.7]},  # the smallest σ: not the lowest APS

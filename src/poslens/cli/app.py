@@ -226,8 +226,8 @@ def restore_threads() -> None:
         torch.set_num_threads(_threads_before.pop())
 
 
-def print_run(summary: dict, out, *, command: str | None = None, notes: tuple | list = (), max_tables: int | None = None,
-              max_rows: int | None = None) -> None:
+def print_run(summary: dict, out, *, command: str | None = None, notes: tuple | list = (),
+              max_tables: int | None = None, max_rows: int | None = None) -> None:
     """The terminal result of an analysis command: its summary's tables (the first ``max_tables``,
     each cut to ``max_rows`` rows), its readings (the sentences it holds, else those of ``command``
     rendered from its judgement, as the report renders them), ``notes``, and where it wrote them."""
