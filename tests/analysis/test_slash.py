@@ -201,9 +201,15 @@ def test_slash_terminal_tables_fit_80_columns(rank_one_scan, cli):
                 named.append(row.split()[0])
     assert named and set(named) <= heads and all(re.fullmatch(r"\d+\.\d+", n) for n in named)
     counts = s["tables"][0]["rows"]
-    empty = [r[0] for r in counts if not any(r[1:-1])]
-    if empty and empty[-1] == counts[-1][0]:
-        assert any(f"{empty[-1]}: no slash-dominant head" in l for l in lines)
+    from poslens.cli.kim_slash import _without_empty_offsets
+    from poslens.reporting.readings.commands import command_readings, omitted_offsets_reading
+
+    shown, gone = _without_empty_offsets(s)
+    printed = " ".join(" ".join(lines).split())  # the terminal wraps long lines
+    kept = len(shown["tables"][0]["rows"])
+    assert gone == [r[0] for r in counts[kept:]] and not any(any(r[1:-1]) for r in counts[kept:])
+    for line in command_readings("slash", s) + ([omitted_offsets_reading(gone)] if gone else []):
+        assert f"- {line}" in printed  # the readings rendered from the judgement, then the note
 
 
 def test_slash_terminal_count_table_ends_at_the_last_offset_with_a_head():
