@@ -314,6 +314,8 @@ def test_command_readings_dispatch():
     for command, judge in COMMAND_JUDGES.items():
         assert command_readings(command, {}) == command_readings(command, {"judgement": judge({})}) == []
     assert run_readings("panels", ["kim", "slash"], s, "kim") == panels_readings(s)
+    # a run without per-layer numbers and without sentences of its own: its first reading is its key finding
+    assert key_findings([("p", "panels", ["kim"], {**s, "readings": []})]) == {"kim": [f"p: {panels_readings(s)[0]}"]}
     assert run_readings("panels", ["kim"], {**s, "readings": []}, "kim") == panels_readings(s)  # none held
     assert run_readings("scan", ["slash", "kim"], {"readings": ["own"]}, "slash") == ["own"]
     assert run_readings("scan", ["slash", "kim"], {"readings": ["own"]}, "neighborhood") == ["own"]
