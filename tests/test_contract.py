@@ -93,10 +93,13 @@ def test_every_command_writes_the_contract(tmp_path):
     scan = load_run(tmp_path / "scan")
     assert scan.papers == ["kim", "slash", "neighborhood"]
     assert "scores_zoom.png" in [f["file"] for f in scan.figures]  # 80 positions > the 64-position zoom
-    # the analysis commands write the same shape, and their readings are the ones reporting/readings/ writes
+    # the analysis commands write the same shape: their judgement's numbers and codes, no sentences; the readings
+    # are rendered from the judgement (reporting/readings/), the report's and the terminal's alike
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
     from poslens.analysis.panels import PanelsConfig, run_panels, run_score_maps
+    from poslens.metrics.judge_commands import COMMAND_JUDGES
     from poslens.reporting.readings.commands import command_readings
+    from poslens.reporting.readings.findings import run_readings
 
     run_score_maps(str(tmp_path / "scan"), str(tmp_path / "kim-maps"))
     run_neighborhood(NeighborhoodConfig(model_dir=str(model), out=str(tmp_path / "neighborhood"), seq_len=8,
@@ -111,7 +114,11 @@ def test_every_command_writes_the_contract(tmp_path):
         assert s["layer_info"]["describes"] and "from 0" in s["layer_info"]["convention"], name
         assert s["layer_info"]["indices"] == [l["layer"] for l in run.layers], name
         assert all(isinstance(i, int) or i == "embeddings" for i in s["layer_info"]["indices"]), name
-        assert s["readings"] and s["readings"] == command_readings(name, s), name
+        judged = {k: v for k, v in s.items() if k != "judgement"}
+        assert s["readings"] == [] and s["judgement"] and s["judgement"] == COMMAND_JUDGES[name](judged), name
+        assert json.dumps(s["judgement"], allow_nan=False)  # plain JSON numbers and codes
+        assert command_readings(name, s) and command_readings(name, s) == command_readings(name, judged), name
+        assert run_readings(name, [s["paper"]], s, s["paper"]) == command_readings(name, s), name
         assert all((run.path / f["file"]).is_file() and f["caption"] for f in s["figures"]), name
     assert load_run(tmp_path / "neighborhood").layers[0]["layer"] == "embeddings"
 
@@ -296,71 +303,85 @@ def test_newer_scan_keys_render(tmp_path):
     assert "(key 0 excluded)" in html and "APS per sequence 0.64" in html
 
 
-def test_command_readings_are_written_from_the_numbers():
-    """Every analysis command's sentences come from reporting/readings/ and quote its summary's numbers."""
+def test_command_readings_are_rendered_from_the_judgement():
+    """Every analysis command's summary holds its judgement (numbers and codes, metrics/judge_commands), which
+    reads its numbers; its sentences come from reporting/readings/ and are rendered from the judgement alone."""
+    import ast
     import importlib
+    import inspect
 
+    from poslens.metrics import judge_commands as J
     from poslens.reporting.readings import commands as R
     from poslens.reporting.readings.findings import run_readings
-    from poslens.reporting.readings.slash import uniform_slash
 
-    assert set(R.COMMAND_READINGS) == {"neighborhood", "panels", "kim-maps", "slash", "slash-dynamics", "sweep",
-                                       "probes"}
+    assert set(R.COMMAND_READINGS) == set(J.COMMAND_JUDGES) == {"neighborhood", "panels", "kim-maps", "slash",
+                                                                "slash-dynamics", "sweep", "probes"}
     for mod in ("neighborhood", "panels", "slash", "sweep", "dynamics", "probes"):  # no prose left in analysis/*
         m = importlib.import_module(f"poslens.analysis.{mod}")
         own = [n for n in vars(m) if "reading" in n and getattr(vars(m)[n], "__module__", "") == m.__name__]
         assert not own, (mod, own)
+        tree = ast.parse(inspect.getsource(m))
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + \
+            [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        assert not [i for i in imported if i and i.startswith("poslens.reporting")], mod
+
+    def rendered(command, s):  # the sentences of the judgement alone are those of the summary
+        j = J.COMMAND_JUDGES[command](s)
+        assert R.command_readings(command, {"judgement": j}) == R.command_readings(command, s)
+        return j
 
     nb = {"layers": [{"layer": "embeddings", "aps_mean": 0.5},
                      {"layer": 0, "aps_mean": 0.97, "norm_score_mean": 0.9, "bidirectional_aps_mean": 0.51},
                      {"layer": 1, "aps_mean": 0.7}], "theory_gap_layer0": 0.01}
-    text = " ".join(R.command_readings("neighborhood", nb))
-    assert "first decoder layer (layer 0) have APS 0.97" in text and "a clear adjacency pattern" in text
-    assert "the embeddings have 0.5" in text and "highest APS is in layer 0 (0.97); the last layer (1) has 0.7" in text
-    assert "Without the causal mask layer 0's APS is 0.51, 0.46 lower" in text and "mask is what creates" in text
-    assert "norms shrink" in text and "nearly uniform" in text and "layer 2" not in text
+    j = rendered("neighborhood", nb)
+    assert (j["layer"], j["aps"], j["adjacency"], j["embeddings_aps"]) == (0, 0.97, "clear", 0.5)
+    assert (j["best_layer"], j["best_aps"], j["last_layer"], j["last_aps"]) == (0, 0.97, 1, 0.7)
+    assert (j["bidirectional_aps"], j["mask_drop"], j["mask"]) == (0.51, pytest.approx(0.46), "creates")
+    assert (j["norm"], j["theory"]) == ("shrink", "close")
     nb["layers"][1].update(aps_mean=0.65, bidirectional_aps_mean=0.64, norm_score_mean=0.2)
     nb["theory_gap_layer0"] = 0.2
-    text = " ".join(R.command_readings("neighborhood", nb))
-    assert "a weak adjacency pattern" in text and "makes little difference" in text and "norms grow" in text
-    assert "far from uniform" in text
+    j = rendered("neighborhood", nb)
+    assert (j["adjacency"], j["mask"], j["norm"], j["theory"]) == ("weak", "little", "grow", "far")
 
     sw = {"results": [{"shape": "2x64", "sigma": 0.002, "aps_causal_mean": [0.5, 0.95, 0.9],
                        "aps_bidirectional_mean": [0.5, 0.52, 0.49]},
                       {"shape": "2x64", "sigma": 2.0, "aps_causal_mean": [0.5, 0.55, 0.5],
                        "aps_bidirectional_mean": [0.5, 0.5, 0.47]}]}
-    text = " ".join(R.sweep_readings(sw))
-    assert "ranges from 0.55 (σ = 2) to 0.95 (σ = 0.002)" in text and "σ ∈ {0.002}" in text
-    assert "last decoder layer (1) APS is 0.9, 0.5" in text and "by more than 0.03" in text
-    assert "comes from the mask" in text
+    j = rendered("sweep", sw)
+    (shape,) = j["shapes"]
+    assert (shape["lowest"], shape["highest"]) == ({"sigma": 2.0, "aps": 0.55}, {"sigma": 0.002, "aps": 0.95})
+    assert shape["clear_sigmas"] == [0.002] and shape["adjacency"] == "clear"
+    assert shape["last_layer"] == {"layer": 1, "sigmas": [0.002, 2.0], "aps": [0.9, 0.5]}
+    assert j["bidirectional_dev"] == pytest.approx(0.03) and j["mask"] == "creates"
 
     heads = [{"layer": l, "head": h, "best_delta": 1, "best_score": 0.1 * (l + h + 1), "q_top1_energy": 0.5}
              for l in range(2) for h in range(2)]
     sl = {"heads": heads, "kappas": [0.1, 0.3, 0.5], "delta_range": [1, 16], "seq_len": 8, "persistence": []}
-    text = " ".join(R.slash_command_readings(sl))
-    assert f"layer 1 head 1 with SlashScore(1) = 0.3 (uniform causal attention would give about " \
-           f"{fmt(uniform_slash(8, 1))})" in text
-    assert "1 of 4 heads are (0.3, Δ)" in text and "at κ = 0.1: 4" in text
-    assert "persistence is untested" in text and "no RoPE decomposition" in text
+    j = rendered("slash", sl)
+    assert j["best"] == {"layer": 1, "head": 1, "delta": 1, "score": 0.1 * 3,
+                         "uniform": pytest.approx(sum(1 / i for i in range(2, 9)) / 7)}
+    assert j["kappas"]["reached"] == [{"kappa": 0.1, "heads": 4}, {"kappa": 0.3, "heads": 1}] and j["heads"] == 4
+    assert j["persistence"]["tested"] == 0 and j["rope"] is False and "decomposition" not in j
 
     pr = {"verdicts": [{"model": "m", "pe": "none", "state": "trained", "cosine_best_r": 0.93, "cosine_best_layer": 0,
                         "norm_best_r": 0.4, "norm_best_layer": 1, "cosine_lower_mse_layers": 2, "layers": 2,
                         "cosine_beats_norm": "yes"}],
           "records": [{"model": "m", "state": "trained", "feature": "vector", "probe": "linear", "layer": l, "r": r}
                       for l, r in (("embeddings", 0.99), (0, 0.8), (1, 0.6))]}
-    text = " ".join(R.probes_readings(pr))
-    assert "r up to 0.93 (layer 0)" in text and "2 of 2 decoder layers" in text and "cosine beats the norm" in text
-    assert "r = 0.8 at layer 0" in text  # the embeddings are not a decoder layer
+    (v,) = rendered("probes", pr)["verdicts"]
+    assert (v["cosine_best_r"], v["cosine_best_layer"], v["cosine_lower_mse_layers"], v["layers"]) == (0.93, 0, 2, 2)
+    assert v["cosine_beats_norm"] == "yes" and v["vector"] == {"r": 0.8, "layer": 0}  # embeddings: no decoder layer
 
     pn = {"layer": 3, "panels": [{"panel": "a", "locality": 0.5, "non_relativity": 0.1,
                                   "non_relativity_with_sink": 0.4},
                                  {"panel": "b", "locality": -0.2},
                                  {"panel": "i", "locality": 0.05, "non_relativity": 0.3,
                                   "non_relativity_with_sink": 0.6}]}
-    text = " ".join(R.panels_readings(pn))
-    assert "2 of 3 panels of decoder layer 3" in text and "strongest in (a) at 0.5, weakest in (b) at -0.2" in text
-    assert "from 0.1 in the layer's normalised input (a) to 0.3" in text and "with key 0: 0.4 → 0.6" in text
-    assert "(b) favour distant keys" in text
+    j = rendered("panels", pn)
+    assert (j["layer"], j["rising"], j["panels"]) == (3, 2, 3)
+    assert (j["strongest"], j["weakest"]) == ({"panel": "a", "locality": 0.5}, {"panel": "b", "locality": -0.2})
+    assert j["non_relativity"] == {"a": 0.1, "i": 0.3} and j["with_sink"] == {"a": 0.4, "i": 0.6}
+    assert j["trend"] == "distant"
 
     # a scan (three papers) is read per paper from its numbers; 'flat' names the noise it was judged against
     scan = {"layers": [{"layer": 0, "relativity_index": None, "locality": None, "noise_groups": 16},

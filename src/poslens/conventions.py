@@ -35,6 +35,9 @@ NORM_SHRINK = 0.7
 ADJACENT, ADJACENT_WEAK = 0.8, 0.6
 #: a neighbourhood map's mean |cosine − theory| below which attention is called nearly uniform
 THEORY_CLOSE = 0.05
+#: how far APS must drop without the causal mask (and the bidirectional APS stay within it of 0.5) for the
+#: mask to be what creates the adjacency pattern (``poslens neighborhood``, ``poslens sweep``)
+MASK_MARGIN = 0.1
 
 #: per claim of a verdict (``poslens fingerprint``): how far beyond both chance and the noise floor
 #: the value must lie (stated in docs/fingerprint.md)

@@ -93,16 +93,17 @@ def test_cli_writes_run_dir(cli, tmp_path, near_zero_nope):
     s = json.loads((out / "summary.json").read_text())
     c = json.loads((out / "config.json").read_text())
     assert c["command"] == "neighborhood" and "versions" in c and c["bidirectional"] is True
-    assert s["paper"] == "neighborhood" and s["tables"][0]["rows"] and s["readings"]
+    assert s["paper"] == "neighborhood" and s["tables"][0]["rows"] and s["readings"] == []
     assert {f["file"] for f in s["figures"]} <= {p.name for p in out.iterdir()}
     assert s["layers"][1]["aps_mean"] > 0.95 and abs(s["layers"][1]["bidirectional_aps_mean"] - 0.5) < 0.15
     # one layer convention: the embeddings by name, then decoder layers from 0, in summary, table and readings
     assert [l["layer"] for l in s["layers"]] == ["embeddings", 0] == s["layer_info"]["indices"]
     assert [r[0] for r in s["tables"][0]["rows"]] == ["embeddings", 0]
     assert "from 0" in s["tables"][0]["title"] and "from 0" in s["layer_info"]["convention"]
-    text = " ".join(s["readings"])
-    assert "(layer 0) have APS" in text and "layer 1" not in text and "the embeddings have" in text
-    assert "mask is what creates" in text  # causal ≈ 1, bidirectional ≈ chance
+    j = s["judgement"]
+    assert (j["layer"], j["aps"], j["embeddings_aps"]) == (0, s["layers"][1]["aps_mean"], s["layers"][0]["aps_mean"])
+    assert "best_layer" not in j and j["adjacency"] == "clear"  # one decoder layer: no highest or last layer
+    assert j["mask"] == "creates"  # causal ≈ 1, bidirectional ≈ chance
     assert (out / "neighborhood.safetensors").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".run.partial")]
     # an existing run directory is refused without --overwrite, and nothing is written for bad input

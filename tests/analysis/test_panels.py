@@ -77,7 +77,7 @@ def test_panels_equal_direct_computation(llama_dir, tmp_path):
         assert (out / f).is_file()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["command"] == "panels" and "torch" in cfg["versions"]
-    assert summary["paper"] == "kim" and len(summary["tables"][0]["rows"]) == 9 and summary["readings"]
+    assert summary["paper"] == "kim" and len(summary["tables"][0]["rows"]) == 9 and summary["judgement"]["panels"] == 9
     assert "decoder layer 1" in summary["title"] and "key 0" in summary["tables"][0]["title"]
     assert "non-relativity with key 0" in summary["tables"][0]["columns"]
     # stored numbers stay numbers at full precision (the terminal and the report format them)
@@ -156,7 +156,9 @@ def test_score_maps_of_a_scan(llama_dir, tmp_path):
     for li, l in enumerate(s["layers"]):
         assert l["sink_columns"] == [0] and "relativity_index_with_sink" in l
         assert l["sink_weight"] == pytest.approx(float(probs[li, 1:, 0].mean()), abs=1e-6)
-    assert any("key 0" in r for r in s["readings"])
+    j = s["judgement"]  # key 0 is out of the headline numbers, the sink's weight beside them
+    assert j["with_sink"] == [l["non_relativity_with_sink"] for l in s["layers"]]
+    assert j["sink_weight"] == [l["sink_weight"] for l in s["layers"]]
     for f in s["figures"]:
         assert (tmp_path / "maps" / f["file"]).is_file()
 

@@ -137,7 +137,9 @@ def test_cli_probes_run_dir(cli, tmp_path, char_model_dir):
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
     assert json.loads((out / "config.json").read_text())["command"] == "probes"
-    assert s["paper"] == "neighborhood" and len(s["tables"]) == 2 and s["readings"]
+    assert s["paper"] == "neighborhood" and len(s["tables"]) == 2 and s["readings"] == []
+    judged = [(v["model"], v["state"], v["cosine_beats_norm"]) for v in s["judgement"]["verdicts"]]
+    assert judged == [(v["model"], v["state"], v["cosine_beats_norm"]) for v in s["verdicts"]]
     assert all((out / f["file"]).exists() for f in s["figures"])
     rec = {(r["state"], r["layer"], r["feature"], r["probe"]): r for r in s["records"]}
     # near-zero-init NoPE decoder layer 0 is a running mean: cosine to the last token predicts T - i on unseen

@@ -160,7 +160,8 @@ def test_slash_command_writes_run_directory(rank_one_scan, cli):
                        "--out", out, "--quiet")
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
-    assert s["paper"] == "slash" and s["readings"] and (out / "slash_profiles.png").is_file()
+    assert s["paper"] == "slash" and s["judgement"]["heads"] == len(s["heads"])
+    assert (out / "slash_profiles.png").is_file()
     assert json.loads((out / "config.json").read_text())["command"] == "slash"
     counts = s["tables"][0]["rows"]
     sl = maps["slash"].double()
@@ -200,9 +201,15 @@ def test_slash_terminal_tables_fit_80_columns(rank_one_scan, cli):
                 named.append(row.split()[0])
     assert named and set(named) <= heads and all(re.fullmatch(r"\d+\.\d+", n) for n in named)
     counts = s["tables"][0]["rows"]
-    empty = [r[0] for r in counts if not any(r[1:-1])]
-    if empty and empty[-1] == counts[-1][0]:
-        assert any(f"{empty[-1]}: no slash-dominant head" in l for l in lines)
+    from poslens.cli.kim_slash import _without_empty_offsets
+    from poslens.reporting.readings.commands import command_readings, omitted_offsets_reading
+
+    shown, gone = _without_empty_offsets(s)
+    printed = " ".join(" ".join(lines).split())  # the terminal wraps long lines
+    kept = len(shown["tables"][0]["rows"])
+    assert gone == [r[0] for r in counts[kept:]] and not any(any(r[1:-1]) for r in counts[kept:])
+    for line in command_readings("slash", s) + ([omitted_offsets_reading(gone)] if gone else []):
+        assert f"- {line}" in printed  # the readings rendered from the judgement, then the note
 
 
 def test_slash_terminal_count_table_ends_at_the_last_offset_with_a_head():
@@ -211,11 +218,12 @@ def test_slash_terminal_count_table_ends_at_the_last_offset_with_a_head():
     rows = [[1, 3, 1, "0.1 2.0 1.1"], [2, 1, 0, "3.1"], [3, 0, 0, ""], [4, 0, 0, ""]]
     s = {"sdh_counts": rows, "readings": ["r"], "tables": [{"title": "t", "columns": ["Δ", "κ=0.1", "κ=0.3", "heads"],
                                                             "rows": rows}, {"title": "u", "columns": [], "rows": []}]}
-    t = _without_empty_offsets(s)
-    assert t["tables"][0]["rows"] == rows[:2] and t["tables"][1] == s["tables"][1]
-    assert t["readings"][0] == "r" and "Δ 3–4" in t["readings"][1] and s["tables"][0]["rows"] == rows  # a copy
+    t, gone = _without_empty_offsets(s)
+    assert t["tables"][0]["rows"] == rows[:2] and t["tables"][1] == s["tables"][1] and gone == [3, 4]
+    assert t["readings"] == ["r"] and s["tables"][0]["rows"] == rows  # a copy
+    assert _without_empty_offsets({**s, "tables": [{**s["tables"][0], "rows": rows[:3]}]})[1] == []  # not the table
     full = {**s, "sdh_counts": rows[:2], "tables": [{**s["tables"][0], "rows": rows[:2]}]}
-    assert _without_empty_offsets(full) == full  # nothing to leave out
+    assert _without_empty_offsets(full) == (full, [])  # nothing to leave out
 
 
 def test_slash_dynamics_small_run(tmp_path, cli):
@@ -227,7 +235,7 @@ def test_slash_dynamics_small_run(tmp_path, cli):
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
     assert [r["step"] for r in s["steps"]] == [0, 3, 6] and s["paper"] == "slash" and (out / "dynamics.png").is_file()
-    assert len(s["tables"][0]["rows"]) == 3 and s["readings"]
+    assert len(s["tables"][0]["rows"]) == 3 and s["judgement"]["last_step"] == 6
     for r in s["steps"]:
         assert len(r["heads"]) == 2 and abs(sum(r["best"]["band_usage"].values()) - 1) < 1e-9
     assert (out / "snapshots" / "step-000003" / "scan-random" / "maps.safetensors").is_file()
@@ -425,7 +433,8 @@ def test_run_slash_on_a_hand_made_scan(tmp_path):
     assert s["title"] == "Slash-dominant heads of model (4 x 8 tokens)" and s["delta_range"] == [1, 5]  # its name
     assert s["kappas"] == [0.3, 0.5] and s["persist_kappa"] == 0.3 and s["persistence"] is None
     assert s["seq_len"] == 8 and s["model_dir"] == str(model) and s["figures"] == [] and s["paper"] == "slash"
-    assert len(s["heads"]) == 8 and len(s["tables"]) == 2 and s["readings"][0].startswith("The most slash-dominant")
+    assert len(s["heads"]) == 8 and len(s["tables"]) == 2 and s.get("readings", []) == []
+    assert s["judgement"]["best"]["score"] == max(h["best_score"] for h in s["heads"])
     assert [("predicted_peak" in r) for r in s["heads"]] == [True] * 4 + [False] * 4  # layer 1: no RoPE
     assert [r["layer"] for r in s["heads"]] == [4] * 4 + [6] * 4  # the scan's own layer indices
     assert s["experiment"] == "slash" and s["scan_dir"] == str(scan) and s["random_scan"] is None

@@ -46,7 +46,8 @@ def test_cli_sweep_run_dir(cli, tmp_path):
     assert code == 0, err
     s = json.loads((out / "summary.json").read_text())
     assert json.loads((out / "config.json").read_text())["command"] == "sweep"
-    assert s["paper"] == "neighborhood" and len(s["tables"][0]["rows"]) == 4 and s["readings"]
+    assert s["paper"] == "neighborhood" and len(s["tables"][0]["rows"]) == 4 and s["readings"] == []
+    assert sorted(r["shape"] for r in s["judgement"]["shapes"]) == sorted(s["shapes"])
     assert all((out / f["file"]).exists() for f in s["figures"])
     code, _, err = cli("sweep", "--out", tmp_path / "bad", "--sigmas", "0,1", "--quiet")
     assert code == 2 and "--sigmas" in err and not (tmp_path / "bad").exists()

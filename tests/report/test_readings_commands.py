@@ -7,9 +7,11 @@ import pytest
 from poslens.fmt import fmt
 
 from poslens.conventions import ADJACENT, ADJACENT_WEAK, PANEL_TREND, THEORY_CLOSE
+from poslens.metrics.judge_commands import COMMAND_JUDGES, judge_panels
 from poslens.reporting.readings.commands import (COMMAND_READINGS, command_readings, dynamics_readings,
-                                                 neighborhood_command_readings, panels_readings, probes_readings,
-                                                 score_maps_readings, slash_command_readings, sweep_readings)
+                                                 neighborhood_command_readings, omitted_offsets_reading,
+                                                 panels_readings, probes_readings, score_maps_readings,
+                                                 slash_command_readings, sweep_readings)
 from poslens.reporting.readings.findings import comparison_readings, key_findings, model_readings, run_readings
 from poslens.reporting.readings.neighborhood import neighborhood_readings
 from poslens.reporting.readings.slash import slash_readings, uniform_slash
@@ -143,223 +145,178 @@ def test_key_findings_fallback_and_limit():
 
 
 # --------------------------------------------------------------------------------------------
-# analysis commands
+# analysis commands: sentences rendered from the judgements (metrics/judge_commands), every code's
+# sentence and the numbers it quotes (the decisions are checked in tests/metrics/test_judge_commands.py)
 # --------------------------------------------------------------------------------------------
-def test_neighborhood_command_verdicts():
-    def first(a1, **kw):
-        return neighborhood_command_readings({"layers": [{"layer": 0, "aps_mean": a1, **kw}]})
-
-    assert "APS 0.8 under the causal mask: a clear adjacency pattern" in first(0.8)[0]
-    assert "a weak adjacency pattern" in first(0.79)[0] and "a weak adjacency pattern" in first(0.6)[0]
-    assert "no adjacency pattern" in first(0.59)[0]
-    assert first(0.8)[0].endswith("rises towards the diagonal).") and len(first(0.8)) == 1
-    assert neighborhood_command_readings({"layers": [{"layer": 0}]}) == [] and neighborhood_command_readings({}) == []
-
-
-def test_neighborhood_command_layers_and_controls():
-    s = {"layers": [{"layer": "embeddings", "aps_mean": 0.5},
-                    {"layer": 0, "aps_mean": 0.75, "bidirectional_aps_mean": 0.5, "norm_score_mean": 0.25},
-                    {"layer": 1, "aps_mean": 0.875}, {"layer": 2, "aps_mean": 0.625}],
-         "theory_gap_layer0": 0.04}
-    out = neighborhood_command_readings(s)
-    assert "(layer 0) have APS 0.75" in out[0] and "the embeddings have 0.5." in out[0]
-    assert "highest APS is in layer 1 (0.875); the last layer (2) has 0.625" in out[1]
-    assert "layer 0's APS is 0.5, 0.25 lower than causal: the mask is what creates" in out[2]
-    assert "norm score is 0.25: norms grow with position" in out[3]
-    assert "by 0.04 on average" in out[4] and "(close: attention is nearly uniform)" in out[4]
-    far = J(neighborhood_command_readings({**s, "theory_gap_layer0": 0.05}))
-    assert "far from uniform" in far
-
-
-@pytest.mark.parametrize("b1, words", [(0.5, "the mask is what creates"), (0.35, "not the only source"),
-                                       (0.62, "not the only source"), (0.66, "makes little difference"),
-                                       (0.9, "makes little difference")])
-def test_neighborhood_command_bidirectional_branches(b1, words):
-    out = J(neighborhood_command_readings({"layers": [{"layer": 0, "aps_mean": 0.75,
-                                                       "bidirectional_aps_mean": b1}]}))
-    assert words in out
-    assert ("higher than causal" in out) == (b1 >= 0.75) and ("lower than causal" in out) == (b1 < 0.75)
-
-
-def test_panels_readings():
-    s = {"layer": 4, "panels": [{"panel": "a", "locality": 0.25, "non_relativity": 0.125,
-                                 "non_relativity_with_sink": 0.5},
-                                {"panel": "b", "locality": -0.5},
-                                {"panel": "c", "locality": 0.0},
-                                {"panel": "i", "locality": 0.75, "non_relativity": 0.375,
-                                 "non_relativity_with_sink": 0.625}, "x"]}
-    out = panels_readings(s)
-    assert "2 of 4 panels of decoder layer 4 rise" in out[0]
-    assert "strongest in (i) at 0.75, weakest in (b) at -0.5" in out[0]
-    assert "from 0.125 in the layer's normalised input (a) to 0.375 in the next layer's scores (i)" in out[1]
-    assert "with key 0: 0.5 → 0.625" in out[1]
-    assert "(b) favour distant keys (locality -0.5)" in out[2]
-    no_sink = panels_readings({**s, "panels": [{**s["panels"][0], "non_relativity_with_sink": None}, s["panels"][3]]})
-    assert "with key 0" not in J(no_sink) and no_sink[1].endswith("(i).")
-    assert len(panels_readings({"panels": [{"panel": "a", "non_relativity": 0.1}]})) == 0
-
-
-@pytest.mark.parametrize("v, word", [(0.11, "favour nearby keys"), (0.1, "show little distance trend"),
-                                     (-0.1, "show little distance trend"), (-0.11, "favour distant keys")])
-def test_panel_b_trend(v, word):
-    assert word in panels_readings({"panels": [{"panel": "b", "locality": v}]})[-1]
-
-
-def test_score_maps_readings():
-    s = {"layers": [{"layer": "embeddings", "non_relativity": 0.99},
-                    {"layer": 0, "non_relativity": 0.25, "non_relativity_with_sink": 0.5, "locality": 0.5,
-                     "sink_weight": 0.125},
-                    {"layer": 1, "non_relativity": 0.125, "locality": -0.25, "sink_weight": 0.5},
-                    {"layer": 2, "non_relativity": 0.5, "non_relativity_with_sink": 0.75, "locality": 0.25}]}
-    out = score_maps_readings(s)
-    assert "ranges from 0.125 (layer 1) to 0.5 (layer 2)" in out[0] and "explain 50 … 87.5 %" in out[0]
-    assert "non-relativity reads 0.5 … 0.75" in out[1]
-    assert "2 of 3 layers' mean scores rise" in out[2] and "(mean locality 0.167)" in out[2]
-    assert "per layer: 0.125 → 0.5." in out[3]
-    assert score_maps_readings({"layers": [{"layer": 0, "non_relativity": 0.25}]})[1:] == []
-    # the extremes are by value, not by layer: the least relative layer here is the first
-    first = score_maps_readings({"layers": [{"layer": 0, "non_relativity": 0.5}, {"layer": 1, "non_relativity": 0.125},
-                                            {"layer": 2, "non_relativity": 0.25}]})
-    assert "ranges from 0.125 (layer 1) to 0.5 (layer 0)" in first[0]
-    assert score_maps_readings({}) == []
-
-
 def _head(layer, head, delta, score, **kw):
     return {"layer": layer, "head": head, "best_delta": delta, "best_score": score, **kw}
 
 
-def test_slash_command_best_head_and_kappas():
-    heads = [_head(0, 0, 1, 0.25), _head(1, 2, 3, 0.75), _head(2, 1, 2, 0.5), {"best_score": None}]
-    s = {"heads": heads, "kappas": [0.2, 0.4, 0.6, 0.8], "delta_range": [1, 8], "seq_len": 10}
-    out = slash_command_readings(s)
-    assert "(Δ ≥ 1) is layer 1 head 2 with SlashScore(3) = 0.75" in out[0]
-    assert f"would give about {uniform_slash(10, 3):.3g})" in out[0]
-    assert out[1].startswith("1 of 3 heads are (0.6, Δ)-slash-dominant") and "at κ = 0.2: 3." in out[1]
-    none = slash_command_readings({**s, "kappas": [0.9, 0.95], "seq_len": None})
-    assert none[0].endswith("= 0.75.") and none[1] == "No head reaches κ = 0.9 at any Δ in the range."
-    edge = slash_command_readings({**s, "kappas": [0.75]})  # a score equal to κ reaches it
-    assert edge[1].startswith("1 of 3 heads are (0.75, Δ)")
-    assert slash_command_readings({"heads": [], "kappas": [0.5]}) == []
-    assert "(Δ ≥ 2)" in slash_command_readings({"heads": heads, "delta_range": [2, 5]})[0]
-    assert "(Δ ≥ 1)" in slash_command_readings({"heads": heads})[0]
+def test_neighborhood_command_readings():
+    s = {"layers": [{"layer": "embeddings", "aps_mean": 0.5},
+                    {"layer": 0, "aps_mean": 0.75, "bidirectional_aps_mean": 0.5, "norm_score_mean": 0.25},
+                    {"layer": 1, "aps_mean": 0.875}, {"layer": 2, "aps_mean": 0.625}], "theory_gap_layer0": 0.04}
+    clear = {"layers": [{"layer": 3, "aps_mean": 0.8, "bidirectional_aps_mean": 0.62, "norm_score_mean": 0.7}],
+             "theory_gap_layer0": 0.05}
+    held = {"judgement": {"layer": 1, "aps": 0.59, "adjacency": "none", "embeddings_aps": None,
+                          "bidirectional_aps": 0.9, "mask_drop": -0.31, "mask": "little", "norm_score": 0.5,
+                          "norm": "flat"}}
+    assert [neighborhood_command_readings(x) for x in (s, clear, held)] == [[
+        "The head outputs of the first decoder layer (layer 0) have APS 0.75 under the causal mask: a weak adjacency "
+        "pattern (0.5 = chance, 1 = every row rises towards the diagonal); the embeddings have 0.5.",
+        "The highest APS is in layer 1 (0.875); the last layer (2) has 0.625.",
+        "Without the causal mask layer 0's APS is 0.5, 0.25 lower than causal: the mask is what creates the "
+        "adjacency pattern.",
+        "Layer 0's norm score is 0.25: norms grow with position (≥ 0.7 = shrink, ≤ 0.3 = grow).",
+        "Layer 0's mean cosine map differs from the uniform-attention theory sqrt(min(i, j) / max(i, j)) by 0.04 on "
+        "average over the lower triangle (close: attention is nearly uniform)."], [
+        "The head outputs of the first decoder layer (layer 3) have APS 0.8 under the causal mask: a clear adjacency "
+        "pattern (0.5 = chance, 1 = every row rises towards the diagonal).",
+        "Without the causal mask layer 3's APS is 0.62, 0.18 lower than causal: the mask is not the only source of "
+        "the difference.",
+        "Layer 3's norm score is 0.7: norms shrink with position, as running means do (≥ 0.7 = shrink, ≤ 0.3 = grow).",
+        "Layer 3's mean cosine map differs from the uniform-attention theory sqrt(min(i, j) / max(i, j)) by 0.05 on "
+        "average over the lower triangle (attention is far from uniform)."], [
+        "The head outputs of the first decoder layer (layer 1) have APS 0.59 under the causal mask: no adjacency "
+        "pattern (0.5 = chance, 1 = every row rises towards the diagonal).",
+        "Without the causal mask layer 1's APS is 0.9, 0.31 higher than causal: the mask makes little difference here.",
+        "Layer 1's norm score is 0.5: norms do not change consistently with position (≥ 0.7 = shrink, ≤ 0.3 = grow)."]]
+    assert neighborhood_command_readings({"layers": [{"layer": 0}]}) == [] and neighborhood_command_readings({}) == []
 
 
-def test_slash_command_persistence():
-    heads = [_head(0, 0, 1, 0.9)]
+def test_panels_and_score_maps_readings():
+    pn = {"layer": 4, "panels": [{"panel": "a", "locality": 0.25, "non_relativity": 0.125,
+                                  "non_relativity_with_sink": 0.5},
+                                 {"panel": "b", "locality": -0.5}, {"panel": "c", "locality": 0.0},
+                                 {"panel": "i", "locality": 0.75, "non_relativity": 0.375,
+                                  "non_relativity_with_sink": 0.625}, "x"]}
+    no_sink = {"layer": 2, "panels": [{"panel": "a", "non_relativity": 0.125}, {"panel": "i", "non_relativity": 0.375}]}
+    trends = [panels_readings({"panels": [{"panel": "b", "locality": v}]})[-1] for v in (0.11, 0.1)]
+    sm = {"layers": [{"layer": "embeddings", "non_relativity": 0.99},
+                     {"layer": 0, "non_relativity": 0.25, "non_relativity_with_sink": 0.5, "locality": 0.5,
+                      "sink_weight": 0.125},
+                     {"layer": 1, "non_relativity": 0.125, "locality": -0.25, "sink_weight": 0.5},
+                     {"layer": 2, "non_relativity": 0.5, "non_relativity_with_sink": 0.75, "locality": 0.25}]}
+    assert [panels_readings(pn), panels_readings(no_sink), trends, score_maps_readings(sm)] == [[
+        "2 of 4 panels of decoder layer 4 rise towards the diagonal (locality > 0); strongest in (i) at 0.75, weakest "
+        "in (b) at -0.5.",
+        "Non-relativity (1 − relativity index, key 0 excluded) goes from 0.125 in the layer's normalised input (a) to "
+        "0.375 in the next layer's scores (i); with key 0: 0.5 → 0.625.",
+        "The layer's own attention scores (b) favour distant keys (locality -0.5)."], [
+        "Non-relativity (1 − relativity index, key 0 excluded) goes from 0.125 in the layer's normalised input (a) to "
+        "0.375 in the next layer's scores (i)."], [
+        "The layer's own attention scores (b) favour nearby keys (locality 0.11).",
+        "The layer's own attention scores (b) show little distance trend (locality 0.1)."], [
+        "Non-relativity (key 0 excluded) ranges from 0.125 (layer 1) to 0.5 (layer 2): the diagonals explain 50 … "
+        "87.5 % of the score maps' variation.",
+        "With key 0 (the attention sink column) included, non-relativity reads 0.5 … 0.75.",
+        "2 of 3 layers' mean scores rise as keys approach the query (mean locality 0.167).",
+        "Attention weight on key 0 (the sink), per layer: 0.125 → 0.5."]]
+    assert panels_readings({}) == [] and score_maps_readings({}) == []
+
+
+def test_slash_command_readings():
+    heads = [_head(i, 0, 1 + (i == 0), s, predicted_peak=1, peak_match=m, q_top1_energy=q,
+                   band_usage={"high": h, "low": 1 - h})
+             for i, (s, m, q, h) in enumerate([(0.9, True, 0.75, 0.5), (0.5, False, 0.25, 0.25),
+                                               (0.4, True, 0.5, 0.0)] + [(0.1, False, 0.125, 0.0)] * 17)]
     pers = [{"layer": 0, "head": 0, "delta": 2, "persists": True, "ratio": 0.5, "score_in": 0.9, "score_random": 0.4},
             {"layer": 1, "head": 3, "delta": 1, "persists": False, "ratio": 0.25},
             {"layer": 2, "head": 5, "delta": 1, "persists": True, "ratio": 1.0, "score_in": 0.875,
              "score_random": 0.75}]
-    out = J(slash_command_readings({"heads": heads, "persistence": pers, "persist_kappa": 0.7}))
-    assert "2 of 3 in-distribution (0.7, Δ)-SDHs persist" in out and "(median ratio random / in-distribution 0.5)" in out
-    assert "Previous-token head: layer 2 head 5, SlashScore(1) 0.875 in distribution, 0.75 on random" in out
-    out2 = J(slash_command_readings({"heads": heads, "persistence": pers[:2], "persist_kappa": 0.7}))
-    assert "Previous-token head" not in out2 and "median ratio random / in-distribution 0.5" in out2
-    empty = J(slash_command_readings({"heads": heads, "persistence": [], "persist_kappa": 0.7}))
-    assert "No head reaches κ = 0.7 in distribution, so persistence is untested." in empty
-    assert "persist" not in J(slash_command_readings({"heads": heads, "persistence": None}))
-
-
-def test_slash_command_decomposition():
-    heads = [_head(i, 0, 1, s, predicted_peak=1, peak_match=m, q_top1_energy=q,
-                   band_usage={"high": h, "low": 1 - h})
-             for i, (s, m, q, h) in enumerate([(0.9, True, 0.75, 0.5), (0.5, False, 0.25, 0.25),
-                                               (0.4, True, 0.5, 0.0)] + [(0.1, False, 0.125, 0.0)] * 17)]
-    out = slash_command_readings({"heads": heads})
-    t = J(out)
-    # 20 heads: the top 2 by score (0.9, 0.5)
-    assert "For the top 2 slash heads" in t and "peak offset in 1 of 2" in t
-    assert "put 0.5 of the energy in the top singular direction (other heads: 0.146)" in t
-    assert "Band usage (share of Σ A_l) of the top slash heads: high 0.375, low 0.625." in t
-    q_none = J(slash_command_readings({"heads": [_head(0, 0, 1, 0.9, predicted_peak=2, q_top1_energy=None),
-                                                 _head(1, 0, 1, 0.1, predicted_peak=2, q_top1_energy=0.5)]}))
-    assert "put 0 of the energy" in q_none and "(other heads: 0.5)" in q_none
-    nb = J(slash_command_readings({"heads": [_head(0, 0, 1, 0.9, predicted_peak=2)]}))
-    assert "top 1 slash heads" in nb and "other heads: –" in nb and "Band usage" not in nb
-    nope = slash_command_readings({"heads": [_head(0, 0, 1, 0.9)]})
-    assert nope[-1] == "The scanned layers apply no RoPE, so there is no RoPE decomposition."
-    mixed = J(slash_command_readings({"heads": [_head(0, 0, 1, 0.9), _head(1, 0, 1, 0.1, predicted_peak=1)]}))
-    assert "RoPE decomposition" not in mixed and "top 1" not in mixed
+    full = {"heads": heads, "kappas": [0.2, 0.4, 0.6], "delta_range": [1, 8], "seq_len": 10, "persistence": pers,
+            "persist_kappa": 0.7}
+    bare = {"heads": [_head(1, 2, 3, 0.75)], "kappas": [0.9], "delta_range": [2, 8], "persistence": [],
+            "persist_kappa": 0.7}
+    assert [slash_command_readings(full), slash_command_readings(bare)] == [[
+        f"The most slash-dominant head (Δ ≥ 1) is layer 0 head 0 with SlashScore(2) = 0.9 (uniform causal attention "
+        f"would give about {fmt(uniform_slash(10, 2))}).",
+        "1 of 20 heads are (0.6, Δ)-slash-dominant for some Δ in the range (the largest κ of the grid that any head "
+        "reaches); at κ = 0.2: 3.",
+        "2 of 3 in-distribution (0.7, Δ)-SDHs persist on random-token prompts (median ratio random / in-distribution "
+        "0.5).",
+        "Previous-token head: layer 2 head 5, SlashScore(1) 0.875 in distribution, 0.75 on random tokens.",
+        "For the top 2 slash heads the rank-one RoPE decomposition predicts the observed peak offset in 1 of 2; their "
+        "pre-RoPE queries put 0.5 of the energy in the top singular direction (other heads: 0.146).",
+        "Band usage (share of Σ A_l) of the top slash heads: high 0.375, low 0.625."], [
+        "The most slash-dominant head (Δ ≥ 2) is layer 1 head 2 with SlashScore(3) = 0.75.",
+        "No head reaches κ = 0.9 at any Δ in the range.",
+        "No head reaches κ = 0.7 in distribution, so persistence is untested.",
+        "The scanned layers apply no RoPE, so there is no RoPE decomposition."]]
+    assert slash_command_readings({"heads": [], "kappas": [0.5]}) == []
+    assert omitted_offsets_reading([3, 4]).replace("3–4", "6") == omitted_offsets_reading([6]) == (
+        "Δ 6: no slash-dominant head at any κ of the grid (not listed in the first table).")
 
 
 def test_dynamics_readings():
     steps = [{"step": 0, "accuracy": 0.1, "best": {"slash_in": 0.125, "q_top1": 0.25, "k_top1": 0.5, "layer": 0,
                                                   "head": 1}},
-             {"step": 50, "best": None},
-             {"step": 75, "best": {"slash_in": None, "layer": 1, "head": 0}},  # no score: not an emergence
              {"step": 100, "accuracy": 0.5, "best": {"slash_in": 0.5, "layer": 1, "head": 0}},
              {"step": 200, "accuracy": 0.875, "best": {"slash_in": 0.75, "slash_random": 0.5, "q_top1": 0.875,
                                                       "k_top1": 0.625, "layer": 1, "head": 2, "predicted_peak": 3,
                                                       "band_usage": {"high": 0.25, "medium": 0.625, "low": None}}}]
     s = {"steps": steps, "config": {"delta": 2, "kappa": 0.5}}
-    out = dynamics_readings(s)
-    assert "SlashScore(2) of the best head rises from 0.125 at step 0 to 0.75 at step 200" in out[0]
-    assert "(task accuracy 0.875)" in out[0]
-    assert out[1] == "A (0.5, 2)-slash-dominant head first appears at step 100."
-    assert "(layer 1 head 2) scores 0.5 at Δ = 2: the SDH persists out of distribution (κ = 0.5)." in out[2]
-    assert "holds 0.25 of the energy at step 0 and 0.875 at the end (keys: 0.5 → 0.625)" in out[3]
-    assert "most amplitude in the medium-frequency band (high 0.25, medium 0.625, low 0)" in out[4]
-    assert "peak at Δ = 3" in out[4]
-    hard = dynamics_readings({**s, "config": {"delta": 2, "kappa": 0.8}})
-    assert hard[1] == "No head reaches SlashScore(2) ≥ 0.8 within 200 steps." and "does not persist" in hard[2]
-    no_rand = dict(steps[-1], best={k: v for k, v in steps[-1]["best"].items() if k != "slash_random"})
-    missing = dynamics_readings({"steps": [steps[0], no_rand], "config": {"delta": 2, "kappa": 0.5}})
-    assert "(layer 1 head 2) has no random-token score" in missing[2] and "persists" not in missing[2]
-    edge = dynamics_readings({**s, "config": {"delta": 2, "kappa": 0.5}, "steps": [steps[0], dict(
-        steps[-1], best={**steps[-1]["best"], "slash_random": 0.5})]})
-    assert "the SDH persists" in edge[2]  # a score equal to κ reaches it
-    nok = dynamics_readings({**s, "config": {"delta": 2}})
-    assert len(nok) == 3 and "persist" not in J(nok)
-    assert dynamics_readings({"steps": [{"step": 0, "best": None}]}) == [] and dynamics_readings({}) == []
+    untested = {"steps": [steps[0], {"step": 9, "best": {"slash_in": 0.2, "layer": 1, "head": 2}}],
+                "config": {"delta": 2, "kappa": 0.5}}
+    assert [dynamics_readings(s), dynamics_readings({**s, "config": {"delta": 2, "kappa": 0.8}})[1:3],
+            dynamics_readings(untested)[1:3]] == [[
+        "SlashScore(2) of the best head rises from 0.125 at step 0 to 0.75 at step 200 (task accuracy 0.875).",
+        "A (0.5, 2)-slash-dominant head first appears at step 100.",
+        "On random-token prompts the final head (layer 1 head 2) scores 0.5 at Δ = 2: the SDH persists out of "
+        "distribution (κ = 0.5).",
+        "Its pre-RoPE queries' top singular direction holds 0.25 of the energy at step 0 and 0.875 at the end (keys: "
+        "0.5 → 0.625).",
+        "At the end the rank-one RoPE decomposition puts most amplitude in the medium-frequency band (high 0.25, "
+        "medium 0.625, low 0) and predicts a peak at Δ = 3."], [
+        "No head reaches SlashScore(2) ≥ 0.8 within 200 steps.",
+        "On random-token prompts the final head (layer 1 head 2) scores 0.5 at Δ = 2: the SDH does not persist out of "
+        "distribution (κ = 0.8)."], [
+        "No head reaches SlashScore(2) ≥ 0.5 within 9 steps.",
+        "The final head (layer 1 head 2) has no random-token score: persistence out of distribution is untested."]]
+    assert len(dynamics_readings({**s, "config": {"delta": 2}})) == 3 and dynamics_readings({}) == []
 
 
-def test_sweep_readings():
+def test_sweep_and_probes_readings():
     res = [{"shape": "tiny", "sigma": 0.5, "aps_causal_mean": [0.5, 0.75, 0.875], "aps_bidirectional_mean": [0.5, 0.55]},
            {"shape": "tiny", "sigma": 2.0, "aps_causal_mean": [0.5, 0.875, 0.625]},
-           {"shape": "tiny", "sigma": 1.0, "aps_causal_mean": [0.5, 0.9, 0.5]},
-           {"shape": "tiny", "sigma": 0.25, "aps_causal_mean": [0.5, 0.8, 0.7]},  # the smallest σ: not the lowest APS
-           {"shape": "wide", "sigma": 1.0, "aps_causal_mean": [0.5, 0.5]},
-           {"shape": "bad", "sigma": 1.0, "aps_causal_mean": [0.5]},
-           {"shape": "none", "sigma": 1.0, "aps_causal_mean": [0.5, None]}]
-    out = sweep_readings({"results": res})
-    assert "tiny: APS of decoder layer 0 (causal) ranges from 0.75 (σ = 0.5) to 0.9 (σ = 1)" in out[0]
-    assert "a clear adjacency pattern (APS ≥ 0.8) at σ ∈ {2, 1, 0.25}." in out[0]
-    assert "in the last decoder layer (1) APS is 0.875, 0.625, 0.5, 0.7 for σ = 0.5, 2, 1, 0.25." in out[1]
-    assert "wide: APS of decoder layer 0 (causal) ranges from 0.5 (σ = 1) to 0.5" in out[2]
-    assert "no σ gives a clear adjacency pattern (APS ≥ 0.8)" in out[2]
-    assert "departs from chance (0.5) by more than 0.05 in mean APS: the pattern comes from the mask." in out[3]
-    assert len(out) == 4 and not any(x.startswith(("bad", "none")) for x in out)
-    far = sweep_readings({"results": [{**res[0], "aps_bidirectional_mean": [0.5, 0.375]}]})
-    assert "by more than 0.125 in mean APS; something other than the mask" in far[-1]
-    assert sweep_readings({}) == []
-
-
-def test_probes_readings():
+           {"shape": "wide", "sigma": 1.0, "aps_causal_mean": [0.5, 0.5], "aps_bidirectional_mean": [0.5, 0.375]}]
     v = {"model": "m", "pe": "none", "state": "trained", "cosine_beats_norm": "yes", "cosine_best_r": 0.875,
          "cosine_best_layer": 2, "norm_best_r": 0.5, "norm_best_layer": 1, "cosine_lower_mse_layers": 3, "layers": 4}
-    recs = [{"model": "m", "state": "trained", "feature": "vector", "probe": "linear", "layer": 1, "r": 0.25},
-            {"model": "m", "state": "trained", "feature": "vector", "probe": "linear", "layer": 3, "r": 0.75},
-            {"model": "m", "state": "trained", "feature": "vector", "probe": "mlp", "layer": 0, "r": 0.99},
-            {"model": "m", "state": "init", "feature": "vector", "probe": "linear", "layer": 0, "r": 0.98},
-            {"model": "m", "state": "trained", "feature": "vector", "probe": "linear", "layer": "emb", "r": 0.97}]
-    out = probes_readings({"verdicts": [v, "x"], "records": recs})
-    assert "m (none PE, trained): cos(h_i, h_T) predicts T − i with r up to 0.875 (layer 2)" in out[0]
-    assert "the norm with r up to 0.5 (layer 1)" in out[0] and "in 3 of 4 decoder layers" in out[0]
-    assert out[0].endswith(": cosine beats the norm.")
-    assert out[1] == ("m (trained): a linear probe on the vector h_i recovers the absolute position with r = 0.75 "
-                      "at layer 3 on unseen characters.")
-    for verdict, end in (("no", ": cosine does not beat the norm."), ("mixed", ": the two criteria disagree."),
-                         (None, "held-out characters).")):
-        assert probes_readings({"verdicts": [{**v, "cosine_beats_norm": verdict}]})[0].endswith(end)
-    assert probes_readings({}) == []
+    recs = [{"model": "m", "state": "trained", "feature": "vector", "probe": "linear", "layer": 3, "r": 0.75}]
+    ends = [probes_readings({"verdicts": [{**v, "cosine_beats_norm": c}]})[0].rsplit(")", 1)[1]
+            for c in ("no", "mixed", None)]
+    assert [sweep_readings({"results": res[:2]}), sweep_readings({"results": res[2:]}),
+            probes_readings({"verdicts": [v], "records": recs}), ends] == [[
+        "tiny: APS of decoder layer 0 (causal) ranges from 0.75 (σ = 0.5) to 0.875 (σ = 2); a clear adjacency pattern "
+        "(APS ≥ 0.8) at σ ∈ {2}.",
+        "tiny: in the last decoder layer (1) APS is 0.875, 0.625 for σ = 0.5, 2.",
+        "Without the causal mask no decoder layer of any model departs from chance (0.5) by more than 0.05 in mean "
+        "APS: the pattern comes from the mask."], [
+        "wide: APS of decoder layer 0 (causal) ranges from 0.5 (σ = 1) to 0.5 (σ = 1); no σ gives a clear adjacency "
+        "pattern (APS ≥ 0.8).",
+        "Without the causal mask no decoder layer of any model departs from chance (0.5) by more than 0.125 in mean "
+        "APS; something other than the mask orders the vectors."], [
+        "m (none PE, trained): cos(h_i, h_T) predicts T − i with r up to 0.875 (layer 2), the norm with r up to 0.5 "
+        "(layer 1); the cosine has the lower test MSE in 3 of 4 decoder layers (MLP probes, held-out characters): "
+        "cosine beats the norm.",
+        "m (trained): a linear probe on the vector h_i recovers the absolute position with r = 0.75 at layer 3 on "
+        "unseen characters."], [": cosine does not beat the norm.", ": the two criteria disagree.", "."]]
+    assert sweep_readings({}) == [] and probes_readings({}) == []
 
 
 def test_command_readings_dispatch():
-    assert set(COMMAND_READINGS) == {"neighborhood", "panels", "kim-maps", "slash", "slash-dynamics", "sweep",
-                                     "probes"}
+    assert set(COMMAND_READINGS) == set(COMMAND_JUDGES)
     s = {"panels": [{"panel": "b", "locality": 0.5}]}
     assert command_readings("panels", s) == panels_readings(s) and command_readings("scan", s) is None
+    # a summary that holds its judgement is read from it, not from its numbers
+    assert command_readings("panels", {**s, "judgement": judge_panels({"panels": [{"panel": "b", "locality": 0.0}]})
+                                       }) != command_readings("panels", s)
+    for command, judge in COMMAND_JUDGES.items():
+        assert command_readings(command, {}) == command_readings(command, {"judgement": judge({})}) == []
     assert run_readings("panels", ["kim", "slash"], s, "kim") == panels_readings(s)
+    # a run without per-layer numbers and without sentences of its own: its first reading is its key finding
+    assert key_findings([("p", "panels", ["kim"], {**s, "readings": []})]) == {"kim": [f"p: {panels_readings(s)[0]}"]}
+    assert run_readings("panels", ["kim"], {**s, "readings": []}, "kim") == panels_readings(s)  # none held
     assert run_readings("scan", ["slash", "kim"], {"readings": ["own"]}, "slash") == ["own"]
     assert run_readings("scan", ["slash", "kim"], {"readings": ["own"]}, "neighborhood") == ["own"]
     assert run_readings("scan", ["slash", "kim"], {"readings": ["own"]}, "other") == ["own"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from poslens.analysis.slash import decompose_scan, model_rope_geometry
+from poslens.metrics.judge_commands import judge_dynamics
 from poslens.metrics.rank import rank_table
 from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.run import run_scan
@@ -32,7 +33,6 @@ from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt
 from poslens.models.train import TrainConfig, load_trained, train_model
 from poslens.progress import task_progress
-from poslens.reporting.readings.commands import dynamics_readings
 from poslens.rope import BANDS
 from poslens.rundir.figures import new_figure, save_figure
 from poslens.conventions import LAYER_CONVENTION
@@ -218,7 +218,7 @@ def _scan_snapshots(cfg: DynamicsConfig, snaps: list[int], geom: dict, stage: Pa
 
 
 def _summary(cfg: DynamicsConfig, records: list[dict], geom: dict, wall_s: float) -> dict:
-    """The run's summary: per-step records, the final slash-dominant head, the table and readings."""
+    """The run's summary: per-step records, the final slash-dominant head, the table and the judgement."""
     final = records[-1]["best"]
     rows = [[r["step"], r["loss"], r["accuracy"], f"{r['best']['layer']}.{r['best']['head']}", r["best"]["slash_in"],
              r["best"]["slash_random"], r["best"]["q_top1"], r["best"]["k_top1"],
@@ -240,7 +240,7 @@ def _summary(cfg: DynamicsConfig, records: list[dict], geom: dict, wall_s: float
                      "its RoPE band usage."}] if cfg.figures else [],
         "wall_s": wall_s,
     }
-    summary["readings"] = dynamics_readings(summary)
+    summary["judgement"] = judge_dynamics(summary)
     return summary
 
 

@@ -46,10 +46,10 @@ from poslens.data.tokens import random_tokens
 from poslens.conventions import LAYER_CONVENTION
 from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt_pm
+from poslens.metrics.judge_commands import judge_neighborhood
 from poslens.metrics.neighborhood import adjacency_probability_score, norm_score, self_cosine, theory_gap
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
-from poslens.reporting.readings.commands import neighborhood_command_readings
 from poslens.rundir.figures import new_figure, save_figures
 from poslens.rundir.outdir import prepare_out_dir
 from poslens.rundir.staging import staged_dir
@@ -331,7 +331,7 @@ def _model_name(cfg, fallback: str) -> str:
 
 def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_type: str = "?", num_seqs: int = 0,
                   source: dict | None = None) -> dict:
-    """Tables, readings (:func:`poslens.reporting.readings.commands.neighborhood_command_readings`, from the
+    """Tables, the judgement (:func:`poslens.metrics.judge_commands.judge_neighborhood`, from the
     numbers) and per-layer values of a neighbourhood run. ``layers`` holds the embeddings
     (``"layer": "embeddings"``) and then decoder layers from 0."""
     causal = results["causal"]
@@ -375,7 +375,7 @@ def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_ty
         "tables": [{"title": "APS and norm score per layer (mean ± std over sequences; embeddings, then decoder "
                              "layers from 0)", "columns": cols, "rows": rows, "note": LAYER_CONVENTION}],
     }
-    summary["readings"] = neighborhood_command_readings(summary)
+    summary["judgement"] = judge_neighborhood(summary)
     return summary
 
 

@@ -43,9 +43,9 @@ from poslens.data.sources import make_source
 from poslens.capture.statistics.accumulators import MeanAccumulator
 from poslens.errors import PoslensError, require_positive
 from poslens.metrics import diagonal_trend, locality, relativity_index
+from poslens.metrics.judge_commands import judge_panels, judge_score_maps
 from poslens.metrics.noise import jackknife_se_of, leave_one_out_means
 from poslens.metrics.slash import sink_weight
-from poslens.reporting.readings.commands import panels_readings, score_maps_readings
 from poslens.rundir.figures import new_figure, save_figure
 from poslens.conventions import LAYER_CONVENTION
 from poslens.rundir.summary import write_summary
@@ -262,8 +262,8 @@ def locality_se(group_sums: torch.Tensor, counts: torch.Tensor, exclude_keys=Non
 def _panels_summary(cfg: PanelsConfig, adapter, config, source, panels: torch.Tensor, wall_s: float,
                     groups: dict | None = None) -> dict:
     """The summary of a panels run: per-panel metrics, the table (numbers as numbers: the report and
-    the terminal format them), figure captions and readings. With the score panels' sequence
-    ``groups`` (:func:`compute_panels`), panels (b) and (i) carry ``locality_se`` (jackknife over the
+    the terminal format them), figure captions and the judgement (:func:`judge_panels`). With the score
+    panels' sequence ``groups`` (:func:`compute_panels`), panels (b) and (i) carry ``locality_se`` (jackknife over the
     groups, on the noise grid's positions) and ``noise_groups``."""
     rows = [{"panel": k, "description": desc, **panel_metrics(m)} for (k, desc), m in zip(PANELS, panels)]
     for r in rows:
@@ -292,7 +292,7 @@ def _panels_summary(cfg: PanelsConfig, adapter, config, source, panels: torch.Te
                      "(layers counted from 0; upper triangle masked; colour range 1st-99th percentile)."}] if cfg.figures else [],
         "wall_s": wall_s,
     }
-    summary["readings"] = panels_readings(summary)
+    summary["judgement"] = judge_panels(summary)
     return summary
 
 
@@ -364,7 +364,7 @@ def run_score_maps(scan_dir: str, out: str, figures: bool = True) -> dict:
                                                            "non-relativity with key 0", "locality", "diagonal trend"],
                                "rows": table}],
                    "figures": figures}
-        summary["readings"] = score_maps_readings(summary)
+        summary["judgement"] = judge_score_maps(summary)
         write_json(stage / "config.json", {"command": "kim-maps", "scan_dir": str(scan_dir), "out": str(out),
                                            "scan_options": scfg.get("options"), "versions": versions()})
         write_summary(stage, summary, command="kim-maps", layers_describe="mean pre-softmax attention scores of "

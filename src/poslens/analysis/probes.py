@@ -27,10 +27,10 @@ from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt
+from poslens.metrics.judge_commands import judge_probes
 from poslens.metrics.probes import FEATURES, PROBES, compare_cosine_norm, probe_layers
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
-from poslens.reporting.readings.commands import probes_readings
 from poslens.rundir.figures import new_figure, save_figures
 from poslens.conventions import LAYER_CONVENTION
 from poslens.rundir.summary import write_summary
@@ -217,7 +217,7 @@ def build_summary(cfg: ProbesConfig, records: list[dict]) -> dict:
              "columns": cols, "rows": rows, "note": LAYER_CONVENTION},
         ],
     }
-    summary["readings"] = probes_readings(summary)
+    summary["judgement"] = judge_probes(summary)
     return summary
 
 

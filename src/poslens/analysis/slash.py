@@ -21,10 +21,10 @@ from poslens.capture.model.adapters import get_adapter, layer_rope
 from poslens.capture.model.source import model_directory
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
+from poslens.metrics.judge_commands import judge_slash
 from poslens.metrics.rank import rank_table
 from poslens.metrics.ropefit import rope_decomposition
 from poslens.metrics.slash import _check_slash, best_offsets, kv_head_of, persistence, sdh_table
-from poslens.reporting.readings.commands import slash_command_readings
 from poslens.rope import BANDS
 from poslens.rundir.figures import new_figure, save_figure
 from poslens.conventions import LAYER_CONVENTION
@@ -333,6 +333,6 @@ def run_slash(cfg: SlashConfig) -> dict:
                      + (", on random tokens" if maps_r else "") + " and predicted by the rank-one RoPE decomposition."}]
         if cfg.figures else [],
     }
-    summary["readings"] = slash_command_readings(summary)
+    summary["judgement"] = judge_slash(summary)
     _write_run(cfg, summary, tensors, layer_ids, maps, maps_r)
     return summary

@@ -27,8 +27,8 @@ from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 from poslens.fmt import fmt, fmt_pm
 from poslens.models.families import build_model
+from poslens.metrics.judge_commands import judge_sweep
 from poslens.progress import task_progress
-from poslens.reporting.readings.commands import sweep_readings
 from poslens.rundir.figures import new_figure, save_figures
 from poslens.rundir.outdir import prepare_out_dir
 from poslens.rundir.staging import staged_dir
@@ -180,7 +180,7 @@ def build_summary(cfg: SweepConfig, res: dict[str, dict]) -> dict:
                              "0.5 = chance, 1 = perfect adjacency; decoder layers from 0, means over decoder layers)",
                     "columns": cols, "rows": rows, "note": LAYER_INDEX}],
     }
-    summary["readings"] = sweep_readings(summary)
+    summary["judgement"] = judge_sweep(summary)
     return summary
 
 

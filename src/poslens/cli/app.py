@@ -209,18 +209,22 @@ def restore_threads() -> None:
         torch.set_num_threads(_threads_before.pop())
 
 
-def print_run(summary: dict, out, *, max_tables: int | None = None, max_rows: int | None = None) -> None:
+def print_run(summary: dict, out, *, command: str | None = None, notes: tuple | list = (),
+              max_tables: int | None = None, max_rows: int | None = None) -> None:
     """The terminal result of an analysis command: its summary's tables (the first ``max_tables``,
-    each cut to ``max_rows`` rows), its readings, and where it wrote them."""
+    each cut to ``max_rows`` rows), its readings (the sentences it holds, else those of ``command``
+    rendered from its judgement, as the report renders them), ``notes``, and where it wrote them."""
     from rich.console import Console
 
     from poslens.fmt import rich_table
+    from poslens.reporting.readings.commands import command_readings
 
     console = Console()
     tables = [t for t in summary.get("tables", []) if t["rows"]]
     for t in tables[:max_tables]:
         console.print(rich_table(t["title"], t["columns"], t["rows"][:max_rows]))
-    for line in summary.get("readings", []):
+    readings = summary.get("readings") or (command_readings(command, summary) if command else None) or []
+    for line in [*readings, *notes]:
         console.print(f"- {line}")
     if max_tables is not None and len(tables) > max_tables:
         console.print(f"({len(tables) - max_tables} more table(s) in {out}/summary.json)")

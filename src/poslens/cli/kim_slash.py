@@ -14,26 +14,29 @@ from poslens.cli.app import parse_floats
 from poslens.runtime import parse_device
 
 
-def _print(summary: dict, out: Path, quiet: bool) -> None:
+def _print(summary: dict, out: Path, quiet: bool, command: str) -> None:
     if not quiet:
-        print_run(_without_empty_offsets(summary), out, max_tables=3, max_rows=25)
+        from poslens.reporting.readings.commands import omitted_offsets_reading
+
+        shown, gone = _without_empty_offsets(summary)
+        print_run(shown, out, command=command, notes=[omitted_offsets_reading(gone)] if gone else [], max_tables=3,
+                  max_rows=25)
 
 
-def _without_empty_offsets(summary: dict) -> dict:
-    """The slash run's summary for the terminal: its (κ, Δ) table ends at the last offset where some
-    head is slash-dominant, and one reading names the offsets left out (summary.json keeps every row)."""
+def _without_empty_offsets(summary: dict) -> tuple[dict, list]:
+    """``(summary, offsets left out)``: the slash run's summary for the terminal, whose (κ, Δ) table ends
+    at the last offset where some head is slash-dominant, and the offsets Δ of the rows it leaves out
+    (none where every row has a head; summary.json keeps every row)."""
     rows = summary.get("sdh_counts")
     tables = summary.get("tables") or []
     if not rows or not tables or tables[0].get("rows") != rows:
-        return summary
+        return summary, []
     width = len(tables[0]["columns"]) - 2  # Δ, one count per κ, the heads at the smallest κ
     last = max((i for i, r in enumerate(rows) if any(c for c in r[1: 1 + width])), default=0)
     if last == len(rows) - 1:
-        return summary
-    gone = f"Δ {rows[last + 1][0]}–{rows[-1][0]}" if last + 1 < len(rows) - 1 else f"Δ {rows[-1][0]}"
-    return {**summary, "tables": [{**tables[0], "rows": rows[: last + 1]}, *tables[1:]],
-            "readings": [*summary.get("readings", []), f"{gone}: no slash-dominant head at any κ of the grid (not "
-                                                       "listed in the first table)."]}
+        return summary, []
+    shown = {**summary, "tables": [{**tables[0], "rows": rows[: last + 1]}, *tables[1:]]}
+    return shown, [r[0] for r in rows[last + 1:]]
 
 
 @app.command("panels", short_help="Nine-panel Gram decomposition of one layer.")
@@ -67,7 +70,7 @@ def panels(
                                 seq_len=seq_len, batch_size=batch_size, seed=seed, device=device, dtype=dtype,
                                 allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, figures=not no_figures),
                    progress=not quiet)
-    _print(s, out, quiet)
+    _print(s, out, quiet, "panels")
 
 
 @app.command("kim-maps", short_help="Raw and diagonal-normalised score maps of a scan.")
@@ -85,7 +88,7 @@ def kim_maps(
     from poslens.analysis.panels import run_score_maps
 
     refuse_existing_out(out, overwrite=overwrite)
-    _print(run_score_maps(str(scan_dir), str(out), figures=not no_figures), out, quiet)
+    _print(run_score_maps(str(scan_dir), str(out), figures=not no_figures), out, quiet, "kim-maps")
 
 
 @app.command("slash", short_help="Slash-dominant heads of a scan, their RoPE origin.")
@@ -117,7 +120,7 @@ def slash(
                               kappa=tuple(parse_floats(kappa, "--kappa")), persist_kappa=persist_kappa, min_delta=min_delta,
                               max_delta=max_delta, model_dir=str(model_dir) if model_dir else None, top=top,
                               figures=not no_figures))
-    _print(s, out, quiet)
+    _print(s, out, quiet, "slash")
 
 
 @app.command("slash-dynamics", short_help="Slash heads emerging while a model trains.")
@@ -156,4 +159,4 @@ def slash_dynamics(
                                     seq_len=seq_len, kappa=kappa, seed=seed, threads=threads,
                                     device=parse_device(device), figures=not no_figures, overwrite=overwrite),
                      progress=not quiet)
-    _print(s, out, quiet)
+    _print(s, out, quiet, "slash-dynamics")

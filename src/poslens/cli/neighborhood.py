@@ -52,7 +52,7 @@ def neighborhood(
                              trust_remote_code=trust_remote_code)
     summary = run_neighborhood(cfg, progress=not quiet)
     if not quiet:
-        print_run(summary, out)
+        print_run(summary, out, command="neighborhood")
 
 
 @app.command("sweep", short_help="APS of untrained models over init scale and shape.")
@@ -90,7 +90,7 @@ def sweep(
                       device=parse_device(device), figures=not no_figures, overwrite=overwrite)
     summary = run_sweep(cfg, progress=not quiet)
     if not quiet:
-        print_run(summary, out)
+        print_run(summary, out, command="sweep")
 
 
 @app.command("probes", short_help="Position probes: cosine to the last token vs norm.")
@@ -138,4 +138,4 @@ def probes(
                        labels=[s.strip() for s in labels.split(",")] if labels else [])
     summary = run_probes(cfg, progress=not quiet)
     if not quiet:
-        print_run(summary, out, max_tables=1)
+        print_run(summary, out, command="probes", max_tables=1)

@@ -34,6 +34,7 @@ from poslens.capture.scan.run import run_scan
 from poslens.fmt import fmt
 from poslens.models.families import build_model
 from poslens.metrics import verdicts as V
+from poslens.reporting.readings.commands import command_readings
 from poslens.reproduce.simulated import Experiment, ReproContext
 
 ZUO = "Position without positional encodings (arXiv 2501.00073)"
@@ -216,7 +217,7 @@ def _slash_sdh(ctx: ReproContext, out: Path) -> dict:
                    "model has no tokenizer, so there is no text scan and persistence is not tested")
     n, said = slash_verdict(s)
     lines = [f"{desc}; {prompts}."]
-    lines += [str(r) for r in s.get("readings") or []][:4]
+    lines += [str(r) for r in s.get("readings") or command_readings("slash", s) or []][:4]
     lines.append(said)
     trained = "random-init" not in mdir.name and data == "stdlib"
     ok = V.holds(n) if trained else None

@@ -1,284 +1,226 @@
-"""Readings of the analysis commands, each written from the numbers its summary holds
-(:data:`COMMAND_READINGS`)."""
+"""Readings of the analysis commands (:data:`COMMAND_READINGS`), each rendered from its command's
+judgement (:mod:`poslens.metrics.judge_commands`): the summary's ``judgement``, else the judge's
+reading of its numbers."""
 
 from __future__ import annotations
 
-import math
-
-from poslens.conventions import (ADJACENT, ADJACENT_WEAK, NORM_SHRINK, PANEL_TREND, THEORY_CLOSE)
+from poslens.conventions import ADJACENT, NORM_SHRINK
 from poslens.fmt import fmt
 from poslens.reporting.readings.ablate import ablate_readings
 from poslens.reporting.readings.fingerprint import fingerprint_readings
-from poslens.reporting.readings.common import _decoder_layers, _series_short, _span, num
-from poslens.reporting.readings.neighborhood import norm_phrase
-from poslens.reporting.readings.slash import uniform_slash
+from poslens.metrics.judge_commands import command_judgement
+from poslens.reporting.readings.common import _series_short, _span
+
+#: the sentences of the codes (:mod:`poslens.metrics.judge_commands`)
+ADJACENCY = {"clear": "a clear adjacency pattern", "weak": "a weak adjacency pattern", "none": "no adjacency pattern"}
+MASK = {"creates": "the mask is what creates the adjacency pattern.",
+        "partial": "the mask is not the only source of the difference.",
+        "little": "the mask makes little difference here."}
+NORM = {"shrink": "norms shrink with position, as running means do",
+        "flat": "norms do not change consistently with position", "grow": "norms grow with position"}
+THEORY = {"close": " (close: attention is nearly uniform).", "far": " (attention is far from uniform)."}
+TREND = {"nearby": "favour nearby keys", "distant": "favour distant keys", "none": "show little distance trend"}
+PERSISTS = {"persists": "persists", "transient": "does not persist"}
+PROBE_VERDICT = {"yes": ": cosine beats the norm.", "no": ": cosine does not beat the norm.",
+                 "mixed": ": the two criteria disagree."}
+SWEEP_MASK = {"creates": ": the pattern comes from the mask.",
+              "other": "; something other than the mask orders the vectors."}
 
 
-# --------------------------------------------------------------------------------------------
-# readings of the analysis commands, each written from the numbers its summary holds
-# --------------------------------------------------------------------------------------------
 def neighborhood_command_readings(summary: dict) -> list[str]:
-    """Sentences on a ``poslens neighborhood`` run (arXiv 2501.00073) from its per-layer numbers:
-    ``layers`` = the embeddings (``"layer": "embeddings"``) then decoder layers from 0, each with
-    ``aps_mean``, ``norm_score_mean`` and, for the control, ``bidirectional_aps_mean``;
-    ``theory_gap_layer0``: mean |cosine − theory| of the first decoder layer's mean map."""
-    out: list[str] = []
-    emb, dec = _decoder_layers(summary.get("layers"))
-    dec = [l for l in dec if num(l.get("aps_mean")) is not None]
-    if not dec:
-        return out
-    first, last = dec[0], dec[-1]
-    a1 = num(first["aps_mean"])
-    verdict = ("a clear adjacency pattern" if a1 >= ADJACENT else "a weak adjacency pattern" if a1 >= ADJACENT_WEAK
-               else "no adjacency pattern")
-    emb_aps = num(emb.get("aps_mean")) if emb else None
-    out.append(f"The head outputs of the first decoder layer (layer {first['layer']}) have APS {fmt(a1)} under the "
-               f"causal mask: {verdict} (0.5 = chance, 1 = every row rises towards the diagonal)"
-               + (f"; the embeddings have {fmt(emb_aps)}." if emb_aps is not None else "."))
-    if len(dec) > 1:
-        best = max(dec, key=lambda l: num(l["aps_mean"]))
-        out.append(f"The highest APS is in layer {best['layer']} ({fmt(num(best['aps_mean']))}); the last layer "
-                   f"({last['layer']}) has {fmt(num(last['aps_mean']))}.")
-    b1 = num(first.get("bidirectional_aps_mean"))
-    if b1 is not None:
-        diff = a1 - b1
-        out.append(f"Without the causal mask layer {first['layer']}'s APS is {fmt(b1)}, {fmt(abs(diff))} "
-                   f"{'lower' if diff > 0 else 'higher'} than causal: "
-                   + ("the mask is what creates the adjacency pattern." if diff > 0.1 and abs(b1 - 0.5) < 0.1
-                      else "the mask is not the only source of the difference." if diff > 0.1
-                      else "the mask makes little difference here."))
-    ns = num(first.get("norm_score_mean"))
-    if ns is not None:
-        out.append(f"Layer {first['layer']}'s norm score is {fmt(ns)}: {norm_phrase(ns)} (≥ {NORM_SHRINK} = shrink, "
+    """Sentences on a ``poslens neighborhood`` run (arXiv 2501.00073) from its judgement
+    (:func:`poslens.metrics.judge_commands.judge_neighborhood`)."""
+    j = command_judgement("neighborhood", summary)
+    if not j:
+        return []
+    L, a1, emb = j["layer"], j["aps"], j.get("embeddings_aps")
+    out = [f"The head outputs of the first decoder layer (layer {L}) have APS {fmt(a1)} under the "
+           f"causal mask: {ADJACENCY[j['adjacency']]} (0.5 = chance, 1 = every row rises towards the diagonal)"
+           + (f"; the embeddings have {fmt(emb)}." if emb is not None else ".")]
+    if "best_layer" in j:
+        out.append(f"The highest APS is in layer {j['best_layer']} ({fmt(j['best_aps'])}); the last layer "
+                   f"({j['last_layer']}) has {fmt(j['last_aps'])}.")
+    if "mask" in j:
+        diff = j["mask_drop"]
+        out.append(f"Without the causal mask layer {L}'s APS is {fmt(j['bidirectional_aps'])}, {fmt(abs(diff))} "
+                   f"{'lower' if diff > 0 else 'higher'} than causal: " + MASK[j["mask"]])
+    if "norm" in j:
+        out.append(f"Layer {L}'s norm score is {fmt(j['norm_score'])}: {NORM[j['norm']]} (≥ {NORM_SHRINK} = shrink, "
                    f"≤ {fmt(1 - NORM_SHRINK)} = grow).")
-    gap = num(summary.get("theory_gap_layer0"))
-    if gap is not None:
-        out.append(f"Layer {first['layer']}'s mean cosine map differs from the uniform-attention theory "
-                   f"sqrt(min(i, j) / max(i, j)) by {fmt(gap)} on average over the lower triangle"
-                   + (" (close: attention is nearly uniform)." if gap < THEORY_CLOSE
-                      else " (attention is far from uniform)."))
+    if "theory" in j:
+        out.append(f"Layer {L}'s mean cosine map differs from the uniform-attention theory "
+                   f"sqrt(min(i, j) / max(i, j)) by {fmt(j['theory_gap'])} on average over the lower triangle"
+                   + THEORY[j["theory"]])
     return out
 
 
 def panels_readings(summary: dict) -> list[str]:
-    """Sentences on a ``poslens panels`` run (arXiv 2509.21042's nine-panel Gram decomposition of
-    decoder layer ``summary["layer"]``) from ``summary["panels"]``: per panel ``panel``,
-    ``locality`` and ``non_relativity`` (key 0 excluded; ``non_relativity_with_sink`` beside it)."""
+    """Sentences on a ``poslens panels`` run (arXiv 2509.21042's nine-panel Gram decomposition) from its
+    judgement (:func:`poslens.metrics.judge_commands.judge_panels`)."""
+    j = command_judgement("panels", summary) or {}
     out: list[str] = []
-    rows = [r for r in summary.get("panels") or [] if isinstance(r, dict)]
-    layer = summary.get("layer")
-    loc = [(r["panel"], num(r.get("locality"))) for r in rows if num(r.get("locality")) is not None]
-    if loc:
-        hi = max(loc, key=lambda t: t[1])
-        lo = min(loc, key=lambda t: t[1])
-        n_pos = sum(1 for _, v in loc if v > 0)
-        out.append(f"{n_pos} of {len(loc)} panels of decoder layer {layer} rise towards the diagonal (locality > 0); "
-                   f"strongest in ({hi[0]}) at {fmt(hi[1])}, weakest in ({lo[0]}) at {fmt(lo[1])}.")
-    byk = {r.get("panel"): r for r in rows}
-    a, i = byk.get("a"), byk.get("i")
-    if a and i and num(a.get("non_relativity")) is not None and num(i.get("non_relativity")) is not None:
-        text = (f"Non-relativity (1 − relativity index, key 0 excluded) goes from {fmt(num(a['non_relativity']))} in "
-                f"the layer's normalised input (a) to {fmt(num(i['non_relativity']))} in the next layer's scores (i)")
-        ws = [num(r.get("non_relativity_with_sink")) for r in (a, i)]
-        if all(w is not None for w in ws):
-            text += f"; with key 0: {fmt(ws[0])} → {fmt(ws[1])}"
+    if "panels" in j:
+        hi, lo = j["strongest"], j["weakest"]
+        out.append(f"{j['rising']} of {j['panels']} panels of decoder layer {j['layer']} rise towards the diagonal "
+                   f"(locality > 0); strongest in ({hi['panel']}) at {fmt(hi['locality'])}, weakest in "
+                   f"({lo['panel']}) at {fmt(lo['locality'])}.")
+    if "non_relativity" in j:
+        nr, ws = j["non_relativity"], j.get("with_sink")
+        text = (f"Non-relativity (1 − relativity index, key 0 excluded) goes from {fmt(nr['a'])} in "
+                f"the layer's normalised input (a) to {fmt(nr['i'])} in the next layer's scores (i)")
+        if ws:
+            text += f"; with key 0: {fmt(ws['a'])} → {fmt(ws['i'])}"
         out.append(text + ".")
-    b = byk.get("b")
-    if b and num(b.get("locality")) is not None:
-        v = num(b["locality"])
-        word = ("favour nearby keys" if v > PANEL_TREND else "favour distant keys" if v < -PANEL_TREND
-                else "show little distance trend")
-        out.append(f"The layer's own attention scores (b) {word} (locality {fmt(v)}).")
+    if "trend" in j:
+        out.append(f"The layer's own attention scores (b) {TREND[j['trend']]} (locality {fmt(j['b_locality'])}).")
     return out
 
 
 def score_maps_readings(summary: dict) -> list[str]:
-    """Sentences on a ``poslens kim-maps`` run (per-layer score maps of a scan) from its layers'
-    ``non_relativity`` and ``locality`` (key 0 excluded; ``non_relativity_with_sink`` beside it)."""
+    """Sentences on a ``poslens kim-maps`` run (per-layer score maps of a scan) from its judgement
+    (:func:`poslens.metrics.judge_commands.judge_score_maps`)."""
+    j = command_judgement("kim-maps", summary) or {}
     out: list[str] = []
-    _, dec = _decoder_layers(summary.get("layers"))
-    nr = [(l["layer"], num(l.get("non_relativity"))) for l in dec if num(l.get("non_relativity")) is not None]
-    if nr:
-        worst = max(nr, key=lambda t: t[1])
-        best = min(nr, key=lambda t: t[1])
-        out.append(f"Non-relativity (key 0 excluded) ranges from {fmt(best[1])} (layer {best[0]}) to {fmt(worst[1])} "
-                   f"(layer {worst[0]}): the diagonals explain {fmt(100 * (1 - worst[1]))} … "
-                   f"{fmt(100 * (1 - best[1]))} % of the score maps' variation.")
-        ws = [num(l.get("non_relativity_with_sink")) for l in dec if num(l.get("non_relativity_with_sink")) is not None]
-        if ws:
-            out.append(f"With key 0 (the attention sink column) included, non-relativity reads {_span(ws)}.")
-    loc = [num(l.get("locality")) for l in dec if num(l.get("locality")) is not None]
-    if loc:
-        out.append(f"{sum(v > 0 for v in loc)} of {len(loc)} layers' mean scores rise as keys approach the query "
-                   f"(mean locality {fmt(sum(loc) / len(loc))}).")
-    sinkw = [num(l.get("sink_weight")) for l in dec if num(l.get("sink_weight")) is not None]
-    if sinkw:
-        out.append(f"Attention weight on key 0 (the sink), per layer: {_series_short(sinkw)}.")
+    if "lowest" in j:
+        lo, hi, pct = j["lowest"], j["highest"], j["explained_pct"]
+        out.append(f"Non-relativity (key 0 excluded) ranges from {fmt(lo['non_relativity'])} (layer {lo['layer']}) to "
+                   f"{fmt(hi['non_relativity'])} (layer {hi['layer']}): the diagonals explain {fmt(pct[0])} … "
+                   f"{fmt(pct[1])} % of the score maps' variation.")
+        if j.get("with_sink"):
+            out.append(f"With key 0 (the attention sink column) included, non-relativity reads "
+                       f"{_span(j['with_sink'])}.")
+    if "layers" in j:
+        out.append(f"{j['rising']} of {j['layers']} layers' mean scores rise as keys approach the query "
+                   f"(mean locality {fmt(j['mean_locality'])}).")
+    if j.get("sink_weight"):
+        out.append(f"Attention weight on key 0 (the sink), per layer: {_series_short(j['sink_weight'])}.")
     return out
 
 
 def slash_command_readings(summary: dict) -> list[str]:
-    """Sentences on a ``poslens slash`` run (arXiv 2601.08297) from its summary: ``heads`` (per
-    head ``layer``, ``head``, ``best_delta``, ``best_score``, rank measures, decomposition),
-    ``kappas``, ``delta_range``, ``persistence``, ``persist_kappa``, ``seq_len``."""
-    out: list[str] = []
-    heads = [h for h in summary.get("heads") or [] if isinstance(h, dict) and num(h.get("best_score")) is not None]
-    kappas = [k for k in summary.get("kappas") or [] if num(k) is not None]
-    if not heads:
-        return out
-    lo = (summary.get("delta_range") or [1])[0]
-    S = int(num(summary.get("seq_len")) or 0)
-    best = max(heads, key=lambda r: r["best_score"])
-    base = uniform_slash(S, int(best["best_delta"])) if S else float("nan")
-    out.append(f"The most slash-dominant head (Δ ≥ {lo}) is layer {best['layer']} head {best['head']} with "
-               f"SlashScore({best['best_delta']}) = {fmt(best['best_score'])}"
-               + (f" (uniform causal attention would give about {fmt(base)})." if math.isfinite(base) else "."))
-    if kappas:
-        reached = [(k, sum(1 for r in heads if r["best_score"] >= k)) for k in kappas]
-        reached = [(k, n) for k, n in reached if n]
+    """Sentences on a ``poslens slash`` run (arXiv 2601.08297) from its judgement
+    (:func:`poslens.metrics.judge_commands.judge_slash`)."""
+    j = command_judgement("slash", summary)
+    if not j:
+        return []
+    b = j["best"]
+    out = [f"The most slash-dominant head (Δ ≥ {j['min_delta']}) is layer {b['layer']} head {b['head']} with "
+           f"SlashScore({b['delta']}) = {fmt(b['score'])}"
+           + (f" (uniform causal attention would give about {fmt(b['uniform'])})." if b.get("uniform") is not None
+              else ".")]
+    if "kappas" in j:
+        reached = j["kappas"]["reached"]
         if reached:
-            k, n = reached[-1]
-            out.append(f"{n} of {len(heads)} heads are ({fmt(k)}, Δ)-slash-dominant for some Δ in the range (the "
-                       f"largest κ of the grid that any head reaches); at κ = {fmt(reached[0][0])}: {reached[0][1]}.")
+            k, n = reached[-1]["kappa"], reached[-1]["heads"]
+            out.append(f"{n} of {j['heads']} heads are ({fmt(k)}, Δ)-slash-dominant for some Δ in the range (the "
+                       f"largest κ of the grid that any head reaches); at κ = {fmt(reached[0]['kappa'])}: "
+                       f"{reached[0]['heads']}.")
         else:
-            out.append(f"No head reaches κ = {fmt(kappas[0])} at any Δ in the range.")
-    pers = summary.get("persistence")
-    pk = summary.get("persist_kappa")
-    if isinstance(pers, list):
-        if pers:
-            kept = sum(bool(p.get("persists")) for p in pers)
-            ratios = sorted(num(p.get("ratio")) or 0.0 for p in pers)
-            out.append(f"{kept} of {len(pers)} in-distribution ({fmt(pk)}, Δ)-SDHs persist on random-token prompts "
-                       f"(median ratio random / in-distribution {fmt(ratios[len(ratios) // 2])}).")
-            d1 = [p for p in pers if p.get("delta") == 1 and p.get("persists")]
-            if d1:
-                p = d1[0]
-                out.append(f"Previous-token head: layer {p['layer']} head {p['head']}, SlashScore(1) "
-                           f"{fmt(num(p['score_in']))} in distribution, {fmt(num(p['score_random']))} on random tokens.")
+            out.append(f"No head reaches κ = {fmt(j['kappas']['first'])} at any Δ in the range.")
+    p = j.get("persistence")
+    if p is not None:
+        if p["tested"]:
+            out.append(f"{p['persist']} of {p['tested']} in-distribution ({fmt(p['kappa'])}, Δ)-SDHs persist on "
+                       f"random-token prompts (median ratio random / in-distribution {fmt(p['median_ratio'])}).")
+            t = p.get("previous_token")
+            if t:
+                out.append(f"Previous-token head: layer {t['layer']} head {t['head']}, SlashScore(1) "
+                           f"{fmt(t['score_in'])} in distribution, {fmt(t['score_random'])} on random tokens.")
         else:
-            out.append(f"No head reaches κ = {fmt(pk)} in distribution, so persistence is untested.")
-    top = sorted(heads, key=lambda r: -r["best_score"])[: max(1, len(heads) // 10)]
-    top_dec = [r for r in top if "predicted_peak" in r]
-    if top_dec:
-        m = sum(bool(r.get("peak_match")) for r in top_dec)
-        q1 = sum(num(r.get("q_top1_energy")) or 0.0 for r in top) / len(top)
-        rest = [r for r in heads if r not in top]
-        q1r = sum(num(r.get("q_top1_energy")) or 0.0 for r in rest) / len(rest) if rest else None
-        out.append(f"For the top {len(top)} slash heads the rank-one RoPE decomposition predicts the observed peak "
-                   f"offset in {m} of {len(top_dec)}; their pre-RoPE queries put {fmt(q1)} of the energy in the top "
-                   f"singular direction (other heads: {fmt(q1r)}).")
-        bands = [b for b in (top_dec[0].get("band_usage") or {})]
-        if bands:
-            use = {b: sum(num((r.get("band_usage") or {}).get(b)) or 0.0 for r in top_dec) / len(top_dec)
-                   for b in bands}
+            out.append(f"No head reaches κ = {fmt(p['kappa'])} in distribution, so persistence is untested.")
+    d = j.get("decomposition")
+    if d:
+        out.append(f"For the top {d['top']} slash heads the rank-one RoPE decomposition predicts the observed peak "
+                   f"offset in {d['peak_matches']} of {d['tested']}; their pre-RoPE queries put {fmt(d['q_top1'])} of "
+                   f"the energy in the top singular direction (other heads: {fmt(d['q_top1_other'])}).")
+        if d.get("band_usage"):
             out.append("Band usage (share of Σ A_l) of the top slash heads: "
-                       + ", ".join(f"{b} {fmt(v)}" for b, v in use.items()) + ".")
-    elif not any("predicted_peak" in r for r in heads):
+                       + ", ".join(f"{k} {fmt(v)}" for k, v in d["band_usage"].items()) + ".")
+    elif not j.get("rope"):
         out.append("The scanned layers apply no RoPE, so there is no RoPE decomposition.")
     return out
 
 
 def dynamics_readings(summary: dict) -> list[str]:
-    """Sentences on a ``poslens slash-dynamics`` run from ``steps`` (per snapshot ``step``,
-    ``accuracy`` and ``best``: the most slash-dominant head with ``slash_in``, ``slash_random``,
-    ``q_top1``, ``k_top1``, ``band_usage``, ``predicted_peak``) and ``config`` (``delta``, ``kappa``)."""
-    recs = [r for r in summary.get("steps") or [] if isinstance(r, dict) and isinstance(r.get("best"), dict)]
-    if not recs:
+    """Sentences on a ``poslens slash-dynamics`` run from its judgement
+    (:func:`poslens.metrics.judge_commands.judge_dynamics`)."""
+    j = command_judgement("slash-dynamics", summary)
+    if not j:
         return []
-    cfg = summary.get("config") or {}
-    delta, kappa = cfg.get("delta"), num(cfg.get("kappa"))
-    first, last = recs[0], recs[-1]
-    b0, b1 = first["best"], last["best"]
-    out = [f"SlashScore({delta}) of the best head rises from {fmt(num(b0['slash_in']))} at step {first['step']} to "
-           f"{fmt(num(b1['slash_in']))} at step {last['step']} (task accuracy {fmt(num(last.get('accuracy')))})."]
-    if kappa is not None:
-        emerge = next((r["step"] for r in recs if (num(r["best"].get("slash_in")) or 0.0) >= kappa), None)
-        out.append(f"A ({fmt(kappa)}, {delta})-slash-dominant head first appears at step {emerge}."
-                   if emerge is not None else f"No head reaches SlashScore({delta}) ≥ {fmt(kappa)} within "
-                   f"{last['step']} steps.")
-        rand = num(b1.get("slash_random"))
-        if rand is None:
-            out.append(f"The final head (layer {b1['layer']} head {b1['head']}) has no random-token score: "
+    delta, kappa, h = j["delta"], j["kappa"], j["head"]
+    out = [f"SlashScore({delta}) of the best head rises from {fmt(j['slash_first'])} at step {j['first_step']} to "
+           f"{fmt(j['slash_last'])} at step {j['last_step']} (task accuracy {fmt(j['accuracy'])})."]
+    if "emergence" in j:
+        out.append(f"A ({fmt(kappa)}, {delta})-slash-dominant head first appears at step {j['emerged_at']}."
+                   if j["emergence"] == "emerged" else f"No head reaches SlashScore({delta}) ≥ {fmt(kappa)} within "
+                   f"{j['last_step']} steps.")
+        if j["persistence"] == "untested":
+            out.append(f"The final head (layer {h['layer']} head {h['head']}) has no random-token score: "
                        "persistence out of distribution is untested.")
         else:
-            verdict = "persists" if rand >= kappa else "does not persist"
-            out.append(f"On random-token prompts the final head (layer {b1['layer']} head {b1['head']}) scores "
-                       f"{fmt(rand)} at Δ = {delta}: the SDH {verdict} out of distribution (κ = {fmt(kappa)}).")
-    out.append(f"Its pre-RoPE queries' top singular direction holds {fmt(num(b0.get('q_top1')))} of the energy at step "
-               f"{first['step']} and {fmt(num(b1.get('q_top1')))} at the end (keys: {fmt(num(b0.get('k_top1')))} → "
-               f"{fmt(num(b1.get('k_top1')))}).")
-    bu = {k: num(v) or 0.0 for k, v in (b1.get("band_usage") or {}).items()}
-    if bu:
-        top_band = max(bu, key=bu.get)
-        out.append(f"At the end the rank-one RoPE decomposition puts most amplitude in the {top_band}-frequency band "
-                   f"({', '.join(f'{b} {fmt(v)}' for b, v in bu.items())}) and predicts a peak at "
-                   f"Δ = {b1.get('predicted_peak')}.")
+            out.append(f"On random-token prompts the final head (layer {h['layer']} head {h['head']}) scores "
+                       f"{fmt(j['slash_random'])} at Δ = {delta}: the SDH {PERSISTS[j['persistence']]} out of "
+                       f"distribution (κ = {fmt(kappa)}).")
+    q, k = j["q_top1"], j["k_top1"]
+    out.append(f"Its pre-RoPE queries' top singular direction holds {fmt(q[0])} of the energy at step "
+               f"{j['first_step']} and {fmt(q[1])} at the end (keys: {fmt(k[0])} → {fmt(k[1])}).")
+    if j.get("band_usage"):
+        out.append(f"At the end the rank-one RoPE decomposition puts most amplitude in the {j['top_band']}-frequency "
+                   f"band ({', '.join(f'{b} {fmt(v)}' for b, v in j['band_usage'].items())}) and predicts a peak at "
+                   f"Δ = {j['predicted_peak']}.")
     return out
 
 
 def sweep_readings(summary: dict) -> list[str]:
-    """Sentences on a ``poslens sweep`` run (random-init NoPE models against the init σ) from
-    ``results``: per shape and σ, ``aps_causal_mean`` (and ``aps_bidirectional_mean``), one value
-    per entry of ``layer_index`` (the embeddings, then decoder layers from 0)."""
+    """Sentences on a ``poslens sweep`` run (random-init NoPE models against the init σ) from its
+    judgement (:func:`poslens.metrics.judge_commands.judge_sweep`)."""
+    j = command_judgement("sweep", summary) or {}
     out: list[str] = []
-    by_shape: dict[str, list[dict]] = {}
-    for r in summary.get("results") or []:
-        if isinstance(r, dict) and isinstance(r.get("aps_causal_mean"), list) and len(r["aps_causal_mean"]) > 1:
-            by_shape.setdefault(str(r.get("shape")), []).append(r)
-    for shape, recs in by_shape.items():
-        sig = [r.get("sigma") for r in recs]
-        a1 = [num(r["aps_causal_mean"][1]) for r in recs]
-        fin = [(s, a) for s, a in zip(sig, a1) if a is not None]
-        if not fin:
-            continue
-        lo, hi = min(fin, key=lambda t: t[1]), max(fin, key=lambda t: t[1])
-        strong = [fmt(s) for s, a in fin if a >= ADJACENT]
-        text = (f"{shape}: APS of decoder layer 0 (causal) ranges from {fmt(lo[1])} (σ = {fmt(lo[0])}) to "
-                f"{fmt(hi[1])} (σ = {fmt(hi[0])}); ")
-        text += (f"a clear adjacency pattern (APS ≥ {ADJACENT}) at σ ∈ {{{', '.join(strong)}}}." if strong
+    for r in j.get("shapes") or []:
+        lo, hi, shape = r["lowest"], r["highest"], r["shape"]
+        text = (f"{shape}: APS of decoder layer 0 (causal) ranges from {fmt(lo['aps'])} (σ = {fmt(lo['sigma'])}) to "
+                f"{fmt(hi['aps'])} (σ = {fmt(hi['sigma'])}); ")
+        text += (f"a clear adjacency pattern (APS ≥ {ADJACENT}) at σ ∈ "
+                 f"{{{', '.join(fmt(s) for s in r['clear_sigmas'])}}}." if r["adjacency"] == "clear"
                  else f"no σ gives a clear adjacency pattern (APS ≥ {ADJACENT}).")
         out.append(text)
-        if len(recs[0]["aps_causal_mean"]) > 2:
-            deep = [num(r["aps_causal_mean"][-1]) for r in recs]
-            out.append(f"{shape}: in the last decoder layer ({len(recs[0]['aps_causal_mean']) - 2}) APS is "
-                       f"{', '.join(fmt(v) for v in deep)} for σ = {', '.join(fmt(s) for s in sig)}.")
-    bid = [num(v) for recs in by_shape.values() for r in recs for v in (r.get("aps_bidirectional_mean") or [])[1:]]
-    bid = [v for v in bid if v is not None]
-    if bid:
-        dev = max(abs(v - 0.5) for v in bid)
+        deep = r.get("last_layer")
+        if deep:
+            out.append(f"{shape}: in the last decoder layer ({deep['layer']}) APS is "
+                       f"{', '.join(fmt(v) for v in deep['aps'])} for "
+                       f"σ = {', '.join(fmt(s) for s in deep['sigmas'])}.")
+    if "mask" in j:
         out.append(f"Without the causal mask no decoder layer of any model departs from chance (0.5) by more than "
-                   f"{fmt(dev)} in mean APS" + (": the pattern comes from the mask." if dev < 0.1 else
-                                                 "; something other than the mask orders the vectors."))
+                   f"{fmt(j['bidirectional_dev'])} in mean APS" + SWEEP_MASK[j["mask"]])
     return out
 
 
 def probes_readings(summary: dict) -> list[str]:
-    """Sentences on a ``poslens probes`` run from ``verdicts`` (per model and state: best test r of
-    the cosine and norm probes, their layers, how many decoder layers the cosine wins on MSE) and
-    ``records`` (per layer, feature and probe: test ``r``)."""
+    """Sentences on a ``poslens probes`` run from its judgement
+    (:func:`poslens.metrics.judge_commands.judge_probes`)."""
+    j = command_judgement("probes", summary) or {}
     out: list[str] = []
-    recs = [r for r in summary.get("records") or [] if isinstance(r, dict)]
-    for v in summary.get("verdicts") or []:
-        if not isinstance(v, dict):
-            continue
-        model, state, verdict = v.get("model"), v.get("state"), v.get("cosine_beats_norm")
-        out.append(f"{model} ({v.get('pe')} PE, {state}): cos(h_i, h_T) predicts T − i with r up to "
-                   f"{fmt(num(v.get('cosine_best_r')))} (layer {v.get('cosine_best_layer')}), the norm with r up to "
-                   f"{fmt(num(v.get('norm_best_r')))} (layer {v.get('norm_best_layer')}); the cosine has the lower "
-                   f"test MSE in {v.get('cosine_lower_mse_layers')} of {v.get('layers')} decoder layers (MLP probes, "
-                   "held-out characters)"
-                   + {"yes": ": cosine beats the norm.", "no": ": cosine does not beat the norm.",
-                      "mixed": ": the two criteria disagree."}.get(verdict, "."))
-        vec = [x for x in recs if x.get("model") == model and x.get("state") == state and x.get("feature") == "vector"
-               and x.get("probe") == "linear" and isinstance(x.get("layer"), int) and num(x.get("r")) is not None]
-        if vec:
-            bv = max(vec, key=lambda x: num(x["r"]))
+    for v in j.get("verdicts") or []:
+        model, state = v["model"], v["state"]
+        out.append(f"{model} ({v['pe']} PE, {state}): cos(h_i, h_T) predicts T − i with r up to "
+                   f"{fmt(v['cosine_best_r'])} (layer {v['cosine_best_layer']}), the norm with r up to "
+                   f"{fmt(v['norm_best_r'])} (layer {v['norm_best_layer']}); the cosine has the lower "
+                   f"test MSE in {v['cosine_lower_mse_layers']} of {v['layers']} decoder layers (MLP probes, "
+                   "held-out characters)" + PROBE_VERDICT.get(v["cosine_beats_norm"], "."))
+        if v.get("vector"):
             out.append(f"{model} ({state}): a linear probe on the vector h_i recovers the absolute position with "
-                       f"r = {fmt(num(bv['r']))} at layer {bv['layer']} on unseen characters.")
+                       f"r = {fmt(v['vector']['r'])} at layer {v['vector']['layer']} on unseen characters.")
     return out
 
 
-#: the readings of each analysis command, from its summary (the report and the commands share them)
+def omitted_offsets_reading(deltas: list) -> str:
+    """The terminal's note on the offsets ``deltas`` (in order) that end the slash run's first table
+    where no head is slash-dominant at any κ of the grid, and that the terminal leaves out."""
+    gone = f"Δ {deltas[0]}–{deltas[-1]}" if len(deltas) > 1 else f"Δ {deltas[-1]}"
+    return f"{gone}: no slash-dominant head at any κ of the grid (not listed in the first table)."
+
+
+#: the readings of each analysis command, from its judgement (the report and the commands share them)
 COMMAND_READINGS = {
     "ablate": ablate_readings,
     "fingerprint": fingerprint_readings,

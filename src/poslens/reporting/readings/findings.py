@@ -143,7 +143,8 @@ def key_findings(runs: Iterable[tuple[str, str, list[str], dict]], max_per_paper
                 continue
             text = makers[paper](name, command, summary)
             if text is None:  # no numbers this paper's finding is written from: the run's first reading
-                first = next((r for r in summary.get("readings") or [] if isinstance(r, str)), None)
+                held = summary.get("readings") or command_readings(command, summary) or []
+                first = next((r for r in held if isinstance(r, str)), None)
                 text = f"{name}: {first}" if first else None
             if text is None:
                 continue
