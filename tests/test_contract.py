@@ -97,7 +97,7 @@ def test_every_command_writes_the_contract(tmp_path):
     # are rendered from the judgement (reporting/readings/), the report's and the terminal's alike
     from poslens.analysis.neighborhood import NeighborhoodConfig, run_neighborhood
     from poslens.analysis.panels import PanelsConfig, run_panels, run_score_maps
-    from poslens.metrics.judge_commands import COMMAND_JUDGES
+    from poslens.metrics.judge.commands import COMMAND_JUDGES
     from poslens.reporting.readings.commands import command_readings
     from poslens.reporting.readings.findings import run_readings
 
@@ -172,7 +172,7 @@ def test_scan_terminal_table_uses_delta_limited_heads():
 
 
 def test_readings_do_not_call_the_sink_a_slash_head_nor_contradict_norms():
-    from poslens.metrics.judgements import judge_neighborhood, judge_slash
+    from poslens.metrics.judge.papers import judge_neighborhood, judge_slash
     from poslens.reporting.readings.common import layer_aps
     from poslens.reporting.readings.neighborhood import neighborhood_readings
     from poslens.reporting.readings.slash import slash_readings, slash_top
@@ -310,7 +310,7 @@ def test_command_readings_are_rendered_from_the_judgement():
     import importlib
     import inspect
 
-    from poslens.metrics import judge_commands as J
+    from poslens.metrics.judge import commands as J
     from poslens.reporting.readings import commands as R
     from poslens.reporting.readings.findings import run_readings
 
@@ -398,7 +398,7 @@ def test_scan_uncertainties_sit_beside_the_statistic_they_describe():
     from poslens.capture.scan.finalize import score_map_numbers
     from poslens.metrics.diagonal import causal_view
     from poslens.metrics import diagonal_trend, relativity_index
-    from poslens.metrics.judgements import judge_kim
+    from poslens.metrics.judge.papers import judge_kim
 
     S, G = 40, 8
     i = torch.arange(S, dtype=torch.float64)
@@ -467,7 +467,7 @@ def test_figure_roles_keep_the_page_short(tmp_path):
 
 
 def test_kim_readings_say_from_layer_k_on_only_when_it_is_so():
-    from poslens.metrics.judgements import judge_kim
+    from poslens.metrics.judge.papers import judge_kim
 
     live = {"relativity_index": 0.9, "locality": 0.2}
     flat = {"relativity_index": None, "locality": None}

@@ -172,7 +172,7 @@ def _record(**over):
 
 
 def _judged(m):
-    from poslens.metrics.judge_fingerprint import judge_claims
+    from poslens.metrics.judge.fingerprint import judge_claims
 
     return {f["claim"]: f["models"][0] for f in judge_claims([m], {"sink_eps": 0.3, "slash_kappa": 0.3})}
 

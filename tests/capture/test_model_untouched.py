@@ -17,7 +17,8 @@ import torch
 
 import poslens
 from poslens.capture.engine.loop import forward, hooked
-from poslens.capture.model.adapters import QK_POINTS, get_adapter
+from poslens.capture.statistics.points import QK_POINTS
+from poslens.capture.model.adapters import get_adapter
 from poslens.capture.model.borrow import borrowed
 
 S, N = 16, 4

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from poslens.conventions import ADJACENT, ADJACENT_WEAK, MASK_MARGIN, NORM_SHRINK, PANEL_TREND, THEORY_CLOSE
-from poslens.metrics.judge_commands import (COMMAND_JUDGES, adjacency_code, command_judgement, judge_dynamics,
+from poslens.metrics.judge.commands import (COMMAND_JUDGES, adjacency_code, command_judgement, judge_dynamics,
                                             judge_neighborhood, judge_panels, judge_probes, judge_score_maps,
                                             judge_slash, judge_sweep, norm_code, uniform_slash_score)
 

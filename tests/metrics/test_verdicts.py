@@ -8,7 +8,7 @@ import math
 import pytest
 
 from poslens.metrics import verdicts as V
-from poslens.metrics.judge_fingerprint import FAST_BANDS, RANK_ONE, judge_claims
+from poslens.metrics.judge.fingerprint import FAST_BANDS, RANK_ONE, judge_claims
 
 
 def test_z_and_floors_closed_form():

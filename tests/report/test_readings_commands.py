@@ -2,19 +2,19 @@
 sweep, probes), of scans' APS and trained models, and the key findings: hand-built summaries with
 numbers on both sides of each threshold; the numbers and the words that carry each claim are checked."""
 
-import pytest
 
 from poslens.fmt import fmt
 
 from poslens.conventions import ADJACENT, ADJACENT_WEAK, PANEL_TREND, THEORY_CLOSE
-from poslens.metrics.judge_commands import COMMAND_JUDGES, judge_panels
+from poslens.metrics.judge.commands import COMMAND_JUDGES, judge_panels
 from poslens.reporting.readings.commands import (COMMAND_READINGS, command_readings, dynamics_readings,
                                                  neighborhood_command_readings, omitted_offsets_reading,
                                                  panels_readings, probes_readings, score_maps_readings,
                                                  slash_command_readings, sweep_readings)
 from poslens.reporting.readings.findings import comparison_readings, key_findings, model_readings, run_readings
 from poslens.reporting.readings.neighborhood import neighborhood_readings
-from poslens.reporting.readings.slash import slash_readings, uniform_slash
+from poslens.metrics.judge.papers import uniform_slash
+from poslens.reporting.readings.slash import slash_readings
 
 
 def J(out):

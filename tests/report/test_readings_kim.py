@@ -1,5 +1,5 @@
 """The causal-mask paper's readings and key finding (arXiv 2509.21042), each decision given numbers on
-both sides of its threshold and asserted on the judge's codes (:mod:`poslens.metrics.judgements`); in
+both sides of its threshold and asserted on the judge's codes (:mod:`poslens.metrics.judge.papers`); in
 particular a scan's full-map relativity index, which is not noise-corrected, is never quoted without its
 noise floor, and too few sequence groups are said to be too few. A few rendering tests check that each
 code's sentence is written and quotes the numbers. Expected numbers are computed here by hand."""
@@ -7,7 +7,7 @@ code's sentence is written and quotes the numbers. Expected numbers are computed
 import pytest
 
 from poslens.conventions import FEW_GROUPS_MARGIN, NOISE_P, RELATIVE, TREND
-from poslens.metrics.judgements import (judge_kim, kim_finding, noise_shares, noise_source, p_counts, smallest_p,
+from poslens.metrics.judge.papers import (judge_kim, kim_finding, noise_shares, noise_source, p_counts, smallest_p,
                                         too_few_groups)
 from poslens.metrics.verdicts import bh_significant
 from poslens.reporting.readings.common import few_groups, noise_phrase

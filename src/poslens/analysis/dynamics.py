@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from poslens.analysis.slash import decompose_scan, model_rope_geometry
-from poslens.metrics.judge_commands import judge_dynamics
+from poslens.metrics.judge.commands import judge_dynamics
 from poslens.metrics.rank import rank_table
 from poslens.capture.scan.options import ScanConfig
 from poslens.capture.scan.run import run_scan

@@ -22,7 +22,7 @@ layer and for the whole model (:func:`poslens.analysis.fingerprint_traits.model_
 
 Models whose layers differ in kind (Gemma 3's sliding-window and global layers, with their own RoPE
 bases) get every trait per layer type as well. Each paper's claim is judged on every model
-(:mod:`poslens.metrics.judge_fingerprint`: a verdict record of numbers and codes). ``OUT`` holds
+(:mod:`poslens.metrics.judge.fingerprint`: a verdict record of numbers and codes). ``OUT`` holds
 ``fingerprint.json`` (the summary), ``fingerprint.safetensors`` (per-head tensors) and, drawn by the page
 passed in (:data:`Page`), ``fingerprint.html`` (models in columns, shared axes and colour scales) and the
 figures.
@@ -41,7 +41,7 @@ from poslens.errors import PoslensError
 from poslens.metrics.fingerprint import MASSIVE_LAMBDA, SINK_EPS
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.conventions import NOISE_P as VERDICT_LEVEL, VERDICT_THRESHOLDS as VERDICT_THRESHOLDS
-from poslens.metrics.judge_fingerprint import judge_claims
+from poslens.metrics.judge.fingerprint import judge_claims
 from poslens.metrics.verdicts import RULE as VERDICT_RULE
 from poslens.conventions import LAYER_CONVENTION
 from poslens.rundir.summary import write_summary

@@ -46,7 +46,7 @@ from poslens.data.tokens import random_tokens
 from poslens.conventions import LAYER_CONVENTION
 from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt_pm
-from poslens.metrics.judge_commands import judge_neighborhood
+from poslens.metrics.judge.commands import judge_neighborhood
 from poslens.metrics.neighborhood import adjacency_probability_score, norm_score, self_cosine, theory_gap
 from poslens.models.families import pe_of
 from poslens.progress import task_progress
@@ -331,7 +331,7 @@ def _model_name(cfg, fallback: str) -> str:
 
 def build_summary(results: dict[str, dict], *, cfg=None, pe: str = "?", model_type: str = "?", num_seqs: int = 0,
                   source: dict | None = None) -> dict:
-    """Tables, the judgement (:func:`poslens.metrics.judge_commands.judge_neighborhood`, from the
+    """Tables, the judgement (:func:`poslens.metrics.judge.commands.judge_neighborhood`, from the
     numbers) and per-layer values of a neighbourhood run. ``layers`` holds the embeddings
     (``"layer": "embeddings"``) and then decoder layers from 0."""
     causal = results["causal"]

@@ -43,7 +43,7 @@ from poslens.data.sources import make_source
 from poslens.capture.statistics.accumulators import MeanAccumulator
 from poslens.errors import PoslensError, require_positive
 from poslens.metrics import diagonal_trend, locality, relativity_index
-from poslens.metrics.judge_commands import judge_panels, judge_score_maps
+from poslens.metrics.judge.commands import judge_panels, judge_score_maps
 from poslens.metrics.noise import jackknife_se_of, leave_one_out_means
 from poslens.metrics.slash import sink_weight
 from poslens.rundir.figures import new_figure, save_figure

@@ -27,7 +27,7 @@ from poslens.data.tokenizer import char_ids
 from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError, require_positive
 from poslens.fmt import fmt
-from poslens.metrics.judge_commands import judge_probes
+from poslens.metrics.judge.commands import judge_probes
 from poslens.metrics.probes import FEATURES, PROBES, compare_cosine_norm, probe_layers
 from poslens.models.families import pe_of
 from poslens.progress import task_progress

@@ -21,7 +21,7 @@ from poslens.capture.model.adapters import get_adapter, layer_rope
 from poslens.capture.model.source import model_directory
 from poslens.errors import PoslensError
 from poslens.fmt import fmt
-from poslens.metrics.judge_commands import judge_slash
+from poslens.metrics.judge.commands import judge_slash
 from poslens.metrics.rank import rank_table
 from poslens.metrics.ropefit import rope_decomposition
 from poslens.metrics.slash import _check_slash, best_offsets, kv_head_of, persistence, sdh_table

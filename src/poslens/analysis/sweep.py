@@ -27,7 +27,7 @@ from poslens.data.tokens import random_tokens
 from poslens.errors import PoslensError
 from poslens.fmt import fmt, fmt_pm
 from poslens.models.families import build_model
-from poslens.metrics.judge_commands import judge_sweep
+from poslens.metrics.judge.commands import judge_sweep
 from poslens.progress import task_progress
 from poslens.rundir.figures import new_figure, save_figures
 from poslens.rundir.outdir import prepare_out_dir

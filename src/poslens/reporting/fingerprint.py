@@ -13,7 +13,7 @@ import math
 
 from poslens.fmt import fmt
 from poslens.metrics import verdicts as V
-from poslens.metrics.judge_fingerprint import judge_claims
+from poslens.metrics.judge.fingerprint import judge_claims
 from poslens.reporting.columns import definitions, layer_type
 from poslens.reporting.page import CSP, template_env
 from poslens.reporting.readings.fingerprint import fingerprint_readings, pct, render_findings

@@ -4,7 +4,7 @@ A report of scans (no fingerprint among its runs) opens with the same plain find
 fingerprint page gives, per model: the sink (Gu et al.), the relativity verdict (Kim et al.) and
 the slash heads with their persistence where a random-token scan of the same model and shape is in
 the report (Cheng et al.). Each is judged by :mod:`poslens.metrics.verdicts`' one rule, through the
-fingerprint's own judges (:mod:`poslens.metrics.judge_fingerprint`), on a model record built here from
+fingerprint's own judges (:mod:`poslens.metrics.judge.fingerprint`), on a model record built here from
 the scans' summaries and their ``sink_heads`` / ``slash`` maps, and rendered in the fingerprint's words
 (:mod:`poslens.reporting.readings.fingerprint`).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from poslens.metrics.fingerprint import SINK_EPS, head_sink, sink_share
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
-from poslens.metrics.judge_fingerprint import judge_claims
+from poslens.metrics.judge.fingerprint import judge_claims
 from poslens.reporting.readings.fingerprint import render_findings, scans_label
 
 #: a head is a slash head at SlashScore(Δ) >= this for some Δ in the slash range (as the fingerprint)

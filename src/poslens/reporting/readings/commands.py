@@ -1,5 +1,5 @@
 """Readings of the analysis commands (:data:`COMMAND_READINGS`), each rendered from its command's
-judgement (:mod:`poslens.metrics.judge_commands`): the summary's ``judgement``, else the judge's
+judgement (:mod:`poslens.metrics.judge.commands`): the summary's ``judgement``, else the judge's
 reading of its numbers."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from poslens.conventions import ADJACENT, NORM_SHRINK
 from poslens.fmt import fmt
 from poslens.reporting.readings.ablate import ablate_readings
 from poslens.reporting.readings.fingerprint import fingerprint_readings
-from poslens.metrics.judge_commands import command_judgement
+from poslens.metrics.judge.commands import command_judgement
 from poslens.reporting.readings.common import _series_short, _span
 
-#: the sentences of the codes (:mod:`poslens.metrics.judge_commands`)
+#: the sentences of the codes (:mod:`poslens.metrics.judge.commands`)
 ADJACENCY = {"clear": "a clear adjacency pattern", "weak": "a weak adjacency pattern", "none": "no adjacency pattern"}
 MASK = {"creates": "the mask is what creates the adjacency pattern.",
         "partial": "the mask is not the only source of the difference.",
@@ -19,7 +19,7 @@ MASK = {"creates": "the mask is what creates the adjacency pattern.",
 NORM = {"shrink": "norms shrink with position, as running means do",
         "flat": "norms do not change consistently with position", "grow": "norms grow with position"}
 THEORY = {"close": " (close: attention is nearly uniform).", "far": " (attention is far from uniform)."}
-TREND = {"nearby": "favour nearby keys", "distant": "favour distant keys", "none": "show little distance trend"}
+TREND_WORDS = {"nearby": "favour nearby keys", "distant": "favour distant keys", "none": "show little distance trend"}
 PERSISTS = {"persists": "persists", "transient": "does not persist"}
 PROBE_VERDICT = {"yes": ": cosine beats the norm.", "no": ": cosine does not beat the norm.",
                  "mixed": ": the two criteria disagree."}
@@ -29,7 +29,7 @@ SWEEP_MASK = {"creates": ": the pattern comes from the mask.",
 
 def neighborhood_command_readings(summary: dict) -> list[str]:
     """Sentences on a ``poslens neighborhood`` run (arXiv 2501.00073) from its judgement
-    (:func:`poslens.metrics.judge_commands.judge_neighborhood`)."""
+    (:func:`poslens.metrics.judge.commands.judge_neighborhood`)."""
     j = command_judgement("neighborhood", summary)
     if not j:
         return []
@@ -56,7 +56,7 @@ def neighborhood_command_readings(summary: dict) -> list[str]:
 
 def panels_readings(summary: dict) -> list[str]:
     """Sentences on a ``poslens panels`` run (arXiv 2509.21042's nine-panel Gram decomposition) from its
-    judgement (:func:`poslens.metrics.judge_commands.judge_panels`)."""
+    judgement (:func:`poslens.metrics.judge.commands.judge_panels`)."""
     j = command_judgement("panels", summary) or {}
     out: list[str] = []
     if "panels" in j:
@@ -72,13 +72,13 @@ def panels_readings(summary: dict) -> list[str]:
             text += f"; with key 0: {fmt(ws['a'])} → {fmt(ws['i'])}"
         out.append(text + ".")
     if "trend" in j:
-        out.append(f"The layer's own attention scores (b) {TREND[j['trend']]} (locality {fmt(j['b_locality'])}).")
+        out.append(f"The layer's own attention scores (b) {TREND_WORDS[j['trend']]} (locality {fmt(j['b_locality'])}).")
     return out
 
 
 def score_maps_readings(summary: dict) -> list[str]:
     """Sentences on a ``poslens kim-maps`` run (per-layer score maps of a scan) from its judgement
-    (:func:`poslens.metrics.judge_commands.judge_score_maps`)."""
+    (:func:`poslens.metrics.judge.commands.judge_score_maps`)."""
     j = command_judgement("kim-maps", summary) or {}
     out: list[str] = []
     if "lowest" in j:
@@ -99,7 +99,7 @@ def score_maps_readings(summary: dict) -> list[str]:
 
 def slash_command_readings(summary: dict) -> list[str]:
     """Sentences on a ``poslens slash`` run (arXiv 2601.08297) from its judgement
-    (:func:`poslens.metrics.judge_commands.judge_slash`)."""
+    (:func:`poslens.metrics.judge.commands.judge_slash`)."""
     j = command_judgement("slash", summary)
     if not j:
         return []
@@ -143,7 +143,7 @@ def slash_command_readings(summary: dict) -> list[str]:
 
 def dynamics_readings(summary: dict) -> list[str]:
     """Sentences on a ``poslens slash-dynamics`` run from its judgement
-    (:func:`poslens.metrics.judge_commands.judge_dynamics`)."""
+    (:func:`poslens.metrics.judge.commands.judge_dynamics`)."""
     j = command_judgement("slash-dynamics", summary)
     if not j:
         return []
@@ -173,7 +173,7 @@ def dynamics_readings(summary: dict) -> list[str]:
 
 def sweep_readings(summary: dict) -> list[str]:
     """Sentences on a ``poslens sweep`` run (random-init NoPE models against the init σ) from its
-    judgement (:func:`poslens.metrics.judge_commands.judge_sweep`)."""
+    judgement (:func:`poslens.metrics.judge.commands.judge_sweep`)."""
     j = command_judgement("sweep", summary) or {}
     out: list[str] = []
     for r in j.get("shapes") or []:
@@ -197,7 +197,7 @@ def sweep_readings(summary: dict) -> list[str]:
 
 def probes_readings(summary: dict) -> list[str]:
     """Sentences on a ``poslens probes`` run from its judgement
-    (:func:`poslens.metrics.judge_commands.judge_probes`)."""
+    (:func:`poslens.metrics.judge.commands.judge_probes`)."""
     j = command_judgement("probes", summary) or {}
     out: list[str] = []
     for v in j.get("verdicts") or []:

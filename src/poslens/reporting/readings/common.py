@@ -1,6 +1,6 @@
 """What every reading shares: numbers read from summaries, phrases for layer lists and series, p-value
 counts (with their false discovery rate) and the noise a reading was judged against, rendered from the
-judges of :mod:`poslens.metrics.judgements`."""
+judges of :mod:`poslens.metrics.judge.papers`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 from poslens.conventions import (NOISE_P, SLASH_MAX_DELTA)
 from poslens.fmt import fmt
-from poslens.metrics.judgements import noise_source, too_few_groups
+from poslens.metrics.judge.papers import noise_source, too_few_groups
 
 
 def num(v: Any) -> float | None:
@@ -80,7 +80,7 @@ def _decoder_layers(layers: list) -> tuple[dict | None, list[dict]]:
 
 def _count_phrase(counts: dict | None, what: str) -> str:
     """``"<what> (p < 0.01) in S of T layers, F at a false discovery rate of 0.01 over the T
-    (Benjamini–Hochberg)"`` from :func:`poslens.metrics.judgements.p_counts`: the correction only with
+    (Benjamini–Hochberg)"`` from :func:`poslens.metrics.judge.papers.p_counts`: the correction only with
     more than one layer tested; "" with none."""
     if not counts:
         return ""
@@ -103,7 +103,7 @@ def _pct_span(shares: list[float]) -> str:
 
 
 def few_phrase(few: dict) -> str:
-    """The clause of :func:`poslens.metrics.judgements.too_few_groups`: that the layers' sign-flip tests had
+    """The clause of :func:`poslens.metrics.judge.papers.too_few_groups`: that the layers' sign-flip tests had
     too few sequence groups to call a trend or a departure from relativity ("" where they had enough)."""
     if few["few"] is None:
         return ""
@@ -122,7 +122,7 @@ def few_groups(layers: list[dict]) -> str:
 # one run's readings for one paper, whatever command wrote it
 # --------------------------------------------------------------------------------------------
 def noise_phrase(layers: list[dict]) -> str:
-    """What "flat" was judged against in these layers (:func:`poslens.metrics.judgements.noise_source`;
+    """What "flat" was judged against in these layers (:func:`poslens.metrics.judge.papers.noise_source`;
     "" where they carry no noise estimate)."""
     src = noise_source(layers)
     base = "Monte Carlo noise" if src["source"] == "monte_carlo" else ""

@@ -8,7 +8,7 @@ from typing import Iterable
 
 from poslens.conventions import SLASH_MAX_DELTA
 from poslens.fmt import fmt
-from poslens.metrics.judgements import judge_model, kim_finding, uniform_slash
+from poslens.metrics.judge.papers import judge_model, kim_finding, uniform_slash
 from poslens.reporting.readings.commands import command_readings
 from poslens.reporting.readings.notes import noise_note
 from poslens.reporting.readings.common import (_count_phrase, _span, _decoder_layers, _pct_span, few_phrase, layer_aps,
@@ -19,7 +19,7 @@ from poslens.reporting.readings.slash import slash_readings, slash_top
 
 
 def model_readings(summary: dict, config: dict) -> list[str]:
-    """Sentences on a trained model directory's summary (:func:`poslens.metrics.judgements.judge_model`)."""
+    """Sentences on a trained model directory's summary (:func:`poslens.metrics.judge.papers.judge_model`)."""
     out: list[str] = []
     pe = summary.get("pe")
     pe_text = {"none": "no positional encoding (NoPE)", "rope": "RoPE", "learned": "learned absolute positions"}
@@ -61,7 +61,7 @@ PAPER_KEYS = ("kim", "slash", "neighborhood")
 
 
 def _kim_finding(name: str, command: str, summary: dict) -> str | None:
-    """A run's relativity index, locality and trend (:func:`poslens.metrics.judgements.kim_finding`), led by
+    """A run's relativity index, locality and trend (:func:`poslens.metrics.judge.papers.kim_finding`), led by
     the noise-corrected (grid) index and its test where a scan has one; a scan's full-map index,
     noise-corrected where its grid is the whole map and otherwise quoted with its noise floor beside it;
     the layers whose tests are significant, each at p < 0.01 and after a Benjamini–Hochberg false discovery

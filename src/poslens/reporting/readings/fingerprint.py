@@ -1,5 +1,5 @@
 """The fingerprint's findings and its one line per model in words, rendered from the verdict records of
-:mod:`poslens.metrics.judge_fingerprint` and the model records of ``fingerprint.json``.
+:mod:`poslens.metrics.judge.fingerprint` and the model records of ``fingerprint.json``.
 
 :func:`render_findings` turns ``fingerprint.json``'s ``findings`` (per claim, per model: the numbers,
 the verdict code and its reason) into the key findings block of the fingerprint page and the report:
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from poslens.fmt import fmt
 from poslens.metrics import verdicts as V
-from poslens.metrics.judge_fingerprint import FAST_BANDS, RANK_ONE
+from poslens.metrics.judge.fingerprint import FAST_BANDS, RANK_ONE
 from poslens.reporting.readings.common import few_groups
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from poslens.conventions import NOISE_P
 from poslens.fmt import fmt
-from poslens.metrics.judgements import judge_kim
+from poslens.metrics.judge.papers import judge_kim
 from poslens.reporting.readings.notes import noise_note
 from poslens.reporting.readings.common import _count_phrase, _layers_phrase, _pct_span, _series_short, f2, few_phrase
 
@@ -130,7 +130,7 @@ def _kim_extras(e: dict) -> list[str]:
 
 
 def render_kim(j: dict, *, noise: str = "") -> list[str]:
-    """The sentences of :func:`poslens.metrics.judgements.judge_kim`'s dict ``j``; ``noise`` names what
+    """The sentences of :func:`poslens.metrics.judge.papers.judge_kim`'s dict ``j``; ``noise`` names what
     "flat" is judged against ("Monte Carlo noise")."""
     out = []
     if j["missing"]:
@@ -146,5 +146,5 @@ def render_kim(j: dict, *, noise: str = "") -> list[str]:
 
 def kim_readings(layers: list[dict], *, noise: str = "") -> list[str]:
     """Sentences on per-layer relativity index and locality (arXiv 2509.21042): :func:`render_kim` of
-    :func:`poslens.metrics.judgements.judge_kim` on ``layers``."""
+    :func:`poslens.metrics.judge.papers.judge_kim` on ``layers``."""
     return render_kim(judge_kim(layers), noise=noise)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from poslens.fmt import fmt
-from poslens.metrics.judgements import judge_neighborhood, norm_trend
+from poslens.metrics.judge.papers import judge_neighborhood, norm_trend
 from poslens.reporting.readings.common import _layers_phrase, _series_short, layer_aps
 
-#: the words of each :func:`poslens.metrics.judgements.norm_trend` code
+#: the words of each :func:`poslens.metrics.judge.papers.norm_trend` code
 NORM_WORDS = {"shrink": "norms shrink with position, as running means do",
               "steady": "norms do not change consistently with position", "grow": "norms grow with position"}
 
@@ -17,7 +17,7 @@ def norm_phrase(v: float) -> str:
 
 
 def render_neighborhood(j: dict) -> list[str]:
-    """The sentences of :func:`poslens.metrics.judgements.judge_neighborhood`'s dict ``j``."""
+    """The sentences of :func:`poslens.metrics.judge.papers.judge_neighborhood`'s dict ``j``."""
     out: list[str] = []
     ids, aps, emb = j["layers"], j["aps"], j["embeddings"]
     where = _layers_phrase(ids) if len(ids) <= 4 else f"layers {ids[0]} … {ids[-1]}"
@@ -48,7 +48,7 @@ def render_neighborhood(j: dict) -> list[str]:
 
 def neighborhood_readings(summary: dict) -> list[str]:
     """Sentences on a scan's adjacency probability scores (arXiv 2501.00073): :func:`render_neighborhood` of
-    :func:`poslens.metrics.judgements.judge_neighborhood` on its layers with an APS.
+    :func:`poslens.metrics.judge.papers.judge_neighborhood` on its layers with an APS.
 
     The paper's APS is per sequence (mean ± std over sequences); a scan that only has the APS of
     the cosine map averaged over sequences says so: that number rises towards 1 for any consistent

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from poslens.conventions import SLASH_MAX_DELTA
 from poslens.fmt import fmt
-from poslens.metrics.judgements import judge_slash
-from poslens.metrics.judgements import uniform_slash  # noqa: F401  (the baseline the command readings quote)
+from poslens.metrics.judge.papers import judge_slash
 from poslens.reporting.readings.common import layer_slash_head, num
 
 
@@ -23,7 +22,7 @@ def slash_top(summary: dict, max_delta: int = SLASH_MAX_DELTA) -> dict | None:
 
 
 def render_slash(j: dict) -> list[str]:
-    """The sentences of :func:`poslens.metrics.judgements.judge_slash`'s dict ``j``."""
+    """The sentences of :func:`poslens.metrics.judge.papers.judge_slash`'s dict ``j``."""
     out: list[str] = []
     h = j["head"]
     if h is not None:
@@ -50,5 +49,5 @@ def render_slash(j: dict) -> list[str]:
 
 def slash_readings(summary: dict) -> list[str]:
     """Sentences on a scan's slash heads and rank-one measures (arXiv 2601.08297): :func:`render_slash` of
-    :func:`poslens.metrics.judgements.judge_slash` with its strongest head (:func:`slash_top`)."""
+    :func:`poslens.metrics.judge.papers.judge_slash` with its strongest head (:func:`slash_top`)."""
     return render_slash(judge_slash(summary, slash_top(summary)))
