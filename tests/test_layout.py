@@ -7,6 +7,7 @@ inside a function: a cycle hidden in a function-local import is still a cycle)."
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import time
@@ -402,3 +403,64 @@ def test_each_fact_has_one_home():
 def test_the_fact_check_knows_a_restatement():
     assert all(map(restates_a_fact, ("LEVEL", "SIGNIFICANT", "SCAN_LAYER_CONVENTION", "SLASH_MAX_DELTA")))
     assert not any(map(restates_a_fact, ("NOISE_GROUPS", "SLASH_KAPPA", "CONTRACT")))
+
+
+# ---------------------------------------------------------------------------------------------
+# tests check numbers and codes; few check the words
+# ---------------------------------------------------------------------------------------------
+TESTS = SRC.parent / "tests"
+#: at most this many assertions on the readings' words, all in the tests of their rendering
+MAX_PHRASE_ASSERTIONS = 50
+#: the tests of the rendering: the reporting package's, the run-directory contract's, the pages'
+#: (the demo's report, the reproduction and results pages)
+RENDERING_TESTS = ("tests/report/", "tests/test_contract.py", "tests/reproduce/", "tests/test_demo.py",
+                   "tests/test_docs.py")
+_WORD = re.compile(r"^[^_/<>=\\]*[A-Za-z]{2,}[^_/<>=\\]*$")
+#: text that is an interface, not a reading: errors, warnings, help, titles, labels, columns, statuses
+INTERFACE = re.compile(r"err|exc|warn|caplog|help|message|msg|log|usage|match|raises|why|reason|title|label|caption"
+                       r"|column|cols|status|desc|convention|name|read_text|marker|vectors|state|asm|rows|stdout|out\b"
+                       r"|axes|lines|bars|legend|meta|left_alone",
+                       re.I)
+
+
+def is_phrase(text: str) -> bool:
+    """Two or more words (no identifiers, paths or markup)."""
+    return sum(1 for w in text.split() if _WORD.match(w)) >= 2
+
+
+def phrase_assertions(path: Path) -> list[int]:
+    """Lines of the ``assert`` statements that compare a phrase with text poslens wrote, other than an
+    interface's text (:data:`INTERFACE`, matched against the names and keys the assertion reads)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Assert):
+            continue
+        names = ({x.id for x in ast.walk(node.test) if isinstance(x, ast.Name)}
+                 | {x.attr for x in ast.walk(node.test) if isinstance(x, ast.Attribute)}
+                 | {x.slice.value for x in ast.walk(node.test) if isinstance(x, ast.Subscript)
+                    and isinstance(x.slice, ast.Constant) and isinstance(x.slice.value, str)})
+        if any(INTERFACE.search(n) for n in names):
+            continue
+        if any(isinstance(k, ast.Constant) and isinstance(k.value, str) and is_phrase(k.value)
+               for c in ast.walk(node.test) if isinstance(c, ast.Compare)
+               and any(isinstance(o, (ast.In, ast.NotIn, ast.Eq, ast.NotEq)) for o in c.ops)
+               for side in (c.left, *c.comparators) for k in ast.walk(side)):
+            out.append(node.lineno)
+    return out
+
+
+def test_the_phrase_counter_tells_words_from_codes(tmp_path):
+    f = tmp_path / "test_x.py"
+    f.write_text('def test():\n    assert "purely relative" in text\n    assert j["relative"] == "purely_relative"\n'
+                 '    assert "bad --out" in err\n    assert s["title"] == "a figure title"\n'
+                 '    assert r["verdict"] == "not_reproduced"\n    assert "the mask creates it" not in " ".join(x)\n')
+    assert phrase_assertions(f) == [2, 7]
+
+
+def test_tests_assert_numbers_and_codes_not_words():
+    found = {p.relative_to(TESTS.parent).as_posix(): lines for p in sorted(TESTS.rglob("test_*.py"))
+             if (lines := phrase_assertions(p))}
+    elsewhere = {f: lines for f, lines in found.items() if not f.startswith(RENDERING_TESTS)}
+    total = sum(map(len, found.values()))
+    assert total <= MAX_PHRASE_ASSERTIONS, f"{total} phrase assertions (at most {MAX_PHRASE_ASSERTIONS}): {found}"
+    assert not elsewhere, f"phrase assertions outside the rendering tests (assert the judge's codes): {elsewhere}"

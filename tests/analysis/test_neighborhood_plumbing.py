@@ -144,9 +144,9 @@ def test_aps_figure_data_by_hand():
     bars = {c.get_label(): c for c in axes[0].containers}
     assert sorted(bars) == ["head outputs, bidirectional", "head outputs, causal"]
     left = {**_lines(axes[0]), **{k: c.lines[0] for k, c in bars.items()}}
-    right = _lines(axes[1])
+    right_lines = _lines(axes[1])
     assert sorted(_lines(axes[0])) == ["residual, bidirectional", "residual, causal"]
-    assert sorted(right) == ["head outputs, bidirectional", "head outputs, causal"]
+    assert sorted(right_lines) == ["head outputs, bidirectional", "head outputs, causal"]
     assert sorted(t.get_text() for t in axes[0].get_legend().get_texts()) == sorted(left)
     hand = {  # per layer means of the rows above: head-output APS, residual APS, norm score
         "causal": ([0.7, 0.4, 0.2], [0.65, 0.75, 0.5], [0.3, 0.8, 0.5]),
