@@ -1,11 +1,12 @@
 """The readings of the analysis commands (neighbourhood, panels, score maps, slash, slash dynamics,
 sweep, probes), of scans' APS and trained models, and the key findings: hand-built summaries with
-numbers on both sides of each threshold; the numbers and the words that carry each claim are checked."""
+numbers on both sides of each threshold. Each decision is checked on the judge's codes and numbers
+(metrics/judge); one assertion per group checks that each code's sentence appears and quotes its numbers."""
 
 
 from poslens.fmt import fmt
 
-from poslens.conventions import ADJACENT, ADJACENT_WEAK, PANEL_TREND, THEORY_CLOSE
+from poslens.conventions import ADJACENT, ADJACENT_WEAK, NORM_SHRINK, PANEL_TREND, SLASH_MAX_DELTA, THEORY_CLOSE
 from poslens.metrics.judge.commands import COMMAND_JUDGES, judge_panels
 from poslens.reporting.readings.commands import (COMMAND_READINGS, command_readings, dynamics_readings,
                                                  neighborhood_command_readings, omitted_offsets_reading,
@@ -13,122 +14,137 @@ from poslens.reporting.readings.commands import (COMMAND_READINGS, command_readi
                                                  slash_command_readings, sweep_readings)
 from poslens.reporting.readings.findings import comparison_readings, key_findings, model_readings, run_readings
 from poslens.reporting.readings.neighborhood import neighborhood_readings
-from poslens.metrics.judge.papers import uniform_slash
-from poslens.reporting.readings.slash import slash_readings
-
-
-def J(out):
-    return " ".join(out)
+from poslens.metrics.judge.papers import (CLEAR_APS, FIRST_LAYER_RISE, GENERALISE_DROP, SLASH_RATIO, judge_model,
+                                          judge_neighborhood, judge_slash, norm_trend, uniform_slash)
+from poslens.reporting.readings.common import layer_aps
+from poslens.reporting.readings.slash import slash_readings, slash_top
 
 
 def test_thresholds():
     assert (ADJACENT, ADJACENT_WEAK, PANEL_TREND, THEORY_CLOSE) == (0.8, 0.6, 0.1, 0.05)
+    assert (FIRST_LAYER_RISE, CLEAR_APS, NORM_SHRINK, GENERALISE_DROP, SLASH_RATIO) == (0.1, 0.6, 0.7, 0.3, 2.0)
 
 
 # --------------------------------------------------------------------------------------------
-# scans: APS
+# scans: APS. The decisions are asserted on judge_neighborhood's codes and numbers (fed the layers
+# and APS neighborhood_readings feeds it); one assertion checks each code's sentence and its numbers.
 # --------------------------------------------------------------------------------------------
-def test_neighborhood_readings_per_sequence():
-    s = {"embedding_aps_mean": 0.5, "layers": [{"layer": 0, "aps_mean": 0.75}, {"layer": 1, "aps_mean": 0.875},
-                                               {"layer": 2}]}
-    out = neighborhood_readings(s)
-    assert "per sequence" in out[0] and "embeddings 0.5, then 0.75 → 0.875 after layers 0 and 1" in out[0]
-    assert "already creates the adjacency pattern: APS rises from 0.5" in out[1] and "to 0.75" in out[1]
-    assert len(out) == 2
-    # the embeddings already far from chance, or the first layer not 0.1 above them: no such sentence
-    assert "already creates" not in J(neighborhood_readings({**s, "embedding_aps_mean": 0.61}))
-    assert "already creates" not in J(neighborhood_readings({**s, "embedding_aps_mean": 0.39}))
-    assert "already creates" in J(neighborhood_readings({**s, "embedding_aps_mean": 0.41}))
-    assert "already creates" not in J(neighborhood_readings({**s, "embedding_aps_mean": 0.65 - 1e-9}))
-    assert "already creates" not in J(neighborhood_readings({**s, "embedding_aps_mean": 0.55, "layers": [
-        {"layer": 0, "aps_mean": 0.65}]}))
-    weak = neighborhood_readings({"layers": [{"layer": 0, "aps_mean": 0.59}, {"layer": 1, "aps_mean": 0.5}]})
-    assert "No layer shows a clear adjacency pattern (APS < 0.6" in J(weak) and "embeddings" not in weak[0]
-    assert "No layer shows" not in J(neighborhood_readings({"layers": [{"layer": 0, "aps_mean": 0.6}]}))
+def _jn(summary):
+    layers = [l for l in summary.get("layers") or [] if isinstance(l, dict) and layer_aps(l)[0] is not None]
+    return judge_neighborhood(summary, layers, [layer_aps(l)[0] for l in layers])
+
+
+PER = {"embedding_aps_mean": 0.5, "layers": [{"layer": 0, "aps_mean": 0.75}, {"layer": 1, "aps_mean": 0.875},
+                                             {"layer": 2}]}
+WEAK = {"layers": [{"layer": 0, "aps_mean": 0.59}, {"layer": 1, "aps_mean": 0.5}]}
+MEAN_MAP = {"embedding_aps": 0.25, "layers": [{"layer": i, "mean_map_aps": 0.5 + i / 10} for i in range(5)]}
+BID = {**MEAN_MAP, "controls": {"bidirectional": True}}
+ATTN_NORMS = {"layers": [{"layer": 0, "aps_mean": 0.9, "attn_aps_mean": 0.5, "norm_score_mean": 0.25},
+                         {"layer": 1, "aps_mean": 0.9, "attn_aps": 0.75, "norm_score": 0.75},
+                         {"layer": 2, "aps_mean": 0.9, "norm_score_mean": 0.875},
+                         {"layer": 3, "aps_mean": 0.9, "norm_score_mean": 0.5}]}
+
+
+def test_judge_neighborhood_per_sequence():
+    assert _jn(PER) == {"per_seq": True, "layers": [0, 1], "aps": [0.75, 0.875], "max": 0.875, "embeddings": 0.5,
+                        "control": "first", "attn": None, "norms": [], "median": None, "norm": None, "shrink": 0.7}
+    # the embeddings within 0.1 of chance and the first layer more than 0.1 above them: "first"
+    assert [_jn({**PER, "embedding_aps_mean": e})["control"] for e in (0.61, 0.39, 0.41, 0.65 - 1e-9)] == [
+        None, None, "first", None]
+    assert _jn({**PER, "embedding_aps_mean": 0.55, "layers": [{"layer": 0, "aps_mean": 0.65}]})["control"] is None
+    # every per-sequence APS under 0.6: "unclear"; no embeddings APS
+    assert [_jn(x)["control"] for x in (WEAK, {"layers": [{"layer": 0, "aps_mean": 0.6}]})] == ["unclear", None]
+    assert _jn(WEAK)["embeddings"] is None and _jn(WEAK)["max"] == 0.59
     assert neighborhood_readings({}) == [] and neighborhood_readings({"layers": [{"layer": 0}]}) == []
 
 
-def test_neighborhood_readings_mean_map_and_controls():
-    s = {"embedding_aps": 0.25, "layers": [{"layer": i, "mean_map_aps": 0.5 + i / 10} for i in range(5)]}
-    out = neighborhood_readings(s)
-    assert out[0].startswith("Mean-map APS") and "no chance level" in out[0]
-    assert "embeddings 0.25, then 0.5 → 0.6 → 0.7 → 0.8 → 0.9 after layers 0 … 4" in out[0]
-    assert len(out) == 1  # no per-sequence APS: neither the chance sentences
-    bid = neighborhood_readings({**s, "controls": {"bidirectional": True}})
-    assert "bidirectional control" in bid[1] and "measured maximum 0.9" in bid[1]
-    sparse = neighborhood_readings({"layers": [{"layer": i, "mean_map_aps": 0.7} for i in (0, 2, 4, 6, 8)]})
-    assert "after layers 0 … 8" in sparse[0]
-    four = neighborhood_readings({"layers": [{"layer": i, "mean_map_aps": 0.7} for i in (0, 2, 4, 6)]})
-    assert "after layers 0, 2, 4 and 6" in four[0]
+def test_judge_neighborhood_mean_map_and_controls():
+    j = _jn(MEAN_MAP)
+    assert (j["per_seq"], j["layers"], j["embeddings"], j["control"]) == (False, [0, 1, 2, 3, 4], 0.25, None)
+    assert j["aps"] == [0.5 + i / 10 for i in range(5)] and j["max"] == 0.9
+    # the mean-map APS has no chance level: neither "first" nor "unclear", where per-sequence APS would be
+    low = {"embedding_aps_mean": 0.5, "layers": [{"layer": 0, "mean_map_aps": 0.55}]}
+    assert _jn(low)["control"] is None
+    assert _jn({**low, "layers": [{"layer": 0, "aps_mean": 0.55}]})["control"] == "unclear"
+    assert _jn({**low, "layers": [{"layer": 0, "aps_mean": 0.65}]})["control"] == "first"
+    assert (_jn(BID)["control"], _jn(BID)["max"]) == ("bidirectional", 0.9)
+    assert _jn({**PER, "controls": {"bidirectional": True}})["control"] == "bidirectional"  # before "first"
 
 
-def test_neighborhood_readings_attention_and_norms():
-    s = {"layers": [{"layer": 0, "aps_mean": 0.9, "attn_aps_mean": 0.5, "norm_score_mean": 0.25},
-                    {"layer": 1, "aps_mean": 0.9, "attn_aps": 0.75, "norm_score": 0.75},
-                    {"layer": 2, "aps_mean": 0.9, "norm_score_mean": 0.875},
-                    {"layer": 3, "aps_mean": 0.9, "norm_score_mean": 0.5}]}
-    t = J(neighborhood_readings(s))
-    assert "Attention outputs alone reach APS 0.75" in t
+def test_judge_neighborhood_attention_and_norms():
+    j = _jn(ATTN_NORMS)
     # four norms: the median is the upper middle one, sorted [0.25, 0.5, 0.75, 0.875][2]
-    assert "Norm score 0.25 → 0.75 → 0.875 → 0.5 (median 0.75: norms shrink" in t and "≤ 0.3 = grow" in t
-    assert "Attention outputs" not in J(neighborhood_readings({"layers": [{"layer": 0, "aps_mean": 0.9}]}))
+    assert (j["attn"], j["norms"], j["median"], j["norm"]) == (0.75, [0.25, 0.75, 0.875, 0.5], 0.75, "shrink")
+    assert _jn({"layers": [{"layer": 0, "aps_mean": 0.9}]})["attn"] is None
     # the per-sequence mean is read before the mean-map value where a layer has both
-    both = {"layers": [{"layer": 0, "aps_mean": 0.9, "attn_aps_mean": 0.625, "attn_aps": 0.95}]}
-    assert "Attention outputs alone reach APS 0.625" in J(neighborhood_readings(both))
+    assert _jn({"layers": [{"layer": 0, "aps_mean": 0.9, "attn_aps_mean": 0.625, "attn_aps": 0.95}]})["attn"] == 0.625
+    assert [norm_trend(v) for v in (0.7, 0.69, 0.5, 0.31, 0.3, 0.0)] == [
+        "shrink", "steady", "steady", "steady", "grow", "grow"]
+    assert _jn({"layers": [{"layer": 0, "aps_mean": 0.9, "norm_score": 0.25}]})["norm"] == "grow"
 
 
-def test_neighborhood_finding():
-    per = {"layers": [{"layer": "embeddings", "aps_mean": 0.5}, {"layer": 0, "aps_mean": 0.75},
-                      {"layer": 1, "aps_mean": 0.625}]}
-    f = key_findings([("r", "scan", ["neighborhood"], per)])["neighborhood"][0]
-    assert f == "r: APS per sequence 0.625 … 0.75 over 2 decoder layers (0.5 = chance)."
-    mm = {"layers": [{"layer": 0, "mean_map_aps": 0.9}]}
-    f = key_findings([("r", "scan", ["neighborhood"], mm)])["neighborhood"][0]
-    assert f.startswith("r: mean-map APS 0.9 over 1 decoder layers") and "no chance level" in f
-    assert key_findings([("r", "scan", ["neighborhood"], {"layers": [{"layer": 0}]})]) == {}
+def test_neighborhood_readings_render_each_code():
+    tails = [neighborhood_readings({"layers": [{"layer": i, "mean_map_aps": 0.7} for i in ids]})[0].rsplit(": ", 1)[1]
+             for ids in ((0, 2, 4, 6, 8), (0, 2, 4, 6))]
+    per = ("Adjacency probability score of the hidden states per sequence (0.5 = chance, 1 = every token is more "
+           "similar to nearer tokens): ")
+    assert [neighborhood_readings(x) for x in (PER, WEAK, BID, ATTN_NORMS)] + [tails] == [[
+        per + "embeddings 0.5, then 0.75 → 0.875 after layers 0 and 1.",
+        "The first attention layer already creates the adjacency pattern: APS rises from 0.5 (embeddings, no "
+        "position) to 0.75."], [
+        per + "0.59 → 0.5 after layers 0 and 1.",
+        "No layer shows a clear adjacency pattern (APS < 0.6 everywhere)."], [
+        "Mean-map APS of the hidden states (the APS of the cosine map averaged over sequences, not the paper's "
+        "per-sequence APS; it approaches 1 for any consistent trend as sequences are added, so 0.5 is no chance level "
+        "here): embeddings 0.25, then 0.5 → 0.6 → 0.7 → 0.8 → 0.9 after layers 0 … 4.",
+        "This is the bidirectional control (no causal mask): theory predicts no adjacency pattern; measured maximum "
+        "0.9."], [
+        per + "0.9 → 0.9 → 0.9 → 0.9 after layers 0 … 3.",
+        "Attention outputs alone reach APS 0.75; near-uniform causal attention makes them running means, whose cosine "
+        "similarity rises towards the diagonal (theory: APS ≈ 1).",
+        "Norm score 0.25 → 0.75 → 0.875 → 0.5 (median 0.75: norms shrink with position, as running means do; ≥ 0.7 = "
+        "shrink, ≤ 0.3 = grow)."], [
+        "0.7 → 0.7 → 0.7 → 0.7 → 0.7 after layers 0 … 8.", "0.7 → 0.7 → 0.7 → 0.7 after layers 0, 2, 4 and 6."]]
+    assert neighborhood_readings(MEAN_MAP) == neighborhood_readings(BID)[:1]  # no control: no second sentence
 
 
 # --------------------------------------------------------------------------------------------
-# trained models, comparisons
+# trained models, comparisons, key findings: the decisions on judge_model / judge_slash and on the
+# findings' structure; one assertion checks the sentences and the numbers they quote
 # --------------------------------------------------------------------------------------------
-def test_model_readings():
-    out = model_readings({"pe": "rope", "task": "copy", "initial_loss": 4.5, "final_loss": 0.25, "steps": 200,
-                          "eval_accuracy": 0.875, "eval_accuracy_long": 0.5}, {})
-    assert out[0] == "A model with RoPE, trained on the copy task."
-    assert "from 4.5 to 0.25 over 200 steps" in out[1]
-    assert "0.875 at the training lengths, 0.5 at lengths beyond" in out[2] and "does not generalise" in out[2]
-    ok = model_readings({"pe": "none", "data": "stdlib", "eval_accuracy": 0.5, "eval_accuracy_long": 0.25}, {})
-    assert ok[0] == "A model with no positional encoding (NoPE), trained on the stdlib corpus."
-    assert "does not generalise" not in ok[1]  # a drop of 0.25: not called
-    assert "does not generalise" in model_readings({"eval_accuracy": 0.5, "eval_accuracy_long": 0.1875}, {})[0]
-    assert model_readings({"steps": 0, "pe": "learned"}, {})[1] == "It is untrained (0 steps): a random-initialisation control."
-    assert model_readings({"pe": "alibi"}, {}) == ["A model with alibi."]
-    assert model_readings({"task": "sort"}, {})[0] == "A model with unknown positional encoding, trained on the sort task."
+COPY = {"pe": "rope", "task": "copy", "initial_loss": 4.5, "final_loss": 0.25, "steps": 200, "eval_accuracy": 0.875,
+        "eval_accuracy_long": 0.5}
+STDLIB = {"pe": "none", "data": "stdlib", "eval_accuracy": 0.5, "eval_accuracy_long": 0.25}
+
+
+def _slash_scan():
+    base = uniform_slash(10, 2)
+    return base, {"seq_len": 10, "slash_heads": [{"layer": 3, "head": 1, "offset": 2, "score": 4 * base}],
+                  "layers": [{"layer": 0, "q_top1_energy": [0.25, None, 0.5]}, {"layer": 1, "q_top1_energy": [0.75]},
+                             {"layer": 2, "q_top1_energy": [None]}, {"layer": 3}]}
+
+
+def test_judge_model():
+    assert judge_model(COPY) == {"trained": "trained", "initial_loss": 4.5, "final_loss": 0.25, "steps": 200,
+                                 "accuracy": 0.875, "long": 0.5, "generalises": False}  # a drop of 0.375
+    j = judge_model(STDLIB)
+    assert (j["trained"], j["accuracy"], j["long"], j["generalises"]) == (None, 0.5, 0.25, True)  # a drop of 0.25
+    assert judge_model({"eval_accuracy": 0.5, "eval_accuracy_long": 0.1875})["generalises"] is False  # 0.3125
+    assert judge_model({"eval_accuracy": 0.5})["generalises"] is None
+    assert judge_model({"steps": 0, "pe": "learned"})["trained"] == "untrained"
+    assert judge_model({"initial_loss": 1.0, "steps": 5})["trained"] is None  # no final loss
     assert model_readings({"initial_loss": 1.0, "steps": 5}, {}) == []
-    assert model_readings({"eval_accuracy": 0.5}, {}) == ["Exact-match accuracy 0.5 at the training lengths."]
 
 
-def test_comparison_readings():
-    assert comparison_readings("APS", {"a": [0.5, None, 0.75], "b": [None]}) == "Mean APS over layers: a 0.625; b flat."
-    assert comparison_readings("APS", {}) is None
-
-
-# --------------------------------------------------------------------------------------------
-# slash: scans' key finding
-# --------------------------------------------------------------------------------------------
-def test_slash_finding():
-    n = 10
-    base = uniform_slash(n, 2)
-    s = {"seq_len": n, "slash_heads": [{"layer": 3, "head": 1, "offset": 2, "score": 4 * base}],
-         "layers": [{"layer": 0, "q_top1_energy": [0.25, None, 0.5]}, {"layer": 1, "q_top1_energy": [0.75]},
-                    {"layer": 2, "q_top1_energy": [None]}, {"layer": 3}]}
-    f = key_findings([("r", "scan", ["slash"], s)])["slash"][0]
-    assert f"layer 3 head 1, Δ = 2, SlashScore {fmt(4 * base)}, 4× uniform" in f
-    assert "query top-1 energy (most rank-one head per layer) 0.5 … 0.75" in f
-    nolen = key_findings([("r", "scan", ["slash"], {**s, "seq_len": None, "layers": []})])["slash"][0]
-    assert "uniform" not in nolen and "energy" not in nolen
-    assert key_findings([("r", "scan", ["slash"], {"layers": [{"layer": 0, "q_top1_energy": [0.5]}]})])["slash"] == [
-        "r: pre-RoPE query top-1 energy (most rank-one head per layer) 0.5."]
+def test_judge_slash_of_a_scan():
+    base, s = _slash_scan()
+    j = judge_slash(s, slash_top(s))
+    assert (j["head"]["layer"], j["head"]["head"], j["head"]["offset"], j["code"]) == (3, 1, 2, "slash")
+    assert j["head"]["ratio"] == 4.0 and j["head"]["uniform"] == base and j["rank_one"] == {"layer": 1, "energy": 0.75}
+    nolen = {**s, "seq_len": None, "layers": []}
+    j = judge_slash(nolen, slash_top(nolen))
+    assert (j["head"]["ratio"], j["code"], j["rank_one"]) == (None, None, None)
+    assert judge_slash({**s, "seq_len": 10}, {**s["slash_heads"][0], "score": 1.5 * base})["code"] == "weak"
 
 
 def test_key_findings_fallback_and_limit():
@@ -136,12 +152,53 @@ def test_key_findings_fallback_and_limit():
             for i in range(6)]
     out = key_findings(runs, max_per_paper=4)
     assert [f.split(":")[0] for f in out["kim"][:4]] == ["r0", "r1", "r2", "r3"]
-    assert out["kim"][4] == "… and 2 more run(s) below." and len(out["kim"]) == 5 and set(out) == {"kim"}
+    assert len(out["kim"]) == 5 and set(out) == {"kim"}
     assert len(key_findings(runs[:4], max_per_paper=4)["kim"]) == 4
-    assert key_findings(runs[:5])["kim"][4] == "… and 1 more run(s) below."  # four per paper by default
-    first = key_findings([("p", "panels", ["kim"], {"readings": [3, "First reading.", "Second."]})])
-    assert first == {"kim": ["p: First reading."]}
+    assert key_findings(runs[:5])["kim"][4].replace("1", "2") == out["kim"][4]  # four per paper by default
+    first = key_findings([("p", "panels", ["kim"], {"readings": [3, "r1", "r2"]})])
+    assert first == {"kim": ["p: r1"]}  # the first reading that is a string
     assert key_findings([("p", "panels", ["kim"], {"readings": []})]) == {}
+    assert key_findings([("r", "scan", ["neighborhood"], {"layers": [{"layer": 0}]})]) == {}
+    _, s = _slash_scan()
+    nolen = key_findings([("r", "scan", ["slash"], {**s, "seq_len": None, "layers": []})])["slash"][0]
+    assert "uniform" not in nolen and "energy" not in nolen
+
+
+def test_model_comparison_and_finding_sentences():
+    base, s = _slash_scan()
+    per = {"layers": [{"layer": "embeddings", "aps_mean": 0.5}, {"layer": 0, "aps_mean": 0.75},
+                      {"layer": 1, "aps_mean": 0.625}]}
+    runs = [("r", "scan", ["neighborhood"], per), ("m", "scan", ["neighborhood"], {"layers": [
+        {"layer": 0, "mean_map_aps": 0.9}]}), ("r", "scan", ["slash"], s),
+            ("q", "scan", ["slash"], {"layers": [{"layer": 0, "q_top1_energy": [0.5]}]}),
+            ("k", "scan", ["kim"], {"layers": [{"layer": 0, "relativity_index": 0.5, "locality": 0.1}]})]
+    more = key_findings(runs[-1:] * 3, max_per_paper=1)["kim"][-1]
+    models = [model_readings(x, {}) for x in (COPY, STDLIB, {"eval_accuracy": 0.5, "eval_accuracy_long": 0.1875},
+                                              {"steps": 0, "pe": "learned"}, {"pe": "alibi"}, {"task": "sort"},
+                                              {"eval_accuracy": 0.5})]
+    assert [models, comparison_readings("APS", {"a": [0.5, None, 0.75], "b": [None]}), key_findings(runs[:4]),
+            more] == [[
+        ["A model with RoPE, trained on the copy task.", "Training lowered the loss from 4.5 to 0.25 over 200 steps.",
+         "Exact-match accuracy 0.875 at the training lengths, 0.5 at lengths beyond them (it does not generalise to "
+         "longer inputs)."],
+        ["A model with no positional encoding (NoPE), trained on the stdlib corpus.",
+         "Exact-match accuracy 0.5 at the training lengths, 0.25 at lengths beyond them."],
+        ["Exact-match accuracy 0.5 at the training lengths, 0.188 at lengths beyond them (it does not generalise to "
+         "longer inputs)."],
+        ["A model with learned absolute positions.", "It is untrained (0 steps): a random-initialisation control."],
+        ["A model with alibi."], ["A model with unknown positional encoding, trained on the sort task."],
+        ["Exact-match accuracy 0.5 at the training lengths."]],
+        "Mean APS over layers: a 0.625; b flat.", {
+        "neighborhood": [
+            "r: APS per sequence 0.625 … 0.75 over 2 decoder layers (0.5 = chance).",
+            "m: mean-map APS 0.9 over 1 decoder layers (APS of the sequence-averaged cosine map; not the paper's "
+            "per-sequence APS, no chance level)."],
+        "slash": [
+            f"r: strongest slash head at Δ ≤ {SLASH_MAX_DELTA}: layer 3 head 1, Δ = 2, SlashScore {fmt(4 * base)}, 4× "
+            "uniform; pre-RoPE query top-1 energy (most rank-one head per layer) 0.5 … 0.75.",
+            "q: pre-RoPE query top-1 energy (most rank-one head per layer) 0.5."]},
+        "… and 2 more run(s) below."]
+    assert comparison_readings("APS", {}) is None
 
 
 # --------------------------------------------------------------------------------------------
