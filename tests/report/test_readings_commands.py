@@ -362,7 +362,8 @@ def test_sweep_and_probes_readings():
 
 
 def test_command_readings_dispatch():
-    assert set(COMMAND_READINGS) == set(COMMAND_JUDGES)
+    # every judged command has its readings; ablate and the fingerprint render their own records
+    assert set(COMMAND_READINGS) == set(COMMAND_JUDGES) | {"ablate", "fingerprint"}
     s = {"panels": [{"panel": "b", "locality": 0.5}]}
     assert command_readings("panels", s) == panels_readings(s) and command_readings("scan", s) is None
     # a summary that holds its judgement is read from it, not from its numbers
