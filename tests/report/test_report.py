@@ -87,11 +87,63 @@ def _sections(html: str) -> list[str]:
     return re.findall(r'<section class="paper" id="([^"]+)"', html)
 
 
+def _notes(html: str) -> list[str]:
+    return re.findall(r'<p class="notes">([^<]*)</p>', html)
+
+
+def _card(html: str, card_id: str) -> str:
+    i = html.index(f'id="{card_id}"')
+    return html[i:html.index("</article>", i)]
+
+
+def _readings(block: str) -> list[str]:
+    """The items of the block's first readings list."""
+    ul = block.split('<ul class="readings">', 1)[1].split("</ul>", 1)[0]
+    return re.findall(r"<li>(.*?)</li>", ul, re.S)
+
+
+def _table_heads(html: str) -> list[list[str]]:
+    """The column headers of every table."""
+    return [re.findall(r'<th scope="col">(.*?)</th>', t) for t in re.findall(r"<table>(.*?)</table>", html, re.S)]
+
+
+def _badges(block: str) -> list[str]:
+    """The classes of the block's badges beside the plain ``badge``."""
+    return [c.replace("badge", "").strip() for c in re.findall(r'<span class="(badge[^"]*)">', block)]
+
+
+def _per_layer_tables(html: str) -> list[list[str]]:
+    return [h for h in _table_heads(html) if h[:1] == ["layer"]]
+
+
+def _csp(html: str) -> dict[str, str]:
+    from html import unescape
+
+    content = unescape(re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', html).group(1))
+    return dict((d.strip().split(None, 1) + [""])[:2] for d in content.split(";") if d.strip())
+
+
+def _findings(html: str) -> dict[str, list[str]]:
+    """The key findings' items by the section each block links to."""
+    kf = html.index('id="key-findings"')
+    block = html[kf:html.index("</section>", kf)]
+    return {sec: re.findall(r"<li>(.*?)</li>", ul, re.S)
+            for sec, ul in re.findall(r'<h3><a href="#([^"]+)">.*?</h3>\s*<ul>(.*?)</ul>', block, re.S)}
+
+
 def test_report_structure(runs):
+    from html import escape
+
+    from poslens.fmt import fmt
+    from poslens.metrics.judge.papers import judge_kim, judge_model, judge_neighborhood, kim_finding
+    from poslens.reporting.readings.common import layer_aps, layer_slash_head
+    from poslens.rundir.io import read_json
+
+    title = "NoPE vs RoPE"
     html = render_report([runs["sim_nope"], runs["sim_rope"], runs["scan_none"], runs["scan_rope"],
-                          runs["analysis"], runs["model_none"]], title="NoPE vs RoPE")
+                          runs["analysis"], runs["model_none"]], title=title)
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
-    assert "<title>NoPE vs RoPE</title>" in html
+    assert re.search(r"<title>(.*?)</title>", html).group(1) == title
     # a section per paper, plus the models
     assert _sections(html) == ["sec-kim", "sec-slash", "sec-neighborhood", "sec-models"]
     for ref in ("arXiv 2509.21042", "arXiv 2601.08297", "arXiv 2501.00073"):
@@ -102,60 +154,89 @@ def test_report_structure(runs):
     # the 2 scans (kim, neighbourhood). Overlaid runs get no per-layer table (the line plots carry it).
     imgs = _images(html)
     assert len(imgs) == 2 + 2 + 2 + 2 + 1 + 1 + 2 + 3
-    assert html.count("In the run directory, not shown here: probs.png") == 2
-    assert "<caption>Per layer</caption>" not in html
+    assert sum("probs.png" in n for n in _notes(html)) == 2  # one note per sim naming the kept-back figure
+    assert _per_layer_tables(html) == []
     assert all(src.startswith("data:image/png;base64,") for src in imgs)
-    assert "figure missing.png is listed but missing" in html
+    panels = _card(html, "kim-panels-run")
+    assert any(n.startswith("figure missing.png ") for n in _notes(panels))  # named in a note, not drawn
+    assert "missing.png" not in "".join(re.findall(r'<img [^>]*>', panels))
     assert "etc/passwd" in html and "root:" not in html  # named as missing, never read
     # self-contained: no external resources, no scripts
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
     assert "url(" not in html and "<script" not in html and "<link" not in html
-    assert "img-src data:" in html  # the CSP that forbids every fetch
-    # analysis contract rendered, escaped
-    assert "Layer-1 Gram panels &lt;b&gt;bold?&lt;/b&gt;" in html
-    assert "<caption>Panel statistics</caption>" in html and "0.912" in html
-    assert "Panel (b) favours nearby keys." in html
-    assert "broken table" not in html  # rows that are not a list: no table
-    # comparisons overlay like runs in one set of line plots
-    assert html.count('class="comparison"') == 3  # kim: sims + scans; neighbourhood: scans
-    assert "Comparison of 2 simulate runs" in html and "Comparison of 2 scan runs" in html
+    csp = _csp(html)  # the CSP that forbids every fetch: images only as data: URIs
+    assert csp["img-src"] == "data:" and csp["default-src"] == csp["script-src"] == "'none'"
+    # analysis contract rendered, escaped: its title, its one well-formed table, its readings
+    contract = read_json(runs["analysis"] / "summary.json")
+    assert re.search(r"<h3>(.*?)<span", panels).group(1) == escape(contract["title"])
+    assert "<b>" not in panels
+    good = contract["tables"][0]
+    assert re.findall(r"<caption>(.*?)</caption>", panels) == [good["title"]]  # rows that are not a list: no table
+    assert _table_heads(panels) == [good["columns"]] and "<td>0.912</td>" in panels
+    assert _readings(panels) == contract["readings"]
+    # comparisons overlay like runs in one set of line plots: kim: sims + scans; neighbourhood: scans
+    cmp = dict(re.findall(r'<div class="comparison" id="([^"]+)">\s*<h3>.*?</h3>\s*<p class="subtitle">(.*?)</p>',
+                          html, re.S))
+    assert list(cmp) == ["sec-kim-cmp-1", "sec-kim-cmp-2", "sec-neighborhood-cmp-1"]
+    compared = {k: [part.split(":")[0] for part in v.split("; ")] for k, v in cmp.items()}
+    assert sorted(compared.values()) == [["scan_none", "scan_rope"]] * 2 + [["sim_nope", "sim_rope"]]
     # key findings first, one block per paper, before every section
     kf = html.index('id="key-findings"')
     assert kf < html.index('<section class="paper"')
     block = html[kf:html.index("</section>", kf)]
     for ref in ("arXiv 2509.21042", "arXiv 2601.08297", "arXiv 2501.00073"):
         assert ref in block
-    assert "sim_nope: relativity index" in block and "strongest slash head at Δ ≤ 16" in block
-    # readings derived from the numbers
-    assert "Layer 0 is flat within Monte Carlo noise" in html  # layers count from 0
+    found = _findings(html)
+    assert list(found) == ["sec-kim", "sec-slash", "sec-neighborhood"]
+    sim = read_json(runs["sim_nope"] / "summary.json")
+    kim = kim_finding(sim["layers"])
+    first = found["sec-kim"][0]
+    assert first.startswith("sim_nope: ")
+    assert fmt(min(kim["relativity"])) in first and fmt(max(kim["relativity"])) in first
+    scan = read_json(runs["scan_none"] / "summary.json")
+    top = max((t for t in map(layer_slash_head, scan["layers"]) if t), key=lambda t: t["score"])
+    slash = next(x for x in found["sec-slash"] if x.startswith("scan_none: "))
+    assert f"Δ = {top['offset']}, SlashScore {fmt(top['score'])}" in slash
+    # readings derived from the numbers: the simulation's layer 0 is judged flat (layers count from 0) ...
+    assert judge_kim(sim["layers"])["flat"] == [0]
+    assert "Layer 0 is flat within Monte Carlo noise" in html  # ... and the page says so
     assert re.search(r"relativity index [0-9.]+ → [0-9.]+", html)
-    # the scans now write the paper's per-sequence APS: the reading says so
-    assert "Adjacency probability score of the hidden states per sequence" in html
-    assert "Training lowered the loss from 5.5 to 5.1 over 3 steps." in html
+    # the scans now write the paper's per-sequence APS: the readings use it
+    nb = [l for l in scan["layers"] if layer_aps(l)[0] is not None]
+    assert judge_neighborhood(scan, nb, [layer_aps(l)[0] for l in nb])["per_seq"] is True
+    assert _readings(_card(html, "neighborhood-scan-none"))
+    model = judge_model(read_json(runs["model_none"] / "summary.json"))
+    assert (model["trained"], model["initial_loss"], model["final_loss"], model["steps"]) == ("trained", 5.5, 5.1, 3)
+    assert any(fmt(5.5) in r and fmt(5.1) in r for r in _readings(_card(html, "run-model-none")))
     # one number format
     text = re.sub(r'src="[^"]*"|arXiv \d+\.\d+', "", html)
     too_precise = re.findall(r"(?<![\d.])(?:0\.0*[1-9]\d{3,}|[1-9]\d*\.\d{4,})", text)  # > 3 significant digits
     assert not too_precise, too_precise
     # a run on its own (no like run to overlay) keeps its short per-layer table, integer layer labels
     alone = render_report([runs["sim_nope"]], title="one")
-    assert "<caption>Per layer</caption>" in alone and "<td>1</td>" in alone
-    assert "Comparison of" not in alone
+    assert len(_per_layer_tables(alone)) == 1 and "<td>1</td>" in alone
+    assert 'class="comparison"' not in alone
 
 
 def test_flat_and_relative_readings():
     from poslens.reporting.readings.kim import kim_readings
-    from poslens.metrics.judge.papers import uniform_slash
+    from poslens.metrics.judge.papers import judge_kim, uniform_slash
 
     layers = [{"layer": 1, "relativity_index": 0.999, "locality": 0.0},
               {"layer": 2, "relativity_index": 0.41, "locality": 0.68}]
-    text = " ".join(kim_readings(layers, noise="Monte Carlo noise"))
-    assert "Layer 1 is purely relative" in text and "0.41" in text
-    text = " ".join(kim_readings([{"layer": 1, "relativity_index": None, "locality": None},
-                                  {"layer": 2, "relativity_index": 0.41, "locality": 0.68},
-                                  {"layer": 3, "relativity_index": 0.5, "locality": 0.7}], noise="Monte Carlo noise"))
-    assert text.startswith("Layer 1 is flat within Monte Carlo noise")
-    assert "from layer 2 on the scores depend on position: relativity index 0.41 → 0.5" in text.lower()
-    assert "favours nearby keys" in text
+    noise = "Monte Carlo noise"
+    rel = judge_kim(layers)["relativity"]  # layer 1 purely relative, then a drop to 0.41 in layer 2
+    assert (rel["code"], rel["first_layer"], rel["drop_layer"], rel["drop"]) == ("drop", 1, 2, 0.41)
+    assert "0.41" in " ".join(kim_readings(layers, noise=noise))
+    layers = [{"layer": 1, "relativity_index": None, "locality": None},
+              {"layer": 2, "relativity_index": 0.41, "locality": 0.68},
+              {"layer": 3, "relativity_index": 0.5, "locality": 0.7}]
+    j = judge_kim(layers)  # layer 1 flat; from layer 2 on position-dependent, 0.41 → 0.5; nearby keys favoured
+    assert j["flat"] == [1] and j["live"] == [2, 3] and j["series"]["tail"] is True
+    assert j["series"]["relativity"] == [0.41, 0.5] and j["relativity"]["code"] == "partial"
+    assert j["locality"]["code"] == "near"
+    text = " ".join(kim_readings(layers, noise=noise))
+    assert text.startswith("Layer 1 is flat within Monte Carlo noise") and "0.41 → 0.5" in text
     # uniform causal attention: SlashScore(d) = mean over i = d+1..N of 1/i
     assert uniform_slash(3, 0) == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
     assert uniform_slash(3, 2) == pytest.approx(1 / 3)
@@ -165,8 +246,19 @@ def test_folder_expansion_and_reproduction_page(runs, tmp_path):
     html = render_report([runs["repro"].parent], allow_many=True)  # the whole folder: every run below it
     secs = _sections(html)
     assert secs[0] == "sec-reproduction" and "sec-kim" in secs and "sec-models" in secs
-    assert "What the paper showed" in html and "kim-fig1" in html and "reproduced" in html
-    assert "Closed-form layer-2 scores" in html  # the experiment's own figure
+    from html import unescape
+
+    from poslens.rundir.io import read_json
+
+    rec = read_json(runs["repro"] / "index.json")["experiments"][0]
+    assert rec["name"] == "kim-fig1" and rec["reproduced"] is True
+    exp = html[html.index('<article class="experiment" id="exp-kim-fig1">'):]
+    exp = exp[:exp.index("</article>")]
+    # its verdict badge, the paper's claim and what was measured, and the experiment's own figure
+    assert _badges(exp) == ["verdict-ok"]
+    assert exp.count('<p class="claim">') == 2 and rec["claim"] in unescape(exp)
+    assert _readings(exp) == rec["measured"].splitlines()
+    assert len(_images(exp)) == 1 and "(kim-fig1/kim_fig1.png)" in exp
     assert all(src.startswith("data:") for src in _images(html))
     path = write_index_html(runs["repro"])
     page = path.read_text()
@@ -305,7 +397,8 @@ def test_trained_model_experiments_registered_and_run(tmp_path, monkeypatch):
     monkeypatch.setattr(rm, "SEQ_LEN", 16)
     monkeypatch.setattr(rm, "NUM_SEQS", 4)
     rec = run_reproduction("zuo-adjacency", tmp_path / "out", ReproContext(figures=False))[0]
-    assert "the zoo's nope-random" in rec["measured"] and isinstance(rec["reproduced"], bool)
+    assert isinstance(rec["reproduced"], bool)
+    assert {r["model"] for r in rec["runs"]} == {str(zoo / "nope-random")}  # the zoo's model, not a fresh one
     page = write_index_html(tmp_path / "out").read_text()
     assert "zuo-adjacency" in page and "APS" in page
 
@@ -543,6 +636,7 @@ def test_companions_of_one_line_differ_in_dash_pattern():
     assert [lines[s["label"]].get_linestyle() for s in series] == ["-", COMPANION_STYLES[0], COMPANION_STYLES[1],
                                                                    "-", COMPANION_STYLES[0]]
     assert COMPANION_STYLES[0] != COMPANION_STYLES[1]
-    assert lines["a: not noise-corrected"].get_color() == lines["a"].get_color() != lines["b"].get_color()
+    a, a_uncorrected, b = (lines[series[i]["label"]] for i in (0, 2, 3))
+    assert a_uncorrected.get_color() == a.get_color() != b.get_color()
     assert [l.get_ydata()[0] for l in ax.get_lines() if l.get_label().startswith("_")] == [0.01]  # the reference
     close_figure(fig)
