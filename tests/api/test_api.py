@@ -427,3 +427,12 @@ def test_loaded_model_without_a_saved_tokenizer_takes_tokenizer_keyword(tmp_path
     assert p.maps["panels"].shape[-1] == 12
     with pytest.raises(PoslensError, match="tokenizer="):
         poslens.panels(model, data="stdlib", seq_len=12, num_seqs=2, progress=False)
+
+
+def test_readings_are_rendered_from_the_numbers():
+    from poslens.reporting.readings.common import noise_phrase
+    from poslens.reporting.readings.kim import kim_readings
+
+    r = poslens.simulate(samples=64, seq_len=6, dim=8, num_layers=2, progress=False)
+    assert "readings" in r.summary and r.summary["readings"] == []  # the summary holds numbers and codes
+    assert r.readings() and r.readings() == kim_readings(r.summary["layers"], noise=noise_phrase(r.summary["layers"]))

@@ -190,6 +190,19 @@ class Result:
 
         return load_fingerprint(self.path).table(level)
 
+    def readings(self) -> list[str]:
+        """The run's readings in words, rendered from the numbers and codes of ``summary.json`` by
+        :mod:`poslens.reporting.readings` (the sentences the terminal and the report show)."""
+        from poslens.reporting.readings.commands import command_readings
+        from poslens.reporting.readings.findings import run_readings
+
+        made = command_readings(self.command, self.summary)
+        if made is not None:
+            return made
+        papers = self.summary.get("paper") or []
+        papers = [papers] if isinstance(papers, str) else list(papers)
+        return [r for paper in papers for r in run_readings(self.command, papers, self.summary, paper)]
+
     def tables(self) -> dict:
         """The summary's tables as DataFrames, by name."""
         import pandas as pd

@@ -167,8 +167,8 @@ def judge_slash(summary: dict) -> dict:
             d1 = [p for p in pers if p.get("delta") == 1 and p.get("persists")]
             p_out.update(persist=sum(bool(p.get("persists")) for p in pers), median_ratio=ratios[len(ratios) // 2],
                          previous_token={"layer": d1[0]["layer"], "head": d1[0]["head"],
-                                         "score_in": _num(d1[0]["score_in"]),
-                                         "score_random": _num(d1[0]["score_random"])} if d1 else None)
+                                         "score_in": _num(d1[0].get("score_in")),
+                                         "score_random": _num(d1[0].get("score_random"))} if d1 else None)
         out["persistence"] = p_out
     top = sorted(heads, key=lambda r: -r["best_score"])[: max(1, len(heads) // 10)]
     top_dec = [r for r in top if "predicted_peak" in r]
