@@ -156,7 +156,7 @@ def test_aps_figure_data_by_hand():
     for mode, ls in (("causal", "-"), ("bidirectional", "--")):
         aps, raps, ns = hand[mode]
         for ax_lines, label, y in ((left, f"head outputs, {mode}", aps), (left, f"residual, {mode}", raps),
-                                   (right, f"head outputs, {mode}", ns)):
+                                   (right_lines, f"head outputs, {mode}", ns)):
             line = ax_lines[label]
             assert list(line.get_xdata()) == x and line.get_linestyle() == ls, label
             assert list(line.get_ydata()) == pytest.approx(y, abs=1e-12), label
