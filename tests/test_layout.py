@@ -269,6 +269,8 @@ FORBIDDEN = {
     "poslens.metrics": ("poslens.capture", "poslens.models", "poslens.data", "poslens.simulator", "poslens.reporting",
                         "poslens.analysis", "poslens.api", "poslens.reproduce", "poslens.demo", "poslens.figures"),
     "poslens.figures": ("poslens.capture", "poslens.reporting", "poslens.analysis", "poslens.api", "poslens.simulator"),
+    # numbers below, words above: an analysis writes numbers and verdict codes, the report says them
+    "poslens.analysis": ("poslens.reporting", "poslens.api", "poslens.reproduce", "poslens.demo"),
     # the C kernels are a basic layer: the capture and the metrics call them, they call neither
     "poslens.native": ("poslens.capture", "poslens.metrics", "poslens.models", "poslens.data", "poslens.reporting",
                        "poslens.analysis", "poslens.api", "poslens.simulator"),
@@ -398,6 +400,24 @@ def test_each_fact_has_one_home():
 
     again = [m for m, p in modules().items() if m != "poslens.conventions" and LAYER_CONVENTION[:40] in p.read_text()]
     assert not again, again
+
+
+#: the capture points' names and the best-slash-head rule: one home each
+POINT_HOME, SLASH_RULE_HOME = "poslens.capture.statistics.points", "poslens.metrics.slash"
+POINT_NAMES = ("MODULE_POINTS", "QK_POINTS", "RESIDUAL_POINTS", "PASS_POINTS", "CAPTURE_POINTS", "ATTENTION_POINTS")
+
+
+def test_capture_points_and_the_best_slash_head_have_one_home():
+    assigned = module_assignments()
+    for name in POINT_NAMES:
+        assert [m for m, _, _ in assigned.get(name, [])] == [POINT_HOME], name
+    # the point names are written as a vocabulary once: no other module lists the residual points
+    lists = [m for m, p in modules().items() if m != POINT_HOME and '("resid_pre", "attn_in", "attn_z"' in p.read_text()]
+    assert not lists, lists
+    defs = {m: [n.name for n in ast.parse(p.read_text()).body if isinstance(n, ast.FunctionDef)]
+            for m, p in modules().items()}
+    rule = [m for m, names in defs.items() for n in names if n in ("best_slash", "strongest_listed", "top_slash_heads")]
+    assert sorted(set(rule)) == [SLASH_RULE_HOME], rule
 
 
 def test_the_fact_check_knows_a_restatement():
