@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from poslens.conventions import (NOISE_P, SLASH_MAX_DELTA)
+from poslens.conventions import NOISE_P, SLASH_MAX_DELTA
 from poslens.fmt import fmt
 from poslens.metrics.judge.papers import noise_source, too_few_groups
 
