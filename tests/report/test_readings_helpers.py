@@ -10,7 +10,8 @@ from poslens.fmt import fmt
 from poslens.conventions import NORM_SHRINK
 from poslens.metrics.judge.papers import judge_slash, norm_trend, uniform_slash
 from poslens.reporting.readings.common import (_decoder_layers, _layers_phrase, _series_short, layer_aps,
-                                               layer_slash_head, num)
+                                               layer_slash_head)
+from poslens.metrics.judge.papers import num
 from poslens.reporting.readings.neighborhood import norm_phrase
 from poslens.reporting.readings.slash import slash_readings, slash_top
 

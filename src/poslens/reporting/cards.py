@@ -16,7 +16,7 @@ from poslens.reporting.collect import expand
 from poslens.reporting.elements import _MIME, _inside, _slug, embed_figure, embed_file, sparse_sentence, table
 from poslens.reporting.readings.papers import PAPERS
 from poslens.reporting.readings.findings import key_findings, model_readings, run_readings
-from poslens.reporting.readings.common import num
+from poslens.metrics.judge.papers import num
 from poslens.reporting.quantities import (HEAD_QUANTITIES, LAYER_QUANTITIES, MAX_TABLE_LAYERS, head_figure,
                                          layer_figure, layer_quantities, layer_table, slash_matrix, slash_profiles)
 from poslens.rundir.summary import figure_caption

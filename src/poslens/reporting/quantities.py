@@ -8,7 +8,7 @@ from __future__ import annotations
 from poslens.conventions import NOISE_P, SLASH_MAX_DELTA
 from poslens.fmt import fmt
 from poslens.reporting.elements import embed_figure, table
-from poslens.reporting.readings.common import num
+from poslens.metrics.judge.papers import num
 from poslens.rundir.load import Run
 
 #: per-layer quantities: key -> (paper, panel title, reference line). Keys not listed are plotted

@@ -14,20 +14,9 @@ Codes: ``adjacency`` ``clear`` / ``weak`` / ``none`` (APS ≥ ADJACENT, ≥ ADJA
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from poslens.conventions import ADJACENT, ADJACENT_WEAK, MASK_MARGIN, NORM_SHRINK, PANEL_TREND, THEORY_CLOSE
-
-
-def _num(v: Any) -> float | None:
-    """``v`` as a finite float, else None."""
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+from poslens.metrics.judge.papers import num
 
 
 def _decoder_layers(layers: list) -> tuple[dict | None, list[dict]]:
@@ -60,27 +49,27 @@ def judge_neighborhood(summary: dict) -> dict:
     ``theory_gap_layer0``: the first decoder layer's APS and ``adjacency``, the highest and last
     layers' APS, the mask's effect, the norm score and the distance from the uniform-attention theory."""
     emb, dec = _decoder_layers(summary.get("layers"))
-    dec = [l for l in dec if _num(l.get("aps_mean")) is not None]
+    dec = [l for l in dec if num(l.get("aps_mean")) is not None]
     if not dec:
         return {}
     first, last = dec[0], dec[-1]
-    a1 = _num(first["aps_mean"])
+    a1 = num(first["aps_mean"])
     out = {"layer": first["layer"], "aps": a1, "adjacency": adjacency_code(a1),
-           "embeddings_aps": _num(emb.get("aps_mean")) if emb else None}
+           "embeddings_aps": num(emb.get("aps_mean")) if emb else None}
     if len(dec) > 1:
-        best = max(dec, key=lambda l: _num(l["aps_mean"]))
-        out.update(best_layer=best["layer"], best_aps=_num(best["aps_mean"]), last_layer=last["layer"],
-                   last_aps=_num(last["aps_mean"]))
-    b1 = _num(first.get("bidirectional_aps_mean"))
+        best = max(dec, key=lambda l: num(l["aps_mean"]))
+        out.update(best_layer=best["layer"], best_aps=num(best["aps_mean"]), last_layer=last["layer"],
+                   last_aps=num(last["aps_mean"]))
+    b1 = num(first.get("bidirectional_aps_mean"))
     if b1 is not None:
         diff = a1 - b1
         out.update(bidirectional_aps=b1, mask_drop=diff,
                    mask="creates" if diff > MASK_MARGIN and abs(b1 - 0.5) < MASK_MARGIN
                    else "partial" if diff > MASK_MARGIN else "little")
-    ns = _num(first.get("norm_score_mean"))
+    ns = num(first.get("norm_score_mean"))
     if ns is not None:
         out.update(norm_score=ns, norm=norm_code(ns))
-    gap = _num(summary.get("theory_gap_layer0"))
+    gap = num(summary.get("theory_gap_layer0"))
     if gap is not None:
         out.update(theory_gap=gap, theory="close" if gap < THEORY_CLOSE else "far")
     return out
@@ -93,7 +82,7 @@ def judge_panels(summary: dict) -> dict:
     to (i), and panel (b)'s ``trend``."""
     rows = [r for r in summary.get("panels") or [] if isinstance(r, dict)]
     out: dict = {"layer": summary.get("layer")}
-    loc = [(r["panel"], _num(r.get("locality"))) for r in rows if _num(r.get("locality")) is not None]
+    loc = [(r["panel"], num(r.get("locality"))) for r in rows if num(r.get("locality")) is not None]
     if loc:
         hi = max(loc, key=lambda t: t[1])
         lo = min(loc, key=lambda t: t[1])
@@ -101,14 +90,14 @@ def judge_panels(summary: dict) -> dict:
                    strongest={"panel": hi[0], "locality": hi[1]}, weakest={"panel": lo[0], "locality": lo[1]})
     byk = {r.get("panel"): r for r in rows}
     a, i = byk.get("a"), byk.get("i")
-    if a and i and _num(a.get("non_relativity")) is not None and _num(i.get("non_relativity")) is not None:
-        out["non_relativity"] = {"a": _num(a["non_relativity"]), "i": _num(i["non_relativity"])}
-        ws = [_num(r.get("non_relativity_with_sink")) for r in (a, i)]
+    if a and i and num(a.get("non_relativity")) is not None and num(i.get("non_relativity")) is not None:
+        out["non_relativity"] = {"a": num(a["non_relativity"]), "i": num(i["non_relativity"])}
+        ws = [num(r.get("non_relativity_with_sink")) for r in (a, i)]
         if all(w is not None for w in ws):
             out["with_sink"] = {"a": ws[0], "i": ws[1]}
     b = byk.get("b")
-    if b and _num(b.get("locality")) is not None:
-        v = _num(b["locality"])
+    if b and num(b.get("locality")) is not None:
+        v = num(b["locality"])
         out.update(b_locality=v, trend="nearby" if v > PANEL_TREND else "distant" if v < -PANEL_TREND else "none")
     return out
 
@@ -120,21 +109,21 @@ def judge_score_maps(summary: dict) -> dict:
     scores rise towards the query, and the sink's weight per layer."""
     _, dec = _decoder_layers(summary.get("layers"))
     out: dict = {}
-    nr = [(l["layer"], _num(l.get("non_relativity"))) for l in dec if _num(l.get("non_relativity")) is not None]
+    nr = [(l["layer"], num(l.get("non_relativity"))) for l in dec if num(l.get("non_relativity")) is not None]
     if nr:
         worst = max(nr, key=lambda t: t[1])
         best = min(nr, key=lambda t: t[1])
         out.update(lowest={"layer": best[0], "non_relativity": best[1]},
                    highest={"layer": worst[0], "non_relativity": worst[1]},
                    explained_pct=[100 * (1 - worst[1]), 100 * (1 - best[1])])
-        ws = [_num(l.get("non_relativity_with_sink")) for l in dec
-              if _num(l.get("non_relativity_with_sink")) is not None]
+        ws = [num(l.get("non_relativity_with_sink")) for l in dec
+              if num(l.get("non_relativity_with_sink")) is not None]
         if ws:
             out["with_sink"] = ws
-    loc = [_num(l.get("locality")) for l in dec if _num(l.get("locality")) is not None]
+    loc = [num(l.get("locality")) for l in dec if num(l.get("locality")) is not None]
     if loc:
         out.update(rising=sum(v > 0 for v in loc), layers=len(loc), mean_locality=sum(loc) / len(loc))
-    sinkw = [_num(l.get("sink_weight")) for l in dec if _num(l.get("sink_weight")) is not None]
+    sinkw = [num(l.get("sink_weight")) for l in dec if num(l.get("sink_weight")) is not None]
     if sinkw:
         out["sink_weight"] = sinkw
     return out
@@ -146,11 +135,11 @@ def judge_slash(summary: dict) -> dict:
     ``persistence``, ``persist_kappa`` and ``seq_len``: the most slash-dominant head beside uniform
     attention, the heads reaching each κ, persistence on random tokens, and the rank-one RoPE
     decomposition of the top tenth of heads (``rope`` False where no scanned layer applies RoPE)."""
-    heads = [h for h in summary.get("heads") or [] if isinstance(h, dict) and _num(h.get("best_score")) is not None]
-    kappas = [k for k in summary.get("kappas") or [] if _num(k) is not None]
+    heads = [h for h in summary.get("heads") or [] if isinstance(h, dict) and num(h.get("best_score")) is not None]
+    kappas = [k for k in summary.get("kappas") or [] if num(k) is not None]
     if not heads:
         return {}
-    S = int(_num(summary.get("seq_len")) or 0)
+    S = int(num(summary.get("seq_len")) or 0)
     best = max(heads, key=lambda r: r["best_score"])
     base = uniform_slash_score(S, int(best["best_delta"])) if S else float("nan")
     out: dict = {"min_delta": (summary.get("delta_range") or [1])[0], "heads": len(heads),
@@ -163,12 +152,12 @@ def judge_slash(summary: dict) -> dict:
     if isinstance(pers, list):
         p_out: dict = {"kappa": summary.get("persist_kappa"), "tested": len(pers)}
         if pers:
-            ratios = sorted(_num(p.get("ratio")) or 0.0 for p in pers)
+            ratios = sorted(num(p.get("ratio")) or 0.0 for p in pers)
             d1 = [p for p in pers if p.get("delta") == 1 and p.get("persists")]
             p_out.update(persist=sum(bool(p.get("persists")) for p in pers), median_ratio=ratios[len(ratios) // 2],
                          previous_token={"layer": d1[0]["layer"], "head": d1[0]["head"],
-                                         "score_in": _num(d1[0].get("score_in")),
-                                         "score_random": _num(d1[0].get("score_random"))} if d1 else None)
+                                         "score_in": num(d1[0].get("score_in")),
+                                         "score_random": num(d1[0].get("score_random"))} if d1 else None)
         out["persistence"] = p_out
     top = sorted(heads, key=lambda r: -r["best_score"])[: max(1, len(heads) // 10)]
     top_dec = [r for r in top if "predicted_peak" in r]
@@ -177,9 +166,9 @@ def judge_slash(summary: dict) -> dict:
         bands = [b for b in (top_dec[0].get("band_usage") or {})]
         out["decomposition"] = {
             "top": len(top), "tested": len(top_dec), "peak_matches": sum(bool(r.get("peak_match")) for r in top_dec),
-            "q_top1": sum(_num(r.get("q_top1_energy")) or 0.0 for r in top) / len(top),
-            "q_top1_other": sum(_num(r.get("q_top1_energy")) or 0.0 for r in rest) / len(rest) if rest else None,
-            "band_usage": {b: sum(_num((r.get("band_usage") or {}).get(b)) or 0.0 for r in top_dec) / len(top_dec)
+            "q_top1": sum(num(r.get("q_top1_energy")) or 0.0 for r in top) / len(top),
+            "q_top1_other": sum(num(r.get("q_top1_energy")) or 0.0 for r in rest) / len(rest) if rest else None,
+            "band_usage": {b: sum(num((r.get("band_usage") or {}).get(b)) or 0.0 for r in top_dec) / len(top_dec)
                            for b in bands}}
     out["rope"] = any("predicted_peak" in r for r in heads)
     return out
@@ -195,21 +184,21 @@ def judge_dynamics(summary: dict) -> dict:
     if not recs:
         return {}
     cfg = summary.get("config") or {}
-    kappa = _num(cfg.get("kappa"))
+    kappa = num(cfg.get("kappa"))
     first, last = recs[0], recs[-1]
     b0, b1 = first["best"], last["best"]
     out: dict = {"delta": cfg.get("delta"), "kappa": kappa, "first_step": first["step"], "last_step": last["step"],
-                 "slash_first": _num(b0["slash_in"]), "slash_last": _num(b1["slash_in"]),
-                 "accuracy": _num(last.get("accuracy")), "head": {"layer": b1.get("layer"), "head": b1.get("head")},
-                 "q_top1": [_num(b0.get("q_top1")), _num(b1.get("q_top1"))],
-                 "k_top1": [_num(b0.get("k_top1")), _num(b1.get("k_top1"))]}
+                 "slash_first": num(b0["slash_in"]), "slash_last": num(b1["slash_in"]),
+                 "accuracy": num(last.get("accuracy")), "head": {"layer": b1.get("layer"), "head": b1.get("head")},
+                 "q_top1": [num(b0.get("q_top1")), num(b1.get("q_top1"))],
+                 "k_top1": [num(b0.get("k_top1")), num(b1.get("k_top1"))]}
     if kappa is not None:
-        emerge = next((r["step"] for r in recs if (_num(r["best"].get("slash_in")) or 0.0) >= kappa), None)
-        rand = _num(b1.get("slash_random"))
+        emerge = next((r["step"] for r in recs if (num(r["best"].get("slash_in")) or 0.0) >= kappa), None)
+        rand = num(b1.get("slash_random"))
         out.update(emergence="emerged" if emerge is not None else "not_emerged", emerged_at=emerge,
                    slash_random=rand, persistence="untested" if rand is None
                    else "persists" if rand >= kappa else "transient")
-    bu = {k: _num(v) or 0.0 for k, v in (b1.get("band_usage") or {}).items()}
+    bu = {k: num(v) or 0.0 for k, v in (b1.get("band_usage") or {}).items()}
     if bu:
         out.update(band_usage=bu, top_band=max(bu, key=bu.get), predicted_peak=b1.get("predicted_peak"))
     return out
@@ -228,7 +217,7 @@ def judge_sweep(summary: dict) -> dict:
     shapes = []
     for shape, recs in by_shape.items():
         sig = [r.get("sigma") for r in recs]
-        fin = [(s, a) for s, a in zip(sig, [_num(r["aps_causal_mean"][1]) for r in recs]) if a is not None]
+        fin = [(s, a) for s, a in zip(sig, [num(r["aps_causal_mean"][1]) for r in recs]) if a is not None]
         if not fin:
             continue
         lo, hi = min(fin, key=lambda t: t[1]), max(fin, key=lambda t: t[1])
@@ -237,10 +226,10 @@ def judge_sweep(summary: dict) -> dict:
                "clear_sigmas": clear, "adjacency": "clear" if clear else "none"}
         if len(recs[0]["aps_causal_mean"]) > 2:
             rec["last_layer"] = {"layer": len(recs[0]["aps_causal_mean"]) - 2, "sigmas": sig,
-                                 "aps": [_num(r["aps_causal_mean"][-1]) for r in recs]}
+                                 "aps": [num(r["aps_causal_mean"][-1]) for r in recs]}
         shapes.append(rec)
     out: dict = {"shapes": shapes}
-    bid = [_num(v) for recs in by_shape.values() for r in recs for v in (r.get("aps_bidirectional_mean") or [])[1:]]
+    bid = [num(v) for recs in by_shape.values() for r in recs for v in (r.get("aps_bidirectional_mean") or [])[1:]]
     bid = [v for v in bid if v is not None]
     if bid:
         dev = max(abs(v - 0.5) for v in bid)
@@ -260,13 +249,13 @@ def judge_probes(summary: dict) -> dict:
             continue
         model, state = v.get("model"), v.get("state")
         vec = [x for x in recs if x.get("model") == model and x.get("state") == state and x.get("feature") == "vector"
-               and x.get("probe") == "linear" and isinstance(x.get("layer"), int) and _num(x.get("r")) is not None]
-        bv = max(vec, key=lambda x: _num(x["r"])) if vec else None
+               and x.get("probe") == "linear" and isinstance(x.get("layer"), int) and num(x.get("r")) is not None]
+        bv = max(vec, key=lambda x: num(x["r"])) if vec else None
         out.append({"model": model, "pe": v.get("pe"), "state": state, "cosine_beats_norm": v.get("cosine_beats_norm"),
-                    "cosine_best_r": _num(v.get("cosine_best_r")), "cosine_best_layer": v.get("cosine_best_layer"),
-                    "norm_best_r": _num(v.get("norm_best_r")), "norm_best_layer": v.get("norm_best_layer"),
+                    "cosine_best_r": num(v.get("cosine_best_r")), "cosine_best_layer": v.get("cosine_best_layer"),
+                    "norm_best_r": num(v.get("norm_best_r")), "norm_best_layer": v.get("norm_best_layer"),
                     "cosine_lower_mse_layers": v.get("cosine_lower_mse_layers"), "layers": v.get("layers"),
-                    "vector": {"r": _num(bv["r"]), "layer": bv["layer"]} if bv else None})
+                    "vector": {"r": num(bv["r"]), "layer": bv["layer"]} if bv else None})
     return {"verdicts": out}
 
 

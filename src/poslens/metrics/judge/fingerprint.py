@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from poslens.conventions import FEW_GROUPS_MARGIN, NOISE_P
 from poslens.metrics import verdicts as V
+from poslens.metrics.judge.papers import too_few_groups
 
 #: the claims judged, in the page's order
 CLAIM_KEYS = ("sink", "kim", "slash", "zuo", "barbero", "jin")
@@ -41,20 +41,6 @@ def uniform_slash(S: int, d: int) -> float:
     return sum(1.0 / (i + 1) for i in range(d, S)) / (S - d)
 
 
-def too_few_groups(layers: list[dict]) -> tuple[int, float] | None:
-    """``(G, 2 / 2^G)`` where the layers' sign-flip tests have too few sequence groups to reach the level
-    (the smallest p-value 2 / 2^G is not FEW_GROUPS_MARGIN times under NOISE_P), else None."""
-    groups = []
-    for r in layers:
-        g = r.get("noise_groups")
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(float(g)):
-            continue
-        groups.append(int(g))
-    g = max(groups, default=0)
-    p_min = 2.0 / 2**g if g >= 2 else None
-    if p_min is None or p_min * FEW_GROUPS_MARGIN <= NOISE_P:
-        return None
-    return g, p_min
 
 
 def judge_sink(m: dict, eps: float) -> dict:
@@ -104,8 +90,8 @@ def judge_kim(m: dict) -> dict:
     if V.holds(n):
         return _judged(V.REPRODUCED, n, **numbers)
     few = too_few_groups(tested)
-    if few:  # a test that could hardly reach the level finds nothing: no verdict
-        return _judged(V.NOT_JUDGED, n, "few_groups", **numbers, groups=few[0], p_min=few[1])
+    if few["few"]:  # a test that could hardly reach the level finds nothing: no verdict
+        return _judged(V.NOT_JUDGED, n, "few_groups", **numbers, groups=few["groups"], p_min=few["p_min"])
     if n["value"] <= n["floor"]:
         return _judged(V.NOT_REPRODUCED, n, **numbers)
     return _judged(V.NOT_JUDGED, n, "not_most", **numbers)

@@ -32,8 +32,8 @@ CLEAR_APS = 0.6
 GENERALISE_DROP = 0.3
 
 
-def _num(v: Any) -> float | None:
-    """``v`` as a finite float, else None."""
+def num(v: Any) -> float | None:
+    """``v`` as a finite float, else None: a number read from a summary."""
     if isinstance(v, bool) or v is None:
         return None
     try:
@@ -56,7 +56,7 @@ def p_counts(layers: list[dict], key: str) -> dict | None:
     them is held at NOISE_P (Benjamini–Hochberg); None where no layer has one. Each layer is its own
     test on the same sequences: counting layers at p < NOISE_P each expects NOISE_P × the number of
     layers false calls."""
-    ps = [_num(l.get(key)) for l in layers if _num(l.get(key)) is not None]
+    ps = [num(l.get(key)) for l in layers if num(l.get(key)) is not None]
     if not ps:
         return None
     return {"significant": sum(p < NOISE_P for p in ps), "tested": len(ps), "fdr": sum(bh_significant(ps, NOISE_P))}
@@ -66,7 +66,7 @@ def smallest_p(layers: list[dict]) -> tuple[int, float | None]:
     """``(G, 2 / 2^G)``: the layers' largest number of noise groups and the smallest p-value a sign-flip
     test over that many groups can give (every flip pattern and its mirror image tie); ``(G, None)``
     with fewer than two groups."""
-    groups = [int(_num(l.get("noise_groups"))) for l in layers if _num(l.get("noise_groups")) is not None]
+    groups = [int(num(l.get("noise_groups"))) for l in layers if num(l.get("noise_groups")) is not None]
     g = max(groups, default=0)
     return g, (2.0 / 2**g if g >= 2 else None)
 
@@ -91,8 +91,8 @@ def noise_shares(layers: list[dict]) -> list[float]:
     within_diag_rms)^2`` capped at 1 (the noise estimate can exceed what is observed)."""
     out = []
     for l in layers:
-        rms, noise = _num(l.get("within_diag_rms")), _num(l.get("within_diag_rms_noise"))
-        if ("noise_positions" in l and _num(l.get("grid_relativity_index")) is None
+        rms, noise = num(l.get("within_diag_rms")), num(l.get("within_diag_rms_noise"))
+        if ("noise_positions" in l and num(l.get("grid_relativity_index")) is None
                 and not l.get("relativity_index_noise_corrected") and rms and noise is not None):
             out.append(min((noise / rms) ** 2, 1.0))
     return out
@@ -104,9 +104,9 @@ def noise_source(layers: list[dict]) -> dict:
     independent groups, None under two) and ``grid`` (the largest noise grid, where a layer has grid
     statistics; else None)."""
     layers = [l for l in layers if isinstance(l, dict)]
-    groups = [int(_num(l.get("noise_groups"))) for l in layers if _num(l.get("noise_groups")) is not None]
-    mc = any(_num(l.get("max_stderr")) is not None for l in layers)
-    pos = [int(_num(l.get("noise_positions"))) for l in layers if _num(l.get("noise_positions")) is not None]
+    groups = [int(num(l.get("noise_groups"))) for l in layers if num(l.get("noise_groups")) is not None]
+    mc = any(num(l.get("max_stderr")) is not None for l in layers)
+    pos = [int(num(l.get("noise_positions"))) for l in layers if num(l.get("noise_positions")) is not None]
     grid = max(pos) if pos and any(str(k).startswith("grid_") for l in layers for k in l) else None
     g = max(groups) if groups and max(groups) >= 2 else None
     return {"source": "monte_carlo" if mc else ("sampling" if g else None), "groups": g, "grid": grid}
@@ -119,7 +119,7 @@ def _kim_locality(live: list[dict]) -> dict:
     """``code``: ``"near"`` (every layer's |locality| > TREND, rising towards the query), ``"far"``
     (every one falling), ``"some"`` (only the ``strong`` layers beyond TREND), ``"none"`` (no layer
     beyond TREND), None (no locality)."""
-    loc = [_num(l.get("locality")) for l in live]
+    loc = [num(l.get("locality")) for l in live]
     locs = [v for v in loc if v is not None]
     strong = [l.get("layer") for l, v in zip(live, loc) if v is not None and abs(v) > TREND]
     if not locs:
@@ -139,8 +139,8 @@ def _kim_relativity(live: list[dict]) -> dict:
     index is under RELATIVE), ``"drop"`` (the first layer purely relative, a later one more than
     RELATIVE_DROP under RELATIVE), ``"relative"`` (every layer ≥ RELATIVE), ``"partial"`` (the lowest under
     PARTIAL_RELATIVE: ``unexplained`` = 1 − lowest), None (none of these)."""
-    grid = all(_num(l.get("grid_relativity_index")) is not None for l in live)
-    ri = [_num(l.get("grid_relativity_index" if grid else "relativity_index")) for l in live]
+    grid = all(num(l.get("grid_relativity_index")) is not None for l in live)
+    ri = [num(l.get("grid_relativity_index" if grid else "relativity_index")) for l in live]
     counts = p_counts(live, "nonrelative_p")
     sig, tested = (counts["significant"], counts["tested"]) if counts else (0, 0)
     low = min(ri)
@@ -166,15 +166,15 @@ def _kim_trend(live: list[dict]) -> dict | None:
     ``trend_p`` below NOISE_P, where any has one). ``code``: ``"none"`` (no significant trend),
     ``"rises"``, ``"falls"``, ``"mixed"`` (changes sign); ``subset``: the sign is that of the
     ``significant`` layers only. None where no layer has a trend."""
-    trend = [_num(l.get("diagonal_trend")) for l in live]
+    trend = [num(l.get("diagonal_trend")) for l in live]
     if all(t is None for t in trend):
         return None
     fin = [t for t in trend if t is not None]
-    tested = [(l, _num(l.get("diagonal_trend"))) for l in live if _num(l.get("trend_p")) is not None
-              and _num(l.get("diagonal_trend")) is not None]
+    tested = [(l, num(l.get("diagonal_trend"))) for l in live if num(l.get("trend_p")) is not None
+              and num(l.get("diagonal_trend")) is not None]
     subset = False
     if tested:
-        fin = [t for l, t in tested if _num(l["trend_p"]) < NOISE_P]
+        fin = [t for l, t in tested if num(l["trend_p"]) < NOISE_P]
         subset = len(fin) < len(tested)
     code = ("none" if not fin else "rises" if min(fin) > 0 else "falls" if max(fin) < 0 else "mixed")
     return {"code": code, "values": trend, "significant": len(fin), "subset": subset}
@@ -184,12 +184,12 @@ def _kim_noise(live: list[dict]) -> dict:
     """The noise floor of a scan's numbers: the grid statistics the p-values belong to (``grid``: its
     positions, trend and noise-corrected index per layer, the trend's ``p_counts``), the shares of the
     full map's within-diagonal variation that sampling noise alone gives, and :func:`too_few_groups`."""
-    grid = [l for l in live if _num(l.get("grid_diagonal_trend")) is not None]
+    grid = [l for l in live if num(l.get("grid_diagonal_trend")) is not None]
     g = None
     if grid:
-        g = {"positions": max(int(_num(l.get("noise_positions")) or 0) for l in grid),
-             "trend": [_num(l.get("grid_diagonal_trend")) for l in grid],
-             "relativity": [_num(l.get("grid_relativity_index")) for l in grid], "counts": p_counts(grid, "trend_p")}
+        g = {"positions": max(int(num(l.get("noise_positions")) or 0) for l in grid),
+             "trend": [num(l.get("grid_diagonal_trend")) for l in grid],
+             "relativity": [num(l.get("grid_relativity_index")) for l in grid], "counts": p_counts(grid, "trend_p")}
     return {"grid": g, "shares": noise_shares(live), "groups": too_few_groups(live)}
 
 
@@ -208,8 +208,8 @@ def judge_kim(layers: list[dict]) -> dict:
     layers = [l for l in layers if isinstance(l, dict)]
     missing = [l for l in layers if isinstance(l.get("missing"), dict) and "relativity_index" in l["missing"]]
     rest = [l for l in layers if l not in missing]
-    flat = [l for l in rest if _num(l.get("relativity_index")) is None]
-    live = [l for l in rest if _num(l.get("relativity_index")) is not None]
+    flat = [l for l in rest if num(l.get("relativity_index")) is None]
+    live = [l for l in rest if num(l.get("relativity_index")) is not None]
     out: dict = {"missing": _ids(missing), "reason": missing[0]["missing"]["relativity_index"] if missing else None,
                  "count": len(rest), "flat": _ids(flat), "live": _ids(live)}
     if not live:
@@ -217,19 +217,19 @@ def judge_kim(layers: list[dict]) -> dict:
     first_live = rest.index(live[0])
     p_min = smallest_p(live)[1]
     out["series"] = {
-        "relativity": [_num(l.get("relativity_index")) for l in live], "locality": [_num(l.get("locality")) for l in live],
-        "tail": bool(flat and len(live) > 1 and all(_num(l.get("relativity_index")) is not None
+        "relativity": [num(l.get("relativity_index")) for l in live], "locality": [num(l.get("locality")) for l in live],
+        "tail": bool(flat and len(live) > 1 and all(num(l.get("relativity_index")) is not None
                                                     for l in rest[first_live:])),
         "testable": p_min is None or p_min < NOISE_P,
-        "sink": any(_num(l.get("relativity_index_with_sink")) is not None for l in live),
+        "sink": any(num(l.get("relativity_index_with_sink")) is not None for l in live),
         "corrected": all(l.get("relativity_index_noise_corrected") for l in live)}
     out["locality"] = _kim_locality(live)
     out["relativity"] = _kim_relativity(live)
     out["trend"] = _kim_trend(live)
     out["noise"] = _kim_noise(live)
-    diffs = [_num(l.get("theory_max_abs_diff")) for l in rest if _num(l.get("theory_max_abs_diff")) is not None]
-    ses = [_num(l.get("max_stderr")) for l in rest if _num(l.get("max_stderr")) is not None]
-    out["extras"] = {"sink_weight": [_num(l.get("sink_weight")) for l in live if _num(l.get("sink_weight")) is not None],
+    diffs = [num(l.get("theory_max_abs_diff")) for l in rest if num(l.get("theory_max_abs_diff")) is not None]
+    ses = [num(l.get("max_stderr")) for l in rest if num(l.get("max_stderr")) is not None]
+    out["extras"] = {"sink_weight": [num(l.get("sink_weight")) for l in live if num(l.get("sink_weight")) is not None],
                      "theory_diff": max(diffs) if diffs else None, "stderr": max(ses) if ses else None}
     return out
 
@@ -245,23 +245,23 @@ def kim_finding(layers: list[dict]) -> dict | None:
     if not layers:
         return None
     j = judge_kim(layers)
-    live = [l for l in layers if _num(l.get("relativity_index")) is not None]
+    live = [l for l in layers if num(l.get("relativity_index")) is not None]
     out = {"missing": j["missing"], "reason": j["reason"], "count": len(layers), "live": len(live),
            "flat": len(layers) - len(live) - len(j["missing"])}
     if not live:
         return out
-    grid = [l for l in live if _num(l.get("grid_relativity_index")) is not None]
+    grid = [l for l in live if num(l.get("grid_relativity_index")) is not None]
     shares = noise_shares(live)
     lead = ("grid" if grid else "corrected" if all(l.get("relativity_index_noise_corrected") for l in live)
             else "shares" if shares else "plain")
     return {**out, "lead": lead, "sink": any("relativity_index_with_sink" in l for l in live),
             "relativity": [l["relativity_index"] for l in live],
-            "lowest": min(live, key=lambda l: _num(l["relativity_index"])).get("layer"),
+            "lowest": min(live, key=lambda l: num(l["relativity_index"])).get("layer"),
             "grid": [l["grid_relativity_index"] for l in grid], "grid_layers": len(grid),
-            "positions": max(int(_num(l.get("noise_positions")) or 0) for l in grid) if grid else None,
+            "positions": max(int(num(l.get("noise_positions")) or 0) for l in grid) if grid else None,
             "shares": shares, "nonrelative": p_counts(live, "nonrelative_p"),
             "locality": [l.get("locality") for l in live],
-            "trend": [_num(l.get("diagonal_trend")) for l in live if _num(l.get("diagonal_trend")) is not None],
+            "trend": [num(l.get("diagonal_trend")) for l in live if num(l.get("diagonal_trend")) is not None],
             "trend_counts": p_counts(live, "trend_p"), "groups": too_few_groups(live)}
 
 
@@ -282,13 +282,13 @@ def judge_slash(summary: dict, top: dict | None) -> dict:
     sequence length), ``code`` ``"slash"`` (ratio ≥ SLASH_RATIO), ``"weak"`` (under it) or None (no ratio);
     ``sink`` (the summary's mean weight on key 0) and ``rank_one`` (the layer whose most rank-one head has
     the largest pre-RoPE query top-1 energy, and that energy)."""
-    out: dict = {"head": None, "code": None, "sink": _num(summary.get("sink_weight")), "rank_one": None}
-    n = int(_num(summary.get("seq_len")) or 0)
+    out: dict = {"head": None, "code": None, "sink": num(summary.get("sink_weight")), "rank_one": None}
+    n = int(num(summary.get("seq_len")) or 0)
     if top is not None:
         base = uniform_slash(n, int(top.get("offset", 1))) if n else float("nan")
-        ratio = _num(top["score"]) / base if math.isfinite(base) and base > 0 else None
+        ratio = num(top["score"]) / base if math.isfinite(base) and base > 0 else None
         out["head"] = {"layer": top.get("layer"), "head": top.get("head"), "offset": top.get("offset"),
-                       "score": _num(top["score"]), "uniform": base, "ratio": ratio}
+                       "score": num(top["score"]), "uniform": base, "ratio": ratio}
         if ratio is not None:
             out["code"] = "weak" if ratio < SLASH_RATIO else "slash"
     top1 = []
@@ -296,7 +296,7 @@ def judge_slash(summary: dict, top: dict | None) -> dict:
     for l in layers if isinstance(layers, list) else []:
         if not isinstance(l, dict) or not isinstance(l.get("q_top1_energy"), list):
             continue  # an entry of the wrong shape is skipped, like every odd entry
-        q = [_num(v) for v in l["q_top1_energy"] if _num(v) is not None]
+        q = [num(v) for v in l["q_top1_energy"] if num(v) is not None]
         if q:
             top1.append((l.get("layer"), max(q)))
     if top1:
@@ -325,8 +325,8 @@ def judge_neighborhood(summary: dict, layers: list[dict], aps: list[float]) -> d
     first layer more than FIRST_LAYER_RISE above them: the first attention layer creates the pattern),
     ``"unclear"`` (every per-sequence APS under CLEAR_APS) or None; ``attn`` (the largest APS of the
     attention outputs alone), ``norms`` with their ``median`` and its :func:`norm_trend`."""
-    per_seq = any(_num(l.get("aps_mean")) is not None for l in layers)
-    emb = _num(summary.get("embedding_aps_mean", summary.get("embedding_aps")))
+    per_seq = any(num(l.get("aps_mean")) is not None for l in layers)
+    emb = num(summary.get("embedding_aps_mean", summary.get("embedding_aps")))
     controls = summary.get("controls") or {}
     if controls.get("bidirectional"):
         control = "bidirectional"
@@ -336,9 +336,9 @@ def judge_neighborhood(summary: dict, layers: list[dict], aps: list[float]) -> d
         control = "unclear"
     else:
         control = None
-    attn = [_num(l.get("attn_aps_mean", l.get("attn_aps"))) for l in layers]
+    attn = [num(l.get("attn_aps_mean", l.get("attn_aps"))) for l in layers]
     attn = [a for a in attn if a is not None]
-    norms = [_num(l.get("norm_score_mean", l.get("norm_score"))) for l in layers]
+    norms = [num(l.get("norm_score_mean", l.get("norm_score"))) for l in layers]
     norms = [v for v in norms if v is not None]
     med = sorted(norms)[len(norms) // 2] if norms else None
     return {"per_seq": per_seq, "layers": _ids(layers), "aps": aps, "max": max(aps), "embeddings": emb,
@@ -354,9 +354,9 @@ def judge_model(summary: dict) -> dict:
     or None; the losses and steps; exact-match ``accuracy`` at the training lengths and ``long`` beyond
     them, and ``generalises`` False where the accuracy drops by more than GENERALISE_DROP beyond them
     (None without both)."""
-    il, fl, steps = _num(summary.get("initial_loss")), _num(summary.get("final_loss")), summary.get("steps")
+    il, fl, steps = num(summary.get("initial_loss")), num(summary.get("final_loss")), summary.get("steps")
     trained = "untrained" if steps == 0 else ("trained" if il is not None and fl is not None else None)
-    acc, acc_long = _num(summary.get("eval_accuracy")), _num(summary.get("eval_accuracy_long"))
+    acc, acc_long = num(summary.get("eval_accuracy")), num(summary.get("eval_accuracy_long"))
     gen = None if acc is None or acc_long is None else not (acc - acc_long > GENERALISE_DROP)
     return {"trained": trained, "initial_loss": il, "final_loss": fl, "steps": steps, "accuracy": acc,
             "long": acc_long, "generalises": gen}

@@ -4,23 +4,11 @@ judges of :mod:`poslens.metrics.judge.papers`."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable
 
 from poslens.conventions import NOISE_P, SLASH_MAX_DELTA
 from poslens.fmt import fmt
-from poslens.metrics.judge.papers import noise_source, too_few_groups
-
-
-def num(v: Any) -> float | None:
-    """``v`` as a finite float, else None."""
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+from poslens.metrics.judge.papers import noise_source, num, too_few_groups
 
 
 def f2(v: Any) -> str:

@@ -12,7 +12,8 @@ from poslens.metrics.judge.papers import judge_model, kim_finding, uniform_slash
 from poslens.reporting.readings.commands import command_readings
 from poslens.reporting.readings.notes import noise_note
 from poslens.reporting.readings.common import (_count_phrase, _span, _decoder_layers, _pct_span, few_phrase, layer_aps,
-                                               noise_phrase, num)
+                                               noise_phrase)
+from poslens.metrics.judge.papers import num
 from poslens.reporting.readings.kim import kim_readings
 from poslens.reporting.readings.neighborhood import neighborhood_readings
 from poslens.reporting.readings.slash import slash_readings, slash_top

@@ -5,7 +5,8 @@ from __future__ import annotations
 from poslens.conventions import SLASH_MAX_DELTA
 from poslens.fmt import fmt
 from poslens.metrics.judge.papers import judge_slash
-from poslens.reporting.readings.common import layer_slash_head, num
+from poslens.metrics.judge.papers import num
+from poslens.reporting.readings.common import layer_slash_head
 
 
 def slash_top(summary: dict, max_delta: int = SLASH_MAX_DELTA) -> dict | None:
