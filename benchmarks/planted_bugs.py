@@ -32,7 +32,7 @@ P = [
  ("5b scan summary: per-sequence APS of previous layer", "poslens/capture/scan/finalize.py",
   '"aps_mean": aps_mean[li + 1],', '"aps_mean": aps_mean[li],', "test_references.py"),
  ("6 slash reading: inverted ratio", "poslens/metrics/judge/papers.py",
-  "        ratio = _num(top[\"score\"]) / base if", "        ratio = base / _num(top[\"score\"]) if", "test_references.py"),
+  "        ratio = num(top[\"score\"]) / base if", "        ratio = base / num(top[\"score\"]) if", "test_references.py"),
  ("7 kim_readings: flipped sign test", "poslens/metrics/judge/papers.py",
   "    elif min(locs) > TREND:", "    elif min(locs) > -TREND:", "test_references.py"),
  ("7b kim_readings: flipped far sign", "poslens/metrics/judge/papers.py",
