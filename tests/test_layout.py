@@ -364,7 +364,8 @@ def test_names_are_imported_from_the_module_that_defines_them():
 
 #: the facts every stage shares (poslens.conventions): each assigned there and nowhere else
 FACTS = ("LAYER_CONVENTION", "NOISE_P", "FEW_GROUPS_MARGIN", "SLASH_MIN_DELTA", "SLASH_MAX_DELTA", "RELATIVE",
-         "TREND", "PANEL_TREND", "NORM_SHRINK", "ADJACENT", "ADJACENT_WEAK", "THEORY_CLOSE", "VERDICT_THRESHOLDS")
+         "TREND", "PANEL_TREND", "NORM_SHRINK", "ADJACENT", "ADJACENT_WEAK", "THEORY_CLOSE", "VERDICT_THRESHOLDS",
+         "CHANGE_THRESHOLDS")
 #: names that restate a fact under another name (a significance level, a layer convention, a slash range)
 RESTATED = ("LEVEL", "SIGNIFICANT", "ALPHA", "THRESHOLDS")
 

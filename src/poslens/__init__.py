@@ -22,7 +22,7 @@ from poslens.errors import PoslensError  # noqa: E402
 #: the public functions and classes, imported on first use (``import poslens`` stays light)
 _API = {**{name: "poslens.api" for name in ("scan", "simulate", "slash", "neighborhood", "panels", "kim_maps",
                                              "probes", "sweep", "fingerprint", "ablate", "report", "load",
-                                             "Result")},
+                                             "Result", "compare", "CompareResult")},
         "Statistic": "poslens.capture.statistics.protocol"}
 
 __all__ = ["PoslensError", "__version__", *_API]

@@ -49,3 +49,22 @@ VERDICT_THRESHOLDS = {
     "frequency": 0.1,   # share of q·k energy in the low band beyond that band's share of dimensions
     "massive": 0.1,     # share of massive dims in the low band beyond that band's share of dimensions
 }
+
+#: per reading of ``poslens compare``: the smallest change (B − A, in the reading's own unit) a verdict
+#: calls ``changed``, beyond the noise floor ``z·SE`` and significant after Benjamini–Hochberg (stated in
+#: docs/compare.md)
+CHANGE_THRESHOLDS = {
+    "sink": 0.02,              # share of a head's attention on key 0
+    "slash": 0.02,             # SlashScore at the head's best offset (mean weight on that diagonal)
+    "prev_token": 0.02,        # SlashScore(1)
+    "entropy": 0.05,           # nats per query row
+    "distance": 0.01,          # mean attention distance, as a share of the sequence length
+    "relativity": 0.02,        # relativity index of the layer's mean score map (key 0 left out)
+    "locality": 0.02,          # locality of the layer's mean score map
+    "diagonal_trend": 0.05,    # signed diagonal trend of the layer's mean score map
+    "band_high": 0.02,         # share of q·k energy in the high / medium / low RoPE band
+    "band_medium": 0.02,
+    "band_low": 0.02,
+    "massive_dims": 1.0,       # massive pre-RoPE q and k dimensions of the layer (a count)
+    "loss": 0.01,              # next-token loss, nats per token
+}

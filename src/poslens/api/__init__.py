@@ -23,9 +23,9 @@ Modules: :mod:`.result` (``Result``, ``load``), :mod:`.commands` (one function p
 :mod:`.calls` (what they share).
 """
 
-from poslens.api.commands import (ablate, fingerprint, kim_maps, neighborhood, panels, probes, report, scan, simulate,
-                                  slash, sweep)
-from poslens.api.result import Result, load
+from poslens.api.commands import (ablate, compare, fingerprint, kim_maps, neighborhood, panels, probes, report, scan,
+                                  simulate, slash, sweep)
+from poslens.api.result import CompareResult, Result, load
 
-__all__ = ["Result", "ablate", "fingerprint", "kim_maps", "load", "neighborhood", "panels", "probes", "report", "scan",
-           "simulate", "slash", "sweep"]
+__all__ = ["CompareResult", "Result", "ablate", "compare", "fingerprint", "kim_maps", "load", "neighborhood", "panels",
+           "probes", "report", "scan", "simulate", "slash", "sweep"]

@@ -290,3 +290,63 @@ def ablate(model, interventions="rope-off", *, layers="each", tokenizer=None, da
         with _threads(threads):
             run_ablate(cfg, progress=progress, model=loaded, tokenizer=tokenizer, data=py_data)
         return _finish(path, tmp)
+
+
+def compare(a, b=None, *, variants=None, data="stdlib", data_b=None, tokenizer=None, seq_len=256,
+            num_seqs: int = 16, batch_size: int = 4, seed: int = 0, noise_groups: int = 16, map_size: int = 256,
+            beyond_context: bool = False, device: str = "auto", dtype: str = "auto",
+            out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
+            progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
+            trust_remote_code: bool = False):
+    """Compare two variants of a model on the same sequences (``poslens compare``); returns a
+    :class:`poslens.api.result.CompareResult`.
+
+    ``a``, ``b``: loaded causal LMs (handed back as they were) or model paths (directory or ``.gguf``);
+    ``b`` None compares ``a`` with ``a`` under ``variants``: ``"rope-scaling=yarn:4"`` (linear, dynamic,
+    yarn, llama3 through transformers' own RoPE code), ``"rope-theta=X"``, ``"dtype=bfloat16"``,
+    ``"window=W"``, or an ablate intervention such as ``"rope-off@3"`` / ``"sink-off@all"``; each applied
+    to the loaded model and undone afterwards. Two models must share a tokenizer and a layer × head grid.
+
+    ``seq_len``: one length or several (``[512, 2048]`` or ``"512,2048"``): every variant at every length,
+    on the same sequences cut to each; ``beyond_context=True`` allows lengths past the model's trained
+    context. ``noise_groups``: sequence groups of the paired statistics (sequence n in group n % G).
+    ``map_size``: score maps as block means on at most this many blocks per axis (0: full maps).
+    ``data_b``: other sequences for side B, paired row by row with ``data`` (a null check: the same model
+    on two samples).
+
+    ``result.changes()`` is one row per reading, length, layer and head: ``a``, ``b``, ``delta`` (B − A),
+    ``se``, ``p`` (sign-flip, Benjamini–Hochberg over each reading's cells) and ``verdict``
+    (``changed`` / ``unchanged``, by the one verdict rule against ``z·se`` and the reading's threshold)."""
+    from poslens.analysis.compare.config import CompareConfig
+    from poslens.analysis.compare.run import run_compare
+    from poslens.api.result import CompareResult
+    from poslens.data.sources import is_python_data
+
+    dir_a, loaded_a = _model_arg(a)
+    dir_b, loaded_b = _model_arg(b) if b is not None else (None, None)
+    if isinstance(variants, str):
+        variants = [variants]
+    for name, v in (("num_seqs", num_seqs), ("batch_size", batch_size), ("noise_groups", noise_groups),
+                    ("seed", seed), ("map_size", map_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise PoslensError(f"{name}={v!r}: pass an integer.")
+    py_data = None
+    if is_python_data(data):
+        py_data, data = data, "python"
+    if out is not None and Path(out).exists() and not overwrite:
+        raise PoslensError(f"out={str(out)!r} exists; choose a new directory or pass overwrite=True.")
+    with _run_dir(out, overwrite=overwrite) as (path, tmp):
+        cfg = CompareConfig(model_a=dir_a, model_b=dir_b, variants=list(variants or []), out=str(path), data=str(data),
+                            seq_lens=seq_len, num_seqs=num_seqs, batch_size=batch_size, seed=seed,
+                            noise_groups=noise_groups, map_size=map_size, beyond_context=bool(beyond_context),
+                            device=device, dtype=dtype, figures=figures, overwrite=overwrite and out is not None,
+                            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        with _threads(threads):
+            run_compare(cfg, progress=progress, model_a=loaded_a, model_b=loaded_b, tokenizer=tokenizer, data=py_data,
+                        data_b=data_b)
+        r = CompareResult(path, _tmp=tmp)
+        if tmp is not None:
+            import weakref
+
+            weakref.finalize(r, tmp.cleanup)
+        return r

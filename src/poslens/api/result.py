@@ -383,6 +383,75 @@ def _index_of(layer, ids: list, name: str) -> int:
                        "(decoder layers count from 0).")
 
 
+#: the columns of :meth:`CompareResult.changes`, in order, with what each holds
+CHANGE_COLUMNS = {
+    "reading": "sink, slash, prev_token, entropy, distance (per head, and per layer as the mean over heads); "
+               "relativity, locality, diagonal_trend, band_high/medium/low, massive_dims (per layer); loss",
+    "seq_len": "tokens per sequence of this row",
+    "beyond_context": "seq_len is past the reference model's trained context",
+    "layer": "decoder layer, counted from 0 (None for the loss)",
+    "head": "query head (None: the layer's row)",
+    "positions": "the loss row's positions [first, last] (None for other readings)",
+    "a": "the reading of side A (mean over sequence groups)",
+    "b": "the reading of side B on the same sequences",
+    "delta": "b − a, the mean of the per-group differences",
+    "se": "standard error of delta over the sequence groups",
+    "p": "two-sided sign-flip p-value of delta = 0 over the groups",
+    "floor": "z·se: the largest |delta| sampling noise alone reaches at the level",
+    "threshold": "the smallest |delta| called a change (CHANGE_THRESHOLDS)",
+    "significant": "p below the level after Benjamini–Hochberg over the reading's cells at this length",
+    "verdict": "changed (significant and |delta| − floor ≥ threshold) or unchanged",
+    "offset_a": "slash: side A's best offset Δ (where both sides' SlashScores are read)",
+    "offset_b": "slash: side B's own best offset Δ",
+}
+
+
+class CompareResult(Result):
+    """A finished comparison (``poslens compare``): :meth:`changes` is the table of every paired change,
+    ``maps`` the per-group readings of both sides (``{a|b}.{S}.{reading}``), :meth:`plot` its figures."""
+
+    def changes(self, reading: str | None = None, seq_len: int | None = None):
+        """One row per reading, length, layer and head (the columns below); ``reading`` / ``seq_len``
+        keep only those rows. ``attrs["layer_convention"]``: decoder layers count from 0.
+
+{columns}
+        """
+        import pandas as pd
+
+        beyond = self.summary.get("beyond_context") or {}
+        rows = []
+        for r in self.summary.get("changes") or []:
+            if not isinstance(r, dict) or (reading is not None and r.get("reading") != reading) or \
+                    (seq_len is not None and r.get("seq_len") != seq_len):
+                continue
+            rows.append({**{k: r.get(k) for k in CHANGE_COLUMNS}, "beyond_context": bool(beyond.get(str(r.get("seq_len"))))})
+        if reading is not None and not rows and reading not in {r.get("reading") for r in self.summary.get("changes") or []}:
+            raise PoslensError(f"changes(reading={reading!r}): this comparison has no such reading; it has "
+                               f"{', '.join(sorted({str(r.get('reading')) for r in self.summary.get('changes') or []}))}.")
+        df = pd.DataFrame(rows, columns=list(CHANGE_COLUMNS))
+        for c in ("layer", "head", "offset_a", "offset_b"):
+            df[c] = df[c].astype("Int64")
+        df.attrs["layer_convention"] = _layer_convention(self.summary)
+        return df
+
+    changes.__doc__ = changes.__doc__.format(columns=_columns_doc(CHANGE_COLUMNS))
+
+    def plot(self, name: str = "change", reading: str = "sink", *, seq_len: int | None = None, ax=None):
+        """A matplotlib Figure: ``"change"`` the layers × heads map of B − A for ``reading`` (diverging, centred
+        on 0, unchanged cells grey), ``"layers"`` the reading by layer for A and B with the noise floor,
+        ``"lengths"`` the reading against length, ``"loss"`` the loss by position for both sides."""
+        from poslens.analysis.compare.figures import compare_plot
+
+        return compare_plot(self, name, reading, seq_len=seq_len, ax=ax)
+
+
 def load(path: str | os.PathLike) -> Result:
-    """Read a run directory back (written by the CLI or by :meth:`Result.save`)."""
-    return Result(path)
+    """Read a run directory back (written by the CLI or by :meth:`Result.save`); a comparison comes back as a
+    :class:`CompareResult`."""
+    from poslens.rundir.load import load_run
+
+    try:
+        command = load_run(Path(path)).command
+    except PoslensError:
+        command = None  # Result says what is wrong with it
+    return CompareResult(path) if command == "compare" else Result(path)

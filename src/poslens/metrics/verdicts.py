@@ -117,3 +117,31 @@ RULE = ("reproduced when value − max(chance, floor) ≥ threshold; chance: wha
         f"gives; floor: the largest value sampling noise reaches at the one-sided level {LEVEL} (z·SE above chance, "
         "or the binomial bound of the items' false-positive rate); several layers' tests at a false discovery "
         f"rate of {LEVEL} (Benjamini–Hochberg)")
+
+
+#: the verdict codes of a change (``poslens compare``): beyond the noise and the threshold, or not
+CHANGED, UNCHANGED = "changed", "unchanged"
+
+
+def change_verdicts(delta: list[float], se: list[float | None], p: list[float | None], threshold: float,
+                    level: float = LEVEL) -> list[dict]:
+    """The verdict of each paired change of one family (one reading at one length, over its layers and
+    heads): the record ``{value, chance, floor, threshold, significant, verdict}`` with ``value = |delta|``,
+    ``chance = 0`` (no change), ``floor = z·SE`` (the largest |delta| sampling noise alone reaches at the
+    one-sided level), ``significant`` (the sign-flip p-value below ``level`` after Benjamini–Hochberg over
+    the family) and ``verdict`` :data:`CHANGED` when the change is significant and
+    ``value − max(chance, floor) ≥ threshold`` (the one rule, :func:`beyond`), else :data:`UNCHANGED`. A
+    change with no SE or p (fewer than two groups) is unchanged: no noise was measured."""
+    finite = [i for i, x in enumerate(p) if x is not None and math.isfinite(x)]
+    sig = [False] * len(p)
+    for i, s in zip(finite, bh_significant([p[i] for i in finite], level)):
+        sig[i] = s
+    out = []
+    for dv, s, ok in zip(delta, se, sig):
+        value = abs(dv) if dv is not None and math.isfinite(dv) else None
+        floor = mean_floor(0.0, s, level) if s is not None and math.isfinite(s) else None
+        judged = value is not None and floor is not None
+        changed = judged and ok and beyond(value, 0.0, floor, threshold)
+        out.append({"value": value, "chance": 0.0, "floor": floor, "threshold": threshold, "significant": ok,
+                    "verdict": CHANGED if changed else UNCHANGED})
+    return out

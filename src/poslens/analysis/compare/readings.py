@@ -1,0 +1,167 @@
+"""What ``poslens compare`` reads from one sequence group's capture: every positional reading, per
+decoder layer (from 0) and per head where the reading is per head, and the next-token losses of
+the same forwards.
+
+Per head (``[L, H]``): the sink share (mean weight on key 0 over the queries after it), the slash
+profile (SlashScore by offset, arXiv 2601.08297; the best offset is chosen on the pooled profile),
+the previous-token score SlashScore(1), the entropy of the attention rows and the mean attention
+distance. Per layer (``[L]``): the relativity index, locality and diagonal trend of the layer's mean
+score map (key 0 left out, as the scan reads them), the share of q·k energy in each RoPE band (the
+fingerprint's measure, bands of the reference side's frequencies) and the number of massive
+pre-RoPE q and k dimensions (Jin et al., ICML 2025, Definition 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from poslens.capture.statistics.protocol import Statistic
+from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
+from poslens.metrics import describe_map
+from poslens.metrics.fingerprint import MASSIVE_LAMBDA, band_shares, frequency_usage, massive_dims
+from poslens.metrics.neighborhood import aps_positions
+from poslens.metrics.slash import scored_offsets
+from poslens.rope import BANDS
+
+#: the statistics a compare capture accumulates (the entropy is :class:`HeadEntropy`)
+COMPARE_STATS = "scores,slash,qk"
+#: positions the O(S^3) locality of a score map is computed on (as the scan's APS positions)
+LOCALITY_POSITIONS = 256
+#: key columns left out of the score-map readings (the attention sink, as the scan's headline numbers)
+SINK_COLUMNS = (0,)
+
+#: the per-head readings and the per-layer ones, in the order of the tables
+HEAD_READINGS = ("sink", "slash", "prev_token", "entropy", "distance")
+LAYER_READINGS = ("relativity", "locality", "diagonal_trend", *(f"band_{b}" for b in BANDS), "massive_dims")
+
+
+class HeadEntropy(Statistic):
+    """Each head's mean entropy of its attention rows (nats), ``-sum_j p_ij log p_ij`` averaged over
+    the query rows and the sequences: ``entropy [L, H]`` (decoder layers in the order captured)."""
+
+    needs = ("probs",)
+
+    def __init__(self):
+        self.sum: dict[int, torch.Tensor] = {}
+        self.rows: dict[int, int] = {}
+
+    def add(self, layer, probs):
+        e = torch.special.entr(probs).sum(-1)  # [b, H, c]: 0 log 0 = 0 for the keys a row does not see
+        s = e.sum((0, 2)).to(torch.float64).cpu()
+        self.sum[layer] = self.sum[layer] + s if layer in self.sum else s
+        self.rows[layer] = self.rows.get(layer, 0) + probs.shape[0] * probs.shape[2]
+
+    def merge(self, other):
+        for l, s in other.sum.items():
+            self.sum[l] = self.sum[l] + s if l in self.sum else s.clone()
+            self.rows[l] = self.rows.get(l, 0) + other.rows[l]
+
+    def state_dict(self):
+        return {"sum": {int(l): s for l, s in self.sum.items()}, "rows": {int(l): r for l, r in self.rows.items()}}
+
+    def load_state_dict(self, state):
+        self.sum = {int(l): s for l, s in state["sum"].items()}
+        self.rows = {int(l): int(r) for l, r in state["rows"].items()}
+
+    def result(self):
+        return {"entropy": torch.stack([self.sum[l] / self.rows[l] for l in sorted(self.sum)])}
+
+
+def mean_distance(slash: torch.Tensor) -> torch.Tensor:
+    """The mean attention distance ``(1/S) sum_i sum_j p_ij (i - j)`` ``[...]`` from slash profiles
+    ``[..., S]`` (``slash[d]`` the mean weight on offset ``d``, over the ``S - d`` queries that have
+    one): the diagonal sums are ``(S - d) slash[d]``, so the expected offset needs nothing else."""
+    S = slash.shape[-1]
+    d = torch.arange(S, dtype=torch.float64, device=slash.device)
+    return (slash.to(torch.float64) * (d * (S - d))).sum(-1) / S
+
+
+def sink_share(sink_heads: torch.Tensor) -> torch.Tensor:
+    """Each head's mean weight on key 0 over the queries after it, ``[L, H]`` from ``[L, H, S]``."""
+    return sink_heads[..., 1:].to(torch.float64).mean(-1) if sink_heads.shape[-1] > 1 \
+        else torch.full(sink_heads.shape[:-1], float("nan"), dtype=torch.float64)
+
+
+def slash_profile(slash: torch.Tensor) -> torch.Tensor:
+    """The SlashScores at the scored offsets ``[L, H, D]`` (offset ``d`` at index ``d - SLASH_MIN_DELTA``)."""
+    offs = scored_offsets(slash.shape[-1], SLASH_MIN_DELTA, SLASH_MAX_DELTA)
+    return slash[..., offs.start:offs.stop].to(torch.float64)
+
+
+def score_map_readings(scores: torch.Tensor, windows: list, map_view) -> dict[str, torch.Tensor]:
+    """Relativity index, locality and diagonal trend of each layer's mean score map ``[L, M, M]``
+    (``map_view(map, window)``: the map as the summary reads it, NaN where no query sees the entry),
+    key 0 left out: ``{name: [L]}`` (NaN for a flat map)."""
+    out = {k: [] for k in ("relativity", "locality", "diagonal_trend")}
+    for li in range(scores.shape[0]):
+        m = map_view(scores[li].to(torch.float64), windows[li])
+        S = m.shape[-1]
+        idx = aps_positions(S, LOCALITY_POSITIONS)
+        sub = m[idx][:, idx] if S > LOCALITY_POSITIONS else m
+        d = describe_map(m, exclude_keys=SINK_COLUMNS, locality_map=sub)
+        for k, key in (("relativity", "relativity_index"), ("locality", "locality"), ("diagonal_trend", "diagonal_trend")):
+            v = d.get(key)
+            out[k].append(float("nan") if v is None or d.get("flat") else float(v))
+    return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
+
+
+def energy_readings(q_gram: torch.Tensor, k_gram: torch.Tensor, labels: list, rotary_dim: int | None,
+                    layout: str) -> dict[str, torch.Tensor]:
+    """Per layer: the share of q·k energy in each RoPE band (mean over the query heads; ``labels[l]``
+    the band of each rotary pair of layer ``l``, None where the layer has no RoPE: NaN) and the number
+    of massive pre-RoPE q and k dimensions (Jin et al.'s lambda = 5)."""
+    L = q_gram.shape[0]
+    out = {f"band_{b}": torch.full((L,), float("nan"), dtype=torch.float64) for b in BANDS}
+    if rotary_dim:
+        pairs, unrot = frequency_usage(q_gram, k_gram, rotary_dim, layout)
+        for l in range(L):
+            if labels[l] is None:
+                continue
+            shares = band_shares(pairs[l], unrot[l], labels[l])
+            for b in BANDS:
+                out[f"band_{b}"][l] = shares[b].nanmean()
+    q = massive_dims(q_gram.to(torch.float64), MASSIVE_LAMBDA).sum((1, 2))
+    k = massive_dims(k_gram.to(torch.float64), MASSIVE_LAMBDA).sum((1, 2))
+    out["massive_dims"] = (q + k).to(torch.float64)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the losses of the same forwards
+# --------------------------------------------------------------------------------------------
+#: query positions whose logits are formed at a time (the LM head's [B, rows, vocab] block)
+LOSS_ROWS = 512
+
+
+def next_token_losses(model, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``[B, S - 1]`` float32: the cross-entropy of token ``t`` given the tokens before it, from the final
+    hidden states ``[B, S, d]`` through the model's LM head, ``LOSS_ROWS`` positions at a time (one pass of
+    the head; the ``[B, S, vocab]`` logits are never held whole), with the model's final logit soft cap."""
+    head = model.get_output_embeddings()
+    cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    B, S, _ = hidden.shape
+    out = torch.empty(B, S - 1, dtype=torch.float32, device=ids.device)
+    with torch.no_grad():
+        for s in range(0, S - 1, LOSS_ROWS):
+            e = min(S - 1, s + LOSS_ROWS)
+            logits = head(hidden[:, s:e]).float()
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            out[:, s:e] = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), ids[:, s + 1:e + 1].reshape(-1), reduction="none").view(B, -1)
+    return out
+
+
+def bucket_losses(losses: torch.Tensor, buckets: list[tuple[int, int]]) -> torch.Tensor:
+    """``[N, 1 + len(buckets)]`` float64: each sequence's mean loss over every position, then over each
+    position bucket ``[lo, hi)`` of :func:`poslens.analysis.ablate.losses.position_buckets`."""
+    x = losses.to(torch.float64)
+    cols = [x.mean(1)] + [x[:, lo - 1:hi - 1].mean(1) for lo, hi in buckets]
+    return torch.stack(cols, 1)
+
+
+def finite_or_none(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
