@@ -303,7 +303,6 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
     ``data``: sequences from Python; ``data_b``: other sequences for side B (a null check: the same model
     on two disjoint samples, paired row by row), else B reads A's."""
     from poslens.analysis.compare.variants import applied, parse_variant, variant_label
-    from poslens.capture.model.source import source_record
     from poslens.data.sources import is_python_data, make_source, python_source
     from poslens.progress import task_progress
     from poslens.rundir.lock import release_out_dir
