@@ -195,13 +195,15 @@ class Result:
         :mod:`poslens.reporting.readings` (the sentences the terminal and the report show)."""
         from poslens.reporting.readings.commands import command_readings
         from poslens.reporting.readings.findings import run_readings
+        from poslens.reporting.readings.notes import beyond_context_note
 
+        beyond = [n for n in (beyond_context_note(self.summary),) if n]  # a scan past the trained context
         made = command_readings(self.command, self.summary)
         if made is not None:
-            return made
+            return beyond + made
         papers = self.summary.get("paper") or []
         papers = [papers] if isinstance(papers, str) else list(papers)
-        return [r for paper in papers for r in run_readings(self.command, papers, self.summary, paper)]
+        return beyond + [r for paper in papers for r in run_readings(self.command, papers, self.summary, paper)]
 
     def tables(self) -> dict:
         """The summary's tables as DataFrames, by name."""

@@ -90,10 +90,14 @@ def _interrupted(cfg: ScanConfig, replacing: bool) -> str:
 
 def _print_scan(summary: dict, out: Path) -> None:
     from poslens.reporting.quantities import slash_matrix
+    from poslens.reporting.readings.notes import beyond_context_note
     from poslens.rundir.load import load_run
 
     console = Console()
     console.print(scan_table(summary, slash_matrix(load_run(out))))
+    beyond = beyond_context_note(summary)
+    if beyond:
+        console.print(beyond)
     tp = summary.get("throughput") or {}
     if tp.get("tokens_per_s"):
         peak = tp.get("peak_gpu_memory_bytes")

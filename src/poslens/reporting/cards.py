@@ -16,6 +16,7 @@ from poslens.reporting.collect import expand
 from poslens.reporting.elements import _MIME, _inside, _slug, embed_figure, embed_file, sparse_sentence, table
 from poslens.reporting.readings.papers import PAPERS
 from poslens.reporting.readings.findings import key_findings, model_readings, run_readings
+from poslens.reporting.readings.notes import beyond_context_note
 from poslens.metrics.judge.papers import num
 from poslens.reporting.quantities import (HEAD_QUANTITIES, LAYER_QUANTITIES, MAX_TABLE_LAYERS, head_figure,
                                          layer_figure, layer_quantities, layer_table, slash_matrix, slash_profiles)
@@ -146,6 +147,9 @@ def generic_cards(run: Run, slash_cache: dict | None = None, *, overlaid: bool =
     own_figs = run_figures(run, notes, per_layer_drawn=any(quantities.values()))
     if run.summary.get("stopped_early"):
         notes.append("stopped early: every score's standard error fell below the target.")
+    beyond = beyond_context_note(run.summary)
+    if beyond:
+        notes.append(beyond)
     label = run_label(run)
     cards = []
     for i, paper in enumerate(papers):

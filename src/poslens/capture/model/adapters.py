@@ -44,6 +44,9 @@ class Adapter:
     #: decoder-layer module whose *input* is the residual stream after attention (None: parallel block)
     resid_mid_path: str | None = "post_attention_layernorm"
     rope_layout: str = "half"  # "half" (rotate_half: pair l with l + r/2) or "interleaved" (pairs 2l, 2l+1)
+    #: the learned absolute position table (GPT-2's ``wpe``), one row per trained position: such a model
+    #: cannot run past its trained context (None: positions of any length, RoPE or none)
+    position_table: str | None = None
     generic: bool = False
     notes: str = ""
 
@@ -313,7 +316,8 @@ ADAPTERS: dict[str, Adapter] = {a.model_type: a for a in (
        "un-rotated in that layout and stored reordered to the rotate_half layout; parallel attention and MLP"),
     _a("smollm3", notes="NoPE layers from config.no_rope_layers"),
     _a("gpt2", layers_path="transformer.h", rotary_path=None, attn_path="attn", out_proj_path="c_proj",
-       resid_mid_path="ln_2", notes="learned absolute positions, no RoPE; fused c_attn (Conv1D)"),
+       resid_mid_path="ln_2", position_table="transformer.wpe",
+       notes="learned absolute positions, no RoPE; fused c_attn (Conv1D)"),
 )}
 
 #: heuristics for an architecture not on the list (checked by a dry run, :func:`check_dispatch`)

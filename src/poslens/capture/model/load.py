@@ -119,9 +119,10 @@ def check_weight_shapes(model_dir: str | Path, config) -> None:
 
 
 def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickle: bool = False,
-                      trust_remote_code: bool = False):
+                      trust_remote_code: bool = False, beyond_context: bool | None = None):
     """Check a model directory or ``.gguf`` file (safety, config present), read its config and
-    adapter, and check that ``seq_len`` fits the model's positions. Returns ``(config, adapter)``;
+    adapter, and check that ``seq_len`` fits the model's positions (``beyond_context``: as
+    :func:`check_seq_len`). Returns ``(config, adapter)``;
     loads no weights (a GGUF file is dequantised into the cache on first use,
     :mod:`poslens.capture.model.source`)."""
     from transformers import AutoConfig
@@ -135,15 +136,17 @@ def open_model_config(model_dir: str, *, seq_len: int | None = None, allow_pickl
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except (ValueError, TypeError, KeyError, AttributeError) as e:  # incl. huggingface_hub's field validation
         raise PoslensError(f"{model_dir}/config.json: {' '.join(str(e).split())[:300]}") from None
-    adapter = checked_adapter(config, given, seq_len=seq_len)
+    adapter = checked_adapter(config, given, seq_len=seq_len, beyond_context=beyond_context)
     check_weight_shapes(model_dir, config)
     return config, adapter
 
 
-def checked_adapter(config, where: str, *, seq_len: int | None = None, flag: str = "--seq-len"):
+def checked_adapter(config, where: str, *, seq_len: int | None = None, flag: str = "--seq-len",
+                    beyond_context: bool | None = None):
     """The adapter of ``config`` once its attention geometry reads (an architecture without one, e.g. a
     state-space model, fails here in one line) and ``seq_len`` fits its positions. ``where`` names the
-    model in the errors, ``flag`` the sequence-length option (``seq_len=`` from Python)."""
+    model in the errors, ``flag`` the sequence-length option (``seq_len=`` from Python);
+    ``beyond_context`` as :func:`check_seq_len`."""
     from poslens.capture.model.adapters import ADAPTERS
 
     adapter = get_adapter(config)
@@ -153,17 +156,36 @@ def checked_adapter(config, where: str, *, seq_len: int | None = None, flag: str
         raise PoslensError(f"{where}: model type {getattr(config, 'model_type', None)!r} has no attention "
                            f"geometry poslens can read ({str(e).splitlines()[0][:120]}); supported: "
                            f"{', '.join(sorted(ADAPTERS))}.") from None
-    check_seq_len(adapter, config, seq_len, where, flag)
+    check_seq_len(adapter, config, seq_len, where, flag, beyond_context=beyond_context)
     return adapter
 
 
-def check_seq_len(adapter, config, seq_len: int | None, where: str, flag: str = "--seq-len") -> None:
-    """Refuse a ``seq_len`` beyond the model's positions (``where`` names the model, ``flag`` the option)."""
-    maxpos = adapter.max_positions(config)
-    if seq_len is not None and maxpos is not None and seq_len > maxpos:
-        sep = " " if flag.startswith("--") else "="
+def trained_context(adapter, config) -> int | None:
+    """The model's trained context: the positions its config declares (``max_position_embeddings``,
+    GPT-2's ``n_positions``), or None where it declares none."""
+    return adapter.max_positions(config)
+
+
+def check_seq_len(adapter, config, seq_len: int | None, where: str, flag: str = "--seq-len", *,
+                  beyond_context: bool | None = None) -> None:
+    """Refuse a ``seq_len`` beyond the model's trained context (``where`` names the model, ``flag`` the
+    option). ``beyond_context``: None where the command has no such option (the refusal names only
+    ``flag``); False where it has one (``--beyond-context``, ``beyond_context=True`` from Python: the
+    refusal names it too); True lets the length pass, except on a model with learned absolute positions,
+    whose position table has no row past its trained context."""
+    maxpos = trained_context(adapter, config)
+    if seq_len is None or maxpos is None or seq_len <= maxpos:
+        return
+    sep = " " if flag.startswith("--") else "="
+    option = "--beyond-context" if flag.startswith("--") else "beyond_context=True"
+    if not beyond_context:
+        offer = "" if beyond_context is None else f", or {option} to measure past the trained context"
         raise PoslensError(f"{flag} {seq_len} exceeds the model's maximum of {maxpos} positions ({where}); "
-                           f"pass {flag}{sep}{maxpos} or less.")
+                           f"pass {flag}{sep}{maxpos} or less{offer}.")
+    if adapter.position_table is not None:
+        raise PoslensError(f"{flag} {seq_len} with {option}: model type {adapter.model_type!r} has learned absolute "
+                           f"positions (its position table has {maxpos} rows), so it cannot run past position "
+                           f"{maxpos} ({where}); pass {flag}{sep}{maxpos} or less.")
 
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from poslens.capture.model.adapters import layer_rope
+from poslens.capture.model.load import trained_context
 from poslens.capture.statistics.protocol import qualified_name
 from poslens.capture.statistics.accumulators import noise_grid
 from poslens.conventions import LAYER_CONVENTION
@@ -237,11 +238,15 @@ def _summary(r: _Reader, layers: list) -> dict:
     cfg, spec, blocks, k = r.plan.cfg, r.spec, r.blocks, r.k
     offs = scored_offsets(spec.seq_len, SLASH_MIN_DELTA, SLASH_MAX_DELTA)
     aps_mean, aps_std = r.aps
+    trained = trained_context(r.plan.adapter, r.plan.config)
     return {
         "model_dir": str(cfg.model_dir),
         "model_type": r.plan.adapter.model_type,
         "num_seqs": r.n_seqs,
         "seq_len": spec.seq_len,
+        # the model's trained context (max_position_embeddings) and whether seq_len is past it (--beyond-context)
+        "trained_context": trained,
+        "beyond_context": trained is not None and spec.seq_len > trained,
         "layer_convention": LAYER_CONVENTION,
         "stats": sorted(spec.stats),
         "user_statistics": [qualified_name(st) for st in r.capture.user],

@@ -135,6 +135,8 @@ class ScanConfig:
                       python_default=None)
     data: str = option("stdlib", DATA_HELP, python="positional", python_type=Any)
     seq_len: int = option(256, "Tokens per sequence (at most the model's maximum).", python_default=None)
+    beyond_context: bool = option(False, "Allow --seq-len past the model's trained context (max_position_embeddings); "
+                                         "every reading is then marked as beyond it.")
     num_seqs: int = option(64, "Sequences to average over.", python_default=None)
     batch_size: int = option(4, "Sequences per forward pass.")
     seed: int = option(0, "Seed of --data random and of the --reservoir sample.")

@@ -56,18 +56,21 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
                   hold=(lambda path: hold_run_dir(path, command="scan")) if lock else None)
     stats = parse_stats(cfg.stats)
     where, flag = (f"model {type(model).__name__}", "seq_len") if model is not None else (cfg.model_dir, "--seq-len")
+    beyond = bool(cfg.beyond_context)
     if model is not None:
-        config, adapter = loaded_model_config(model, seq_len=None if data is not None else cfg.seq_len)
+        config, adapter = loaded_model_config(model, seq_len=None if data is not None else cfg.seq_len,
+                                              beyond_context=beyond)
     else:
         config, adapter = open_model_config(cfg.model_dir, seq_len=None if data is not None else cfg.seq_len,
-                                            allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code)
+                                            allow_pickle=cfg.allow_pickle, trust_remote_code=cfg.trust_remote_code,
+                                            beyond_context=beyond)
     if data is not None:  # in memory: its rows give seq_len and num_seqs unless they are set
         if tokenizer is None and isinstance(data, (list, tuple)) and any(isinstance(x, str) for x in data):
             tokenizer = _model_tokenizer(cfg, model)
         source, label = python_source(data, seq_len=cfg.seq_len, num_seqs=cfg.num_seqs, tokenizer=tokenizer,
                                       vocab_size=getattr(config, "vocab_size", None))
         cfg = dataclasses.replace(cfg, data=label, seq_len=source.seq_len, num_seqs=source.num_seqs)
-        check_seq_len(adapter, config, cfg.seq_len, where, flag)
+        check_seq_len(adapter, config, cfg.seq_len, where, flag, beyond_context=beyond)
     L = adapter.num_layers(config)
     H = adapter.num_heads(config)
     require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
@@ -143,14 +146,14 @@ def planned_rope_layers(adapter: Adapter, config, model=None, *, trust_remote_co
 # --------------------------------------------------------------------------------------------
 # a model already in memory
 # --------------------------------------------------------------------------------------------
-def loaded_model_config(model, *, seq_len: int | None = None):
+def loaded_model_config(model, *, seq_len: int | None = None, beyond_context: bool | None = None):
     """``(config, adapter)`` of a loaded causal LM, with the same checks as :func:`open_model_config`."""
     from poslens.capture.model.borrow import check_causal_lm
     from poslens.capture.model.load import checked_adapter
 
     check_causal_lm(model)
     return model.config, checked_adapter(model.config, f"model {type(model).__name__}", seq_len=seq_len,
-                                         flag="seq_len")
+                                         flag="seq_len", beyond_context=beyond_context)
 
 
 def _model_tokenizer(cfg: ScanConfig, model=None):

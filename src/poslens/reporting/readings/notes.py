@@ -1,5 +1,6 @@
 """Why a map carries no noise floor, in words: the codes of ``describe_map``'s ``noise``
-(:data:`poslens.metrics.diagonal.NOISE_NOTES`), as the terminal and the readings say them."""
+(:data:`poslens.metrics.diagonal.NOISE_NOTES`), as the terminal and the readings say them; and the note
+of a scan measured past the model's trained context (``--beyond-context``)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,12 @@ def noise_note(code, groups=None) -> str:
         return (few + f"above {NOISE_P:g}; p-values are given but nothing is called flat or significant "
                 "(8 groups or more are needed)")
     return str(code)
+
+
+def beyond_context_note(summary: dict) -> str | None:
+    """The one note of a scan whose ``seq_len`` is past the model's trained context (the summary's
+    ``beyond_context`` and ``trained_context``, ``--beyond-context``); None otherwise."""
+    n, s = summary.get("trained_context"), summary.get("seq_len")
+    if summary.get("beyond_context") is not True or not isinstance(n, int) or not isinstance(s, int):
+        return None
+    return f"Measured at {s:,} tokens, past the model's trained context of {n:,} tokens."
