@@ -34,6 +34,7 @@ from poslens.cli import neighborhood as _neighborhood  # noqa: F401,E402
 from poslens.cli import kim_slash as _kim_slash  # noqa: F401,E402
 from poslens.cli import fingerprint as _fingerprint  # noqa: F401,E402
 from poslens.cli import ablate as _ablate  # noqa: F401,E402
+from poslens.cli import compare as _compare  # noqa: F401,E402
 from poslens.cli import report as _report  # noqa: F401,E402
 from poslens.cli import reproduce as _reproduce  # noqa: F401,E402
 from poslens.cli import demo as _demo  # noqa: F401,E402
@@ -41,7 +42,7 @@ from poslens.cli import demo as _demo  # noqa: F401,E402
 #: ``poslens --help`` lists the commands in the order of the flow: source and model (simulate,
 #: theory, train, zoo, models) -> capture (scan) -> analyses -> report, then the end-to-end runs.
 FLOW_ORDER = ("simulate", "theory", "train", "zoo", "models", "scan", "neighborhood", "sweep", "probes", "panels",
-              "kim-maps", "slash", "slash-dynamics", "fingerprint", "ablate", "report", "reproduce", "demo")
+              "kim-maps", "slash", "slash-dynamics", "fingerprint", "ablate", "compare", "report", "reproduce", "demo")
 
 
 def command():

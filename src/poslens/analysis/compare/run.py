@@ -89,20 +89,19 @@ def _check_pair(a: _Side, b: _Side, tok_a, tok_b) -> None:
                            "the same tokens must mean the same to both: compare models that share a tokenizer.")
 
 
-def trained_context(adapter, config) -> int | None:
-    """The model's trained context: its position count (``max_position_embeddings``)."""
-    return adapter.max_positions(config)
-
-
 def _check_lengths(lengths: list[int], a: _Side, cfg: CompareConfig, python: bool) -> int | None:
+    """The trained context of the reference model; a length past it is refused without ``beyond_context``, and
+    always for a model with a learned position table (it has no row for such a position)."""
+    from poslens.capture.model.load import trained_context
+
     trained = trained_context(a.adapter, a.config)
     over = [S for S in lengths if trained is not None and S > trained]
     if over and not cfg.beyond_context:
-        flag, fix = ("seq_lens", "beyond_context=True") if python else ("--seq-len", "--beyond-context")
+        flag, fix = ("seq_len", "beyond_context=True") if python else ("--seq-len", "--beyond-context")
         raise PoslensError(f"{flag} {over[0]} exceeds {a.label}'s trained context of {trained} positions; pass "
                            f"{fix} to measure past it, or lengths up to {trained}.")
-    if over and not a.adapter.rope_layers(a.config):
-        raise PoslensError(f"{'seq_lens' if python else '--seq-len'} {over[0]}: {a.label} (model type "
+    if over and a.adapter.position_table is not None:
+        raise PoslensError(f"{'seq_len' if python else '--seq-len'} {over[0]}: {a.label} (model type "
                            f"{a.adapter.model_type}) has a learned position table of {trained} rows and cannot run "
                            f"past it; compare lengths up to {trained}.")
     return trained
@@ -324,9 +323,9 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
     b.config, b.adapter = (_open_config(b, cfg) if two else (a.config, a.adapter))
     a.label = _model_label(a)
     b.label = _model_label(b) if two else a.label
-    tok_a = tokenizer if tokenizer is not None else (_tokenizer(a, cfg) if not is_python_data(data) or
-                                                     (isinstance(data, (list, tuple)) and data and
-                                                      isinstance(data[0], str)) else None)
+    text_in_memory = isinstance(data, (list, tuple)) and bool(data) and isinstance(data[0], str)
+    needs_text = (data is None and cfg.data != "random") or text_in_memory
+    tok_a = tokenizer if tokenizer is not None else (_tokenizer(a, cfg) if needs_text or two else None)
     if two:
         tok_b = _tokenizer(b, cfg)
         _check_pair(a, b, tok_a if tokenizer is None else _tokenizer(a, cfg), tok_b)
