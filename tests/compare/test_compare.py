@@ -171,3 +171,58 @@ def test_bad_input_is_refused_in_one_line_and_writes_nothing(tmp_path, model):
     assert not out.exists()
     with pytest.raises(PoslensError, match="num_seqs"):
         poslens.compare(model, data=_ids(4, 16), seq_len=16, num_seqs="4", progress=False)
+
+
+def test_rope_off_moves_nothing_below_its_layer_and_its_loss_equals_ablates():
+    m = _llama(layers=3, positions=64, seed=7)
+    ids = _ids(8, 32, seed=8)
+    r = poslens.compare(m, variants=["rope-off@1"], data=ids, seq_len=32, num_seqs=8, noise_groups=8, progress=False,
+                        threads=None)
+    df = r.changes()
+    below = df[df.layer == 0]
+    assert len(below) > 0 and (below.delta == 0).all() and (below.a == below.b).all()
+    for k, v in r.maps.items():  # every group reading of layer 0, bit for bit
+        if k.startswith("a.") and not k.endswith(".loss"):
+            assert torch.equal(v[:, 0].nan_to_num(7.0), r.maps["b." + k[2:]][:, 0].nan_to_num(7.0)), k
+    at = df[(df.layer == 1) & df["head"].notna()]
+    assert (at.delta.abs() > 0).any()
+    a = poslens.ablate(m, "rope-off", layers=[1], data=ids, noise_groups=8, progress=False, threads=None)
+    d = a.summary["conditions"][0]["delta"]
+    loss = df[df.reading == "loss"].iloc[0]
+    assert loss.delta == pytest.approx(d["mean"], abs=1e-6)
+    assert r.summary["variants"] == ["rope-off@1"]
+
+
+def test_a_rope_variant_changes_the_readings_and_leaves_the_model_as_it_was():
+    m = _llama(layers=2, positions=64, seed=9)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    ids = _ids(8, 48, seed=10)
+    with torch.no_grad():
+        logits = m(input_ids=ids[:2]).logits
+    r = poslens.compare(m, variants="rope-scaling=linear:4", data=ids, seq_len=48, num_seqs=8, noise_groups=8,
+                        progress=False, threads=None)
+    df = r.changes()
+    assert (df[df.reading == "distance"].delta.abs() > 0).all()
+    assert r.summary["applied"]["rope"]
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(m(input_ids=ids[:2]).logits, logits)
+
+
+def test_bad_variants_are_refused_before_any_work(tmp_path, model):
+    import transformers as tf
+
+    out = tmp_path / "o"
+    with pytest.raises(PoslensError, match="unknown variant") as e:
+        poslens.compare(model, variants="rope-scale=yarn:4", data=_ids(4, 16), seq_len=16, num_seqs=4, out=out,
+                        progress=False)
+    assert "\n" not in str(e.value) and not out.exists()
+    gpt2 = tf.GPT2LMHeadModel(tiny_config("gpt2", layers=2, positions=64)).eval()
+    with pytest.raises(PoslensError, match="no RoPE") as e:
+        poslens.compare(gpt2, variants="rope-scaling=yarn:2", data=_ids(4, 16), seq_len=16, num_seqs=4, out=out,
+                        progress=False)
+    assert "\n" not in str(e.value) and not out.exists()
+    with pytest.raises(PoslensError, match="window") as e:  # llama has no window of its own: W must be shorter
+        poslens.compare(_llama(), variants="window=1000", data=_ids(4, 16), seq_len=16, num_seqs=4, out=out,
+                        progress=False)
+    assert not out.exists()

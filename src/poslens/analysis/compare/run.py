@@ -329,6 +329,14 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
     if two:
         tok_b = _tokenizer(b, cfg)
         _check_pair(a, b, tok_a if tokenizer is None else _tokenizer(a, cfg), tok_b)
+    rope_vs = [v for v in variants if v.kind in ("rope-scaling", "rope-theta")]
+    if rope_vs and not b.adapter.rope_layers(b.config):
+        raise PoslensError(f"--variant {rope_vs[0].name}: model type {b.adapter.model_type!r} has no RoPE to rescale; "
+                           "use a RoPE model, or drop the variant.")
+    for v in variants:
+        if v.kind == "window" and v.window + 1 >= max(lengths):
+            raise PoslensError(f"--variant {v.name}: a query sees itself and the {v.window} keys before it, which "
+                               f"narrows nothing at {max(lengths)} tokens; pass a window below {max(lengths) - 1}.")
     trained = _check_lengths(lengths, a, cfg, python)
     S_max, N = max(lengths), cfg.num_seqs
     vocab = getattr(a.config, "vocab_size", None)
@@ -367,6 +375,8 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
 
             with _model_of(a, cfg, progress) as model:
                 a.origin = _origin(a, model)
+                if not two:
+                    _check_variants(model, variants, a)
                 results["a"] = _measure(model, a, ids, lengths, G, cfg, None, step, None)
                 if not two:
                     labels = {S: results["a"][S]["labels"] for S in lengths}
@@ -393,6 +403,19 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
         if out is not None:
             release_out_dir(out)
     return {"summary": summary, "tensors": tensors}
+
+
+def _check_variants(model, variants: list, side: _Side) -> None:
+    """Apply the variants once and undo them before anything is measured, so that a variant the loaded
+    model refuses (a window it does not narrow, two edits of one layer) is refused before the work starts;
+    the calibrated interventions (massive-qk, random-qk) are checked when they are applied."""
+    from poslens.analysis.compare.variants import applied
+
+    quick = [v for v in variants if getattr(v, "intervention", None) is None
+             or v.intervention.kind not in ("massive-qk", "random-qk")]
+    if quick:
+        with applied(model, quick, adapter=side.adapter, config=side.config, seq_len=2):
+            pass
 
 
 def _model_label(side: _Side) -> str:
