@@ -91,3 +91,26 @@ def save_tiny(arch: str, path, seed: int = 0, **kw):
                 p.mul_(8.0)
     model.save_pretrained(str(path))
     return path
+
+
+def compare_pair(scale: float = 3.0):
+    """Two tiny llamas for ``poslens.compare`` with a real change: A (2 layers × 4 heads, 48 positions, q and k
+    weights ×8 so attention is far from uniform) and B, a copy whose layer-1 query rows of heads 0 and 1
+    are scaled by ``scale`` (sharper attention there, nothing else changed). Named ``tiny_a`` and ``tiny_b``."""
+    import copy
+
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    a = tf.LlamaForCausalLM(tiny_config("llama", layers=2, positions=48)).eval()
+    with torch.no_grad():
+        for layer in a.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+            layer.self_attn.k_proj.weight.mul_(8.0)
+    b = copy.deepcopy(a)
+    hd = a.config.hidden_size // a.config.num_attention_heads
+    with torch.no_grad():
+        b.model.layers[1].self_attn.q_proj.weight[:2 * hd].mul_(scale)
+    a.name_or_path, b.name_or_path = "tiny_a", "tiny_b"
+    return a, b

@@ -323,8 +323,9 @@ def test_command_readings_are_rendered_from_the_judgement():
     from poslens.reporting.readings.findings import run_readings
 
     assert set(J.COMMAND_JUDGES) == {"neighborhood", "panels", "kim-maps", "slash", "slash-dynamics", "sweep", "probes"}
-    # ablate and the fingerprint render their own records (reporting/readings/ablate.py, fingerprint.py)
-    assert set(R.COMMAND_READINGS) == set(J.COMMAND_JUDGES) | {"ablate", "fingerprint"}
+    # ablate, compare and the fingerprint render their own records (reporting/readings/ablate.py, compare.py,
+    # fingerprint.py)
+    assert set(R.COMMAND_READINGS) == set(J.COMMAND_JUDGES) | {"ablate", "compare", "fingerprint"}
     for mod in ("neighborhood", "panels", "slash", "sweep", "dynamics", "probes"):  # no prose left in analysis/*
         m = importlib.import_module(f"poslens.analysis.{mod}")
         own = [n for n in vars(m) if "reading" in n and getattr(vars(m)[n], "__module__", "") == m.__name__]

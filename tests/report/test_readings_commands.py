@@ -362,8 +362,8 @@ def test_sweep_and_probes_readings():
 
 
 def test_command_readings_dispatch():
-    # every judged command has its readings; ablate and the fingerprint render their own records
-    assert set(COMMAND_READINGS) == set(COMMAND_JUDGES) | {"ablate", "fingerprint"}
+    # every judged command has its readings; ablate, compare and the fingerprint render their own records
+    assert set(COMMAND_READINGS) == set(COMMAND_JUDGES) | {"ablate", "compare", "fingerprint"}
     s = {"panels": [{"panel": "b", "locality": 0.5}]}
     assert command_readings("panels", s) == panels_readings(s) and command_readings("scan", s) is None
     # a summary that holds its judgement is read from it, not from its numbers

@@ -101,6 +101,16 @@ COLUMNS: dict[str, str] = {
     "p": "p-value of 'no change'",
     "beyond_noise": "yes when the change is significant at a false discovery rate of 0.01 over the layers "
                     "(Benjamini–Hochberg)",
+    # compare (the changed cells of two variants)
+    "reading": "the positional reading compared (sink, slash, prev_token, entropy, distance per head; the others "
+               "per layer; loss)",
+    "length": "sequence length in tokens the reading was measured at",
+    "layer, head": "decoder layer (from 0) and head index; a layer alone: the per-layer reading or the mean over "
+                   "its heads",
+    "A": "the reading on side A (the reference), mean over sequence groups",
+    "B": "the reading on side B (the other model or variant), on the same sequences",
+    "B − A": "paired change of the reading, mean over sequence groups",
+    "floor": "the noise floor z·SE: the largest change sampling noise alone reaches at the level",
     # reproduction, comparisons, fingerprint
     "experiment": "the reproduction experiment",
     "paper": "the paper it reproduces (arXiv identifier)",

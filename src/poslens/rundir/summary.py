@@ -31,6 +31,18 @@ FIGURE_CAPTIONS = [
      "slashes (sub-diagonals) live."),
     (re.compile(r"^probs\.png$"), "Mean attention weights (post-softmax) per layer."),
     (re.compile(r"^kim_fig1\.png$"), "Closed-form layer-2 scores of the parameter-free model (alpha = 0, length 3)."),
+    (re.compile(r"^compare_layers\.png$"),
+     "Each per-layer reading by decoder layer (from 0) at the longest length, for A (solid, with a band of ± the "
+     "noise floor z·SE of the paired difference) and B (dashed); changed layers ringed."),
+    (re.compile(r"^compare_change_(\w+)\.png$"),
+     "The paired change B − A of a per-head reading by decoder layer (from 0) and head at the longest length, on a "
+     "diverging scale centred on 0; grey hatched cells: unchanged (within the noise floor or under the threshold)."),
+    (re.compile(r"^compare_lengths\.png$"),
+     "Each reading's mean over decoder layers (the loss: over all positions) against sequence length, A and B; the "
+     "dotted line marks the trained context."),
+    (re.compile(r"^compare_loss\.png$"),
+     "Next-token loss by position bucket (bucket middle, log scale) for A (solid) and B (dashed) at each length; "
+     "the dotted line marks the trained context."),
 ]
 _FIGURE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp")
 

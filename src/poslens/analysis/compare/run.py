@@ -507,7 +507,25 @@ def _write_files(stage: Path, cfg: CompareConfig, summary: dict, tensors: dict) 
             compare_figures = None
         if compare_figures is not None:
             figs = compare_figures(summary, tensors, stage)
-    s = dict(summary, figures=figs, readings=[])
+    s = dict(summary, figures=figs, readings=[], tables=[changes_table(summary)])
     write_summary(stage, s, command="compare", paper=[],
                   layers_describe="each decoder layer: the paired change (B − A) of every per-layer reading at the "
                                   "longest length")
+
+
+#: changed cells listed in the run's table, largest |delta| / floor first
+TABLE_CELLS = 20
+
+
+def changes_table(summary: dict) -> dict:
+    """The changed cells (``summary["tables"]``), at most :data:`TABLE_CELLS`, largest |delta| / floor first."""
+    changed = [r for r in summary["changes"] if r["verdict"] == CHANGED and r["delta"] is not None]
+    key = lambda r: abs(r["delta"]) / r["floor"] if r.get("floor") else float("inf")  # noqa: E731
+    rows = [[r["reading"], r["seq_len"], "—" if r["layer"] is None else
+             str(r["layer"]) if r["head"] is None else f"{r['layer']}, {r['head']}",
+             r["a"], r["b"], r["delta"], r["se"], r["floor"], r["p"]]
+            for r in sorted(changed, key=key, reverse=True)[:TABLE_CELLS]]
+    return {"name": "changes", "title": f"changed cells (B − A; the {TABLE_CELLS} largest against their noise floor)",
+            "columns": ["reading", "length", "layer, head", "A", "B", "B − A", "se", "floor", "p"], "rows": rows,
+            "caption": f"{len(changed)} of {len(summary['changes'])} cells changed. Decoder layers count from 0; "
+                       "a layer alone: its mean over heads, or a per-layer reading; — : the loss."}

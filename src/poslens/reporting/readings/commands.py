@@ -7,6 +7,7 @@ from __future__ import annotations
 from poslens.conventions import ADJACENT, NORM_SHRINK
 from poslens.fmt import fmt
 from poslens.reporting.readings.ablate import ablate_readings
+from poslens.reporting.readings.compare import compare_readings
 from poslens.reporting.readings.fingerprint import fingerprint_readings
 from poslens.metrics.judge.commands import command_judgement
 from poslens.reporting.readings.common import _series_short, _span
@@ -223,6 +224,7 @@ def omitted_offsets_reading(deltas: list) -> str:
 #: the readings of each analysis command, from its judgement (the report and the commands share them)
 COMMAND_READINGS = {
     "ablate": ablate_readings,
+    "compare": compare_readings,
     "fingerprint": fingerprint_readings,
     "neighborhood": neighborhood_command_readings,
     "panels": panels_readings,
