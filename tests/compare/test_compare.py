@@ -226,3 +226,25 @@ def test_bad_variants_are_refused_before_any_work(tmp_path, model):
         poslens.compare(_llama(), variants="window=1000", data=_ids(4, 16), seq_len=16, num_seqs=4, out=out,
                         progress=False)
     assert not out.exists()
+
+
+def test_the_score_map_readings_of_all_groups_equal_the_one_map_metrics():
+    from poslens.analysis.compare.readings import score_map_readings
+    from poslens.capture.scan.finalize import map_view
+    from poslens.metrics.diagonal import diagonal_trend, locality, relativity_index
+
+    g = torch.Generator().manual_seed(2)
+    S = 40
+    i = torch.arange(S, dtype=torch.float64)
+    toeplitz = -(i[:, None] - i[None, :]).abs() * 0.1
+    maps = torch.stack([map_view(toeplitz + 0.3 * torch.randn(S, S, generator=g, dtype=torch.float64), w)
+                        for w in (None, None, None)])
+    maps[2] = map_view(toeplitz, None)  # exactly relative: index 1, trend 0
+    got = score_map_readings(maps)
+    for k in range(3):
+        assert float(got["relativity"][k]) == pytest.approx(relativity_index(maps[k], exclude_keys=(0,)), abs=1e-12)
+        assert float(got["locality"][k]) == pytest.approx(locality(maps[k], exclude_keys=(0,)), abs=1e-12)
+        assert float(got["diagonal_trend"][k]) == pytest.approx(diagonal_trend(maps[k], exclude_keys=(0,)), abs=1e-12)
+    assert float(got["relativity"][2]) == pytest.approx(1.0) and float(got["diagonal_trend"][2]) == 0.0
+    flat = score_map_readings(map_view(torch.ones(S, S, dtype=torch.float64), None)[None])
+    assert all(math.isnan(float(v[0])) for v in flat.values())

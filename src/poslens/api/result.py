@@ -288,7 +288,8 @@ class Result:
         if dst.exists():
             _check_replaceable(dst, self.command)
         prepare_out_dir(dst, must_be_new=not overwrite)
-        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent if dst.parent.exists() else None))
+        dst.parent.mkdir(parents=True, exist_ok=True)  # as --out: its parents are made (the stage lies beside it)
+        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
         aside = None
         try:
             names = [f.name for f in sorted(self.path.iterdir())

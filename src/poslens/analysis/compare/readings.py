@@ -19,9 +19,9 @@ import torch
 
 from poslens.capture.statistics.protocol import Statistic
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
-from poslens.metrics import describe_map
+from poslens.metrics.diagonal import diagonal_normalize, diagonal_trends, mask_keys, valid_mask
 from poslens.metrics.fingerprint import MASSIVE_LAMBDA, band_shares, frequency_usage, massive_dims
-from poslens.metrics.neighborhood import aps_positions
+from poslens.metrics.neighborhood import aps_positions, pair_counts, pair_fraction
 from poslens.metrics.slash import scored_offsets
 from poslens.rope import BANDS
 
@@ -48,8 +48,10 @@ class HeadEntropy(Statistic):
         self.rows: dict[int, int] = {}
 
     def add(self, layer, probs):
-        e = torch.special.entr(probs).sum(-1)  # [b, H, c]: 0 log 0 = 0 for the keys a row does not see
-        s = e.sum((0, 2)).to(torch.float64).cpu()
+        # -p log p summed over the keys; 0 log 0 = 0 for the keys a row does not see (a weight below 1e-30 counts
+        # as 1e-30 inside the log: its term is below 1e-28)
+        e = (probs * probs.clamp_min(1e-30).log()).sum(-1)  # [b, H, c]
+        s = -e.sum((0, 2)).to(torch.float64).cpu()
         self.sum[layer] = self.sum[layer] + s if layer in self.sum else s
         self.rows[layer] = self.rows.get(layer, 0) + probs.shape[0] * probs.shape[2]
 
@@ -90,21 +92,35 @@ def slash_profile(slash: torch.Tensor) -> torch.Tensor:
     return slash[..., offs.start:offs.stop].to(torch.float64)
 
 
-def score_map_readings(scores: torch.Tensor, windows: list, map_view) -> dict[str, torch.Tensor]:
-    """Relativity index, locality and diagonal trend of each layer's mean score map ``[L, M, M]``
-    (``map_view(map, window)``: the map as the summary reads it, NaN where no query sees the entry),
-    key 0 left out: ``{name: [L]}`` (NaN for a flat map)."""
-    out = {k: [] for k in ("relativity", "locality", "diagonal_trend")}
-    for li in range(scores.shape[0]):
-        m = map_view(scores[li].to(torch.float64), windows[li])
-        S = m.shape[-1]
-        idx = aps_positions(S, LOCALITY_POSITIONS)
-        sub = m[idx][:, idx] if S > LOCALITY_POSITIONS else m
-        d = describe_map(m, exclude_keys=SINK_COLUMNS, locality_map=sub)
-        for k, key in (("relativity", "relativity_index"), ("locality", "locality"), ("diagonal_trend", "diagonal_trend")):
-            v = d.get(key)
-            out[k].append(float("nan") if v is None or d.get("flat") else float(v))
-    return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
+def score_map_readings(maps: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Relativity index, locality and diagonal trend of each of ``maps [G, M, M]`` (one layer's mean score
+    map in every sequence group, as the summary reads it: NaN where no query sees the entry), key 0 left
+    out, all groups at once: ``{name: [G]}``, NaN for a flat map. Each equals
+    :func:`poslens.metrics.diagonal.relativity_index`, :func:`~poslens.metrics.diagonal.locality` (on at most
+    :data:`LOCALITY_POSITIONS` positions) and :func:`~poslens.metrics.diagonal.diagonal_trend` of that map
+    alone (``tests/compare``)."""
+    mk = mask_keys(maps.to(torch.float64), SINK_COLUMNS)
+    G, S = mk.shape[0], mk.shape[-1]
+    mask = valid_mask(S, device=mk.device) & torch.isfinite(mk).all(0)
+    v = mk[:, mask]  # [G, n]
+    nan = torch.full((G,), float("nan"), dtype=torch.float64)
+    if v.shape[1] < 2:
+        return {"relativity": nan, "locality": nan.clone(), "diagonal_trend": nan.clone()}
+    centred = v - v.mean(-1, keepdim=True)
+    scale = v.abs().amax(-1).clamp_min(1e-300)
+    flat = centred.abs().amax(-1) <= 1e-12 * scale  # only an exactly constant map (no groups to test it on)
+    var_map = (centred ** 2).mean(-1)
+    within = diagonal_normalize(torch.where(mask, mk, float("nan")))[:, mask]
+    var_dn = (within ** 2).mean(-1).clamp_min(0.0)
+    ri = (1.0 - var_dn / var_map.clamp_min(1e-300)).clamp(0.0, 1.0)
+    ri = torch.where(var_map > 0, ri, float("nan"))
+    idx = aps_positions(S, LOCALITY_POSITIONS)
+    sub = mk[:, idx][:, :, idx] if S > LOCALITY_POSITIONS else mk
+    rises, tied, pairs = pair_counts(sub)
+    loc = 2.0 * pair_fraction(rises, tied, pairs, ties=0.5) - 1.0
+    trend = diagonal_trends(mk)
+    return {k: torch.where(flat, float("nan"), x) for k, x in
+            (("relativity", ri), ("locality", loc), ("diagonal_trend", trend))}
 
 
 def energy_readings(q_gram: torch.Tensor, k_gram: torch.Tensor, labels: list, rotary_dim: int | None,

@@ -169,7 +169,7 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
             lab = labels[S]
         rot = max((int(layer_rope(rope, l)["rotary_dim"]) for l in spec.layers if layer_rope(rope, l)), default=None)
         per: dict[str, list] = {k: [] for k in (*HEAD_READINGS, *LAYER_READINGS)}
-        profiles, counts = [], []
+        profiles, counts, group_maps = [], [], []
         losses = torch.empty(N, S - 1, dtype=torch.float32)
         for g in range(G):
             members = list(range(g, N, G))
@@ -196,15 +196,20 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
             per["prev_token"].append(slash[..., 1] if S > 1 else torch.full(slash.shape[:2], float("nan")))
             per["entropy"].append(cap.user[0].result()["entropy"].to(torch.float64))
             per["distance"].append(mean_distance(slash))
-            blocks = cap.blocks
-            maps = score_map_readings(mean["scores"], windows,
-                                      lambda m, w, b=blocks: map_view(m, w, b, causal=True))
+            group_maps.append(torch.stack([map_view(mean["scores"][li].to(torch.float64), windows[li], cap.blocks)
+                                           for li in range(L)]))
             energy = energy_readings(mean["q_gram"], mean["k_gram"], lab, rot, adapter.rope_layout)
-            for k, v in {**maps, **energy}.items():
+            for k, v in energy.items():
                 per[k].append(v)
             counts.append(len(members))
             del cap, mean
-        readings = {k: torch.stack(v) for k, v in per.items() if k != "slash"}
+        # the score-map readings of every group at once, layer by layer ([G, M, M] maps)
+        stacked = torch.stack(group_maps)  # [G, L, M, M]
+        by_layer = [score_map_readings(stacked[:, li]) for li in range(L)]
+        del stacked, group_maps
+        readings = {k: torch.stack(v) for k, v in per.items() if k != "slash" and v}
+        for k in ("relativity", "locality", "diagonal_trend"):
+            readings[k] = torch.stack([r[k] for r in by_layer], 1)  # [G, L]
         buckets = position_buckets(S)
         out[S] = {"readings": readings, "profile": torch.stack(profiles), "counts": torch.tensor(counts),
                   "losses": losses, "seq_losses": bucket_losses(losses, buckets), "buckets": buckets,
