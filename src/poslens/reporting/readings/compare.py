@@ -77,13 +77,10 @@ def _list(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _strength(r: dict) -> float:
-    d, f = num(r.get("delta")), num(r.get("floor"))
-    return 0.0 if d is None else abs(d) / f if f else abs(d)
-
-
 def _changed(rs: list[dict]) -> list[dict]:
-    return sorted((r for r in rs if r.get("verdict") == "changed"), key=_strength, reverse=True)
+    """The changed cells, the largest |B − A| first."""
+    return sorted((r for r in rs if r.get("verdict") == "changed"), key=lambda r: abs(num(r["delta"]) or 0.0),
+                  reverse=True)
 
 
 def _largest(rs: list[dict]) -> dict | None:
@@ -137,7 +134,7 @@ def _head_reading(summary: dict, recs: list[dict], name: str, S: int) -> str | N
     ch_layers = _changed(layer_rows)
     means = f" and the mean over heads in {len(ch_layers)} of {len(layer_rows)} layers" if layer_rows else ""
     strongest = "; ".join(f"{_cell(r)}: {_change(r)}" for r in ch[:STRONGEST])
-    return (f"{who} changes {what} in {len(ch)} of {len(cells)} heads{means} at {S} tokens; the strongest: "
+    return (f"{who} changes {what} in {len(ch)} of {len(cells)} heads{means} at {S} tokens; the largest: "
             f"{strongest}.")
 
 
@@ -151,7 +148,7 @@ def _layer_readings(summary: dict, recs: list[dict], S: int) -> list[str]:
         ch = _changed(rows)
         if ch:
             strongest = "; ".join(f"{_cell(r)}: {_change(r)}" for r in ch[:STRONGEST])
-            out.append(f"{who} changes {WHAT[name]} in {len(ch)} of {len(rows)} layers at {S} tokens; the strongest: "
+            out.append(f"{who} changes {WHAT[name]} in {len(ch)} of {len(rows)} layers at {S} tokens; the largest: "
                        f"{strongest}.")
         else:
             big = _largest(rows)
