@@ -228,7 +228,9 @@ def _capture_spec(model, adapter, config, S: int, cfg: CompareConfig):
                        head_dim=adapter.head_dim(config), seq_len=S, layers=list(range(L)),
                        rope_layers=planned_rope_layers(adapter, config, model), stats=parse_stats(COMPARE_STATS),
                        rope_layout=adapter.rope_layout, seed=cfg.seed,
-                       map_size=cfg.map_size if 0 < cfg.map_size < S else 0)
+                       map_size=cfg.map_size if 0 < cfg.map_size < S else 0,
+                       # each sequence group is a capture of its own: the scan's noise groups would only cost
+                       noise_groups=1, noise_max_positions=2)
 
 
 # --------------------------------------------------------------------------------------------
