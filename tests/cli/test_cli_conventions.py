@@ -25,11 +25,12 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 # What each command does (by its description, not by its flags).
 COMPUTES = {"simulate", "train", "zoo", "scan", "neighborhood", "sweep", "probes", "panels", "slash-dynamics",
-            "fingerprint", "ablate", "reproduce", "demo"}  # runs a model or the simulator: --device auto
+            "fingerprint", "ablate", "compare", "reproduce", "demo"}  # runs a model or the simulator: --device auto
 DRAWS = {"simulate", "scan", "neighborhood", "sweep", "probes", "panels", "kim-maps", "slash", "slash-dynamics",
-         "fingerprint", "ablate", "reproduce", "demo"}  # writes PNG figures: --no-figures
+         "fingerprint", "ablate", "compare", "reproduce", "demo"}  # writes PNG figures: --no-figures
 WRITES_DIR = {"simulate", "train", "zoo", "scan", "neighborhood", "sweep", "probes", "panels", "kim-maps", "slash",
-              "slash-dynamics", "fingerprint", "ablate", "reproduce", "demo"}  # writes an output directory: --overwrite
+              "slash-dynamics", "fingerprint", "ablate", "compare", "reproduce", "demo"}  # writes an output directory:
+#                                                                                        --overwrite
 WRITES_FILE = {"report"}  # writes one output file: --overwrite
 RESUMES = {"train", "zoo", "scan"}  # can continue an interrupted run: --resume
 PRINTS_ONLY = {"theory kim", "models list"}  # the printed text is the result: no --quiet
@@ -134,7 +135,7 @@ def model_dir(tmp_path_factory):
 # Minimal arguments each output-writing command needs to reach its output check.
 def _args(name: str, model: Path, tmp: Path) -> list:
     return {"scan": [model], "neighborhood": [model], "probes": [model], "panels": [model], "fingerprint": [model],
-            "ablate": [model],
+            "ablate": [model], "compare": [model],
             "kim-maps": [tmp / "some_scan"], "slash": [tmp / "some_scan"], "reproduce": ["kim-fig1"],
             "demo": ["--quick"], "train": ["--task", "copy", "--steps", 1], "zoo": ["--scale", "micro"],
             "report": [tmp / "some_run"]}.get(name, [])

@@ -20,7 +20,7 @@ DEFAULT_MAP_SIZE = 256
 @app.command("compare", short_help="Two variants on the same tokens: what changed.")
 def compare(
     model_a: Path = typer.Argument(..., metavar="A", help="The reference model: a Hugging Face directory or a .gguf file."),
-    model_b: Path = typer.Argument(None, metavar="[B]", help="The other model (same tokenizer, same layers and "
+    model_b: Path = typer.Argument(None, metavar="B", help="The other model (same tokenizer, same layers and "
                                    "heads); omit it to compare A with A under --variant."),
     variant: list[str] = typer.Option([], "--variant", help="Applied to B (repeat to combine): "
                                       "rope-scaling=linear|dynamic|yarn|llama3:FACTOR | rope-theta=X | "

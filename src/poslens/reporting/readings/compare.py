@@ -1,6 +1,6 @@
 """The findings of ``poslens compare`` in words, rendered from its ``summary.json``: per reading how many
-heads or layers change (B − A beyond the noise floor z·SE and the reading's threshold) at the longest
-length, the strongest changed cells with their change ± SE, the loss overall and past the trained
+heads or layers change (B − A beyond the noise floor z·SE and the reading's threshold) at each
+length, the largest changed cells with their change ± SE, the loss overall and past the trained
 context, the lengths past it, and a note where too few sequence groups keep the test from calling a change."""
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def compare_readings(summary: dict) -> list[str]:
     lengths = [int(s) for s in summary.get("seq_lens") or [] if num(s) is not None]
     if not recs or not lengths:
         return []
-    S = max(lengths)
     out = [_headline(summary, recs)]
     out += _groups_note(summary)
-    out += [t for t in (_head_reading(summary, recs, name, S) for name in HEAD) if t]
-    out += _layer_readings(summary, recs, S)
+    for S in sorted(lengths):  # every length: what changes inside the trained context and past it
+        out += [t for t in (_head_reading(summary, recs, name, S) for name in HEAD) if t]
+        out += _layer_readings(summary, recs, S)
     out += _loss_readings(summary, recs, lengths)
     past = [s for s in lengths if (summary.get("beyond_context") or {}).get(str(s))]
     if past:
