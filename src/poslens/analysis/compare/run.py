@@ -169,7 +169,7 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
             lab = labels[S]
         rot = max((int(layer_rope(rope, l)["rotary_dim"]) for l in spec.layers if layer_rope(rope, l)), default=None)
         per: dict[str, list] = {k: [] for k in (*HEAD_READINGS, *LAYER_READINGS)}
-        profiles, counts, group_maps = [], [], []
+        profiles, counts = [], []
         losses = torch.empty(N, S - 1, dtype=torch.float32)
         for g in range(G):
             members = list(range(g, N, G))
@@ -196,24 +196,32 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
             per["prev_token"].append(slash[..., 1] if S > 1 else torch.full(slash.shape[:2], float("nan")))
             per["entropy"].append(cap.user[0].result()["entropy"].to(torch.float64))
             per["distance"].append(mean_distance(slash))
-            group_maps.append(torch.stack([map_view(mean["scores"][li].to(torch.float64), windows[li], cap.blocks)
-                                           for li in range(L)]))
+            maps = _score_readings(mean["scores"], windows, cap.blocks, map_view)
+            for k, v in maps.items():
+                per[k].append(v)
             energy = energy_readings(mean["q_gram"], mean["k_gram"], lab, rot, adapter.rope_layout)
             for k, v in energy.items():
                 per[k].append(v)
             counts.append(len(members))
             del cap, mean
-        # the score-map readings of every group at once, layer by layer ([G, M, M] maps)
-        stacked = torch.stack(group_maps)  # [G, L, M, M]
-        by_layer = [score_map_readings(stacked[:, li]) for li in range(L)]
-        del stacked, group_maps
-        readings = {k: torch.stack(v) for k, v in per.items() if k != "slash" and v}
-        for k in ("relativity", "locality", "diagonal_trend"):
-            readings[k] = torch.stack([r[k] for r in by_layer], 1)  # [G, L]
+        readings = {k: torch.stack(v) for k, v in per.items() if k != "slash"}
         buckets = position_buckets(S)
         out[S] = {"readings": readings, "profile": torch.stack(profiles), "counts": torch.tensor(counts),
                   "losses": losses, "seq_losses": bucket_losses(losses, buckets), "buckets": buckets,
                   "labels": lab, "layers": list(spec.layers), "rope": rope, "L": L}
+    return out
+
+
+def _score_readings(scores: torch.Tensor, windows: list, blocks, map_view) -> dict[str, torch.Tensor]:
+    """The score-map readings ``{name: [L]}`` of one group's mean score maps ``[L, M, M]``: the layers that
+    share a window (the same visible entries) at once (:func:`score_map_readings`)."""
+    L = scores.shape[0]
+    out = {k: torch.full((L,), float("nan"), dtype=torch.float64) for k in ("relativity", "locality", "diagonal_trend")}
+    for w in dict.fromkeys(windows):
+        idx = [li for li in range(L) if windows[li] == w]
+        got = score_map_readings(torch.stack([map_view(scores[li].to(torch.float64), w, blocks) for li in idx]))
+        for k, v in got.items():
+            out[k][idx] = v
     return out
 
 
