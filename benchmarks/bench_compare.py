@@ -43,6 +43,37 @@ print("BENCH " + json.dumps({"wall_s": time.perf_counter() - t, "cpu_s": r.ru_ut
 """
 
 
+#: the plain forwards of the same sequences in this process: keeping one logit (what a scan runs) and every
+#: logit (what the loss of a comparison needs: the LM head over every position), CPU seconds each
+_FLOOR = r"""
+import json, sys, time, torch
+from poslens.capture.model.load import load_model, load_tokenizer
+from poslens.data.sources import make_source
+path, S, N, B, T = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 4, int(sys.argv[4])
+torch.set_num_threads(T)
+m = load_model(path, dtype=torch.float32, device="cpu")
+ids = make_source("stdlib", seq_len=S, num_seqs=N, tokenizer=load_tokenizer(path),
+                  vocab_size=m.config.vocab_size).batch(0, N)
+out = {}
+with torch.no_grad():
+    for name, kw in (("keep_one", {"logits_to_keep": 1}), ("all_logits", {})):
+        m(input_ids=ids[:B], use_cache=False, **kw)
+        t = time.process_time()
+        for s in range(0, N, B):
+            m(input_ids=ids[s:s + B], use_cache=False, **kw)
+        out[name] = time.process_time() - t
+print("BENCH " + json.dumps(out))
+"""
+
+
+def _floor(model: str, seq_len: int, num_seqs: int, threads: int) -> dict:
+    p = subprocess.run([sys.executable, "-c", _FLOOR, model, str(seq_len), str(num_seqs), str(threads)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"the plain forwards failed:\n{p.stderr[-2000:]}")
+    return json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("BENCH "))[6:])
+
+
 def _run(args: list[str]) -> dict:
     p = subprocess.run([sys.executable, "-c", _CHILD, *args], capture_output=True, text=True)
     if p.returncode:
@@ -79,6 +110,11 @@ def main() -> None:
             print(f"pair {k + 1}: scan {scans[-1]['cpu_s']:.1f} CPU-s ({scans[-1]['wall_s']:.1f} s wall, "
                   f"{scans[-1]['peak_bytes'] / 2**30:.2f} GiB), compare {compares[-1]['cpu_s']:.1f} CPU-s "
                   f"({compares[-1]['wall_s']:.1f} s wall, {compares[-1]['peak_bytes'] / 2**30:.2f} GiB)")
+    floor = _floor(model, args.seq_len, args.num_seqs, args.threads)
+    head = max(0.0, floor["all_logits"] - floor["keep_one"])
+    print(f"plain forwards: {floor['keep_one']:.1f} CPU-s keeping one logit (a scan's), {floor['all_logits']:.1f} "
+          f"with every logit (a comparison's, for the loss): the LM head over every position costs {head:.1f} CPU-s "
+          "per side")
     med = lambda runs, k: statistics.median(r[k] for r in runs)  # noqa: E731
     t_ratio = med(compares, "cpu_s") / med(scans, "cpu_s")
     w_ratio = med(compares, "wall_s") / med(scans, "wall_s")
@@ -86,13 +122,17 @@ def main() -> None:
     print(f"compare / scan: {t_ratio:.2f}x CPU time, {w_ratio:.2f}x wall time (goal {TIME_GOAL}x: "
           f"{'met' if t_ratio <= TIME_GOAL else 'missed'}); {m_ratio:.2f}x peak memory (goal {MEMORY_GOAL}x: "
           f"{'met' if m_ratio <= MEMORY_GOAL else 'missed'})")
+    # the comparison's own work beside the two LM-head passes over every position a scan does not run
+    own_ratio = (med(compares, "cpu_s") - 2 * head) / med(scans, "cpu_s")
+    print(f"compare without the two LM-head passes of its loss / scan: {own_ratio:.2f}x CPU time")
     out = _results.wanted(args.json)
     if out:
         with open(out, "w") as f:
             json.dump({"meta": _results.meta(), "load_before": load, "model": os.path.basename(model),
                        "seq_len": args.seq_len, "num_seqs": args.num_seqs, "threads": args.threads,
                        "variants": args.variant, "scans": scans, "compares": compares, "cpu_ratio": t_ratio,
-                       "wall_ratio": w_ratio, "memory_ratio": m_ratio, "time_goal": TIME_GOAL,
+                       "wall_ratio": w_ratio, "memory_ratio": m_ratio, "plain_forward_cpu_s": floor, "lm_head_cpu_s": head,
+                       "cpu_ratio_without_lm_head": own_ratio, "time_goal": TIME_GOAL,
                        "memory_goal": MEMORY_GOAL}, f, indent=1)
         print(f"wrote {out}")
 

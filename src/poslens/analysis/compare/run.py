@@ -171,11 +171,12 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
         per: dict[str, list] = {k: [] for k in (*HEAD_READINGS, *LAYER_READINGS)}
         profiles, counts = [], []
         losses = torch.empty(N, S - 1, dtype=torch.float32)
-        for g in range(G):
-            members = list(range(g, N, G))
-            cap = Capture(dataclasses.replace(spec, user_stats=(HeadEntropy(),)), device=device)
-            handles = attach(model, adapter, cap)
-            try:
+        cap = Capture(dataclasses.replace(spec, user_stats=(HeadEntropy(),)), device=device)
+        handles = attach(model, adapter, cap)
+        try:
+            for g in range(G):
+                members = list(range(g, N, G))
+                cap.restart((HeadEntropy(),))  # each group a capture of its own
                 for s in range(0, len(members), cfg.batch_size):
                     rows = members[s:s + cfg.batch_size]
                     x = x_all[rows].to(device)
@@ -184,32 +185,38 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
                     losses[rows] = next_token_losses(model, h.last_hidden_state, x).cpu()
                     del h
                     update(len(rows))
-            finally:
-                for hd in handles:
-                    hd.remove()
-            mean = {k: cap.accs[k].mean.cpu() for k in ("sink_heads", "slash", "scores", "q_gram", "k_gram")}
-            windows = [cap.windows.get(l, (dispatch.get("windows") or [None] * 999)[l]) for l in spec.layers]
-            slash = mean["slash"].to(torch.float64)
-            per["sink"].append(sink_share(mean["sink_heads"]))
-            prof = slash_profile(slash)
-            profiles.append(prof)
-            per["prev_token"].append(slash[..., 1] if S > 1 else torch.full(slash.shape[:2], float("nan")))
-            per["entropy"].append(cap.user[0].result()["entropy"].to(torch.float64))
-            per["distance"].append(mean_distance(slash))
-            maps = _score_readings(mean["scores"], windows, cap.blocks, map_view)
-            for k, v in maps.items():
-                per[k].append(v)
-            energy = energy_readings(mean["q_gram"], mean["k_gram"], lab, rot, adapter.rope_layout)
-            for k, v in energy.items():
-                per[k].append(v)
-            counts.append(len(members))
-            del cap, mean
+                _group_readings(cap, per, profiles, dispatch, spec, S, lab, rot, adapter, map_view)
+                counts.append(len(members))
+        finally:
+            for hd in handles:
+                hd.remove()
+        del cap
         readings = {k: torch.stack(v) for k, v in per.items() if k != "slash"}
         buckets = position_buckets(S)
         out[S] = {"readings": readings, "profile": torch.stack(profiles), "counts": torch.tensor(counts),
                   "losses": losses, "seq_losses": bucket_losses(losses, buckets), "buckets": buckets,
                   "labels": lab, "layers": list(spec.layers), "rope": rope, "L": L}
     return out
+
+
+def _group_readings(cap, per: dict, profiles: list, dispatch: dict, spec, S: int, lab, rot, adapter, map_view) -> None:
+    """One sequence group's readings from its capture, appended to ``per`` (by name) and ``profiles``."""
+    mean = {k: cap.accs[k].mean.cpu() for k in ("sink_heads", "slash", "scores", "q_gram", "k_gram")}
+    own = dispatch.get("windows") or [None] * (max(spec.layers) + 1)  # the dry run's, where a layer was not seen
+    windows = [cap.windows.get(l, own[l]) for l in spec.layers]
+    slash = mean["slash"].to(torch.float64)
+    per["sink"].append(sink_share(mean["sink_heads"]))
+    prof = slash_profile(slash)
+    profiles.append(prof)
+    per["prev_token"].append(slash[..., 1] if S > 1 else torch.full(slash.shape[:2], float("nan")))
+    per["entropy"].append(cap.user[0].result()["entropy"].to(torch.float64))
+    per["distance"].append(mean_distance(slash))
+    maps = _score_readings(mean["scores"], windows, cap.blocks, map_view)
+    for k, v in maps.items():
+        per[k].append(v)
+    energy = energy_readings(mean["q_gram"], mean["k_gram"], lab, rot, adapter.rope_layout)
+    for k, v in energy.items():
+        per[k].append(v)
 
 
 def _score_readings(scores: torch.Tensor, windows: list, blocks, map_view) -> dict[str, torch.Tensor]:

@@ -71,6 +71,24 @@ class Capture:
             self.reservoir = QKReservoir(spec.reservoir, len(spec.layers), spec.num_heads, spec.num_kv_heads,
                                          spec.head_dim, spec.seq_len, seed=spec.seed, device=device)
 
+    def restart(self, user_stats: tuple = ()) -> None:
+        """Empty every sum and count and take ``user_stats`` as the users' statistics from here: the next
+        sequences are a capture of their own, with the workspaces, the C kernels' threads and the bound
+        modules kept (``poslens compare`` captures each sequence group so)."""
+        import dataclasses
+
+        for acc in self.accs.values():
+            acc.sum.zero_()
+            if isinstance(acc, GroupAccumulator):
+                acc.counts.zero_()
+            else:
+                acc.count = 0
+        self.sequences = 0
+        self._batch_size = self._next_seq = self._seq0 = 0
+        self.spec = dataclasses.replace(self.spec, user_stats=tuple(user_stats))
+        self.users = UserStatistics(self.spec.user_stats)
+        self.user = self.users.stats
+
     # -- context ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def active(self):
