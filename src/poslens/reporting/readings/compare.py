@@ -123,9 +123,14 @@ def _head_reading(summary: dict, recs: list[dict], name: str, S: int) -> str | N
     cells = [r for r in recs if r.get("reading") == name and r.get("seq_len") == S and r.get("head") is not None]
     if not cells:
         return None
+    if name == "slash" and all(r.get("offset_a") == 1 for r in cells):
+        return None  # every head's best offset is Δ = 1: the previous-token sentence says it
     layer_rows = [r for r in recs if r.get("reading") == name and r.get("seq_len") == S and r.get("head") is None
                   and r.get("layer") is not None]
     who, what = _subject(summary), WHAT[name]
+    if name == "prev_token" and all(r.get("offset_a") == 1 for r in recs if r.get("reading") == "slash"
+                                    and r.get("seq_len") == S and r.get("head") is not None):
+        what += " (every head's best SlashScore offset, Δ = 1 in each)"
     ch = _changed(cells)
     if not ch:
         big = _largest(cells)
