@@ -171,14 +171,15 @@ def signflip_pvalues(diffs: torch.Tensor, weights: torch.Tensor | None = None) -
     d = d.reshape(d.shape[0], -1)
     G, n = d.shape
     if G < 2:
-        return torch.full((n,), float("nan"), dtype=torch.float64)
-    w = torch.ones(G, dtype=torch.float64) if weights is None else torch.as_tensor(weights).to(torch.float64).cpu()
+        return torch.full((n,), float("nan"), dtype=torch.float64, device="cpu")
+    w = torch.ones(G, dtype=torch.float64, device="cpu") if weights is None else \
+        torch.as_tensor(weights).to(torch.float64).cpu()
     wd = d * (w / w.sum())[:, None]
     bad = ~torch.isfinite(wd).all(0)
     wd = wd.nan_to_num(0.0, 0.0, 0.0)
     t_obs = wd.sum(0).abs()
     eps = _flip_patterns(G)  # [P, G]
-    out = torch.empty(n, dtype=torch.float64)
+    out = torch.empty(n, dtype=torch.float64, device="cpu")
     step = max(1, (1 << 22) // eps.shape[0])  # columns per product: a few million entries at a time
     for s in range(0, n, step):
         t = (eps @ wd[:, s:s + step]).abs()  # [P, c]
@@ -196,7 +197,8 @@ def paired_groups(a: torch.Tensor, b: torch.Tensor, weights: torch.Tensor | None
     shape; SE and p are NaN with fewer than two groups."""
     a64, b64 = torch.as_tensor(a).to(torch.float64).cpu(), torch.as_tensor(b).to(torch.float64).cpu()
     G = a64.shape[0]
-    w = torch.ones(G, dtype=torch.float64) if weights is None else torch.as_tensor(weights).to(torch.float64).cpu()
+    w = torch.ones(G, dtype=torch.float64, device="cpu") if weights is None else \
+        torch.as_tensor(weights).to(torch.float64).cpu()
     wn = (w / w.sum()).reshape(-1, *([1] * (a64.ndim - 1)))
     d = b64 - a64
     delta = (wn * d).sum(0)
