@@ -66,11 +66,17 @@ def _change(r: dict) -> str:
 
 
 def _why_unchanged(r: dict) -> str:
-    """Why the largest change is no change: under its noise floor, or beyond it and under the threshold."""
-    d, floor = abs(num(r.get("delta")) or 0.0), num(r.get("floor"))
-    if floor is not None and d <= floor:
+    """Why the largest change is no change: within its noise floor, under the threshold, or beyond both and
+    not significant after the correction (too few groups, or too many cells)."""
+    d, floor, th = abs(num(r.get("delta")) or 0.0), num(r.get("floor")), num(r.get("threshold"))
+    if floor is None:
+        return "not measured against noise (fewer than two sequence groups)"
+    if d <= floor:
         return f"within its noise floor of {fmt(floor)}"
-    return f"beyond its noise floor of {fmt(floor)} but under the threshold of {fmt(num(r.get('threshold')))}"
+    if th is not None and d - floor < th:
+        return f"beyond its noise floor of {fmt(floor)} but under the threshold of {fmt(th)}"
+    return (f"beyond its noise floor of {fmt(floor)} and the threshold of {fmt(th)}, but its p-value "
+            f"{fmt(num(r.get('p')))} is not significant after the Benjamini–Hochberg correction")
 
 
 def _list(items: list[str]) -> str:
