@@ -315,14 +315,15 @@ def pair_sides(A: dict, B: dict, G: int) -> list[dict]:
 # the run
 # --------------------------------------------------------------------------------------------
 def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, model_b=None, tokenizer=None,
-                data=None, data_b=None) -> dict:
+                data=None, data_b=None, python: bool | None = None) -> dict:
     """Compare two variants and write the run directory ``cfg.out`` (when given); returns
     ``{"summary": ..., "tensors": ...}``.
 
     ``model_a`` / ``model_b``: loaded causal LMs (handed back as they were) instead of the paths;
     ``model_b`` None and no ``cfg.model_b``: side B is side A's model under ``cfg.variants``.
     ``data``: sequences from Python; ``data_b``: other sequences for side B (a null check: the same model
-    on two disjoint samples, paired row by row), else B reads A's."""
+    on two disjoint samples, paired row by row), else B reads A's. ``python``: errors name the keywords of
+    :func:`poslens.compare` rather than the flags (default: when a model or data came from Python)."""
     from poslens.analysis.compare.variants import applied, parse_variant, variant_label
     from poslens.data.sources import is_python_data, make_source, python_source
     from poslens.progress import task_progress
@@ -330,7 +331,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
     from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
 
     t0 = time.time()
-    python = model_a is not None or data is not None
+    python = (model_a is not None or data is not None) if python is None else python
     lengths = parse_lengths(cfg.seq_lens, "seq_lens" if python else "--seq-len")
     require_positive(("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size),
                      ("--noise-groups", cfg.noise_groups))
