@@ -31,8 +31,13 @@ __all__ = ["PoslensError", "__version__", *_API]
 def __getattr__(name: str):
     if name in _API:
         import importlib
+        import random
 
-        value = getattr(importlib.import_module(_API[name]), name)
+        state = random.getstate()  # what the imports draw from the global stream (rich's style ids) is put back
+        try:
+            value = getattr(importlib.import_module(_API[name]), name)
+        finally:
+            random.setstate(state)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'poslens' has no attribute {name!r}")

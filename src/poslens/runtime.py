@@ -263,12 +263,23 @@ def default_threads(cpus: int | None = None, busy: float | None = None) -> int:
     return max(1, min(cpus, cpus - int(busy + 0.5)))
 
 
-def resolve_threads(threads: int | None) -> int:
-    """``--threads`` value to a count: ``None`` or 0 = the policy; a negative count is an error."""
+def max_threads() -> int:
+    """The largest ``--threads`` count taken: four per CPU (and at least 64); more would only oversubscribe
+    the machine, and a count beyond what the OpenMP runtime can make crashes it."""
+    return max(64, 4 * (os.cpu_count() or 1))
+
+
+def resolve_threads(threads: int | None, flag: str = "--threads") -> int:
+    """``--threads`` value to a count: ``None`` or 0 = the policy; a negative count, or one above
+    :func:`max_threads`, is an error (``flag`` names the option: ``threads=`` from Python)."""
     if threads is None or threads == 0:
         return default_threads()
+    sep = "" if flag.endswith("=") else " "
     if threads < 0:
-        raise PoslensError(f"--threads {threads}: must be a positive count (or 0 for the default policy).")
+        raise PoslensError(f"{flag}{sep}{threads}: must be a positive count (or 0 for the default policy).")
+    if threads > max_threads():
+        raise PoslensError(f"{flag}{sep}{threads}: at most {max_threads()} threads ({os.cpu_count()} CPUs here); pass a "
+                           "smaller count, or 0 for the default policy.")
     return int(threads)
 
 
@@ -298,6 +309,19 @@ def set_threads(n: int | None) -> Iterator[int]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def random_state_kept() -> Iterator[None]:
+    """Undo what the block draws from Python's global ``random`` generator: rich draws 24 bits from it when
+    first imported (its style ids), and a library call of poslens leaves the caller's stream as it was."""
+    import random
+
+    state = random.getstate()
+    try:
+        yield
+    finally:
+        random.setstate(state)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,11 @@ Modules: :mod:`.result` (``Result``, ``load``), :mod:`.commands` (one function p
 :mod:`.calls` (what they share).
 """
 
+from poslens.runtime import random_state_kept
+
+with random_state_kept():  # rich draws from Python's global random stream when first imported: put it back
+    import rich.style  # noqa: F401
+
 from poslens.api.commands import (ablate, compare, fingerprint, kim_maps, neighborhood, panels, probes, report, scan,
                                   simulate, slash, sweep)
 from poslens.api.result import CompareResult, Result, load

@@ -51,18 +51,22 @@ def _finish(path: Path, tmp) -> Result:
 
 @contextlib.contextmanager
 def _threads(n):
-    """torch's CPU threads for one call, restored after it: ``"auto"`` the CLI's policy (the CPUs not
+    """torch's CPU threads for one call, restored after it (and Python's global ``random`` state, which
+    the call leaves as it found it): ``"auto"`` the CLI's policy (the CPUs not
     busy with other processes, :func:`poslens.runtime.default_threads`), an int that count, None
     unchanged."""
-    from poslens.runtime import set_threads
+    from poslens.runtime import random_state_kept, resolve_threads, set_threads
 
-    if n is None:
-        yield
-        return
-    if n != "auto" and (isinstance(n, bool) or not isinstance(n, int)):
-        raise PoslensError(f"threads={n!r}: pass 'auto', a positive count, or None (leave torch's setting).")
-    with set_threads(None if n == "auto" else n):
-        yield
+    with random_state_kept():  # the caller's global random stream, whatever the call imports or draws
+        if n is None:
+            yield
+            return
+        if n != "auto" and (isinstance(n, bool) or not isinstance(n, int)):
+            raise PoslensError(f"threads={n!r}: pass 'auto', a positive count, or None (leave torch's setting).")
+        if n != "auto":
+            resolve_threads(n, "threads=")
+        with set_threads(None if n == "auto" else n):
+            yield
 
 
 def _model_arg(model) -> tuple[str, Any]:

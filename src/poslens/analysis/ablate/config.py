@@ -59,7 +59,7 @@ def parse_layers(text, num_layers: int, where: str = "--layers") -> list[list[in
         s = str(text).strip().lower()
         each = s == "each" or s.startswith("each:")
         rest = s[5:] if s.startswith("each:") else ("all" if s in ("each", "all") else s)
-        chosen = list(range(num_layers)) if rest == "all" else parse_int_list(rest, where)
+        chosen = list(range(num_layers)) if rest == "all" else (parse_int_list(rest, where) or [])
     bad = [l for l in chosen if not 0 <= l < num_layers]
     if bad or not chosen:
         raise PoslensError(f"{where} {text!r}: the model has decoder layers 0..{num_layers - 1}; pass each, all, or a "

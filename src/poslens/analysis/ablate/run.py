@@ -69,6 +69,9 @@ def _validate(cfg: AblateConfig, model=None, tokenizer=None, data=None):
     require_positive(("--batch-size", cfg.batch_size), ("--noise-groups", cfg.noise_groups),
                      *((("--num-seqs", num_seqs),) if num_seqs is not None else ()),
                      *((("--seq-len", seq_len),) if seq_len is not None else ()))
+    if cfg.noise_groups < 2:
+        raise PoslensError(f"--noise-groups {cfg.noise_groups}: the standard errors need at least 2 sequence groups; "
+                           "pass 2 or more (8 by default).")
     if not (isinstance(cfg.massive_lambda, (int, float)) and math.isfinite(cfg.massive_lambda)
             and cfg.massive_lambda > 0):
         raise PoslensError(f"--massive-lambda {cfg.massive_lambda!r}: must be a positive number (Jin et al. use 5).")

@@ -381,6 +381,10 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
             raise PoslensError(f"data_b: {tuple(ids_b.shape)} sequences × tokens against {tuple(ids.shape)} for data; "
                                "pair samples of the same shape.")
     G = min(cfg.noise_groups, N)
+    if G < 2:
+        what = "--noise-groups" if cfg.noise_groups < 2 else "--num-seqs"
+        raise PoslensError(f"{what} {cfg.noise_groups if cfg.noise_groups < 2 else N}: the paired statistics need at "
+                           "least 2 sequence groups (2 sequences or more); pass 2 or more (16 by default).")
     out = Path(cfg.out) if cfg.out is not None else None
     target = None
     if out is not None:

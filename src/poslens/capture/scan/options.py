@@ -42,12 +42,20 @@ def parse_int_list(text: str | None, flag: str) -> list[int] | None:
         try:
             if "-" in part[1:]:
                 a, b = part.split("-", 1) if not part.startswith("-") else (part, "")
-                out.extend(range(int(a), int(b) + 1))
+                a, b = int(a), int(b)
+                if b - a > MAX_RANGE:  # no model has that many layers: refused before it is expanded
+                    raise PoslensError(f"{flag} {text!r}: the range {a}-{b} spans more than {MAX_RANGE:,} numbers; "
+                                       "name the layers the model has, e.g. 0-29.")
+                out.extend(range(a, b + 1))
             else:
                 out.append(int(part))
         except ValueError:
             raise PoslensError(f"{flag} {text!r}: expected comma-separated integers or ranges like 0,2,5-7.") from None
     return sorted(set(out))
+
+
+#: the widest range ``"a-b"`` an option of layer numbers expands
+MAX_RANGE = 100_000
 
 
 def parse_heads(text: str | None, flag: str = "--heads") -> list[tuple[int, int]]:
