@@ -214,6 +214,9 @@ def python_source(data, *, seq_len: int | None, num_seqs: int | None, tokenizer=
         stream = (row.tolist() for row in ids.cpu())
         kind = "token-id tensor"
     else:
+        if isinstance(data, (int, float, complex, bool, dict, set)) or not hasattr(data, "__iter__"):  # a number
+            raise PoslensError(f"data={data!r}: not sequences; pass 'stdlib', 'random', a file or directory path, a "
+                               "list of strings or of token-id lists, or an [N, S] integer tensor.")
         items = list(data)
         if not items:
             raise PoslensError("data: the list is empty; pass strings or token-id lists, 'stdlib' or 'random'.")

@@ -97,6 +97,8 @@ def _check_run_files(path: Path, summary: dict) -> None:
     for f in sorted(path.glob("*.safetensors")):
         if f.name.startswith("checkpoint"):  # a scan's resumable state: checked when resumed
             continue
+        if not f.is_file():  # a folder (or another non-file) where the tensors should be
+            raise PoslensError(f"{f} is not a file; {again}.")
         safetensors_shapes(f, again=again)
 
 

@@ -104,6 +104,9 @@ def stat_names(value, name: str) -> list | None:
     :class:`poslens.Statistic` objects."""
     if value is None or isinstance(value, str):
         return None if value in (None, "all") else [p.strip() for p in value.split(",")]
+    if not isinstance(value, (list, tuple)):
+        raise PoslensError(f"{name} {value!r}: expected statistic names and poslens.Statistic objects, e.g. "
+                           "['scores', 'probs'] or 'scores,probs'.")
     return list(value)
 
 
