@@ -79,7 +79,7 @@ def checkpoint_meta(path: Path) -> dict:
     the fix (reads the header only)."""
     from safetensors import safe_open
 
-    again = "delete it and rerun without --resume (the scan starts again)"
+    again = "rerun with --overwrite instead of --resume (the scan starts again, replacing the run directory)"
     safetensors_shapes(path, again=again)
     try:
         with safe_open(str(path), "pt") as f:
