@@ -42,8 +42,9 @@ def _run_dir(out, *, overwrite: bool = False) -> Iterator[tuple[Path, Any]]:
         raise
 
 
-def _finish(path: Path, tmp) -> Result:
-    r = Result(path, _tmp=tmp)
+def _finish(path: Path, tmp, cls: type = Result) -> Result:
+    """The finished run as a ``cls`` (a :class:`Result`); a temporary directory goes with the object."""
+    r = cls(path, _tmp=tmp)
     if tmp is not None:
         weakref.finalize(r, tmp.cleanup)
     return r

@@ -344,9 +344,4 @@ def compare(a, b=None, *, variants=None, data="stdlib", data_b=None, tokenizer=N
         with _threads(threads):
             run_compare(cfg, progress=progress, model_a=loaded_a, model_b=loaded_b, tokenizer=tokenizer, data=py_data,
                         data_b=data_b, python=True)
-        r = CompareResult(path, _tmp=tmp)
-        if tmp is not None:
-            import weakref
-
-            weakref.finalize(r, tmp.cleanup)
-        return r
+        return _finish(path, tmp, CompareResult)

@@ -6,15 +6,11 @@ from pathlib import Path
 
 import typer
 
+from poslens.analysis.compare.config import DEFAULT_GROUPS, DEFAULT_MAP_SIZE, DEFAULT_NUM_SEQS, DEFAULT_SEQ_LEN
 from poslens.cli.app import (allow_pickle_option, app, batch_size_option, data_option, device_option, dtype_option,
                              no_figures_option, num_seqs_option, out_option, overwrite_option, quiet_option,
                              refuse_existing_out, seed_option, threads_option, trust_remote_code_option, use_threads)
 
-# the defaults live with the library (poslens.analysis.compare.config); repeated here so --help needs no torch
-DEFAULT_SEQ_LEN = "256"
-DEFAULT_NUM_SEQS = 16
-DEFAULT_GROUPS = 16
-DEFAULT_MAP_SIZE = 256
 
 
 @app.command("compare", short_help="Two variants on the same tokens: what changed.")
@@ -29,7 +25,7 @@ def compare(
     out: Path = out_option("Run directory to create: summary.json (every change with its verdict), "
                            "compare.safetensors (both sides' per-group readings and per-token losses), figures."),
     data: str = data_option("stdlib"),
-    seq_len: str = typer.Option(DEFAULT_SEQ_LEN, "--seq-len", help="Tokens per sequence; several lengths, e.g. "
+    seq_len: str = typer.Option(str(DEFAULT_SEQ_LEN), "--seq-len", help="Tokens per sequence; several lengths, e.g. "
                                 "512,2048,8192, scan both sides at each, on the same sequences cut to each length."),
     beyond_context: bool = typer.Option(False, "--beyond-context", help="Allow lengths past A's trained context "
                                         "(max_position_embeddings); readings there are marked as beyond it."),

@@ -13,10 +13,9 @@ pre-RoPE q and k dimensions (Jin et al., ICML 2025, Definition 1).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from poslens.capture.scan.finalize import SINK_COLUMNS  # key 0 left out, as the scan's headline numbers
 from poslens.capture.statistics.protocol import Statistic
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.metrics.diagonal import diagonal_normalize, diagonal_trends, mask_keys, valid_mask
@@ -29,8 +28,6 @@ from poslens.rope import BANDS
 COMPARE_STATS = "scores,slash,qk"
 #: positions the O(S^3) locality of a score map is computed on (as the scan's APS positions)
 LOCALITY_POSITIONS = 256
-#: key columns left out of the score-map readings (the attention sink, as the scan's headline numbers)
-SINK_COLUMNS = (0,)
 
 #: the per-head readings and the per-layer ones, in the order of the tables
 HEAD_READINGS = ("sink", "slash", "prev_token", "entropy", "distance")
@@ -178,8 +175,3 @@ def bucket_losses(losses: torch.Tensor, buckets: list[tuple[int, int]]) -> torch
     x = losses.to(torch.float64)
     cols = [x.mean(1)] + [x[:, lo - 1:hi - 1].mean(1) for lo, hi in buckets]
     return torch.stack(cols, 1)
-
-
-def finite_or_none(x) -> float | None:
-    x = float(x)
-    return x if math.isfinite(x) else None

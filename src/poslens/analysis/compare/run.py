@@ -136,7 +136,7 @@ def _model_of(side: _Side, cfg: CompareConfig, progress: bool):
 def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, cfg: CompareConfig, edits,
              update, labels: dict | None) -> dict:
     """Every reading of every sequence group at every length, and every sequence's losses:
-    ``{S: {"readings": {name: [G, ...]}, "profile": [G, L, H, D], "losses": [N, 1 + buckets], "rope": ...}}``.
+    ``{S: {"readings": {name: [G, ...]}, "profile": [G, L, H, D], "losses": [N, S - 1], "seq_losses": [N, 1 + buckets], ...}}``.
     ``labels``: the RoPE band of each rotary pair per length and layer (the reference side's; None: this
     side's own, which it returns)."""
     from poslens.analysis.ablate.losses import position_buckets
@@ -157,7 +157,6 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
     for S in lengths:
         x_all = ids[:, :S]
         spec = _capture_spec(model, adapter, config, S, cfg)
-        L = len(spec.layers)
         if labels is None or S not in labels:
             own = []
             for l in spec.layers:
@@ -195,7 +194,7 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
         buckets = position_buckets(S)
         out[S] = {"readings": readings, "profile": torch.stack(profiles), "counts": torch.tensor(counts),
                   "losses": losses, "seq_losses": bucket_losses(losses, buckets), "buckets": buckets,
-                  "labels": lab, "layers": list(spec.layers), "rope": rope, "L": L}
+                  "labels": lab, "layers": list(spec.layers)}
     return out
 
 
@@ -421,7 +420,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
                         results["b"] = _measure(model, b, ids_b, lengths, G, cfg, app.edits, step, labels)
         records = pair_sides(results["a"], results["b"], G)
         summary = _summary(cfg, a, b, variants, variant_label(variants) if variants else "", applied_info, lengths,
-                           trained, N, G, records, results, src.describe(), time.time() - t0)
+                           trained, N, G, records, src.describe(), time.time() - t0)
         tensors = _tensors(results)
         if out is not None:
             write_run(out, cfg, summary, tensors, into=target)
@@ -460,7 +459,7 @@ def _origin(side: _Side, model) -> dict:
     return source_record(side.model_dir)
 
 
-def _summary(cfg, a, b, variants, label, applied_info, lengths, trained, N, G, records, results, source, seconds):
+def _summary(cfg, a, b, variants, label, applied_info, lengths, trained, N, G, records, source, seconds):
     L = a.adapter.num_layers(a.config)
     changed = [r for r in records if r["verdict"] == CHANGED]
     return {
@@ -528,12 +527,9 @@ def _write_files(stage: Path, cfg: CompareConfig, summary: dict, tensors: dict) 
     write_tensors(stage / "compare.safetensors", tensors)
     figs = []
     if cfg.figures:
-        try:
-            from poslens.analysis.compare.figures import compare_figures
-        except ImportError:  # drawn where the figures module exists
-            compare_figures = None
-        if compare_figures is not None:
-            figs = compare_figures(summary, tensors, stage)
+        from poslens.analysis.compare.figures import compare_figures  # matplotlib: only when drawing
+
+        figs = compare_figures(summary, tensors, stage)
     s = dict(summary, figures=figs, readings=[], tables=[changes_table(summary)])
     write_summary(stage, s, command="compare", paper=[],
                   layers_describe="each decoder layer: the paired change (B − A) of every per-layer reading at the "
