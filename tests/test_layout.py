@@ -433,9 +433,9 @@ TESTS = SRC.parent / "tests"
 #: at most this many assertions on the readings' words, all in the tests of their rendering
 MAX_PHRASE_ASSERTIONS = 50
 #: the tests of the rendering: the reporting package's, the run-directory contract's, the pages'
-#: (the demo's report, the reproduction and results pages)
+#: (the demo's report, the reproduction and results pages, the explorer)
 RENDERING_TESTS = ("tests/report/", "tests/test_contract.py", "tests/reproduce/", "tests/test_demo.py",
-                   "tests/test_docs.py")
+                   "tests/test_docs.py", "tests/explore/")
 _WORD = re.compile(r"^[^_/<>=\\]*[A-Za-z]{2,}[^_/<>=\\]*$")
 #: text that is an interface, not a reading: errors, warnings, help, titles, labels, columns, statuses
 INTERFACE = re.compile(r"err|exc|warn|caplog|help|message|msg|log|usage|match|raises|why|reason|title|label|caption"

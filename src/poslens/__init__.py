@@ -10,6 +10,7 @@ The Python face (docs/python.md)::
     r = poslens.scan(model, data="stdlib")      # a loaded causal LM, or a model path
     r.heads(), r.layers(), r.maps["probs"], r.plot("scores", layer=3)
     r.save("runs/x"); poslens.load("runs/x")
+    poslens.explore(r, out="explore.html")      # an interactive page (r.explore() in Jupyter)
 
 Importing poslens changes nothing process-wide (environment, warning hooks, torch's threads); the
 functions below import torch and transformers when first called.
@@ -22,8 +23,8 @@ from poslens.errors import PoslensError  # noqa: E402
 #: the public functions and classes, imported on first use (``import poslens`` stays light)
 _API = {**{name: "poslens.api" for name in ("scan", "simulate", "slash", "neighborhood", "panels", "kim_maps",
                                              "probes", "sweep", "fingerprint", "ablate", "report", "load",
-                                             "Result", "compare", "CompareResult")},
-        "Statistic": "poslens.capture.statistics.protocol"}
+                                             "Result", "compare", "CompareResult", "explore")},
+        "Statistic": "poslens.capture.statistics.protocol", "Explorer": "poslens.explore"}
 
 __all__ = ["PoslensError", "__version__", *_API]
 

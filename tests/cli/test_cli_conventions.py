@@ -31,7 +31,7 @@ DRAWS = {"simulate", "scan", "neighborhood", "sweep", "probes", "panels", "kim-m
 WRITES_DIR = {"simulate", "train", "zoo", "scan", "neighborhood", "sweep", "probes", "panels", "kim-maps", "slash",
               "slash-dynamics", "fingerprint", "ablate", "compare", "reproduce", "demo"}  # writes an output directory:
 #                                                                                        --overwrite
-WRITES_FILE = {"report"}  # writes one output file: --overwrite
+WRITES_FILE = {"report", "explore"}  # writes one output file: --overwrite
 RESUMES = {"train", "zoo", "scan"}  # can continue an interrupted run: --resume
 PRINTS_ONLY = {"theory kim", "models list"}  # the printed text is the result: no --quiet
 OTHER = {"models fetch"}  # fills the model cache (idempotent; CPU dequantisation): --quiet only
@@ -138,7 +138,7 @@ def _args(name: str, model: Path, tmp: Path) -> list:
             "ablate": [model], "compare": [model],
             "kim-maps": [tmp / "some_scan"], "slash": [tmp / "some_scan"], "reproduce": ["kim-fig1"],
             "demo": ["--quick"], "train": ["--task", "copy", "--steps", 1], "zoo": ["--scale", "micro"],
-            "report": [tmp / "some_run"]}.get(name, [])
+            "report": [tmp / "some_run"], "explore": [tmp / "some_run"]}.get(name, [])
 
 
 @pytest.mark.parametrize("name", sorted(WRITES_DIR | WRITES_FILE))

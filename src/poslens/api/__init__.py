@@ -28,9 +28,9 @@ from poslens.runtime import random_state_kept
 with random_state_kept():  # rich draws from Python's global random stream when first imported: put it back
     import rich.style  # noqa: F401
 
-from poslens.api.commands import (ablate, compare, fingerprint, kim_maps, neighborhood, panels, probes, report, scan,
-                                  simulate, slash, sweep)
+from poslens.api.commands import (ablate, compare, explore, fingerprint, kim_maps, neighborhood, panels, probes,
+                                  report, scan, simulate, slash, sweep)
 from poslens.api.result import CompareResult, Result, load
 
-__all__ = ["CompareResult", "Result", "ablate", "compare", "fingerprint", "kim_maps", "load", "neighborhood", "panels",
+__all__ = ["CompareResult", "Result", "ablate", "compare", "explore", "fingerprint", "kim_maps", "load", "neighborhood", "panels",
            "probes", "report", "scan", "simulate", "slash", "sweep"]

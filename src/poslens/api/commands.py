@@ -194,6 +194,28 @@ def report(runs: Iterable[Result | str | os.PathLike] | Result | str | os.PathLi
     return write_report([_run_path(r, "runs") for r in runs], path, title=title)
 
 
+def explore(*runs, out: str | os.PathLike | None = None, overwrite: bool = False,
+            title: str = "poslens explorer"):
+    """An interactive page over scan and comparison runs (results or run directories; ``poslens explore``):
+    a :class:`poslens.Explorer`, shown inline in Jupyter, written to ``out`` when given. Every run is read
+    and checked before anything is written."""
+    from poslens.api.result import load
+    from poslens.explore import build, check_out
+
+    if out is not None:  # before any run is read
+        check_out(Path(out), overwrite=overwrite)
+    if len(runs) == 1 and isinstance(runs[0], (list, tuple)):
+        runs = tuple(runs[0])
+    if not runs:
+        raise PoslensError("explore(): pass one or more run directories (or results) of poslens scan or poslens "
+                           "compare.")
+    results = [r if isinstance(r, Result) else load(_run_path(r, "explore()")) for r in runs]
+    page = build(results, title=title)
+    if out is not None:
+        page.save(out, overwrite=overwrite)
+    return page
+
+
 def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | None = None,
                 num_seqs: int | None = None,
                 batch_size: int = 4, seed: int = 0, device: str = "auto", dtype: str = "auto",

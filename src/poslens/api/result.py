@@ -271,6 +271,16 @@ class Result:
         ax.set_title(title + (f", head {head}" if head is not None else ""), fontsize=9)
         return fig
 
+    def explore(self, *others, out: str | os.PathLike | None = None, overwrite: bool = False):
+        """An interactive page of this run (and ``others``, e.g. its random-token control scan): a
+        :class:`poslens.Explorer`, shown inline in Jupyter, written to ``out`` when given (``poslens explore``)."""
+        from poslens.explore import build
+
+        page = build([self, *(o if isinstance(o, Result) else load(o) for o in others)])
+        if out is not None:
+            page.save(out, overwrite=overwrite)
+        return page
+
     # ---- persistence -----------------------------------------------------------------------
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Copy the run to ``path`` (a new directory, or an existing run of the same command with

@@ -36,13 +36,14 @@ from poslens.cli import fingerprint as _fingerprint  # noqa: F401,E402
 from poslens.cli import ablate as _ablate  # noqa: F401,E402
 from poslens.cli import compare as _compare  # noqa: F401,E402
 from poslens.cli import report as _report  # noqa: F401,E402
+from poslens.cli import explore as _explore  # noqa: F401,E402
 from poslens.cli import reproduce as _reproduce  # noqa: F401,E402
 from poslens.cli import demo as _demo  # noqa: F401,E402
 
 #: ``poslens --help`` lists the commands in the order of the flow: source and model (simulate,
 #: theory, train, zoo, models) -> capture (scan) -> analyses -> report, then the end-to-end runs.
 FLOW_ORDER = ("simulate", "theory", "train", "zoo", "models", "scan", "neighborhood", "sweep", "probes", "panels",
-              "kim-maps", "slash", "slash-dynamics", "fingerprint", "ablate", "compare", "report", "reproduce", "demo")
+              "kim-maps", "slash", "slash-dynamics", "fingerprint", "ablate", "compare", "report", "explore", "reproduce", "demo")
 
 
 def command():
