@@ -10,7 +10,10 @@ Steps (each writes a run directory under the demo's output folder):
 5. the score-map, slash and neighbourhood analyses of those scans and models;
 6. the positional fingerprint of a real model (SmolLM2-135M, fetched once from PyPI; without network
    the demo says so and goes on) beside the two micro models (``fingerprint/fingerprint.html``);
-7. one self-contained HTML report over everything (``report.html``), the real model's scan included.
+7. the interactive explorer (``explore.html``): the real model's every head on text and on random
+   tokens, and the micro models' scans;
+8. one self-contained HTML report over everything (``report.html``), the real model's scan included,
+   linking to the explorer.
 
 Budget: a few minutes on a 2-core CPU; ``--quick`` is a smoke test of seconds.
 """
@@ -182,12 +185,36 @@ def _step_fingerprint(cfg: DemoConfig, console: Console, progress) -> dict:
     return outs
 
 
+def _step_explore(cfg: DemoConfig, console: Console, progress) -> dict:
+    """The interactive explorer (``explore.html``): the real model's heads on text and on random tokens
+    (every head's map, ``--heads all``), and the micro models' scans."""
+    from poslens.api import explore
+
+    real = _read_outputs(cfg).get("real_model")
+    runs = []
+    if real and Path(real).exists():
+        n, S = (2, 32) if cfg.quick else (8, 128)
+        for i, data in enumerate(("stdlib", "random")):
+            out = cfg.out / f"scan_real_{data}"
+            _clear(out)
+            progress(i, 2, f"scan the real model's heads ({data})")
+            run_scan(ScanConfig(model_dir=str(real), out=str(out), data=data, seq_len=S, num_seqs=n, batch_size=4,
+                                heads="all", device=cfg.device, dtype="fp32", figures=False), progress=False)
+            runs.append(out)
+    runs += [cfg.out / name for name in ("scan_rope", "scan_rope_random", "scan_nope")]
+    page = explore(*runs, out=cfg.out / "explore.html", overwrite=True, title="poslens demo: explorer")
+    console.print(f"explorer: {page.path} ({page.path.stat().st_size / 1e6:.1f} MB)")
+    return {"explore": str(page.path)}
+
+
 def _step_report(cfg: DemoConfig, console: Console, progress) -> dict:
-    runs = [p for p in sorted(cfg.out.iterdir()) if (p / "summary.json").exists()]
+    runs = [p for p in sorted(cfg.out.iterdir()) if (p / "summary.json").exists() and not p.name.startswith("scan_real_")]
     real = _read_outputs(cfg).get("scan_real_model")
     if real and (Path(real) / "summary.json").exists():  # the real model's text scan, beside the micro models
         runs.append(Path(real))
-    path = write_report(runs, cfg.out / "report.html", title="poslens demo")
+    links = [("explore.html", "Interactive explorer: every head's map, click through layers and heads")] \
+        if (cfg.out / "explore.html").exists() else []
+    path = write_report(runs, cfg.out / "report.html", title="poslens demo", links=links)
     console.print(f"report: {path}")
     return {"report": str(path)}
 
@@ -217,6 +244,7 @@ STEPS: list[tuple[str, Callable]] = [
     ("scan the models", _step_scan),
     ("slash and neighbourhood analyses", _step_analyses),
     ("positional fingerprint: a real model beside the micro models", _step_fingerprint),
+    ("interactive explorer of the heads", _step_explore),
     ("HTML report", _step_report),
 ]
 

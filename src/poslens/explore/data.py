@@ -20,8 +20,11 @@ import torch
 
 from poslens.errors import PoslensError
 
-#: the most blocks per axis a map has on the page (a 30 x 9 model's per-head maps then stay under 5 MB)
+#: the most blocks per axis a map has on the page
 MAP_SIDE = 128
+#: the map values a page holds (their visible entries): a 30 x 9 model's per-head maps at 128 x 128 and its layer
+#: maps, within 10 MB of page with Plotly; further runs' maps are shown coarser where they would exceed it
+MAP_BUDGET = 2_750_000
 
 #: the per-head readings of a scan, in the order of the reading menu: (key, label, unit)
 HEAD_READINGS = (
@@ -86,6 +89,55 @@ class Blobs:
 
     def bytes(self) -> bytes:
         return np.concatenate(self.parts).tobytes() if self.parts else b""
+
+
+@dataclass
+class _Request:
+    priority: tuple
+    target: dict
+    key: str
+    tensors: dict  # name -> [..., M, M] maps (several: drawn on one colour range, e.g. a comparison's A and B)
+    seq_len: int
+    causal: bool
+    notes: list
+    what: str
+
+
+class Maps:
+    """The maps a page asks for, packed by priority within :data:`MAP_BUDGET` values: each set gets the
+    largest side of at most :data:`MAP_SIDE` blocks (halving) that still fits, so the first run's
+    per-head maps are kept whole and the others' are coarser where the page would outgrow its size."""
+
+    def __init__(self, blobs: Blobs):
+        self.blobs, self.requests = blobs, []
+
+    def ask(self, priority: tuple, target: dict, key: str, tensors: dict, seq_len: int, *, causal: bool = True,
+            notes: list | None = None, what: str = "") -> None:
+        self.requests.append(_Request(priority, target, key, tensors, seq_len, causal, notes if notes is not None
+                                      else [], what))
+
+    def pack(self) -> None:
+        left = MAP_BUDGET
+        for r in sorted(self.requests, key=lambda r: r.priority):
+            M = next(iter(r.tensors.values())).shape[-1]
+            n = sum(int(np.prod(t.shape[:-2])) for t in r.tensors.values())
+            want = side = min(MAP_SIDE, M)
+            while side > 8 and n * _values(side, r.causal) > left:
+                side = -(-side // 2)
+            if n * _values(side, r.causal) > left:
+                r.notes.append(f"{r.what}: left out to keep the page small")
+                continue
+            left -= n * _values(side, r.causal)
+            if side < want:
+                r.notes.append(f"{r.what}: shown on {side} × {side} blocks to keep the page small")
+            step = -(-r.seq_len // M) * (-(-M // side) if side < M else 1)  # positions per block on the page
+            refs = {name: {**self.blobs.add(block_means(t, r.seq_len, side, causal=r.causal)), "step": step}
+                    for name, t in r.tensors.items()}
+            r.target[r.key] = refs if len(refs) > 1 else next(iter(refs.values()))
+
+
+def _values(side: int, causal: bool) -> int:
+    return side * (side + 1) // 2 if causal else side * side
 
 
 def block_means(maps: torch.Tensor, seq_len: int, side: int = MAP_SIDE, causal: bool = True) -> torch.Tensor:
@@ -187,21 +239,24 @@ def _layer_readings(result) -> dict:
     return out
 
 
-def _scan_maps(result, blobs: Blobs, L: int, H: int, notes: list[str]) -> dict:
-    """References to a scan's maps on the page: the layers' mean score and weight maps, each head's
-    mean weight map (and score map where kept), the heads' diagonal profiles."""
+def _scan_maps(result, blobs: Blobs, maps_out: Maps, rank: int, L: int, H: int, notes: list[str]) -> dict:
+    """References to a scan's maps on the page (filled when the page's maps are packed): the layers'
+    mean weight and score maps, each head's mean weight map (and score map where kept), the heads'
+    diagonal profiles (exact). ``rank``: 0 for the page's first run, whose maps come first."""
     maps, S = result.maps, int(result.summary.get("seq_len") or 0)
     controls = result.summary.get("controls") if isinstance(result.summary.get("controls"), dict) else {}
     causal = not bool(controls.get("bidirectional"))
     out: dict = {"causal": causal}
-    for name in ("probs", "scores"):
-        m = maps.get(name)
-        if m is not None and m.dim() == 3 and m.shape[0] == L:
-            out[f"layer_{name}"] = blobs.add(block_means(m, S, causal=causal))
+    first = rank == 0
     hm = maps.get("head_maps")
     if hm is not None and tuple(hm.shape[:2]) == (L, H):
-        out["head_probs"] = blobs.add(block_means(hm, S, causal=causal))
-        out["head_probs_block"] = int(result.summary.get("head_map_block") or -(-S // hm.shape[-1]))
+        maps_out.ask((0 if first else 2, rank), out, "head_probs", {"m": hm}, S, causal=causal, notes=notes,
+                     what="per-head maps")
+    for name, prio in (("probs", 1), ("scores", 3)):
+        m = maps.get(name)
+        if m is not None and m.dim() == 3 and m.shape[0] == L:
+            maps_out.ask((prio if first else 4, rank), out, f"layer_{name}", {"m": m}, S, causal=causal, notes=notes,
+                         what=f"layer {name} maps")
     pairs = [tuple(p) for p in (result.config.get("options") or {}).get("heads") or []
              if isinstance(p, (list, tuple)) and len(p) == 2]
     ids = result._layer_ids()
@@ -209,12 +264,12 @@ def _scan_maps(result, blobs: Blobs, L: int, H: int, notes: list[str]) -> dict:
         t = maps.get(name)
         if t is None or not pairs or t.shape[0] != len(pairs):
             continue
-        sel = {}
+        sel = out.setdefault(f"selected_{name}", {})
         for n, (l, h) in enumerate(pairs):
-            if l in ids and (name == "head_scores" or "head_probs" not in out):
-                sel[f"{ids.index(l)}.{h}"] = blobs.add(block_means(t[n], S, causal=causal))
-        out[f"selected_{name}"] = sel
-    if "head_probs" not in out and not out.get("selected_head_probs"):
+            if l in ids and (name == "head_scores" or hm is None):
+                maps_out.ask((3 if first else 4, rank), sel, f"{ids.index(l)}.{h}", {"m": t[n]}, S, causal=causal,
+                             notes=notes, what=f"the map of layer {l}, head {h}")
+    if hm is None and not (maps.get("head_probs") is not None and pairs):
         notes.append("per-head maps: scan with --heads all to see every head's attention map")
     slash = maps.get("slash")
     if slash is not None and tuple(slash.shape[:2]) == (L, H):
@@ -223,7 +278,7 @@ def _scan_maps(result, blobs: Blobs, L: int, H: int, notes: list[str]) -> dict:
     return out
 
 
-def scan_data(result, blobs: Blobs, index: int) -> dict:
+def scan_data(result, blobs: Blobs, maps_out: Maps, index: int) -> dict:
     """One scan's part of the page."""
     s = result.summary
     ids = result._layer_ids()
@@ -232,7 +287,7 @@ def scan_data(result, blobs: Blobs, index: int) -> dict:
     S = int(s.get("seq_len") or 0)
     model = _model_label(result)
     heads, notes = _head_readings(result, L, H) if H else ({}, ["the scan has no per-head readings"])
-    maps = _scan_maps(result, blobs, L, H, notes)
+    maps = _scan_maps(result, blobs, maps_out, index, L, H, notes)
     data = s.get("data") or (result.config.get("options") or {}).get("data")
     return {"kind": "scan", "label": _run_label(result, model, index), "path": str(result.path), "model": model,
             "data": str(data or ""), "seq_len": S, "num_seqs": s.get("num_seqs"), "layers": ids, "num_heads": H,
@@ -251,7 +306,7 @@ def _heads_from(result) -> int:
 # --------------------------------------------------------------------------------------------
 # a comparison
 # --------------------------------------------------------------------------------------------
-def compare_data(result, blobs: Blobs, index: int) -> dict:
+def compare_data(result, maps_out: Maps, index: int) -> dict:
     """One comparison's part of the page: per reading and length, the cells' a, b, delta, floor, p and
     verdict (``changes()`` as columns), and both sides' per-head maps where the run kept them."""
     s = result.summary
@@ -281,11 +336,12 @@ def compare_data(result, blobs: Blobs, index: int) -> dict:
             rec["layers"]["changed"] = (order["verdict"] == "changed").astype(int).tolist()
         cells.setdefault(str(reading), {})[str(int(S))] = rec
     maps, notes = {}, []
-    for S in lengths:
-        pair = [result.maps.get(f"{side}.{S}.head_maps") for side in ("a", "b")]
-        if all(t is not None and t.dim() == 4 and tuple(t.shape[:2]) == (L, H) for t in pair):
-            maps[str(S)] = {side: blobs.add(block_means(t, S)) for side, t in zip(("a", "b"), pair)}
-    if not maps:
+    for k, S in enumerate(lengths):
+        pair = {side: result.maps.get(f"{side}.{S}.head_maps") for side in ("a", "b")}
+        if all(t is not None and t.dim() == 4 and tuple(t.shape[:2]) == (L, H) for t in pair.values()):
+            maps_out.ask((0 if index == 0 else 2, index, k), maps, str(S), pair, S, notes=notes,
+                         what=f"A's and B's maps at {S} tokens")
+    if not any(result.maps.get(f"a.{S}.head_maps") is not None for S in lengths):
         notes.append("A's and B's maps: compare.safetensors holds no per-head maps ({a|b}.S.head_maps); run "
                      "poslens compare again to keep them")
     return {"kind": "compare", "label": _run_label(result, _model_label(result), index), "path": str(result.path),
@@ -301,15 +357,17 @@ def compare_data(result, blobs: Blobs, index: int) -> dict:
 def page_data(results: list) -> tuple[dict, bytes]:
     """The page's JSON (runs, readings, references into the blob) and its float16 blob."""
     blobs = Blobs()
+    maps = Maps(blobs)
     runs = []
     for i, r in enumerate(results):
         if r.command == "scan":
-            runs.append(scan_data(r, blobs, i))
+            runs.append(scan_data(r, blobs, maps, i))
         elif r.command == "compare":
-            runs.append(compare_data(r, blobs, i))
+            runs.append(compare_data(r, maps, i))
         else:
             raise PoslensError(f"{r.path}: a {r.command} run; poslens explore shows scan and compare runs (pass the "
                                "run directories of poslens scan or poslens compare).")
+    maps.pack()
     _pair_controls(runs)
     return {"runs": runs, "head_readings": [list(h) for h in HEAD_READINGS],
             "compare_readings": list(COMPARE_HEAD)}, blobs.bytes()

@@ -64,7 +64,7 @@
     return lo === Infinity ? [0, 1] : (lo === hi ? [lo, lo + (Math.abs(lo) || 1) * 1e-6] : [lo, hi]);
   }
   function grid(values, L, H) { const z = []; for (let l = 0; l < L; l++) z.push(values.slice(l * H, (l + 1) * H)); return z; }
-  function positions(m, S) { const f = Math.ceil(S / m), out = []; for (let i = 0; i < m; i++) out.push(i * f); return out; }
+  function positions(m, step) { const out = []; for (let i = 0; i < m; i++) out.push(i * step); return out; }
   function table(id, head, rows) {
     const t = $(id).querySelector("tbody");
     t.innerHTML = "";
@@ -82,11 +82,11 @@
       t.appendChild(row);
     }
   }
-  function mapPlot(id, z, S, title, opts = {}) {
+  function mapPlot(id, z, step, title, opts = {}) {  // z: rows of a map whose blocks hold `step` positions each
     const el = $(id);
     if (!z) { Plotly.purge(el); el.hidden = true; return; }
     el.hidden = false;
-    const m = z.length, pos = positions(m, S);
+    const m = z.length, pos = positions(m, step || 1);
     const trace = {type: "heatmap", z: z, x: pos, y: pos, colorscale: opts.colorscale || SEQ, hoverongaps: false,
                    colorbar: {title: {text: opts.unit || "weight", side: "right"}, thickness: 12},
                    hovertemplate: "query %{y}, key %{x}: %{z:.4g}<extra></extra>"};
@@ -219,16 +219,14 @@
     });
     table("head-numbers", ["reading", "value", "uniform causal attention"].concat(ctrl ? ["random-token control"] : []), rows);
     const m = r.maps, notes = [];
-    let z = null;
-    if (m.head_probs) z = slice2d(m.head_probs, i);
-    else if (m.selected_head_probs && m.selected_head_probs[li + "." + h]) z = slice2d(m.selected_head_probs[li + "." + h], 0);
-    else notes.push("this scan kept no map of this head: scan with --heads all for every head's map");
-    mapPlot("head-map", z, r.seq_len, `mean attention weights, layer ${layer}, head ${h}`);
+    const ref = m.head_probs || (m.selected_head_probs && m.selected_head_probs[li + "." + h]);
+    if (!ref) notes.push("this scan kept no map of this head: scan with --heads all for every head's map");
+    mapPlot("head-map", ref ? slice2d(ref, m.head_probs ? i : 0) : null, ref && ref.step,
+            `mean attention weights, layer ${layer}, head ${h}`);
     const sc = m.selected_head_scores && m.selected_head_scores[li + "." + h];
-    mapPlot("head-scores", sc ? slice2d(sc, 0) : null, r.seq_len, `mean scores, layer ${layer}, head ${h}`, {unit: "score"});
-    let cz = null;
-    if (ctrl && ctrl.maps.head_probs) cz = slice2d(ctrl.maps.head_probs, i);
-    mapPlot("head-control", cz, ctrl ? ctrl.seq_len : r.seq_len, `random-token control, layer ${layer}, head ${h}`);
+    mapPlot("head-scores", sc ? slice2d(sc, 0) : null, sc && sc.step, `mean scores, layer ${layer}, head ${h}`, {unit: "score"});
+    const cref = ctrl && ctrl.maps.head_probs;
+    mapPlot("head-control", cref ? slice2d(cref, i) : null, cref && cref.step, `random-token control, layer ${layer}, head ${h}`);
     $("head-note").textContent = notes.join(". ");
     drawProfile(r, ctrl, i, layer, h);
   }
@@ -293,7 +291,7 @@
   }
   function drawLayerMap() {
     const r = run(), kind = $("layer-map-kind").value, ref = r.maps["layer_" + kind];
-    mapPlot("layer-map", ref ? slice2d(ref, state.layerSel) : null, r.seq_len,
+    mapPlot("layer-map", ref ? slice2d(ref, state.layerSel) : null, ref && ref.step,
             `${kind === "scores" ? "mean scores" : "mean attention weights"}, layer ${r.layers[state.layerSel]}`,
             {unit: kind === "scores" ? "score" : "weight"});
   }
@@ -346,9 +344,9 @@
       return;
     }
     $("compare-note").textContent = "";
-    const a = slice2d(mp.a, i), b = slice2d(mp.b, i), S = Number(state.clength);
+    const a = slice2d(mp.a, i), b = slice2d(mp.b, i), S = mp.a.step;
     const diff = a.map((row, y) => row.map((v, x) => v === null || b[y][x] === null ? null : b[y][x] - v));
-    const [lo, hi] = range(a.flat().concat(b.flat()));
+    const [lo, hi] = range(a.flatMap((row) => row.slice(1)).concat(b.flatMap((row) => row.slice(1))));  // key 0 clipped
     const dm = Math.max(1e-12, ...diff.flat().filter((v) => v !== null).map(Math.abs));
     mapPlot("compare-a", a, S, `A, layer ${li}, head ${h}`);
     mapPlot("compare-b", b, S, `B, layer ${li}, head ${h}`);

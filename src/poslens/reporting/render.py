@@ -103,9 +103,11 @@ def _env():
     return template_env()
 
 
-def render_runs(runs: list[Run], title: str = "poslens report", skipped: list[str] | None = None) -> str:
-    """Render already-loaded runs (see :func:`poslens.reporting.collect.collect`)."""
-    ctx = build_context(runs, title, skipped)
+def render_runs(runs: list[Run], title: str = "poslens report", skipped: list[str] | None = None,
+                links: list[tuple[str, str]] | None = None) -> str:
+    """Render already-loaded runs (see :func:`poslens.reporting.collect.collect`); ``links``: ``(href, text)``
+    of pages beside the report (the demo's explorer), listed at its top."""
+    ctx = {**build_context(runs, title, skipped), "links": [{"href": h, "text": t} for h, t in links or []]}
     return _env().get_template("template.html.j2").render(**ctx)
 
 
@@ -117,26 +119,26 @@ def render_report(run_dirs: list[str | Path], title: str = "poslens report", *, 
 
 
 def write_runs(runs: list[Run], out: str | Path, title: str = "poslens report",
-               skipped: list[str] | None = None) -> Path:
+               skipped: list[str] | None = None, links: list[tuple[str, str]] | None = None) -> Path:
     """Render loaded runs and atomically write the page to ``out``; returns the path."""
     from poslens.rundir.io import _atomic_write_bytes
 
     out = Path(out)
     if out.exists() and out.is_dir():
         raise PoslensError(f"--out {out} is a directory; pass a file name such as {out / 'report.html'}.")
-    html = render_runs(runs, title, skipped)  # everything is validated before anything is written
+    html = render_runs(runs, title, skipped, links)  # everything is validated before anything is written
     _atomic_write_bytes(out, html.encode("utf-8"))
     return out
 
 
 def write_report(run_dirs: list[str | Path], out: str | Path, title: str = "poslens report", *,
-                 allow_many: bool = False) -> Path:
+                 allow_many: bool = False, links: list[tuple[str, str]] | None = None) -> Path:
     """Collect, render and atomically write the report to ``out``; returns the path."""
     out = Path(out)
     if out.exists() and out.is_dir():
         raise PoslensError(f"--out {out} is a directory; pass a file name such as {out / 'report.html'}.")
     runs, skipped = collect(list(run_dirs), allow_many=allow_many)
-    return write_runs(runs, out, title, skipped)
+    return write_runs(runs, out, title, skipped, links)
 
 
 def write_index_html(out_dir: str | Path, title: str = "poslens reproduction") -> Path:
