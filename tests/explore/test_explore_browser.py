@@ -217,3 +217,25 @@ def test_a_scan_without_per_head_maps_shows_what_it_has(browser, tiny, tmp_path)
         assert p.js("document.getElementById('head-map').hidden") is True  # no map to draw
     finally:
         p.close()
+
+
+def test_the_inline_view_starts_in_its_frame(browser, tiny, tmp_path):
+    """Jupyter's view (``_repr_html_``): the page in a sandboxed frame, drawn without errors."""
+    import poslens
+
+    r = poslens.scan(str(tiny), data="random", seq_len=16, num_seqs=2, progress=False)
+    host = tmp_path / "notebook.html"
+    host.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'><title>cell</title></head><body>"
+                    + r.explore()._repr_html_() + "</body></html>")
+    ctx = browser.new_context()
+    try:
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.goto(host.as_uri())
+        frame = next(f for f in page.frames if f is not page.main_frame)
+        frame.wait_for_function("document.body.dataset.ready !== '0'", timeout=60_000)
+        assert frame.evaluate("document.body.dataset.ready") == "1" and errors == []
+        assert frame.evaluate("document.getElementById('head-grid').data[0].z.length") == 2
+    finally:
+        ctx.close()

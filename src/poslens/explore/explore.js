@@ -314,7 +314,9 @@
       {type: "heatmap", name: "changed", z: grid(col, L, H), colorscale: DIV, zmin: -m, zmax: m, zmid: 0, xgap: 1, ygap: 1,
        hoverongaps: false, text: grid(sign, L, H), texttemplate: "%{text}", customdata: grid(hover, L, H),
        colorbar: {title: {text: "B − A", side: "right"}, thickness: 12}, hovertemplate: "layer %{y}, head %{x}: %{customdata}<extra></extra>"}],
-      {title: {text: `${state.creading}: B − A at ${state.clength} tokens`, font: {size: 12}}, margin: {l: 50, r: 10, t: 30, b: 40},
+      {title: {text: `${state.creading}: B − A at ${state.clength} tokens`, font: {size: 12}}, margin: {l: 50, r: 10, t: 30, b: 70},
+       annotations: [{text: "grey: unchanged · colour: changed (+ / − its sign)", xref: "paper", yref: "paper", x: 0, y: -0.14,
+                      showarrow: false, xanchor: "left", font: {size: 11, color: "#555"}}],
        xaxis: {title: {text: "head"}, dtick: 1, range: [-0.5, H - 0.5]}, yaxis: {title: {text: "layer"}, autorange: "reversed", range: [L - 0.5, -0.5]},
        shapes: state.cell ? [selShape(state.cell[1], state.cell[0])] : []}, CFG);
     el.dataset.reading = state.creading; el.dataset.length = state.clength;
@@ -339,7 +341,7 @@
       ["verdict", {text: c.changed[i] === 1 ? "changed" : "unchanged", data: {verdict: c.changed[i] === 1 ? "changed" : "unchanged"}}]]);
     const mp = r.maps[state.clength];
     if (!mp) {
-      $("compare-note").textContent = (r.notes || []).join(". ");
+      $("compare-note").textContent = "";  // the run's note, at the top, says what would add the maps
       for (const id of ["compare-a", "compare-b", "compare-diff"]) mapPlot(id, null);
       return;
     }
