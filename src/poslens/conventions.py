@@ -68,3 +68,7 @@ CHANGE_THRESHOLDS = {
     "massive_dims": 1.0,       # massive pre-RoPE q and k dimensions of the layer (a count)
     "loss": 0.01,              # next-token loss, nats per token
 }
+
+#: the most blocks per axis of the per-head attention maps that ``--heads all`` keeps for every head
+#: (``head_maps``; also ``poslens compare``'s): block means of ``ceil(S / 128)`` positions past 128 tokens
+HEAD_MAP_MAX_SIDE = 128

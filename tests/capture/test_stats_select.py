@@ -7,6 +7,7 @@ a bad name is a one-line error listing the valid names; the summary reads missin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -166,7 +167,7 @@ def test_builtin_statistic_modules_are_registered_once():
     assert sorted(importlib.import_module(f"poslens.capture.statistics.builtin.{m}").STATISTIC.name for m in modules) == sorted(
         st.name for st in REGISTRY)  # every module registered, once
     assert len({st.name for st in REGISTRY}) == len(REGISTRY)
-    spec = _spec("all", heads=[(0, 1)])
+    spec = dataclasses.replace(_spec("all", heads=[(0, 1)]), head_maps=True)  # every statistic active
     shapes = att.accumulator_shapes(spec)
     cap = att.Capture(spec)
     for st in REGISTRY:

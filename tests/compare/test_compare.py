@@ -52,6 +52,19 @@ def test_a_model_against_itself_is_exactly_unchanged(self_run):
             assert torch.equal(m[k].nan_to_num(7.0), b.nan_to_num(7.0)), k  # bit for bit, both sides
 
 
+def test_every_heads_map_is_kept_for_both_sides_and_equals_a_scans(self_run, model):
+    """``{side}.{S}.head_maps`` ``[L, H, m, m]`` (float16): identical for a model against itself, and the
+    mean over all sequences of the weights, as a scan's ``head_maps`` of the same sequences."""
+    m = self_run.maps
+    for S in (24, 48):
+        a, b = m[f"a.{S}.head_maps"], m[f"b.{S}.head_maps"]
+        assert a.dtype == torch.float16 and a.shape == (2, 4, S, S)
+        assert torch.equal(a, b)
+        r = poslens.scan(model, data=_ids()[:, :S], seq_len=S, num_seqs=8, heads="all", stats="probs", reservoir=0,
+                         progress=False)
+        torch.testing.assert_close(a.float(), r.maps["head_maps"], rtol=1e-3, atol=1e-6)
+
+
 def test_every_reading_has_its_rows(self_run):
     df = self_run.changes(seq_len=48)
     L, H = 2, 4
@@ -182,8 +195,10 @@ def test_rope_off_moves_nothing_below_its_layer_and_its_loss_equals_ablates():
     below = df[df.layer == 0]
     assert len(below) > 0 and (below.delta == 0).all() and (below.a == below.b).all()
     for k, v in r.maps.items():  # every group reading of layer 0, bit for bit
-        if k.startswith("a.") and not k.endswith(".loss"):
+        if k.startswith("a.") and not k.endswith((".loss", ".head_maps")):
             assert torch.equal(v[:, 0].nan_to_num(7.0), r.maps["b." + k[2:]][:, 0].nan_to_num(7.0)), k
+    hm_a, hm_b = r.maps["a.32.head_maps"], r.maps["b.32.head_maps"]  # [L, H, m, m]: layer 0 alike, layer 1 not
+    assert torch.equal(hm_a[0], hm_b[0]) and not torch.equal(hm_a[1], hm_b[1])
     at = df[(df.layer == 1) & df["head"].notna()]
     assert (at.delta.abs() > 0).any()
     a = poslens.ablate(m, "rope-off", layers=[1], data=ids, noise_groups=8, progress=False, threads=None)

@@ -2,9 +2,10 @@
 reading per sequence group, paired differences with their noise, verdicts, the run directory.
 
 Flow: validate every input (nothing loaded or written) -> the sequences, once, at the longest length
--> side A: for each length, each sequence group's capture (``scores``, ``slash``, ``qk`` and the
-attention entropy) and next-token losses from the same forwards -> side B the same (the same model
-under its variants, undone afterwards, or the other model, loaded after A is freed) -> paired
+-> side A: for each length, each sequence group's capture (``scores``, ``slash``, ``qk``, the
+attention entropy and every head's block-mean weight map) and next-token losses from the same
+forwards -> side B the same (the same model under its variants, undone afterwards, or the other
+model, loaded after A is freed) -> paired
 statistics (:func:`poslens.metrics.noise.paired_groups`), verdicts
 (:func:`poslens.metrics.verdicts.change_verdicts`) -> ``compare.safetensors``, ``summary.json``,
 figures.
@@ -168,7 +169,7 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
             lab = labels[S]
         rot = max((int(layer_rope(rope, l)["rotary_dim"]) for l in spec.layers if layer_rope(rope, l)), default=None)
         per: dict[str, list] = {k: [] for k in (*HEAD_READINGS, *LAYER_READINGS)}
-        profiles, counts = [], []
+        profiles, counts, head_maps = [], [], None
         losses = torch.empty(N, S - 1, dtype=torch.float32)
         cap = Capture(dataclasses.replace(spec, user_stats=(HeadEntropy(),)), device=device)
         handles = attach(model, adapter, cap)
@@ -186,6 +187,8 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
                     update(len(rows))
                 _group_readings(cap, per, profiles, dispatch, spec, S, lab, rot, adapter, map_view)
                 counts.append(len(members))
+                hm = cap.accs["head_maps"].sum.cpu()  # the group's sums: all sequences' mean below
+                head_maps = hm.clone() if head_maps is None else head_maps.add_(hm)
         finally:
             for hd in handles:
                 hd.remove()
@@ -194,7 +197,7 @@ def _measure(model, side: _Side, ids: torch.Tensor, lengths: list[int], G: int, 
         buckets = position_buckets(S)
         out[S] = {"readings": readings, "profile": torch.stack(profiles), "counts": torch.tensor(counts),
                   "losses": losses, "seq_losses": bucket_losses(losses, buckets), "buckets": buckets,
-                  "labels": lab, "layers": list(spec.layers)}
+                  "labels": lab, "layers": list(spec.layers), "head_maps": head_maps / sum(counts)}
     return out
 
 
@@ -233,7 +236,8 @@ def _score_readings(scores: torch.Tensor, windows: list, blocks, map_view) -> di
 
 def _capture_spec(model, adapter, config, S: int, cfg: CompareConfig):
     """What a compare capture takes at length ``S``: every layer, the statistics of :data:`COMPARE_STATS`
-    (the scan's own), score maps as block means under ``map_size``."""
+    (the scan's own) and every head's block-mean weight map (``head_maps``, as ``--heads all``), score
+    maps as block means under ``map_size``."""
     from poslens.capture.engine.spec import CaptureSpec, parse_stats
     from poslens.capture.scan.plan import planned_rope_layers
 
@@ -242,7 +246,7 @@ def _capture_spec(model, adapter, config, S: int, cfg: CompareConfig):
                        head_dim=adapter.head_dim(config), seq_len=S, layers=list(range(L)),
                        rope_layers=planned_rope_layers(adapter, config, model), stats=parse_stats(COMPARE_STATS),
                        rope_layout=adapter.rope_layout, seed=cfg.seed,
-                       map_size=cfg.map_size if 0 < cfg.map_size < S else 0,
+                       map_size=cfg.map_size if 0 < cfg.map_size < S else 0, head_maps=True,
                        # each sequence group is a capture of its own: the scan's noise groups would only cost
                        noise_groups=1, noise_max_positions=2)
 
@@ -494,13 +498,15 @@ def _layer_rows(records: list[dict], S: int) -> list[dict]:
 
 def _tensors(results: dict) -> dict[str, torch.Tensor]:
     """``{side}.{S}.{reading}``: every group's reading ``[G, L, (H)]``; ``{side}.{S}.slash_profile``
-    ``[G, L, H, D]``; ``{side}.{S}.loss``: each sequence's next-token losses ``[N, S - 1]``."""
+    ``[G, L, H, D]``; ``{side}.{S}.head_maps``: every head's block-mean weight map over all sequences
+    ``[L, H, m, m]`` (float16); ``{side}.{S}.loss``: each sequence's next-token losses ``[N, S - 1]``."""
     out = {}
     for side, res in results.items():
         for S, r in res.items():
             for k, v in r["readings"].items():
                 out[f"{side}.{S}.{k}"] = v.to(torch.float32).contiguous()
             out[f"{side}.{S}.slash_profile"] = r["profile"].to(torch.float32).contiguous()
+            out[f"{side}.{S}.head_maps"] = r["head_maps"].to(torch.float16).contiguous()
             out[f"{side}.{S}.loss"] = r["losses"].contiguous()
     return out
 

@@ -9,7 +9,9 @@ Three backends provide the intermediates of :data:`poslens.capture.statistics.po
 - ``native``: the same chunks with their logit sum, softmax and per-head weight sums in one fused C
   pass per row (:mod:`poslens.native`), on the CPU where the kernels are built;
 - ``triton``: the fused Triton kernels (:mod:`poslens.capture.backends.cuda_maps`), which never write a
-  logit, for whole layers on CUDA (on CPU tensors under Triton's interpreter, ``TRITON_INTERPRET=1``).
+  logit, for whole layers on CUDA (on CPU tensors under Triton's interpreter, ``TRITON_INTERPRET=1``);
+  they form no per-head weight map (``head_weight_sums``), so a layer whose statistics need one
+  (``--heads all``) takes the torch pass there.
 
 ``POSLENS_CAPTURE_KERNEL`` takes ``auto`` (default: the fastest backend that provides what a layer
 needs), ``torch`` (the torch pass everywhere, the C kernels off) or ``triton`` (the Triton kernels
@@ -85,6 +87,8 @@ def choose(query: torch.Tensor, key: torch.Tensor, needs: frozenset, *, window, 
 
 def _triton_refusal(query, key, needs, window, softcap) -> str | None:
     """Why the Triton kernels do not take this layer, or None when they do."""
+    if "head_weight_sums" in needs:
+        return "the Triton kernels do not form each head's weight map (head_weight_sums: --heads all)"
     if not needs or not needs <= PROVIDES[TRITON]:
         return "its statistics need per-sequence logits or weights"
     if window is not None or softcap is not None:

@@ -12,7 +12,8 @@ from poslens.errors import PoslensError
 
 #: Statistics a scan can ask for (``--stats``) and the accumulators each one fills, from the registry
 #: of built-in statistics (:mod:`poslens.capture.statistics.builtin`, one module each). Per-head maps
-#: (``head_scores``/``head_probs``) follow ``--heads``; the q/k reservoir follows ``--reservoir``.
+#: (``head_scores``/``head_probs``, and ``head_maps`` under ``--heads all``) follow ``--heads``; the q/k
+#: reservoir follows ``--reservoir``.
 STATS: dict[str, tuple[str, ...]] = stats_table()
 #: Every statistic. The default: the report and the analyses read all but ``probs``, and ``probs`` is
 #: one extra reduction of the softmax that ``slash`` computes anyway.
@@ -85,6 +86,8 @@ class CaptureSpec:
     layers: list[int]
     rope_layers: set[int] = field(default_factory=set)
     heads: list[tuple[int, int]] = field(default_factory=list)  # (layer, head) pairs with S x S maps
+    #: every head of every captured layer keeps its block-mean weight map (``head_maps``, ``--heads all``)
+    head_maps: bool = False
     no_rope_layers: set[int] = field(default_factory=set)
     bidirectional: bool = False
     chunk_elems: int = 0  # logits per query-row chunk (B * H * c * S), bounds the working set; 0 = per device

@@ -12,6 +12,7 @@ from poslens.capture.model.adapters import layer_rope
 from poslens.capture.model.load import trained_context
 from poslens.capture.statistics.protocol import qualified_name
 from poslens.capture.statistics.accumulators import noise_grid
+from poslens.capture.statistics.builtin.head_maps import head_map_blocks
 from poslens.conventions import LAYER_CONVENTION
 from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
 from poslens.metrics.diagonal import NO_GROUPS, causal_view, window_view
@@ -254,6 +255,9 @@ def _summary(r: _Reader, layers: list) -> dict:
         "map_size": {"blocks": blocks.n, "block": blocks.f,
                      "masked": "blocks without a visible (causal, in-window) entry are NaN; others average "
                                "their visible entries"} if blocks is not None else None,
+        # --heads all: every head's mean weight map as block means (head_maps [L, H, m, m], blocks of f positions)
+        "head_map_block": head_map_blocks(spec.seq_len, spec.map_size).f if spec.head_maps else None,
+        "head_map_size": head_map_blocks(spec.seq_len, spec.map_size).n if spec.head_maps else None,
         "controls": {"no_rope_layers": sorted(spec.no_rope_layers), "bidirectional": spec.bidirectional},
         "reservoir_slots": r.capture.reservoir.filled if r.capture.reservoir is not None else 0,
         "embedding_aps": aps_mean[0],
@@ -290,6 +294,8 @@ def _write_maps(out: Path, r: _Reader) -> dict:
                             "rope": r.rope, "attention": r.attention,
                             "layer_convention": LAYER_CONVENTION,
                             "map_block": blocks.f if blocks is not None else 1,
+                            **({"head_map_block": head_map_blocks(spec.seq_len, spec.map_size).f}
+                               if spec.head_maps else {}),
                             "score_groups": "[g, L, n, n] scores of sequence groups on positions 0, s, 2s, ... "
                                             f"(n = {r.grid.numel()}); score_group_counts: sequences per group",
                             "aps_seq": "per-sequence APS, mean over sequences (index as cosine)"})

@@ -16,6 +16,7 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from poslens.conventions import HEAD_MAP_MAX_SIDE
 from poslens.errors import PoslensError
 
 #: the words of the options other commands share with a scan (``poslens.cli.app`` uses them too)
@@ -58,18 +59,29 @@ def parse_int_list(text: str | None, flag: str) -> list[int] | None:
 MAX_RANGE = 100_000
 
 
-def parse_heads(text: str | None, flag: str = "--heads") -> list[tuple[int, int]]:
-    """``"3.5,10.2"`` -> ``[(3, 5), (10, 2)]`` (layer.head)."""
+#: the ``--heads`` value that keeps every head's block-mean map (``head_maps``)
+ALL_HEADS = "all"
+
+
+def parse_heads(text: str | None, flag: str = "--heads") -> list[tuple[int, int]] | str:
+    """``"3.5,10.2"`` -> ``[(3, 5), (10, 2)]`` (layer.head); ``"all"`` -> ``"all"`` (every head's
+    block-mean map), which does not mix with pairs."""
     if not text:
         return []
+    parts = [p.strip() for p in str(text).split(",")]
+    if ALL_HEADS in (p.lower() for p in parts):
+        if len(parts) > 1:
+            raise PoslensError(f"{flag} {text!r}: 'all' keeps every head's map and does not mix with LAYER.HEAD "
+                               "pairs; pass either all or pairs such as 3.5,10.2.")
+        return ALL_HEADS
     out = []
-    for part in str(text).split(","):
+    for part in parts:
         try:
-            l, h = part.strip().split(".")
+            l, h = part.split(".")
             out.append((int(l), int(h)))
         except ValueError:
-            raise PoslensError(f"{flag} {text!r}: expected LAYER.HEAD pairs separated by commas, e.g. 3.5,10.2.") \
-                from None
+            raise PoslensError(f"{flag} {text!r}: expected LAYER.HEAD pairs separated by commas, e.g. 3.5,10.2, "
+                               "or all.") from None
     return sorted(set(out))
 
 
@@ -88,15 +100,22 @@ def some_layers(value, name: str) -> list[int]:
     return layer_list(value, name) or []
 
 
-def head_pairs(value, name: str) -> list[tuple[int, int]]:
-    """``(layer, head)`` pairs, or text such as ``"3.5,10.2"``."""
+def head_pairs(value, name: str) -> list[tuple[int, int]] | str:
+    """``(layer, head)`` pairs, text such as ``"3.5,10.2"``, or ``"all"`` (every head's block-mean map)."""
     if value is None or isinstance(value, str):
         return parse_heads(value, name)
     try:
-        return [(int(l), int(h)) for l, h in value]
+        items = list(value)
+    except TypeError:
+        items = None
+    if items is not None and any(isinstance(v, str) and v.strip().lower() == ALL_HEADS for v in items):
+        raise PoslensError(f"{name} {value!r}: 'all' keeps every head's map and does not mix with (layer, head) pairs; "
+                           "pass heads='all' or pairs such as [(3, 5), (10, 2)].")
+    try:
+        return [(int(l), int(h)) for l, h in items]
     except (TypeError, ValueError):
         raise PoslensError(f"{name} {value!r}: expected (layer, head) pairs, e.g. [(3, 5), (10, 2)] or "
-                           "'3.5,10.2'.") from None
+                           "'3.5,10.2', or 'all'.") from None
 
 
 def stat_names(value, name: str) -> list | None:
@@ -158,8 +177,10 @@ class ScanConfig:
                                           "over all visible devices (accelerate); accumulators stay on the first GPU "
                                           "(or the CPU).")
     layers: list[int] | None = option(None, "Layers to capture, e.g. 0,1,8-11 (default: all).", convert=layer_list)
-    heads: list[tuple[int, int]] = option([], "LAYER.HEAD pairs that also get per-head S x S maps, e.g. 3.5,10.2.",
-                                          convert=head_pairs)
+    heads: list[tuple[int, int]] | str = option(
+        [], "LAYER.HEAD pairs that also get per-head S x S maps, e.g. 3.5,10.2; or all: every head of every scanned "
+            f"layer keeps its mean weight map as block means on at most a {HEAD_MAP_MAX_SIDE} x {HEAD_MAP_MAX_SIDE} grid "
+            "(head_maps, a few percent more CPU time; on CUDA those layers take the torch pass).", convert=head_pairs)
     no_rope_layers: list[int] = option([], "Control: attend with un-rotated q/k in these layers.", convert=some_layers)
     bidirectional: bool = option(False, "Control: drop the causal mask in every layer.")
     reservoir: int = option(256, "Token slots (a uniform sample of all sequence positions) whose pre-RoPE q/k vectors "

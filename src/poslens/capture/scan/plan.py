@@ -13,7 +13,7 @@ from poslens.capture.model.adapters import Adapter
 from poslens.capture.engine.spec import CaptureSpec, parse_stats, user_statistics
 from poslens.capture.model.borrow import model_device, model_dtype
 from poslens.capture.model.load import check_seq_len, load_tokenizer, open_model_config
-from poslens.capture.scan.options import ScanConfig
+from poslens.capture.scan.options import ALL_HEADS, ScanConfig
 from poslens.data.sources import SequenceSource, make_source, python_source
 from poslens.errors import PoslensError, require_positive
 from poslens.rundir.outdir import check_out_dir, hold_run_dir
@@ -93,7 +93,9 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
     rope_layers = planned_rope_layers(adapter, config, model, trust_remote_code=cfg.trust_remote_code)
     if cfg.no_rope_layers and not rope_layers:
         raise PoslensError(f"--no-rope-layers: model type {adapter.model_type} has no RoPE to remove.")
-    for l, h in cfg.heads:
+    all_heads = isinstance(cfg.heads, str) and cfg.heads.strip().lower() == ALL_HEADS
+    pairs = [] if all_heads else list(cfg.heads)
+    for l, h in pairs:
         if l not in layers:
             raise PoslensError(f"--heads {l}.{h}: layer {l} is not scanned (--layers); add it or drop the head.")
         if not 0 <= h < H:
@@ -117,7 +119,7 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
                              vocab_size=getattr(config, "vocab_size", None))
     spec = CaptureSpec(num_layers=L, num_heads=H, num_kv_heads=adapter.num_kv_heads(config),
                        head_dim=adapter.head_dim(config), seq_len=cfg.seq_len, layers=layers, rope_layers=rope_layers,
-                       heads=list(cfg.heads), no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
+                       heads=pairs, head_maps=all_heads, no_rope_layers=set(cfg.no_rope_layers), bidirectional=cfg.bidirectional,
                        chunk_elems=cfg.chunk_elems, reservoir=cfg.reservoir, seed=cfg.seed, stats=stats,
                        aps_max_positions=cfg.aps_max_positions, rope_layout=adapter.rope_layout,
                        map_size=cfg.map_size if 0 < cfg.map_size < cfg.seq_len else 0,

@@ -10,8 +10,8 @@ the all-reduce treat it like every other. Adding one: its module, its test again
 
 from __future__ import annotations
 
-from poslens.capture.statistics.builtin import (attn_cosine, cosine, dim_logit, heads, probs, qk, scores, sink,
-                                     slash)
+from poslens.capture.statistics.builtin import (attn_cosine, cosine, dim_logit, head_maps, heads, probs, qk,
+                                                scores, sink, slash)
 
 #: the registry: every built-in statistic (the statistics reading one intermediate run in this order)
 REGISTRY = (
@@ -20,6 +20,7 @@ REGISTRY = (
     slash.STATISTIC,
     sink.STATISTIC,
     heads.STATISTIC,
+    head_maps.STATISTIC,
     cosine.STATISTIC,
     attn_cosine.STATISTIC,
     qk.STATISTIC,
