@@ -24,7 +24,7 @@ from poslens.errors import PoslensError  # noqa: E402
 _API = {**{name: "poslens.api" for name in ("scan", "simulate", "slash", "neighborhood", "panels", "kim_maps",
                                              "probes", "sweep", "fingerprint", "ablate", "report", "load",
                                              "Result", "compare", "CompareResult", "explore")},
-        "Statistic": "poslens.capture.statistics.protocol", "Explorer": "poslens.explore"}
+        "Statistic": "poslens.capture.statistics.protocol", "Explorer": "poslens.explorer"}
 
 __all__ = ["PoslensError", "__version__", *_API]
 

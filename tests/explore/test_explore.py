@@ -14,7 +14,7 @@ import torch
 
 import poslens
 from poslens.errors import PoslensError
-from poslens.explore.data import block_means, chance_levels, page_data, uniform_offsets
+from poslens.explorer.data import block_means, chance_levels, page_data, uniform_offsets
 
 
 def brute_block_means(x: np.ndarray, S: int, side: int) -> np.ndarray:

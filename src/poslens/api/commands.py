@@ -200,7 +200,7 @@ def explore(*runs, out: str | os.PathLike | None = None, overwrite: bool = False
     a :class:`poslens.Explorer`, shown inline in Jupyter, written to ``out`` when given. Every run is read
     and checked before anything is written."""
     from poslens.api.result import load
-    from poslens.explore import build, check_out
+    from poslens.explorer import build, check_out
 
     if out is not None:  # before any run is read
         check_out(Path(out), overwrite=overwrite)

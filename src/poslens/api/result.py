@@ -274,7 +274,7 @@ class Result:
     def explore(self, *others, out: str | os.PathLike | None = None, overwrite: bool = False):
         """An interactive page of this run (and ``others``, e.g. its random-token control scan): a
         :class:`poslens.Explorer`, shown inline in Jupyter, written to ``out`` when given (``poslens explore``)."""
-        from poslens.explore import build
+        from poslens.explorer import build
 
         page = build([self, *(o if isinstance(o, Result) else load(o) for o in others)])
         if out is not None:

@@ -1,9 +1,9 @@
-"""``poslens explore``: an interactive page of heads, layers, maps and comparisons, one offline HTML file.
+"""``poslens explore`` (:func:`poslens.explore`): an interactive page of heads, layers, maps and comparisons, one offline HTML file.
 
 :func:`poslens.explore` takes run directories (or results) of ``poslens scan`` and ``poslens compare``
 and returns an :class:`Explorer` (made by :func:`build`): its ``html``, written to ``out`` when given, shown inline in Jupyter.
-The page holds its data (float16 maps, block-averaged to at most 128 x 128; :mod:`poslens.explore.data`)
-and Plotly's offline bundle (:mod:`poslens.explore.page`); it never needs the model.
+The page holds its data (float16 maps, block-averaged to at most 128 x 128; :mod:`poslens.explorer.data`)
+and Plotly's offline bundle (:mod:`poslens.explorer.page`); it never needs the model.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def build(results: list, *, title: str = "poslens explorer") -> Explorer:
     """The page of loaded results (:class:`poslens.Result` objects of scan and compare runs): every run is
     read and checked before the page is made (:func:`poslens.explore`, the public face, loads run
     directories and writes the file)."""
-    from poslens.explore.data import page_data
-    from poslens.explore.page import render_page
+    from poslens.explorer.data import page_data
+    from poslens.explorer.page import render_page
 
     data, blob = page_data(results)
     notes = [f"{r['label']}: {n}" for r in data["runs"] for n in r["notes"]]

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from poslens.conventions import HEAD_MAP_MAX_SIDE
 from poslens.errors import PoslensError
 
-#: the most blocks per axis a map has on the page
-MAP_SIDE = 128
+#: the most blocks per axis a map has on the page (that of the scan's per-head maps)
+MAP_SIDE = HEAD_MAP_MAX_SIDE
 #: the map values a page holds (their visible entries): a 30 x 9 model's per-head maps at 128 x 128 and its layer
 #: maps, within 10 MB of page with Plotly; further runs' maps are shown coarser where they would exceed it
 MAP_BUDGET = 2_750_000

@@ -314,10 +314,8 @@
       {type: "heatmap", name: "changed", z: grid(col, L, H), colorscale: DIV, zmin: -m, zmax: m, zmid: 0, xgap: 1, ygap: 1,
        hoverongaps: false, text: grid(sign, L, H), texttemplate: "%{text}", customdata: grid(hover, L, H),
        colorbar: {title: {text: "B − A", side: "right"}, thickness: 12}, hovertemplate: "layer %{y}, head %{x}: %{customdata}<extra></extra>"}],
-      {title: {text: `${state.creading}: B − A at ${state.clength} tokens`, font: {size: 12}}, margin: {l: 50, r: 10, t: 30, b: 70},
-       annotations: [{text: "grey: unchanged · colour: changed (+ / − its sign)", xref: "paper", yref: "paper", x: 0, y: -0.14,
-                      showarrow: false, xanchor: "left", font: {size: 11, color: "#555"}}],
-       xaxis: {title: {text: "head"}, dtick: 1, range: [-0.5, H - 0.5]}, yaxis: {title: {text: "layer"}, autorange: "reversed", range: [L - 0.5, -0.5]},
+      {title: {text: `${state.creading}: B − A at ${state.clength} tokens`, font: {size: 12}}, margin: {l: 50, r: 10, t: 30, b: 40},
+       xaxis: {title: {text: "head"}, dtick: 1}, yaxis: layerAxis(r.layers),
        shapes: state.cell ? [selShape(state.cell[1], state.cell[0])] : []}, CFG);
     el.dataset.reading = state.creading; el.dataset.length = state.clength;
     el.setAttribute("aria-label", `${state.creading}: change B − A per head, ${changed.filter((v) => v === 1).length} of ${L * H} cells changed`);
@@ -415,6 +413,7 @@
     document.head.appendChild(s);
     F16 = f16table();
     U16 = new Uint16Array(await gunzip(b64bytes("poslens-blob")));
+    document.body.dataset.unpackMs = String(Math.round(performance.now() - t0));  // Plotly and the data unpacked
     $("plotly-version").textContent = D.plotly;
     const sel = $("run-select");
     D.runs.forEach((r, i) => { const o = document.createElement("option"); o.value = String(i); o.textContent = r.label; sel.appendChild(o); });

@@ -1,4 +1,4 @@
-"""The explorer's one HTML file: the page's data (:mod:`poslens.explore.data`) and Plotly's offline
+"""The explorer's one HTML file: the page's data (:mod:`poslens.explorer.data`) and Plotly's offline
 bundle, both gzip-compressed and base64-encoded inside it, and the page's own script
 (``explore.js``), which unpacks them in the browser (``DecompressionStream``) and draws the views.
 Nothing is loaded from the network."""
@@ -23,7 +23,7 @@ def plotly_bundle() -> tuple[str, str]:
 
 
 def _asset(name: str) -> str:
-    return resources.files("poslens.explore").joinpath(name).read_text(encoding="utf-8")
+    return resources.files("poslens.explorer").joinpath(name).read_text(encoding="utf-8")
 
 
 def _json_script(obj) -> str:
