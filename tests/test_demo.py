@@ -26,6 +26,9 @@ def test_demo_quick(quick_demo):
     html = (out / "report.html").read_text()
     assert html.startswith("<!DOCTYPE html>") or html.lower().startswith("<!doctype html>")
     assert "data:image/png;base64," in html
+    assert '<a href="explore.html">' in html  # the report links to the explorer beside it
+    page = (out / "explore.html").read_text()
+    assert 'id="poslens-blob"' in page and read_json(out / "demo.json")["outputs"]["explore"] == str(out / "explore.html")
 
 
 def test_demo_refuses_foreign_directory(cli, tmp_path):

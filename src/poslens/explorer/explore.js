@@ -131,9 +131,11 @@
     $("run-info").textContent = r.kind === "scan"
       ? `${r.model}: ${r.layers.length} layers × ${r.num_heads} heads, ${r.num_seqs} × ${r.seq_len} tokens of ${r.data} data` +
         (r.trained_context ? `, trained context ${r.trained_context}` : "") + (r.beyond_context ? " (past the trained context)" : "") +
-        `; ${r.convention}. ${r.path}`
+        `; ${r.convention}. Run directory ${r.path.split("/").pop()}`
       : `${r.model}${r.model_b && r.model_b !== r.model ? " vs " + r.model_b : ""}: ${r.variant || "A vs B"}, lengths ` +
-        `${r.lengths.join(", ")}, ${r.num_layers} layers × ${r.num_heads} heads, ${r.noise_groups} sequence groups; ${r.convention}. ${r.path}`;
+        `${r.lengths.join(", ")}, ${r.num_layers} layers × ${r.num_heads} heads, ${r.noise_groups} sequence groups; ${r.convention}. ` +
+        `Run directory ${r.path.split("/").pop()}`;
+    $("run-info").title = r.path;
     $("notes").textContent = (r.notes || []).join(". ") + ((r.notes || []).length ? "." : "");
     fillSelects(r);
     state.layer = Math.min(state.layer, (r.layers || []).length - 1);
