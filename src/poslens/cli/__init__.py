@@ -149,7 +149,7 @@ def _run(argv: list[str] | None) -> None:
         release_out_dirs()
         _interrupted(str(e))
     except PoslensError as e:
-        print(f"poslens: error: {e}", file=sys.stderr)
+        print(f"poslens: error: {e.cli()}", file=sys.stderr)
         sys.exit(2)
     except NoArgsIsHelpError as e:  # `poslens` or `poslens theory` alone: the help text
         e.show()

@@ -84,9 +84,23 @@ def prepare_out_dir(out: str | os.PathLike, *, must_be_new: bool = False) -> Pat
     while not probe.exists() and not probe.is_symlink():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
-        what = "a file" if probe.exists() else "missing"
-        raise PoslensError(f"--out {path}: cannot create it under {probe} ({what}); choose a writable location.")
+        raise PoslensError(f"--out {path}: cannot create it under {probe} ({_unwritable(probe)}); choose a writable "
+                           "location.")
     return path
+
+
+def _unwritable(probe: Path) -> str:
+    """Why the existing ``probe`` cannot hold a new directory, in words: a file, a directory on a read-only
+    file system, or one this user may not write."""
+    if not probe.exists():
+        return "missing"
+    if not probe.is_dir():
+        return "a file, not a directory"
+    try:
+        read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        read_only = False
+    return "a directory on a read-only file system" if read_only else "a directory this user may not write to"
 
 
 def check_path_name(path: str | os.PathLike, flag: str) -> None:
