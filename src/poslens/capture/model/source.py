@@ -320,9 +320,9 @@ SHOW_LOAD_REPORTS: contextvars.ContextVar[bool] = contextvars.ContextVar("poslen
 
 @contextlib.contextmanager
 def quiet_hf_loading(verbose: bool = False) -> Iterator[None]:
-    """Transformers' load report and warnings off inside the block (unless ``verbose`` or ``poslens
-    --verbose``): the report is tens of lines, and poslens says in one line what is wrong. The loggers'
-    levels are restored."""
+    """Transformers' load report, its warnings and its "Loading weights" bar off inside the block (unless
+    ``verbose`` or ``poslens --verbose``): the report is tens of lines, and poslens says in one line what
+    is wrong. The loggers' levels and the bars' setting are restored."""
     if verbose or SHOW_LOAD_REPORTS.get():
         yield
         return
@@ -331,7 +331,8 @@ def quiet_hf_loading(verbose: bool = False) -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        yield
+        with no_hf_progress_bars():
+            yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
