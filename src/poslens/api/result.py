@@ -299,7 +299,10 @@ class Result:
             _check_replaceable(dst, self.command)
         prepare_out_dir(dst, must_be_new=not overwrite)
         dst.parent.mkdir(parents=True, exist_ok=True)  # as --out: its parents are made (the stage lies beside it)
-        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+        from poslens.rundir.staging import stage_prefix, sweep_stale_stages
+
+        sweep_stale_stages(dst, ("partial",))  # a killed save's scratch copy
+        stage = Path(tempfile.mkdtemp(prefix=stage_prefix(dst, "partial"), dir=dst.parent))
         aside = None
         try:
             names = [f.name for f in sorted(self.path.iterdir())
@@ -308,7 +311,7 @@ class Result:
                 shutil.copy2(self.path / name, stage / name)
             record_written(stage, *names)
             if dst.exists():  # the previous run goes aside, and is deleted only once the copy is in place
-                aside = Path(tempfile.mkdtemp(prefix=f".{dst.name}.previous-", dir=dst.parent))
+                aside = Path(tempfile.mkdtemp(prefix=stage_prefix(dst, "previous"), dir=dst.parent))
                 os.replace(dst, aside / "run")
             os.replace(stage, dst)
         except BaseException:

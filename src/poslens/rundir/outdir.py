@@ -13,7 +13,7 @@ from poslens.rundir.io import write_error
 from poslens.rundir.load import classify
 from poslens.rundir.io import _claims
 from poslens.rundir.lock import _acquire, _key, run_entries
-from poslens.rundir.staging import _make_stage, _swap_in, check_replaceable, clear_run
+from poslens.rundir.staging import _make_stage, _swap_in, check_replaceable, clear_run, sweep_stale_stages
 
 
 def check_out_dir(out: str | os.PathLike, *, command: str | None, overwrite: bool = False,
@@ -133,6 +133,7 @@ def create_out_dir(path: Path, *, command: str | None = None, overwrite: bool = 
     claim = _claims.get(_key(path))
     if claim is None:
         claim = _acquire(path, implicit=True)
+    sweep_stale_stages(path, ("partial",))  # the scratch a killed writer of this run left beside it
     claim.overwrite = claim.overwrite or overwrite
     try:
         path.mkdir(parents=True, exist_ok=True)
