@@ -79,3 +79,12 @@ def test_the_docs_fingerprint_block_runs_as_written(tmp_path, monkeypatch):
     assert r.maps["smollm2.sink"].shape == (2, 4) and "gemma3.sink" in r.maps
     named = real(["smollm2.gguf", "gemma3.gguf"], names=["a", "b"], **small)
     assert "a.sink" in named.maps and "b.sink" in named.maps and not any(k.startswith("smollm2") for k in named.maps)
+
+
+def test_a_snapshot_named_by_a_hash_takes_its_configs_name(tmp_path):
+    d = tmp_path / "models--org--tiny" / "snapshots" / ("0123abcd" * 5)
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"_name_or_path": "HuggingFaceTB/SmolLM2-135M"}))
+    assert model_names([str(d)]) == ["SmolLM2-135M"]
+    (d / "config.json").write_text(json.dumps({"_name_or_path": str(d)}))
+    assert model_names([str(d)]) == ["0123abcd" * 5]

@@ -456,8 +456,9 @@ def model_names(models: Iterable[str], names: Iterable[str] | None = None) -> li
 def model_name(model: str) -> str:
     """A model's short name, safe as a directory name: a ``.gguf`` file's stem; for poslens's own
     dequantised cache of a GGUF (a directory named by the file's hash) the stem of the GGUF it was made
-    from, else the GGUF's ``general.name``; a directory's name; a loaded model's ``name_or_path`` named
-    the same way (its class where it has none)."""
+    from, else the GGUF's ``general.name``; for another directory named by a hash, its config's
+    ``_name_or_path``; else a directory's name; a loaded model's ``name_or_path`` named the same way
+    (its class where it has none)."""
     m = str(model)
     if m.startswith("<in-memory"):  # "<in-memory Class: name_or_path>": the name, else the class
         cls, _, origin = m[len("<in-memory "):-1].partition(": ")
@@ -465,8 +466,22 @@ def model_name(model: str) -> str:
         base = model_name(origin) if origin and origin != "unnamed" else cls
     else:
         p = Path(m)
-        base = p.stem if p.suffix.lower() == ".gguf" else (_cached_gguf_name(p) or p.name or str(p))
+        base = p.stem if p.suffix.lower() == ".gguf" else (_cached_gguf_name(p) or _config_name(p) or p.name or str(p))
     return re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "model"
+
+
+def _config_name(path: Path) -> str | None:
+    """A directory named by a hash (a Hugging Face cache snapshot): the model's name its config.json records
+    (``_name_or_path``, e.g. ``HuggingFaceTB/SmolLM2-135M``: ``SmolLM2-135M``), where it names something else."""
+    if not re.fullmatch(r"[0-9a-f]{32,}", path.name):
+        return None
+    try:
+        name = json.loads((path / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str) or not name.strip() or re.fullmatch(r"[0-9a-f]{32,}", Path(name).name):
+        return None
+    return Path(name.rstrip("/")).name or None
 
 
 def _cached_gguf_name(path: Path) -> str | None:

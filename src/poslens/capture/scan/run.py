@@ -77,7 +77,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
                          dict(tokenizer=tokenizer, source=source, data=data))
     except PoslensError as e:
         if ctx.enabled and not str(e).startswith("rank "):
-            raise PoslensError(f"{ctx.label}: {e}") from None
+            raise PoslensError(f"{ctx.label}: {e.cli()}") from None  # torchrun: the CLI's words
         raise
     except Exception as e:  # e.g. CUDA out of memory: say which rank before the traceback
         if ctx.enabled:
