@@ -31,9 +31,10 @@ def test_the_resolved_path_is_recorded_and_read_from_elsewhere(cli, tiny, tmp_pa
     code, _, err = cli("slash", "../a/run", "--out", "s2", "--quiet", "--no-figures")
     msg = one_error(code, err, "../a/run", recorded, "moved", "--model-dir")
     assert "model_dir=" not in msg and not (tmp_path / "b" / "s2").exists()
-    with pytest.raises(PoslensError) as e:
-        poslens.slash(tmp_path / "a" / "run")
-    msg = str(e.value)
-    assert "\n" not in msg and recorded in msg and "model_dir" in msg and "--model-dir" not in msg
+    for scan in (tmp_path / "a" / "run", poslens.load(tmp_path / "a" / "run")):
+        with pytest.raises(PoslensError) as e:
+            poslens.slash(scan)
+        msg = str(e.value)
+        assert "\n" not in msg and recorded in msg and "moved" in msg and "model_dir" in msg and "--model-dir" not in msg
     code, _, err = cli("slash", "../a/run", "--out", "s3", "--quiet", "--no-figures", "--model-dir", "../a/moved")
     assert code == 0, err
