@@ -73,3 +73,14 @@ def test_python_hides_the_loading_bar_without_progress(tiny_dir, capfd):
     poslens.scan(str(tiny_dir), data="random", seq_len=8, num_seqs=2, progress=False, threads=1)
     assert "Loading weights" not in capfd.readouterr().err
     assert hf_logging.is_progress_bar_enabled() == was
+
+
+def test_a_stopped_training_prints_the_command_that_continues_it(cli, tmp_path, monkeypatch):
+    import poslens.models.train as T
+
+    monkeypatch.setattr(T, "train_model", lambda cfg: {"stopped_at_step": 3, "steps": 10, "out": cfg.out})
+    args = ["train", "--out", str(tmp_path / "m"), "--task", "copy", "--preset", "micro", "--steps", "10"]
+    code, out, err = cli(*args)
+    assert code == 0, err
+    command = out.strip().splitlines()[-1].split("continue with: ", 1)[1]
+    assert shlex.split(command) == ["poslens", *args, "--resume"]
