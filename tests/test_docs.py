@@ -319,3 +319,15 @@ def test_results_render_says_what_each_verdict_is():
     assert [r.split("|")[-2].strip() for r in rows] == ["reproduced", "not decided", "**not reproduced**"]
     assert "c \\| d" in rows[0] and "x = 1<br>y = 2" in rows[0] and "- `a`: criterion" in page
     assert "Not part of this run" in page  # no real-model record
+
+
+def test_the_set_up_says_what_it_costs_and_how_to_undo_it():
+    """Where the README's two commands are, and in docs/development.md: the download of triton, the
+    size of the cache the real models leave, and the command that removes it."""
+    readme = (ROOT / "README.md").read_text()
+    setup = readme[: readme.index("poslens measures")]
+    dev = (ROOT / "docs" / "development.md").read_text()
+    for text in (setup, dev):
+        assert "triton" in text and "286 MB" in text and "1.9 GB" in text and "poslens models clean" in text
+    demo = (ROOT / "docs" / "demo.md").read_text()
+    assert "about a minute and a half" not in demo and "two and a half minutes" in demo

@@ -5,8 +5,54 @@ message must name the bad input and say what to do about it.
 """
 
 
+import re
+
+
 class PoslensError(Exception):
     """A problem with the user's input or environment, explained in one line."""
+
+    def cli(self) -> str:
+        """The message as the CLI prints it (the same as ``str()``, except for an :class:`OptionError`)."""
+        return str(self)
+
+
+#: ``{name}``, ``{name=VALUE}`` or ``{name!}`` in an :class:`OptionError`'s text: an option, spelled by the face
+_REF = re.compile(r"\{([a-z][a-z0-9_]*)(=[^{}]*|!)?\}")
+
+
+class OptionError(PoslensError):
+    """A bad option value, carrying both of its spellings: the CLI's flag (``--seq-len 0``) and Python's
+    keyword (``seq_len=0``). ``str()`` is Python's face (the keyword); :meth:`cli` is the CLI's (the flag).
+
+    ``flag``: the option's flag (``--seq-len``); ``keyword``: its keyword, by default the flag's name with
+    ``_`` for ``-`` (``seq_len``). ``problem``: what is wrong and the fix; other options it names are
+    written ``{name}`` (``--name`` / ``name``), ``{name=V}`` (``--name V`` / ``name=V``) or ``{name!}``
+    (a switch: ``--name`` / ``name=True``), each spelled by the face that prints it. ``flags``: the flag
+    of a named option whose flag is not ``--`` + its keyword with ``-`` for ``_``. ``shown``: the value
+    as the CLI shows it (default: the text typed, ``repr`` for a string). ``sep``: between the option and
+    the problem (``" "`` where the problem goes on the sentence: ``--seq-len 9000 exceeds ...``)."""
+
+    def __init__(self, flag: str, value, problem: str, *, keyword: str | None = None,
+                 flags: dict[str, str] | None = None, shown: str | None = None, sep: str = ": "):
+        self.flag, self.value, self.problem, self.sep = flag, value, problem, sep
+        self.keyword = keyword or flag.lstrip("-").replace("-", "_")
+        self.flags = {self.keyword: flag, **(flags or {})}
+        self.shown = shown if shown is not None else repr(value) if isinstance(value, str) else str(value)
+        super().__init__(self._render(cli=False))
+
+    def cli(self) -> str:
+        return self._render(cli=True)
+
+    def _render(self, *, cli: bool) -> str:
+        def ref(m: re.Match) -> str:
+            name, tail = m.group(1), m.group(2) or ""
+            if cli:
+                flag = self.flags.get(name, "--" + name.replace("_", "-"))
+                return flag + (" " + tail[1:] if tail.startswith("=") else "")
+            return name + ("=True" if tail == "!" else tail)
+
+        head = f"{self.flag} {self.shown}" if cli else f"{self.keyword}={self.value!r}"
+        return f"{head}{self.sep}{_REF.sub(ref, self.problem)}"
 
 
 def require(condition: bool, message: str) -> None:
@@ -15,11 +61,12 @@ def require(condition: bool, message: str) -> None:
         raise PoslensError(message)
 
 
-def require_positive(*options: tuple[str, int]) -> None:
-    """Raise :class:`PoslensError` for the first ``(flag, value)`` pair whose value is below 1."""
-    for flag, value in options:
+def require_positive(*options: tuple) -> None:
+    """Raise :class:`OptionError` for the first ``(flag, value)`` or ``(flag, value, keyword)`` whose value
+    is below 1 (``str()`` names the keyword, ``seq_len=0``; the CLI the flag, ``--seq-len 0``)."""
+    for flag, value, *keyword in options:
         if value < 1:
-            raise PoslensError(f"{flag} {value}: must be a positive integer.")
+            raise OptionError(flag, value, "must be a positive integer.", keyword=keyword[0] if keyword else None)
 
 
 class Interrupted(PoslensError):

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from poslens.capture.statistics.accumulators import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.conventions import LAYER_CONVENTION
-from poslens.errors import PoslensError
+from poslens.errors import OptionError, PoslensError
 from poslens.metrics.diagonal import describe_map
 from poslens.rope import apply_rope, cos_sin
 from poslens.rundir.io import read_json, read_tensors, versions, write_json, write_tensors
@@ -80,7 +80,7 @@ class SimConfig:
             raise PoslensError(f"--alpha {self.alpha}: must lie in [0, 1) (mean pairwise inner product of the inputs).")
         for name, flag in (("layers", "--num-layers"), ("seq_len", "--seq-len"), ("dim", "--dim"), ("samples", "--samples")):
             if int(getattr(self, name)) < 1:
-                raise PoslensError(f"{flag} {getattr(self, name)}: must be a positive integer.")
+                raise OptionError(flag, getattr(self, name), "must be a positive integer.")
         if self.norm not in ("l2", "layernorm"):
             raise PoslensError(f"--norm {self.norm!r}: choose l2 or layernorm.")
         if self.norm == "l2" and self.scale is not None:

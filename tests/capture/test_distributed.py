@@ -163,7 +163,7 @@ def test_device_map_capture_moves_tensors_to_the_accumulators():
 
 
 def test_bad_device_map_is_refused(llama_dir, tmp_path):
-    with pytest.raises(PoslensError, match="--device-map 'everywhere'"):
+    with pytest.raises(PoslensError, match="device_map='everywhere'"):
         run_scan(ScanConfig(model_dir=str(llama_dir), out=str(tmp_path / "x"), device_map="everywhere", **OPTS),
                  progress=False)
     assert not (tmp_path / "x").exists()

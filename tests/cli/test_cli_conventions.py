@@ -34,7 +34,7 @@ WRITES_DIR = {"simulate", "train", "zoo", "scan", "neighborhood", "sweep", "prob
 WRITES_FILE = {"report", "explore"}  # writes one output file: --overwrite
 RESUMES = {"train", "zoo", "scan"}  # can continue an interrupted run: --resume
 PRINTS_ONLY = {"theory kim", "models list"}  # the printed text is the result: no --quiet
-OTHER = {"models fetch"}  # fills the model cache (idempotent; CPU dequantisation): --quiet only
+OTHER = {"models fetch", "models clean"}  # fills or empties the model cache (idempotent): --quiet only
 ALL = COMPUTES | DRAWS | WRITES_DIR | WRITES_FILE | RESUMES | PRINTS_ONLY | OTHER
 
 

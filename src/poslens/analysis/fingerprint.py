@@ -250,19 +250,21 @@ def _clear_previous(out: Path, overwrite: bool) -> None:
 
 
 def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: dict | None = None,
-                    tokenizers: dict | None = None, page: Page | None = None) -> FingerprintResult:
+                    tokenizers: dict | None = None, page: Page | None = None,
+                    names: list[str] | None = None) -> FingerprintResult:
     """Scan every model twice (text, random tokens) into ``cfg.out/scans/<model>/``, read the traits
     and write the fingerprint's files into ``cfg.out``. ``loaded`` / ``tokenizers``: models in memory
     and their text tokenizers, by their label in ``cfg.models``; ``page``: the page to draw beside the json
-    (:data:`Page`; None: none). Every model is checked before the
+    (:data:`Page`; None: none); ``names``: each model's name in the run (its scans' folder, the prefix of
+    its maps), default :func:`~poslens.capture.model.source.model_names`. Every model is checked before the
     first is scanned; a fingerprint replacing another (``overwrite``) is swapped in once complete."""
     loaded = loaded or {}
+    names = model_names(cfg.models, names)
     _check(cfg, loaded)
     final = Path(cfg.out)
     prepare_out_dir(final)
     _clear_previous(final, cfg.overwrite)
     _check_models(cfg, final, loaded, tokenizers or {})
-    names = model_names(cfg.models)
     # a fingerprint replacing another is written beside it and swapped in once it is complete
     out = create_out_dir(final, command="fingerprint", overwrite=cfg.overwrite, staged=True)
     try:

@@ -80,8 +80,8 @@ def _validate(cfg: ProbesConfig):
     if set(cfg.train_chars) & set(cfg.test_chars):
         raise PoslensError(f"--train-chars {cfg.train_chars!r} and --test-chars {cfg.test_chars!r} share "
                            f"{''.join(sorted(set(cfg.train_chars) & set(cfg.test_chars)))!r}; they must be disjoint.")
-    require_positive(("--num-train-seqs", cfg.num_train), ("--num-test-seqs", cfg.num_test), ("--batch-size", cfg.batch_size),
-                     ("--mlp-steps", cfg.mlp_steps))
+    require_positive(("--num-train-seqs", cfg.num_train, "num_train"), ("--num-test-seqs", cfg.num_test, "num_test"),
+                     ("--batch-size", cfg.batch_size), ("--mlp-steps", cfg.mlp_steps))
     if cfg.seq_len < 3:
         raise PoslensError(f"--seq-len {cfg.seq_len}: need at least 3 positions.")
     plans = []

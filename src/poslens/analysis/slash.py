@@ -19,7 +19,7 @@ import torch
 from poslens.analysis.panels import load_scan
 from poslens.capture.model.adapters import get_adapter, layer_rope
 from poslens.capture.model.source import model_directory
-from poslens.errors import PoslensError
+from poslens.errors import OptionError, PoslensError
 from poslens.fmt import fmt
 from poslens.metrics.judge.commands import judge_slash
 from poslens.metrics.rank import rank_table
@@ -228,6 +228,11 @@ def _scan_geometry(cfg: SlashConfig, scfg: dict, ssum: dict) -> tuple[str, dict]
     saved = Path(cfg.scan_dir) / MODEL_CONFIG
     if not cfg.model_dir and str(model_dir).startswith("<in-memory") and saved.is_file():
         geom = model_rope_geometry(None, config=config_from_dict(read_json(saved)))  # scanned from memory
+    elif not cfg.model_dir and not str(model_dir).startswith("<in-memory") and not Path(model_dir).exists():
+        typed = "" if Path(model_dir).is_absolute() else ", as typed where the scan ran"
+        raise OptionError("SCAN_DIR", str(cfg.scan_dir), f"the scanned model {model_dir} (its config.json's "
+                          f"model_dir{typed}) is not there any more: moved or deleted; pass {{model_dir}} with where "
+                          "it is now.", keyword="scan", shown=str(cfg.scan_dir))
     else:
         geom = model_rope_geometry(model_dir)
     if ssum.get("rope"):  # the frequencies the scanned model actually used (scaled RoPE, per-layer-type bases)

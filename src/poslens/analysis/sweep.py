@@ -24,7 +24,7 @@ import torch
 
 from poslens.analysis.neighborhood import measure_neighborhood, use_poslens_attention
 from poslens.data.tokens import random_tokens
-from poslens.errors import PoslensError
+from poslens.errors import OptionError, PoslensError
 from poslens.fmt import fmt, fmt_pm
 from poslens.models.families import build_model
 from poslens.metrics.judge.commands import judge_sweep
@@ -112,7 +112,7 @@ def validate(cfg: SweepConfig) -> None:
         raise PoslensError(f"--seq-len {cfg.seq_len}: the APS needs at least 3 positions.")
     for flag, v in (("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size)):
         if v < 1:
-            raise PoslensError(f"{flag} {v}: must be a positive integer.")
+            raise OptionError(flag, v, "must be a positive integer.")
     prepare_out_dir(cfg.out, must_be_new=not cfg.overwrite)
 
 

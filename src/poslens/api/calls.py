@@ -166,7 +166,7 @@ def _run_path(run, what: str) -> Path:
 def _model_dir_of(result: Result) -> str | None:
     md = (result.config.get("options") or {}).get("model_dir")
     if isinstance(md, str) and not md.startswith("<in-memory"):
-        return md
+        return md if Path(md).exists() else None  # moved since: the command reading it says so
     src = result.config.get("model_source") or {}
     name = src.get("name_or_path")
     return name if name and Path(name).exists() else None

@@ -222,7 +222,7 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
                 eps: float | None = None, kappa: float | None = None, massive_lambda: float | None = None,
                 out: str | os.PathLike | None = None, overwrite: bool = False, figures: bool = False,
                 progress: bool = True, threads: int | str | None = "auto", allow_pickle: bool = False,
-                trust_remote_code: bool = False) -> Result:
+                trust_remote_code: bool = False, names: Iterable[str] | None = None) -> Result:
     """The positional fingerprint of one or more models side by side (``poslens fingerprint``): each model
     (a loaded causal LM, handed back unchanged, or a model directory / ``.gguf`` path) is scanned on text
     and on random tokens of the same shape; the traits (sinks, slash heads, relativity, APS, RoPE frequency
@@ -231,7 +231,10 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
     per-model DataFrame), and ``path / "fingerprint.html"`` once saved with figures.
 
     ``tokenizer``: the text tokenizer of a loaded model (one for every loaded model, or a list beside
-    ``models``); without it, the tokenizer saved beside the model (a loaded GGUF model has none: pass it)."""
+    ``models``); without it, the tokenizer saved beside the model (a loaded GGUF model has none: pass it).
+    ``names``: one name per model (the keys ``<name>.sink`` of ``maps``, the rows of ``traits()``); default:
+    a ``.gguf`` file's stem, a directory's name, a loaded model's ``name_or_path`` (a GGUF dequantised into
+    poslens's cache is named after its file)."""
     from poslens.analysis import fingerprint as F
     from poslens.reporting.fingerprint import fingerprint_page
 
@@ -256,7 +259,8 @@ def fingerprint(models, *, tokenizer=None, data: str = "stdlib", seq_len: int | 
                                   device=device, dtype=dtype, figures=figures, overwrite=overwrite,
                                   allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, **opts)
         with _threads(threads):
-            F.run_fingerprint(cfg, progress=progress, loaded=loaded, tokenizers=tokenizers, page=fingerprint_page)
+            F.run_fingerprint(cfg, progress=progress, loaded=loaded, tokenizers=tokenizers, page=fingerprint_page,
+                              names=None if names is None else list(names))
         return _finish(path, tmp)
 
 

@@ -206,11 +206,18 @@ class Result:
         return beyond + [r for paper in papers for r in run_readings(self.command, papers, self.summary, paper)]
 
     def tables(self) -> dict:
-        """The summary's tables as DataFrames, by name."""
+        """The run's tables as DataFrames, by name: those of its summary (an ablation's ``conditions``, ...);
+        a run whose summary has none but rows per layer (a scan) gives ``layers`` (:meth:`layers`) and, for
+        a scan, ``heads`` (:meth:`heads`)."""
         import pandas as pd
 
-        return {t.get("name") or f"table{i}": pd.DataFrame(t["rows"], columns=t["columns"])
-                for i, t in enumerate(self._run.tables)}
+        out = {t.get("name") or f"table{i}": pd.DataFrame(t["rows"], columns=t["columns"])
+               for i, t in enumerate(self._run.tables)}
+        if not out and self._run.layers:
+            out["layers"] = self.layers()
+            if self.command == "scan":
+                out["heads"] = self.heads()
+        return out
 
     def _layer_ids(self) -> list:
         ids = [l.get("layer") for l in self._run.layers]
@@ -239,7 +246,10 @@ class Result:
         if name == "cosine" and m.shape[0] == len(ids) + 1:  # index 0: the embeddings
             ids = ["embeddings", *ids]
         li = 0 if layer is None else _index_of(layer, ids, name)
+        own = ax is None
         fig, ax = (ax.figure, ax) if ax is not None else notebook_figure(figsize=(5.2, 4.2))
+        if own:  # laid out as drawn: a plain fig.savefig(path) keeps the legend beside the axes in the image
+            fig.set_layout_engine("constrained")
         if name == "slash":
             prof = m[li].double().numpy()
             for h in range(prof.shape[0]) if head is None else [head]:
@@ -299,7 +309,10 @@ class Result:
             _check_replaceable(dst, self.command)
         prepare_out_dir(dst, must_be_new=not overwrite)
         dst.parent.mkdir(parents=True, exist_ok=True)  # as --out: its parents are made (the stage lies beside it)
-        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+        from poslens.rundir.staging import stage_prefix, sweep_stale_stages
+
+        sweep_stale_stages(dst, ("partial",))  # a killed save's scratch copy
+        stage = Path(tempfile.mkdtemp(prefix=stage_prefix(dst, "partial"), dir=dst.parent))
         aside = None
         try:
             names = [f.name for f in sorted(self.path.iterdir())
@@ -308,7 +321,7 @@ class Result:
                 shutil.copy2(self.path / name, stage / name)
             record_written(stage, *names)
             if dst.exists():  # the previous run goes aside, and is deleted only once the copy is in place
-                aside = Path(tempfile.mkdtemp(prefix=f".{dst.name}.previous-", dir=dst.parent))
+                aside = Path(tempfile.mkdtemp(prefix=stage_prefix(dst, "previous"), dir=dst.parent))
                 os.replace(dst, aside / "run")
             os.replace(stage, dst)
         except BaseException:

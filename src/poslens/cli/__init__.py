@@ -21,7 +21,7 @@ import warnings
 
 from poslens.runtime import configure_allocator, configure_process
 
-from poslens.cli.app import app, release_out_dirs, reset_verbose, restore_threads  # noqa: E402
+from poslens.cli.app import app, release_out_dirs, reset_verbose, restore_threads, set_command_line  # noqa: E402
 from poslens.errors import Interrupted, PoslensError  # noqa: E402
 
 # Each import attaches its commands to `app` (one module per command group).
@@ -126,9 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     warnings.formatwarning = one_line_warnings(old_format)
     _signalled.clear()
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    set_command_line(sys.argv[1:] if argv is None else argv)
     try:
         _run(argv)
     finally:
+        set_command_line(None)
         signal.signal(signal.SIGTERM, old_term)
         warnings.formatwarning = old_format
         reset_verbose()
@@ -150,7 +152,7 @@ def _run(argv: list[str] | None) -> None:
         release_out_dirs()
         _interrupted(str(e))
     except PoslensError as e:
-        print(f"poslens: error: {e}", file=sys.stderr)
+        print(f"poslens: error: {e.cli()}", file=sys.stderr)
         sys.exit(2)
     except NoArgsIsHelpError as e:  # `poslens` or `poslens theory` alone: the help text
         e.show()

@@ -41,6 +41,28 @@ def _global_options(verbose: bool = typer.Option(False, "--verbose", help="Show 
         _verbose_token.append(SHOW_LOAD_REPORTS.set(True))
 
 
+#: the arguments of the command in progress, as given (set by :func:`poslens.cli.main`)
+_command_line: list[list[str]] = []
+
+
+def set_command_line(args: list[str] | None) -> None:
+    """Record the arguments the command in progress was given (None: none, the command has ended)."""
+    _command_line.clear()
+    if args is not None:
+        _command_line.append([str(a) for a in args])
+
+
+def resume_command() -> str:
+    """The command in progress as given, ready to paste, with ``--resume`` in place of ``--overwrite``
+    (the two contradict each other): what continues an interrupted run."""
+    import shlex
+
+    args = [a for a in (_command_line[0] if _command_line else []) if a != "--overwrite"]
+    if "--resume" not in args:
+        args.append("--resume")
+    return "poslens " + shlex.join(args)
+
+
 def reset_verbose() -> None:
     """``--verbose`` ends with its command (an in-process caller's next command starts without it)."""
     if _verbose_token:

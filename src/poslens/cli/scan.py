@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import shlex
 from dataclasses import MISSING
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import typer
 from rich.console import Console
 
 from poslens.capture.scan.options import ScanConfig, scan_options
-from poslens.cli.app import app, quiet_option, threads_option, use_threads
+from poslens.cli.app import app, quiet_option, resume_command, threads_option, use_threads
 from poslens.errors import Interrupted
 from poslens.rundir.lock import run_entries
 
@@ -83,8 +82,7 @@ def _interrupted(cfg: ScanConfig, replacing: bool) -> str:
         return (f"the previous run in {out} is kept as it was; run the same command again (with --overwrite) to "
                 "replace it.")
     if (out / CHECKPOINT).is_file():
-        return (f"a checkpoint is saved in {out}; continue with the same command plus --resume: "
-                f"poslens scan {shlex.quote(cfg.model_dir)} --out {shlex.quote(str(out))} ... --resume")
+        return f"a checkpoint is saved in {out}; continue with: {resume_command()}"
     return f"stopped before its first checkpoint; rerun the same command (with --resume) to start {out} again."
 
 

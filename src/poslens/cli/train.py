@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from poslens.cli.app import (app, batch_size_option, device_option, out_option, overwrite_option, quiet_option,
-                             resume_option, seed_option, seq_len_option, threads_option, use_threads)
+                             resume_command, resume_option, seed_option, seq_len_option, threads_option, use_threads)
 
 _PRESET_HELP = "Size preset: micro (tests, seconds on CPU), tiny (CPU minutes), small, base, 1b (GPU)."
 
@@ -115,8 +115,8 @@ def _print_summary(summary: dict, as_json: bool) -> None:
         typer.echo(json.dumps(summary))
         return
     if "stopped_at_step" in summary:
-        typer.echo(f"stopped after step {summary['stopped_at_step']} of {summary['steps']}; "
-                   f"continue with --resume (checkpoint in {summary['out']}).")
+        typer.echo(f"stopped after step {summary['stopped_at_step']} of {summary['steps']} (checkpoint in "
+                   f"{summary['out']}); continue with: {resume_command()}")
         return
     from poslens.fmt import rich_table
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html as _html
 import os
-import tempfile
 from pathlib import Path
 
 from poslens.errors import PoslensError
@@ -53,28 +52,14 @@ def check_out(out: Path, *, overwrite: bool = False) -> None:
 def write_page(html: str, out: Path, *, overwrite: bool = False) -> Path:
     """Write ``html`` to ``out`` atomically: through a temporary file beside it, linked into place
     only if ``out`` does not exist yet (``overwrite``: replacing it)."""
+    from poslens.rundir.io import _atomic_write_bytes
+
     check_out(out, overwrite=overwrite)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
-    except OSError as e:
-        raise PoslensError(f"--out {out}: cannot write there ({e.strerror}); choose a writable directory.") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(html.encode("utf-8"))
-        if overwrite:
-            os.replace(tmp, out)
-        else:
-            try:
-                os.link(tmp, out)  # fails if another writer made it meanwhile: nothing is replaced unasked
-            except FileExistsError:
-                raise PoslensError(f"--out {out} was written by another process meanwhile; pass --overwrite to "
-                                   "replace it, or choose a new file name.") from None
-            os.unlink(tmp)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        _atomic_write_bytes(out, html.encode("utf-8"), exclusive=not overwrite)
+    except FileExistsError:  # another process made it meanwhile: it is kept
+        raise PoslensError(f"--out {out} was written by another process meanwhile; pass --overwrite to replace it, "
+                           "or choose a new file name.") from None
     return out
 
 

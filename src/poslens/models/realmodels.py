@@ -191,3 +191,32 @@ def fetch(names: list[str] | None = None, *, quiet: bool = False, dequantise: bo
           say: Callable[[str], None] | None = None) -> dict[str, Path]:
     """:func:`fetch_one` for each name (default: all)."""
     return {n: fetch_one(n, quiet=quiet, dequantise=dequantise, say=say) for n in (names or list(MODELS))}
+
+
+#: the folders of poslens's cache (:func:`poslens.runtime.cache_root`): fetched GGUF files, their dequantised
+#: copies (the largest: float32 weights), the built CPU kernels
+CACHE_FOLDERS = ("models", "gguf", "native")
+
+
+def clean_cache(*, keep_models: bool = False) -> list[tuple[Path, int]]:
+    """Remove what poslens keeps in its cache (``$POSLENS_CACHE``, default ``~/.cache/poslens``): the
+    dequantised GGUF copies, the built kernels and, unless ``keep_models``, the fetched GGUF files (each is
+    made again when next needed). Nothing else there is touched, nor ``$POSLENS_REAL_MODELS``. Returns
+    ``(folder, bytes freed)`` for each folder removed."""
+    import shutil
+
+    root = cache_root()
+    removed = []
+    for name in CACHE_FOLDERS:
+        p = root / name
+        if (keep_models and name == "models") or not p.is_dir() or p.is_symlink():
+            continue
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file() and not f.is_symlink())
+        try:
+            shutil.rmtree(p)
+        except OSError as e:
+            raise PoslensError(f"cannot remove {p} ({e.strerror or e}); remove it by hand.") from None
+        removed.append((p, size))
+    if root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
+    return removed

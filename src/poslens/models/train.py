@@ -576,7 +576,10 @@ def load_trained(path: str | os.PathLike, device: str = "cpu"):
     p = Path(path)
     if not (p / "config.json").is_file():
         raise PoslensError(f"{p} holds no trained model (no config.json); train one with `poslens train`.")
-    model = AutoModelForCausalLM.from_pretrained(p).to(device).eval()
+    from poslens.capture.model.source import quiet_hf_loading
+
+    with quiet_hf_loading():  # transformers' report and "Loading weights" bar (shown with poslens --verbose)
+        model = AutoModelForCausalLM.from_pretrained(p).to(device).eval()
     tok = AutoTokenizer.from_pretrained(p)
     summary = read_json(p / "summary.json") if (p / "summary.json").is_file() else {}
     return model, tok, summary

@@ -347,6 +347,26 @@ _MODEL_KEYS = ("pe", "task", "data", "preset", "steps", "params", "params_non_em
                "eval_loss", "eval_accuracy", "eval_accuracy_long", "tokens_per_second", "device")
 
 
+#: what ``poslens train --pe`` puts in a model, in words
+_PE_WORDS = {"none": "no positional encoding (NoPE)", "rope": "RoPE in every layer",
+             "learned": "learned absolute positions"}
+
+
+def model_subtitle(summary: dict, config: dict) -> str:
+    """What a model directory is, in words: a model ``poslens train`` made says its size preset, its
+    positional encoding and what it learned (the architecture it borrows comes last: the micro models are
+    model_type smollm3 without being SmolLM3); any other, its architecture."""
+    arch = str(config.get("model_type") or "unknown")
+    pe = summary.get("pe")
+    if not isinstance(pe, str):
+        return f"a {arch} model directory"
+    preset = f"{summary['preset']} " if isinstance(summary.get("preset"), str) else ""
+    task = summary.get("task")
+    what = f"the {task} task" if isinstance(task, str) and task else "language modelling"
+    return (f"a {preset}model trained by poslens train on {what}, with {_PE_WORDS.get(pe, pe)} "
+            f"({arch} layout)")
+
+
 def model_cards(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
     """A model directory's card; ``compared``: its numbers and loss curve are in the side-by-side block."""
     s, c = run.summary, run.config
@@ -355,7 +375,7 @@ def model_cards(run: Run, *, compared: bool = False) -> list[tuple[str, dict]]:
     rows = [] if compared else [[k.replace("_", " "), s.get(k)] for k in _MODEL_KEYS if k in s and s.get(k) is not None]
     figs = [] if compared else [f for f in [_loss_curve(run)] if f]
     notes = [] if s else ["no summary.json: a model directory not written by `poslens train`; architecture only."]
-    card = _card(run, subtitle=f"{c.get('model_type', '')} architecture", badge="model", readings=model_readings(s, c),
+    card = _card(run, subtitle=model_subtitle(s, c), badge="model", readings=model_readings(s, c),
                  tables=[table("Training summary", ["quantity", "value"], rows)] if rows else [], figures=figs,
                  meta=arch, notes=notes)
     return [("models", card)]

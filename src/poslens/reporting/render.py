@@ -119,15 +119,22 @@ def render_report(run_dirs: list[str | Path], title: str = "poslens report", *, 
 
 
 def write_runs(runs: list[Run], out: str | Path, title: str = "poslens report",
-               skipped: list[str] | None = None, links: list[tuple[str, str]] | None = None) -> Path:
-    """Render loaded runs and atomically write the page to ``out``; returns the path."""
+               skipped: list[str] | None = None, links: list[tuple[str, str]] | None = None, *,
+               new: bool = False) -> Path:
+    """Render loaded runs and atomically write the page to ``out``; returns the path. ``new``: ``out`` must
+    not exist when the page is put in place (a report another process wrote there meanwhile is kept, and
+    this one refused), else an existing page is replaced. ``links``: see :func:`render_runs`."""
     from poslens.rundir.io import _atomic_write_bytes
 
     out = Path(out)
     if out.exists() and out.is_dir():
         raise PoslensError(f"--out {out} is a directory; pass a file name such as {out / 'report.html'}.")
     html = render_runs(runs, title, skipped, links)  # everything is validated before anything is written
-    _atomic_write_bytes(out, html.encode("utf-8"))
+    try:
+        _atomic_write_bytes(out, html.encode("utf-8"), exclusive=new)
+    except FileExistsError:
+        raise PoslensError(f"--out {out} was written by another process while this report was made; it is kept: "
+                           "pass --overwrite to replace it, or choose a new file name.") from None
     return out
 
 

@@ -41,9 +41,11 @@ def make_shareable(path: Path) -> None:
     os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_UMASK)
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[str], None], exclusive: bool = False) -> None:
     """Write ``path`` all-or-nothing: ``write(tmp)`` fills a temporary file next to it, which is then
-    fsynced, made world-readable (mkstemp creates 0600; results are meant to be shared) and renamed."""
+    fsynced, made world-readable (mkstemp creates 0600; results are meant to be shared) and renamed.
+    ``exclusive``: ``path`` must not exist when the file is put in place (a hard link, which fails where
+    another writer made ``path`` meanwhile): :class:`FileExistsError` then, and ``path`` is left as it is."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -55,7 +57,10 @@ def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
+        if exclusive:
+            _link_new(tmp, path)
+        else:
+            os.replace(tmp, path)
     except BaseException as e:
         try:
             os.unlink(tmp)
@@ -66,6 +71,23 @@ def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
         raise
     if path.name != MANIFEST:
         _note_written(path)
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    """Put ``tmp`` in place as ``path`` only where ``path`` does not exist (FileExistsError otherwise);
+    ``tmp`` is removed. On a file system without hard links, the check and the rename are two steps."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 #: errno values of a write that the user fixes (a full disk, a quota, a read-only or vanished place)
@@ -90,8 +112,8 @@ def write_error(path: Path, e: BaseException) -> PoslensError:
     return PoslensError(f"cannot write {path} ({why}); {fix}.")
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    _atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+def _atomic_write_bytes(path: Path, data: bytes, exclusive: bool = False) -> None:
+    _atomic_write(path, lambda tmp: Path(tmp).write_bytes(data), exclusive)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -13,7 +13,7 @@ from poslens.rundir.io import write_error
 from poslens.rundir.load import classify
 from poslens.rundir.io import _claims
 from poslens.rundir.lock import _acquire, _key, run_entries
-from poslens.rundir.staging import _make_stage, _swap_in, check_replaceable, clear_run
+from poslens.rundir.staging import _make_stage, _swap_in, check_replaceable, clear_run, sweep_stale_stages
 
 
 def check_out_dir(out: str | os.PathLike, *, command: str | None, overwrite: bool = False,
@@ -84,9 +84,23 @@ def prepare_out_dir(out: str | os.PathLike, *, must_be_new: bool = False) -> Pat
     while not probe.exists() and not probe.is_symlink():
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
-        what = "a file" if probe.exists() else "missing"
-        raise PoslensError(f"--out {path}: cannot create it under {probe} ({what}); choose a writable location.")
+        raise PoslensError(f"--out {path}: cannot create it under {probe} ({_unwritable(probe)}); choose a writable "
+                           "location.")
     return path
+
+
+def _unwritable(probe: Path) -> str:
+    """Why the existing ``probe`` cannot hold a new directory, in words: a file, a directory on a read-only
+    file system, or one this user may not write."""
+    if not probe.exists():
+        return "missing"
+    if not probe.is_dir():
+        return "a file, not a directory"
+    try:
+        read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        read_only = False
+    return "a directory on a read-only file system" if read_only else "a directory this user may not write to"
 
 
 def check_path_name(path: str | os.PathLike, flag: str) -> None:
@@ -119,6 +133,7 @@ def create_out_dir(path: Path, *, command: str | None = None, overwrite: bool = 
     claim = _claims.get(_key(path))
     if claim is None:
         claim = _acquire(path, implicit=True)
+    sweep_stale_stages(path, ("partial",))  # the scratch a killed writer of this run left beside it
     claim.overwrite = claim.overwrite or overwrite
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -4,9 +4,12 @@ staged swap of a finished run into place."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Iterator
@@ -15,7 +18,7 @@ from poslens.errors import PoslensError
 from poslens.rundir.io import _is_write_error, make_shareable, record_written, write_error
 from poslens.rundir.load import classify
 from poslens.rundir.io import MANIFEST, _LEFTOVER, _claims, _note_enclosing, _write_manifest, read_manifest
-from poslens.rundir.lock import LOCK_FILE, _key, out_dir_lock, run_entries
+from poslens.rundir.lock import LOCK_FILE, _key, out_dir_lock, pid_alive, run_entries
 
 
 def _tree_files(root: Path) -> set[str]:
@@ -160,7 +163,7 @@ def _swap_in(stage: Path, out: Path, *, replace: bool) -> None:
                                "(poslens did not write it); the previous run is kept as it was. Move it away and "
                                "run again, or choose a new --out.")
         old = sorted(p.name for p in run_entries(out))
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.previous-", dir=out.parent)) if old else None
+    aside = Path(tempfile.mkdtemp(prefix=stage_prefix(out, "previous"), dir=out.parent)) if old else None
     moved_old: list[str] = []
     moved_new: list[str] = []
     try:
@@ -189,6 +192,48 @@ def _swap_in(stage: Path, out: Path, *, replace: bool) -> None:
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
     _note_enclosing(out, sorted(files))
+    sweep_stale_stages(out)  # what a killed writer of this run left beside it
+
+
+# --------------------------------------------------------------------------------------------
+# the staging folders beside a run, named by their owner
+# --------------------------------------------------------------------------------------------
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def stage_prefix(out: Path, kind: str) -> str:
+    """The name's start of a staging folder beside run directory ``out``: ``.OUT.partial-PID@HOST-`` (the
+    new run being written) or ``.OUT.previous-PID@HOST-`` (the run it replaces, moved aside during the
+    swap), naming the process that owns it (``HOST``: a tag of this host's name)."""
+    return f".{out.name}.{kind}-{os.getpid()}@{_host_tag()}-"
+
+
+#: a staging folder's name: its run, its kind, its owner (mkdtemp's 8 random characters end it)
+_STAGE = re.compile(r"^\.(?P<run>.+)\.(?P<kind>partial|previous)-(?P<pid>\d+)@(?P<host>[0-9a-f]{8})-[a-z0-9_]{8}$")
+
+
+def sweep_stale_stages(out: Path, kinds: tuple[str, ...] = ("partial", "previous")) -> list[Path]:
+    """Remove the staging folders beside ``out`` (:func:`stage_prefix`) of ``kinds`` whose owner is gone:
+    a process of this host that no longer runs (killed with SIGKILL, say, mid-write or mid-swap). Those of a
+    live process, of another host, or not named by their owner are kept. Returns the folders removed."""
+    out = Path(out)
+    removed = []
+    try:
+        siblings = list(out.parent.iterdir())
+    except OSError:
+        return removed
+    host = _host_tag()
+    for p in siblings:
+        m = _STAGE.match(p.name)
+        if not m or m["run"] != out.name or m["kind"] not in kinds or m["host"] != host:
+            continue
+        pid = int(m["pid"])
+        if pid == os.getpid() or pid_alive(pid) or p.is_symlink() or not p.is_dir():
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
 
 
 @contextlib.contextmanager
@@ -218,10 +263,11 @@ def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
 
 
 def _make_stage(out: Path) -> Path:
+    sweep_stale_stages(out, ("partial",))  # a killed writer's scratch (the run it replaced stays till a swap)
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+        return Path(tempfile.mkdtemp(prefix=stage_prefix(out, "partial"), dir=out.parent))
     except OSError as e:
-        raise write_error(out.parent / f".{out.name}.partial-", e) from None
+        raise write_error(out.parent / stage_prefix(out, "partial"), e) from None
 
 
 @contextlib.contextmanager

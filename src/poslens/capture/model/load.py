@@ -14,7 +14,7 @@ import torch
 from poslens.capture.model.adapters import get_adapter
 from poslens.capture.engine.attention import ATTN_NAME, register
 from poslens.capture.model.source import model_directory, quiet_hf_loading
-from poslens.errors import PoslensError
+from poslens.errors import OptionError, PoslensError
 from poslens.rundir.io import safetensors_shapes
 
 
@@ -30,6 +30,11 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
     if not path.exists():
         raise PoslensError(f"MODEL_DIR {path} does not exist; pass a local directory holding config.json and weights, "
                            "or a .gguf file.")
+    if not path.is_dir() and path.suffix in PICKLE_SUFFIXES:
+        raise OptionError("MODEL_DIR", str(path), f"a pickle checkpoint ({path.suffix}: weights alone, which can run "
+                          "code when loaded); put it in a directory beside its config.json and pass that directory "
+                          "with {allow_pickle!} if you trust it, or convert it to safetensors.", keyword="model",
+                          shown=str(path))
     if not path.is_dir():
         raise PoslensError(f"MODEL_DIR {path} is a file but not a GGUF model; pass the directory holding config.json "
                            "and weights, or a .gguf file.")
@@ -53,8 +58,9 @@ def check_model_dir(model_dir: str, *, allow_pickle: bool, trust_remote_code: bo
     has_pickle = any(p.suffix in PICKLE_SUFFIXES for p in files)
     if not has_st:
         if has_pickle and not allow_pickle:
-            raise PoslensError(f"{path} holds only pickle weights (.bin/.pt), which can run arbitrary code when "
-                               "loaded; convert them to safetensors, or pass --allow-pickle if you trust them.")
+            raise OptionError("MODEL_DIR", str(path), "holds only pickle weights (.bin/.pt), which can run arbitrary "
+                              "code when loaded; convert them to safetensors, or pass {allow_pickle!} if you trust "
+                              "them.", keyword="model", shown=str(path))
         if not has_pickle:
             raise PoslensError(f"{path} has no weights (*.safetensors); pass a directory written by save_pretrained.")
     return raw
@@ -176,16 +182,17 @@ def check_seq_len(adapter, config, seq_len: int | None, where: str, flag: str = 
     maxpos = trained_context(adapter, config)
     if seq_len is None or maxpos is None or seq_len <= maxpos:
         return
-    sep = " " if flag.startswith("--") else "="
-    option = "--beyond-context" if flag.startswith("--") else "beyond_context=True"
+    keyword = flag if not flag.startswith("--") else None  # a keyword given: the option of that name
+    flag = "--" + flag.replace("_", "-") if keyword else flag
+    name = keyword or flag.lstrip("-").replace("-", "_")
     if not beyond_context:
-        offer = "" if beyond_context is None else f", or {option} to measure past the trained context"
-        raise PoslensError(f"{flag} {seq_len} exceeds the model's maximum of {maxpos} positions ({where}); "
-                           f"pass {flag}{sep}{maxpos} or less{offer}.")
+        offer = "" if beyond_context is None else ", or {beyond_context!} to measure past the trained context"
+        raise OptionError(flag, seq_len, f"exceeds the model's maximum of {maxpos} positions ({where}); "
+                          f"pass {{{name}={maxpos}}} or less{offer}.", keyword=keyword, sep=" ")
     if adapter.position_table is not None:
-        raise PoslensError(f"{flag} {seq_len} with {option}: model type {adapter.model_type!r} has learned absolute "
-                           f"positions (its position table has {maxpos} rows), so it cannot run past position "
-                           f"{maxpos} ({where}); pass {flag}{sep}{maxpos} or less.")
+        raise OptionError(flag, seq_len, f"with {{beyond_context!}}: model type {adapter.model_type!r} has learned "
+                          f"absolute positions (its position table has {maxpos} rows), so it cannot run past "
+                          f"position {maxpos} ({where}); pass {{{name}={maxpos}}} or less.", keyword=keyword, sep=" ")
 
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):

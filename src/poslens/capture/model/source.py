@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import hashlib
 import io
+import json
 import logging
 import os
 import re
@@ -319,9 +320,9 @@ SHOW_LOAD_REPORTS: contextvars.ContextVar[bool] = contextvars.ContextVar("poslen
 
 @contextlib.contextmanager
 def quiet_hf_loading(verbose: bool = False) -> Iterator[None]:
-    """Transformers' load report and warnings off inside the block (unless ``verbose`` or ``poslens
-    --verbose``): the report is tens of lines, and poslens says in one line what is wrong. The loggers'
-    levels are restored."""
+    """Transformers' load report, its warnings and its "Loading weights" bar off inside the block (unless
+    ``verbose`` or ``poslens --verbose``): the report is tens of lines, and poslens says in one line what
+    is wrong. The loggers' levels and the bars' setting are restored."""
     if verbose or SHOW_LOAD_REPORTS.get():
         yield
         return
@@ -330,7 +331,8 @@ def quiet_hf_loading(verbose: bool = False) -> Iterator[None]:
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        yield
+        with no_hf_progress_bars():
+            yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
@@ -411,7 +413,9 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
                 tokenizer = True
             except Exception:  # noqa: BLE001 - a model without a usable tokenizer still scans random tokens
                 tokenizer = False
-            write_json(stage / SOURCE_FILE, {**src.describe(), "tokenizer": tokenizer, "versions": versions()})
+            name = src.header.metadata.get("general.name") if src.header else None
+            write_json(stage / SOURCE_FILE, {**src.describe(), "name": name if isinstance(name, str) else None,
+                                             "tokenizer": tokenizer, "versions": versions()})
             for f in [stage, *stage.iterdir()]:  # mkdtemp/mkstemp make 0700/0600: a shared cache must be readable
                 os.chmod(f, 0o755 if f.is_dir() else 0o644)
             if target.exists():  # a stale partial target (should not happen: renames are atomic)
@@ -422,20 +426,73 @@ def dequantise_gguf(src: ModelSource, progress: bool = True) -> Path:
     return target
 
 
-def model_names(models: Iterable[str]) -> list[str]:
-    """A short unique name per model path: the ``.gguf`` file's stem or the directory's name (``-2``,
-    ``-3`` ... appended to repeats), safe as a directory name."""
-    names: list[str] = []
+def model_names(models: Iterable[str], names: Iterable[str] | None = None) -> list[str]:
+    """A short unique name per model path: ``names`` where the caller gives them (checked: one per model,
+    unique, safe as a directory name), else :func:`model_name` of each (``-2``, ``-3`` ... appended to
+    repeats)."""
+    models = [str(m) for m in models]
+    if names is not None:
+        names = [n for n in names]
+        if len(names) != len(models):
+            raise PoslensError(f"names=: {len(names)} names for {len(models)} models; pass one name per model.")
+        for n in names:
+            if not isinstance(n, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n):
+                raise PoslensError(f"names=: {n!r} is not a usable name; use letters, digits, '.', '_' and '-' "
+                                   "(it names a directory of the run and the keys of its maps).")
+        if len(set(names)) != len(names):
+            raise PoslensError(f"names=: {names} repeats a name; give each model its own.")
+        return names
+    out: list[str] = []
     for m in models:
-        p = Path(str(m))
-        base = p.stem if p.suffix.lower() == ".gguf" else (p.name or str(p))
-        if str(m).startswith("<in-memory"):  # "<in-memory Class: name_or_path>": the name, else the class
-            cls, _, origin = str(m)[len("<in-memory "):-1].partition(": ")
-            base = Path(origin).name if origin and origin != "unnamed" else cls
-        base = re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "model"
+        base = model_name(m)
         name, n = base, 1
-        while name in names:
+        while name in out:
             n += 1
             name = f"{base}-{n}"
-        names.append(name)
-    return names
+        out.append(name)
+    return out
+
+
+def model_name(model: str) -> str:
+    """A model's short name, safe as a directory name: a ``.gguf`` file's stem; for poslens's own
+    dequantised cache of a GGUF (a directory named by the file's hash) the stem of the GGUF it was made
+    from, else the GGUF's ``general.name``; for another directory named by a hash, its config's
+    ``_name_or_path``; else a directory's name; a loaded model's ``name_or_path`` named the same way
+    (its class where it has none)."""
+    m = str(model)
+    if m.startswith("<in-memory"):  # "<in-memory Class: name_or_path>": the name, else the class
+        cls, _, origin = m[len("<in-memory "):-1].partition(": ")
+        origin = origin.rsplit(" #", 1)[0]  # a repeated model's "#2"
+        base = model_name(origin) if origin and origin != "unnamed" else cls
+    else:
+        p = Path(m)
+        base = p.stem if p.suffix.lower() == ".gguf" else (_cached_gguf_name(p) or _config_name(p) or p.name or str(p))
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", base).strip("._") or "model"
+
+
+def _config_name(path: Path) -> str | None:
+    """A directory named by a hash (a Hugging Face cache snapshot): the model's name its config.json records
+    (``_name_or_path``, e.g. ``HuggingFaceTB/SmolLM2-135M``: ``SmolLM2-135M``), where it names something else."""
+    if not re.fullmatch(r"[0-9a-f]{32,}", path.name):
+        return None
+    try:
+        name = json.loads((path / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(name, str) or not name.strip() or re.fullmatch(r"[0-9a-f]{32,}", Path(name).name):
+        return None
+    return Path(name.rstrip("/")).name or None
+
+
+def _cached_gguf_name(path: Path) -> str | None:
+    """The name of the GGUF a dequantised cache directory was made from (its record names the file)."""
+    record = path / SOURCE_FILE
+    try:
+        rec = json.loads(record.read_text()) if record.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("kind") != "gguf":
+        return None
+    if isinstance(rec.get("path"), str) and rec["path"]:
+        return Path(rec["path"]).stem
+    return rec.get("name") if isinstance(rec.get("name"), str) else None

@@ -15,7 +15,7 @@ from poslens.capture.model.borrow import model_device, model_dtype
 from poslens.capture.model.load import check_seq_len, load_tokenizer, open_model_config
 from poslens.capture.scan.options import ALL_HEADS, ScanConfig
 from poslens.data.sources import SequenceSource, make_source, python_source
-from poslens.errors import PoslensError, require_positive
+from poslens.errors import OptionError, PoslensError, require_positive
 from poslens.rundir.outdir import check_out_dir, hold_run_dir
 from poslens.runtime import parse_device, resolve_dtype
 
@@ -76,34 +76,41 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
     require_positive(("--batch-size", cfg.batch_size), ("--num-seqs", cfg.num_seqs), ("--seq-len", cfg.seq_len),
                      ("--checkpoint-every", cfg.checkpoint_every), ("--aps-max-positions", cfg.aps_max_positions))
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= MAX_SEED:
-        raise PoslensError(f"--seed {cfg.seed}: must be an integer from 0 to {MAX_SEED}.")
+        raise OptionError("--seed", cfg.seed, f"must be an integer from 0 to {MAX_SEED}.")
     if cfg.map_size < 0:
-        raise PoslensError(f"--map-size {cfg.map_size}: must be 0 (full S x S maps) or a positive number of blocks.")
+        raise OptionError("--map-size", cfg.map_size, "must be 0 (full S x S maps) or a positive number of blocks.")
     if cfg.chunk_elems < 0:
-        raise PoslensError(f"--chunk-elems {cfg.chunk_elems}: must be 0 (chosen per device) or a positive count.")
+        raise OptionError("--chunk-elems", cfg.chunk_elems, "must be 0 (chosen per device) or a positive count.")
     if cfg.reservoir < 0:
-        raise PoslensError(f"--reservoir {cfg.reservoir}: must be 0 (none) or a positive number of token slots.")
+        raise OptionError("--reservoir", cfg.reservoir, "must be 0 (none) or a positive number of token slots.")
     layers = list(range(L)) if cfg.layers is None else sorted(set(cfg.layers))
     bad = [l for l in layers if not 0 <= l < L]
     if bad or not layers:
-        raise PoslensError(f"--layers {bad or layers}: the model has layers 0..{L - 1}.")
+        raise OptionError("--layers", bad or layers, f"the model has layers 0..{L - 1}.")
     bad = [l for l in cfg.no_rope_layers if not 0 <= l < L]
     if bad:
-        raise PoslensError(f"--no-rope-layers {bad}: the model has layers 0..{L - 1}.")
+        raise OptionError("--no-rope-layers", bad, f"the model has layers 0..{L - 1}.")
     rope_layers = planned_rope_layers(adapter, config, model, trust_remote_code=cfg.trust_remote_code)
     if cfg.no_rope_layers and not rope_layers:
+<<<<<<< HEAD
         raise PoslensError(f"--no-rope-layers: model type {adapter.model_type} has no RoPE to remove.")
     all_heads = isinstance(cfg.heads, str) and cfg.heads.strip().lower() == ALL_HEADS
     pairs = [] if all_heads else list(cfg.heads)
     for l, h in pairs:
+=======
+        raise OptionError("--no-rope-layers", cfg.no_rope_layers, f"model type {adapter.model_type} has no RoPE "
+                          "to remove.")
+    for l, h in cfg.heads:
+>>>>>>> r3a
         if l not in layers:
-            raise PoslensError(f"--heads {l}.{h}: layer {l} is not scanned (--layers); add it or drop the head.")
+            raise OptionError("--heads", [(l, h)], f"layer {l} is not scanned ({{layers}}); add it or drop the head.",
+                              shown=f"{l}.{h}")
         if not 0 <= h < H:
-            raise PoslensError(f"--heads {l}.{h}: the model has heads 0..{H - 1} per layer.")
+            raise OptionError("--heads", [(l, h)], f"the model has heads 0..{H - 1} per layer.", shown=f"{l}.{h}")
     device = parse_device(cfg.device) if model is None else _loaded_device(model, cfg)
     if cfg.device_map is not None and model is None:
         if cfg.device_map not in DEVICE_MAPS:
-            raise PoslensError(f"--device-map {cfg.device_map!r} is not one of {', '.join(DEVICE_MAPS)}.")
+            raise OptionError("--device-map", cfg.device_map, f"is not one of {', '.join(DEVICE_MAPS)}.")
         try:
             import accelerate  # noqa: F401
         except ImportError:

@@ -77,7 +77,7 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
                          dict(tokenizer=tokenizer, source=source, data=data))
     except PoslensError as e:
         if ctx.enabled and not str(e).startswith("rank "):
-            raise PoslensError(f"{ctx.label}: {e}") from None
+            raise PoslensError(f"{ctx.label}: {e.cli()}") from None  # torchrun: the CLI's words
         raise
     except Exception as e:  # e.g. CUDA out of memory: say which rank before the traceback
         if ctx.enabled:
@@ -270,8 +270,11 @@ def _write_config(job: _Job, model, in_memory: bool = False) -> None:
         write_json(job.out / "model_config.json", model.config.to_dict())
     origin = {"kind": "in-memory", "class": type(model).__name__,
               "name_or_path": str(getattr(model, "name_or_path", "") or "")} if in_memory else source_record(cfg.model_dir)
+    # the model's resolved path (not as typed): the run is read later from other directories (slash, kim-maps)
+    model_dir = cfg.model_dir if in_memory else str(Path(cfg.model_dir).expanduser().resolve())
     write_json(job.out / "config.json", {
-        "command": "scan", "options": dataclasses.asdict(dataclasses.replace(cfg, stats=stats_option(cfg.stats))),
+        "command": "scan", "options": dataclasses.asdict(dataclasses.replace(cfg, stats=stats_option(cfg.stats),
+                                                                             model_dir=model_dir)),
         "fingerprint": job.fp,
         "model_source": origin, "source": plan.source.describe(),
         "model_type": plan.adapter.model_type, "dtype": str(plan.dtype), "device": job.where,
