@@ -92,16 +92,11 @@ def plan_scan(cfg: ScanConfig, *, model=None, tokenizer=None, source: SequenceSo
         raise OptionError("--no-rope-layers", bad, f"the model has layers 0..{L - 1}.")
     rope_layers = planned_rope_layers(adapter, config, model, trust_remote_code=cfg.trust_remote_code)
     if cfg.no_rope_layers and not rope_layers:
-<<<<<<< HEAD
-        raise PoslensError(f"--no-rope-layers: model type {adapter.model_type} has no RoPE to remove.")
+        raise OptionError("--no-rope-layers", cfg.no_rope_layers, f"model type {adapter.model_type} has no RoPE "
+                          "to remove.")
     all_heads = isinstance(cfg.heads, str) and cfg.heads.strip().lower() == ALL_HEADS
     pairs = [] if all_heads else list(cfg.heads)
     for l, h in pairs:
-=======
-        raise OptionError("--no-rope-layers", cfg.no_rope_layers, f"model type {adapter.model_type} has no RoPE "
-                          "to remove.")
-    for l, h in cfg.heads:
->>>>>>> r3a
         if l not in layers:
             raise OptionError("--heads", [(l, h)], f"layer {l} is not scanned ({{layers}}); add it or drop the head.",
                               shown=f"{l}.{h}")
