@@ -12,7 +12,7 @@ import html as _html
 import os
 from pathlib import Path
 
-from poslens.errors import PoslensError
+from poslens.errors import OptionError, PoslensError
 
 
 class Explorer:
@@ -40,13 +40,16 @@ class Explorer:
 
 def check_out(out: Path, *, overwrite: bool = False) -> None:
     """Refuse an output that is not a new ``.html`` file (or, with ``overwrite``, an existing one)."""
+    shown = str(out)
     if out.suffix.lower() not in (".html", ".htm"):
-        raise PoslensError(f"--out {out}: the explorer is an HTML page; pass a file name ending in .html.")
+        raise OptionError("--out", str(out), "the explorer is an HTML page; pass a file name ending in .html.",
+                          shown=shown)
     if out.is_dir():
-        raise PoslensError(f"--out {out} is a directory; pass a file name such as {out / 'explore.html'}.")
+        raise OptionError("--out", str(out), f"is a directory; pass a file name such as {out / 'explore.html'}.",
+                          shown=shown, sep=" ")
     if out.exists() and not overwrite:
-        raise PoslensError(f"--out {out} already exists; pass --overwrite (overwrite=True) to replace it, or choose "
-                           "a new file name.")
+        raise OptionError("--out", str(out), "already exists; pass {overwrite!} to replace it, or choose a new file "
+                          "name.", shown=shown, sep=" ")
 
 
 def write_page(html: str, out: Path, *, overwrite: bool = False) -> Path:
@@ -58,8 +61,8 @@ def write_page(html: str, out: Path, *, overwrite: bool = False) -> Path:
     try:
         _atomic_write_bytes(out, html.encode("utf-8"), exclusive=not overwrite)
     except FileExistsError:  # another process made it meanwhile: it is kept
-        raise PoslensError(f"--out {out} was written by another process meanwhile; pass --overwrite to replace it, "
-                           "or choose a new file name.") from None
+        raise OptionError("--out", str(out), "was written by another process meanwhile; pass {overwrite!} to replace "
+                          "it, or choose a new file name.", shown=str(out), sep=" ") from None
     return out
 
 
