@@ -103,6 +103,17 @@ def verdict(value: float | None, chance: float, floor: float, threshold: float) 
     return REPRODUCED if beyond(value, chance, floor, threshold) else NOT_REPRODUCED
 
 
+def rule(n: dict, not_applicable: str | None = None) -> str:
+    """The one verdict rule on a :func:`measured` record: :data:`NOT_JUDGED` when the claim does not apply
+    to the model (``not_applicable``: the reason, which the verdict must state) or nothing was measured;
+    else :data:`REPRODUCED` when ``value − max(chance, floor) ≥ threshold`` and :data:`NOT_REPRODUCED`
+    otherwise: a claim that applies whose value lies at or under the noise floor is not reproduced, never
+    left unjudged."""
+    if not_applicable is not None:
+        return NOT_JUDGED
+    return verdict(n["value"], n["chance"], n["floor"], n["threshold"])
+
+
 def measured(value: float | None, chance: float, floor: float, threshold: float, measure: str) -> dict:
     """The record of a verdict, as ``summary.json`` holds it: ``value``, ``chance``, ``floor``,
     ``threshold``, ``verdict`` (:data:`VERDICTS`), with ``margin``, ``level`` and ``measure`` (the name

@@ -108,10 +108,10 @@ def kim_text(r: dict) -> tuple[str, str]:
     if r["reason"] == "few_groups":
         few = few_groups([{"noise_groups": r["groups"]}])
         return text, few[0].upper() + few[1:] + "; scan more sequences."
-    if r["verdict"] == V.NOT_REPRODUCED:
-        return text, "No more layers depart from a purely relative pattern than noise alone would make depart."
-    return text, ("Some layers depart from a purely relative pattern beyond their noise floor, but not most; more "
-                  "or longer sequences would sharpen the test.")
+    if r["reason"] == "not_most":
+        return text, ("Some layers depart from a purely relative pattern beyond their noise floor, but not most; more "
+                      "or longer sequences would sharpen the test.")
+    return text, "No more layers depart from a purely relative pattern than noise alone would make depart."
 
 
 def slash_text(r: dict) -> tuple[str, str]:
