@@ -308,7 +308,7 @@ def test_newer_scan_keys_render(tmp_path):
     heads = [re.findall(r'<th scope="col">(.*?)</th>', t) for t in re.findall(r"<table>(.*?)</table>", html, re.S)]
     assert not [h for h in heads if h[:1] == ["layer"]]  # 8 layers: plots, no per-layer table
     assert kim_finding(layers)["sink"] is True  # the relativity index is read with key 0 excluded
-    assert "APS per sequence 0.64" in html
+    assert "APS of the residual stream per sequence 0.64" in html
 
 
 def test_command_readings_are_rendered_from_the_judgement():

@@ -220,7 +220,8 @@ def test_report_structure(runs):
 
 def test_flat_and_relative_readings():
     from poslens.reporting.readings.kim import kim_readings
-    from poslens.metrics.judge.papers import judge_kim, uniform_slash
+    from poslens.metrics.judge.papers import judge_kim
+    from poslens.metrics.verdicts import uniform_slash
 
     layers = [{"layer": 1, "relativity_index": 0.999, "locality": 0.0},
               {"layer": 2, "relativity_index": 0.41, "locality": 0.68}]

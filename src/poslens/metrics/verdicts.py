@@ -76,6 +76,26 @@ def kim_numbers(layers: list[dict]) -> tuple[dict, list[dict], list[dict]]:
     return n, tested, nonrel
 
 
+# the chance levels of uniform causal attention (every query spreads its weight evenly over the keys it sees)
+#: the formula of :func:`uniform_sink_weight` in words, quoted wherever the sink's chance level is
+SINK_CHANCE_FORMULA = "the mean over queries i = 1 … S − 1 of 1/(i + 1)"
+
+
+def uniform_slash(n: int, d: int) -> float:
+    """SlashScore(d) of uniform causal attention over ``n`` tokens (every query spreads its weight evenly
+    over the keys it sees): the mean over queries i = d … n − 1 (from 0) of 1/(i + 1); NaN where no
+    query lies ``d`` tokens past a key."""
+    if n <= d:
+        return float("nan")
+    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)
+
+
+def uniform_sink_weight(S: int) -> float:
+    """The weight uniform causal attention over ``S`` tokens puts on key 0, the attention sink's chance
+    level: :data:`SINK_CHANCE_FORMULA` (query 0 sees only key 0 and is left out); 0.0349 at S = 128,
+    close to but below ln(S)/S."""
+    return uniform_slash(S, 1)
+
 def margin(value: float, chance: float, floor: float) -> float:
     """How far ``value`` lies beyond both chance and the noise floor."""
     return value - max(chance, floor)

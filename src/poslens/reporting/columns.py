@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from poslens.metrics.verdicts import SINK_CHANCE_FORMULA, uniform_sink_weight
+
 #: column name -> definition (the columns commands write into ``summary["tables"]`` and the report's own)
 COLUMNS: dict[str, str] = {
     # heads, layers, offsets
@@ -118,8 +120,9 @@ COLUMNS: dict[str, str] = {
     "run": "the run directory the row comes from",
     "trait": "the trait, one per row; layers (RoPE): decoder layers, and of them those that rotate queries and "
              "keys; sink heads, text and sink heads, random: share of heads whose mean attention weight on key 0 "
-             "exceeds ε, on text and on random tokens (0 … 100 %; chance: 0 %, as a head attending evenly puts about "
-             "ln(S)/S on key 0, below ε); slash heads (persist): heads whose SlashScore ≥ κ at some Δ in the "
+             "exceeds ε, on text and on random tokens (0 … 100 %; chance: 0 %, as a head attending evenly puts "
+             f"{SINK_CHANCE_FORMULA} on key 0, {100 * uniform_sink_weight(128):.1f}% at S = 128, below ε); "
+             "slash heads (persist): heads whose SlashScore ≥ κ at some Δ in the "
              "slash range, and of them those still ≥ κ on random tokens; relativity (median): median over the "
              "non-flat layers of the relativity index, 0 … 1 (1 = the mean score map depends on i − j alone); "
              "non-flat layers: layers whose mean score map varies beyond its noise floor, of all layers; signed "

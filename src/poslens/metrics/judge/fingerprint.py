@@ -30,6 +30,7 @@ import statistics
 
 from poslens.metrics import verdicts as V
 from poslens.metrics.judge.papers import too_few_groups
+from poslens.metrics.verdicts import uniform_sink_weight, uniform_slash
 
 #: the claims judged, in the page's order
 CLAIM_KEYS = ("sink", "kim", "slash", "zuo", "barbero", "jin")
@@ -50,22 +51,15 @@ def _ruled(n: dict, not_applicable: str | None = None, reason: str | None = None
                    else (None if verdict == V.REPRODUCED else reason), **numbers)
 
 
-def uniform_slash(S: int, d: int) -> float:
-    """SlashScore(d) of uniform causal attention (every query spreads its weight evenly)."""
-    return sum(1.0 / (i + 1) for i in range(d, S)) / (S - d)
-
-
-
-
 def judge_sink(m: dict, eps: float) -> dict:
     """Gu et al.: the share of heads whose mean weight on key 0 exceeds ``eps``, against evenly attending heads."""
     o, S = m["overall"], m["seq_len"]
-    even = sum(1.0 / (i + 1) for i in range(1, S)) / (S - 1)  # weight on key 0 of a head attending evenly
+    even = uniform_sink_weight(S)  # weight on key 0 of a head attending evenly
     heads = m["num_layers"] * m["num_heads"]
     chance = 1.0 if even > eps else 0.0  # the share of evenly attending heads over eps
     n = V.measured(o["sink_rate"], chance, V.binomial_floor(chance, heads), V.THRESHOLDS["sink"],
                    f"share of heads whose mean weight on key 0 exceeds eps = {eps:g} (text)")
-    numbers = dict(eps=eps, even=even, heads=heads, sink_rate=o["sink_rate"],
+    numbers = dict(eps=eps, even=even, seq_len=S, heads=heads, sink_rate=o["sink_rate"],
                    sink_rate_random=o.get("sink_rate_random"), sink_mean=o.get("sink_mean"))
     # under the level: the sequences lack the start-of-text token the model's sink may sit on (not applicable)
     return _ruled(n, None if V.holds(n) else "no_bos", **numbers)
