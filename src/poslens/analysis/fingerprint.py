@@ -48,7 +48,7 @@ from poslens.rundir.summary import write_summary
 from poslens.rundir.io import _atomic_write_bytes, versions, write_json, write_tensors
 from poslens.rundir.staging import check_replaceable, written_by
 from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
-from poslens.rundir.lock import release_out_dir
+from poslens.rundir.lock import mark_failed, release_out_dir
 
 #: default scan shape: both GGUF models (two scans each) within 5 minutes on an idle 2-core CPU
 #: (benchmarks/bench_fingerprint.py)
@@ -268,6 +268,9 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: di
     try:
         result = _run(cfg, out, names, progress, loaded, tokenizers, page)
         commit_out_dir(final)
+    except Exception:
+        mark_failed(final)  # a new --out is emptied again when its lock is given back
+        raise
     finally:
         release_out_dir(final)
     result.path = final

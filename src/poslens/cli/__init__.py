@@ -21,7 +21,7 @@ import warnings
 
 from poslens.runtime import configure_allocator, configure_process
 
-from poslens.cli.app import app, release_out_dirs, reset_verbose, restore_threads  # noqa: E402
+from poslens.cli.app import app, fail_out_dirs, release_out_dirs, reset_verbose, restore_threads  # noqa: E402
 from poslens.errors import Interrupted, PoslensError  # noqa: E402
 
 # Each import attaches its commands to `app` (one module per command group).
@@ -149,6 +149,7 @@ def _run(argv: list[str] | None) -> None:
         release_out_dirs()
         _interrupted(str(e))
     except PoslensError as e:
+        fail_out_dirs()  # what a failed run wrote into a new --out goes (an interrupt keeps its checkpoint)
         print(f"poslens: error: {e}", file=sys.stderr)
         sys.exit(2)
     except NoArgsIsHelpError as e:  # `poslens` or `poslens theory` alone: the help text

@@ -148,7 +148,7 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
     from poslens.capture.model.load import load_model
     from poslens.capture.model.source import source_record
     from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
-    from poslens.rundir.lock import release_out_dir
+    from poslens.rundir.lock import mark_failed, release_out_dir
     from poslens.runtime import no_hf_progress_bars, parse_device, resolve_dtype
 
     t0 = time.time()
@@ -191,6 +191,10 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
         if out is not None:
             write_run(out, cfg, setup, summary, tensors, scans, into=target)
             commit_out_dir(out)
+    except Exception:
+        if out is not None:
+            mark_failed(out)  # a new --out is emptied again when its lock is given back
+        raise
     finally:
         if scans is not None:
             shutil.rmtree(scans, ignore_errors=True)
