@@ -68,3 +68,9 @@ CHANGE_THRESHOLDS = {
     "massive_dims": 1.0,       # massive pre-RoPE q and k dimensions of the layer (a count)
     "loss": 0.01,              # next-token loss, nats per token
 }
+
+#: the largest count a run may hold or ask for: sequences, samples, batch sizes, heads or layers
+#: (2^31; beyond it, work or memory cannot fit) and the longest sequence (2^20 tokens: one S × S
+#: float32 map of it is 4 TiB)
+MAX_COUNT = 2**31
+MAX_SEQ_LEN = 2**20
