@@ -16,10 +16,29 @@ def require(condition: bool, message: str) -> None:
 
 
 def require_positive(*options: tuple[str, int]) -> None:
-    """Raise :class:`PoslensError` for the first ``(flag, value)`` pair whose value is below 1."""
+    """Raise :class:`PoslensError` for the first ``(flag, value)`` pair whose value is below 1, or, for a
+    count of work (sequences, samples, batch rows, layers; not an interval such as ``--checkpoint-every``),
+    above :func:`count_bound`: refused before anything is allocated or written."""
     for flag, value in options:
         if value < 1:
             raise PoslensError(f"{flag} {value}: must be a positive integer.")
+        if "every" not in flag and "positions" not in flag:
+            require_fits(flag, value)
+
+
+def count_bound(flag: str) -> int:
+    """The largest value count ``flag`` may take (:data:`poslens.conventions.MAX_SEQ_LEN` for a sequence
+    length, else :data:`poslens.conventions.MAX_COUNT`)."""
+    from poslens.conventions import MAX_COUNT, MAX_SEQ_LEN
+
+    return MAX_SEQ_LEN if "len" in flag else MAX_COUNT
+
+
+def require_fits(flag: str, value: int) -> None:
+    """Refuse a count whose work or memory cannot fit, in one line naming the input and the bound."""
+    most = count_bound(flag)
+    if value > most:
+        raise PoslensError(f"{flag} {value}: too large; at most {most:,} (the work and memory of more cannot fit).")
 
 
 class Interrupted(PoslensError):

@@ -10,6 +10,7 @@ Nothing outside this package imports it.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import types
@@ -119,20 +120,31 @@ def main(argv: list[str] | None = None) -> None:
     changes nothing."""
     if argv is None:  # the process's entry point (the `poslens` script, `python -m poslens`)
         entry_process_settings()
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a shell script:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # SIGINT still ends the run
     from poslens.errors import one_line_warnings
 
     old_format = warnings.formatwarning
     warnings.formatwarning = one_line_warnings(old_format)
     _signalled.clear()
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    stopped = None
     try:
         _run(argv)
+    except SystemExit as e:
+        if argv is not None or e.code not in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            raise
+        stopped = e.code
     finally:
         signal.signal(signal.SIGTERM, old_term)
         warnings.formatwarning = old_format
         reset_verbose()
         release_out_dirs()
         restore_threads()
+    if stopped is not None:  # interrupted, everything given back: no thread left behind keeps the process alive
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stopped)
 
 
 def _interrupted(detail: str = "") -> None:
