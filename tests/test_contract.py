@@ -59,9 +59,9 @@ def test_envelope_and_reader(tmp_path):
     # an older run without the envelope reads the same way (command from config, figures from files)
     old = tmp_path / "old"
     write_json(old / "config.json", {"command": "simulate"})
-    write_json(old / "summary.json", {"paper": "kim", "files": ["summary.json", "probs.png"], "layers": "bad"})
+    write_json(old / "summary.json", {"paper": "kim", "files": ["summary.json", "probs.png"], "tables": "bad"})
     r = load_run(old)
-    assert r.command == "simulate" and r.layers == [] and r.figures[0]["file"] == "probs.png"
+    assert r.command == "simulate" and r.layers == [] and r.tables == [] and r.figures[0]["file"] == "probs.png"
     # keys a command already set are kept
     assert envelope({"paper": "slash"}, command="slash", paper="kim")["paper"] == "slash"
 

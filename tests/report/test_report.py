@@ -294,8 +294,8 @@ def test_minimal_and_odd_run_dirs(tmp_path):
     d = tmp_path / "odd"
     d.mkdir()
     write_json(d / "config.json", {"command": "future-thing"})
-    write_json(d / "summary.json", {"layers": "not a list", "tables": [{"columns": ["a"], "rows": [[1], 2]}],
-                                    "figures": "nope"})
+    write_json(d / "summary.json", {"layers": [], "tables": [{"columns": ["a"], "rows": [[1], 2]}],
+                                    "figures": "nope"})  # (layers that are no list: tests/faults/test_one_line.py)
     html = render_report([d])
     assert _sections(html) == ["sec-other"] and "future-thing" in html
 

@@ -67,8 +67,8 @@ def sink_text(r: dict) -> tuple[str, str]:
     mean = f"; their mean weight on it is {_p(r['sink_mean'])}" if r.get("sink_mean") is not None else ""
     text = (f"{_p(r['sink_rate'])} of its {r['heads']} heads put more than {_p(r['eps'])} of their "
             f"attention on the first token of running text{rnd}{mean} (a head "
-            f"that spread its attention evenly over the keys it sees would put {sink_chance(r['seq_len'])} "
-            "there).")
+            f"that spread its attention evenly over the keys it sees would put "
+            f"{sink_chance(r['seq_len']) if r.get('seq_len') else _p(r['even'])} there).")
     if r["verdict"] == V.REPRODUCED:
         return text, "Many heads use the first position as a resting place, on text and on meaningless tokens alike."
     return text, ("The sequences are cut from one long stream of text, so they do not begin with the model's "
