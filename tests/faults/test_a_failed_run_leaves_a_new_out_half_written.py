@@ -10,7 +10,6 @@ import errno
 import sys
 
 import pytest
-
 from faultkit import SCAN, one_error
 
 STAT = '''

@@ -8,11 +8,10 @@ import json
 
 import pytest
 import torch
+from faultkit import one_error, tree
 
 import poslens
 from poslens.errors import PoslensError
-
-from faultkit import one_error, tree
 
 
 @pytest.fixture(scope="module")

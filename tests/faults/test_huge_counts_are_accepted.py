@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from faultkit import one_error
 
 import poslens
 from poslens.conventions import MAX_COUNT
 from poslens.errors import PoslensError
-
-from faultkit import one_error
 
 HUGE = "100000000000000000000"
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from faultkit import SCAN, one_error, tree
 
 

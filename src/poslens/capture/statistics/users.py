@@ -54,7 +54,7 @@ def _add(stat, layer: int, points: dict) -> None:
         stat.add(layer, **points)
     except PoslensError:
         raise
-    except Exception as e:  # noqa: BLE001 - the user's code: any exception, said in one line
+    except Exception as e:  # the user's code: any exception, said in one line
         why = (str(e).strip().splitlines() or [""])[-1][:200]
         raise PoslensError(f"stats: {qualified_name(stat)}.add() raised {type(e).__name__}"
                            + (f": {why}" if why else "") + "; fix the statistic or drop it from --stats.") from e
