@@ -105,3 +105,23 @@ def test_an_existing_run_is_left_alone_by_a_failed_resume(cli, tiny, tmp_path, s
     code, _, err = cli("scan", tiny, "--out", out, *SCAN, "--stats", f"probs,{stats_module}.Broken", "--overwrite")
     assert code != 0
     assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_an_interrupted_train_keeps_its_checkpoint_in_a_new_out(cli, tmp_path, monkeypatch):
+    import poslens.models.train as train_mod
+
+    real, calls = train_mod._train_step, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(train_mod, "_train_step", interrupted)
+    out = tmp_path / "m"
+    code, _, err = cli("train", "--out", out, "--pe", "none", "--preset", "tiny", "--task", "copy", "--steps", "6",
+                       "--batch-size", "2", "--eval-every", "0", "--checkpoint-every", "0", "--quiet",
+                       "--threads", "1")
+    assert code == 130, err[-2000:]
+    assert (out / "checkpoint.json").is_file()  # kept for --resume

@@ -126,7 +126,11 @@ def mark_failed(out: str | os.PathLike | None) -> None:
     it is emptied again (and removed if the run made it), so a plain rerun is not refused. A run that
     finished (:func:`poslens.rundir.outdir.commit_out_dir`) or that writes into a directory holding an
     earlier run is left as it is."""
-    if out is None:
+    import sys
+
+    from poslens.errors import Interrupted
+
+    if out is None or isinstance(sys.exc_info()[1], Interrupted):  # called while an interrupt unwinds: kept
         return
     claim = _claims.get(_key(Path(out)))
     if claim is not None:
