@@ -64,11 +64,12 @@ def _against(n: dict, share: bool = True) -> str:
 
 def sink_text(r: dict) -> tuple[str, str]:
     rnd = f", {_p(r['sink_rate_random'])} on random tokens" if r.get("sink_rate_random") is not None else ""
-    mean = f"; their mean weight on it is {_p(r['sink_mean'])}" if r.get("sink_mean") is not None else ""
+    m = r.get("sink_mean")  # beside the chance level, in the same format where it is small
+    mean = "" if m is None else f"; their mean weight on it is {f'{100 * m:.1f}%' if m < 0.1 else _p(m)}"
+    even = sink_chance(r["seq_len"]) if r.get("seq_len") else _p(r["even"])
     text = (f"{_p(r['sink_rate'])} of its {r['heads']} heads put more than {_p(r['eps'])} of their "
-            f"attention on the first token of running text{rnd}{mean} (a head "
-            f"that spread its attention evenly over the keys it sees would put "
-            f"{sink_chance(r['seq_len']) if r.get('seq_len') else _p(r['even'])} there).")
+            f"attention on the first token of running text{rnd}{mean}. A head that spread its attention evenly "
+            f"over the keys it sees would put {even} there.")
     if r["verdict"] == V.REPRODUCED:
         return text, "Many heads use the first position as a resting place, on text and on meaningless tokens alike."
     return text, ("The sequences are cut from one long stream of text, so they do not begin with the model's "
