@@ -102,7 +102,7 @@ def test_an_existing_run_is_left_alone_by_a_failed_resume(cli, tiny, tmp_path, s
     out = tmp_path / "old"
     assert cli("scan", tiny, "--out", out, *SCAN)[0] == 0
     before = sorted(p.name for p in out.rglob("*"))
-    code, _, err = cli("scan", tiny, "--out", out, *SCAN, "--stats", f"probs,{stats_module}.Broken", "--overwrite")
+    code, _, _ = cli("scan", tiny, "--out", out, *SCAN, "--stats", f"probs,{stats_module}.Broken", "--overwrite")
     assert code != 0
     assert sorted(p.name for p in out.rglob("*")) == before
 

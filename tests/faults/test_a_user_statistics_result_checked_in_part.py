@@ -4,6 +4,8 @@ statistic, before anything is stored."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ class _Counts(poslens.Statistic):
     """Counts the rows it sees; ``result()`` returns what the test gives it."""
 
     needs = ("probs",)
-    given: dict = {}
+    given: ClassVar[dict] = {}
 
     def __init__(self):
         self.rows = torch.zeros((), dtype=torch.float64)
@@ -37,11 +39,11 @@ class _Counts(poslens.Statistic):
 
 
 class IntKey(_Counts):
-    given = {3: torch.ones(2)}
+    given: ClassVar[dict] = {3: torch.ones(2)}
 
 
 class Sparse(_Counts):
-    given = {"rows": torch.eye(3).to_sparse()}
+    given: ClassVar[dict] = {"rows": torch.eye(3).to_sparse()}
 
 
 @pytest.mark.parametrize("stat", [IntKey, Sparse])

@@ -28,6 +28,8 @@ HUGE = "100000000000000000000"
     (["scan", "{m}", "--data", "random", "--seq-len", "16", "--num-seqs", HUGE], "--num-seqs"),
     (["fingerprint", "{m}", "--seq-len", "16", "--num-seqs", HUGE], "--num-seqs"),
     (["simulate", "--samples", HUGE], "--samples"),
+    (["demo", "--samples", HUGE], "--samples"),
+    (["reproduce", "kim-fig1", "--samples", HUGE], "--samples"),
     (["train", "--pe", "none", "--preset", "tiny", "--task", "copy", "--steps", "2", "--batch-size", HUGE],
      "--batch-size"),
 ])
@@ -51,10 +53,13 @@ def test_sigint_ends_a_run_started_with_sigint_ignored(tiny, tmp_path):
     src = Path(__file__).resolve().parents[2] / "src"
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = tmp_path / "o"
-    p = subprocess.Popen([sys.executable, "-m", "poslens", "ablate", str(tiny), "--data", "random", "--seq-len", "16",
-                          "--num-seqs", "10000000", "--out", str(out), "--threads", "1"], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as `cmd &` in a script
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child, as `cmd &` in a script gives it
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "poslens", "ablate", str(tiny), "--data", "random", "--seq-len",
+                              "16", "--num-seqs", "10000000", "--out", str(out), "--threads", "1"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, old)
     time.sleep(8)
     p.send_signal(signal.SIGINT)
     try:

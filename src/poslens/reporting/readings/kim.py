@@ -54,8 +54,8 @@ def _kim_locality(loc: dict) -> list[str]:
         strong, every = loc["strong"], loc.get("layers") or []
         rest = [l for l in every if l not in strong]
         if rest and len(strong) > max(len(rest), 6):  # a list too long to write out: name the exceptions
-            return [f"The preference for nearby or distant keys is clear in {len(strong)} of {len(every)} layers, "
-                    f"all but {_layers_phrase(rest)}."]
+            return [(f"The preference for nearby or distant keys is clear in {len(strong)} of {len(every)} layers, "
+                     f"all but {_layers_phrase(rest)}.")]
         return [f"The preference for nearby or distant keys is clear only in {_layers_phrase(strong)}."]
     if loc["code"] == "none":
         return [f"No layer shows a clear trend with distance (|locality| ≤ {loc['threshold']})."]
