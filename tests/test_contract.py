@@ -59,9 +59,9 @@ def test_envelope_and_reader(tmp_path):
     # an older run without the envelope reads the same way (command from config, figures from files)
     old = tmp_path / "old"
     write_json(old / "config.json", {"command": "simulate"})
-    write_json(old / "summary.json", {"paper": "kim", "files": ["summary.json", "probs.png"], "layers": "bad"})
+    write_json(old / "summary.json", {"paper": "kim", "files": ["summary.json", "probs.png"], "tables": "bad"})
     r = load_run(old)
-    assert r.command == "simulate" and r.layers == [] and r.figures[0]["file"] == "probs.png"
+    assert r.command == "simulate" and r.layers == [] and r.tables == [] and r.figures[0]["file"] == "probs.png"
     # keys a command already set are kept
     assert envelope({"paper": "slash"}, command="slash", paper="kim")["paper"] == "slash"
 
@@ -308,7 +308,7 @@ def test_newer_scan_keys_render(tmp_path):
     heads = [re.findall(r'<th scope="col">(.*?)</th>', t) for t in re.findall(r"<table>(.*?)</table>", html, re.S)]
     assert not [h for h in heads if h[:1] == ["layer"]]  # 8 layers: plots, no per-layer table
     assert kim_finding(layers)["sink"] is True  # the relativity index is read with key 0 excluded
-    assert "APS per sequence 0.64" in html
+    assert "APS of the residual stream per sequence 0.64" in html
 
 
 def test_command_readings_are_rendered_from_the_judgement():

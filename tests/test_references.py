@@ -21,7 +21,8 @@ from poslens.metrics.neighborhood import (adjacency_probability_score, norm_scor
                                           rising_pair_fraction)
 from poslens.metrics.rank import band_contributions
 from poslens.metrics.slash import slash_profile
-from poslens.metrics.judge.papers import judge_kim, judge_slash, uniform_slash
+from poslens.metrics.judge.papers import judge_kim, judge_slash
+from poslens.metrics.verdicts import uniform_slash
 from poslens.reporting.readings.slash import slash_top
 from poslens.rope import frequency_bands
 from references import brute_cos_aps, brute_rising

@@ -72,3 +72,12 @@ CHANGE_THRESHOLDS = {
 #: the most blocks per axis of the per-head attention maps that ``--heads all`` keeps for every head
 #: (``head_maps``; also ``poslens compare``'s): block means of ``ceil(S / 128)`` positions past 128 tokens
 HEAD_MAP_MAX_SIDE = 128
+#: the largest count a run may ask for or hold: sequences, samples, batch rows, layers or heads
+#: (2^24 = 16,777,216: a scan's plan lists its batches and a run keeps per-sequence numbers, so more
+#: would not fit in memory, nor finish), and the longest sequence (2^20 tokens: one S × S float32
+#: map of it is 4 TiB)
+MAX_COUNT = 2**24
+MAX_SEQ_LEN = 2**20
+#: the most tokens a command that holds all its sequences at once (``ablate``) may ask for: 2^28
+#: (268,435,456 token ids, 2 GiB, before the model's activations)
+MAX_HELD_TOKENS = 2**28

@@ -63,10 +63,31 @@ def require(condition: bool, message: str) -> None:
 
 def require_positive(*options: tuple) -> None:
     """Raise :class:`OptionError` for the first ``(flag, value)`` or ``(flag, value, keyword)`` whose value
-    is below 1 (``str()`` names the keyword, ``seq_len=0``; the CLI the flag, ``--seq-len 0``)."""
+    is below 1 (``str()`` names the keyword, ``seq_len=0``; the CLI the flag, ``--seq-len 0``), or, for a
+    count of work (sequences, samples, batch rows, layers; not an interval such as ``--checkpoint-every``),
+    above :func:`count_bound`: refused before anything is allocated or written."""
     for flag, value, *keyword in options:
+        kw = keyword[0] if keyword else None
         if value < 1:
-            raise OptionError(flag, value, "must be a positive integer.", keyword=keyword[0] if keyword else None)
+            raise OptionError(flag, value, "must be a positive integer.", keyword=kw)
+        if "every" not in flag and "positions" not in flag:
+            require_fits(flag, value, kw)
+
+
+def count_bound(flag: str) -> int:
+    """The largest value count ``flag`` may take (:data:`poslens.conventions.MAX_SEQ_LEN` for a sequence
+    length, else :data:`poslens.conventions.MAX_COUNT`)."""
+    from poslens.conventions import MAX_COUNT, MAX_SEQ_LEN
+
+    return MAX_SEQ_LEN if "len" in flag else MAX_COUNT
+
+
+def require_fits(flag: str, value: int, keyword: str | None = None) -> None:
+    """Refuse a count whose work or memory cannot fit, in one line naming the input and the bound."""
+    most = count_bound(flag)
+    if value > most:
+        raise OptionError(flag, value, f"too large; at most {most:,} (the work and memory of more cannot fit).",
+                          keyword=keyword)
 
 
 class Interrupted(PoslensError):

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from poslens.capture.statistics.accumulators import AccumulatorSet, GroupAccumulator, MeanAccumulator, NOISE_GROUPS
 from poslens.conventions import LAYER_CONVENTION
-from poslens.errors import OptionError, PoslensError
+from poslens.errors import OptionError, PoslensError, require_fits
 from poslens.metrics.diagonal import describe_map
 from poslens.rope import apply_rope, cos_sin
 from poslens.rundir.io import read_json, read_tensors, versions, write_json, write_tensors
@@ -81,6 +81,7 @@ class SimConfig:
         for name, flag in (("layers", "--num-layers"), ("seq_len", "--seq-len"), ("dim", "--dim"), ("samples", "--samples")):
             if int(getattr(self, name)) < 1:
                 raise OptionError(flag, getattr(self, name), "must be a positive integer.")
+            require_fits(flag, int(getattr(self, name)))
         if self.norm not in ("l2", "layernorm"):
             raise PoslensError(f"--norm {self.norm!r}: choose l2 or layernorm.")
         if self.norm == "l2" and self.scale is not None:

@@ -15,7 +15,8 @@ from poslens.reporting.readings.commands import (COMMAND_READINGS, command_readi
 from poslens.reporting.readings.findings import comparison_readings, key_findings, model_readings, run_readings
 from poslens.reporting.readings.neighborhood import neighborhood_readings
 from poslens.metrics.judge.papers import (CLEAR_APS, FIRST_LAYER_RISE, GENERALISE_DROP, SLASH_RATIO, judge_model,
-                                          judge_neighborhood, judge_slash, norm_trend, uniform_slash)
+                                          judge_neighborhood, judge_slash, norm_trend)
+from poslens.metrics.verdicts import uniform_slash
 from poslens.reporting.readings.common import layer_aps
 from poslens.reporting.readings.slash import slash_readings, slash_top
 
@@ -86,21 +87,21 @@ def test_judge_neighborhood_attention_and_norms():
 def test_neighborhood_readings_render_each_code():
     tails = [neighborhood_readings({"layers": [{"layer": i, "mean_map_aps": 0.7} for i in ids]})[0].rsplit(": ", 1)[1]
              for ids in ((0, 2, 4, 6, 8), (0, 2, 4, 6))]
-    per = ("Adjacency probability score of the hidden states per sequence (0.5 = chance, 1 = every token is more "
-           "similar to nearer tokens): ")
+    per = ("Adjacency probability score of the residual stream (the hidden states) per sequence (0.5 = chance, 1 = "
+           "every token is more similar to nearer tokens): ")
     assert [neighborhood_readings(x) for x in (PER, WEAK, BID, ATTN_NORMS)] + [tails] == [[
         per + "embeddings 0.5, then 0.75 → 0.875 after layers 0 and 1.",
-        "The first attention layer already creates the adjacency pattern: APS rises from 0.5 (embeddings, no "
-        "position) to 0.75."], [
+        "The first attention layer already creates the adjacency pattern: the residual stream's APS rises from 0.5 "
+        "(embeddings, no position) to 0.75."], [
         per + "0.59 → 0.5 after layers 0 and 1.",
-        "No layer shows a clear adjacency pattern (APS < 0.6 everywhere)."], [
-        "Mean-map APS of the hidden states (the APS of the cosine map averaged over sequences, not the paper's "
-        "per-sequence APS; it approaches 1 for any consistent trend as sequences are added, so 0.5 is no chance level "
+        "No layer's residual stream shows a clear adjacency pattern (APS < 0.6 everywhere)."], [
+        "Mean-map APS of the residual stream (the hidden states; the APS of the cosine map averaged over sequences, "
+        "not the paper's per-sequence APS; it approaches 1 for any consistent trend as sequences are added, so 0.5 is no chance level "
         "here): embeddings 0.25, then 0.5 → 0.6 → 0.7 → 0.8 → 0.9 after layers 0 … 4.",
         "This is the bidirectional control (no causal mask): theory predicts no adjacency pattern; measured maximum "
         "0.9."], [
         per + "0.9 → 0.9 → 0.9 → 0.9 after layers 0 … 3.",
-        "Attention outputs alone reach APS 0.75; near-uniform causal attention makes them running means, whose cosine "
+        "The attention outputs alone (not the residual stream) reach APS 0.75; near-uniform causal attention makes them running means, whose cosine "
         "similarity rises towards the diagonal (theory: APS ≈ 1).",
         "Norm score 0.25 → 0.75 → 0.875 → 0.5 (median 0.75: norms shrink with position, as running means do; ≥ 0.7 = "
         "shrink, ≤ 0.3 = grow)."], [
@@ -190,9 +191,9 @@ def test_model_comparison_and_finding_sentences():
         ["Exact-match accuracy 0.5 at the training lengths."]],
         "Mean APS over layers: a 0.625; b flat.", {
         "neighborhood": [
-            "r: APS per sequence 0.625 … 0.75 over 2 decoder layers (0.5 = chance).",
-            "m: mean-map APS 0.9 over 1 decoder layers (APS of the sequence-averaged cosine map; not the paper's "
-            "per-sequence APS, no chance level)."],
+            "r: APS of the residual stream per sequence 0.625 … 0.75 over 2 decoder layers (0.5 = chance).",
+            "m: mean-map APS of the residual stream 0.9 over 1 decoder layers (APS of the sequence-averaged cosine "
+            "map; not the paper's per-sequence APS, no chance level)."],
         "slash": [
             f"r: strongest slash head at Δ ≤ {SLASH_MAX_DELTA}: layer 3 head 1, Δ = 2, SlashScore {fmt(4 * base)}, 4× "
             "uniform; pre-RoPE query top-1 energy (most rank-one head per layer) 0.5 … 0.75.",
@@ -221,22 +222,23 @@ def test_neighborhood_command_readings():
     assert [neighborhood_command_readings(x) for x in (s, clear, held)] == [[
         "The head outputs of the first decoder layer (layer 0) have APS 0.75 under the causal mask: a weak adjacency "
         "pattern (0.5 = chance, 1 = every row rises towards the diagonal); the embeddings have 0.5.",
-        "The highest APS is in layer 1 (0.875); the last layer (2) has 0.625.",
-        "Without the causal mask layer 0's APS is 0.5, 0.25 lower than causal: the mask is what creates the "
-        "adjacency pattern.",
+        "The head outputs' highest APS is in layer 1 (0.875); the last layer (2) has 0.625.",
+        "Without the causal mask the APS of layer 0's head outputs is 0.5, 0.25 lower than causal: the mask is what "
+        "creates the head outputs' adjacency pattern.",
         "Layer 0's norm score is 0.25: norms grow with position (≥ 0.7 = shrink, ≤ 0.3 = grow).",
         "Layer 0's mean cosine map differs from the uniform-attention theory sqrt(min(i, j) / max(i, j)) by 0.04 on "
         "average over the lower triangle (close: attention is nearly uniform)."], [
         "The head outputs of the first decoder layer (layer 3) have APS 0.8 under the causal mask: a clear adjacency "
         "pattern (0.5 = chance, 1 = every row rises towards the diagonal).",
-        "Without the causal mask layer 3's APS is 0.62, 0.18 lower than causal: the mask is not the only source of "
-        "the difference.",
+        "Without the causal mask the APS of layer 3's head outputs is 0.62, 0.18 lower than causal: the mask is not "
+        "the only source of the difference.",
         "Layer 3's norm score is 0.7: norms shrink with position, as running means do (≥ 0.7 = shrink, ≤ 0.3 = grow).",
         "Layer 3's mean cosine map differs from the uniform-attention theory sqrt(min(i, j) / max(i, j)) by 0.05 on "
         "average over the lower triangle (attention is far from uniform)."], [
         "The head outputs of the first decoder layer (layer 1) have APS 0.59 under the causal mask: no adjacency "
         "pattern (0.5 = chance, 1 = every row rises towards the diagonal).",
-        "Without the causal mask layer 1's APS is 0.9, 0.31 higher than causal: the mask makes little difference here.",
+        "Without the causal mask the APS of layer 1's head outputs is 0.9, 0.31 higher than causal: the mask makes "
+        "little difference here.",
         "Layer 1's norm score is 0.5: norms do not change consistently with position (≥ 0.7 = shrink, ≤ 0.3 = grow)."]]
     assert neighborhood_command_readings({"layers": [{"layer": 0}]}) == [] and neighborhood_command_readings({}) == []
 
@@ -286,19 +288,20 @@ def test_slash_command_readings():
     bare = {"heads": [_head(1, 2, 3, 0.75)], "kappas": [0.9], "delta_range": [2, 8], "persistence": [],
             "persist_kappa": 0.7}
     assert [slash_command_readings(full), slash_command_readings(bare)] == [[
-        f"The most slash-dominant head (Δ ≥ 1) is layer 0 head 0 with SlashScore(2) = 0.9 (uniform causal attention "
-        f"would give about {fmt(uniform_slash(10, 2))}).",
-        "1 of 20 heads are (0.6, Δ)-slash-dominant for some Δ in the range (the largest κ of the grid that any head "
-        "reaches); at κ = 0.2: 3.",
-        "2 of 3 in-distribution (0.7, Δ)-SDHs persist on random-token prompts (median ratio random / in-distribution "
-        "0.5).",
+        f"The head that puts the most weight on one sub-diagonal (offset ≥ 1 back) is layer 0, head 0, with "
+        f"SlashScore(2) = 0.9 (uniform causal attention would give about {fmt(uniform_slash(10, 2))}).",
+        "1 of 20 heads put a mean weight of at least 0.6 on one offset back, for every query, at some offset in the "
+        "range; 0.6 is the highest threshold of the grid that any head reaches (at the lowest, 0.2: 3 heads).",
+        "2 of the 3 heads with a SlashScore of at least 0.7 in distribution keep it on random-token prompts (median "
+        "ratio random / in-distribution 0.5).",
         "Previous-token head: layer 2 head 5, SlashScore(1) 0.875 in distribution, 0.75 on random tokens.",
         "For the top 2 slash heads the rank-one RoPE decomposition predicts the observed peak offset in 1 of 2; their "
         "pre-RoPE queries put 0.5 of the energy in the top singular direction (other heads: 0.146).",
         "Band usage (share of Σ A_l) of the top slash heads: high 0.375, low 0.625."], [
-        "The most slash-dominant head (Δ ≥ 2) is layer 1 head 2 with SlashScore(3) = 0.75.",
-        "No head reaches κ = 0.9 at any Δ in the range.",
-        "No head reaches κ = 0.7 in distribution, so persistence is untested.",
+        "The head that puts the most weight on one sub-diagonal (offset ≥ 2 back) is layer 1, head 2, with "
+        "SlashScore(3) = 0.75.",
+        "No head puts a mean weight of 0.9 on any one offset in the range.",
+        "No head reaches a SlashScore of 0.7 in distribution, so persistence is untested.",
         "The scanned layers apply no RoPE, so there is no RoPE decomposition."]]
     assert slash_command_readings({"heads": [], "kappas": [0.5]}) == []
     assert omitted_offsets_reading([3, 4]).replace("3–4", "6") == omitted_offsets_reading([6]) == (
@@ -318,7 +321,7 @@ def test_dynamics_readings():
     assert [dynamics_readings(s), dynamics_readings({**s, "config": {"delta": 2, "kappa": 0.8}})[1:3],
             dynamics_readings(untested)[1:3]] == [[
         "SlashScore(2) of the best head rises from 0.125 at step 0 to 0.75 at step 200 (task accuracy 0.875).",
-        "A (0.5, 2)-slash-dominant head first appears at step 100.",
+        "A head with SlashScore(2) ≥ 0.5 first appears at step 100.",
         "On random-token prompts the final head (layer 1 head 2) scores 0.5 at Δ = 2: the SDH persists out of "
         "distribution (κ = 0.5).",
         "Its pre-RoPE queries' top singular direction holds 0.25 of the energy at step 0 and 0.875 at the end (keys: "
@@ -344,15 +347,15 @@ def test_sweep_and_probes_readings():
             for c in ("no", "mixed", None)]
     assert [sweep_readings({"results": res[:2]}), sweep_readings({"results": res[2:]}),
             probes_readings({"verdicts": [v], "records": recs}), ends] == [[
-        "tiny: APS of decoder layer 0 (causal) ranges from 0.75 (σ = 0.5) to 0.875 (σ = 2); a clear adjacency pattern "
-        "(APS ≥ 0.8) at σ ∈ {2}.",
-        "tiny: in the last decoder layer (1) APS is 0.875, 0.625 for σ = 0.5, 2.",
-        "Without the causal mask no decoder layer of any model departs from chance (0.5) by more than 0.05 in mean "
-        "APS: the pattern comes from the mask."], [
-        "wide: APS of decoder layer 0 (causal) ranges from 0.5 (σ = 1) to 0.5 (σ = 1); no σ gives a clear adjacency "
-        "pattern (APS ≥ 0.8).",
-        "Without the causal mask no decoder layer of any model departs from chance (0.5) by more than 0.125 in mean "
-        "APS; something other than the mask orders the vectors."], [
+        "tiny: APS of decoder layer 0's head outputs (causal) ranges from 0.75 (σ = 0.5) to 0.875 (σ = 2); a clear "
+        "adjacency pattern (APS ≥ 0.8) at σ ∈ {2}.",
+        "tiny: in the last decoder layer (1) the head outputs' APS is 0.875, 0.625 for σ = 0.5, 2.",
+        "Without the causal mask no decoder layer of any model departs from chance (0.5) by more than 0.05 in the head "
+        "outputs' mean APS: the pattern comes from the mask."], [
+        "wide: APS of decoder layer 0's head outputs (causal) ranges from 0.5 (σ = 1) to 0.5 (σ = 1); no σ gives a "
+        "clear adjacency pattern (APS ≥ 0.8).",
+        "Without the causal mask no decoder layer of any model departs from chance (0.5) by more than 0.125 in the "
+        "head outputs' mean APS; something other than the mask orders the vectors."], [
         "m (none PE, trained): cos(h_i, h_T) predicts T − i with r up to 0.875 (layer 2), the norm with r up to 0.5 "
         "(layer 1); the cosine has the lower test MSE in 3 of 4 decoder layers (MLP probes, held-out characters): "
         "cosine beats the norm.",

@@ -8,7 +8,8 @@ import pytest
 from poslens.fmt import fmt
 
 from poslens.conventions import NORM_SHRINK
-from poslens.metrics.judge.papers import judge_slash, norm_trend, uniform_slash
+from poslens.metrics.judge.papers import judge_slash, norm_trend
+from poslens.metrics.verdicts import uniform_slash
 from poslens.reporting.readings.common import (_decoder_layers, _layers_phrase, _series_short, layer_aps,
                                                layer_slash_head)
 from poslens.metrics.judge.papers import num

@@ -101,7 +101,8 @@ def test_rendering_flat_layers_and_the_series_quotes_the_numbers():
 
 def test_locality_thresholds():
     assert loc([L(0, loc=0.31), L(1, loc=0.9)])["code"] == "near"
-    assert loc([L(0, loc=0.3), L(1, loc=0.9)]) == {"code": "some", "strong": [1], "threshold": TREND}
+    assert loc([L(0, loc=0.3), L(1, loc=0.9)]) == {"code": "some", "strong": [1], "layers": [0, 1],
+                                                  "threshold": TREND}
     assert loc([L(0, loc=-0.31), L(1, loc=-0.9)])["code"] == "far"
     assert loc([L(0, loc=-0.3), L(1, loc=-0.9)])["code"] == "some"
     assert loc([L(0, loc=-0.5), L(1, loc=0.0), L(2, loc=0.5)])["strong"] == [0, 2]

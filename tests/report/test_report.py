@@ -220,7 +220,8 @@ def test_report_structure(runs):
 
 def test_flat_and_relative_readings():
     from poslens.reporting.readings.kim import kim_readings
-    from poslens.metrics.judge.papers import judge_kim, uniform_slash
+    from poslens.metrics.judge.papers import judge_kim
+    from poslens.metrics.verdicts import uniform_slash
 
     layers = [{"layer": 1, "relativity_index": 0.999, "locality": 0.0},
               {"layer": 2, "relativity_index": 0.41, "locality": 0.68}]
@@ -293,8 +294,8 @@ def test_minimal_and_odd_run_dirs(tmp_path):
     d = tmp_path / "odd"
     d.mkdir()
     write_json(d / "config.json", {"command": "future-thing"})
-    write_json(d / "summary.json", {"layers": "not a list", "tables": [{"columns": ["a"], "rows": [[1], 2]}],
-                                    "figures": "nope"})
+    write_json(d / "summary.json", {"layers": [], "tables": [{"columns": ["a"], "rows": [[1], 2]}],
+                                    "figures": "nope"})  # (layers that are no list: tests/faults/test_one_line.py)
     html = render_report([d])
     assert _sections(html) == ["sec-other"] and "future-thing" in html
 

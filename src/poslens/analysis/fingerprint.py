@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 
 from poslens.analysis.fingerprint_traits import RANDOM_STATS, SLASH_KAPPA, TEXT_STATS, model_traits
 from poslens.capture.model.source import model_names
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, require_positive
 from poslens.metrics.fingerprint import MASSIVE_LAMBDA, SINK_EPS
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.conventions import NOISE_P as VERDICT_LEVEL, VERDICT_THRESHOLDS as VERDICT_THRESHOLDS
@@ -48,7 +48,7 @@ from poslens.rundir.summary import write_summary
 from poslens.rundir.io import _atomic_write_bytes, versions, write_json, write_tensors
 from poslens.rundir.staging import check_replaceable, written_by
 from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
-from poslens.rundir.lock import release_out_dir
+from poslens.rundir.lock import mark_failed, release_out_dir
 
 #: default scan shape: both GGUF models (two scans each) within 5 minutes on an idle 2-core CPU
 #: (benchmarks/bench_fingerprint.py)
@@ -97,6 +97,7 @@ def _check(cfg: FingerprintConfig, loaded: dict | None = None) -> None:
         raise PoslensError(f"--seq-len {cfg.seq_len}: the fingerprint needs at least 4 tokens per sequence.")
     if cfg.num_seqs < 2:
         raise PoslensError(f"--num-seqs {cfg.num_seqs}: the noise floor needs at least 2 sequences.")
+    require_positive(("--seq-len", cfg.seq_len), ("--num-seqs", cfg.num_seqs), ("--batch-size", cfg.batch_size))
     if not 0 < cfg.eps < 1:
         raise PoslensError(f"--eps {cfg.eps}: the sink threshold must lie in (0, 1), e.g. 0.3.")
     if not 0 < cfg.kappa <= 1:
@@ -270,6 +271,9 @@ def run_fingerprint(cfg: FingerprintConfig, progress: bool = True, *, loaded: di
     try:
         result = _run(cfg, out, names, progress, loaded, tokenizers, page)
         commit_out_dir(final)
+    except Exception:
+        mark_failed(final)  # a new --out is emptied again when its lock is given back
+        raise
     finally:
         release_out_dir(final)
     result.path = final

@@ -307,15 +307,55 @@ def load_scan(scan_dir: str | Path) -> tuple[dict, dict, dict]:
     if not (p / "maps.safetensors").is_file():
         raise PoslensError(f"SCAN_DIR {p} has no maps.safetensors; pass the --out directory of a finished "
                            "`poslens scan`.")
-    maps = {k: v.to(torch.float64) for k, v in read_tensors(p / "maps.safetensors").items()}
     import json
 
-    with safe_open(str(p / "maps.safetensors"), "pt") as f:
-        meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+    from poslens.rundir.io import safetensors_shapes
+
+    f = p / "maps.safetensors"
+    again = f"the scan is damaged: scan again (poslens scan ... --out {p} --overwrite)"
+    safetensors_shapes(f, again=again)  # a file cut short or a damaged header: one line, not a SafetensorError
+    try:
+        maps = {k: v.to(torch.float64) for k, v in read_tensors(f).items()}
+        with safe_open(str(f), "pt") as fh:
+            meta = {k: json.loads(v) for k, v in (fh.metadata() or {}).items()}
+    except PoslensError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors' own errors on a damaged file
+        why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:160]
+        raise PoslensError(f"{f}: cannot be read ({why}); {again}.") from None
     cfg = read_json(p / "config.json") if (p / "config.json").is_file() else {}
     summ = read_json(p / "summary.json") if (p / "summary.json").is_file() else {}
+    check_map_shapes(f, maps, summ, again)
     summ.setdefault("_meta", meta)
     return maps, cfg, summ
+
+
+def check_map_shapes(f: Path, maps: dict, summary: dict, again: str) -> None:
+    """Refuse maps whose shapes disagree with each other or with the scan's summary (its decoder layers,
+    ``seq_len`` and the heads its layers list), naming the file, the tensor and what was expected."""
+    layers = [l for l in summary.get("layers") or [] if isinstance(l, dict)
+              and isinstance(l.get("layer"), int) and not isinstance(l.get("layer"), bool)]
+    S = summary.get("seq_len") if isinstance(summary.get("seq_len"), int) else None
+    heads = {len(l["q_top1_energy"]) for l in layers if isinstance(l.get("q_top1_energy"), list)}
+    want = {"L": len(layers) or None, "S": S, "H": heads.pop() if len(heads) == 1 else None}
+    # each tensor's dimensions, by what they count (None: any size)
+    dims = {"scores": ("L", "S", "S"), "probs": ("L", "S", "S"), "slash": ("L", "H", "S"),
+            "q_gram": ("L", "H", None, None), "dim_logit": ("L", "H", None), "k_gram": ("L", None, None, None)}
+    for name, spec in dims.items():
+        if name not in maps:
+            continue
+        shape = tuple(maps[name].shape)
+        bad = len(shape) != len(spec)
+        for n, key in zip(shape, spec):
+            if bad or key is None:
+                continue
+            if want[key] is None:
+                want[key] = n  # the first tensor that counts it says how many there are
+            bad = n != want[key]
+        if bad:
+            expected = "[" + ", ".join("any" if k is None else f"{want[k] or k}" for k in spec) + "]"
+            raise PoslensError(f"{f}: its {name!r} tensor has shape {list(shape)} where {expected} is expected (the "
+                               f"scan's summary.json and its other maps); {again}.")
 
 
 def layer_score_metrics(scores: torch.Tensor) -> list[dict]:

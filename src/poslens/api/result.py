@@ -101,11 +101,11 @@ class Result:
                                    ("slash_score", "strongest slash heads (SlashScore at Δ)")):
                     t = h.dropna(subset=[col]).sort_values(col, ascending=False).head(5)
                     if len(t):
-                        cells = ", ".join(f"{int(r.layer)}.{int(r.head)}: {getattr(r, col):.3g}"
+                        cells = "; ".join(f"layer {int(r.layer)}, head {int(r.head)}: {getattr(r, col):.3g}"
                                           + (f" at Δ = {int(r.slash_offset)}" if col == "slash_score" else "")
                                           for r in t.itertuples())
                         parts.append(f"<tr><th style='text-align:left'>{label}</th><td style='text-align:left'>"
-                                     f"{html.escape(cells)} (layer.head)</td></tr>")
+                                     f"{html.escape(cells)}</td></tr>")
                 top = "".join(parts)
         return f"<table><caption style='text-align:left'><b>poslens.Result</b></caption>{body}{top}</table>"
 

@@ -10,6 +10,7 @@ Nothing outside this package imports it.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import types
@@ -21,7 +22,8 @@ import warnings
 
 from poslens.runtime import configure_allocator, configure_process
 
-from poslens.cli.app import app, release_out_dirs, reset_verbose, restore_threads, set_command_line  # noqa: E402
+from poslens.cli.app import (app, fail_out_dirs, release_out_dirs, reset_verbose, restore_threads,  # noqa: E402
+                             set_command_line)
 from poslens.errors import Interrupted, PoslensError  # noqa: E402
 
 # Each import attaches its commands to `app` (one module per command group).
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     changes nothing."""
     if argv is None:  # the process's entry point (the `poslens` script, `python -m poslens`)
         entry_process_settings()
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a shell script:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # SIGINT still ends the run
     from poslens.errors import one_line_warnings
 
     old_format = warnings.formatwarning
@@ -127,8 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     _signalled.clear()
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     set_command_line(sys.argv[1:] if argv is None else argv)
+    stopped = None
     try:
         _run(argv)
+    except SystemExit as e:
+        if argv is not None or e.code not in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            raise
+        stopped = e.code
     finally:
         set_command_line(None)
         signal.signal(signal.SIGTERM, old_term)
@@ -136,6 +145,10 @@ def main(argv: list[str] | None = None) -> None:
         reset_verbose()
         release_out_dirs()
         restore_threads()
+    if stopped is not None:  # interrupted, everything given back: no thread left behind keeps the process alive
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stopped)
 
 
 def _interrupted(detail: str = "") -> None:
@@ -152,6 +165,7 @@ def _run(argv: list[str] | None) -> None:
         release_out_dirs()
         _interrupted(str(e))
     except PoslensError as e:
+        fail_out_dirs()  # what a failed run wrote into a new --out goes (an interrupt keeps its checkpoint)
         print(f"poslens: error: {e.cli()}", file=sys.stderr)
         sys.exit(2)
     except NoArgsIsHelpError as e:  # `poslens` or `poslens theory` alone: the help text

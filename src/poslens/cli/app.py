@@ -183,6 +183,15 @@ def hold_out_dir(path, *, command: str | None = None, overwrite: bool = False) -
     _held.append(lock_out_dir(path, command=command or _current_command(), overwrite=overwrite))
 
 
+def fail_out_dirs() -> None:
+    """Mark every run directory the command holds as written by a failed run
+    (:func:`poslens.rundir.lock.mark_failed`): one that was new is emptied when it is given back."""
+    from poslens.rundir.lock import mark_failed
+
+    for path in _held:
+        mark_failed(path)
+
+
 def release_out_dirs() -> None:
     """Give back every run directory lock the command took (called by :func:`poslens.cli.main`)."""
     from poslens.rundir.lock import unlock_out_dir

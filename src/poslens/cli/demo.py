@@ -32,11 +32,12 @@ def demo(
     from rich.console import Console
 
     from poslens.demo import DemoConfig, run_demo
-    from poslens.errors import PoslensError
+    from poslens.errors import PoslensError, require_fits
     from poslens.rundir.outdir import prepare_out_dir
 
     if samples < 1:
         raise PoslensError(f"--samples {samples}: must be a positive integer.")
+    require_fits("--samples", samples)  # before the first step writes anything
     refuse_existing_out(out, overwrite=overwrite)
     cfg = DemoConfig(out=prepare_out_dir(out), samples=samples, device=parse_device(device), quick=quick,
                      figures=not no_figures, progress=not quiet)

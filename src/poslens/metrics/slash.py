@@ -14,6 +14,7 @@ import torch
 from poslens.conventions import SLASH_MAX_DELTA, SLASH_MIN_DELTA
 from poslens.errors import PoslensError
 from poslens.metrics.diagonal import as_float64
+from poslens.metrics.verdicts import SINK_CHANCE_FORMULA, uniform_sink_weight, uniform_slash  # noqa: F401
 
 
 
@@ -92,7 +93,7 @@ def top_slash_heads(slash, k: int = 10, min_offset: int = SLASH_MIN_DELTA, max_o
     for flat in order:
         l, h = divmod(flat, H)
         d = int(offset[l, h])
-        uniform = float((1.0 / torch.arange(d + 1, S + 1, dtype=torch.float64, device="cpu")).mean())
+        uniform = uniform_slash(S, d)
         out.append({"layer": layer_ids[l] if layer_ids else l, "head": h,
                     "offset": d, "score": float(best[l, h]), "uniform": uniform})
     return out

@@ -76,6 +76,26 @@ def kim_numbers(layers: list[dict]) -> tuple[dict, list[dict], list[dict]]:
     return n, tested, nonrel
 
 
+# the chance levels of uniform causal attention (every query spreads its weight evenly over the keys it sees)
+#: the formula of :func:`uniform_sink_weight` in words, quoted wherever the sink's chance level is
+SINK_CHANCE_FORMULA = "the mean over queries i = 1 … S − 1 of 1/(i + 1)"
+
+
+def uniform_slash(n: int, d: int) -> float:
+    """SlashScore(d) of uniform causal attention over ``n`` tokens (every query spreads its weight evenly
+    over the keys it sees): the mean over queries i = d … n − 1 (from 0) of 1/(i + 1); NaN where no
+    query lies ``d`` tokens past a key."""
+    if n <= d:
+        return float("nan")
+    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)
+
+
+def uniform_sink_weight(S: int) -> float:
+    """The weight uniform causal attention over ``S`` tokens puts on key 0, the attention sink's chance
+    level: :data:`SINK_CHANCE_FORMULA` (query 0 sees only key 0 and is left out); 0.0349 at S = 128,
+    close to but below ln(S)/S."""
+    return uniform_slash(S, 1)
+
 def margin(value: float, chance: float, floor: float) -> float:
     """How far ``value`` lies beyond both chance and the noise floor."""
     return value - max(chance, floor)
@@ -101,6 +121,17 @@ def verdict(value: float | None, chance: float, floor: float, threshold: float) 
     if value is None or not math.isfinite(value):
         return NOT_JUDGED
     return REPRODUCED if beyond(value, chance, floor, threshold) else NOT_REPRODUCED
+
+
+def rule(n: dict, not_applicable: str | None = None) -> str:
+    """The one verdict rule on a :func:`measured` record: :data:`NOT_JUDGED` when the claim does not apply
+    to the model (``not_applicable``: the reason, which the verdict must state) or nothing was measured;
+    else :data:`REPRODUCED` when ``value − max(chance, floor) ≥ threshold`` and :data:`NOT_REPRODUCED`
+    otherwise: a claim that applies whose value lies at or under the noise floor is not reproduced, never
+    left unjudged."""
+    if not_applicable is not None:
+        return NOT_JUDGED
+    return verdict(n["value"], n["chance"], n["floor"], n["threshold"])
 
 
 def measured(value: float | None, chance: float, floor: float, threshold: float, measure: str) -> dict:

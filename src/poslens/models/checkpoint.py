@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file, load_model, save_model
 
 from poslens.errors import PoslensError
-from poslens.rundir.io import (_atomic_write, make_shareable, read_json, record_written, safetensors_shapes,
-                               write_json, write_tensors)
+from poslens.rundir.io import (_atomic_write, _is_write_error, make_shareable, read_json, record_written,
+                               safetensors_shapes, write_error, write_json, write_tensors)
 from poslens.rundir.staging import move_into, staged_folder
 from poslens.runtime import no_hf_progress_bars
 
@@ -44,8 +44,13 @@ def clear_own_files(out: Path) -> None:
 def save_pretrained_atomic(obj, out: Path) -> None:
     """``obj.save_pretrained`` (a model or a tokenizer) into run directory ``out``, file by file atomically."""
     with staged_folder(out, "save") as tmp:
-        with no_hf_progress_bars():
-            obj.save_pretrained(tmp)
+        try:
+            with no_hf_progress_bars():
+                obj.save_pretrained(tmp)
+        except Exception as e:  # a full disk: safetensors' SafetensorError, or an OSError
+            if _is_write_error(e):
+                raise write_error(out, e) from None
+            raise
         move_into(tmp, out)
 
 

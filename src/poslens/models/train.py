@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from poslens.data.corpus import load_texts
 from poslens.data.tasks import TaskSource, exact_match_flags
 from poslens.data.tokenizer import char_tokenizer, train_bpe_tokenizer
-from poslens.errors import Interrupted, PoslensError, require
+from poslens.errors import Interrupted, PoslensError, require, require_fits
 from poslens.fmt import fmt
 from poslens.models.checkpoint import (clear_own_files, load_checkpoint, remove_checkpoints, save_checkpoint,
                                       save_pretrained_atomic)
@@ -187,6 +187,9 @@ def validate_config(cfg: TrainConfig) -> None:
     require(cfg.pe in PE_CHOICES, f"--pe {cfg.pe!r} is unknown; choose one of {', '.join(PE_CHOICES)}.")
     require(cfg.steps >= 0, f"--steps must be >= 0 (got {cfg.steps}); 0 saves the randomly initialised model.")
     require(cfg.batch_size >= 1, f"--batch-size must be >= 1 (got {cfg.batch_size}).")
+    require_fits("--batch-size", cfg.batch_size)
+    require_fits("--steps", max(cfg.steps, 1))
+    require_fits("--eval-examples", max(cfg.eval_examples, 1))
     require(cfg.lr > 0 and math.isfinite(cfg.lr), f"--lr must be a positive number (got {cfg.lr}).")
     require(0 <= cfg.min_lr_ratio <= 1, f"--min-lr-ratio must be in [0, 1] (got {cfg.min_lr_ratio}).")
     require(cfg.warmup is None or cfg.warmup >= 0, f"--warmup must be >= 0 (got {cfg.warmup}).")
@@ -208,6 +211,7 @@ def validate_config(cfg: TrainConfig) -> None:
     else:
         require(cfg.max_len is None, "--max-len is for --task runs; use --seq-len for language-model runs.")
         require(cfg.seq_len >= 2, f"--seq-len must be >= 2 (got {cfg.seq_len}).")
+        require_fits("--seq-len", cfg.seq_len)
         require(cfg.corpus_files is None or cfg.corpus_files >= 1, "--corpus-files must be >= 1.")
         max_pos = cfg.seq_len
     require(cfg.max_positions is None or cfg.max_positions >= max_pos,

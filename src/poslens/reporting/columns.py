@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from poslens.metrics.verdicts import SINK_CHANCE_FORMULA, uniform_sink_weight
+
 #: column name -> definition (the columns commands write into ``summary["tables"]`` and the report's own)
 COLUMNS: dict[str, str] = {
     # heads, layers, offsets
@@ -63,11 +65,11 @@ COLUMNS: dict[str, str] = {
     "shape (layers x width)": "the simulated model's number of layers and width",
     "σ": "standard deviation of the random weights",
     "APS layer 0 causal": "APS of layer 0's head outputs, causal mask (0.5 = chance)",
-    "APS mean over layers, causal": "APS averaged over layers, causal mask",
+    "APS mean over layers, causal": "APS of the head outputs averaged over layers, causal mask",
     "APS last layer, causal": "APS of the last layer's head outputs, causal mask",
     "norm score layer 0, causal": "norm score of layer 0's head outputs, causal mask (0.5 = chance)",
     "APS layer 0 bidirectional": "APS of layer 0's head outputs with the causal mask removed",
-    "APS mean over layers, bidirectional": "APS averaged over layers with the causal mask removed",
+    "APS mean over layers, bidirectional": "APS of the head outputs averaged over layers with the causal mask removed",
     # probes
     "model": "the model (its directory or file name)",
     "PE": "the model's position encoding (none = NoPE, rope = RoPE)",
@@ -118,13 +120,14 @@ COLUMNS: dict[str, str] = {
     "run": "the run directory the row comes from",
     "trait": "the trait, one per row; layers (RoPE): decoder layers, and of them those that rotate queries and "
              "keys; sink heads, text and sink heads, random: share of heads whose mean attention weight on key 0 "
-             "exceeds ε, on text and on random tokens (0 … 100 %; chance: 0 %, as a head attending evenly puts about "
-             "ln(S)/S on key 0, below ε); slash heads (persist): heads whose SlashScore ≥ κ at some Δ in the "
+             "exceeds ε, on text and on random tokens (0 … 100 %; chance: 0 %, as a head attending evenly puts "
+             f"{SINK_CHANCE_FORMULA} on key 0, {100 * uniform_sink_weight(128):.1f}% at S = 128, below ε); "
+             "slash heads (persist): heads whose SlashScore ≥ κ at some Δ in the "
              "slash range, and of them those still ≥ κ on random tokens; relativity (median): median over the "
              "non-flat layers of the relativity index, 0 … 1 (1 = the mean score map depends on i − j alone); "
              "non-flat layers: layers whose mean score map varies beyond its noise floor, of all layers; signed "
              "trend (mean): mean over the non-flat layers of the signed diagonal trend, −1 … +1 (0 = none); APS "
-             "min–max: the lowest and highest per-sequence APS over layers, 0 … 1 (0.5 = chance, 1 = every row "
+             "min–max: the lowest and highest per-sequence APS of the residual stream over layers, 0 … 1 (0.5 = chance, 1 = every row "
              "rises towards the diagonal); RoPE energy hi/med/lo: percentages of q·k energy in the high-, medium- "
              "and low-frequency RoPE pairs, mean over the rotating layers (the rest: unrotated dimensions; chance: "
              "each band's share of the dimensions); massive Q dims (low) and massive K dims (low): query and key "

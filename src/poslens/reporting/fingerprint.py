@@ -32,7 +32,7 @@ FIGURE_CAPTIONS = {
     "fingerprint_positional.png": "Per layer: the relativity index of the mean score map (key 0 left out, "
                                   "noise-corrected; a cross at 0 marks a layer whose map is flat against its noise "
                                   "floor), the signed diagonal trend (± 2 standard errors), and the per-sequence "
-                                  "APS (mean ± sd over sequences; 0.5 is chance). Colours mark layer types.",
+                                  "APS of the residual stream (mean ± sd over sequences; 0.5 is chance). Colours mark layer types.",
     "fingerprint_frequency.png": "Top: per layer, the share of q·k energy in the high-, medium- and low-frequency "
                                  "RoPE pairs (and unrotated dims), from pre-RoPE pair norms. Bottom: each head's "
                                  "low-frequency share, head × layer, colour scale 0 … 1.",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, require_fits
 from poslens.reporting import write_index_html
 from poslens.reproduce import ablations, models, real, simulated
 from poslens.reproduce.simulated import Experiment, ReproContext
@@ -38,6 +38,7 @@ def run_reproduction(name: str, out: str | Path, ctx: ReproContext) -> list[dict
         raise PoslensError(f"unknown experiment {name!r}; choose one of: {', '.join(names())}.")
     if ctx.samples < 1:
         raise PoslensError(f"--samples {ctx.samples}: must be a positive integer.")
+    require_fits("--samples", ctx.samples)
     chosen = [e for e in EXPERIMENTS.values() if e.available is None or e.available()] if name == "all" \
         else [EXPERIMENTS[name]]
     records = []

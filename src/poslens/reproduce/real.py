@@ -153,7 +153,7 @@ def _real_slash(sl: dict) -> dict:
     n, said = slash_verdict(sl)
     holds = V.holds(n)
     line = (f"  Slash: {said} Top heads " + ", ".join(
-                f"{r['layer']}.{r['head']} Δ={r['best_delta']} {fmt(r['best_score'])} (q/k σ1² share "
+                f"layer {r['layer']}, head {r['head']}: Δ={r['best_delta']} {fmt(r['best_score'])} (q/k σ1² share "
                 f"{fmt(r.get('q_top1_energy'))}/{fmt(r.get('k_top1_energy'))}, predicted Δ {r.get('predicted_peak')})"
                 for r in top[:3])
             + f" → SDHs that persist {'hold' if holds else 'do NOT hold'}.")

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 
+from poslens.conventions import MAX_COUNT, MAX_SEQ_LEN
 from poslens.errors import PoslensError
 from poslens.rundir.io import safetensors_shapes
 from poslens.rundir.io import read_manifest
@@ -81,6 +82,42 @@ def _read_json_dict(path: Path) -> dict:
     return data
 
 
+#: the counts a run directory's config.json and summary.json state, and the largest each may be
+_COUNTS = {"seq_len": MAX_SEQ_LEN, "num_seqs": MAX_COUNT, "num_layers": MAX_COUNT, "num_heads": MAX_COUNT,
+           "head_dim": MAX_COUNT, "noise_groups": MAX_COUNT, "batch_size": MAX_COUNT, "samples": MAX_COUNT}
+
+
+def _check_what_it_says(path: Path, name: str, data: dict) -> None:
+    """Refuse a run whose ``name`` (config.json, summary.json) states a count that is not a whole number
+    in range, or (summary.json) a ``layers`` entry that is not a layer, naming the file and the field:
+    a reader would otherwise compute with it (a sequence length of 10^23 never finishes) or drop the
+    layer without a word."""
+    again = "the run is damaged: rerun the command that wrote it"
+    for key, most in _COUNTS.items():
+        v = data.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= most:
+            shown = json.dumps(v)[:40]
+            raise PoslensError(f"{path / name}: field {key!r} is {shown}, not a whole number from 0 to {most:,}; "
+                               f"{again}.")
+    if name != "summary.json" or "layers" not in data:
+        return
+    layers = data["layers"]
+    if not isinstance(layers, list):
+        raise PoslensError(f"{path / name}: field 'layers' is a {type(layers).__name__}, not a list of layers; {again}.")
+    seen = set()
+    for i, l in enumerate(layers):
+        v = l.get("layer") if isinstance(l, dict) else None
+        ok = v == "embeddings" or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_COUNT)
+        if not ok or v in seen:
+            what = "a repeated layer" if ok else (f"layer {json.dumps(v)[:40]}" if isinstance(l, dict)
+                                                  else f"a {type(l).__name__}")
+            raise PoslensError(f"{path / name}: field 'layers' entry {i} is {what}, not one layer (a number from 0, "
+                               f"or \"embeddings\"); {again}.")
+        seen.add(v)
+
+
 def _check_run_files(path: Path, summary: dict) -> None:
     """Refuse a run whose ``.safetensors`` files are cut short or have a damaged header (else a reader
     would drop their maps without a word), naming the file; reads the headers only. (A summary.json
@@ -141,6 +178,8 @@ def load_run(path: str | os.PathLike) -> Run:
             raise PoslensError(f"{path} has no summary.json: the `{config.get('command')}` run has not finished; "
                                "resume it (--resume) or pass another directory.")
         summary = _read_json_dict(path / "summary.json")
+        _check_what_it_says(path, "config.json", config)
+        _check_what_it_says(path, "summary.json", summary)
         _check_run_files(path, summary)
         return Run(path, "command", str(summary.get("command") or config.get("command")), config=config,
                    summary=summary)

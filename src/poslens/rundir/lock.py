@@ -31,6 +31,9 @@ class _Claim:
     explicit: int = 0  # holds of lock_out_dir / out_dir_lock
     implicit: int = 0  # the hold create_out_dir took itself (given back by release_out_dir)
     stage: Path | None = None  # the staging directory of a run that replaces the previous one (create_out_dir)
+    fresh: bool = False  # the directory was new (or empty) when the lock was taken: all in it is this run's
+    failed: bool = False  # the run failed (mark_failed): a fresh directory is emptied when the lock is given back
+    committed: bool = False  # the run finished (commit_out_dir): nothing of it is removed
 
 
 def _key(path: Path) -> str:
@@ -60,6 +63,7 @@ def _acquire(path: Path, *, implicit: bool = False, overwrite: bool = False, com
         fcntl = None
     created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
+    fresh = created or not run_entries(path)
     lock = Path(_key(path)) / LOCK_FILE
     while True:
         try:
@@ -96,7 +100,7 @@ def _acquire(path: Path, *, implicit: bool = False, overwrite: bool = False, com
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
                               "since": time.strftime("%Y-%m-%dT%H:%M:%S")}).encode() + b"\n", 0)
-    claim = _Claim(fd, lock, created, overwrite)
+    claim = _Claim(fd, lock, created, overwrite, fresh=fresh)
     if implicit:
         claim.implicit = 1
     else:
@@ -114,6 +118,23 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def mark_failed(out: str | os.PathLike | None) -> None:
+    """Mark the run writing ``out`` as failed (an error, not an interrupt: an interrupted run keeps its
+    checkpoint): when the last hold is given back, a directory that was new or empty when the run took
+    it is emptied again (and removed if the run made it), so a plain rerun is not refused. A run that
+    finished (:func:`poslens.rundir.outdir.commit_out_dir`) or that writes into a directory holding an
+    earlier run is left as it is."""
+    import sys
+
+    from poslens.errors import Interrupted
+
+    if out is None or isinstance(sys.exc_info()[1], Interrupted):  # called while an interrupt unwinds: kept
+        return
+    claim = _claims.get(_key(Path(out)))
+    if claim is not None:
+        claim.failed = True
 
 
 def lock_out_dir(out: str | os.PathLike, *, command: str | None = None, overwrite: bool = False) -> Path:
@@ -159,6 +180,13 @@ def _maybe_release(claim: _Claim) -> None:
     del _claims[str(path)]
     if claim.stage is not None:  # a replacing run that did not finish: the previous run stays as it was
         shutil.rmtree(claim.stage, ignore_errors=True)
+    if claim.failed and claim.fresh and not claim.committed:  # a failed run into a new --out: nothing half-written
+        for p in run_entries(path):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
     try:
         try:
             if os.stat(claim.lock).st_ino == os.fstat(claim.fd).st_ino:
@@ -180,5 +208,8 @@ def out_dir_lock(out: str | os.PathLike, *, command: str | None = None, overwrit
     path = lock_out_dir(out, command=command, overwrite=overwrite)
     try:
         yield path
+    except Exception:
+        mark_failed(path)
+        raise
     finally:
         unlock_out_dir(path)

@@ -161,6 +161,8 @@ def commit_out_dir(path: str | os.PathLike) -> None:
     """Swap a run written into the staging directory of :func:`create_out_dir` (``staged``) into
     ``path`` (nothing when it wrote ``path`` itself)."""
     claim = _claims.get(_key(Path(path)))
+    if claim is not None:
+        claim.committed = True
     if claim is None or claim.stage is None:
         return
     _swap_in(claim.stage, Path(path), replace=claim.overwrite)

@@ -33,7 +33,7 @@ from poslens.capture.engine.intervene import (
     layer_edit,
     parse_intervention,
 )
-from poslens.conventions import NOISE_P
+from poslens.conventions import MAX_HELD_TOKENS, NOISE_P
 from poslens.errors import PoslensError
 from poslens.fmt import layers_text
 
@@ -69,6 +69,9 @@ def _validate(cfg: AblateConfig, model=None, tokenizer=None, data=None):
     require_positive(("--batch-size", cfg.batch_size), ("--noise-groups", cfg.noise_groups),
                      *((("--num-seqs", num_seqs),) if num_seqs is not None else ()),
                      *((("--seq-len", seq_len),) if seq_len is not None else ()))
+    if num_seqs is not None and seq_len is not None and num_seqs * seq_len > MAX_HELD_TOKENS:  # held at once
+        raise PoslensError(f"--num-seqs {num_seqs} x --seq-len {seq_len}: {num_seqs * seq_len:,} tokens, too many; "
+                           f"ablate holds every sequence at once, at most {MAX_HELD_TOKENS:,} tokens.")
     if cfg.noise_groups < 2:
         raise PoslensError(f"--noise-groups {cfg.noise_groups}: the standard errors need at least 2 sequence groups; "
                            "pass 2 or more (8 by default).")
@@ -148,7 +151,7 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
     from poslens.capture.model.load import load_model
     from poslens.capture.model.source import source_record
     from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
-    from poslens.rundir.lock import release_out_dir
+    from poslens.rundir.lock import mark_failed, release_out_dir
     from poslens.runtime import no_hf_progress_bars, parse_device, resolve_dtype
 
     t0 = time.time()
@@ -191,6 +194,10 @@ def run_ablate(cfg: AblateConfig, progress: bool = True, *, model=None, tokenize
         if out is not None:
             write_run(out, cfg, setup, summary, tensors, scans, into=target)
             commit_out_dir(out)
+    except Exception:
+        if out is not None:
+            mark_failed(out)  # a new --out is emptied again when its lock is given back
+        raise
     finally:
         if scans is not None:
             shutil.rmtree(scans, ignore_errors=True)

@@ -330,7 +330,7 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
     from poslens.analysis.compare.variants import applied, parse_variant, variant_label
     from poslens.data.sources import is_python_data, make_source, python_source
     from poslens.progress import task_progress
-    from poslens.rundir.lock import release_out_dir
+    from poslens.rundir.lock import mark_failed, release_out_dir
     from poslens.rundir.outdir import commit_out_dir, create_out_dir, prepare_out_dir
 
     t0 = time.time()
@@ -429,6 +429,10 @@ def run_compare(cfg: CompareConfig, progress: bool = True, *, model_a=None, mode
         if out is not None:
             write_run(out, cfg, summary, tensors, into=target)
             commit_out_dir(out)
+    except Exception:
+        if out is not None:
+            mark_failed(out)  # a new --out is emptied again when its lock is given back
+        raise
     finally:
         if out is not None:
             release_out_dir(out)

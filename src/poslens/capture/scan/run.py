@@ -45,7 +45,7 @@ from poslens.errors import PoslensError
 from poslens.progress import task_progress
 from poslens.rundir.outdir import commit_out_dir, create_out_dir
 from poslens.rundir.io import record_written, versions, write_json
-from poslens.rundir.lock import release_out_dir
+from poslens.rundir.lock import mark_failed, release_out_dir
 from poslens.rundir.summary import write_summary
 from poslens.runtime import no_hf_progress_bars
 
@@ -76,10 +76,12 @@ def run_scan(cfg: ScanConfig, progress: bool = True, *, stop_after_batches: int 
         return _run_scan(cfg, progress, stop_after_batches, ctx, model,
                          dict(tokenizer=tokenizer, source=source, data=data))
     except PoslensError as e:
+        mark_failed(cfg.out)  # a new --out is emptied again when its lock is given back (an interrupt keeps it)
         if ctx.enabled and not str(e).startswith("rank "):
             raise PoslensError(f"{ctx.label}: {e.cli()}") from None  # torchrun: the CLI's words
         raise
     except Exception as e:  # e.g. CUDA out of memory: say which rank before the traceback
+        mark_failed(cfg.out)
         if ctx.enabled:
             print(f"poslens: error: {ctx.label}: {type(e).__name__}: {str(e).strip()[:300]}", file=sys.stderr,
                   flush=True)

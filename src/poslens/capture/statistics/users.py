@@ -47,6 +47,18 @@ def _needs(stat) -> tuple:
     return tuple(stat.needs) if not isinstance(stat.needs, str) else (stat.needs,)
 
 
+
+def _add(stat, layer: int, points: dict) -> None:
+    """``stat.add(layer, **points)``; an exception of the user's code is one error naming the statistic."""
+    try:
+        stat.add(layer, **points)
+    except PoslensError:
+        raise
+    except Exception as e:  # the user's code: any exception, said in one line
+        why = (str(e).strip().splitlines() or [""])[-1][:200]
+        raise PoslensError(f"stats: {qualified_name(stat)}.add() raised {type(e).__name__}"
+                           + (f": {why}" if why else "") + "; fix the statistic or drop it from --stats.") from e
+
 class UserStatistics:
     """The users' statistics of one capture: which points they need, and their feeding."""
 
@@ -104,7 +116,7 @@ class UserStatistics:
                         pts[p] = r
                     elif p == "seqs":
                         pts[p] = s
-                st.add(layer, **{p: pts[p] for p in _needs(st)})
+                _add(st, layer, {p: pts[p] for p in _needs(st)})
             self._fed.setdefault(layer, set()).add(i)
         return feed
 
@@ -116,7 +128,7 @@ class UserStatistics:
         fed = self._fed.setdefault(layer, set())
         for i, st in enumerate(self.stats):
             if i not in fed and i not in self.chunked and all(p in pend for p in _needs(st)):
-                st.add(layer, **{p: pend[p] for p in _needs(st)})
+                _add(st, layer, {p: pend[p] for p in _needs(st)})
                 fed.add(i)
         if len(fed) == len(self.stats):
             pend.clear()  # the layer's points are not kept past the last statistic that reads them
@@ -170,6 +182,12 @@ class UserStatistics:
             if not isinstance(res, dict) or not all(isinstance(v, torch.Tensor) for v in res.values()):
                 raise PoslensError(f"stats: {qualified_name(stat)}.result() must return a dict of named tensors.")
             for name, t in res.items():
+                if not isinstance(name, str) or not name:
+                    raise PoslensError(f"stats: {qualified_name(stat)}.result() names a tensor {name!r}; each name "
+                                       "must be a non-empty string.")
+                if t.layout != torch.strided:
+                    raise PoslensError(f"stats: {qualified_name(stat)}.result() gives {name!r} as a {t.layout} "
+                                       "tensor; return a dense one (.to_dense()).")
                 if name in out or name in taken:
                     raise PoslensError(f"stats: {qualified_name(stat)}.result() names a tensor {name!r}, which "
                                        "another statistic also writes; rename it.")

@@ -17,6 +17,7 @@ import math
 
 from poslens.conventions import ADJACENT, ADJACENT_WEAK, MASK_MARGIN, NORM_SHRINK, PANEL_TREND, THEORY_CLOSE
 from poslens.metrics.judge.papers import num
+from poslens.metrics.verdicts import uniform_slash
 
 
 def _decoder_layers(layers: list) -> tuple[dict | None, list[dict]]:
@@ -26,11 +27,8 @@ def _decoder_layers(layers: list) -> tuple[dict | None, list[dict]]:
     return emb, [l for l in layers if isinstance(l.get("layer"), int) and not isinstance(l.get("layer"), bool)]
 
 
-def uniform_slash_score(n: int, d: int) -> float:
-    """SlashScore(d) of uniform causal attention over ``n`` tokens: mean over i > d of 1/i."""
-    if n <= d:
-        return float("nan")
-    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)
+#: SlashScore(d) of uniform causal attention over ``n`` tokens (:func:`poslens.metrics.slash.uniform_slash`)
+uniform_slash_score = uniform_slash
 
 
 def adjacency_code(aps: float) -> str:

@@ -8,14 +8,19 @@ a ``reason`` code where the verdict needs one (why a claim is not judged, or whi
 holds) and the numbers a reading of the verdict quotes. The sentences are
 :mod:`poslens.reporting.readings.fingerprint`'s.
 
-Reason codes: ``no_bos`` (sink: the sequences do not begin with the model's start-of-text token),
-``no_noise_floor`` (too few sequences for a noise floor, or a single layer), ``few_groups`` (the
-sign-flip tests cannot reach the level), ``not_most`` (some layers depart beyond their noise floor, not
-most), ``mask_below_floor`` (no RoPE: the mask's signal stays under the noise floor), ``no_slash_heads``,
-``no_random_scan``, ``all_rope`` (Zuo et al.: every layer rotates q/k), ``small`` / ``no_order`` (APS
-beyond noise but small / not beyond noise), ``no_rope``, ``low_not_first`` / ``slash_not_fast``
-(Barbero et al.: the slow pairs carry no more than their share / the slash heads do not lean on the
-fast pairs), ``no_massive_or_rope``.
+Every judge applies one rule (:func:`poslens.metrics.verdicts.rule`): a claim that does not apply to
+the model is ``not_judged`` with the reason; a claim that applies is ``reproduced`` or
+``not_reproduced`` by its numbers alone (at or under the noise floor: not reproduced).
+
+Reasons a claim is not judged: ``no_bos`` (sink: the sequences do not begin with the model's
+start-of-text token), ``no_noise_floor`` (too few sequences for a noise floor, or a single layer),
+``few_groups`` (the sign-flip tests cannot reach the level), ``no_slash_heads``, ``no_random_scan``,
+``all_rope`` (Zuo et al.: every layer rotates q/k), ``no_rope``, ``no_massive_or_rope``. Reasons a claim
+that applies falls short (``not_reproduced``): ``not_most`` (some layers depart beyond their noise
+floor, not most), ``mask_below_floor`` (no RoPE: the mask's signal stays under the noise floor),
+``small`` / ``no_order`` (APS beyond noise but small / not beyond noise), ``low_not_first`` /
+``slash_not_fast`` (Barbero et al.: the slow pairs carry no more than their share / the slash heads do
+not lean on the fast pairs).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import statistics
 
 from poslens.metrics import verdicts as V
 from poslens.metrics.judge.papers import too_few_groups
+from poslens.metrics.verdicts import uniform_sink_weight, uniform_slash
 
 #: the claims judged, in the page's order
 CLAIM_KEYS = ("sink", "kim", "slash", "zuo", "barbero", "jin")
@@ -36,26 +42,27 @@ def _judged(verdict: str, n: dict, reason: str | None = None, **numbers) -> dict
     return {**n, **numbers, "verdict": verdict, "reason": reason}
 
 
-def uniform_slash(S: int, d: int) -> float:
-    """SlashScore(d) of uniform causal attention (every query spreads its weight evenly)."""
-    return sum(1.0 / (i + 1) for i in range(d, S)) / (S - d)
-
-
+def _ruled(n: dict, not_applicable: str | None = None, reason: str | None = None, **numbers) -> dict:
+    """The record of the one rule (:func:`poslens.metrics.verdicts.rule`) on ``n``: not judged when the
+    claim does not apply (``not_applicable``, its reason code), else reproduced or not reproduced by the
+    numbers alone, with ``reason`` saying which way a claim falls short."""
+    verdict = V.rule(n, not_applicable)
+    return _judged(verdict, n, not_applicable if not_applicable is not None
+                   else (None if verdict == V.REPRODUCED else reason), **numbers)
 
 
 def judge_sink(m: dict, eps: float) -> dict:
     """Gu et al.: the share of heads whose mean weight on key 0 exceeds ``eps``, against evenly attending heads."""
     o, S = m["overall"], m["seq_len"]
-    even = sum(1.0 / (i + 1) for i in range(1, S)) / (S - 1)  # weight on key 0 of a head attending evenly
+    even = uniform_sink_weight(S)  # weight on key 0 of a head attending evenly
     heads = m["num_layers"] * m["num_heads"]
     chance = 1.0 if even > eps else 0.0  # the share of evenly attending heads over eps
     n = V.measured(o["sink_rate"], chance, V.binomial_floor(chance, heads), V.THRESHOLDS["sink"],
                    f"share of heads whose mean weight on key 0 exceeds eps = {eps:g} (text)")
-    numbers = dict(eps=eps, even=even, heads=heads, sink_rate=o["sink_rate"],
+    numbers = dict(eps=eps, even=even, seq_len=S, heads=heads, sink_rate=o["sink_rate"],
                    sink_rate_random=o.get("sink_rate_random"), sink_mean=o.get("sink_mean"))
-    if V.holds(n):
-        return _judged(V.REPRODUCED, n, **numbers)
-    return _judged(V.NOT_JUDGED, n, "no_bos", **numbers)
+    # under the level: the sequences lack the start-of-text token the model's sink may sit on (not applicable)
+    return _ruled(n, None if V.holds(n) else "no_bos", **numbers)
 
 
 def judge_kim_nope(m: dict) -> dict:
@@ -70,10 +77,8 @@ def judge_kim_nope(m: dict) -> dict:
     numbers = dict(rope=False, moved=len(moved), later=len(later), num_layers=m.get("num_layers", 0),
                    flat_p=[[r["layer"], r["flat_p"]] for r in ls if r.get("flat_p") is not None])
     if not tested:
-        return _judged(V.NOT_JUDGED, n, "no_noise_floor", **numbers)
-    if V.holds(n):
-        return _judged(V.REPRODUCED, n, **numbers)
-    return _judged(V.NOT_JUDGED, n, "mask_below_floor", **numbers)
+        return _ruled(n, "no_noise_floor", **numbers)
+    return _ruled(n, reason=None if V.holds(n) else "mask_below_floor", **numbers)
 
 
 def judge_kim(m: dict) -> dict:
@@ -86,15 +91,13 @@ def judge_kim(m: dict) -> dict:
     numbers = dict(rope=True, nonrelative=len(nonrel), layers=len(ls),
                    relativity_median=m["overall"]["relativity_median"])
     if not tested:
-        return _judged(V.NOT_JUDGED, n, "no_noise_floor", **numbers)
+        return _ruled(n, "no_noise_floor", **numbers)
     if V.holds(n):
-        return _judged(V.REPRODUCED, n, **numbers)
+        return _ruled(n, **numbers)
     few = too_few_groups(tested)
     if few["few"]:  # a test that could hardly reach the level finds nothing: no verdict
-        return _judged(V.NOT_JUDGED, n, "few_groups", **numbers, groups=few["groups"], p_min=few["p_min"])
-    if n["value"] <= n["floor"]:
-        return _judged(V.NOT_REPRODUCED, n, **numbers)
-    return _judged(V.NOT_JUDGED, n, "not_most", **numbers)
+        return _ruled(n, "few_groups", **numbers, groups=few["groups"], p_min=few["p_min"])
+    return _ruled(n, reason=None if n["value"] <= n["floor"] else "not_most", **numbers)
 
 
 def dims_share(rope_ls: list[dict], bands: tuple[str, ...]) -> float | None:
@@ -145,7 +148,7 @@ def judge_slash(m: dict, kappa: float) -> dict:
                    V.THRESHOLDS["slash"], f"share of the slash heads (SlashScore ≥ kappa = {kappa:g} at some Δ in "
                    "1 … 16) that stay ≥ kappa on uniformly random tokens")
     if not sh:
-        return _judged(V.NOT_JUDGED, n, "no_slash_heads", kappa=kappa, conditions=[])
+        return _ruled(n, "no_slash_heads", kappa=kappa, conditions=[])
     predicted = [s for s in sh if s.get("predicted_delta") is not None]
     offsets = {s["delta"] for s in sh}
     top = sh[0]
@@ -156,8 +159,8 @@ def judge_slash(m: dict, kappa: float) -> dict:
                    same_offset=next(iter(offsets)) if predicted and len(sh) > 1 and len(offsets) == 1 else None,
                    conditions=slash_conditions(m))
     if any(s["persists"] is None for s in sh):
-        return _judged(V.NOT_JUDGED, n, "no_random_scan", **numbers)
-    return _judged(V.REPRODUCED if V.holds(n) else V.NOT_REPRODUCED, n, **numbers)
+        return _ruled(n, "no_random_scan", **numbers)
+    return _ruled(n, **numbers)
 
 
 def judge_zuo(m: dict) -> dict:
@@ -174,10 +177,8 @@ def judge_zuo(m: dict) -> dict:
     o = m["overall"]
     numbers = dict(nope_layers=len(nope), aps_min=o["aps_min"], aps_max=o["aps_max"])
     if not nope:
-        return _judged(V.NOT_JUDGED, n, "all_rope", **numbers)
-    if V.holds(n):
-        return _judged(V.REPRODUCED, n, **numbers)
-    return _judged(V.NOT_REPRODUCED, n, "small" if n["value"] > n["floor"] else "no_order", **numbers)
+        return _ruled(n, "all_rope", **numbers)
+    return _ruled(n, reason="small" if n["value"] > n["floor"] else "no_order", **numbers)
 
 
 def judge_barbero(m: dict) -> dict:
@@ -187,7 +188,7 @@ def judge_barbero(m: dict) -> dict:
     chance = dims_share(rope_ls, ("low",))
     if not rope_ls or chance is None:
         n = V.measured(None, 0.0, 0.0, V.THRESHOLDS["frequency"], "share of q·k energy in the low RoPE band")
-        return _judged(V.NOT_JUDGED, n, "no_rope")
+        return _ruled(n, "no_rope")
     H = m["num_heads"]
     lows = [r["freq_heads"]["low"][h] for r in rope_ls for h in range(H)]
     se = statistics.stdev(lows) / math.sqrt(len(lows)) if len(lows) > 1 else None
@@ -224,8 +225,8 @@ def judge_jin(m: dict) -> dict:
     numbers = dict(massive_q=mq, massive_k=mk, massive_lambda=m["massive_lambda"], dims_share=chance,
                    q_low_share=o["massive_q_low_share"], k_low_share=o["massive_k_low_share"])
     if total == 0 or chance is None:
-        return _judged(V.NOT_JUDGED, n, "no_massive_or_rope", **numbers)
-    return _judged(V.REPRODUCED if V.holds(n) else V.NOT_REPRODUCED, n, **numbers)
+        return _ruled(n, "no_massive_or_rope", **numbers)
+    return _ruled(n, **numbers)
 
 
 def judge(key: str, m: dict, thresholds: dict) -> dict:

@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from poslens.conventions import FEW_GROUPS_MARGIN, NOISE_P, NORM_SHRINK, RELATIVE, TREND
-from poslens.metrics.verdicts import bh_significant
+from poslens.metrics.verdicts import bh_significant, uniform_slash
 
 #: a layer's relativity index this far under RELATIVE after a purely relative first layer is a drop
 RELATIVE_DROP = 0.03
@@ -118,7 +118,7 @@ def noise_source(layers: list[dict]) -> dict:
 def _kim_locality(live: list[dict]) -> dict:
     """``code``: ``"near"`` (every layer's |locality| > TREND, rising towards the query), ``"far"``
     (every one falling), ``"some"`` (only the ``strong`` layers beyond TREND), ``"none"`` (no layer
-    beyond TREND), None (no locality)."""
+    beyond TREND), None (no locality); ``layers``: every layer read."""
     loc = [num(l.get("locality")) for l in live]
     locs = [v for v in loc if v is not None]
     strong = [l.get("layer") for l, v in zip(live, loc) if v is not None and abs(v) > TREND]
@@ -130,7 +130,7 @@ def _kim_locality(live: list[dict]) -> dict:
         code = "far"
     else:
         code = "some" if strong else "none"
-    return {"code": code, "strong": strong, "threshold": TREND}
+    return {"code": code, "strong": strong, "layers": _ids(live), "threshold": TREND}
 
 
 def _kim_relativity(live: list[dict]) -> dict:
@@ -268,13 +268,6 @@ def kim_finding(layers: list[dict]) -> dict | None:
 # --------------------------------------------------------------------------------------------
 # slash-dominant heads (arXiv 2601.08297)
 # --------------------------------------------------------------------------------------------
-def uniform_slash(n: int, d: int) -> float:
-    """SlashScore(d) of uniform causal attention over ``n`` tokens: mean over i > d of 1/i."""
-    if n <= d:
-        return float("nan")
-    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)
-
-
 def judge_slash(summary: dict, top: dict | None) -> dict:
     """A scan's slash readings, given its strongest slash head ``top`` (``layer``, ``head``, ``offset``,
     ``score``; None where it has none): ``head`` (that head with its ``score``, the ``uniform`` SlashScore

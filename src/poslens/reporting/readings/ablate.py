@@ -76,7 +76,8 @@ def findings(summary: dict) -> list[str]:
                        f"every layer (largest: {layers_text(top['layers'])}, {_change(top, noise=False)}; {level}).")
             continue
         text = f"{base[0].upper()}{base[1:]} one layer at a time: in {layers_text(top['layers'])} alone it {_change(top)}"
-        text += f"; {len(sig)} of {len(recs)} layers change the loss beyond the noise"
+        text += (f"; of the {len(recs)} layers it was applied to, one at a time, {len(sig)} change the loss beyond "
+                 "the noise")
         if quiet:
             text += f"; {layers_text(quiet)} by less than the noise"
         out.append(text + f" ({level}).")

@@ -14,7 +14,7 @@ from poslens.reporting.readings.common import _series_short, _span
 
 #: the sentences of the codes (:mod:`poslens.metrics.judge.commands`)
 ADJACENCY = {"clear": "a clear adjacency pattern", "weak": "a weak adjacency pattern", "none": "no adjacency pattern"}
-MASK = {"creates": "the mask is what creates the adjacency pattern.",
+MASK = {"creates": "the mask is what creates the head outputs' adjacency pattern.",
         "partial": "the mask is not the only source of the difference.",
         "little": "the mask makes little difference here."}
 NORM = {"shrink": "norms shrink with position, as running means do",
@@ -39,11 +39,12 @@ def neighborhood_command_readings(summary: dict) -> list[str]:
            f"causal mask: {ADJACENCY[j['adjacency']]} (0.5 = chance, 1 = every row rises towards the diagonal)"
            + (f"; the embeddings have {fmt(emb)}." if emb is not None else ".")]
     if "best_layer" in j:
-        out.append(f"The highest APS is in layer {j['best_layer']} ({fmt(j['best_aps'])}); the last layer "
-                   f"({j['last_layer']}) has {fmt(j['last_aps'])}.")
+        out.append(f"The head outputs' highest APS is in layer {j['best_layer']} ({fmt(j['best_aps'])}); the last "
+                   f"layer ({j['last_layer']}) has {fmt(j['last_aps'])}.")
     if "mask" in j:
         diff = j["mask_drop"]
-        out.append(f"Without the causal mask layer {L}'s APS is {fmt(j['bidirectional_aps'])}, {fmt(abs(diff))} "
+        out.append(f"Without the causal mask the APS of layer {L}'s head outputs is {fmt(j['bidirectional_aps'])}, "
+                   f"{fmt(abs(diff))} "
                    f"{'lower' if diff > 0 else 'higher'} than causal: " + MASK[j["mask"]])
     if "norm" in j:
         out.append(f"Layer {L}'s norm score is {fmt(j['norm_score'])}: {NORM[j['norm']]} (≥ {NORM_SHRINK} = shrink, "
@@ -105,7 +106,8 @@ def slash_command_readings(summary: dict) -> list[str]:
     if not j:
         return []
     b = j["best"]
-    out = [f"The most slash-dominant head (Δ ≥ {j['min_delta']}) is layer {b['layer']} head {b['head']} with "
+    out = [f"The head that puts the most weight on one sub-diagonal (offset ≥ {j['min_delta']} back) is layer "
+           f"{b['layer']}, head {b['head']}, with "
            f"SlashScore({b['delta']}) = {fmt(b['score'])}"
            + (f" (uniform causal attention would give about {fmt(b['uniform'])})." if b.get("uniform") is not None
               else ".")]
@@ -113,22 +115,25 @@ def slash_command_readings(summary: dict) -> list[str]:
         reached = j["kappas"]["reached"]
         if reached:
             k, n = reached[-1]["kappa"], reached[-1]["heads"]
-            out.append(f"{n} of {j['heads']} heads are ({fmt(k)}, Δ)-slash-dominant for some Δ in the range (the "
-                       f"largest κ of the grid that any head reaches); at κ = {fmt(reached[0]['kappa'])}: "
-                       f"{reached[0]['heads']}.")
+            low, n0 = reached[0]["kappa"], reached[0]["heads"]
+            out.append(f"{n} of {j['heads']} heads put a mean weight of at least {fmt(k)} on one offset back, for "
+                       f"every query, at some offset in the range; {fmt(k)} is the highest threshold of the grid "
+                       "that any head reaches" + (f" (at the lowest, {fmt(low)}: {n0} heads)." if low != k else "."))
         else:
-            out.append(f"No head reaches κ = {fmt(j['kappas']['first'])} at any Δ in the range.")
+            out.append(f"No head puts a mean weight of {fmt(j['kappas']['first'])} on any one offset in the range.")
     p = j.get("persistence")
     if p is not None:
         if p["tested"]:
-            out.append(f"{p['persist']} of {p['tested']} in-distribution ({fmt(p['kappa'])}, Δ)-SDHs persist on "
-                       f"random-token prompts (median ratio random / in-distribution {fmt(p['median_ratio'])}).")
+            out.append(f"{p['persist']} of the {p['tested']} heads with a SlashScore of at least {fmt(p['kappa'])} in "
+                       f"distribution keep it on random-token prompts (median ratio random / in-distribution "
+                       f"{fmt(p['median_ratio'])}).")
             t = p.get("previous_token")
             if t:
                 out.append(f"Previous-token head: layer {t['layer']} head {t['head']}, SlashScore(1) "
                            f"{fmt(t['score_in'])} in distribution, {fmt(t['score_random'])} on random tokens.")
         else:
-            out.append(f"No head reaches κ = {fmt(p['kappa'])} in distribution, so persistence is untested.")
+            out.append(f"No head reaches a SlashScore of {fmt(p['kappa'])} in distribution, so persistence is "
+                       "untested.")
     d = j.get("decomposition")
     if d:
         out.append(f"For the top {d['top']} slash heads the rank-one RoPE decomposition predicts the observed peak "
@@ -152,7 +157,7 @@ def dynamics_readings(summary: dict) -> list[str]:
     out = [f"SlashScore({delta}) of the best head rises from {fmt(j['slash_first'])} at step {j['first_step']} to "
            f"{fmt(j['slash_last'])} at step {j['last_step']} (task accuracy {fmt(j['accuracy'])})."]
     if "emergence" in j:
-        out.append(f"A ({fmt(kappa)}, {delta})-slash-dominant head first appears at step {j['emerged_at']}."
+        out.append(f"A head with SlashScore({delta}) ≥ {fmt(kappa)} first appears at step {j['emerged_at']}."
                    if j["emergence"] == "emerged" else f"No head reaches SlashScore({delta}) ≥ {fmt(kappa)} within "
                    f"{j['last_step']} steps.")
         if j["persistence"] == "untested":
@@ -179,7 +184,7 @@ def sweep_readings(summary: dict) -> list[str]:
     out: list[str] = []
     for r in j.get("shapes") or []:
         lo, hi, shape = r["lowest"], r["highest"], r["shape"]
-        text = (f"{shape}: APS of decoder layer 0 (causal) ranges from {fmt(lo['aps'])} (σ = {fmt(lo['sigma'])}) to "
+        text = (f"{shape}: APS of decoder layer 0's head outputs (causal) ranges from {fmt(lo['aps'])} (σ = {fmt(lo['sigma'])}) to "
                 f"{fmt(hi['aps'])} (σ = {fmt(hi['sigma'])}); ")
         text += (f"a clear adjacency pattern (APS ≥ {ADJACENT}) at σ ∈ "
                  f"{{{', '.join(fmt(s) for s in r['clear_sigmas'])}}}." if r["adjacency"] == "clear"
@@ -187,12 +192,12 @@ def sweep_readings(summary: dict) -> list[str]:
         out.append(text)
         deep = r.get("last_layer")
         if deep:
-            out.append(f"{shape}: in the last decoder layer ({deep['layer']}) APS is "
+            out.append(f"{shape}: in the last decoder layer ({deep['layer']}) the head outputs' APS is "
                        f"{', '.join(fmt(v) for v in deep['aps'])} for "
                        f"σ = {', '.join(fmt(s) for s in deep['sigmas'])}.")
     if "mask" in j:
         out.append(f"Without the causal mask no decoder layer of any model departs from chance (0.5) by more than "
-                   f"{fmt(j['bidirectional_dev'])} in mean APS" + SWEEP_MASK[j["mask"]])
+                   f"{fmt(j['bidirectional_dev'])} in the head outputs' mean APS" + SWEEP_MASK[j["mask"]])
     return out
 
 

@@ -9,11 +9,19 @@ from typing import Any, Iterable
 from poslens.conventions import NOISE_P, SLASH_MAX_DELTA
 from poslens.fmt import fmt
 from poslens.metrics.judge.papers import noise_source, num, too_few_groups
+from poslens.metrics.verdicts import SINK_CHANCE_FORMULA, uniform_sink_weight
 
 
 def f2(v: Any) -> str:
     """A number in the one format (:func:`poslens.fmt.fmt`); kept under its old name."""
     return fmt(num(v))
+
+
+def sink_chance(S: int) -> str:
+    """The attention sink's chance level in words, one value with its formula wherever it is quoted:
+    "3.5% (the mean over queries i = 1 … S − 1 of 1/(i + 1), at S = 128)"
+    (:func:`poslens.metrics.verdicts.uniform_sink_weight`)."""
+    return f"{100 * uniform_sink_weight(S):.1f}% ({SINK_CHANCE_FORMULA}, at S = {S})"
 
 
 def layer_aps(l: dict) -> tuple[float | None, float | None]:

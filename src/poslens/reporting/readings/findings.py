@@ -8,7 +8,8 @@ from typing import Iterable
 
 from poslens.conventions import SLASH_MAX_DELTA
 from poslens.fmt import fmt
-from poslens.metrics.judge.papers import judge_model, kim_finding, uniform_slash
+from poslens.metrics.judge.papers import judge_model, kim_finding
+from poslens.metrics.verdicts import uniform_slash
 from poslens.reporting.readings.commands import command_readings
 from poslens.reporting.readings.notes import noise_note
 from poslens.reporting.readings.common import (_count_phrase, _span, _decoder_layers, _pct_span, few_phrase, layer_aps,
@@ -124,9 +125,10 @@ def _neighborhood_finding(name: str, command: str, summary: dict) -> str | None:
     aps = [a for a, _ in (layer_aps(l) for l in dec) if a is not None]
     if not aps:
         return None
+    of = "head outputs" if command == "neighborhood" else "residual stream"  # what each command measures
     if any(num(l.get("aps_mean")) is not None for l in dec):
-        return f"{name}: APS per sequence {_span(aps)} over {len(aps)} decoder layers (0.5 = chance)."
-    return (f"{name}: mean-map APS {_span(aps)} over {len(aps)} decoder layers (APS of the sequence-averaged cosine "
+        return f"{name}: APS of the {of} per sequence {_span(aps)} over {len(aps)} decoder layers (0.5 = chance)."
+    return (f"{name}: mean-map APS of the {of} {_span(aps)} over {len(aps)} decoder layers (APS of the sequence-averaged cosine "
             "map; not the paper's per-sequence APS, no chance level).")
 
 

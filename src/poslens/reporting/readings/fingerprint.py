@@ -12,7 +12,7 @@ from __future__ import annotations
 from poslens.fmt import fmt
 from poslens.metrics import verdicts as V
 from poslens.metrics.judge.fingerprint import FAST_BANDS, RANK_ONE
-from poslens.reporting.readings.common import few_groups
+from poslens.reporting.readings.common import few_groups, sink_chance
 
 
 def pct(x) -> str:
@@ -64,10 +64,12 @@ def _against(n: dict, share: bool = True) -> str:
 
 def sink_text(r: dict) -> tuple[str, str]:
     rnd = f", {_p(r['sink_rate_random'])} on random tokens" if r.get("sink_rate_random") is not None else ""
-    mean = f"; their mean weight on it is {_p(r['sink_mean'])}" if r.get("sink_mean") is not None else ""
+    m = r.get("sink_mean")  # beside the chance level, in the same format where it is small
+    mean = "" if m is None else f"; their mean weight on it is {f'{100 * m:.1f}%' if m < 0.1 else _p(m)}"
+    even = sink_chance(r["seq_len"]) if r.get("seq_len") else _p(r["even"])
     text = (f"{_p(r['sink_rate'])} of its {r['heads']} heads put more than {_p(r['eps'])} of their "
-            f"attention on the first token of running text{rnd}{mean} (a head "
-            f"that spread its attention evenly would put {_p(r['even'])} there).")
+            f"attention on the first token of running text{rnd}{mean}. A head that spread its attention evenly "
+            f"over the keys it sees would put {even} there.")
     if r["verdict"] == V.REPRODUCED:
         return text, "Many heads use the first position as a resting place, on text and on meaningless tokens alike."
     return text, ("The sequences are cut from one long stream of text, so they do not begin with the model's "
@@ -108,10 +110,10 @@ def kim_text(r: dict) -> tuple[str, str]:
     if r["reason"] == "few_groups":
         few = few_groups([{"noise_groups": r["groups"]}])
         return text, few[0].upper() + few[1:] + "; scan more sequences."
-    if r["verdict"] == V.NOT_REPRODUCED:
-        return text, "No more layers depart from a purely relative pattern than noise alone would make depart."
-    return text, ("Some layers depart from a purely relative pattern beyond their noise floor, but not most; more "
-                  "or longer sequences would sharpen the test.")
+    if r["reason"] == "not_most":
+        return text, ("Some layers depart from a purely relative pattern beyond their noise floor, but not most; more "
+                      "or longer sequences would sharpen the test.")
+    return text, "No more layers depart from a purely relative pattern than noise alone would make depart."
 
 
 def slash_text(r: dict) -> tuple[str, str]:
@@ -121,8 +123,8 @@ def slash_text(r: dict) -> tuple[str, str]:
                 "Without slash heads there is nothing to test for persistence.")
     top = r["strongest"]
     head = (f"{r['heads']} heads put at least {_p(kappa)} of their attention a fixed number of tokens back "
-            f"(strongest: layer.head {top['layer']}.{top['head']}, {_p(top['score'])} at {top['delta']} back, "
-            f"against {_p(r['uniform'])} for even attention)")
+            f"(strongest: layer {top['layer']}, head {top['head']}, {_p(top['score'])} at {top['delta']} back, "
+            f"against {100 * r['uniform']:.1f}% for even attention)")
     if r["reason"] == "no_random_scan":
         return head + ".", ("No scan of the same model on random tokens is given, so whether these heads keep the "
                             "pattern without meaningful text is not tested (scan with --data random at the same "
@@ -150,7 +152,8 @@ def slash_text(r: dict) -> tuple[str, str]:
 
 def zuo_text(r: dict) -> tuple[str, str]:
     nope = r["nope_layers"]
-    text = (f"nearby tokens' hidden states are more alike than distant ones: the adjacency probability score is "
+    text = (f"nearby tokens' hidden states are more alike than distant ones: the adjacency probability score of "
+            f"the residual stream (not of the head outputs) is "
             f"{fmt(r['value'])} on average over {'its ' + str(nope) + ' layers without RoPE' if nope else 'its layers'}"
             f" (0.5 = no order, 1 = every token most like its nearest; range {fmt(r['aps_min'])} … "
             f"{fmt(r['aps_max'])})." + _against(r, share=False))
@@ -159,7 +162,7 @@ def zuo_text(r: dict) -> tuple[str, str]:
                       "rotates its queries and keys, so the number is context only.")
     if r["verdict"] == V.REPRODUCED:
         return text, "The layers without RoPE show the adjacency pattern."
-    return text, ("The order is beyond noise but small: the hidden states carry little adjacency pattern."
+    return text, ("The order is beyond noise but small: the residual stream carries little adjacency pattern."
                   if r["reason"] == "small" else "The hidden states show no order beyond noise.")
 
 
@@ -242,7 +245,7 @@ def summary_line(record: dict) -> str:
               f"K {o['massive_k']} ({_p(o['massive_k_low_share'])})"
     return (f"{record['name']}: sink heads {_p(o['sink_rate'])} (random tokens {_p(o['sink_rate_random'])}); "
             f"{o['slash_heads']} slash heads, {o['slash_persist']} persist on random tokens; {rel}, "
-            f"trend {fmt(o['trend_mean'], signed=True)}; APS {fmt(o['aps_min'])}–{fmt(o['aps_max'])}; "
+            f"trend {fmt(o['trend_mean'], signed=True)}; residual-stream APS {fmt(o['aps_min'])}–{fmt(o['aps_max'])}; "
             + (f"RoPE energy high/medium/low {_p(f['high'])}/{_p(f['medium'])}/{_p(f['low'])}; {massive}"
                if o.get("rope_layers") else "no RoPE"))
 

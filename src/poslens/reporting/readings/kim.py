@@ -51,7 +51,12 @@ def _kim_locality(loc: dict) -> list[str]:
     if loc["code"] == "far":
         return ["Scores fall as the key approaches the query: distant keys are favoured."]
     if loc["code"] == "some":
-        return [f"The preference for nearby or distant keys is clear only in {_layers_phrase(loc['strong'])}."]
+        strong, every = loc["strong"], loc.get("layers") or []
+        rest = [l for l in every if l not in strong]
+        if rest and len(strong) > max(len(rest), 6):  # a list too long to write out: name the exceptions
+            return [(f"The preference for nearby or distant keys is clear in {len(strong)} of {len(every)} layers, "
+                     f"all but {_layers_phrase(rest)}.")]
+        return [f"The preference for nearby or distant keys is clear only in {_layers_phrase(strong)}."]
     if loc["code"] == "none":
         return [f"No layer shows a clear trend with distance (|locality| ≤ {loc['threshold']})."]
     return []

@@ -23,22 +23,23 @@ def render_neighborhood(j: dict) -> list[str]:
     where = _layers_phrase(ids) if len(ids) <= 4 else f"layers {ids[0]} … {ids[-1]}"
     start = f"embeddings {fmt(emb)}, then " if emb is not None else ""
     if j["per_seq"]:
-        out.append(f"Adjacency probability score of the hidden states per sequence (0.5 = chance, 1 = every token is "
+        out.append(f"Adjacency probability score of the residual stream (the hidden states) per sequence (0.5 = chance, 1 = every token is "
                    f"more similar to nearer tokens): {start}{_series_short(aps)} after {where}.")
     else:
-        out.append(f"Mean-map APS of the hidden states (the APS of the cosine map averaged over sequences, not the "
+        out.append(f"Mean-map APS of the residual stream (the hidden states; the APS of the cosine map averaged over sequences, not the "
                    f"paper's per-sequence APS; it approaches 1 for any consistent trend as sequences are added, so "
                    f"0.5 is no chance level here): {start}{_series_short(aps)} after {where}.")
     if j["control"] == "bidirectional":
         out.append("This is the bidirectional control (no causal mask): theory predicts no adjacency pattern; "
                    f"measured maximum {fmt(j['max'])}.")
     elif j["control"] == "first":
-        out.append(f"The first attention layer already creates the adjacency pattern: APS rises from {fmt(emb)} "
+        out.append(f"The first attention layer already creates the adjacency pattern: the residual stream's APS "
+                   f"rises from {fmt(emb)} "
                    f"(embeddings, no position) to {fmt(aps[0])}.")
     elif j["control"] == "unclear":
-        out.append("No layer shows a clear adjacency pattern (APS < 0.6 everywhere).")
+        out.append("No layer's residual stream shows a clear adjacency pattern (APS < 0.6 everywhere).")
     if j["attn"] is not None:
-        out.append(f"Attention outputs alone reach APS {fmt(j['attn'])}; near-uniform causal attention makes them "
+        out.append(f"The attention outputs alone (not the residual stream) reach APS {fmt(j['attn'])}; near-uniform causal attention makes them "
                    "running means, whose cosine similarity rises towards the diagonal (theory: APS ≈ 1).")
     if j["norms"]:
         out.append(f"Norm score {_series_short(j['norms'])} (median {fmt(j['median'])}: {NORM_WORDS[j['norm']]}; "
