@@ -54,8 +54,8 @@ COMPARE_HEAD = ("sink", "slash", "prev_token", "entropy", "distance")
 
 
 def uniform_offsets(S: int) -> np.ndarray:
-    """SlashScore(Δ) of uniform causal attention, ``[S]``: the mean over the queries i ≥ Δ of 1/(i + 1)
-    (each query spreading its weight evenly over the i + 1 keys it sees)."""
+    """SlashScore(Δ) of uniform causal attention at every offset, ``[S]``: the mean over the queries i ≥ Δ
+    of 1/(i + 1) (:func:`poslens.metrics.verdicts.uniform_slash` for all Δ at once)."""
     inv = 1.0 / np.arange(1, S + 1, dtype=np.float64)  # inv[i] = 1 / (i + 1)
     tail = np.cumsum(inv[::-1])[::-1]  # tail[d] = sum_{i >= d} 1 / (i + 1)
     return tail / (S - np.arange(S))
@@ -65,10 +65,11 @@ def chance_levels(S: int) -> dict:
     """Each per-head reading of uniform causal attention over ``S`` tokens (the level a head without
     structure sits at): weight on key 0 over queries 1 … S−1, SlashScore(1), the mean distance and the
     mean row entropy."""
+    from poslens.metrics.verdicts import uniform_sink_weight, uniform_slash
+
     i = np.arange(S, dtype=np.float64)
-    u = uniform_offsets(S)
-    return {"sink": float(np.mean(1.0 / (i[1:] + 1))) if S > 1 else None,
-            "prev_token": float(u[1]) if S > 1 else None,
+    return {"sink": uniform_sink_weight(S) if S > 1 else None,
+            "prev_token": uniform_slash(S, 1) if S > 1 else None,
             "distance": float(np.mean(i / 2.0)),
             "entropy": float(np.mean(np.log(i + 1.0)))}
 
