@@ -205,8 +205,9 @@ def test_a_scan_without_per_head_maps_shows_what_it_has(browser, tiny, tmp_path)
     import poslens
 
     r = poslens.scan(str(tiny), data="random", seq_len=16, num_seqs=2, progress=False, out=tmp_path / "scan")
-    page = poslens.explore(r, out=tmp_path / "explore.html")
-    assert len(page.notes) == 1
+    longer = poslens.scan(str(tiny), data="random", seq_len=32, num_seqs=2, progress=False)
+    page = poslens.explore(r, longer, out=tmp_path / "explore.html")
+    assert len(page.notes) == 2
     msg = page.notes[0]
     assert "--heads all" in msg
     p = Page(browser, page.path)
@@ -216,6 +217,11 @@ def test_a_scan_without_per_head_maps_shows_what_it_has(browser, tiny, tmp_path)
         assert note and msg.endswith(note.rstrip("."))  # the page shows the run's note
         assert p.js("document.getElementById('head-grid').data[0].z.length") == 2  # the grid is there
         assert p.js("document.getElementById('head-map').hidden") is True  # no map to draw
+        # two lengths of one model: the lengths view, one point per length, the trained context marked
+        p.page.click("#tab-lengths")
+        assert p.js("document.getElementById('length-plot').data[0].x") == [16, 32]
+        assert p.js("document.getElementById('length-plot').layout.shapes[0].x0") == 64
+        assert p.console == []
     finally:
         p.close()
 
