@@ -189,6 +189,8 @@ SIGNATURES = {
     "poslens_rising_pairs": ([_F32P, _I64, _I64, ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
     "poslens_pair_counts": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, ctypes.POINTER(ctypes.c_int64),
                              ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
+    "poslens_merge_pair_counts": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, ctypes.POINTER(ctypes.c_int64),
+                                   ctypes.POINTER(ctypes.c_int64), _I64, _I64], _I64),
     "poslens_unrotate_half": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _F32P, _I64, _I64], None),
     "poslens_unit_rows": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64], None),
     "poslens_add_widened": ([ctypes.POINTER(ctypes.c_double), _F32P, _I64, _I64, ctypes.c_double, ctypes.c_int32,
@@ -396,6 +398,22 @@ def pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     as_i64 = ctypes.POINTER(ctypes.c_int64)
     _load().poslens_pair_counts(ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_double)), N, T,
                                 ctypes.cast(gt.data_ptr(), as_i64), ctypes.cast(eq.data_ptr(), as_i64), 0, N)
+    return gt, eq
+
+
+def merge_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`pair_counts` of rows of any length (``x [N, T]``, CPU, float, no NaN, ``-inf`` only as a
+    suffix), each row counted by a merge sort in O(T log T); None when the kernels are not available."""
+    if x.ndim != 2 or not available() or not _cpu(x) or not x.is_floating_point():
+        return None
+    N, T = x.shape
+    x = x.detach().to(torch.float64).contiguous()  # float32 and narrower: exactly
+    gt, eq = torch.empty(N, dtype=torch.int64), torch.empty(N, dtype=torch.int64)
+    as_i64 = ctypes.POINTER(ctypes.c_int64)
+    if _load().poslens_merge_pair_counts(ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_double)), N, T,
+                                         ctypes.cast(gt.data_ptr(), as_i64), ctypes.cast(eq.data_ptr(), as_i64),
+                                         0, N) != 0:
+        return None  # no scratch memory: the caller's sort count
     return gt, eq
 
 

@@ -8,6 +8,7 @@
  * - poslens_causal_pair_dim_sum: per head dimension, the sum over causal pairs j <= i of q_i k_j.
  * - poslens_rising_pairs: the APS count of a self-similarity map (rising pairs below the diagonal).
  * - poslens_pair_counts: rising and tied pairs of rows (locality, diagonal trends of score maps).
+ * - poslens_merge_pair_counts: the same counts of long rows by a merge sort, O(T log T) per row.
  * - poslens_unrotate_half: queries or keys rotated back by their RoPE angles (rotate-half layout).
  * - poslens_add_widened: a float32 map added into a float64 sum (its lower triangle alone, if asked).
  * - poslens_unit_rows: vectors' norms and the unit vectors, written sequence-major (cosine maps).
@@ -19,6 +20,7 @@
  */
 #include <stdint.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* exp(x) for x <= 0 (or -inf), VW lanes at a time, to about 1 ulp: x = n ln2 + r (Cody-Waite),
@@ -301,6 +303,64 @@ void poslens_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t
         gt[n] = gs;
         eq[n] = es;
     }
+}
+
+/* poslens_pair_counts' counts (rising pairs x[k] > x[j], j < k, and tied pairs of entries above
+ * -inf) of the rows n0 .. n1 - 1 of x [N, T] (float64, no NaN, -inf only as a suffix) by a bottom-up
+ * merge sort of each row: when two sorted runs of adjacent positions merge, an entry of the right run
+ * is taken before every left entry not above it, so the left entries taken before it are the ones it
+ * rises above, and each pair j < k is counted once, at the merge that first joins them. The tied pairs
+ * are those of equal values whatever their order: the runs of equal entries of the sorted row.
+ * O(T log T) per row, branch-free merges, for rows too long for the all-pairs count. Returns -1 where
+ * the scratch memory is refused. */
+int64_t poslens_merge_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t *restrict gt,
+                                  int64_t *restrict eq, int64_t n0, int64_t n1) {
+    (void)N;
+    const double ninf = -__builtin_inf();
+    double *a = malloc(sizeof(double) * (size_t)(T > 0 ? T : 1));
+    double *b = malloc(sizeof(double) * (size_t)(T > 0 ? T : 1));
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return -1;
+    }
+    for (int64_t n = n0; n < n1; n++) {
+        const double *row = x + n * T;
+        int64_t len = T;
+        while (len > 0 && row[len - 1] == ninf) len--;
+        memcpy(a, row, sizeof(double) * (size_t)len);
+        int64_t g = 0, e = 0;
+        double *src = a, *dst = b;
+        for (int64_t w = 1; w < len; w *= 2) {
+            for (int64_t lo = 0; lo < len; lo += 2 * w) {
+                int64_t mid = lo + w < len ? lo + w : len, hi = lo + 2 * w < len ? lo + 2 * w : len;
+                int64_t i = lo, j = mid, o = lo;
+                while (i < mid && j < hi) {
+                    double l = src[i], r = src[j];
+                    int64_t right = r <= l;
+                    dst[o++] = right ? r : l;
+                    g += right * (i - lo);
+                    j += right;
+                    i += 1 - right;
+                }
+                while (i < mid) dst[o++] = src[i++];
+                g += (hi - j) * (mid - lo);
+                while (j < hi) dst[o++] = src[j++];
+            }
+            double *t = src;
+            src = dst;
+            dst = t;
+        }
+        for (int64_t k = 1, run = 0; k < len; k++) {
+            run = src[k] == src[k - 1] ? run + 1 : 0;
+            e += run;
+        }
+        gt[n] = g;
+        eq[n] = e;
+    }
+    free(a);
+    free(b);
+    return 0;
 }
 
 /* x [B, H, S, D] (float32, contiguous) rotated back by RoPE's angles in the rotate-half layout, into
