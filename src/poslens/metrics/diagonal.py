@@ -36,6 +36,7 @@ from typing import Sequence
 
 import torch
 
+from poslens import native
 from poslens.conventions import NOISE_P
 from poslens.metrics.noise import (cross_mean_square, decisive, jackknife_se_of, leave_one_out_means,
                                    signflip_pvalue)
@@ -261,6 +262,9 @@ def diagonal_rows(m: torch.Tensor, first: int) -> torch.Tensor:
     """The lower diagonals of maps ``m [B, S, S]`` as rows, ``D [B, S - first, S]`` (a copy):
     ``D[b, k - first, t] = m[b, t + k, t]``, NaN past the map's end (``t + k >= S``)."""
     B, S = m.shape[0], m.shape[-1]
+    fused = native.diagonal_rows(m, first)  # in cache-sized tiles, where the C kernels are built
+    if fused is not None:
+        return fused
     padded = torch.cat([m.reshape(B, S * S), m.new_full((B, S * S), float("nan"))], 1)
     return padded.as_strided((B, S - first, S), (2 * S * S, S, S + 1), first * S).clone()
 

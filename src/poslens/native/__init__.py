@@ -191,6 +191,8 @@ SIGNATURES = {
                              ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
     "poslens_merge_pair_counts": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, ctypes.POINTER(ctypes.c_int64),
                                    ctypes.POINTER(ctypes.c_int64), _I64, _I64], _I64),
+    "poslens_diagonal_rows": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, _I64, ctypes.POINTER(ctypes.c_double)],
+                              None),
     "poslens_unrotate_half": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _F32P, _I64, _I64], None),
     "poslens_unit_rows": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64], None),
     "poslens_add_widened": ([ctypes.POINTER(ctypes.c_double), _F32P, _I64, _I64, ctypes.c_double, ctypes.c_int32,
@@ -415,6 +417,20 @@ def merge_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | No
                                          0, N) != 0:
         return None  # no scratch memory: the caller's sort count
     return gt, eq
+
+
+def diagonal_rows(m: torch.Tensor, first: int) -> torch.Tensor | None:
+    """The lower diagonals of maps ``m [B, S, S]`` (float64, CPU) as rows ``[B, S - first, S]``:
+    ``out[b, k - first, t] = m[b, t + k, t]``, NaN past the map's end; None when the kernels are not
+    available (:func:`poslens.metrics.diagonal.diagonal_rows` gathers them with torch)."""
+    if m.ndim != 3 or not available() or not _cpu(m) or m.dtype != torch.float64:
+        return None
+    B, S = m.shape[0], m.shape[-1]
+    m = m.contiguous()
+    out = torch.empty(B, S - first, S, dtype=torch.float64)
+    as_f64 = ctypes.POINTER(ctypes.c_double)
+    _load().poslens_diagonal_rows(ctypes.cast(m.data_ptr(), as_f64), B, S, first, ctypes.cast(out.data_ptr(), as_f64))
+    return out
 
 
 def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -9,6 +9,7 @@
  * - poslens_rising_pairs: the APS count of a self-similarity map (rising pairs below the diagonal).
  * - poslens_pair_counts: rising and tied pairs of rows (locality, diagonal trends of score maps).
  * - poslens_merge_pair_counts: the same counts of long rows by a merge sort, O(T log T) per row.
+ * - poslens_diagonal_rows: the lower diagonals of a map as rows (diagonal normalisation, trends).
  * - poslens_unrotate_half: queries or keys rotated back by their RoPE angles (rotate-half layout).
  * - poslens_add_widened: a float32 map added into a float64 sum (its lower triangle alone, if asked).
  * - poslens_unit_rows: vectors' norms and the unit vectors, written sequence-major (cosine maps).
@@ -313,6 +314,8 @@ void poslens_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t
  * are those of equal values whatever their order: the runs of equal entries of the sorted row.
  * O(T log T) per row, branch-free merges, for rows too long for the all-pairs count. Returns -1 where
  * the scratch memory is refused. */
+#define MB 8
+
 int64_t poslens_merge_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t *restrict gt,
                                   int64_t *restrict eq, int64_t n0, int64_t n1) {
     (void)N;
@@ -331,7 +334,21 @@ int64_t poslens_merge_pair_counts(const double *restrict x, int64_t N, int64_t T
         memcpy(a, row, sizeof(double) * (size_t)len);
         int64_t g = 0, e = 0;
         double *src = a, *dst = b;
-        for (int64_t w = 1; w < len; w *= 2) {
+        for (int64_t lo = 0; lo < len; lo += MB) { /* runs of MB: their pairs compared, then an insertion sort */
+            int64_t hi = lo + MB < len ? lo + MB : len;
+            for (int64_t k = lo + 1; k < hi; k++)
+                for (int64_t j = lo; j < k; j++) g += src[k] > src[j];
+            for (int64_t k = lo + 1; k < hi; k++) {
+                double v = src[k];
+                int64_t j = k;
+                while (j > lo && src[j - 1] > v) {
+                    src[j] = src[j - 1];
+                    j--;
+                }
+                src[j] = v;
+            }
+        }
+        for (int64_t w = MB; w < len; w *= 2) {
             for (int64_t lo = 0; lo < len; lo += 2 * w) {
                 int64_t mid = lo + w < len ? lo + w : len, hi = lo + 2 * w < len ? lo + 2 * w : len;
                 int64_t i = lo, j = mid, o = lo;
@@ -361,6 +378,35 @@ int64_t poslens_merge_pair_counts(const double *restrict x, int64_t N, int64_t T
     free(a);
     free(b);
     return 0;
+}
+
+/* The lower diagonals of the maps m [B, S, S] (float64, contiguous) as rows: out [B, S - first, S] with
+ * out[b, k - first, t] = m[b, t + k, t], NaN where t + k >= S. In tiles of DT x DT (diagonal, column)
+ * pairs, whose reads (2 DT rows of DT columns of m) and writes (DT rows of DT entries) both stay in L1:
+ * a diagonal read straight through touches a new cache line per entry. */
+#define DT 32
+
+void poslens_diagonal_rows(const double *restrict m, int64_t B, int64_t S, int64_t first, double *restrict out) {
+    const double nan = __builtin_nan("");
+    const int64_t R = S - first;
+    for (int64_t b = 0; b < B; b++) {
+        const double *mb = m + b * S * S;
+        double *ob = out + b * R * S;
+        for (int64_t r0 = 0; r0 < R; r0 += DT) {
+            int64_t r1 = r0 + DT < R ? r0 + DT : R;
+            for (int64_t t0 = 0; t0 < S; t0 += DT) {
+                int64_t t1 = t0 + DT < S ? t0 + DT : S;
+                for (int64_t r = r0; r < r1; r++) {
+                    const int64_t k = r + first;
+                    double *o = ob + r * S;
+                    int64_t stop = S - k < t1 ? S - k : t1; /* t + k < S */
+                    int64_t t = t0;
+                    for (; t < stop; t++) o[t] = mb[(t + k) * S + t];
+                    for (; t < t1; t++) o[t] = nan;
+                }
+            }
+        }
+    }
 }
 
 /* x [B, H, S, D] (float32, contiguous) rotated back by RoPE's angles in the rotate-half layout, into
