@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
+import diagonal_reference as ref
 import pytest
 import torch
 
-import diagonal_reference as ref
 from poslens.capture.scan import finalize as fin
 from poslens.metrics import diagonal
 from poslens.metrics.diagonal import causal_view, describe_map, map_numbers, window_view
@@ -141,7 +141,10 @@ def test_merge_pair_counts_equal_the_sort_count():
 
 
 def test_mean_on_and_release_mean_equal_the_whole_mean():
-    from poslens.capture.statistics.accumulators import MeanAccumulator, symmetric_from_lower
+    from poslens.capture.statistics.accumulators import (
+        MeanAccumulator,
+        symmetric_from_lower,
+    )
     from poslens.metrics.neighborhood import aps_positions
 
     gen = torch.Generator().manual_seed(7)
@@ -168,11 +171,12 @@ def test_mean_on_and_release_mean_equal_the_whole_mean():
 def test_smollm2_readings_equal_the_previous_ones(tmp_path, monkeypatch):
     import json
 
+    from real_models import real_model_file
+
     import poslens
     from poslens.capture.statistics import accumulators
     from poslens.metrics.slash import sink_weight
     from poslens.rundir.io import read_tensors
-    from real_models import real_model_file
 
     gguf = real_model_file("smollm2")
     seen = {"layers": 0, "of_all": 0, "sink": 0, "means": 0}

@@ -32,6 +32,7 @@ of the variances. A flat map has relativity index and locality ``None``.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -168,11 +169,14 @@ def is_flat(m, groups=None, weights=None, include_diagonal: bool = False, exclud
     return _flat_verdict(v, p)
 
 
-def _flat_verdict(v: torch.Tensor, p: float | None) -> bool:
+def _flat_verdict(v: torch.Tensor | None, p: float | None, exact: bool | None = None) -> bool:
     """:func:`is_flat` from the map's valid entries ``v`` (two or more) and the groups' flat p-value
-    (None without decisive groups: then only an exactly constant map is flat)."""
+    (None without decisive groups: then only an exactly constant map is flat; ``exact``, where given,
+    is that verdict already taken, as :func:`map_numbers` takes it, and ``v`` is not read)."""
     if p is not None:
         return p >= NOISE_P
+    if exact is not None:
+        return exact
     scale = v.abs().max().clamp_min(1e-300)
     return bool((v - v.mean()).abs().max() <= 1e-12 * scale)
 
@@ -369,7 +373,7 @@ def map_numbers(m, include_diagonal: bool = False, exclude_keys: Sequence[int] =
     trend = float(_trends_of_rows(D[None], fin[None], first)[0])
     out = {"n": n, "flat": flat, "relativity_index": None if flat else _ri(ss_w / n, (ss_w + ss_b) / n),
            "within_diag_rms": (ss_w / n) ** 0.5 if n else float("nan"),
-           "diagonal_trend": None if trend != trend else trend}
+           "diagonal_trend": None if math.isnan(trend) else trend}
     if all_keys:
         out.update(_with_keys(D[:, keys], key_ok, n_k, s_k, mean_k, ss_w, lo, hi) if keys else
                    {"flat_all_keys": flat, "relativity_index_all_keys": out["relativity_index"]})
@@ -394,10 +398,8 @@ def _with_keys(cols: torch.Tensor, ok: torch.Tensor, n_k: torch.Tensor, s_k: tor
     mean = float((s_k + x.sum(1)).sum()) / n
     ss_b2 = float((n2 * (m2 - mean) ** 2).sum())
     if bool(ok.any()):
-        lo = min(lo, float(torch.where(ok, cols, float("inf")).min())) if lo == lo else \
-            float(torch.where(ok, cols, float("inf")).min())
-        hi = max(hi, float(torch.where(ok, cols, float("-inf")).max())) if hi == hi else \
-            float(torch.where(ok, cols, float("-inf")).max())
+        c_lo, c_hi = float(torch.where(ok, cols, float("inf")).min()), float(torch.where(ok, cols, float("-inf")).max())
+        lo, hi = (c_lo, c_hi) if math.isnan(lo) else (min(lo, c_lo), max(hi, c_hi))  # NaN: no other entry
     flat = _spread_flat(n, lo, hi, mean)
     return {"flat_all_keys": flat, "relativity_index_all_keys": None if flat else _ri(ss_w2 / n, (ss_w2 + ss_b2) / n)}
 
@@ -490,8 +492,8 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
             g_all = as_float64(groups)
             mask_all = _entries(g_all, include_diagonal)
             p_flat_ri = None if int(mask_all.sum()) < 2 else signflip_pvalue(_centred(g_all, mask_all), w)
-    flat = n_m < 2 or (own["flat"] if p_flat is None else p_flat >= NOISE_P)
-    flat_ri = n_m < 2 or (own["flat"] if p_flat_ri is None else p_flat_ri >= NOISE_P)
+    flat = n_m < 2 or _flat_verdict(None, p_flat, own["flat"])
+    flat_ri = n_m < 2 or _flat_verdict(None, p_flat_ri, own["flat"])
     cross = cross_mean_square(within_g, w) if mask is not None else None
     if flat_ri:
         ri = None
