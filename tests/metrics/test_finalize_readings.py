@@ -59,8 +59,12 @@ def _maps(S: int, gen: torch.Generator):
     return [(name, causal_view(m)) for name, m in out] + [("window", window_view(causal_view(sink), max(1, S // 3)))]
 
 
+@pytest.mark.parametrize("kernels", ["auto", "torch"])
 @pytest.mark.parametrize("S", [1, 2, 3, 4, 9, 40, 130])
-def test_map_numbers_equal_the_previous_functions(S):
+def test_map_numbers_equal_the_previous_functions(S, kernels, monkeypatch):
+    from poslens import native
+
+    monkeypatch.setenv(native.KERNEL_ENV, kernels)  # the C pass and the torch path alike
     gen = torch.Generator().manual_seed(70 + S)
     for name, m in _maps(S, gen):
         for diag in (False, True):

@@ -249,9 +249,9 @@ def diagonal_trends(m: torch.Tensor, include_diagonal: bool = False) -> torch.Te
     Each diagonal k (``D[k, t] = m[t + k, t]``, :func:`diagonal_rows`) becomes a row with its finite
     entries in column order at the front (:func:`poslens.metrics.neighborhood.finite_prefix`, after
     the key columns with no finite entry: :func:`poslens.metrics.neighborhood.dead_leading_keys`), and
-    one value sort per row counts its rising and tied pairs
-    (:func:`poslens.metrics.neighborhood.ordered_pair_counts`); the diagonals of at most ``w`` entries
-    on their first ``w`` columns only."""
+    its rising and tied pairs are counted (:func:`poslens.metrics.neighborhood.ordered_pair_counts`:
+    every pair compared on short diagonals, a merge sort per long one, a value sort without the C
+    kernels); the diagonals of at most ``w`` entries on their first ``w`` columns only."""
     m = as_float64(m)
     S = m.shape[-1]
     lead = m.shape[:-2]
@@ -284,7 +284,15 @@ def _trends_of_rows(D: torch.Tensor, fin: torch.Tensor, first: int) -> torch.Ten
         D, fin, S = D[:, :S - c - first, c:], fin[:, :S - c - first, c:], S - c
     if S - first < 2:
         return torch.full((B,), float("nan"), dtype=torch.float64, device=D.device)
-    D = finite_prefix(D, fin)
+    return _packed_trends(finite_prefix(D, fin), first)
+
+
+def _packed_trends(D: torch.Tensor, first: int) -> torch.Tensor:
+    """``[B]``: :func:`_trends_of_rows` from the diagonals with their counted entries at the front of
+    each row and ``-inf`` after them (``D [B, S - first, S]``, the dead leading key columns dropped)."""
+    B, S = D.shape[0], D.shape[-1]
+    if S - first < 2:
+        return torch.full((B,), float("nan"), dtype=torch.float64, device=D.device)
     gt, lt, pairs = (torch.zeros(B, dtype=torch.float64, device=D.device) for _ in range(3))
     for lo, hi, w in prefix_bands(S - first, extra=1):  # band rows r = S - 1 - k: diagonal k has r + 1 entries
         if w < 2:
@@ -296,6 +304,22 @@ def _trends_of_rows(D: torch.Tensor, fin: torch.Tensor, first: int) -> torch.Ten
         pairs += n.sum(1)
     trend = (gt - lt) / pairs
     return torch.where(pairs > 0, trend, float("nan"))
+
+
+def _fused_stats(D: torch.Tensor, keys: list[int]):
+    """:func:`map_numbers`' diagonal sums of ``D [S - first, S]`` in one C pass
+    (:func:`poslens.native.diagonal_stats`, which packs ``D`` in place for the trend's count):
+    ``(n_k, s_k, ss_w, lo, hi, c)``, the diagonals' counts and sums, their summed centred squares, the
+    least and greatest entry and the dead leading key columns; None without the C kernels (``D``
+    unchanged)."""
+    excluded = torch.zeros(D.shape[-1], dtype=torch.bool, device=D.device)
+    excluded[keys] = True
+    got = native.diagonal_stats(D, excluded)
+    if got is None:
+        return None
+    st, seen = got
+    c = int(torch.cumprod((~seen).to(torch.int64), 0).sum())
+    return st[:, 0], st[:, 1], float(st[:, 2].sum()), float(st[:, 3].min()), float(st[:, 4].max()), c
 
 
 def _ri(var_dn: float, var_map: float) -> float | None:
@@ -354,28 +378,34 @@ def map_numbers(m, include_diagonal: bool = False, exclude_keys: Sequence[int] =
                "diagonal_trend": None}
         return {**out, "flat_all_keys": True, "relativity_index_all_keys": None} if all_keys else out
     D = diagonal_rows(m[None], first)[0]  # [S - first, S]
-    fin = finite(D)
-    key_ok = fin[:, keys].clone() if keys else None  # the excluded columns' finite entries
-    if keys:
-        fin[:, keys] = False
-    zero = torch.zeros((), dtype=torch.float64, device=D.device)
-    vals = torch.where(fin, D, zero)
-    n_k = fin.sum(1, dtype=torch.float64)
-    s_k = vals.sum(1)
-    mean_k = s_k / n_k.clamp_min(1)
-    within = torch.where(fin, D - mean_k[:, None], zero).reshape(-1)
-    ss_w = float(within @ within)
+    cols = D[:, keys].clone() if keys else None  # the excluded columns' entries
+    fused = _fused_stats(D, keys)  # D packed in place
+    if fused is not None:
+        n_k, s_k, ss_w, lo, hi, c = fused
+        mean_k = s_k / n_k.clamp_min(1)
+        trend = float(_packed_trends(D[None, :max(S - c - first, 0), :S - c], first)[0])
+    else:
+        fin = finite(D)
+        if keys:
+            fin[:, keys] = False
+        zero = torch.zeros((), dtype=torch.float64, device=D.device)
+        n_k = fin.sum(1, dtype=torch.float64)
+        s_k = torch.where(fin, D, zero).sum(1)
+        mean_k = s_k / n_k.clamp_min(1)
+        within = torch.where(fin, D - mean_k[:, None], zero).reshape(-1)
+        ss_w = float(within @ within)
     n = int(n_k.sum())
     mean = float(s_k.sum()) / n if n else float("nan")
     ss_b = float((n_k * (mean_k - mean) ** 2).sum()) if n else 0.0
-    lo, hi = _extremes(D, fin, n, ss_w + ss_b, mean)
+    if fused is None:
+        lo, hi = _extremes(D, fin, n, ss_w + ss_b, mean)
+        trend = float(_trends_of_rows(D[None], fin[None], first)[0])
     flat = _spread_flat(n, lo, hi, mean)
-    trend = float(_trends_of_rows(D[None], fin[None], first)[0])
     out = {"n": n, "flat": flat, "relativity_index": None if flat else _ri(ss_w / n, (ss_w + ss_b) / n),
            "within_diag_rms": (ss_w / n) ** 0.5 if n else float("nan"),
            "diagonal_trend": None if math.isnan(trend) else trend}
     if all_keys:
-        out.update(_with_keys(D[:, keys], key_ok, n_k, s_k, mean_k, ss_w, lo, hi) if keys else
+        out.update(_with_keys(cols, finite(cols), n_k, s_k, mean_k, ss_w, lo, hi) if keys else
                    {"flat_all_keys": flat, "relativity_index_all_keys": out["relativity_index"]})
     return out
 
@@ -463,7 +493,9 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     (:data:`NOISE_NOTES`).
     ``locality_map`` (optional) is a position subsample of ``m`` to compute the O(S^3) locality on.
     ``locality_all_keys``: also ``locality_all_keys``, the :func:`locality` of the map with the
-    excluded keys taken in (None where the map is flat), from the same pair counts.
+    excluded keys taken in (None where the map is flat), from the same pair counts, and
+    ``relativity_index_all_keys``, its :func:`relativity_index` without groups, from the same
+    diagonal sums (:func:`map_numbers`).
     """
     m = as_float64(m)
     if m.ndim != 2:

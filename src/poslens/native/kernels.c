@@ -10,6 +10,7 @@
  * - poslens_pair_counts: rising and tied pairs of rows (locality, diagonal trends of score maps).
  * - poslens_merge_pair_counts: the same counts of long rows by a merge sort, O(T log T) per row.
  * - poslens_diagonal_rows: the lower diagonals of a map as rows (diagonal normalisation, trends).
+ * - poslens_diagonal_stats: each diagonal's count, sum, centred sum of squares and extremes, packed.
  * - poslens_unrotate_half: queries or keys rotated back by their RoPE angles (rotate-half layout).
  * - poslens_add_widened: a float32 map added into a float64 sum (its lower triangle alone, if asked).
  * - poslens_unit_rows: vectors' norms and the unit vectors, written sequence-major (cosine maps).
@@ -406,6 +407,44 @@ void poslens_diagonal_rows(const double *restrict m, int64_t B, int64_t S, int64
                 }
             }
         }
+    }
+}
+
+/* For each row r of D [R, S] (float64, contiguous: a map's diagonals as rows), over its entries that
+ * count (finite, and in no column with excluded[t] != 0): out[r] = {count, sum, sum of squares about
+ * the row's mean sum / max(count, 1), least, greatest} (least +inf and greatest -inf without an entry),
+ * and the row packed in place: its counted entries in column order at the front, -inf after them (the
+ * layout the pair counts read). seen[t] is set to 1 for every column t with a counted entry (left as
+ * given elsewhere). Two passes over each row, both in cache. */
+void poslens_diagonal_stats(double *restrict D, int64_t R, int64_t S, const uint8_t *restrict excluded,
+                            double *restrict out, uint8_t *restrict seen) {
+    const double inf = __builtin_inf();
+    for (int64_t r = 0; r < R; r++) {
+        double *row = D + r * S;
+        int64_t n = 0;
+        double sum = 0.0, lo = inf, hi = -inf;
+        for (int64_t t = 0; t < S; t++) {
+            double v = row[t];
+            if (fabs(v) < inf && !excluded[t]) {
+                sum += v;
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                seen[t] = 1;
+                row[n++] = v; /* n <= t: packing in place reads each entry before it is overwritten */
+            }
+        }
+        for (int64_t t = n; t < S; t++) row[t] = -inf;
+        double mean = sum / (double)(n > 0 ? n : 1), ss = 0.0;
+        for (int64_t t = 0; t < n; t++) {
+            double d = row[t] - mean;
+            ss += d * d;
+        }
+        double *o = out + r * 5;
+        o[0] = (double)n;
+        o[1] = sum;
+        o[2] = ss;
+        o[3] = lo;
+        o[4] = hi;
     }
 }
 

@@ -180,7 +180,9 @@ class _Reader:
 
     def of_all(self, name: str, n: int, fn) -> list | None:
         """``fn`` of accumulator ``name``'s mean at its ``n`` leading indices, each on the APS positions
-        (:func:`_subsample`, one index read at a time), as floats; None where it was not asked for."""
+        (the entries :func:`_subsample` keeps, the only ones read, mirrored and divided:
+        :meth:`~poslens.capture.statistics.accumulators.MeanAccumulator.mean_on`), as floats; None
+        where it was not asked for."""
         if not self.has(name):
             return None
         acc = self.capture.accs[name]
