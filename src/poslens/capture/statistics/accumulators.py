@@ -96,10 +96,9 @@ class MeanAccumulator:
         accumulator is empty afterwards. Peak memory stays at the sums' size (plus one matrix)."""
         if self.count == 0:
             out = self.mean.to(dtype)
-        else:  # divided in float64 and rounded once into the output: no float64 mean is written
-            out = torch.empty(self.shape, dtype=dtype, device=self.sum.device)
-            torch.div(self.sum, self.count, out=out)
-            if self.lower:  # mirroring commutes with the rounding: the same values as mirrored in float64
+        else:
+            out = self.sum.div_(self.count).to(dtype)
+            if self.lower:  # mirrored after the rounding, which it commutes with: half the bytes moved
                 for mat in out.view(-1, *out.shape[-2:]):
                     mat.copy_(symmetric_from_lower(mat))
         self.sum, self.count = torch.zeros(0, dtype=torch.float64, device=self.sum.device), 0
