@@ -221,7 +221,8 @@ def _whole_call(args, src, stats: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             poslens.scan(args.model, data=tokens, batch_size=B, stats=stats or "all", device=args.device,
-                         out=os.path.join(tmp, "run"), figures=False, progress=False, threads=args.threads)
+                         out=os.path.join(tmp, "run"), figures=False, progress=False, threads=args.threads,
+                         map_size=args.map_size if args.map_size < args.seq_len else 0)
             wall = time.perf_counter() - t0
             ru1 = resource.getrusage(resource.RUSAGE_SELF)
     finally:
@@ -453,10 +454,10 @@ def interleaved_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_worker(method, model, seq_len, batch_size, batches, warmup, device, threads) -> dict:
+def run_worker(method, model, seq_len, batch_size, batches, warmup, device, threads, map_size: int = 0) -> dict:
     cmd = [sys.executable, __file__, "--worker", method, "--model", model, "--seq-len", str(seq_len),
            "--batch-size", str(batch_size), "--batches", str(batches), "--warmup", str(warmup), "--device", device,
-           "--threads", str(threads)]
+           "--threads", str(threads), "--map-size", str(map_size)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -541,9 +542,12 @@ def whole_call_lines(results: list[dict]) -> list[str]:
         imp = [c["import_cpu_s"] for c, _ in pairs if c.get("import_cpu_s") is not None]
         imp = f"; the model's transformers code imported before it, untimed as in the floor's process: " \
               f"{_median(imp):.1f} s CPU" if imp else ""
+        sys_c = _median([100 * c["sys_s"] / c["cpu_s"] for c, _ in pairs])
+        sys_f = _median([100 * f["sys_s"] / f["cpu_s"] for _, f in pairs])
         lines.append(f"{entry['model']}: poslens.scan() = {ratio:.2f}x the plain forward's CPU time "
                      f"({_median([c['cpu_s'] for c, _ in pairs]):.1f} s against "
-                     f"{_median([f['cpu_s'] for _, f in pairs]):.1f} s, {floor} row){fin}{imp}")
+                     f"{_median([f['cpu_s'] for _, f in pairs]):.1f} s, {floor} row); sys {sys_c:.1f} % of the "
+                     f"call's CPU against {sys_f:.1f} % of the forward's{fin}{imp}")
     return lines
 
 
@@ -554,13 +558,19 @@ def main():
     ap.add_argument("--warmup", type=int, default=2, help=argparse.SUPPRESS)
     ap.add_argument("--batch-size", type=int, default=20, help=argparse.SUPPRESS)
     ap.add_argument("--batches", type=int, default=2, help=argparse.SUPPRESS)
-    ap.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence (both models)")
+    ap.add_argument("--seq-len", default="1024",
+                    help="tokens per sequence (both models); a comma-separated list runs every length in turn, "
+                         "one table row group per model and length (e.g. 256,1024,4096)")
+    ap.add_argument("--map-size", type=int, default=0, metavar="N",
+                    help="the whole poslens.scan() call's --map-size at lengths above N (default 0: full maps)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1: CPU time is the work)")
     ap.add_argument("--bench-batch", default="20x2", help="benchmark model: BATCHxBATCHES timed (default 20x2 = 40 seqs)")
     ap.add_argument("--smollm", default=None, help="SmolLM2-135M model directory (default: found in the GGUF cache)")
-    ap.add_argument("--smollm-batch", default="4x2", help="SmolLM2: BATCHxBATCHES timed (default 4x2)")
+    ap.add_argument("--smollm-batch", default="4x2",
+                    help="SmolLM2: BATCHxBATCHES timed (default 4x2); a comma-separated list: one per --seq-len")
     ap.add_argument("--no-smollm", action="store_true", help="the benchmark model only")
+    ap.add_argument("--no-bench-model", action="store_true", help="SmolLM2 only (the benchmark model not run)")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds of every method per model, in alternating order (default 1); the table gives "
@@ -571,6 +581,13 @@ def main():
     ap.add_argument("--json", default=_results.default_path("scan"),
                     help="write every number here (default: benchmarks/results_scan.json; 'none': print only)")
     args = ap.parse_args()
+    try:
+        lengths = [int(x) for x in str(args.seq_len).split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--seq-len: whole numbers separated by commas, got {args.seq_len!r}")
+    if not lengths or min(lengths) < 1:
+        ap.error(f"--seq-len: one or more lengths of at least 1, got {args.seq_len!r}")
+    args.seq_len = lengths[0]  # a worker runs one length
     if args.worker == "interleaved":
         try:
             print(json.dumps(interleaved_worker(args)))
@@ -600,38 +617,47 @@ def main():
     t_start = time.time()
     from poslens import native
 
-    print(f"bench_scan: {args.threads} thread(s), {os.cpu_count()} CPUs, device {args.device}, seq_len {args.seq_len}, "
-          f"poslens CPU kernels: {native.status()}", flush=True)
+    print(f"bench_scan: {args.threads} thread(s), {os.cpu_count()} CPUs, device {args.device}, seq_len "
+          f"{','.join(map(str, lengths))}, poslens CPU kernels: {native.status()}", flush=True)
+    smollm_batches = args.smollm_batch.split(",")
+    if len(smollm_batches) not in (1, len(lengths)):
+        ap.error(f"--smollm-batch: one BATCHxBATCHES or one per --seq-len ({len(lengths)}), got {args.smollm_batch!r}")
     with tempfile.TemporaryDirectory() as tmp:
-        models = [("bench 4L h512 8x64", build_bench_model(os.path.join(tmp, "bench")), args.bench_batch)]
+        bench = None if args.no_bench_model else build_bench_model(os.path.join(tmp, "bench"))
+        models = [(n, "bench 4L h512 8x64", bench, args.bench_batch) for n in lengths] if bench else []
         if smollm:
-            models.append(("SmolLM2-135M", smollm, args.smollm_batch))
-        for name, path, bb in models:
+            models += [(n, "SmolLM2-135M", smollm, smollm_batches[i % len(smollm_batches)])
+                       for i, n in enumerate(lengths)]
+        for seq_len, base, path, bb in models:
+            name = base if len(lengths) == 1 else f"{base} @{seq_len}"
             B, nb = (int(x) for x in bb.lower().split("x"))
             warm = B  # one full batch: the timed batches find every buffer and heap page at its size
             rounds = []
             for k in range(args.repeats):
                 runs = []
                 for m in (methods if k % 2 == 0 else methods[::-1]):  # alternate: no method always runs first
-                    r = run_worker(m, path, args.seq_len, B, nb, warm, args.device, args.threads)
+                    r = run_worker(m, path, seq_len, B, nb, warm, args.device, args.threads, args.map_size)
                     runs.append(r)
                     print(json.dumps({"model": name, "round": k, **r}), flush=True)
                 rounds.append(runs)
-            entry = {"model": name, "model_dir": path if path == smollm else "random init (BENCH)",
+            entry = {"model": name, "model_dir": path if path == smollm else "random init (BENCH)", "seq_len": seq_len,
+                     "map_size": args.map_size if 0 < args.map_size < seq_len else 0,
                      "batch_size": B, "batches": nb, "runs": rounds[0], "rounds": rounds}
             if args.interleaved:
-                entry["interleaved"] = run_worker("interleaved", path, args.seq_len, B, args.interleaved, warm,
+                entry["interleaved"] = run_worker("interleaved", path, seq_len, B, args.interleaved, warm,
                                                   args.device, args.threads)
                 print(json.dumps({"model": name, **entry["interleaved"]}), flush=True)
             results.append(entry)
-    print(f"\n{args.seq_len} tokens per sequence, {args.threads} thread(s); total {time.time() - t_start:.0f} s")
+    print(f"\n{','.join(map(str, lengths))} tokens per sequence, {args.threads} thread(s); "
+          f"total {time.time() - t_start:.0f} s")
     print(table(results))
     if args.interleaved:
         print()
         print(interleaved_table(results))
     if _results.wanted(args.json):
         with open(args.json, "w") as f:
-            json.dump({**_results.meta(), "threads": args.threads, "seq_len": args.seq_len, "device": args.device,
+            json.dump({**_results.meta(), "threads": args.threads, "seq_len": lengths[0] if len(lengths) == 1 else lengths,
+                       "map_size": args.map_size, "device": args.device,
                        "cpu_count": os.cpu_count(), "cpu_kernels": native.status(), "results": results}, f, indent=1)
 
 

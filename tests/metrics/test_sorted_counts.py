@@ -266,6 +266,17 @@ def _same(a, b) -> bool:
     return a == b and type(a) is type(b)
 
 
+#: readings ``describe_map`` takes from the diagonal sums of one layout (``map_numbers``): the same
+#: numbers summed in another order, equal to float64 rounding; every other reading is bit for bit
+SUMMED_IN_ANOTHER_ORDER = ("relativity_index", "within_diag_rms")
+
+
+def _same_reading(key, a, b) -> bool:
+    if key in SUMMED_IN_ANOTHER_ORDER and isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+    return _same(a, b)
+
+
 @pytest.mark.parametrize("G", [0, 1, 3, 8, 16])
 @pytest.mark.parametrize("include_diagonal,exclude", [(False, ()), (False, (0,)), (True, (0, 3)), (True, (99,))])
 def test_describe_map_equals_its_functions_one_by_one(G, include_diagonal, exclude):
@@ -286,7 +297,7 @@ def test_describe_map_equals_its_functions_one_by_one(G, include_diagonal, exclu
         want = reference_describe_map(m, g, w, include_diagonal=include_diagonal, exclude_keys=exclude,
                                       locality_map=lm)
         for key, value in want.items():
-            assert _same(got[key], value), (key, got[key], value)
+            assert _same_reading(key, got[key], value), (key, got[key], value)
         assert set(got) - set(want) <= {"noise"}
 
 
@@ -302,7 +313,7 @@ def test_describe_map_flat_groups_and_the_relativity_flatness_on_every_key():
     want = reference_describe_map(m, groups, exclude_keys=(0,))
     assert got["flat"] is True and got["locality"] is None
     for key, value in want.items():
-        assert _same(got[key], value), key
+        assert _same_reading(key, got[key], value), key
 
 
 # ------------------------------------------------------------------------------------------------

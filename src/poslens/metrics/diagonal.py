@@ -32,10 +32,12 @@ of the variances. A flat map has relativity index and locality ``None``.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
 
+from poslens import native
 from poslens.conventions import NOISE_P
 from poslens.metrics.noise import (cross_mean_square, decisive, jackknife_se_of, leave_one_out_means,
                                    signflip_pvalue)
@@ -167,11 +169,14 @@ def is_flat(m, groups=None, weights=None, include_diagonal: bool = False, exclud
     return _flat_verdict(v, p)
 
 
-def _flat_verdict(v: torch.Tensor, p: float | None) -> bool:
+def _flat_verdict(v: torch.Tensor | None, p: float | None, exact: bool | None = None) -> bool:
     """:func:`is_flat` from the map's valid entries ``v`` (two or more) and the groups' flat p-value
-    (None without decisive groups: then only an exactly constant map is flat)."""
+    (None without decisive groups: then only an exactly constant map is flat; ``exact``, where given,
+    is that verdict already taken, as :func:`map_numbers` takes it, and ``v`` is not read)."""
     if p is not None:
         return p >= NOISE_P
+    if exact is not None:
+        return exact
     scale = v.abs().max().clamp_min(1e-300)
     return bool((v - v.mean()).abs().max() <= 1e-12 * scale)
 
@@ -241,32 +246,54 @@ def diagonal_trends(m: torch.Tensor, include_diagonal: bool = False) -> torch.Te
     """:func:`diagonal_trend` of every map of ``m [..., S, S]`` at once, float64 ``[...]`` (NaN where
     no diagonal has two valid entries; NaN entries take part in no pair).
 
-    Each diagonal k (``D[k, t] = m[t + k, t]``, a strided view) becomes a row with its finite entries
-    in column order at the front (:func:`poslens.metrics.neighborhood.finite_prefix`, after the key
-    columns with no finite entry: :func:`poslens.metrics.neighborhood.dead_leading_keys`), and one
-    value sort per row counts its rising and tied pairs
-    (:func:`poslens.metrics.neighborhood.ordered_pair_counts`); the diagonals of at most ``w`` entries
-    on their first ``w`` columns only."""
+    Each diagonal k (``D[k, t] = m[t + k, t]``, :func:`diagonal_rows`) becomes a row with its finite
+    entries in column order at the front (:func:`poslens.metrics.neighborhood.finite_prefix`, after
+    the key columns with no finite entry: :func:`poslens.metrics.neighborhood.dead_leading_keys`), and
+    its rising and tied pairs are counted (:func:`poslens.metrics.neighborhood.ordered_pair_counts`:
+    every pair compared on short diagonals, a merge sort per long one, a value sort without the C
+    kernels); the diagonals of at most ``w`` entries on their first ``w`` columns only."""
     m = as_float64(m)
     S = m.shape[-1]
     lead = m.shape[:-2]
-    flat = m.reshape(-1, S, S)
-    B = flat.shape[0]
     first = 0 if include_diagonal else 1
-    fin = valid_mask(S, include_diagonal, m.device) & finite(flat)
-    c = dead_leading_keys(fin)
-    if c:  # a key column without a finite entry (an excluded sink) starts every diagonal: drop it
-        flat, fin, S = flat[:, c:, c:], fin[:, c:, c:], S - c
     if S - first < 2:
         return torch.full(lead, float("nan"), dtype=torch.float64, device=m.device)
-    # D[b, k - first, t] = m[b, t + k, t] (flat index (t + k) S + t); past the map's end, the padding:
-    # not kept
-    def diagonals(x: torch.Tensor, pad) -> torch.Tensor:
-        padded = torch.cat([x.reshape(B, S * S), x.new_full((B, S * S), pad)], 1)
-        return padded.as_strided((B, S - first, S), (2 * S * S, S, S + 1), first * S)
+    D = diagonal_rows(m.reshape(-1, S, S), first)
+    return _trends_of_rows(D, finite(D), first).reshape(lead)
 
-    D = finite_prefix(diagonals(flat, float("nan")), diagonals(fin, False))
-    gt, lt, pairs = (torch.zeros(B, dtype=torch.float64, device=m.device) for _ in range(3))
+
+def diagonal_rows(m: torch.Tensor, first: int) -> torch.Tensor:
+    """The lower diagonals of maps ``m [B, S, S]`` as rows, ``D [B, S - first, S]`` (a copy):
+    ``D[b, k - first, t] = m[b, t + k, t]``, NaN past the map's end (``t + k >= S``)."""
+    B, S = m.shape[0], m.shape[-1]
+    fused = native.diagonal_rows(m, first)  # in cache-sized tiles, where the C kernels are built
+    if fused is not None:
+        return fused
+    padded = torch.cat([m.reshape(B, S * S), m.new_full((B, S * S), float("nan"))], 1)
+    return padded.as_strided((B, S - first, S), (2 * S * S, S, S + 1), first * S).clone()
+
+
+def _trends_of_rows(D: torch.Tensor, fin: torch.Tensor, first: int) -> torch.Tensor:
+    """``[B]``: the diagonal trends of maps from their diagonals ``D [B, S - first, S]``
+    (:func:`diagonal_rows`) and which of their entries count (``fin``, False for NaN and excluded
+    keys): the key columns no diagonal sees are dropped (``D[b, k, t + c]`` is the diagonal ``k`` of
+    the map without its first ``c`` columns), then every diagonal's pairs are counted."""
+    B, S = D.shape[0], D.shape[-1]
+    c = dead_leading_keys(fin)
+    if c:  # a key column without a finite entry (an excluded sink) starts every diagonal: drop it
+        D, fin, S = D[:, :S - c - first, c:], fin[:, :S - c - first, c:], S - c
+    if S - first < 2:
+        return torch.full((B,), float("nan"), dtype=torch.float64, device=D.device)
+    return _packed_trends(finite_prefix(D, fin), first)
+
+
+def _packed_trends(D: torch.Tensor, first: int) -> torch.Tensor:
+    """``[B]``: :func:`_trends_of_rows` from the diagonals with their counted entries at the front of
+    each row and ``-inf`` after them (``D [B, S - first, S]``, the dead leading key columns dropped)."""
+    B, S = D.shape[0], D.shape[-1]
+    if S - first < 2:
+        return torch.full((B,), float("nan"), dtype=torch.float64, device=D.device)
+    gt, lt, pairs = (torch.zeros(B, dtype=torch.float64, device=D.device) for _ in range(3))
     for lo, hi, w in prefix_bands(S - first, extra=1):  # band rows r = S - 1 - k: diagonal k has r + 1 entries
         if w < 2:
             continue
@@ -276,7 +303,135 @@ def diagonal_trends(m: torch.Tensor, include_diagonal: bool = False) -> torch.Te
         lt += (n - g - e).sum(1)
         pairs += n.sum(1)
     trend = (gt - lt) / pairs
-    return torch.where(pairs > 0, trend, float("nan")).reshape(lead)
+    return torch.where(pairs > 0, trend, float("nan"))
+
+
+def _fused_stats(D: torch.Tensor, keys: list[int]):
+    """:func:`map_numbers`' diagonal sums of ``D [S - first, S]`` in one C pass
+    (:func:`poslens.native.diagonal_stats`, which packs ``D`` in place for the trend's count):
+    ``(n_k, s_k, ss_w, lo, hi, c)``, the diagonals' counts and sums, their summed centred squares, the
+    least and greatest entry and the dead leading key columns; None without the C kernels (``D``
+    unchanged)."""
+    excluded = torch.zeros(D.shape[-1], dtype=torch.bool, device=D.device)
+    excluded[keys] = True
+    got = native.diagonal_stats(D, excluded)
+    if got is None:
+        return None
+    st, seen = got
+    c = int(torch.cumprod((~seen).to(torch.int64), 0).sum())
+    return st[:, 0], st[:, 1], float(st[:, 2].sum()), float(st[:, 3].min()), float(st[:, 4].max()), c
+
+
+def _ri(var_dn: float, var_map: float) -> float | None:
+    """The relativity index from the two mean squares (None without variation)."""
+    if var_map <= 0.0:
+        return None
+    return float(min(max(1.0 - max(var_dn, 0.0) / var_map, 0.0), 1.0))
+
+
+def _extremes(D: torch.Tensor, fin: torch.Tensor, n: int, ss: float, mean: float) -> tuple[float, float]:
+    """The least and greatest of the entries of ``D`` where ``fin`` (``n`` of them, sum of squares
+    ``ss`` about their mean ``mean``), as :func:`_spread_flat` reads them; ``(-inf, inf)`` without
+    reading them where the spread alone rules flatness out: a flat map's RMS about its mean is at
+    most ``1e-12 / (1 - 1e-12)`` times ``|mean|``, and entries of a flat map with more entries (every
+    key) are within ``2e-12`` of its scale of each other, so an RMS above ``4e-12 |mean|`` rules out
+    both (the factor of two over the bound covers the rounding of ``ss``)."""
+    if not n:
+        return float("nan"), float("nan")
+    if (ss / n) ** 0.5 > 4e-12 * abs(mean) and ss > 0.0:
+        return float("-inf"), float("inf")
+    return float(torch.where(fin, D, float("inf")).min()), float(torch.where(fin, D, float("-inf")).max())
+
+
+def _spread_flat(n: int, lo: float, hi: float, mean: float) -> bool:
+    """:func:`_flat_verdict` without groups from the entries' count, extremes and mean:
+    ``max |v - mean| = max(hi - mean, mean - lo)`` (rounding is monotone)."""
+    if n < 2:
+        return True
+    if hi == float("inf"):  # no finite entry is infinite: the spread alone ruled flatness out (_extremes)
+        return False
+    scale = max(abs(lo), abs(hi), 1e-300)
+    return max(hi - mean, mean - lo) <= 1e-12 * scale
+
+
+def map_numbers(m, include_diagonal: bool = False, exclude_keys: Sequence[int] = (),
+                all_keys: bool = False) -> dict:
+    """The readings of one ``[S, S]`` map without groups, from one diagonal layout
+    (:func:`diagonal_rows`) shared by all of them: ``n`` (valid entries), ``flat`` (:func:`is_flat`
+    without groups), ``relativity_index`` (None where flat), ``within_diag_rms`` and
+    ``diagonal_trend``, each over the entries outside ``exclude_keys``; with ``all_keys`` also
+    ``flat_all_keys`` and ``relativity_index_all_keys``, those of the map with every key.
+
+    Each diagonal's count, sum and centred sum of squares give the rest: the map's sum of squares
+    about its mean is the diagonals' plus ``sum_k n_k (mean_k - mean)^2``, and the excluded columns'
+    entries join the diagonals' sums with the same identity (O(S) per column), so no normalisation
+    of the map is done twice. The values equal :func:`relativity_index`, :func:`within_diagonal_rms`
+    and :func:`diagonal_trend` to float64 rounding (the sums are taken in another order)."""
+    m = as_float64(m)
+    if m.ndim != 2:
+        raise ValueError("map_numbers takes one [S, S] map")
+    S = m.shape[-1]
+    first = 0 if include_diagonal else 1
+    keys = sorted({int(k) for k in exclude_keys if 0 <= k < S})
+    if S - first < 1:
+        out = {"n": 0, "flat": True, "relativity_index": None, "within_diag_rms": float("nan"),
+               "diagonal_trend": None}
+        return {**out, "flat_all_keys": True, "relativity_index_all_keys": None} if all_keys else out
+    D = diagonal_rows(m[None], first)[0]  # [S - first, S]
+    cols = D[:, keys].clone() if keys else None  # the excluded columns' entries
+    fused = _fused_stats(D, keys)  # D packed in place
+    if fused is not None:
+        n_k, s_k, ss_w, lo, hi, c = fused
+        mean_k = s_k / n_k.clamp_min(1)
+        trend = float(_packed_trends(D[None, :max(S - c - first, 0), :S - c], first)[0])
+    else:
+        fin = finite(D)
+        if keys:
+            fin[:, keys] = False
+        zero = torch.zeros((), dtype=torch.float64, device=D.device)
+        n_k = fin.sum(1, dtype=torch.float64)
+        s_k = torch.where(fin, D, zero).sum(1)
+        mean_k = s_k / n_k.clamp_min(1)
+        within = torch.where(fin, D - mean_k[:, None], zero).reshape(-1)
+        ss_w = float(within @ within)
+    n = int(n_k.sum())
+    mean = float(s_k.sum()) / n if n else float("nan")
+    ss_b = float((n_k * (mean_k - mean) ** 2).sum()) if n else 0.0
+    if fused is None:
+        lo, hi = _extremes(D, fin, n, ss_w + ss_b, mean)
+        trend = float(_trends_of_rows(D[None], fin[None], first)[0])
+    flat = _spread_flat(n, lo, hi, mean)
+    out = {"n": n, "flat": flat, "relativity_index": None if flat else _ri(ss_w / n, (ss_w + ss_b) / n),
+           "within_diag_rms": (ss_w / n) ** 0.5 if n else float("nan"),
+           "diagonal_trend": None if math.isnan(trend) else trend}
+    if all_keys:
+        out.update(_with_keys(cols, finite(cols), n_k, s_k, mean_k, ss_w, lo, hi) if keys else
+                   {"flat_all_keys": flat, "relativity_index_all_keys": out["relativity_index"]})
+    return out
+
+
+def _with_keys(cols: torch.Tensor, ok: torch.Tensor, n_k: torch.Tensor, s_k: torch.Tensor, mean_k: torch.Tensor,
+               ss_w: float, lo: float, hi: float) -> dict:
+    """:func:`map_numbers`' ``flat_all_keys`` and ``relativity_index_all_keys`` from the excluded key
+    columns' entries ``cols [S - first, c]`` (``ok``: the finite ones) and the other entries' diagonal
+    counts, sums, means, within-diagonal sum of squares and extremes: with ``mean'_k`` the diagonals'
+    means with the columns, ``SS'_w = SS_w + sum_k n_k (mean_k - mean'_k)^2 + sum (x - mean'_k)^2``."""
+    zero = torch.zeros((), dtype=torch.float64, device=cols.device)
+    x = torch.where(ok, cols, zero)
+    n2 = n_k + ok.sum(1, dtype=torch.float64)
+    m2 = (s_k + x.sum(1)) / n2.clamp_min(1)
+    n = int(n2.sum())
+    if n == 0:
+        return {"flat_all_keys": True, "relativity_index_all_keys": None}
+    extra = torch.where(ok, cols - m2[:, None], zero)
+    ss_w2 = ss_w + float((n_k * (mean_k - m2) ** 2).sum()) + float((extra * extra).sum())
+    mean = float((s_k + x.sum(1)).sum()) / n
+    ss_b2 = float((n2 * (m2 - mean) ** 2).sum())
+    if bool(ok.any()):
+        c_lo, c_hi = float(torch.where(ok, cols, float("inf")).min()), float(torch.where(ok, cols, float("-inf")).max())
+        lo, hi = (c_lo, c_hi) if math.isnan(lo) else (min(lo, c_lo), max(hi, c_hi))  # NaN: no other entry
+    flat = _spread_flat(n, lo, hi, mean)
+    return {"flat_all_keys": flat, "relativity_index_all_keys": None if flat else _ri(ss_w2 / n, (ss_w2 + ss_b2) / n)}
 
 
 def _slope_functional(mask: torch.Tensor) -> torch.Tensor:
@@ -338,29 +493,30 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
     (:data:`NOISE_NOTES`).
     ``locality_map`` (optional) is a position subsample of ``m`` to compute the O(S^3) locality on.
     ``locality_all_keys``: also ``locality_all_keys``, the :func:`locality` of the map with the
-    excluded keys taken in (None where the map is flat), from the same pair counts.
+    excluded keys taken in (None where the map is flat), from the same pair counts, and
+    ``relativity_index_all_keys``, its :func:`relativity_index` without groups, from the same
+    diagonal sums (:func:`map_numbers`).
     """
     m = as_float64(m)
     if m.ndim != 2:
         raise ValueError("describe_map takes one [S, S] map")
     G = 0 if groups is None else int(groups.shape[0])
-    # what the numbers below share is computed once: the masked map and its valid entries, the masked
-    # groups, their joint mask and its two projections (centred, diagonal-normalised)
-    mk = mask_keys(m, exclude_keys)
-    mask_m = _entries(mk, include_diagonal)
-    v = mk[mask_m]
+    # what the numbers below share is computed once: the map's own readings from one diagonal layout
+    # (map_numbers), the masked groups, their joint mask with the map's and its two projections
+    # (centred, diagonal-normalised)
+    own = map_numbers(m, include_diagonal, exclude_keys, all_keys=locality_all_keys)
+    n_m = own["n"]
     g, w = _groups(groups, weights, exclude_keys)
     mask_g = _entries(g, include_diagonal) if G >= 2 else None
-    mask = mask_g & mask_m if G >= 2 else None
+    mask = mask_g & _entries(mask_keys(m, exclude_keys), include_diagonal) if G >= 2 else None
     vals_g = g[:, mask] if mask is not None else None  # [G, n]: the groups' jointly valid entries
     centred_g = vals_g - vals_g.mean(-1, keepdim=True) if mask is not None else None
     within_g = _within(g, mask) if mask is not None else None
-    within_m = _within(mk, mask_m)
     # the flatness tests: the map's (groups with the keys excluded) and relativity_index's, which
     # judges flatness on the groups with every key
     p_flat = p_flat_ri = None
     same = False  # the groups' own mask is the joint one: the flat p-value is flat_p
-    if v.numel() >= 2 and decisive(G):
+    if n_m >= 2 and decisive(G):
         same = torch.equal(mask_g, mask)
         p_flat = None if int(mask_g.sum()) < 2 else signflip_pvalue(centred_g if same else _centred(g, mask_g), w)
         p_flat_ri = p_flat
@@ -368,17 +524,25 @@ def describe_map(m, groups=None, weights=None, *, include_diagonal: bool = False
             g_all = as_float64(groups)
             mask_all = _entries(g_all, include_diagonal)
             p_flat_ri = None if int(mask_all.sum()) < 2 else signflip_pvalue(_centred(g_all, mask_all), w)
-    flat = v.numel() < 2 or _flat_verdict(v, p_flat)
-    flat_ri = v.numel() < 2 or _flat_verdict(v, p_flat_ri)
+    flat = n_m < 2 or _flat_verdict(None, p_flat, own["flat"])
+    flat_ri = n_m < 2 or _flat_verdict(None, p_flat_ri, own["flat"])
     cross = cross_mean_square(within_g, w) if mask is not None else None
+    if flat_ri:
+        ri = None
+    elif centred_g is not None:
+        ri = _relativity(m, mask, None, centred_g, cross, w)
+    else:
+        ri = own["relativity_index"]
     out = {
-        "relativity_index": None if flat_ri else _relativity(mk, mask_m, within_m, centred_g, cross, w),
+        "relativity_index": ri,
         "locality": None,
-        "diagonal_trend": diagonal_trend(mk, include_diagonal),
-        "within_diag_rms": float("nan") if int(mask_m.sum()) == 0 else float((within_m ** 2).mean().sqrt()),
+        "diagonal_trend": own["diagonal_trend"],
+        "within_diag_rms": own["within_diag_rms"],
     }
+    if locality_all_keys:
+        out["relativity_index_all_keys"] = None if own["flat_all_keys"] else own["relativity_index_all_keys"]
     if not flat:
-        lm = mk if locality_map is None else mask_keys(locality_map, exclude_keys)
+        lm = mask_keys(m if locality_map is None else locality_map, exclude_keys)
         counts = pair_counts(lm, include_diagonal)
         out["locality"] = _locality(*counts)
         if locality_all_keys:  # the excluded columns' pairs added to the same counts

@@ -347,6 +347,8 @@ def _sorted_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         zero = torch.zeros(N, dtype=torch.int64, device=x.device)
         return zero, zero.clone()
     fused = native.pair_counts(x)  # None for long rows, integers, or without the kernels
+    if fused is None:  # long rows: a merge sort per row in C (None without the kernels)
+        fused = native.merge_pair_counts(x) if x.is_floating_point() else None
     if fused is not None:
         return fused
     x = x.detach()

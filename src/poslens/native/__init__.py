@@ -189,6 +189,12 @@ SIGNATURES = {
     "poslens_rising_pairs": ([_F32P, _I64, _I64, ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
     "poslens_pair_counts": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, ctypes.POINTER(ctypes.c_int64),
                              ctypes.POINTER(ctypes.c_int64), _I64, _I64], None),
+    "poslens_merge_pair_counts": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, ctypes.POINTER(ctypes.c_int64),
+                                   ctypes.POINTER(ctypes.c_int64), _I64, _I64], _I64),
+    "poslens_diagonal_rows": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, _I64, ctypes.POINTER(ctypes.c_double)],
+                              None),
+    "poslens_diagonal_stats": ([ctypes.POINTER(ctypes.c_double), _I64, _I64, ctypes.POINTER(ctypes.c_uint8),
+                                ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_uint8)], None),
     "poslens_unrotate_half": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _F32P, _I64, _I64], None),
     "poslens_unit_rows": ([_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64], None),
     "poslens_add_widened": ([ctypes.POINTER(ctypes.c_double), _F32P, _I64, _I64, ctypes.c_double, ctypes.c_int32,
@@ -397,6 +403,54 @@ def pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     _load().poslens_pair_counts(ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_double)), N, T,
                                 ctypes.cast(gt.data_ptr(), as_i64), ctypes.cast(eq.data_ptr(), as_i64), 0, N)
     return gt, eq
+
+
+def merge_pair_counts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`pair_counts` of rows of any length (``x [N, T]``, CPU, float, no NaN, ``-inf`` only as a
+    suffix), each row counted by a merge sort in O(T log T); None when the kernels are not available."""
+    if x.ndim != 2 or not available() or not _cpu(x) or not x.is_floating_point():
+        return None
+    N, T = x.shape
+    x = x.detach().to(torch.float64).contiguous()  # float32 and narrower: exactly
+    gt, eq = torch.empty(N, dtype=torch.int64), torch.empty(N, dtype=torch.int64)
+    as_i64 = ctypes.POINTER(ctypes.c_int64)
+    if _load().poslens_merge_pair_counts(ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_double)), N, T,
+                                         ctypes.cast(gt.data_ptr(), as_i64), ctypes.cast(eq.data_ptr(), as_i64),
+                                         0, N) != 0:
+        return None  # no scratch memory: the caller's sort count
+    return gt, eq
+
+
+def diagonal_rows(m: torch.Tensor, first: int) -> torch.Tensor | None:
+    """The lower diagonals of maps ``m [B, S, S]`` (float64, CPU) as rows ``[B, S - first, S]``:
+    ``out[b, k - first, t] = m[b, t + k, t]``, NaN past the map's end; None when the kernels are not
+    available (:func:`poslens.metrics.diagonal.diagonal_rows` gathers them with torch)."""
+    if m.ndim != 3 or not available() or not _cpu(m) or m.dtype != torch.float64:
+        return None
+    B, S = m.shape[0], m.shape[-1]
+    m = m.contiguous()
+    out = torch.empty(B, S - first, S, dtype=torch.float64)
+    as_f64 = ctypes.POINTER(ctypes.c_double)
+    _load().poslens_diagonal_rows(ctypes.cast(m.data_ptr(), as_f64), B, S, first, ctypes.cast(out.data_ptr(), as_f64))
+    return out
+
+
+def diagonal_stats(D: torch.Tensor, excluded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For each row of ``D [R, S]`` (float64, CPU, contiguous; changed in place), over its finite
+    entries outside the columns where ``excluded [S]`` (bool): ``[R, 5]`` float64 of count, sum, sum of
+    squares about the row's mean, least and greatest (``inf``, ``-inf`` without an entry), and which
+    columns hold such an entry (bool ``[S]``); the row is left packed, its counted entries in column
+    order at the front and ``-inf`` after them. None when the kernels are not available."""
+    if D.ndim != 2 or not available() or not _cpu(D) or D.dtype != torch.float64 or not D.is_contiguous():
+        return None
+    R, S = D.shape
+    out = torch.empty(R, 5, dtype=torch.float64)
+    seen = torch.zeros(S, dtype=torch.uint8)
+    ex = excluded.to(torch.uint8).contiguous()
+    as_u8, as_f64 = ctypes.POINTER(ctypes.c_uint8), ctypes.POINTER(ctypes.c_double)
+    _load().poslens_diagonal_stats(ctypes.cast(D.data_ptr(), as_f64), R, S, ctypes.cast(ex.data_ptr(), as_u8),
+                                   ctypes.cast(out.data_ptr(), as_f64), ctypes.cast(seen.data_ptr(), as_u8))
+    return out, seen.bool()
 
 
 def unrotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

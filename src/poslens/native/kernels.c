@@ -8,6 +8,9 @@
  * - poslens_causal_pair_dim_sum: per head dimension, the sum over causal pairs j <= i of q_i k_j.
  * - poslens_rising_pairs: the APS count of a self-similarity map (rising pairs below the diagonal).
  * - poslens_pair_counts: rising and tied pairs of rows (locality, diagonal trends of score maps).
+ * - poslens_merge_pair_counts: the same counts of long rows by a merge sort, O(T log T) per row.
+ * - poslens_diagonal_rows: the lower diagonals of a map as rows (diagonal normalisation, trends).
+ * - poslens_diagonal_stats: each diagonal's count, sum, centred sum of squares and extremes, packed.
  * - poslens_unrotate_half: queries or keys rotated back by their RoPE angles (rotate-half layout).
  * - poslens_add_widened: a float32 map added into a float64 sum (its lower triangle alone, if asked).
  * - poslens_unit_rows: vectors' norms and the unit vectors, written sequence-major (cosine maps).
@@ -19,6 +22,7 @@
  */
 #include <stdint.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* exp(x) for x <= 0 (or -inf), VW lanes at a time, to about 1 ulp: x = n ln2 + r (Cody-Waite),
@@ -300,6 +304,147 @@ void poslens_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t
             }
         gt[n] = gs;
         eq[n] = es;
+    }
+}
+
+/* poslens_pair_counts' counts (rising pairs x[k] > x[j], j < k, and tied pairs of entries above
+ * -inf) of the rows n0 .. n1 - 1 of x [N, T] (float64, no NaN, -inf only as a suffix) by a bottom-up
+ * merge sort of each row: when two sorted runs of adjacent positions merge, an entry of the right run
+ * is taken before every left entry not above it, so the left entries taken before it are the ones it
+ * rises above, and each pair j < k is counted once, at the merge that first joins them. The tied pairs
+ * are those of equal values whatever their order: the runs of equal entries of the sorted row.
+ * O(T log T) per row, branch-free merges, for rows too long for the all-pairs count. Returns -1 where
+ * the scratch memory is refused. */
+#define MB 8
+
+int64_t poslens_merge_pair_counts(const double *restrict x, int64_t N, int64_t T, int64_t *restrict gt,
+                                  int64_t *restrict eq, int64_t n0, int64_t n1) {
+    (void)N;
+    const double ninf = -__builtin_inf();
+    double *a = malloc(sizeof(double) * (size_t)(T > 0 ? T : 1));
+    double *b = malloc(sizeof(double) * (size_t)(T > 0 ? T : 1));
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return -1;
+    }
+    for (int64_t n = n0; n < n1; n++) {
+        const double *row = x + n * T;
+        int64_t len = T;
+        while (len > 0 && row[len - 1] == ninf) len--;
+        memcpy(a, row, sizeof(double) * (size_t)len);
+        int64_t g = 0, e = 0;
+        double *src = a, *dst = b;
+        for (int64_t lo = 0; lo < len; lo += MB) { /* runs of MB: their pairs compared, then an insertion sort */
+            int64_t hi = lo + MB < len ? lo + MB : len;
+            for (int64_t k = lo + 1; k < hi; k++)
+                for (int64_t j = lo; j < k; j++) g += src[k] > src[j];
+            for (int64_t k = lo + 1; k < hi; k++) {
+                double v = src[k];
+                int64_t j = k;
+                while (j > lo && src[j - 1] > v) {
+                    src[j] = src[j - 1];
+                    j--;
+                }
+                src[j] = v;
+            }
+        }
+        for (int64_t w = MB; w < len; w *= 2) {
+            for (int64_t lo = 0; lo < len; lo += 2 * w) {
+                int64_t mid = lo + w < len ? lo + w : len, hi = lo + 2 * w < len ? lo + 2 * w : len;
+                int64_t i = lo, j = mid, o = lo;
+                while (i < mid && j < hi) {
+                    double l = src[i], r = src[j];
+                    int64_t right = r <= l;
+                    dst[o++] = right ? r : l;
+                    g += right * (i - lo);
+                    j += right;
+                    i += 1 - right;
+                }
+                while (i < mid) dst[o++] = src[i++];
+                g += (hi - j) * (mid - lo);
+                while (j < hi) dst[o++] = src[j++];
+            }
+            double *t = src;
+            src = dst;
+            dst = t;
+        }
+        for (int64_t k = 1, run = 0; k < len; k++) {
+            run = src[k] == src[k - 1] ? run + 1 : 0;
+            e += run;
+        }
+        gt[n] = g;
+        eq[n] = e;
+    }
+    free(a);
+    free(b);
+    return 0;
+}
+
+/* The lower diagonals of the maps m [B, S, S] (float64, contiguous) as rows: out [B, S - first, S] with
+ * out[b, k - first, t] = m[b, t + k, t], NaN where t + k >= S. In tiles of DT x DT (diagonal, column)
+ * pairs, whose reads (2 DT rows of DT columns of m) and writes (DT rows of DT entries) both stay in L1:
+ * a diagonal read straight through touches a new cache line per entry. */
+#define DT 32
+
+void poslens_diagonal_rows(const double *restrict m, int64_t B, int64_t S, int64_t first, double *restrict out) {
+    const double nan = __builtin_nan("");
+    const int64_t R = S - first;
+    for (int64_t b = 0; b < B; b++) {
+        const double *mb = m + b * S * S;
+        double *ob = out + b * R * S;
+        for (int64_t r0 = 0; r0 < R; r0 += DT) {
+            int64_t r1 = r0 + DT < R ? r0 + DT : R;
+            for (int64_t t0 = 0; t0 < S; t0 += DT) {
+                int64_t t1 = t0 + DT < S ? t0 + DT : S;
+                for (int64_t r = r0; r < r1; r++) {
+                    const int64_t k = r + first;
+                    double *o = ob + r * S;
+                    int64_t stop = S - k < t1 ? S - k : t1; /* t + k < S */
+                    int64_t t = t0;
+                    for (; t < stop; t++) o[t] = mb[(t + k) * S + t];
+                    for (; t < t1; t++) o[t] = nan;
+                }
+            }
+        }
+    }
+}
+
+/* For each row r of D [R, S] (float64, contiguous: a map's diagonals as rows), over its entries that
+ * count (finite, and in no column with excluded[t] != 0): out[r] = {count, sum, sum of squares about
+ * the row's mean sum / max(count, 1), least, greatest} (least +inf and greatest -inf without an entry),
+ * and the row packed in place: its counted entries in column order at the front, -inf after them (the
+ * layout the pair counts read). seen[t] is set to 1 for every column t with a counted entry (left as
+ * given elsewhere). Two passes over each row, both in cache. */
+void poslens_diagonal_stats(double *restrict D, int64_t R, int64_t S, const uint8_t *restrict excluded,
+                            double *restrict out, uint8_t *restrict seen) {
+    const double inf = __builtin_inf();
+    for (int64_t r = 0; r < R; r++) {
+        double *row = D + r * S;
+        int64_t n = 0;
+        double sum = 0.0, lo = inf, hi = -inf;
+        for (int64_t t = 0; t < S; t++) {
+            double v = row[t];
+            if (fabs(v) < inf && !excluded[t]) {
+                sum += v;
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+                seen[t] = 1;
+                row[n++] = v; /* n <= t: packing in place reads each entry before it is overwritten */
+            }
+        }
+        for (int64_t t = n; t < S; t++) row[t] = -inf;
+        double mean = sum / (double)(n > 0 ? n : 1), ss = 0.0;
+        for (int64_t t = 0; t < n; t++) {
+            double d = row[t] - mean;
+            ss += d * d;
+        }
+        double *o = out + r * 5;
+        o[0] = (double)n;
+        o[1] = sum;
+        o[2] = ss;
+        o[3] = lo;
+        o[4] = hi;
     }
 }
 

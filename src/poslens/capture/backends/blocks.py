@@ -28,6 +28,7 @@ class BlockMaps:
         self.f = -(-self.S // int(map_size))
         self.n = -(-self.S // self.f)
         self._inv: dict = {}
+        self._counts: dict = {}
 
     def sizes(self) -> torch.Tensor:
         """Positions per block ``[n]`` (float64, CPU)."""
@@ -36,7 +37,14 @@ class BlockMaps:
         return out
 
     def counts(self, causal: bool, window: int | None) -> torch.Tensor:
-        """Visible entries per block ``[n, n]`` (float64, CPU) of a map with this mask."""
+        """Visible entries per block ``[n, n]`` (float64, CPU) of a map with this mask, counted once per
+        mask (every layer of a scan reads them: the summary's blocks without a visible entry)."""
+        key = (bool(causal), window)
+        if key not in self._counts:
+            self._counts[key] = self._count(causal, window)
+        return self._counts[key].clone()
+
+    def _count(self, causal: bool, window: int | None) -> torch.Tensor:
         S, f = self.S, self.f
         i = torch.arange(S, dtype=torch.int64, device="cpu")[:, None]
         lo = (i - window + 1).clamp_min(0) if window else torch.zeros_like(i)  # keys i - j < window

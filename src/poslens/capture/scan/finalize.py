@@ -14,7 +14,7 @@ from poslens.capture.statistics.protocol import qualified_name
 from poslens.capture.statistics.accumulators import noise_grid
 from poslens.capture.statistics.builtin.head_maps import head_map_blocks
 from poslens.conventions import LAYER_CONVENTION
-from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score, relativity_index
+from poslens.metrics import adjacency_probability_score, describe_map, locality, norm_score
 from poslens.metrics.diagonal import NO_GROUPS, causal_view, window_view
 from poslens.metrics.neighborhood import aps_positions
 from poslens.metrics.rank import band_contributions, rank_measures
@@ -74,6 +74,7 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     # the with-sink locality from the same pair counts; where the sink-excluded map is constant (no counts)
     # it is counted on its own
     locality_with_sink = out.pop("locality_all_keys")
+    ri_with_sink = out.pop("relativity_index_all_keys")  # relativity_index(sc), from the same diagonal sums
     if out["flat"]:
         locality_with_sink = locality(sub)
     if groups is not None and groups.shape[0] >= 2:
@@ -105,7 +106,7 @@ def score_map_numbers(sc: torch.Tensor, groups: torch.Tensor | None, counts: tor
     else:
         out["noise"] = NO_GROUPS
     flat = out["flat"] and groups is not None and groups.shape[0] >= 2
-    out["relativity_index_with_sink"] = None if flat else _opt(relativity_index(sc))
+    out["relativity_index_with_sink"] = None if flat else _opt(ri_with_sink)
     out["locality_with_sink"] = None if flat else _opt(locality_with_sink)
     out["sink_columns"] = list(sink_columns)
     return out
@@ -180,10 +181,16 @@ class _Reader:
 
     def of_all(self, name: str, n: int, fn) -> list | None:
         """``fn`` of accumulator ``name``'s mean at its ``n`` leading indices, each on the APS positions
-        (:func:`_subsample`, one index read at a time), as floats; None where it was not asked for."""
+        (the entries :func:`_subsample` keeps, the only ones read, mirrored and divided:
+        :meth:`~poslens.capture.statistics.accumulators.MeanAccumulator.mean_on`), as floats; None
+        where it was not asked for."""
         if not self.has(name):
             return None
-        return fn(torch.stack([_subsample(self.mean(name, i), self.k) for i in range(n)])).tolist()
+        acc = self.capture.accs[name]
+        S = acc.shape[-1]
+        idx = aps_positions(S, self.k) if S > self.k else None
+        matrix = len(acc.shape) >= 3 and acc.shape[-2] == S
+        return fn(torch.stack([acc.mean_on(i, idx, matrix).cpu() for i in range(n)])).tolist()
 
 
 def _score_map_layer(r: _Reader, li: int, l: int) -> dict:
@@ -195,6 +202,14 @@ def _score_map_layer(r: _Reader, li: int, l: int) -> dict:
     sc = map_view(r.mean("scores", li), window, blocks, causal=not spec.bidirectional)
     return score_map_numbers(sc, _grid_groups(r.groups, li, r.grid, window), r.counts, r.grid, r.k,
                              grid_map=None if blocks is None else _grid_mean(r.groups, r.counts, li))
+
+
+def _sink_weight(r: _Reader, li: int) -> torch.Tensor:
+    """:func:`poslens.metrics.slash.sink_weight` of layer ``li``'s mean weight map, from its key-0
+    column alone (the only entries it reads)."""
+    if r.spec.seq_len < 2:
+        return sink_weight(r.mean("probs", li))
+    return r.mean("probs", (li, slice(1, None), 0)).mean(-1)
 
 
 def _layer_record(r: _Reader, li: int, l: int) -> dict:
@@ -213,7 +228,7 @@ def _layer_record(r: _Reader, li: int, l: int) -> dict:
         "sliding_window": r.windows[l],
         **_score_map_layer(r, li, l),
         "sink_weight": when("probs", lambda: float(
-            sink_weight(mean("probs", li)) if r.blocks is None else mean("probs_key0", li)[1:].mean())),
+            _sink_weight(r, li) if r.blocks is None else mean("probs_key0", li)[1:].mean())),
         "aps": aps_mean[li + 1],  # = aps_mean: the paper's per-sequence APS (before, the mean map's)
         "aps_mean": aps_mean[li + 1],
         "aps_std": aps_std[li + 1],

@@ -80,17 +80,27 @@ class MeanAccumulator:
         part = self.sum_at(index)
         return part / self.count if self.count else torch.full_like(part, float("nan"))
 
+    def mean_on(self, index, positions: torch.Tensor | None, matrix: bool) -> torch.Tensor:
+        """``mean[index]`` on ``positions`` (increasing) of its last dimension, and of the one before
+        where ``matrix``, the whole of it for None: the same values as ``mean_at(index)`` indexed so,
+        with only those entries mirrored and divided."""
+        part = self.sum[index]
+        if positions is not None:
+            p = positions.to(part.device)
+            part = part[..., p, :][..., p] if matrix else part[..., p]
+        part = symmetric_from_lower(part) if self.lower else part
+        return part / self.count if self.count else torch.full_like(part, float("nan"))
+
     def release_mean(self, dtype=torch.float32) -> torch.Tensor:
         """The mean in ``dtype``, computed in place of the float64 sums, which are freed: the
         accumulator is empty afterwards. Peak memory stays at the sums' size (plus one matrix)."""
         if self.count == 0:
             out = self.mean.to(dtype)
         else:
-            m = self.sum.div_(self.count)
-            if self.lower:
-                for mat in m.view(-1, *m.shape[-2:]):
+            out = self.sum.div_(self.count).to(dtype)
+            if self.lower:  # mirrored after the rounding, which it commutes with: half the bytes moved
+                for mat in out.view(-1, *out.shape[-2:]):
                     mat.copy_(symmetric_from_lower(mat))
-            out = m.to(dtype)
         self.sum, self.count = torch.zeros(0, dtype=torch.float64, device=self.sum.device), 0
         return out
 
