@@ -270,7 +270,7 @@ def test_pickle_and_remote_code_are_refused(cli, tmp_path):
     assert code == 2 and "--trust-remote-code" in err
 
 
-def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path):
+def test_non_finite_scores_name_layer_and_head_and_leave_nothing_behind(cli, tmp_path):
     from transformers import AutoModelForCausalLM
 
     p = save_tiny("llama", tmp_path / "m")
@@ -282,7 +282,9 @@ def test_non_finite_scores_name_layer_and_head_and_stay_resumable(cli, tmp_path)
     out = tmp_path / "run"
     code, _, err = _scan(cli, p, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures")
     assert code == 2 and "layer 1, head 2" in err, err
-    assert (out / "config.json").exists() and not (out / "maps.safetensors").exists()
+    assert not out.exists() or not any(out.iterdir())  # a failed run into a new --out leaves nothing behind
+    code, _, again = _scan(cli, p, out, "--data", "random", "--seq-len", 8, "--num-seqs", 2, "--no-figures")
+    assert code == 2 and again == err  # so a plain rerun meets the same error, not a refusal of the directory
 
 
 def test_pool_for_figure_block_means_skip_the_causal_triangle():
