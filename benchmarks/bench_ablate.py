@@ -116,7 +116,9 @@ def main() -> None:
 
     ours, ours_s, ours_cpu = timed()
     print(f"ours  (replayed prefix {ours['summary']['replayed_prefix']}): {ours_s:.1f} s wall, {ours_cpu:.1f} s CPU")
-    for line in ours["summary"]["findings"]:
+    from poslens.reporting.readings.ablate import ablate_readings
+
+    for line in ablate_readings(ours["summary"]):
         print(f"  {line}")
     naive_s = naive_cpu = None
     if not args.skip_naive:

@@ -24,9 +24,12 @@ def token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return loss.view(B, S)[:, :-1]
 
 
-#: the loss is computed from the final hidden states this many logits at a time (positions x vocabulary):
-#: no ``[B, S, V]`` logits block (100 MB at 4 x 128 tokens on SmolLM2), whose size the heap would keep
-LOSS_BLOCK_LOGITS = 2**21
+#: the loss is computed from the final hidden states this many logits at a time (positions x vocabulary,
+#: 32 MB in float32): no ``[B, S, V]`` logits block, whose size the heap kept under the CLI's allocator
+#: settings (``poslens ablate`` at 8 x 64 tokens on SmolLM2 peaked at 7.0 GB, a scan of the same shape at
+#: 1.3 GB). Smaller blocks read the LM head's weights once per block: at 2**21 logits the loss of 4 x 128
+#: tokens on SmolLM2 took 1.7 times the CPU time of the whole logits, at 2**23 0.9 times.
+LOSS_BLOCK_LOGITS = 2**23
 
 
 def blocked_token_losses(head, hidden: torch.Tensor, ids: torch.Tensor, vocab: int,
