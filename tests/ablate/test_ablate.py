@@ -446,3 +446,23 @@ def test_cli_and_python_give_the_same_losses(cli, tmp_path):
     assert set(a) == set(b) and len(a) == 5
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_loss_head_falls_back_to_the_models_logits_where_they_differ(llama, monkeypatch):
+    from poslens.analysis.ablate.losses import LossHead
+
+    ids = _ids()[:2]
+    with torch.no_grad():
+        ref = token_losses(llama(input_ids=ids, use_cache=False).logits, ids)
+    head = LossHead(llama)
+    assert torch.allclose(head.forward(ids, check=True), ref, atol=1e-5) and head.ok
+    assert torch.allclose(head.forward(ids), ref, atol=1e-5)
+    capped = LossHead(llama)  # logits changed after the head (a soft cap): the check fails, the model's are used
+    h = llama.register_forward_hook(lambda _m, _a, out: out.__setitem__("logits", out["logits"].tanh()) or out)
+    try:
+        with torch.no_grad():
+            ref2 = token_losses(llama(input_ids=ids, use_cache=False).logits, ids)
+        got = capped.forward(ids, check=True)
+        assert not capped.ok and torch.equal(got, ref2) and torch.equal(capped.forward(ids), ref2)
+    finally:
+        h.remove()

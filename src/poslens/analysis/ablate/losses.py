@@ -59,8 +59,10 @@ class LossHead:
     """The loss without the ``[B, S, V]`` logits: while :meth:`forward` runs, a forward pre-hook on the
     LM head keeps the final hidden states and hands the head no position (a hook cannot skip a module);
     the per-token losses are then computed from them a block of positions at a time
-    (:func:`blocked_token_losses`). Used only where it gives the loss of the model's own logits
-    (:meth:`check`: logits the model changes after its head, such as a soft cap, fail it)."""
+    (:func:`blocked_token_losses`). The first forward (``check=True``) lets the head run on every
+    position and compares: the blocked losses are used only where they equal those of the model's own
+    logits, float rounding aside (logits the model changes after its head, such as a soft cap, fail
+    it; the model's logits are used from then on)."""
 
     def __init__(self, model):
         self.model = model
@@ -73,26 +75,27 @@ class LossHead:
         self.hidden = args[0]
         return (args[0][:, :0],)
 
-    def forward(self, x) -> torch.Tensor:
+    def _look(self, _m, args):
+        self.hidden = args[0]
+
+    def forward(self, x, check: bool = False) -> torch.Tensor:
         """The per-token losses ``[B, S - 1]`` (float32, on the CPU) of one forward of ``x``."""
         if not self.ok:
-            logits = _logits(self.model, x)
-            return token_losses(logits, x).cpu()
-        h = self.head.register_forward_pre_hook(self._keep)
+            return token_losses(_logits(self.model, x), x).cpu()
+        h = self.head.register_forward_pre_hook(self._look if check else self._keep)
         try:
-            _logits(self.model, x)
+            logits = _logits(self.model, x)
         finally:
             h.remove()
         hidden, self.hidden = self.hidden, None
-        return blocked_token_losses(self.head, hidden, x, self.vocab).cpu()
-
-    def check(self, x) -> bool:
-        """Whether the blocked losses of ``x``'s first sequence equal those of the model's logits (float
-        rounding aside); where not, the logits are used from then on."""
+        if not check:
+            return blocked_token_losses(self.head, hidden, x, self.vocab).cpu()
+        ref = token_losses(logits, x).cpu()
+        self.ok = hidden is not None and hidden.ndim == 3 and hidden.shape[:2] == x.shape
         if self.ok:
-            ref = token_losses(_logits(self.model, x[:1]), x[:1]).cpu()
-            self.ok = bool(torch.allclose(self.forward(x[:1]), ref, rtol=1e-4, atol=1e-5))
-        return self.ok
+            blocked = blocked_token_losses(self.head, hidden, x, self.vocab).cpu()
+            self.ok = bool(torch.allclose(blocked, ref, rtol=1e-4, atol=1e-5))
+        return blocked if self.ok else ref
 
 
 def position_buckets(seq_len: int) -> list[tuple[int, int]]:
