@@ -383,3 +383,86 @@ def test_overwrite_replaces_only_an_ablate_run(llama, tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
     assert poslens.load(out).summary["interventions"] == ["rope-off"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+# --------------------------------------------------------------------------------------------
+# the forwards of the floor
+# --------------------------------------------------------------------------------------------
+def test_blocked_losses_equal_the_losses_of_the_whole_logits():
+    from poslens.analysis.ablate.losses import blocked_token_losses
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, V, bias=False)
+    hidden, ids = torch.randn(3, S, 16), _ids()[:3]
+    with torch.no_grad():
+        ref = token_losses(head(hidden), ids)
+    for block in (1, V, 5 * V + 3, 10**9):  # one row at a time, rows not dividing the positions, all at once
+        got = blocked_token_losses(head, hidden, ids, V, block=block)
+        assert got.shape == (3, S - 1) and got.dtype == torch.float32
+        assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6), block
+
+
+def test_no_capture_without_readings(llama, monkeypatch):
+    from poslens.capture.engine import capture
+
+    made = []  # the layers each capture made observes
+    init = capture.Capture.__init__
+    monkeypatch.setattr(capture.Capture, "__init__",
+                        lambda self, spec, *a, **kw: (made.append(list(spec.layers)), init(self, spec, *a, **kw))[1])
+    r = _ablate(llama, interventions=["rope-off", "sink-off"], layers="each")
+    assert made == [[]] and r.summary["replayed_prefix"] is True  # the dispatch check's dry run observes no layer
+    made.clear()
+    _ablate(llama, interventions="sink-off", layers="all", readings=True, num_seqs=4)
+    assert made.count([0, 1, 2]) == 2  # the readings: a scan without the intervention and one under it
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_replayed_layers_run_on_one_token(arch, monkeypatch):
+    from poslens.analysis.ablate.replay import LayerReplay
+
+    model = _model(arch, layers=3)
+    seen = []
+    replaying = LayerReplay.replaying
+    monkeypatch.setattr(LayerReplay, "replaying", lambda self, k, one_token=True: (seen.append((k, one_token)),
+                                                                                   replaying(self, k, one_token))[1])
+    kw = {"interventions": ["rope-off", "window:3"], "layers": "each"}
+    a = run_ablate(AblateConfig(model_dir="-", **kw), progress=False, model=model, data=_ids())
+    assert (1, True) in seen and all(one for _, one in seen) and a["summary"]["replayed_prefix"] is True
+    b = run_ablate(AblateConfig(model_dir="-", replay=False, **kw), progress=False, model=model, data=_ids())
+    for name in a["tensors"]:
+        assert torch.equal(a["tensors"][name], b["tensors"][name]), name
+
+
+def test_cli_and_python_give_the_same_losses(cli, tmp_path):
+    model = tmp_path / "m"
+    _model("llama", layers=2).save_pretrained(str(model))
+    out = tmp_path / "a"
+    code, _, err = cli("ablate", model, "--out", out, "--data", "random", "--seq-len", 16, "--num-seqs", 8,
+                       "-i", "rope-off", "-i", "window:3", "--threads", 1, "--no-figures", "--quiet")
+    assert code == 0, err
+    r = poslens.ablate(str(model), ["rope-off", "window:3"], data="random", seq_len=16, num_seqs=8,
+                       progress=False, threads=1)
+    a, b = poslens.load(out).maps, r.maps
+    assert set(a) == set(b) and len(a) == 5
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_loss_head_falls_back_to_the_models_logits_where_they_differ(llama, monkeypatch):
+    from poslens.analysis.ablate.losses import LossHead
+
+    ids = _ids()[:2]
+    with torch.no_grad():
+        ref = token_losses(llama(input_ids=ids, use_cache=False).logits, ids)
+    head = LossHead(llama)
+    assert torch.allclose(head.forward(ids, check=True), ref, atol=1e-5) and head.ok
+    assert torch.allclose(head.forward(ids), ref, atol=1e-5)
+    capped = LossHead(llama)  # logits changed after the head (a soft cap): the check fails, the model's are used
+    h = llama.register_forward_hook(lambda _m, _a, out: out.__setitem__("logits", out["logits"].tanh()) or out)
+    try:
+        with torch.no_grad():
+            ref2 = token_losses(llama(input_ids=ids, use_cache=False).logits, ids)
+        got = capped.forward(ids, check=True)
+        assert not capped.ok and torch.equal(got, ref2) and torch.equal(capped.forward(ids), ref2)
+    finally:
+        h.remove()

@@ -25,8 +25,10 @@ changes the loss *beyond the noise* when its p-value is below :data:`poslens.con
 intervention held together at that false discovery rate (Benjamini–Hochberg).
 
 **Cost.** A layer-at-a-time condition reruns only the layers from the ablated one on: the earlier
-layers' outputs of the unmodified forward are replayed (checked bit for bit against the full
-forward on the first batch; a model where they differ gets full forwards). No capture runs unless
-``readings`` asks for the scans of :func:`readings`.
+layers' outputs of the unmodified forward are replayed (the earlier layers run on one token;
+checked bit for bit against the full forward on the first batch; a model where they differ gets
+full forwards). The loss is read from the final hidden states a block of positions at a time (one
+pass of the LM head, no ``[B, S, V]`` logits). No capture runs unless ``readings`` asks for the
+scans of :func:`readings`.
 """
 

@@ -24,6 +24,80 @@ def token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return loss.view(B, S)[:, :-1]
 
 
+#: the loss is computed from the final hidden states this many logits at a time (positions x vocabulary,
+#: 32 MB in float32): no ``[B, S, V]`` logits block, whose size the heap kept under the CLI's allocator
+#: settings (``poslens ablate`` at 8 x 64 tokens on SmolLM2 peaked at 7.0 GB, a scan of the same shape at
+#: 1.3 GB). Smaller blocks read the LM head's weights once per block: at 2**21 logits the loss of 4 x 128
+#: tokens on SmolLM2 took 1.7 times the CPU time of the whole logits, at 2**23 0.9 times.
+LOSS_BLOCK_LOGITS = 2**23
+
+
+def blocked_token_losses(head, hidden: torch.Tensor, ids: torch.Tensor, vocab: int,
+                         block: int = LOSS_BLOCK_LOGITS) -> torch.Tensor:
+    """:func:`token_losses` of the logits ``head(hidden)`` (``hidden [B, S, d]``: the final hidden states
+    the LM head reads; ``vocab`` logits per position), a block of positions at a time: at most ``block``
+    logits at once, one pass of the LM head over every position but the last (which predicts nothing)."""
+    B, S, _ = hidden.shape
+    h = hidden[:, :-1].reshape(B * (S - 1), -1)
+    target = ids[:, 1:].reshape(-1).to(hidden.device)
+    out = torch.empty(B * (S - 1), dtype=torch.float32, device=hidden.device)
+    rows = max(1, block // max(1, vocab))
+    with torch.no_grad():
+        for lo in range(0, h.shape[0], rows):
+            logits = head(h[lo:lo + rows]).float()
+            out[lo:lo + rows] = torch.nn.functional.cross_entropy(logits, target[lo:lo + rows], reduction="none")
+            del logits
+    return out.view(B, S - 1)
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+class LossHead:
+    """The loss without the ``[B, S, V]`` logits: while :meth:`forward` runs, a forward pre-hook on the
+    LM head keeps the final hidden states and hands the head no position (a hook cannot skip a module);
+    the per-token losses are then computed from them a block of positions at a time
+    (:func:`blocked_token_losses`). The first forward (``check=True``) lets the head run on every
+    position and compares: the blocked losses are used only where they equal those of the model's own
+    logits, float rounding aside (logits the model changes after its head, such as a soft cap, fail
+    it; the model's logits are used from then on)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        self.vocab = int(getattr(self.head, "out_features", 0) or 0)
+        self.ok = self.head is not None and self.vocab > 0
+        self.hidden = None
+
+    def _keep(self, _m, args):
+        self.hidden = args[0]
+        return (args[0][:, :0],)
+
+    def _look(self, _m, args):
+        self.hidden = args[0]
+
+    def forward(self, x, check: bool = False) -> torch.Tensor:
+        """The per-token losses ``[B, S - 1]`` (float32, on the CPU) of one forward of ``x``."""
+        if not self.ok:
+            return token_losses(_logits(self.model, x), x).cpu()
+        h = self.head.register_forward_pre_hook(self._look if check else self._keep)
+        try:
+            logits = _logits(self.model, x)
+        finally:
+            h.remove()
+        hidden, self.hidden = self.hidden, None
+        if not check:
+            return blocked_token_losses(self.head, hidden, x, self.vocab).cpu()
+        ref = token_losses(logits, x).cpu()
+        self.ok = hidden is not None and hidden.ndim == 3 and hidden.shape[:2] == x.shape
+        if self.ok:
+            blocked = blocked_token_losses(self.head, hidden, x, self.vocab).cpu()
+            self.ok = bool(torch.allclose(blocked, ref, rtol=1e-4, atol=1e-5))
+        return blocked if self.ok else ref
+
+
 def position_buckets(seq_len: int) -> list[tuple[int, int]]:
     """Buckets ``[lo, hi)`` of loss positions ``t = 1 .. S - 1`` doubling in width: ``[1, 2)``, ``[2, 4)``, ..."""
     out, lo = [], 1

@@ -19,11 +19,11 @@ from poslens.analysis.ablate.config import (
     parse_layers,
 )
 from poslens.analysis.ablate.losses import (
+    LossHead,
     bh,
     condition_record,
     paired_stats,
     position_buckets,
-    token_losses,
 )
 from poslens.analysis.ablate.replay import LayerReplay
 from poslens.capture.engine.intervene import (
@@ -254,40 +254,56 @@ def _build_edits(cfg: AblateConfig, setup: _Setup, bands, moments) -> list[tuple
 
 def _losses(cfg: AblateConfig, setup: _Setup, edits, progress: bool):
     """Every condition's per-token losses ``{name: [N, S - 1]}`` (``"none"``: the model as it is) and
-    whether the earlier layers were replayed."""
+    whether the earlier layers were replayed.
+
+    The forwards: per batch the unmodified one (every layer's output recorded), then one per
+    condition from its first ablated layer on (the layers before it run on one token, their
+    output replaced by the recorded one); the loss from the final hidden states, a block of positions
+    at a time (:class:`LossHead`). No capture runs. The first batch checks the replay bit for bit
+    against a full forward (on one token, else on one sequence; where neither gives it, every
+    condition runs the whole model)."""
     from poslens.progress import task_progress
 
     model, adapter, ids = setup.model, setup.adapter, setup.ids
     L = adapter.num_layers(setup.config)
+    N, S = ids.shape
     batches = _batches(cfg, setup)
     replay = LayerReplay(adapter.decoder_layers(model))
-    losses: dict[str, list] = {"none": []}
-    losses.update({name: [] for name, _, _ in edits})
-    replay_ok = None if cfg.replay else False
+    head = LossHead(model)
+    names = ["none"] + [name for name, _, _ in edits]
+    losses = {k: torch.empty(N, S - 1, dtype=torch.float32) for k in names}  # before any forward: no gaps in the heap
+    replay_ok, one_token = (None if cfg.replay else False), True
     with task_progress("ablate", len(batches) * (1 + len(edits)), enabled=progress) as update:
         step = 0
         for s, e_ in batches:
             x = ids[s:e_].to(setup.device)
             with replay.recording():
-                logits = _forward_logits(model, x)
-            losses["none"].append(token_losses(logits, x).cpu())
-            del logits
+                losses["none"][s:e_] = head.forward(x, check=step == 0)
             step += 1
             update(step)
-            if replay_ok is None:  # the replayed layers must give the full forward's logits, bit for bit
-                with replay.replaying(max(1, L // 2)):
-                    again = _forward_logits(model, x)
-                replay_ok = bool(torch.equal(token_losses(again, x).cpu(), losses["none"][-1]))
-                del again
+            if replay_ok is None:  # the replayed layers must give the full forward's losses, bit for bit
+                replay_ok, one_token = _check_replay(replay, head, x, losses["none"][s:e_], max(1, L // 2))
             for name, first, ed in edits:
-                with replay.replaying(first if replay_ok else 0), ed.active():
-                    logits = _forward_logits(model, x)
-                losses[name].append(token_losses(logits, x).cpu())
-                del logits
+                with replay.replaying(first if replay_ok else 0, one_token), ed.active():
+                    losses[name][s:e_] = head.forward(x)
                 step += 1
                 update(step)
             replay.outputs = [None] * len(replay.outputs)
-    return {k: torch.cat(v) for k, v in losses.items()}, bool(replay_ok)
+    return losses, bool(replay_ok)
+
+
+def _check_replay(replay: LayerReplay, head: LossHead, x, base: torch.Tensor, k: int) -> tuple[bool, bool]:
+    """``(replay works, on one token)``: the replayed layers on one token where that gives the losses of the
+    full forward bit for bit, else on one sequence, else no replay."""
+    for one_token in (True, False):
+        try:
+            with replay.replaying(k, one_token):
+                again = head.forward(x)
+        except (RuntimeError, ValueError, IndexError):  # a layer that cannot run on one token
+            continue
+        if torch.equal(again, base):
+            return True, one_token
+    return False, False
 
 
 def _resid_vectors(setup: _Setup, batches, edits: Edits | None) -> list[torch.Tensor]:
