@@ -123,8 +123,7 @@ def pid_alive(pid: int) -> bool:
 def mark_failed(out: str | os.PathLike | None) -> None:
     """Mark the run writing ``out`` as failed (an error, not an interrupt: an interrupted run keeps its
     checkpoint): when the last hold is given back, a directory that was new or empty when the run took
-    it is emptied again (and removed if the run made it), so a plain rerun is not refused, unless it holds
-    a checkpoint of the batches done (a killed rank's, say: ``--resume`` continues it). A run that
+    it is emptied again (and removed if the run made it), so a plain rerun is not refused. A run that
     finished (:func:`poslens.rundir.outdir.commit_out_dir`) or that writes into a directory holding an
     earlier run is left as it is."""
     import sys
@@ -181,9 +180,7 @@ def _maybe_release(claim: _Claim) -> None:
     del _claims[str(path)]
     if claim.stage is not None:  # a replacing run that did not finish: the previous run stays as it was
         shutil.rmtree(claim.stage, ignore_errors=True)
-    resumable = any(path.glob("checkpoint*.safetensors"))  # a checkpoint of batches done: kept for --resume
-    if claim.failed and claim.fresh and not claim.committed and not resumable:  # a failed run into a new --out:
-        # nothing half-written
+    if claim.failed and claim.fresh and not claim.committed:  # a failed run into a new --out: nothing half-written
         for p in run_entries(path):
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
