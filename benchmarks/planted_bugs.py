@@ -51,7 +51,7 @@ P = [
  ("13 locality: ties count 0", "poslens/metrics/diagonal.py",
   "    v = float(pair_fraction(rises, tied, pairs, ties=0.5))",
   "    v = float(pair_fraction(rises, tied, pairs, ties=0.0))", "test_references.py"),
- ("14 uniform_slash: off by one", "poslens/metrics/judge/papers.py",
+ ("14 uniform_slash: off by one", "poslens/metrics/verdicts.py",
   "    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d)", "    return sum(1.0 / i for i in range(d + 1, n + 1)) / (n - d + 1)", "test_references.py"),
  ("15 MeanAccumulator.var: biased", "poslens/capture/statistics/accumulators.py",
   "        return ((self.sumsq - n * mean * mean) / (n - 1)).clamp_min(0.0)",

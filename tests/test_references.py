@@ -326,9 +326,9 @@ def _kim(locs, ris=None):
 def test_kim_judge_locality_sign():
     assert _kim([0.8, 0.31])["locality"]["code"] == "near"
     assert _kim([-0.8, -0.31])["locality"]["code"] == "far"
-    assert _kim([0.8, -0.8])["locality"] == {"code": "some", "strong": [0, 1], "threshold": 0.3}
+    assert _kim([0.8, -0.8])["locality"] == {"code": "some", "strong": [0, 1], "layers": [0, 1], "threshold": 0.3}
     for one_weak in ([0.8, 0.1], [-0.8, -0.1]):  # one layer within ±0.3: neither blanket code
-        assert _kim(one_weak)["locality"] == {"code": "some", "strong": [0], "threshold": 0.3}
+        assert _kim(one_weak)["locality"] == {"code": "some", "strong": [0], "layers": [0, 1], "threshold": 0.3}
     assert _kim([0.3, -0.3])["locality"]["code"] == "none"  # |locality| <= 0.3: no trend
 
 

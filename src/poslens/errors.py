@@ -95,6 +95,11 @@ class Interrupted(PoslensError):
     was kept and how to continue (the CLI prints ``poslens: interrupted: ...``, exit 130 or 143)."""
 
 
+class Resumable(PoslensError):
+    """A run that failed with its checkpoints intact (another rank of a distributed scan was lost): the
+    message says how to continue (``--resume``), and a new ``--out`` is kept for it, not emptied."""
+
+
 class PoslensWarning(UserWarning):
     """A warning poslens shows as one line (``poslens: warning: ...``) when run from the CLI."""
 

@@ -36,7 +36,8 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.S | re.M)
 
 
-def test_docs_python_blocks_run(model_dir):
+def test_docs_python_blocks_run(model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # what the blocks write (runs/, explore.html) stays out of the checkout
     blocks = python_blocks(ROOT / "docs" / "python.md")
     assert len(blocks) >= 6
     ns = {"MODEL_DIR": model_dir}

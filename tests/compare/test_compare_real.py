@@ -41,8 +41,10 @@ def test_smollm2_rope_off_at_layer_3(smollm2):
     below = df[df.layer < 3]
     assert len(below) and (below.delta == 0).all() and (below.verdict == "unchanged").all()
     for k, v in r.maps.items():
-        if k.startswith("a.") and not k.endswith(".loss"):
+        if k.startswith("a.") and not k.endswith((".loss", ".head_maps")):  # per group: [G, L, ...]
             assert torch.equal(v[:, :3].nan_to_num(7.0), r.maps["b." + k[2:]][:, :3].nan_to_num(7.0)), k
+        elif k.endswith(".head_maps"):  # over every sequence: [L, H, m, m]
+            assert torch.equal(v[:3], r.maps["b." + k[2:]][:3]), k
     rel = df[(df.reading == "relativity") & (df.layer == 3)].iloc[0]
     assert rel.verdict == "changed" and rel.delta < 0, rel  # NoPE attention in layer 3: far less relative
     a = poslens.ablate(model, "rope-off", layers=[3], data=ids, noise_groups=16, progress=False, threads=None)

@@ -121,16 +121,17 @@ def pid_alive(pid: int) -> bool:
 
 
 def mark_failed(out: str | os.PathLike | None) -> None:
-    """Mark the run writing ``out`` as failed (an error, not an interrupt: an interrupted run keeps its
-    checkpoint): when the last hold is given back, a directory that was new or empty when the run took
+    """Mark the run writing ``out`` as failed (an error, not an interrupt nor a :class:`Resumable` failure,
+    which keep their checkpoints): when the last hold is given back, a directory that was new or empty when the run took
     it is emptied again (and removed if the run made it), so a plain rerun is not refused. A run that
     finished (:func:`poslens.rundir.outdir.commit_out_dir`) or that writes into a directory holding an
     earlier run is left as it is."""
     import sys
 
-    from poslens.errors import Interrupted
+    from poslens.errors import Interrupted, Resumable
 
-    if out is None or isinstance(sys.exc_info()[1], Interrupted):  # called while an interrupt unwinds: kept
+    if out is None or isinstance(sys.exc_info()[1], (Interrupted, Resumable)):  # an interrupt, or a failure that
+        # leaves checkpoints to resume from (a lost rank), unwinds: kept
         return
     claim = _claims.get(_key(Path(out)))
     if claim is not None:

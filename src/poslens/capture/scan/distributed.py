@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from poslens.capture.engine.capture import Capture
-from poslens.errors import PoslensError
+from poslens.errors import PoslensError, Resumable
 
 #: seconds a collective may wait for a peer before failing (``POSLENS_DIST_TIMEOUT`` overrides)
 DEFAULT_TIMEOUT_S = 600
@@ -152,7 +152,7 @@ class DistContext:
             late = self.missing_ranks()
             who = (f"rank {', '.join(map(str, late))} never reached batch step {self.step} (killed or hung)" if late
                    else "another rank died or timed out (torchrun's summary names it)")
-            raise PoslensError(
+            raise Resumable(
                 f"{self.label}: lost the other ranks: {who}; collective error: {first[:160]}. The checkpoints in "
                 f"--out are intact: rerun the same command with --resume and the same number of processes.") from None
 
