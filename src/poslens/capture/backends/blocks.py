@@ -64,20 +64,20 @@ class BlockMaps:
         return self._inv[key]
 
     def add_rows(self, dst: torch.Tensor, part: torch.Tensor, start: int) -> None:
-        """Add a map's rows ``start .. start + c - 1`` (``part [c, nc]``, keys ``0 .. nc - 1``) to the
-        block sums ``dst [n, n]``."""
-        c, nc = part.shape
+        """Add a map's rows ``start .. start + c - 1`` (``part [..., c, nc]``, keys ``0 .. nc - 1``) to the
+        block sums ``dst [..., n, n]`` (leading dims: several maps at once, e.g. every head's)."""
+        *lead, c, nc = part.shape
         f = self.f
         nb = -(-nc // f)
         if nc != nb * f:
             part = torch.nn.functional.pad(part, (0, nb * f - nc))
-        cols = part.reshape(c, nb, f).sum(-1)  # [c, nb]: column blocks
+        cols = part.reshape(*lead, c, nb, f).sum(-1)  # [..., c, nb]: column blocks
         r0, r1 = start // f, (start + c - 1) // f
         if r0 == r1:  # every row in one block row (the common case: chunks shorter than a block)
-            dst[r0, :nb] += cols.sum(0)
+            dst[..., r0, :nb] += cols.sum(-2)
         else:
             idx = torch.arange(start, start + c, device=part.device) // f
-            dst[:, :nb].index_add_(0, idx, cols)
+            dst[..., :nb].index_add_(-2, idx, cols)
 
     def gram_means(self, a, device=None) -> torch.Tensor:
         """Block means ``[n, n]`` (float32) of ``a @ a.T`` for ``a [S, K]`` without the ``S x S`` product:

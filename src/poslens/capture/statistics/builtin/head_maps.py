@@ -37,27 +37,10 @@ def add_head_rows(blocks: BlockMaps, dst: torch.Tensor, part: torch.Tensor, star
     """Add rows ``start .. start + c - 1`` of every head's map (``part [H, c, nc]``, keys
     ``0 .. nc - 1``) to the block sums ``dst [H, n, n]``: :meth:`BlockMaps.add_rows` for all heads at
     once (with one-position blocks, the rows copied)."""
-    H, c, nc = part.shape
-    f = blocks.f
-    if f == 1:
-        dst[:, start:start + c, :nc].copy_(part)
-        return
-    full, nb = nc // f, -(-nc // f)
-    if full == nb:
-        cols = part.unflatten(-1, (nb, f)).sum(-1)  # [H, c, nb]: column blocks
-    else:  # a narrower last column block
-        cols = torch.empty(H, c, nb, dtype=part.dtype, device=part.device)
-        if full:
-            cols[..., :full] = part[..., :full * f].unflatten(-1, (full, f)).sum(-1)
-        cols[..., full] = part[..., full * f:].sum(-1)
-    r0, r1 = start // f, (start + c - 1) // f
-    if r0 == r1:  # every row in one block row
-        dst[:, r0, :nb] += cols.sum(1)
-    elif start % f == 0 and c % f == 0:  # whole block rows
-        dst[:, r0:r1 + 1, :nb] += cols.unflatten(1, (c // f, f)).sum(2)
+    if blocks.f == 1:
+        dst[:, start:start + part.shape[1], :part.shape[2]].copy_(part)
     else:
-        idx = torch.arange(start, start + c, device=part.device) // f
-        dst[:, :, :nb].index_add_(1, idx, cols)
+        blocks.add_rows(dst, part, start)
 
 
 class HeadMaps(BuiltinStatistic):
