@@ -99,6 +99,25 @@ def test_resume_is_bit_identical(llama_dir, tmp_path):
         assert torch.equal(ca[k], cb[k]), k  # the float64 sums themselves
 
 
+@pytest.mark.parametrize("every, keep, written", [(10, False, []), (2, False, [2]), (1, False, [1, 2, 3]),
+                                                   (10, True, [4]), (2, True, [2, 4])])
+def test_the_checkpoint_after_the_last_batch_is_written_only_when_kept(llama_dir, tmp_path, monkeypatch, every, keep,
+                                                                        written):
+    """Every ``checkpoint_every`` batches, but not after the last one unless --keep-checkpoint: finalize
+    reads the sums from memory, and the file (as large as the float64 sums) would be removed again."""
+    from poslens.capture.scan import run as run_module
+
+    seen = []
+    real = run_module.save_checkpoint
+    monkeypatch.setattr(run_module, "save_checkpoint", lambda out, capture, seqs, *a, **k: (
+        seen.append(seqs // 2), real(out, capture, seqs, *a, **k))[1])
+    out = tmp_path / "run"
+    run_scan(ScanConfig(model_dir=str(llama_dir), out=str(out), data="random", seq_len=10, num_seqs=8, batch_size=2,
+                        figures=False, checkpoint_every=every, keep_checkpoint=keep), progress=False)
+    assert seen == written
+    assert (out / "checkpoint.safetensors").exists() == keep and (out / "maps.safetensors").exists()
+
+
 def test_killed_process_resumes_identically(llama_dir, tmp_path):
     """SIGKILL a real `poslens scan` process after its first checkpoint, then --resume."""
     args = ["--data", "random", "--seq-len", "24", "--num-seqs", "40", "--batch-size", "2", "--checkpoint-every", "1",

@@ -324,6 +324,17 @@ def _checkpoint(job: _Job, capture: Capture, shard: _Shard, n_done: int) -> None
         save_checkpoint(job.out, capture, seqs_done, job.fp)
 
 
+def _checkpoint_due(job: _Job, done: int, total: int) -> bool:
+    """Whether the checkpoint is written after ``done`` of this rank's ``total`` batches: every
+    ``checkpoint_every``, except after the last batch of a single process's scan, whose finalize
+    follows at once from the sums in memory (writing them, as large as the float64 sums, would cost
+    seconds of system time, and a finished scan removes its checkpoint), unless --keep-checkpoint
+    keeps it; ranks write theirs after their last batch too (the merge and a --resume read them)."""
+    if done == total:
+        return job.ctx.enabled or job.cfg.keep_checkpoint
+    return done % job.cfg.checkpoint_every == 0
+
+
 def _scan_batches(job: _Job, model, capture: Capture, shard: _Shard, progress: bool,
                   stop_after_batches: int | None):
     """The forward passes of this rank's batches, checkpointing every ``checkpoint_every``; returns
@@ -342,7 +353,7 @@ def _scan_batches(job: _Job, model, capture: Capture, shard: _Shard, progress: b
                 forward(model, ids, capture=capture, kwargs=fwd_kwargs, seq_start=s)
                 tokens += ids.numel()
                 done, did = t + 1, 1
-                if done == len(mine) or done % cfg.checkpoint_every == 0:
+                if _checkpoint_due(job, done, len(mine)):
                     _checkpoint(job, capture, shard, done)
                 D.die_hook(ctx, done)
             # lockstep: the global count for the progress bar, and a dead peer is noticed at once
