@@ -107,10 +107,14 @@ def test_the_checkpoint_after_the_last_batch_is_written_only_when_kept(llama_dir
     reads the sums from memory, and the file (as large as the float64 sums) would be removed again."""
     from poslens.capture.scan import run as run_module
 
-    seen = []
+    seen = []  # batches done (of 2 sequences) at each checkpoint written
     real = run_module.save_checkpoint
-    monkeypatch.setattr(run_module, "save_checkpoint", lambda out, capture, seqs, *a, **k: (
-        seen.append(seqs // 2), real(out, capture, seqs, *a, **k))[1])
+
+    def counted(out, capture, seqs, *a, **k):
+        seen.append(seqs // 2)
+        return real(out, capture, seqs, *a, **k)
+
+    monkeypatch.setattr(run_module, "save_checkpoint", counted)
     out = tmp_path / "run"
     run_scan(ScanConfig(model_dir=str(llama_dir), out=str(out), data="random", seq_len=10, num_seqs=8, batch_size=2,
                         figures=False, checkpoint_every=every, keep_checkpoint=keep), progress=False)
