@@ -32,7 +32,9 @@ def test_real_model_loss_rope_off_and_unchanged(name):
         before = model(input_ids=ids[:1, :16]).logits.clone()
         ref = model(input_ids=ids, labels=ids, use_cache=False).loss
     a = poslens.ablate(model, ["rope-off", "sink-off"], layers="all", data=ids, progress=False, threads=None)
-    assert a.summary["loss_base"] == pytest.approx(float(ref), abs=1e-5)
+    # the model's own loss is float32 cross-entropy, below the float64 value by up to 2e-5 nats over Gemma-3's
+    # 262,144 logits (the blocked losses are the float64 ones to a few float32 roundings: test_ablate.py)
+    assert a.summary["loss_base"] == pytest.approx(float(ref), abs=5e-5)
     c = {x["name"]: x for x in a.summary["conditions"]}
     d = c["rope-off@all"]["delta"]
     assert d["mean"] > 3 * d["se"] and d["mean"] > 0.5  # nats per token (SmolLM2 at 8 x 64: 1.4 ± 0.19)

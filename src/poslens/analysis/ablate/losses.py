@@ -36,17 +36,35 @@ def blocked_token_losses(head, hidden: torch.Tensor, ids: torch.Tensor, vocab: i
                          block: int = LOSS_BLOCK_LOGITS) -> torch.Tensor:
     """:func:`token_losses` of the logits ``head(hidden)`` (``hidden [B, S, d]``: the final hidden states
     the LM head reads; ``vocab`` logits per position), a block of positions at a time: at most ``block``
-    logits at once, one pass of the LM head over every position but the last (which predicts nothing)."""
+    logits at once, one pass of the LM head over every position but the last (which predicts nothing).
+
+    Each block's loss is ``logsumexp(z) - z[target]``, formed in place in the block's logits: a float32
+    ``nn.Linear`` head writes them into one buffer reused by every block (no temporary as large as the
+    block: the loss costs the head's pass and three reads of its output)."""
     B, S, _ = hidden.shape
     h = hidden[:, :-1].reshape(B * (S - 1), -1)
-    target = ids[:, 1:].reshape(-1).to(hidden.device)
+    target = ids[:, 1:].reshape(-1, 1).to(hidden.device)
     out = torch.empty(B * (S - 1), dtype=torch.float32, device=hidden.device)
-    rows = max(1, block // max(1, vocab))
+    rows = max(1, min(h.shape[0], block // max(1, vocab)))
+    weight = getattr(head, "weight", None)
+    into = (type(head) is torch.nn.Linear and weight.dtype == torch.float32 == h.dtype
+            and weight.device == h.device)  # the product written into the buffer
+    buf = torch.empty(rows, vocab, dtype=torch.float32, device=hidden.device) if into else None
     with torch.no_grad():
         for lo in range(0, h.shape[0], rows):
-            logits = head(h[lo:lo + rows]).float()
-            out[lo:lo + rows] = torch.nn.functional.cross_entropy(logits, target[lo:lo + rows], reduction="none")
-            del logits
+            hi = min(h.shape[0], lo + rows)
+            if into:
+                z = buf[:hi - lo]
+                if head.bias is None:
+                    torch.mm(h[lo:hi], weight.t(), out=z)
+                else:
+                    torch.addmm(head.bias, h[lo:hi], weight.t(), out=z)
+            else:
+                z = head(h[lo:hi]).float()
+            picked = z.gather(1, target[lo:hi])[:, 0]
+            top = z.amax(1, keepdim=True)
+            out[lo:hi] = z.sub_(top).exp_().sum(1).log_().add_(top[:, 0]).sub_(picked)
+            del z
     return out.view(B, S - 1)
 
 
@@ -55,14 +73,20 @@ def _logits(model, ids):
         return model(input_ids=ids, use_cache=False).logits
 
 
+#: positions of the first sequence whose logits, as the model gives them, the first forward compares with
+#: the blocked losses (:class:`LossHead`): a change the model makes to its logits after the head shows on any
+CHECK_POSITIONS = 64
+
+
 class LossHead:
     """The loss without the ``[B, S, V]`` logits: while :meth:`forward` runs, a forward pre-hook on the
     LM head keeps the final hidden states and hands the head no position (a hook cannot skip a module);
     the per-token losses are then computed from them a block of positions at a time
-    (:func:`blocked_token_losses`). The first forward (``check=True``) lets the head run on every
-    position and compares: the blocked losses are used only where they equal those of the model's own
-    logits, float rounding aside (logits the model changes after its head, such as a soft cap, fail
-    it; the model's logits are used from then on)."""
+    (:func:`blocked_token_losses`). The first forward (``check=True``) hands the head the first
+    :data:`CHECK_POSITIONS` positions of the first sequence instead and compares the losses of the logits
+    the model gives there with the blocked ones: the blocked losses are used only where they are equal,
+    float rounding aside (logits the model changes after its head, such as a soft cap, fail it; the
+    model's whole logits are used from then on, that batch's forward run again with them)."""
 
     def __init__(self, model):
         self.model = model
@@ -70,6 +94,7 @@ class LossHead:
         self.vocab = int(getattr(self.head, "out_features", 0) or 0)
         self.ok = self.head is not None and self.vocab > 0
         self.hidden = None
+        self._shown = 0  # positions of the first sequence the head is handed in the checked forward
 
     def _keep(self, _m, args):
         self.hidden = args[0]
@@ -77,25 +102,35 @@ class LossHead:
 
     def _look(self, _m, args):
         self.hidden = args[0]
+        return (args[0][:1, :self._shown],)
 
     def forward(self, x, check: bool = False) -> torch.Tensor:
         """The per-token losses ``[B, S - 1]`` (float32, on the CPU) of one forward of ``x``."""
         if not self.ok:
             return token_losses(_logits(self.model, x), x).cpu()
+        self._shown = min(CHECK_POSITIONS, x.shape[1] - 1) + 1
         h = self.head.register_forward_pre_hook(self._look if check else self._keep)
         try:
             logits = _logits(self.model, x)
+        except (RuntimeError, ValueError, IndexError):  # a model that cannot take logits of a few positions
+            if not check:
+                raise
+            logits = None
         finally:
             h.remove()
         hidden, self.hidden = self.hidden, None
         if not check:
             return blocked_token_losses(self.head, hidden, x, self.vocab).cpu()
-        ref = token_losses(logits, x).cpu()
-        self.ok = hidden is not None and hidden.ndim == 3 and hidden.shape[:2] == x.shape
+        r = self._shown - 1
+        self.ok = (logits is not None and hidden is not None and hidden.ndim == 3 and hidden.shape[:2] == x.shape
+                   and tuple(logits.shape[:2]) == (1, r + 1))
         if self.ok:
             blocked = blocked_token_losses(self.head, hidden, x, self.vocab).cpu()
-            self.ok = bool(torch.allclose(blocked, ref, rtol=1e-4, atol=1e-5))
-        return blocked if self.ok else ref
+            ref = token_losses(logits, x[:1, :r + 1]).cpu()
+            self.ok = bool(torch.allclose(blocked[:1, :r], ref, rtol=1e-4, atol=1e-5))
+            if self.ok:
+                return blocked
+        return token_losses(_logits(self.model, x), x).cpu()
 
 
 def position_buckets(seq_len: int) -> list[tuple[int, int]]:

@@ -282,7 +282,7 @@ def _losses(cfg: AblateConfig, setup: _Setup, edits, progress: bool):
             step += 1
             update(step)
             if replay_ok is None:  # the replayed layers must give the full forward's losses, bit for bit
-                replay_ok, one_token = _check_replay(replay, head, x, losses["none"][s:e_], max(1, L // 2))
+                replay_ok, one_token = _check_replay(replay, head, x, losses["none"][s:e_], max(1, L - 1))
             for name, first, ed in edits:
                 with replay.replaying(first if replay_ok else 0, one_token), ed.active():
                     losses[name][s:e_] = head.forward(x)
@@ -294,7 +294,9 @@ def _losses(cfg: AblateConfig, setup: _Setup, edits, progress: bool):
 
 def _check_replay(replay: LayerReplay, head: LossHead, x, base: torch.Tensor, k: int) -> tuple[bool, bool]:
     """``(replay works, on one token)``: the replayed layers on one token where that gives the losses of the
-    full forward bit for bit, else on one sequence, else no replay."""
+    full forward bit for bit, else on one sequence, else no replay. The caller replays every layer but the
+    last (``k = L - 1``): the cheapest forward to check, and the one that runs the most layers on one
+    token and hands the last layer what every earlier one passed on."""
     for one_token in (True, False):
         try:
             with replay.replaying(k, one_token):
