@@ -383,6 +383,21 @@ def test_whole_layer_maps_reduce_to_the_block_means(S, N, causal, monkeypatch):
     assert all(start % f == 0 for start, _ in bands) and max(c for _, c in bands) <= 2 * f
 
 
+@pytest.mark.parametrize("S,map_size", [(40, 7), (41, 10), (64, 16), (9, 9), (13, 1)])
+def test_gram_block_means_equal_the_block_means_of_the_whole_gram(S, map_size):
+    """``BlockMaps.gram_means`` from the blocks' mean rows equals the block means of the ``S x S`` Gram
+    (brute force in float64), with a narrower last block where ``f`` does not divide ``S``, and the
+    banded product of the same rows."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(S, 24, generator=g)
+    bm = BlockMaps(S, map_size)
+    ref = _block_means(a.double() @ a.double().T, bm.f, torch.ones(S, S, dtype=torch.bool))
+    got = bm.gram_means(a)
+    assert got.shape == (bm.n, bm.n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, bm.gram_means(lambda r0, r1: a[r0:r1] @ a[:r1].T, "cpu"), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("map_size", [0, 7])
 def test_cosine_rows_of_raw_products_equal_the_unit_vector_gram(map_size):
     """The GPU half-precision cosine path (``builtin.cosine.cosine_rows``: each sequence's product of its raw

@@ -80,20 +80,36 @@ class BlockMaps:
             dst[..., :nb].index_add_(-2, idx, cols)
 
     def gram_means(self, a, device=None) -> torch.Tensor:
-        """Block means ``[n, n]`` (float32) of ``a @ a.T`` for ``a [S, K]`` without the ``S x S`` product:
-        row blocks of the lower block triangle, reduced to block sums as they are computed, mirrored.
+        """Block means ``[n, n]`` (float32) of ``a @ a.T`` for ``a [S, K]`` without the ``S x S`` product.
+
+        The mean of ``a_i . a_j`` over a block ``I x J`` is the product of the blocks' mean rows,
+        ``mean_I(a) . mean_J(a)``: one ``[n, K] x [K, n]`` product of the row-block means (``f^2`` times
+        fewer multiplications than the ``S x S`` map).
 
         ``a`` may instead be a function ``rows(r0, r1)`` returning rows ``r0 .. r1 - 1`` of a symmetric
-        ``S x S`` matrix on its first ``r1`` columns (then pass ``device``)."""
+        ``S x S`` matrix on its first ``r1`` columns (then pass ``device``): row bands of the lower
+        block triangle, reduced to block sums as they are computed, mirrored."""
+        if not callable(a):
+            m = self.row_means(a)
+            return m @ m.T
         S, f, n = self.S, self.f, self.n
-        rows = a if callable(a) else (lambda r0, r1: a[r0:r1] @ a[:r1].T)
-        device = a.device if device is None else device
         on_gpu = torch.device(device).type != "cpu"  # few large products there, cache-sized ones on the CPU
         R = f * max(1, (4096 if on_gpu else GRAM_BLOCK_ROWS) // f)
         out = torch.zeros(n, n, dtype=torch.float32, device=device)
         for r0 in range(0, S, R):
             r1 = min(S, r0 + R)
-            self.add_rows(out, rows(r0, r1), r0)
+            self.add_rows(out, a(r0, r1), r0)
         out = out.tril() + out.tril(-1).T  # blocks right of each computed row band: the mirrored ones
         sz = self.sizes().to(torch.float32).to(device)
         return out.div_(sz[:, None] * sz[None, :])
+
+    def row_means(self, a: torch.Tensor) -> torch.Tensor:
+        """The mean row of each block of ``f`` rows of ``a [S, K]``: ``[n, K]`` float32."""
+        S, f, n = self.S, self.f, self.n
+        a = a.to(torch.float32)
+        full = (S // f) * f
+        out = torch.empty(n, a.shape[1], dtype=torch.float32, device=a.device)
+        torch.sum(a[:full].reshape(S // f, f, -1), dim=1, out=out[:S // f])
+        if full < S:  # the last, narrower block
+            torch.sum(a[full:], dim=0, keepdim=True, out=out[S // f:])
+        return out.div_(self.sizes().to(torch.float32).to(a.device)[:, None])
