@@ -40,9 +40,12 @@ as ``release_means`` does for the scan's finalize), is timed apart ("final s").
 Overhead = CPU time over the ``sdpa`` row's minus 1; "vs eager" = eager's CPU time / the row's;
 sys share = sys / (user + sys). Below the table, each model's whole ``poslens.scan()`` call is given
 as a ratio to the plain forward of the same tokens under the same allocator settings (the
-``sdpa:system-malloc`` row, else ``sdpa``), with finalize's share of the call. Usage::
+``sdpa:system-malloc`` row, else ``sdpa``), with finalize's share of the call and both sys shares;
+``--whole-call`` adds SmolLM2 at more lengths with these two rows alone (by default 16 x 256 and
+2 x 4,096 tokens, the latter with ``--map-size 1024``), so the whole call is paired with its floor at
+256, 1,024 and 4,096 tokens in one run. Usage::
 
-    python benchmarks/bench_scan.py                     # both models (about 12 minutes on an idle 2-core CPU)
+    python benchmarks/bench_scan.py                     # both models (about 15 minutes on an idle 2-core CPU)
     python benchmarks/bench_scan.py --no-smollm         # the benchmark model only
     python benchmarks/bench_scan.py --json out.json     # every number elsewhere (default: benchmarks/results_scan.json)
     python benchmarks/bench_scan.py --interleaved 8     # also the paired in-process measurement
@@ -520,7 +523,30 @@ def table(results: list[dict]) -> str:
                  + (f" {rounds_n} rounds: medians; over sdpa and vs eager paired within each round (methods in "
                     "alternating order), range = the rounds' lowest and highest overhead." if rounds_n > 1 else ""))
     lines += whole_call_lines(results)
+    lines += memory_lines(results)
     return "\n".join(lines)
+
+
+def memory_lines(results: list[dict]) -> list[str]:
+    """Per model with an eager row: eager's peak RSS over the scan's (the loop, ``poslens all``, and the
+    whole call), beside eager's over the plain forward's under the same allocator settings: no capture
+    runs below the forward it observes, so that ratio bounds what any scan can reach (medians)."""
+    lines = []
+    for entry in results:
+        peak: dict = {}
+        for runs in entry["rounds"]:
+            for r in runs:
+                if r.get("ok"):
+                    peak.setdefault(r["method"], []).append(r["peak_rss_mb"] / 1024)
+        if "eager" not in peak:
+            continue
+        p = {m: _median(v) for m, v in peak.items()}
+        parts = [f"{label} {p[m]:.2f} GB: eager / it = {p['eager'] / p[m]:.2f}x"
+                 for m, label in (("poslens:all", "poslens all (CLI allocator)"), ("sdpa", "its floor"),
+                                  (WHOLE_CALL, "poslens.scan() (glibc)"), (SYSTEM_MALLOC, "its floor"))
+                 if m in p]
+        lines.append(f"{entry['model']}: peak RSS, eager {p['eager']:.2f} GB; " + "; ".join(parts))
+    return lines
 
 
 def whole_call_lines(results: list[dict]) -> list[str]:
@@ -544,7 +570,8 @@ def whole_call_lines(results: list[dict]) -> list[str]:
               f"{_median(imp):.1f} s CPU" if imp else ""
         sys_c = _median([100 * c["sys_s"] / c["cpu_s"] for c, _ in pairs])
         sys_f = _median([100 * f["sys_s"] / f["cpu_s"] for _, f in pairs])
-        lines.append(f"{entry['model']}: poslens.scan() = {ratio:.2f}x the plain forward's CPU time "
+        maps = f" (--map-size {entry['map_size']})" if entry.get("map_size") else ""
+        lines.append(f"{entry['model']}{maps}: poslens.scan() = {ratio:.2f}x the plain forward's CPU time "
                      f"({_median([c['cpu_s'] for c, _ in pairs]):.1f} s against "
                      f"{_median([f['cpu_s'] for _, f in pairs]):.1f} s, {floor} row); sys {sys_c:.1f} % of the "
                      f"call's CPU against {sys_f:.1f} % of the forward's{fin}{imp}")
@@ -569,6 +596,10 @@ def main():
     ap.add_argument("--smollm", default=None, help="SmolLM2-135M model directory (default: found in the GGUF cache)")
     ap.add_argument("--smollm-batch", default="4x2",
                     help="SmolLM2: BATCHxBATCHES timed (default 4x2); a comma-separated list: one per --seq-len")
+    ap.add_argument("--whole-call", default="256:4x4,4096:1x2", metavar="LEN:BxN,...",
+                    help="SmolLM2 at more lengths, the whole poslens.scan() call and its floor only (default "
+                         "256:4x4,4096:1x2, the 4,096 row with --map-size 1024 unless --map-size is given; 'none': "
+                         "off); lengths also in --seq-len are skipped")
     ap.add_argument("--no-smollm", action="store_true", help="the benchmark model only")
     ap.add_argument("--no-bench-model", action="store_true", help="SmolLM2 only (the benchmark model not run)")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
@@ -622,28 +653,33 @@ def main():
     smollm_batches = args.smollm_batch.split(",")
     if len(smollm_batches) not in (1, len(lengths)):
         ap.error(f"--smollm-batch: one BATCHxBATCHES or one per --seq-len ({len(lengths)}), got {args.smollm_batch!r}")
+    extra = _whole_call_lengths(ap, args.whole_call, lengths) if smollm else []
     with tempfile.TemporaryDirectory() as tmp:
         bench = None if args.no_bench_model else build_bench_model(os.path.join(tmp, "bench"))
-        models = [(n, "bench 4L h512 8x64", bench, args.bench_batch) for n in lengths] if bench else []
+        models = [(n, "bench 4L h512 8x64", bench, args.bench_batch, methods, args.map_size) for n in lengths] \
+            if bench else []
         if smollm:
-            models += [(n, "SmolLM2-135M", smollm, smollm_batches[i % len(smollm_batches)])
+            models += [(n, "SmolLM2-135M", smollm, smollm_batches[i % len(smollm_batches)], methods, args.map_size)
                        for i, n in enumerate(lengths)]
-        for seq_len, base, path, bb in models:
-            name = base if len(lengths) == 1 else f"{base} @{seq_len}"
+            whole = [m for m in (SYSTEM_MALLOC, WHOLE_CALL) if m in methods]
+            models += [(n, "SmolLM2-135M", smollm, bb, whole, args.map_size or (1024 if n > 1024 else 0))
+                       for n, bb in extra if whole]
+        for seq_len, base, path, bb, row_methods, map_size in models:
+            name = base if len(lengths) == 1 and not extra else f"{base} @{seq_len}"
             B, nb = (int(x) for x in bb.lower().split("x"))
             warm = B  # one full batch: the timed batches find every buffer and heap page at its size
             rounds = []
             for k in range(args.repeats):
                 runs = []
-                for m in (methods if k % 2 == 0 else methods[::-1]):  # alternate: no method always runs first
-                    r = run_worker(m, path, seq_len, B, nb, warm, args.device, args.threads, args.map_size)
+                for m in (row_methods if k % 2 == 0 else row_methods[::-1]):  # alternate: none always runs first
+                    r = run_worker(m, path, seq_len, B, nb, warm, args.device, args.threads, map_size)
                     runs.append(r)
                     print(json.dumps({"model": name, "round": k, **r}), flush=True)
                 rounds.append(runs)
             entry = {"model": name, "model_dir": path if path == smollm else "random init (BENCH)", "seq_len": seq_len,
-                     "map_size": args.map_size if 0 < args.map_size < seq_len else 0,
+                     "map_size": map_size if 0 < map_size < seq_len else 0,
                      "batch_size": B, "batches": nb, "runs": rounds[0], "rounds": rounds}
-            if args.interleaved:
+            if args.interleaved and row_methods is methods:
                 entry["interleaved"] = run_worker("interleaved", path, seq_len, B, args.interleaved, warm,
                                                   args.device, args.threads)
                 print(json.dumps({"model": name, **entry["interleaved"]}), flush=True)
@@ -659,6 +695,25 @@ def main():
             json.dump({**_results.meta(), "threads": args.threads, "seq_len": lengths[0] if len(lengths) == 1 else lengths,
                        "map_size": args.map_size, "device": args.device,
                        "cpu_count": os.cpu_count(), "cpu_kernels": native.status(), "results": results}, f, indent=1)
+
+
+def _whole_call_lengths(ap, spec: str, lengths: list[int]) -> list[tuple[int, str]]:
+    """``--whole-call``: ``[(length, "BxN"), ...]`` not already in ``lengths``."""
+    if spec.strip().lower() in ("", "none"):
+        return []
+    out = []
+    for part in spec.split(","):
+        n, _, bb = part.strip().partition(":")
+        try:
+            B, nb = (int(x) for x in bb.lower().split("x"))
+            n = int(n)
+        except ValueError:
+            ap.error(f"--whole-call: LEN:BATCHxBATCHES separated by commas (e.g. 256:4x4), got {part!r}")
+        if min(n, B, nb) < 1:
+            ap.error(f"--whole-call: positive numbers, got {part!r}")
+        if n not in lengths:
+            out.append((n, f"{B}x{nb}"))
+    return out
 
 
 def _join_stats(parts: list[str]) -> list[str]:
