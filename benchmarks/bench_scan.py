@@ -424,7 +424,7 @@ def fastest_parts(cpu: list, layers: list) -> float:
 def interleaved_table(results: list[dict]) -> str:
     """Per model and row: median CPU s per batch, the overhead as the ratio of the rounds' totals
     (minus 1), the median per-round ratio, the ratio of the fastest rounds and the range."""
-    head = (f"{'model':<22}{'method':<22}{'CPU s/batch':>12}{'over sdpa (totals)':>20}{'median round':>14}"
+    head = (f"{'model':<26}{'method':<22}{'CPU s/batch':>12}{'over sdpa (totals)':>20}{'median round':>14}"
             f"{'fastest':>9}{'fastest layers':>16}{'range':>16}")
     lines = [head, "-" * len(head)]
     for e in results:
@@ -432,7 +432,7 @@ def interleaved_table(results: list[dict]) -> str:
         if not r:
             continue
         if not r.get("ok"):
-            lines.append(f"{e['model']:<22}  failed: {r.get('error', '?')[:80]}")
+            lines.append(f"{e['model']:<26}  failed: {r.get('error', '?')[:80]}")
             continue
         base = r["cpu_s"]["sdpa"]
         lay = r.get("layer_cpu_s")
@@ -444,7 +444,7 @@ def interleaved_table(results: list[dict]) -> str:
             tot = 100 * (sum(ts) / sum(base) - 1)
             fastest = 100 * (min(ts) / min(base) - 1)
             parts = f"{100 * (fastest_parts(ts, lay[m]) / base_parts - 1):>+15.1f}%" if lay else f"{'-':>16}"
-            lines.append(f"{e['model']:<22}{name:<22}{_median(ts):>12.2f}{tot:>+19.1f}%{_median(ratios):>+13.1f}%"
+            lines.append(f"{e['model']:<26}{name:<22}{_median(ts):>12.2f}{tot:>+19.1f}%{_median(ratios):>+13.1f}%"
                          f"{fastest:>+8.1f}%{parts}{min(ratios):>+8.0f} … {max(ratios):+.0f}")
     lines.append("One process per model, batch after batch on the same tokens (each round: one batch through every "
                  "row, order reversed every other round); CPU s/batch: median user + sys of one batch; over sdpa "
@@ -479,7 +479,7 @@ def table(results: list[dict]) -> str:
     rounds (``--repeats``) each number is the median over rounds, and the overhead is the median of the
     per-round ratios (each run over the floor of its own round), its range beside it."""
     rounds_n = max(len(e["rounds"]) for e in results) if results else 1
-    head = (f"{'model':<22}{'method':<22}{'CPU s':>8}{'wall s':>8}{'over sdpa':>10}"
+    head = (f"{'model':<26}{'method':<22}{'CPU s':>8}{'wall s':>8}{'over sdpa':>10}"
             + (f"{'range':>14}" if rounds_n > 1 else "") + f"{'vs eager':>9}{'peak RSS':>10}{'sys/CPU':>8}"
             + f"{'final s':>8}")
     lines = [head, "-" * len(head)]
@@ -493,7 +493,7 @@ def table(results: list[dict]) -> str:
                     WHOLE_CALL: "poslens.scan() all"}.get(m, m.replace(":", " "))
             ok = [r for r in rs if r.get("ok")]
             if not ok:
-                lines.append(f"{entry['model']:<22}{name:<22}  failed: {rs[0].get('error', '?')[:60]}")
+                lines.append(f"{entry['model']:<26}{name:<22}  failed: {rs[0].get('error', '?')[:60]}")
                 continue
             # paired per round: the row's CPU time over the floor's (and eager's over the row's) of the same round
             over = [100 * (rd[m]["cpu_s"] / rd["sdpa"]["cpu_s"] - 1) for rd in rounds
@@ -509,7 +509,7 @@ def table(results: list[dict]) -> str:
             fin = [r["finish_cpu_s"] for r in ok
                    if r.get("finish_cpu_s") is not None and m.startswith(("poslens", "scan"))]
             fin_s = f"{_median(fin):.2f}" if fin else "-"
-            lines.append(f"{entry['model']:<22}{name:<22}{cpu:>8.1f}{wall:>8.1f}{over_s:>10}"
+            lines.append(f"{entry['model']:<26}{name:<22}{cpu:>8.1f}{wall:>8.1f}{over_s:>10}"
                          + (f"{span:>14}" if span is not None else "") + f"{vs_s:>9}{rss:>8.2f} G{sys_share:>7.1f}%"
                          + f"{fin_s:>8}")
     lines.append("CPU s: user + sys of the timed batches (threads: see header); over sdpa: CPU time over the plain "

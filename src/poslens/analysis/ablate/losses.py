@@ -25,11 +25,12 @@ def token_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 #: the loss is computed from the final hidden states this many logits at a time (positions x vocabulary,
-#: 32 MB in float32): no ``[B, S, V]`` logits block, whose size the heap kept under the CLI's allocator
+#: 128 MB in float32): no ``[B, S, V]`` logits block, whose size the heap kept under the CLI's allocator
 #: settings (``poslens ablate`` at 8 x 64 tokens on SmolLM2 peaked at 7.0 GB, a scan of the same shape at
-#: 1.3 GB). Smaller blocks read the LM head's weights once per block: at 2**21 logits the loss of 4 x 128
-#: tokens on SmolLM2 took 1.7 times the CPU time of the whole logits, at 2**23 0.9 times.
-LOSS_BLOCK_LOGITS = 2**23
+#: 1.3 GB). Smaller blocks read the LM head's weights once per block and give each product fewer rows: the
+#: loss of 4 x 256 tokens on SmolLM2 (the head and the loss together) took 1.44x the CPU time of the head
+#: alone at 2**23 logits on two threads, 1.27x at 2**24 and 1.17x at 2**25 (one thread: 1.09x, 1.07x, 1.03x).
+LOSS_BLOCK_LOGITS = 2**25
 
 
 def blocked_token_losses(head, hidden: torch.Tensor, ids: torch.Tensor, vocab: int,
