@@ -70,6 +70,12 @@ P = [
   "((G - 1) / G * ((v - v.mean()) ** 2).sum()).sqrt()", "(1 / G * ((v - v.mean()) ** 2).sum()).sqrt()", "capture/test_stats.py"),
  ("22 stderr divides by n-1", "poslens/capture/statistics/accumulators.py",
   "        return (self.var / max(self.count, 1)).sqrt()", "        return (self.var / max(self.count - 1, 1)).sqrt()", "capture/test_stats.py"),
+ ("23 gram_means: the narrower last block divided by the full block size", "poslens/capture/backends/blocks.py",
+  "        return out.div_(self.sizes().to(torch.float32).to(a.device)[:, None])", "        return out.div_(float(f))",
+  "capture/test_capture_perf.py"),
+ ("24 blocked losses: the logsumexp without its shift added back", "poslens/analysis/ablate/losses.py",
+  "            out[lo:hi] = z.sub_(top).exp_().sum(1).log_().add_(top[:, 0]).sub_(picked)",
+  "            out[lo:hi] = z.sub_(top).exp_().sum(1).log_().sub_(picked)", "ablate/test_ablate.py"),
 ]
 def main(only: list[str]) -> int:
     known = {name.split(" ", 1)[0] for name, *_ in P}
