@@ -75,7 +75,8 @@ def _logits(model, ids):
 
 
 #: positions of the first sequence whose logits, as the model gives them, the first forward compares with
-#: the blocked losses (:class:`LossHead`): a change the model makes to its logits after the head shows on any
+#: the blocked losses (:class:`LossHead`): a change the model makes to its logits after the head (a soft cap)
+#: shows on every position
 CHECK_POSITIONS = 64
 
 
