@@ -34,14 +34,15 @@ LOSS_BLOCK_LOGITS = 2**25
 
 
 def blocked_token_losses(head, hidden: torch.Tensor, ids: torch.Tensor, vocab: int,
-                         block: int = LOSS_BLOCK_LOGITS) -> torch.Tensor:
+                         block: int = LOSS_BLOCK_LOGITS, softcap: float | None = None) -> torch.Tensor:
     """:func:`token_losses` of the logits ``head(hidden)`` (``hidden [B, S, d]``: the final hidden states
     the LM head reads; ``vocab`` logits per position), a block of positions at a time: at most ``block``
     logits at once, one pass of the LM head over every position but the last (which predicts nothing).
 
     Each block's loss is ``logsumexp(z) - z[target]``, formed in place in the block's logits: a float32
     ``nn.Linear`` head writes them into one buffer reused by every block (no temporary as large as the
-    block: the loss costs the head's pass and three reads of its output)."""
+    block: the loss costs the head's pass and three reads of its output). ``softcap``: the model's final
+    logit soft cap, ``cap * tanh(z / cap)``, applied to the logits first."""
     B, S, _ = hidden.shape
     h = hidden[:, :-1].reshape(B * (S - 1), -1)
     target = ids[:, 1:].reshape(-1, 1).to(hidden.device)
@@ -62,6 +63,8 @@ def blocked_token_losses(head, hidden: torch.Tensor, ids: torch.Tensor, vocab: i
                     torch.addmm(head.bias, h[lo:hi], weight.t(), out=z)
             else:
                 z = head(h[lo:hi]).float()
+            if softcap:
+                z.div_(softcap).tanh_().mul_(softcap)
             picked = z.gather(1, target[lo:hi])[:, 0]
             top = z.amax(1, keepdim=True)
             out[lo:hi] = z.sub_(top).exp_().sum(1).log_().add_(top[:, 0]).sub_(picked)

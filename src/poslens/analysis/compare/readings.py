@@ -144,29 +144,16 @@ def energy_readings(q_gram: torch.Tensor, k_gram: torch.Tensor, labels: list, ro
 # --------------------------------------------------------------------------------------------
 # the losses of the same forwards
 # --------------------------------------------------------------------------------------------
-#: logits formed at a time (a block of the LM head's [B, rows, vocab] output: 64 MiB in float32)
-LOSS_ELEMS = 2**24
-
-
 def next_token_losses(model, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``[B, S - 1]`` float32: the cross-entropy of token ``t`` given the tokens before it, from the final
-    hidden states ``[B, S, d]`` through the model's LM head, a block of at most ``LOSS_ELEMS`` logits at a
-    time (one pass of the head; the ``[B, S, vocab]`` logits are never held whole), with the model's final
-    logit soft cap."""
+    hidden states ``[B, S, d]`` through the model's LM head with its final logit soft cap: ablate's
+    :func:`~poslens.analysis.ablate.losses.blocked_token_losses` (one pass of the head, a block of
+    positions at a time), so both commands give the same loss."""
+    from poslens.analysis.ablate.losses import blocked_token_losses
+
     head = model.get_output_embeddings()
     cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    B, S, _ = hidden.shape
-    rows = max(1, LOSS_ELEMS // (B * head.weight.shape[0]))
-    out = torch.empty(B, S - 1, dtype=torch.float32, device=ids.device)
-    with torch.no_grad():
-        for s in range(0, S - 1, rows):
-            e = min(S - 1, s + rows)
-            logits = head(hidden[:, s:e]).float()
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
-            out[:, s:e] = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), ids[:, s + 1:e + 1].reshape(-1), reduction="none").view(B, -1)
-    return out
+    return blocked_token_losses(head, hidden, ids, head.weight.shape[0], softcap=cap).to(ids.device)
 
 
 def bucket_losses(losses: torch.Tensor, buckets: list[tuple[int, int]]) -> torch.Tensor:
